@@ -1,0 +1,49 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+SHELL := /bin/bash
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
+
+.PHONY: venv demo test test-fast lint typecheck bench lock clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \
+	  echo "Java 17 or newer is required by Spark. On Debian: apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	  echo "Python 3.11 is required (found $$($(PY) --version)); set PY=/path/to/python3.11"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	@# The Spark provider pulls pyspark-client, whose files overwrite pyspark's: put pyspark back.
+	$(BIN)/pip install -q --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/cdr demo
+
+test: $(STAMP)
+	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow and not airflow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check pipeline dags plugins tests bench
+	$(BIN)/ruff format --check pipeline dags plugins tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/resolve_bench.py
+
+lock:
+	$(BIN)/pip freeze --exclude-editable | grep -v '^replica-cdr' > constraints.txt.new
+	@echo "review constraints.txt.new, keep the header of constraints.txt, then move it over"
+
+clean:
+	rm -rf .cdr-work .cdr-demo .airflow

@@ -1,0 +1,236 @@
+"""``cdr``: the command line for everything the DAGs do (formats.md "Command line").
+
+Exit status 0 on success; 1 with a one-line reason when the run fails (bad export, error
+resolver, failed gate); 2 for a usage or config mistake. ``--log-format json`` writes
+log lines and the final result as JSON for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import CdrError, ConfigError
+
+log = logging.getLogger("cdr")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
+                           "logger": record.name, "message": record.getMessage()})
+
+
+def _setup_logging(fmt: str, verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("py4j", "botocore", "boto3", "urllib3", "s3transfer", "great_expectations",
+                  "werkzeug", "moto"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, type=Path, help="cdr.yaml")
+    p.add_argument("--date", required=True, type=_date, help="the logical date D (YYYY-MM-DD)")
+    p.add_argument("--store", help="override the config's store (s3://B/P or file:///P)")
+    p.add_argument("--now", help="the run's clock, RFC 3339 (default: D+1T00:00:00Z; "
+                                 "env CDR_NOW)")
+    p.add_argument("--work-dir", type=Path, default=Path(".cdr-work"),
+                   help="local folder the stages of a run share (default .cdr-work)")
+    p.add_argument("--run-id", help="id of the new run= folders (default: date and clock)")
+    p.add_argument("--allow-missing-exports", action="store_true",
+                   help="run even when a configured replica has no export for a table")
+    p.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdr", description=__doc__.split("\n")[0])
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_ in (
+        ("run", "ingest, resolve, validate and publish one date"),
+        ("ingest", "find, verify and stage the exports of one date"),
+        ("resolve", "resolve the staged events on Spark"),
+        ("validate", "run the quality suites and gates on the resolved run"),
+        ("publish", "publish the validated run (or only its logs if it failed)"),
+    ):
+        _run_options(sub.add_parser(name, help=help_))
+    g = sub.add_parser("generate", help="write seeded synthetic exports to the store")
+    g.add_argument("--config", required=True, type=Path)
+    g.add_argument("--date", required=True, type=_date)
+    g.add_argument("--store")
+    g.add_argument("--events", type=int, default=10_000,
+                   help="event records across all exports (each event is exported by its "
+                        "origin and by the replicas that applied it)")
+    g.add_argument("--conflict-rate", type=float, default=0.2,
+                   help="share of keys written by several replicas")
+    g.add_argument("--late-rate", type=float, default=0.02,
+                   help="share of events made the day before and exported late")
+    g.add_argument("--delete-rate", type=float, default=0.1, help="share of DELETEs")
+    g.add_argument("--base-rows", type=int, default=None,
+                   help="rows of a base snapshot to write first (default: none)")
+    g.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    g.add_argument("--files", type=int, default=1, help="files per export")
+    g.add_argument("--seed", type=int, default=1)
+    d = sub.add_parser("demo", help="embedded S3 server + generated exports + a full run")
+    d.add_argument("--dir", type=Path, default=Path(".cdr-demo"),
+                   help="where the demo keeps its config, work folder and a copy of the store")
+    d.add_argument("--events", type=int, default=30_000)
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--serve", action="store_true",
+                   help="keep the S3 server running after the run, until Ctrl-C")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from pipeline.config import load_config
+
+    return load_config(args.config, args.store)
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from pipeline.stages import RunOptions
+
+    return RunOptions(work_dir=args.work_dir.resolve(), now=args.now, run_id=args.run_id,
+                      allow_missing_exports=args.allow_missing_exports, master=args.master)
+
+
+def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    if args.log_format == "json":
+        print(json.dumps(result, default=str))
+    else:
+        print(text)
+
+
+def _cmd_stage(args: argparse.Namespace) -> int:
+    from pipeline import stages
+    from pipeline.context import RunContext
+    from pipeline.report import format_report
+
+    config = _load(args)
+    opts = _options(args)
+    started = time.monotonic()
+    if args.command == "run":
+        try:
+            report = stages.run(config, args.date, opts)
+        except CdrError:
+            _print_failed_report(args, config)
+            raise
+        _emit(args, report, format_report(report) + _where(config, report))
+    elif args.command == "ingest":
+        ctx = stages.ingest(config, args.date, opts)
+        _emit(args, {"run_id": ctx.run_id, "work": str(ctx.work)},
+              f"ingested {args.date} into {ctx.work} (run {ctx.run_id})")
+    else:
+        from pipeline.spark import get_spark
+
+        ctx = RunContext.load(opts.work_dir, args.date)
+        if args.command == "resolve":
+            summary = stages.resolve(config, ctx, get_spark(opts.master))
+            _emit(args, summary, f"resolved {args.date}: {ctx.resolved}")
+        elif args.command == "validate":
+            verdict = stages.validate(config, ctx, get_spark(opts.master))
+            if not verdict.passed:
+                raise CdrError("; ".join(verdict.failures))
+            _emit(args, {"passed": True}, f"validated {args.date}: passed")
+        else:
+            report = stages.publish(config, ctx)
+            _emit(args, report, format_report(report) + _where(config, report))
+    log.info("done in %.1fs", time.monotonic() - started)
+    return 0
+
+
+def _print_failed_report(args: argparse.Namespace, config: Any) -> None:
+    """After a failed ``cdr run``, show the counts the run got to, if any."""
+    from pipeline import layout
+    from pipeline.report import format_report
+    from pipeline.store import open_store
+
+    try:
+        store = open_store(config.store)
+        key = f"{layout.report_dir(args.date)}/run_report.json"
+        if store.exists(key) and args.log_format == "text":
+            report = json.loads(store.read_bytes(key))
+            if report.get("run_id") and report.get("status") == "failed":
+                print(format_report(report), file=sys.stderr)
+    except CdrError:
+        pass
+
+
+def _where(config: Any, report: dict[str, Any]) -> str:
+    lines = ["", f"published to {config.store}:"]
+    for t, p in report.get("pointers", {}).items():
+        lines.append(f"  {t}: {p['snapshot']} ({p['rows']} rows)")
+    lines.append(f"  report: published/reports/dt={report['dt']}/run_report.json")
+    return "\n".join(lines)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+    from pipeline.generate import GenerateOptions, generate
+    from pipeline.store import open_store
+
+    config = load_config(args.config, args.store)
+    assert config.store
+    opts = GenerateOptions(events=args.events, conflict_rate=args.conflict_rate,
+                           late_rate=args.late_rate, delete_rate=args.delete_rate,
+                           base_rows=args.base_rows, fmt=args.format, files=args.files,
+                           seed=args.seed)
+    stats = generate(config, open_store(config.store), args.date, opts)
+    _emit(args, stats, f"generated {stats['records']} event records for {args.date} in "
+                       f"{config.store}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo import demo
+
+    return demo(args.dir.resolve(), events=args.events, seed=args.seed, serve=args.serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_format, args.verbose)
+    try:
+        if args.command == "generate":
+            return _cmd_generate(args)
+        if args.command == "demo":
+            return _cmd_demo(args)
+        return _cmd_stage(args)
+    except ConfigError as e:
+        _fail(args, e, 2)
+        return 2
+    except CdrError as e:
+        _fail(args, e, 1)
+        return 1
+
+
+def _fail(args: argparse.Namespace, e: Exception, code: int) -> None:
+    if args.log_format == "json":
+        print(json.dumps({"error": type(e).__name__, "message": str(e), "exit": code}))
+    else:
+        print(f"cdr {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""`cdr.yaml`, parsed once into typed, frozen models (formats.md "Config").
+
+Loading collects *every* mistake and reports them together, each with its path in the
+file (``tables.orders.foreign_keys[0].references: no table 'product'``). Nothing
+downstream reads raw dicts: stages take a :class:`Config`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import ConfigError
+from pipeline.policy import (
+    ALLOWED,
+    PRESETS,
+    ConflictType,
+    Detection,
+    Granularity,
+    Preset,
+    Resolver,
+    Scope,
+    TieBreak,
+    allowed_resolvers,
+)
+
+# --------------------------------------------------------------------------- column types
+
+
+class Kind(StrEnum):
+    INT = "int"
+    BIGINT = "bigint"
+    STRING = "string"
+    BOOLEAN = "boolean"
+    DOUBLE = "double"
+    DECIMAL = "decimal"
+    DATE = "date"
+    TIMESTAMP = "timestamp"
+    BINARY = "binary"
+    UUID = "uuid"
+
+
+NUMERIC_KINDS = frozenset({Kind.INT, Kind.BIGINT, Kind.DOUBLE, Kind.DECIMAL})
+_DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    kind: Kind
+    precision: int = 0
+    scale: int = 0
+
+    def __str__(self) -> str:
+        if self.kind is Kind.DECIMAL:
+            return f"decimal({self.precision},{self.scale})"
+        return self.kind.value
+
+
+def parse_column_type(text: str) -> ColumnType:
+    """``int`` ... ``decimal(p,s)``; raises ValueError naming the allowed types."""
+    t = text.strip().lower()
+    m = _DECIMAL_RE.match(t)
+    if m:
+        p, s = int(m.group(1)), int(m.group(2))
+        if not 1 <= p <= 38 or s > p:
+            raise ValueError(f"decimal({p},{s}): precision must be 1..38 and scale <= precision")
+        return ColumnType(Kind.DECIMAL, p, s)
+    try:
+        kind = Kind(t)
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind if k is not Kind.DECIMAL)
+        raise ValueError(f"unknown type {text!r}; allowed: {allowed}, decimal(p,s)") from None
+    if kind is Kind.DECIMAL:
+        raise ValueError("decimal needs a precision and scale: decimal(p,s)")
+    return ColumnType(kind)
+
+
+def coerce_value(ctype: ColumnType, value: Any) -> Any:
+    """A config-supplied value (column default) as the Python value of the column type."""
+    if value is None:
+        return None
+    k = ctype.kind
+    if k in (Kind.INT, Kind.BIGINT):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not an integer")
+        bits = 31 if k is Kind.INT else 63
+        if not -(2**bits) <= value < 2**bits:
+            raise ValueError(f"{value} does not fit {k.value}")
+        return value
+    if k is Kind.DOUBLE:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{value!r} is not a number")
+        return float(value)
+    if k is Kind.DECIMAL:
+        try:
+            return Decimal(str(value)).quantize(Decimal(1).scaleb(-ctype.scale))
+        except InvalidOperation:
+            raise ValueError(f"{value!r} is not a decimal") from None
+    if k is Kind.BOOLEAN:
+        if not isinstance(value, bool):
+            raise ValueError(f"{value!r} is not a boolean")
+        return value
+    if k is Kind.DATE:
+        return value if isinstance(value, date) else date.fromisoformat(str(value))
+    if k is Kind.TIMESTAMP:
+        if isinstance(value, datetime):
+            return value
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if k is Kind.BINARY:
+        if isinstance(value, bytes):
+            return value
+        import base64
+
+        return base64.b64decode(str(value), validate=True)
+    return str(value)  # string, uuid
+
+
+# --------------------------------------------------------------------------- the file's shape
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplicaModel(_Strict):
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    system_id: int = Field(ge=0, lt=2**64)
+
+
+class ForeignKeyModel(_Strict):
+    columns: list[str] = Field(min_length=1)
+    references: str
+
+
+class DefaultsModel(_Strict):
+    policy: Preset = Preset.POSTGRES
+    tie_break: TieBreak | None = None
+    detection: Detection | None = None
+    resolvers: dict[ConflictType, Resolver] = Field(default_factory=dict)
+
+
+class TableModel(_Strict):
+    key: list[str] = Field(default_factory=list)
+    columns: dict[str, str] = Field(min_length=1)
+    not_null: list[str] = Field(default_factory=list)
+    unique: list[list[str]] = Field(default_factory=list)
+    foreign_keys: list[ForeignKeyModel] = Field(default_factory=list)
+    delta: list[str] = Field(default_factory=list)
+    policy: Preset | None = None
+    resolvers: dict[ConflictType, Resolver] | None = None
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    tie_break: TieBreak | None = None
+    scope: Scope = Scope.ROW
+    detection: Detection | None = None
+
+
+class CdcModel(_Strict):
+    enabled: bool = False
+    vnodes: int | None = Field(default=None, ge=1, le=65536)
+    token_ring: list[int] | None = None
+    shards: int = Field(default=1, ge=1, le=1024)
+    sharding_ignore_msb: int = Field(default=12, ge=0, le=63)
+    preimage: bool = False
+    postimage: bool = False
+
+
+class DivergencePolicy(StrEnum):
+    FAIL = "fail"
+    WARN = "warn"
+
+
+class FkPolicy(StrEnum):
+    FAIL = "fail"
+    WARN = "warn"
+    QUARANTINE = "quarantine"
+
+
+class ConfigModel(_Strict):
+    store: str | None = None
+    replicas: list[ReplicaModel] = Field(min_length=1)
+    defaults: DefaultsModel = Field(default_factory=DefaultsModel)
+    max_clock_skew_seconds: int = Field(default=300, ge=0)
+    gc_grace_seconds: int = Field(default=864000, ge=0)
+    on_divergence: DivergencePolicy = DivergencePolicy.FAIL
+    on_fk_violation: FkPolicy = FkPolicy.FAIL
+    allow_missing_exports: bool = False
+    schedule: str = "0 2 * * *"
+    tables: dict[str, TableModel] = Field(min_length=1)
+    cdc: CdcModel = Field(default_factory=CdcModel)
+
+
+# --------------------------------------------------------------------------- resolved, frozen
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    system_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: ColumnType
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignKey:
+    columns: tuple[str, ...]
+    references: str
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One table with its policy resolved: every conflict type has exactly one resolver."""
+
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    not_null: frozenset[str]
+    unique: tuple[tuple[str, ...], ...]
+    foreign_keys: tuple[ForeignKey, ...]
+    delta: frozenset[str]
+    defaults: Mapping[str, Any]
+    preset: Preset
+    resolvers: Mapping[ConflictType, Resolver]
+    tie_break: TieBreak
+    detection: Detection
+    scope: Scope
+    granularity: Granularity
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.name not in self.key)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class CdcConfig:
+    enabled: bool
+    vnodes: int | None
+    token_ring: tuple[int, ...] | None
+    shards: int
+    sharding_ignore_msb: int
+    preimage: bool
+    postimage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    store: str | None
+    replicas: tuple[Replica, ...]
+    tables: Mapping[str, Table]
+    max_clock_skew_seconds: int
+    gc_grace_seconds: int
+    on_divergence: DivergencePolicy
+    on_fk_violation: FkPolicy
+    allow_missing_exports: bool
+    schedule: str
+    cdc: CdcConfig
+
+    @property
+    def replica_ids(self) -> tuple[str, ...]:
+        return tuple(r.id for r in self.replicas)
+
+    def tie_ranks(self, tie_break: TieBreak) -> dict[str, int]:
+        """semantics.md §2: ``tie_rank`` orders replicas so that the tie-break winner comes
+        last (the highest rank). Base rows without an origin rank below every replica."""
+        ordered = sorted(
+            self.replicas,
+            key=lambda r: r.system_id,
+            reverse=tie_break is TieBreak.LOWER_SYSTEM_ID,
+        )
+        return {r.id: i for i, r in enumerate(ordered)}
+
+    def with_store(self, store: str) -> Config:
+        from dataclasses import replace
+
+        return replace(self, store=store)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _pydantic_problems(err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        # pydantic appends the enum/union member tried to loc; keep the user's path only
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{_path(loc)}: {msg}")
+    return problems
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(f"{path}: {message}")
+
+
+def _resolve_table(
+    name: str, t: TableModel, defaults: DefaultsModel, tables: Mapping[str, TableModel], p: _Problems
+) -> Table | None:
+    at = f"tables.{name}"
+    columns: list[Column] = []
+    for col, text in t.columns.items():
+        try:
+            columns.append(Column(col, parse_column_type(text)))
+        except ValueError as e:
+            p.add(f"{at}.columns.{col}", str(e))
+    names = set(t.columns)
+
+    def check_cols(path: str, cols: list[str]) -> None:
+        for i, c in enumerate(cols):
+            if c not in names:
+                p.add(f"{path}[{i}]", f"no column {c!r} in {at}.columns")
+
+    if not t.key:
+        p.add(f"{at}.key", "a table needs a key: conflict detection matches rows by key")
+    check_cols(f"{at}.key", t.key)
+    if len(set(t.key)) != len(t.key):
+        p.add(f"{at}.key", "a column is listed twice")
+    check_cols(f"{at}.not_null", t.not_null)
+    check_cols(f"{at}.delta", t.delta)
+    for i, u in enumerate(t.unique):
+        if not u:
+            p.add(f"{at}.unique[{i}]", "an empty unique constraint")
+        check_cols(f"{at}.unique[{i}]", u)
+    ctypes = {c.name: c.type for c in columns}
+    for d in t.delta:
+        if d in t.key:
+            p.add(f"{at}.delta", f"key column {d!r} cannot be a delta column")
+        elif d in ctypes and ctypes[d].kind not in NUMERIC_KINDS:
+            p.add(f"{at}.delta", f"delta column {d!r} must be numeric, not {ctypes[d]}")
+    for i, fk in enumerate(t.foreign_keys):
+        fat = f"{at}.foreign_keys[{i}]"
+        check_cols(f"{fat}.columns", fk.columns)
+        parent = tables.get(fk.references)
+        if parent is None:
+            p.add(f"{fat}.references", f"no table {fk.references!r}")
+        elif len(parent.key) != len(fk.columns):
+            p.add(
+                f"{fat}.columns",
+                f"{len(fk.columns)} column(s) cannot reference the {len(parent.key)}-column "
+                f"key of {fk.references!r}",
+            )
+    col_defaults: dict[str, Any] = {}
+    for col, value in t.defaults.items():
+        if col not in ctypes:
+            p.add(f"{at}.defaults.{col}", f"no column {col!r} in {at}.columns")
+            continue
+        try:
+            col_defaults[col] = coerce_value(ctypes[col], value)
+        except (ValueError, TypeError) as e:
+            p.add(f"{at}.defaults.{col}", f"{e} (column type {ctypes[col]})")
+
+    preset = t.policy or defaults.policy
+    rule = PRESETS[preset]
+    granularity = rule.granularity
+    if granularity is Granularity.CELL:
+        for field, present in (
+            ("unique", bool(t.unique)),
+            ("delta", bool(t.delta)),
+            ("resolvers", t.resolvers is not None),
+        ):
+            if present:
+                p.add(f"{at}.{field}", f"not allowed on a {preset.value} (cell-granularity) table")
+    if t.scope is Scope.TRANSACTION and preset is not Preset.DELETE_WINS:
+        p.add(f"{at}.scope", "scope 'transaction' needs policy 'delete_wins'")
+
+    resolvers = dict(rule.resolvers)
+    if granularity is Granularity.ROW:
+        layered = [("defaults.resolvers", defaults.resolvers)]
+        if t.resolvers is not None:
+            layered.append((f"{at}.resolvers", t.resolvers))
+        for path, overrides in layered:
+            for ctype, res in overrides.items():
+                if res not in ALLOWED[ctype]:
+                    p.add(
+                        f"{path}.{ctype.value}",
+                        f"resolver {res.value!r} is not allowed for {ctype.value}; "
+                        f"allowed: {', '.join(allowed_resolvers(ctype))}",
+                    )
+                else:
+                    resolvers[ctype] = res
+    if len(columns) != len(t.columns) or not t.key:
+        return None
+    return Table(
+        name=name,
+        columns=tuple(columns),
+        key=tuple(t.key),
+        not_null=frozenset(t.not_null) | frozenset(t.key),
+        unique=tuple(tuple(u) for u in t.unique),
+        foreign_keys=tuple(ForeignKey(tuple(fk.columns), fk.references) for fk in t.foreign_keys),
+        delta=frozenset(t.delta),
+        defaults=col_defaults,
+        preset=preset,
+        resolvers=resolvers,
+        tie_break=t.tie_break or defaults.tie_break or rule.tie_break,
+        detection=t.detection or defaults.detection or Detection.ORIGIN,
+        scope=t.scope,
+        granularity=granularity,
+    )
+
+
+def _resolve(m: ConfigModel, p: _Problems) -> Config:
+    ids = [r.id for r in m.replicas]
+    for i, r in enumerate(m.replicas):
+        if ids.count(r.id) > 1:
+            p.add(f"replicas[{i}].id", f"replica id {r.id!r} is used twice")
+        if [x.system_id for x in m.replicas].count(r.system_id) > 1:
+            p.add(f"replicas[{i}].system_id", "system ids must differ: they break ties")
+    if m.store is not None and not re.match(r"^(s3://[^/]+|file:///)", m.store):
+        p.add("store", f"{m.store!r} is neither s3://BUCKET[/PREFIX] nor file:///PATH")
+    tables: dict[str, Table] = {}
+    for name, t in m.tables.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            p.add(f"tables.{name}", "a table name is letters, digits and _ (it names folders)")
+        resolved = _resolve_table(name, t, m.defaults, m.tables, p)
+        if resolved is not None:
+            tables[name] = resolved
+    for name, t in tables.items():
+        for i, fk in enumerate(t.foreign_keys):
+            parent = tables.get(fk.references)
+            if parent is None or len(parent.key) != len(fk.columns):
+                continue
+            for c, pk in zip(fk.columns, parent.key, strict=True):
+                if c in t.column_names and t.column(c).type != parent.column(pk).type:
+                    p.add(
+                        f"tables.{name}.foreign_keys[{i}].columns",
+                        f"{c!r} is {t.column(c).type} but {fk.references}.{pk} is "
+                        f"{parent.column(pk).type}",
+                    )
+    c = m.cdc
+    if c.vnodes is not None and c.token_ring is not None:
+        p.add("cdc", "give either vnodes or token_ring, not both")
+    if c.token_ring is not None:
+        ring = c.token_ring
+        if not ring:
+            p.add("cdc.token_ring", "an empty ring")
+        if sorted(set(ring)) != ring:
+            p.add("cdc.token_ring", "range-end tokens must be sorted and distinct")
+        if any(not -(2**63) <= t < 2**63 for t in ring):
+            p.add("cdc.token_ring", "tokens are signed 64-bit integers")
+    return Config(
+        store=m.store,
+        replicas=tuple(Replica(r.id, r.system_id) for r in m.replicas),
+        tables=tables,
+        max_clock_skew_seconds=m.max_clock_skew_seconds,
+        gc_grace_seconds=m.gc_grace_seconds,
+        on_divergence=m.on_divergence,
+        on_fk_violation=m.on_fk_violation,
+        allow_missing_exports=m.allow_missing_exports,
+        schedule=m.schedule,
+        cdc=CdcConfig(
+            enabled=c.enabled,
+            vnodes=c.vnodes if c.vnodes is not None or c.token_ring is not None else 16,
+            token_ring=tuple(c.token_ring) if c.token_ring is not None else None,
+            shards=c.shards,
+            sharding_ignore_msb=c.sharding_ignore_msb,
+            preimage=c.preimage,
+            postimage=c.postimage,
+        ),
+    )
+
+
+def parse_config(data: Any, source: str = "cdr.yaml") -> Config:
+    """Validate a config mapping; raise :class:`ConfigError` listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top level): expected a mapping of config keys"])
+    try:
+        model = ConfigModel.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(source, _pydantic_problems(e)) from None
+    problems = _Problems()
+    config = _resolve(model, problems)
+    if problems.items:
+        raise ConfigError(source, problems.items)
+    return config
+
+
+def load_config(path: str | Path, store: str | None = None) -> Config:
+    """Read and validate ``cdr.yaml``; ``store`` (e.g. from ``--store``) overrides the file's."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(str(p), [f"(file): cannot read: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(str(p), [f"(file): not valid YAML: {e}"]) from None
+    config = parse_config(data, str(p))
+    if store:
+        config = config.with_store(store)
+    if not config.store:
+        raise ConfigError(str(p), ["store: missing (give it in the file or with --store)"])
+    return config

@@ -1,0 +1,108 @@
+"""One run: its logical date, its clock, its id and its local work folder.
+
+The clock ``now`` is the end of the data interval (``D+1T00:00:00Z``), never the wall
+clock, so that a rerun of D gives the same rows (semantics.md §1, §12). ``--now`` or
+``CDR_NOW`` pins it. The stages of one run (``cdr ingest``, ``resolve``, ``validate``,
+``publish``) hand data to each other through the work folder ``<work_dir>/dt=<D>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from pipeline.errors import CdrError, StageError
+
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$", re.IGNORECASE
+)
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """An RFC 3339 timestamp with its UTC offset (a timestamp without one is refused)."""
+    t = text.strip()
+    if not _RFC3339.match(t):
+        raise ValueError(f"{text!r} is not an RFC 3339 timestamp with a UTC offset")
+    t = t.replace("z", "Z").replace("Z", "+00:00")
+    frac = re.search(r"\.(\d+)", t)
+    if frac and len(frac.group(1)) > 6:  # datetime takes microseconds at most
+        t = t.replace(frac.group(0), "." + frac.group(1)[:6])
+    return datetime.fromisoformat(t).astimezone(UTC)
+
+
+def to_micros(dt: datetime) -> int:
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def micros_to_iso(us: int) -> str:
+    d = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
+    return d.isoformat().replace("+00:00", "Z")
+
+
+def default_now(dt: date) -> datetime:
+    return datetime(dt.year, dt.month, dt.day, tzinfo=UTC) + timedelta(days=1)
+
+
+def resolve_now(dt: date, flag: str | None) -> int:
+    """The run's clock in µs: the flag, else ``CDR_NOW``, else the end of the interval."""
+    text = flag or os.environ.get("CDR_NOW")
+    if not text:
+        return to_micros(default_now(dt))
+    try:
+        return to_micros(parse_rfc3339(text))
+    except ValueError as e:
+        raise CdrError(f"--now/CDR_NOW: {e}") from None
+
+
+def new_run_id(dt: date) -> str:
+    """A fresh id for new ``run=`` folders: the date, then the wall clock (identity only;
+    no logic reads it)."""
+    return f"{dt.isoformat()}_{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    dt: date
+    now_us: int
+    run_id: str
+    work: Path
+
+    @property
+    def staged(self) -> Path:
+        return self.work / "staged"
+
+    @property
+    def resolved(self) -> Path:
+        return self.work / "resolved"
+
+    @property
+    def validation(self) -> Path:
+        return self.work / "validation"
+
+    @property
+    def interval_start_us(self) -> int:
+        return to_micros(datetime(self.dt.year, self.dt.month, self.dt.day, tzinfo=UTC))
+
+    def save(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        data = asdict(self) | {"dt": self.dt.isoformat(), "work": str(self.work)}
+        (self.work / "run.json").write_text(json.dumps(data, indent=2))
+
+    @staticmethod
+    def load(work_dir: Path, dt: date) -> RunContext:
+        p = work_dir / f"dt={dt.isoformat()}" / "run.json"
+        if not p.exists():
+            raise StageError(
+                f"no ingested run for {dt} under {work_dir}: run `cdr ingest` for that date first"
+            )
+        d = json.loads(p.read_text())
+        return RunContext(date.fromisoformat(d["dt"]), d["now_us"], d["run_id"], Path(d["work"]))
+
+    @staticmethod
+    def create(work_dir: Path, dt: date, now_us: int, run_id: str | None) -> RunContext:
+        return RunContext(dt, now_us, run_id or new_run_id(dt), work_dir / f"dt={dt.isoformat()}")

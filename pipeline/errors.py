@@ -1,0 +1,44 @@
+"""The error hierarchy. Bad *data* is not an error: it goes to quarantine with a reason.
+
+Errors are for what stops a run: a bad config, an export that cannot be trusted, a
+resolver configured as ``error`` that fired, a failed quality gate.
+"""
+
+from __future__ import annotations
+
+
+class CdrError(Exception):
+    """Base of every error the pipeline raises on purpose; its message is one line for users."""
+
+
+class ConfigError(CdrError):
+    """The config file is invalid; ``problems`` lists every mistake with its path in the file."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        listed = "; ".join(problems)
+        super().__init__(f"{source}: {len(problems)} problem(s): {listed}")
+
+
+class StoreError(CdrError):
+    """The store cannot be read or written (bad URI, missing bucket, permissions)."""
+
+
+class ExportError(CdrError):
+    """An export cannot be trusted: missing manifest, checksum or row-count mismatch,
+    path escaping the export folder, unreadable file. Nothing is published."""
+
+
+class ResolveError(CdrError):
+    """Resolution stopped: a resolver configured as ``error`` (or ``apply_or_error``, or
+    ``use_default`` on a NOT NULL column without default) fired. The conflict log up to
+    the event is written for inspection; nothing else is published."""
+
+
+class GateError(CdrError):
+    """A quality gate failed (divergence, foreign keys, validation suites)."""
+
+
+class StageError(CdrError):
+    """A stage was run out of order, e.g. ``cdr resolve`` before ``cdr ingest``."""

@@ -1,0 +1,308 @@
+"""Ingest: find each configured replica's export for the date through its manifest, verify
+it, and stage it on local disk for Spark (formats.md "The manifest").
+
+Guarantees:
+- an export is read only through its ``_manifest.json``; files beside it are ignored, but
+  a folder holding files and no manifest is an error (an upload in progress or broken);
+- every file is checked against the manifest's ``rows`` and ``sha256`` before anything is
+  read, and a mismatch names the file;
+- a path that escapes the export folder (``..``, absolute, another bucket) is refused;
+- a missing export of a configured replica fails the ingest, naming it, unless
+  ``allow_missing_exports`` is set (then the replica counts as having exported nothing).
+
+JSONL (also gzipped) is staged as Parquet rows ``(replica, file, line, raw)`` so that Spark
+reads it in parallel and the quarantine can name the file and line of a bad record.
+Parquet exports are staged as they are.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import posixpath
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import layout
+from pipeline.config import Config
+from pipeline.context import RunContext
+from pipeline.errors import ExportError, StoreError
+from pipeline.store import Store
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("jsonl", "parquet", "debezium", "wal2json", "dms")
+SUPPORTED_FORMATS = ("jsonl", "parquet")
+RAW_SCHEMA = pa.schema(
+    [("replica", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("raw", pa.string())]
+)
+_CHUNK = 32 << 20
+
+
+@dataclass
+class StagedExport:
+    replica: str
+    format: str
+    rows: int
+    files: list[str]
+    watermark: str | None = None
+
+
+@dataclass
+class StagedTable:
+    """What ingest found for one table; saved as ``staged/inputs.json``."""
+
+    exports: dict[str, StagedExport] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    base_rows: int | None = None
+    prior: dict[str, Any] | None = None  # the pointer of the run whose state we start from
+
+
+def safe_relpath(path: Any, where: str) -> str:
+    """The manifest's file path, normalised; refuses anything outside the export folder."""
+    if not isinstance(path, str) or not path.strip():
+        raise ExportError(f"{where}: a file entry has no path")
+    if "://" in path or path.startswith(("/", "\\")) or "\\" in path or ":" in path.split("/")[0]:
+        raise ExportError(f"{where}: file path {path!r} escapes the export folder")
+    norm = posixpath.normpath(path)
+    if norm == "." or norm.startswith("../") or norm == ".." or "/../" in f"/{norm}/":
+        raise ExportError(f"{where}: file path {path!r} escapes the export folder")
+    return norm
+
+
+def read_manifest(store: Store, folder: str, expect: dict[str, str]) -> dict[str, Any]:
+    """Parse and check ``folder/_manifest.json``: fields, format, file entries."""
+    where = f"{store.uri}/{folder}/{layout.MANIFEST}"
+    try:
+        data = json.loads(store.read_bytes(f"{folder}/{layout.MANIFEST}"))
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{where}: expected a JSON object")
+    for k, v in expect.items():
+        if k in data and str(data[k]) != v:
+            raise ExportError(f"{where}: {k} is {data[k]!r}, expected {v!r} for this folder")
+    fmt = data.get("format")
+    if fmt not in FORMATS:
+        raise ExportError(f"{where}: format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt not in SUPPORTED_FORMATS:
+        raise ExportError(
+            f"{where}: format {fmt!r} has no adapter in this version; "
+            f"supported: {', '.join(SUPPORTED_FORMATS)}"
+        )
+    files = data.get("files")
+    if not isinstance(files, list):
+        raise ExportError(f"{where}: 'files' must be a list")
+    seen = set()
+    for i, f in enumerate(files):
+        if not isinstance(f, dict):
+            raise ExportError(f"{where}: files[{i}] must be an object")
+        f["path"] = safe_relpath(f.get("path"), where)
+        if f["path"] in seen:
+            raise ExportError(f"{where}: file {f['path']!r} is listed twice")
+        seen.add(f["path"])
+        rows, sha = f.get("rows"), f.get("sha256")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise ExportError(f"{where}: files[{i}].rows must be a count, got {rows!r}")
+        if not isinstance(sha, str) or len(sha) != 64:
+            raise ExportError(f"{where}: files[{i}].sha256 must be 64 hex digits")
+    return data
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_gzip(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _line_chunks(path: Path, name: str) -> Iterator[tuple[int, list[bytes]]]:
+    """(first line number, lines) in chunks; a truncated or corrupt gzip names the file."""
+    opener = gzip.open if _is_gzip(path) else open
+    line_no = 1
+    try:
+        with opener(path, "rb") as f:
+            rest = b""
+            while chunk := f.read(_CHUNK):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                yield line_no, lines
+                line_no += len(lines)
+            if rest:
+                yield line_no, [rest]
+    except (EOFError, OSError, zlib.error) as e:
+        raise ExportError(f"{name}: cannot be read to its end ({e}); the file is truncated "
+                          "or corrupt") from None
+
+
+def _as_strings(lines: list[bytes]) -> pa.Array:
+    arr = pa.array(lines, pa.binary())
+    try:
+        return arr.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: keep the line readable, it will be quarantined
+        return pa.array([b.decode("utf-8", "replace") for b in lines], pa.string())
+
+
+def stage_jsonl(src: Path, dest: Path, replica: str, name: str) -> int:
+    """Write the file's non-blank lines as raw rows; return how many there were."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    with pq.ParquetWriter(dest, RAW_SCHEMA) as w:
+        for first, lines in _line_chunks(src, name):
+            keep = [(first + i, ln.rstrip(b"\r")) for i, ln in enumerate(lines) if ln.strip()]
+            if not keep:
+                continue
+            n = len(keep)
+            w.write_table(
+                pa.table(
+                    [
+                        pa.array([replica] * n, pa.string()),
+                        pa.array([name] * n, pa.string()),
+                        pa.array([k[0] for k in keep], pa.int64()),
+                        _as_strings([k[1] for k in keep]),
+                    ],
+                    schema=RAW_SCHEMA,
+                )
+            )
+            rows += n
+    return rows
+
+
+def _parquet_rows(path: Path, name: str) -> int:
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ExportError(f"{name}: not a readable Parquet file ({e})") from None
+
+
+def stage_export(
+    store: Store, folder: str, manifest: dict[str, Any], dest: Path, replica: str
+) -> StagedExport:
+    """Download, verify and stage every file of one export."""
+    fmt = manifest["format"]
+    staged_files, total = [], 0
+    for i, entry in enumerate(manifest["files"]):
+        key = f"{folder}/{entry['path']}"
+        name = f"{store.uri}/{key}"
+        local = dest / "download" / entry["path"]
+        try:
+            store.download(key, local)
+        except StoreError as e:
+            raise ExportError(f"{name}: listed in the manifest but cannot be read ({e})") from None
+        digest = _sha256(local)
+        if digest != entry["sha256"].lower():
+            raise ExportError(
+                f"{name}: sha256 mismatch (manifest {entry['sha256']}, file {digest})"
+            )
+        if fmt == "parquet":
+            rows = _parquet_rows(local, name)
+            target = dest / "parquet" / f"part-{i:05d}.parquet"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            local.replace(target)
+        else:
+            target = dest / "jsonl" / f"part-{i:05d}.parquet"
+            rows = stage_jsonl(local, target, replica, entry["path"])
+            local.unlink()
+        if rows != entry["rows"]:
+            raise ExportError(f"{name}: {rows} rows, but the manifest says {entry['rows']}")
+        staged_files.append(entry["path"])
+        total += rows
+    return StagedExport(replica, fmt, total, staged_files, manifest.get("watermark"))
+
+
+def _find_export(store: Store, folder: str, what: str) -> bool:
+    """True when the export's manifest exists; an error when files exist without one."""
+    if store.exists(f"{folder}/{layout.MANIFEST}"):
+        return True
+    if store.list(folder):
+        raise ExportError(
+            f"{store.uri}/{folder}: holds files but no {layout.MANIFEST} ({what}); an export "
+            "is complete only when its manifest is written"
+        )
+    return False
+
+
+def ingest(config: Config, store: Store, ctx: RunContext, allow_missing: bool) -> dict[str, StagedTable]:
+    """Stage every export of ``ctx.dt``, the base snapshot and the prior state pointer."""
+    from pipeline.published import find_prior_pointer
+
+    out: dict[str, StagedTable] = {}
+    missing_all: list[str] = []
+    for tname in config.tables:
+        st = StagedTable()
+        for rep in config.replica_ids:
+            folder = layout.export_dir(rep, tname, ctx.dt)
+            if not _find_export(store, folder, f"replica {rep!r}, table {tname!r}"):
+                st.missing.append(rep)
+                missing_all.append(f"replica {rep!r} table {tname!r}")
+                continue
+            manifest = read_manifest(
+                store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
+            )
+            dest = ctx.staged / tname / f"replica={rep}"
+            st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
+            log.info("ingest %s/%s: %d events from %d file(s)", rep, tname,
+                     st.exports[rep].rows, len(manifest["files"]))
+        st.prior = find_prior_pointer(store, tname, ctx.dt)
+        if st.prior is None and _find_export(store, layout.base_dir(tname), "base snapshot"):
+            manifest = read_manifest(store, layout.base_dir(tname), {"table": tname})
+            staged = stage_export(
+                store, layout.base_dir(tname), manifest, ctx.staged / tname / "base", "base"
+            )
+            st.base_rows = staged.rows
+            log.info("ingest base/%s: %d rows", tname, staged.rows)
+        elif st.prior is not None:
+            _stage_prior_state(store, st.prior, ctx.staged / tname / "prior")
+            log.info("ingest %s: prior state of %s (run %s)", tname, st.prior["dt"],
+                     st.prior["run_id"])
+        out[tname] = st
+    if missing_all and not (allow_missing or config.allow_missing_exports):
+        raise ExportError(
+            f"no export for {ctx.dt}: {', '.join(missing_all)} (looked for "
+            f"exports/replica=<id>/table=<table>/dt={ctx.dt}/{layout.MANIFEST} in {store.uri}); "
+            "pass --allow-missing-exports to run without them"
+        )
+    save_inputs(ctx, out)
+    return out
+
+
+def _stage_prior_state(store: Store, pointer: dict[str, Any], dest: Path) -> None:
+    keys = [k for k in store.list(pointer["state"]) if k.endswith(".parquet")]
+    for k in keys:
+        store.download(k, dest / posixpath.basename(k))
+    dest.mkdir(parents=True, exist_ok=True)
+
+
+def save_inputs(ctx: RunContext, tables: dict[str, StagedTable]) -> None:
+    ctx.staged.mkdir(parents=True, exist_ok=True)
+    data = {t: asdict(s) for t, s in tables.items()}
+    (ctx.staged / "inputs.json").write_text(json.dumps(data, indent=2))
+
+
+def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
+    p = ctx.staged / "inputs.json"
+    data = json.loads(p.read_text())
+    out = {}
+    for t, s in data.items():
+        exports = {r: StagedExport(**e) for r, e in s["exports"].items()}
+        out[t] = StagedTable(exports, s["missing"], s["base_rows"], s["prior"])
+    return out
+
+
+def dt_of(pointer: dict[str, Any]) -> date:
+    return date.fromisoformat(pointer["dt"])

@@ -1,0 +1,236 @@
+"""The Python side of the Spark fold: Arrow batches of a key-sorted stream in, the fold's
+results out (used with ``DataFrame.mapInArrow`` by ``pipeline.engine``).
+
+The input holds, per group of keys, the prior state rows first and then the events, in
+canonical order. Each group is folded once in canonical order (the converged state, with
+its conflict log) and once per replica in that replica's order (its perspective, §9); the
+keys where a perspective differs are reported with a repair mutation.
+
+Output rows have a ``kind``: ``state`` (the group's final state), ``conflict``,
+``outcome`` (one per event: applied or not) and ``divergence``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from datetime import date
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from pipeline.config import Table
+from pipeline.jsonvalues import dumps
+from pipeline.rowfold import (
+    Conflict,
+    Event,
+    FoldSpec,
+    Key,
+    Version,
+    divergent_keys,
+    fold_converged,
+    fold_perspective,
+    reader_view,
+)
+from pipeline.schema import row_struct_type
+
+_BATCH = 4096
+
+
+def output_schema(table: Table) -> T.StructType:
+    s, L, I, B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
+    fields = [
+        ("kind", s),
+        ("row", row_struct_type(table)),
+        ("_ts", L), ("_origin", s), ("_event_id", s), ("_deleted", B), ("_deleted_at", L),
+        ("key", s), ("conflict_type", s), ("resolver", s), ("outcome", s),
+        ("local_ts", L), ("local_origin", s), ("local_row", s),
+        ("remote_event_id", s), ("remote_ts", L), ("remote_origin", s), ("remote_row", s),
+        ("reason", s), ("pos_rank", I), ("pos_idx", I),
+        ("event_id", s), ("replicas", T.ArrayType(s)), ("fate", s),
+        ("replica", s), ("replica_row", s), ("converged_row", s), ("repair", s),
+    ]
+    return T.StructType([T.StructField(n, t) for n, t in fields])
+
+
+def event_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> Event:
+    after, before = r["after"] or {}, r["before"] or {}
+    nk = r["new_key"]
+    return Event(
+        event_id=r["event_id"],
+        op=r["op"],
+        key=tuple(r["key"][c] for c in key_cols) if r["key"] is not None else None,
+        ts=r["ts"],
+        origin=r["origin"],
+        rank=r["rank"],
+        new_key=tuple(nk[c] for c in key_cols) if nk is not None else None,
+        after={c: after[c] for c in r["after_cols"] or ()},
+        before={c: before[c] for c in r["before_cols"] or ()},
+        extra_cols=tuple(r["extra_cols"] or ()),
+        txid=r["txid"],
+        rejected=bool(r["rejected"]),
+        seqs=dict(r["seqs"] or ()),
+    )
+
+
+def version_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> tuple[Key, Version]:
+    row = r["row"]
+    key = tuple(row[c] for c in key_cols)
+    deleted = bool(r["s_deleted"])
+    values = {c: row[c] for c in key_cols} if deleted else dict(row)
+    return key, Version(values, r["ts"], r["s_origin"], r["event_id"], r["rank"], deleted,
+                        r["s_deleted_at"])
+
+
+class GroupFolder:
+    """Folds one group at a time and renders the output rows."""
+
+    def __init__(self, spec: FoldSpec, replicas: tuple[str, ...], truncates: list[Event],
+                 dt: date):
+        self.spec = spec
+        self.table = spec.table
+        self.key_cols = spec.table.key
+        self.columns = spec.table.column_names
+        self.replicas = replicas
+        self.truncates = truncates
+        self.dt = dt
+
+    def key_json(self, key: Key) -> str:
+        return dumps(dict(zip(self.key_cols, key, strict=True)))
+
+    def fold(self, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        state: dict[Key, Version] = {}
+        events: list[Event] = []
+        for r in rows:
+            if r["is_event"]:
+                events.append(event_from_row(r, self.key_cols))
+            else:
+                k, v = version_from_row(r, self.key_cols)
+                state[k] = v
+        events += self.truncates
+        result = fold_converged(self.spec, state, events)
+        for k, v in result.state.items():
+            yield self._state_row(k, v)
+        applied = {a.event.event_id: a for a in result.applied}
+        for a in result.applied:
+            for i, c in enumerate(a.conflicts):
+                yield self._conflict_row(c, i)
+        for e in events:
+            if e.op == "TRUNCATE":
+                continue  # accounted once for the table, not per group
+            a = applied.get(e.event_id)
+            fate = "applied" if a and a.applied else ("errored" if a and a.errored else
+                                                      "discarded" if a else "not_reached")
+            yield {"kind": "outcome", "event_id": e.event_id, "replicas": sorted(e.seqs),
+                   "fate": fate}
+        if result.stopped is not None:
+            return  # §12: after an error, divergence is not checked
+        for rep in self.replicas:
+            mine = fold_perspective(self.spec, state, events, rep)
+            for k in divergent_keys(result.state, mine):
+                yield self._divergence_row(rep, k, mine.get(k), result.state.get(k))
+
+    def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
+        row = {c: v.values.get(c) for c in self.columns}
+        return {"kind": "state", "row": row, "_ts": v.ts, "_origin": v.origin,
+                "_event_id": v.event_id, "_deleted": v.deleted, "_deleted_at": v.deleted_at}
+
+    def _remote_row(self, e: Event) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": e.op}
+        if e.key is not None:
+            out["key"] = dict(zip(self.key_cols, e.key, strict=True))
+        if e.new_key is not None:
+            out["new_key"] = dict(zip(self.key_cols, e.new_key, strict=True))
+        if e.after:
+            out["after"] = dict(e.after)
+        if e.before:
+            out["before"] = dict(e.before)
+        return out
+
+    def _local_row(self, v: Version) -> dict[str, Any]:
+        return {**v.values, "_deleted": True} if v.deleted else dict(v.values)
+
+    def _conflict_row(self, c: Conflict, idx: int) -> dict[str, Any]:
+        first = c.local[0] if c.local else None
+        local: Any = None
+        if len(c.local) == 1:
+            local = dumps(self._local_row(c.local[0]))
+        elif c.local:
+            local = dumps([self._local_row(v) for v in c.local])
+        e = c.event
+        return {
+            "kind": "conflict", "key": self.key_json(c.key), "conflict_type": c.type.value,
+            "resolver": c.resolver.value, "outcome": c.outcome.value,
+            "local_ts": first.ts if first else None,
+            "local_origin": first.origin if first else None, "local_row": local,
+            "remote_event_id": e.event_id, "remote_ts": e.ts, "remote_origin": e.origin,
+            "remote_row": dumps(self._remote_row(e)), "reason": c.reason,
+            "pos_rank": e.rank, "pos_idx": idx,
+        }
+
+    def _divergence_row(self, replica: str, k: Key, mine: Version | None,
+                        conv: Version | None) -> dict[str, Any]:
+        rv, cv = reader_view(mine), reader_view(conv)
+        return {
+            "kind": "divergence", "replica": replica, "key": self.key_json(k),
+            "replica_row": dumps(rv) if rv is not None else None,
+            "converged_row": dumps(cv) if cv is not None else None,
+            "repair": dumps(self.repair(replica, k, rv, conv)),
+        }
+
+    def repair(self, replica: str, k: Key, rv: dict[str, Any] | None, conv: Version | None
+               ) -> dict[str, Any]:
+        """A canonical event record that brings ``replica``'s row to the converged one."""
+        key = dict(zip(self.key_cols, k, strict=True))
+        cv = reader_view(conv)
+        digest = hashlib.sha256(f"{replica}|{self.key_json(k)}".encode()).hexdigest()[:16]
+        rec: dict[str, Any] = {"key": key}
+        if cv is not None and rv is None:
+            rec |= {"op": "INSERT", "after": dict(cv)}
+        elif cv is not None and rv is not None:
+            changed = [c for c in self.columns if cv.get(c) != rv.get(c)]
+            rec |= {"op": "UPDATE", "after": {c: cv[c] for c in changed},
+                    "before": {c: rv.get(c) for c in changed}}
+        else:
+            rec |= {"op": "DELETE"}
+        rec |= {
+            "ts": conv.ts if conv is not None else self.spec.now_us,
+            "origin": conv.origin if conv is not None and conv.origin else replica,
+            "event_id": f"repair-{self.dt.isoformat()}-{replica}-{digest}",
+            "seq": 0,
+        }
+        return rec
+
+
+def make_fold_function(
+    folder: GroupFolder, single_group: bool, arrow_schema: pa.Schema
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function for ``mapInArrow``: rows arrive sorted by group; a group may span
+    batches. ``single_group`` folds the whole partition as one group (coupled keys)."""
+    key_cols = folder.key_cols
+
+    def group_of(r: dict[str, Any]) -> Any:
+        return None if single_group else tuple(r["key"][c] for c in key_cols)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
+        current: Any = object()
+        for batch in batches:
+            for r in batch.to_pylist():
+                g = group_of(r)
+                if pending and g != current:
+                    out.extend(folder.fold(pending))
+                    pending = []
+                current = g
+                pending.append(r)
+                if len(out) >= _BATCH:
+                    yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
+                    out = []
+        if pending:
+            out.extend(folder.fold(pending))
+        if out:
+            yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
+
+    return run

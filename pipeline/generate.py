@@ -1,0 +1,292 @@
+"""``cdr generate``: seeded synthetic exports of an active-active deployment, for demos,
+tests and benchmarks.
+
+The model: every change is made on one replica (its origin) at a commit ``ts`` and applied
+by every other replica after a replication delay; each replica exports every change it
+applied, its own and the others', in its local apply order. So one event appears in
+every replica's export, in different orders: the origin applies its own change at once,
+the others later. A share of keys (``conflict_rate``) is written by several replicas
+within the delay window, which produces real conflicts (insert races, concurrent updates,
+updates racing deletes); the rest of the keys get one change. Some events are late (made
+the day before, exported today). Foreign-key columns reference keys of the parent table,
+unique columns get distinct values, delta columns carry before and after.
+
+Same config, date, options and seed: the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import json
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from pipeline import layout
+from pipeline.config import Column, Config, Kind, Table
+from pipeline.context import to_micros
+from pipeline.store import Store
+
+DAY_US = 86_400_000_000
+MAX_DELAY_US = 90_000_000  # replication delay: up to 90 s
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    events: int = 10_000  # event records across all exports
+    conflict_rate: float = 0.2
+    late_rate: float = 0.02
+    delete_rate: float = 0.1
+    base_rows: int | None = None
+    fmt: str = "jsonl"
+    files: int = 1
+    seed: int = 1
+
+
+@dataclass
+class _Ev:
+    op: str
+    key: dict[str, Any]
+    ts: int
+    origin: str
+    event_id: str
+    after: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+
+
+def _value(col: Column, rng: random.Random, n: int) -> Any:
+    k = col.type.kind
+    if k in (Kind.INT, Kind.BIGINT):
+        return rng.randint(1, 1000)
+    if k is Kind.DOUBLE:
+        return round(rng.uniform(0, 1000), 3)
+    if k is Kind.DECIMAL:
+        scale = col.type.scale
+        top = min(10 ** (col.type.precision - scale) - 1, 100_000)
+        return float(Decimal(rng.randint(0, top * 10**scale)).scaleb(-scale))
+    if k is Kind.BOOLEAN:
+        return rng.random() < 0.5
+    if k is Kind.DATE:
+        return (date(2026, 1, 1) + timedelta(days=rng.randint(0, 364))).isoformat()
+    if k is Kind.TIMESTAMP:
+        return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T12:00:00Z"
+    if k is Kind.BINARY:
+        return base64.b64encode(rng.randbytes(8)).decode()
+    if k is Kind.UUID:
+        return str(uuid.UUID(int=rng.getrandbits(128)))
+    return f"{col.name}-{n}-{rng.randint(0, 9999)}"
+
+
+def _key_value(col: Column, n: int) -> Any:
+    k = col.type.kind
+    if k in (Kind.INT, Kind.BIGINT, Kind.DECIMAL, Kind.DOUBLE):
+        return n
+    if k is Kind.UUID:
+        return str(uuid.UUID(int=n))
+    if k is Kind.DATE:
+        return (date(2000, 1, 1) + timedelta(days=n)).isoformat()
+    if k is Kind.BOOLEAN:
+        return n % 2 == 1
+    return f"k{n:08d}"
+
+
+class _TableGen:
+    def __init__(self, config: Config, table: Table, rng: random.Random,
+                 parents: dict[str, list[dict[str, Any]]]):
+        self.config = config
+        self.t = table
+        self.rng = rng
+        self.parents = parents
+        self.replicas = list(config.replica_ids)
+        self.unique_cols = {c for u in table.unique for c in u}
+        self.fk_cols = {c: fk for fk in table.foreign_keys for c in fk.columns}
+
+    def key(self, n: int) -> dict[str, Any]:
+        if len(self.t.key) == 1:
+            return {self.t.key[0]: _key_value(self.t.column(self.t.key[0]), n)}
+        return {c: _key_value(self.t.column(c), n * 7 + i) for i, c in enumerate(self.t.key)}
+
+    def row(self, n: int, version: int = 0) -> dict[str, Any]:
+        out = dict(self.key(n))
+        for col in self.t.columns:
+            c = col.name
+            if c in out:
+                continue
+            if c in self.unique_cols:
+                out[c] = f"{c}-{n}" if col.type.kind is Kind.STRING else n
+            elif c in self.fk_cols:
+                out.update(self._reference(self.fk_cols[c].references, self.fk_cols[c].columns))
+            elif c in self.t.delta:
+                out[c] = self.rng.randint(0, 1000)
+            else:
+                out[c] = _value(col, self.rng, n + version)
+        return out
+
+    def _reference(self, parent: str, cols: tuple[str, ...]) -> dict[str, Any]:
+        keys = self.parents.get(parent)
+        if not keys:
+            return {c: None for c in cols}
+        pk = self.rng.choice(keys)
+        return dict(zip(cols, pk.values(), strict=True))
+
+    def change(self, full: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """after and before of an UPDATE: some non-key, non-unique columns change."""
+        candidates = [c for c in self.t.value_columns if c not in self.unique_cols]
+        if not candidates:
+            return {}, {}
+        cols = self.rng.sample(candidates, k=self.rng.randint(1, len(candidates)))
+        after, before = {}, {}
+        for c in cols:
+            col = self.t.column(c)
+            if c in self.t.delta:
+                before[c] = full.get(c) or 0
+                after[c] = before[c] + self.rng.randint(-50, 100)
+            elif c in self.fk_cols:
+                after.update(self._reference(self.fk_cols[c].references, self.fk_cols[c].columns))
+            else:
+                after[c] = _value(col, self.rng, self.rng.randint(0, 10**6))
+            full[c] = after.get(c, full.get(c))
+        return after, before
+
+
+def _write_export(store: Store, folder: str, records: list[dict[str, Any]], fmt: str,
+                  files: int, manifest: dict[str, Any]) -> None:
+    parts = max(1, min(files, len(records) or 1))
+    size = -(-len(records) // parts) if records else 0
+    entries = []
+    for i in range(parts):
+        chunk = records[i * size:(i + 1) * size] if records else []
+        if fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            objs = ("key", "new_key", "after", "before")
+            rows = [{k: (json.dumps(v) if k in objs and v is not None else v) for k, v in r.items()}
+                    for r in chunk]
+            buf = io.BytesIO()
+            pq.write_table(pa.Table.from_pylist(rows), buf)
+            data, name = buf.getvalue(), f"part-{i:04d}.parquet"
+        else:
+            text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in chunk).encode()
+            data, name = gzip.compress(text, compresslevel=1, mtime=0), f"part-{i:04d}.jsonl.gz"
+        store.write_bytes(f"{folder}/{name}", data)
+        entries.append({"path": name, "rows": len(chunk),
+                        "sha256": hashlib.sha256(data).hexdigest()})
+    body = {**manifest, "format": fmt, "files": entries}
+    store.write_bytes(f"{folder}/{layout.MANIFEST}", json.dumps(body, indent=1).encode())
+
+
+def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> dict[str, Any]:
+    """Write one day of exports for every configured table (parents first)."""
+    day0 = to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
+    replicas = list(config.replica_ids)
+    per_table = max(1, opts.events // max(1, len(config.tables)))
+    order = _parents_first(config)
+    keys_of: dict[str, list[dict[str, Any]]] = {}
+    stats: dict[str, Any] = {"records": 0, "tables": {}}
+    for name in order:
+        table = config.tables[name]
+        rng = random.Random(f"{opts.seed}-{name}")
+        g = _TableGen(config, table, rng, keys_of)
+        distinct = max(1, per_table // len(replicas))
+        base_n = opts.base_rows or 0
+        if base_n:
+            base_rows = [g.row(n) for n in range(base_n)]
+            _write_export(store, layout.base_dir(name), base_rows, "jsonl", 1, {"table": name})
+        # keys touched: E = K * (1 + 2.5 c); contended keys get 2-5 events
+        k_touched = max(1, int(distinct / (1 + 2.5 * opts.conflict_rate)))
+        events: list[_Ev] = []
+        live: list[dict[str, Any]] = []
+        seq_no = {r: 0 for r in replicas}
+        next_new = base_n
+        for _k in range(k_touched):
+            existing = base_n > 0 and rng.random() < 0.5
+            n = rng.randrange(base_n) if existing else next_new
+            if not existing:
+                next_new += 1
+            full = g.row(n) if existing else {}
+            contended = rng.random() < opts.conflict_rate
+            count = rng.randint(2, 5) if contended else 1
+            late = rng.random() < opts.late_rate
+            t = (day0 - rng.randint(1, 3_600_000_000)) if late else day0 + rng.randint(
+                0, DAY_US - 3 * MAX_DELAY_US * 5)
+            alive = existing
+            for j in range(count):
+                origin = rng.choice(replicas)
+                seq_no[origin] += 1
+                eid = f"{origin}-{name}-{seq_no[origin]}"
+                key = g.key(n)
+                race = j == 1 and not existing and events[-1].op == "INSERT" and rng.random() < 0.3
+                if race:  # an insert race: another replica inserts the same new key
+                    ev = _Ev("INSERT", key, t, origin, eid, after=g.row(n, j))
+                elif not alive:
+                    full = g.row(n, j)
+                    ev = _Ev("INSERT", key, t, origin, eid, after=dict(full))
+                    alive = True
+                elif rng.random() < opts.delete_rate:
+                    ev = _Ev("DELETE", key, t, origin, eid)
+                    alive = False
+                else:
+                    after, before = g.change(full)
+                    ev = _Ev("UPDATE", key, t, origin, eid, after=after, before=before or None)
+                events.append(ev)
+                # the next change of a contended key is concurrent: within the delay window
+                t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
+            if alive:
+                live.append(g.key(n))
+        keys_of[name] = live + [g.key(n) for n in range(base_n)]
+        n_records = _write_day(store, name, dt, events, replicas, rng, opts)
+        stats["records"] += n_records
+        stats["tables"][name] = {"events": len(events), "records": n_records,
+                                 "keys": k_touched, "base_rows": base_n}
+    return stats
+
+
+def _write_day(store: Store, table: str, dt: date, events: list[_Ev], replicas: list[str],
+               rng: random.Random, opts: GenerateOptions) -> int:
+    """Each replica exports every event in its own apply order: its own changes at their
+    ts, the others' after a replication delay."""
+    total = 0
+    for rep in replicas:
+        arrivals = []
+        for i, e in enumerate(events):
+            delay = 0 if e.origin == rep else rng.randint(1, MAX_DELAY_US)
+            arrivals.append((e.ts + delay, i))
+        arrivals.sort()
+        records = []
+        for seq, (_at, i) in enumerate(arrivals, start=1):
+            e = events[i]
+            r: dict[str, Any] = {"op": e.op, "key": e.key}
+            if e.after is not None:
+                r["after"] = e.after
+            if e.before:
+                r["before"] = e.before
+            r |= {"ts": e.ts, "origin": e.origin, "event_id": e.event_id, "seq": seq}
+            records.append(r)
+        folder = layout.export_dir(rep, table, dt)
+        _write_export(store, folder, records, opts.fmt, opts.files,
+                      {"replica": rep, "table": table, "dt": dt.isoformat(),
+                       "watermark": f"{dt.isoformat()}T23:59:59.999999Z"})
+        total += len(records)
+    return total
+
+
+def _parents_first(config: Config) -> list[str]:
+    done: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in done or name in path:
+            return
+        for fk in config.tables[name].foreign_keys:
+            visit(fk.references, (*path, name))
+        done.append(name)
+
+    for name in config.tables:
+        visit(name, ())
+    return done

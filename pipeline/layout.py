@@ -1,0 +1,54 @@
+"""Every key of the store, in one place (formats.md "Where things live", "Outputs")."""
+
+from __future__ import annotations
+
+from datetime import date
+
+MANIFEST = "_manifest.json"
+
+
+def export_dir(replica: str, table: str, dt: date) -> str:
+    return f"exports/replica={replica}/table={table}/dt={dt.isoformat()}"
+
+
+def replica_snapshot_dir(replica: str, table: str, dt: date) -> str:
+    return f"exports/replica={replica}/table={table}/snapshot/dt={dt.isoformat()}"
+
+
+def base_dir(table: str) -> str:
+    return f"base/table={table}"
+
+
+def table_dir(table: str) -> str:
+    return f"published/{table}"
+
+
+def snapshot_dir(table: str, run_id: str) -> str:
+    return f"published/{table}/snapshot/run={run_id}"
+
+
+def state_dir(table: str, run_id: str) -> str:
+    return f"published/{table}/state/run={run_id}"
+
+
+def latest_pointer(table: str) -> str:
+    return f"published/{table}/_latest.json"
+
+
+def dated_pointer(table: str, dt: date) -> str:
+    """Which run published ``dt``: the next date's run reads its state from here, so that a
+    rerun of an old date starts from the state of the date before it."""
+    return f"published/{table}/_runs/dt={dt.isoformat()}.json"
+
+
+def pointers_dir(table: str) -> str:
+    return f"published/{table}/_runs"
+
+
+def dated_output(table: str, kind: str, dt: date) -> str:
+    """``conflicts``, ``quarantine``, ``divergence`` or ``orphans`` of one date."""
+    return f"published/{table}/{kind}/dt={dt.isoformat()}"
+
+
+def report_dir(dt: date) -> str:
+    return f"published/reports/dt={dt.isoformat()}"

@@ -1,0 +1,166 @@
+"""Policy as data: the closed sets of conflict types, resolvers and outcomes, and one table
+per preset (semantics.md §3-§5, §12).
+
+Config validation, dispatch in the fold and the README's tables all derive from the
+tables below; ``tests/test_policy.py`` proves every type has a rule and every resolver an
+implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ConflictType(StrEnum):
+    """semantics.md §3, in the order several conflicts of one event are logged (§12)."""
+
+    SOURCE_COLUMN_EXTRA = "source_column_extra"
+    INSERT_EXISTS = "insert_exists"
+    UPDATE_DIFFER = "update_differ"
+    UPDATE_MISSING = "update_missing"
+    UPDATE_DELETED = "update_deleted"
+    DELETE_DIFFER = "delete_differ"
+    DELETE_MISSING = "delete_missing"
+    PKEY_EXISTS = "pkey_exists"
+    TARGET_COLUMN_EXTRA = "target_column_extra"
+    MULTIPLE_UNIQUE_CONFLICTS = "multiple_unique_conflicts"
+
+
+class Resolver(StrEnum):
+    """semantics.md §4, plus the two rule-based resolvers a preset records."""
+
+    LATEST_TIMESTAMP_WINS = "latest_timestamp_wins"
+    EARLIEST_TIMESTAMP_WINS = "earliest_timestamp_wins"
+    APPLY = "apply"
+    APPLY_OR_SKIP = "apply_or_skip"
+    APPLY_OR_ERROR = "apply_or_error"
+    SKIP = "skip"
+    ERROR = "error"
+    IGNORE = "ignore"
+    USE_DEFAULT = "use_default"
+    DELETE_WINS = "delete_wins"  # the Informix rule of §5, recorded by `delete_wins` tables
+    SCYLLA = "scylla"  # the cell rules of §6, recorded by `scylla` tables
+
+
+class Outcome(StrEnum):
+    """What happened to the remote event (semantics.md §12 "Outcomes")."""
+
+    APPLIED = "applied"
+    SKIPPED = "skipped"
+    CONVERTED_TO_INSERT = "converted_to_insert"
+    CONVERTED_TO_UPDATE = "converted_to_update"
+    ERRORED = "errored"
+    DISCARDED = "discarded"
+
+    @property
+    def remote_applied(self) -> bool:
+        return self in (Outcome.APPLIED, Outcome.CONVERTED_TO_INSERT, Outcome.CONVERTED_TO_UPDATE)
+
+
+class QuarantineReason(StrEnum):
+    """semantics.md §3 guards, in the order they are checked (§12), plus FK quarantine."""
+
+    MALFORMED = "malformed"
+    FUTURE_TIMESTAMP = "future_timestamp"
+    STALE_BEYOND_GC_GRACE = "stale_beyond_gc_grace"
+    DELTA_WITHOUT_OLD_VALUE = "delta_without_old_value"
+    FK_VIOLATION = "fk_violation"
+
+
+class Preset(StrEnum):
+    POSTGRES = "postgres"
+    DELETE_WINS = "delete_wins"
+    SCYLLA = "scylla"
+
+
+class TieBreak(StrEnum):
+    HIGHER_SYSTEM_ID = "higher_system_id"  # PostgreSQL
+    LOWER_SYSTEM_ID = "lower_system_id"  # Informix cdrserver
+
+
+class Granularity(StrEnum):
+    ROW = "row"
+    CELL = "cell"
+
+
+class Detection(StrEnum):
+    ORIGIN = "origin"
+    BEFORE_IMAGE = "before_image"
+
+
+class Scope(StrEnum):
+    ROW = "row"
+    TRANSACTION = "transaction"
+
+
+_R = Resolver
+_C = ConflictType
+_TS = frozenset({_R.LATEST_TIMESTAMP_WINS, _R.EARLIEST_TIMESTAMP_WINS})
+_ANY = frozenset({_R.SKIP, _R.ERROR})
+
+#: semantics.md §4: the resolvers a user may configure for each conflict type.
+ALLOWED: dict[ConflictType, frozenset[Resolver]] = {
+    _C.INSERT_EXISTS: _TS | _ANY | {_R.APPLY},
+    _C.UPDATE_DIFFER: _TS | _ANY | {_R.APPLY},
+    _C.UPDATE_MISSING: _ANY | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
+    _C.UPDATE_DELETED: _ANY | {_R.LATEST_TIMESTAMP_WINS, _R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
+    _C.DELETE_DIFFER: _TS | _ANY | {_R.APPLY},
+    _C.DELETE_MISSING: _ANY,
+    _C.PKEY_EXISTS: _TS | _ANY | {_R.APPLY},
+    _C.MULTIPLE_UNIQUE_CONFLICTS: _ANY | {_R.APPLY},
+    _C.SOURCE_COLUMN_EXTRA: _ANY | {_R.IGNORE},
+    _C.TARGET_COLUMN_EXTRA: _ANY | {_R.USE_DEFAULT},
+}
+
+#: The conflict types the delete-wins rule decides (the rest keep the postgres defaults).
+ROW_TYPES: frozenset[ConflictType] = frozenset(
+    {
+        _C.INSERT_EXISTS,
+        _C.UPDATE_DIFFER,
+        _C.UPDATE_MISSING,
+        _C.UPDATE_DELETED,
+        _C.DELETE_DIFFER,
+        _C.DELETE_MISSING,
+        _C.PKEY_EXISTS,
+    }
+)
+
+
+@dataclass(frozen=True)
+class PresetRule:
+    resolvers: dict[ConflictType, Resolver]
+    tie_break: TieBreak
+    granularity: Granularity
+
+
+_POSTGRES_RESOLVERS: dict[ConflictType, Resolver] = {
+    _C.INSERT_EXISTS: _R.LATEST_TIMESTAMP_WINS,
+    _C.UPDATE_DIFFER: _R.LATEST_TIMESTAMP_WINS,
+    _C.DELETE_DIFFER: _R.LATEST_TIMESTAMP_WINS,
+    _C.PKEY_EXISTS: _R.LATEST_TIMESTAMP_WINS,
+    _C.UPDATE_MISSING: _R.APPLY_OR_SKIP,
+    _C.UPDATE_DELETED: _R.SKIP,
+    _C.DELETE_MISSING: _R.SKIP,
+    _C.MULTIPLE_UNIQUE_CONFLICTS: _R.ERROR,
+    _C.SOURCE_COLUMN_EXTRA: _R.ERROR,
+    _C.TARGET_COLUMN_EXTRA: _R.USE_DEFAULT,
+}
+
+#: semantics.md §5: one rule per preset.
+PRESETS: dict[Preset, PresetRule] = {
+    Preset.POSTGRES: PresetRule(_POSTGRES_RESOLVERS, TieBreak.HIGHER_SYSTEM_ID, Granularity.ROW),
+    Preset.DELETE_WINS: PresetRule(
+        {t: (_R.DELETE_WINS if t in ROW_TYPES else r) for t, r in _POSTGRES_RESOLVERS.items()},
+        TieBreak.LOWER_SYSTEM_ID,
+        Granularity.ROW,
+    ),
+    Preset.SCYLLA: PresetRule(
+        {t: _R.SCYLLA for t in ConflictType}, TieBreak.HIGHER_SYSTEM_ID, Granularity.CELL
+    ),
+}
+
+
+def allowed_resolvers(conflict: ConflictType) -> list[str]:
+    """The configurable resolvers of a type, sorted, for error messages and docs."""
+    return sorted(r.value for r in ALLOWED[conflict])

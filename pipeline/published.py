@@ -1,0 +1,96 @@
+"""Publishing (formats.md "Outputs"): everything of a run goes under new ``run=<run_id>``
+folders, the date's outputs under ``dt=<D>``, and the pointers move last.
+
+Readers follow ``published/<table>/_latest.json``; it is replaced only after every file
+of the run is in place, and it only moves forward in time: a rerun of an old date updates
+that date's pointer (``_runs/dt=<D>.json``, which the next date's run reads its prior state
+from) but leaves ``_latest.json`` on the newest date.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline import layout
+from pipeline.store import Store, upload_tree
+
+log = logging.getLogger(__name__)
+
+DATED_OUTPUTS = ("conflicts", "quarantine", "divergence", "orphans")
+_POINTER_RE = re.compile(r"dt=(\d{4}-\d{2}-\d{2})\.json$")
+
+
+def find_prior_pointer(store: Store, table: str, dt: date) -> dict[str, Any] | None:
+    """The pointer of the latest date before ``dt`` that published ``table``."""
+    best: date | None = None
+    for key in store.list(layout.pointers_dir(table)):
+        m = _POINTER_RE.search(key)
+        if m:
+            d = date.fromisoformat(m.group(1))
+            if d < dt and (best is None or d > best):
+                best = d
+    if best is None:
+        return None
+    return json.loads(store.read_bytes(layout.dated_pointer(table, best)))
+
+
+def read_latest(store: Store, table: str) -> dict[str, Any] | None:
+    key = layout.latest_pointer(table)
+    if not store.exists(key):
+        return None
+    return json.loads(store.read_bytes(key))
+
+
+def replace_dated(store: Store, src: Path, prefix: str, run_id: str) -> None:
+    """Replace the contents of a ``dt=`` folder: new files first (named by run), then the
+    old ones go."""
+    before = set(store.list(prefix))
+    written = []
+    if src.exists():
+        for f in sorted(src.rglob("*.parquet")):
+            key = f"{prefix}/{run_id}-{f.name}"
+            store.upload(f, key)
+            written.append(key)
+    for key in sorted(before - set(written)):
+        store.delete_prefix(key)
+
+
+def publish_inspection(store: Store, resolved: Path, tables: list[str], dt: date,
+                       run_id: str) -> None:
+    """The date's logs, also for a failed run (semantics.md §12 "A failed run")."""
+    for t in tables:
+        for kind in DATED_OUTPUTS:
+            replace_dated(store, resolved / t / kind, layout.dated_output(t, kind, dt), run_id)
+
+
+def publish_run(store: Store, resolved: Path, tables: list[str], dt: date, run_id: str,
+                counts: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Upload snapshots and states under ``run=<run_id>``, then the pointers."""
+    pointers = {}
+    for t in tables:
+        n_snap = upload_tree(store, resolved / t / "snapshot", layout.snapshot_dir(t, run_id))
+        upload_tree(store, resolved / t / "state", layout.state_dir(t, run_id))
+        log.info("publish %s: %d snapshot file(s)", t, n_snap)
+        pointers[t] = {
+            "run_id": run_id,
+            "dt": dt.isoformat(),
+            "snapshot": layout.snapshot_dir(t, run_id),
+            "state": layout.state_dir(t, run_id),
+            "rows": counts.get(t, 0),
+            "published_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        }
+    for t, p in pointers.items():
+        store.write_bytes(layout.dated_pointer(t, dt), json.dumps(p, indent=2).encode())
+    for t, p in pointers.items():  # last: readers now see the new run
+        latest = read_latest(store, t)
+        if latest is None or date.fromisoformat(latest["dt"]) <= dt:
+            store.write_bytes(layout.latest_pointer(t), json.dumps(p, indent=2).encode())
+        else:
+            log.info("publish %s: _latest.json stays on %s (this run is for an earlier date)",
+                     t, latest["dt"])
+    return pointers

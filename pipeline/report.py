@@ -1,0 +1,49 @@
+"""The run report as people read it: one table of counts per table, then conflicts by type
+and outcome, then the gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                             enumerate(zip(r, widths, strict=True))).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"run {report['run_id']} for {report['dt']}: {report['status'].upper()}", ""]
+    rows = [["table", "events", "distinct", "applied", "discarded", "quarantined",
+             "conflicts", "divergent", "orphans", "rows"]]
+    for t, s in report["tables"].items():
+        rows.append([
+            t, str(s["events"]), str(s["distinct_events"]), str(s["applied"]),
+            str(s["discarded"] + s.get("errored", 0)), str(sum(s["quarantined"].values())),
+            str(sum(sum(o.values()) for o in s["conflicts"].values())),
+            str(sum(s["divergent_keys"].values())), str(s["orphans"]), str(s.get("rows", "-")),
+        ])
+    lines += _table(rows)
+    crow = [["table", "conflict type", "outcome", "count"]]
+    for t, s in report["tables"].items():
+        for ctype, outcomes in sorted(s["conflicts"].items()):
+            for outcome, n in sorted(outcomes.items()):
+                crow.append([t, ctype, outcome, str(n)])
+    if len(crow) > 1:
+        lines += ["", "conflicts by type and outcome:", *_table(crow)]
+    qrow = [["table", "quarantine reason", "count"]]
+    for t, s in report["tables"].items():
+        for reason, n in sorted(s["quarantined"].items()):
+            qrow.append([t, reason, str(n)])
+    if len(qrow) > 1:
+        lines += ["", "quarantined:", *_table(qrow)]
+    for w in report.get("warnings", []):
+        lines.append(f"warning: {w}")
+    for f in report.get("failures", []):
+        lines.append(f"FAILED: {f}")
+    return "\n".join(lines)

@@ -1,0 +1,290 @@
+"""The resolve stage: staged exports in, the run's results out, in the work folder.
+
+Per table: parse, dedupe, type and guard the events (``pipeline.events``), resolve them
+against the prior state (``pipeline.engine``), then check foreign keys across tables
+(semantics.md §10). Writes ``resolved/<table>/{state,snapshot,conflicts,quarantine,
+divergence,orphans,fates}`` and ``resolved/summary.json`` with the counts of the run
+report. Gates (divergence, FK, error resolvers) are decided by the validate stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipeline.config import Config, FkPolicy, Table
+from pipeline.context import RunContext
+from pipeline.engine import position, purge, resolve_rows
+from pipeline.events import dedupe, malformed_without_id, no_event_id, read_records, typed_events
+from pipeline.exports import StagedTable, load_inputs
+from pipeline.policy import Granularity, QuarantineReason
+from pipeline.schema import snapshot_columns
+from pipeline.spark import shuffle_partitions
+from pipeline.state import read_prior
+
+log = logging.getLogger(__name__)
+
+CONFLICT_COLUMNS = [
+    "run_id", "dt", "table", "key", "conflict_type", "resolver", "outcome", "local_ts",
+    "local_origin", "local_row", "remote_event_id", "remote_ts", "remote_origin", "remote_row",
+    "reason",
+]
+QUARANTINE_COLUMNS = ["run_id", "dt", "table", "replica", "event_id", "reason", "detail", "event"]
+DIVERGENCE_COLUMNS = ["run_id", "dt", "table", "replica", "key", "replica_row", "converged_row",
+                      "repair"]
+ORPHAN_COLUMNS = ["run_id", "dt", "table", "key", "reference", "event_id"]
+
+
+def _run_cols(ctx: RunContext, table: str) -> list[Column]:
+    return [F.lit(ctx.run_id).alias("run_id"), F.lit(ctx.dt.isoformat()).alias("dt"),
+            F.lit(table).alias("table")]
+
+
+def _write(df: DataFrame, path: Path, mode: str = "overwrite") -> None:
+    import time
+    t = time.monotonic()
+    df.write.mode(mode).parquet(str(path))
+    log.debug("write %s: %.2fs", path.name, time.monotonic() - t)
+
+
+def resolve_table(spark: SparkSession, config: Config, table: Table, ctx: RunContext,
+                  staged: StagedTable) -> dict[str, Any]:
+    out = ctx.resolved / table.name
+    if table.granularity is not Granularity.ROW:
+        from pipeline.errors import CdrError
+
+        raise CdrError(f"table {table.name!r}: policy {table.preset.value!r} (cell granularity) "
+                       "is not supported by this version")
+    records = read_records(spark, ctx.staged / table.name)
+    deduped = dedupe(records.where(~no_event_id(records)), config.replica_ids)
+    typed = typed_events(deduped, table, config, ctx.now_us).persist()
+    good = typed.where(F.col("reason").isNull())
+    prior = purge(read_prior(spark, ctx.staged / table.name, table), ctx.now_us,
+                  config.gc_grace_seconds)
+    res = resolve_rows(spark, config, table, good, prior, ctx.now_us, ctx.dt,
+                       shuffle_partitions(spark))
+
+    _write(res.state, out / "state_pre")
+    stopped = _write_conflicts(res.conflicts, ctx, table, out)
+    quarantined = typed.where(F.col("reason").isNotNull())
+    _write(
+        quarantined.select(*_run_cols(ctx, table.name), "replica", "event_id", "reason", "detail",
+                           F.col("raw").alias("event"))
+        .unionByName(malformed_without_id(records).select(
+            *_run_cols(ctx, table.name), "replica", "event_id", "reason", "detail",
+            F.col("raw").alias("event"))),
+        out / "quarantine",
+    )
+    divergence = res.divergence.select(*_run_cols(ctx, table.name), "replica", "key",
+                                       "replica_row", "converged_row", "repair")
+    if stopped is not None:
+        divergence = divergence.limit(0)  # §12: not checked after an error
+    _write(divergence, out / "divergence")
+    fates = (
+        res.fates.unionByName(quarantined.select(
+            "event_id", F.array_sort(F.map_keys("seqs")).alias("replicas"),
+            F.lit("quarantined").alias("fate")))
+        .unionByName(malformed_without_id(records).select(
+            "event_id", F.array("replica").alias("replicas"), F.lit("quarantined").alias("fate")))
+    )
+    if res.truncates:
+        trunc_rows = [(t.event_id, sorted(t.seqs), "applied") for t in res.truncates]
+        fates = fates.unionByName(spark.createDataFrame(
+            trunc_rows, "event_id string, replicas array<string>, fate string"))
+    _write(fates, out / "fates")
+    typed.unpersist()
+    return _table_counts(table, out, staged, stopped)
+
+
+def _write_conflicts(conflicts: DataFrame, ctx: RunContext, table: Table, out: Path
+                     ) -> dict[str, Any] | None:
+    """Write the conflict log in canonical order; after an ``error`` only up to it (§12).
+    Returns the errored conflict, if any."""
+    errored = (conflicts.where(F.col("outcome") == "errored")
+               .orderBy("remote_ts", "pos_rank", "remote_event_id", "pos_idx").limit(1).collect())
+    stopped = None
+    if errored:
+        e = errored[0]
+        stopped = {"table": table.name, "key": e.key, "conflict_type": e.conflict_type,
+                   "event_id": e.remote_event_id, "reason": e.reason}
+        cut = F.struct(F.lit(e.remote_ts), F.lit(e.pos_rank), F.lit(e.remote_event_id),
+                       F.lit(e.pos_idx))
+        conflicts = conflicts.where(position() <= cut)
+    _write(
+        conflicts.coalesce(1).sortWithinPartitions("remote_ts", "pos_rank", "remote_event_id",
+                                                    "pos_idx")
+        .select(*_run_cols(ctx, table.name), *CONFLICT_COLUMNS[3:]),
+        out / "conflicts",
+    )
+    return stopped
+
+
+def _local_table(path: Path, columns: list[str]) -> pa.Table:
+    """A small output read back with pyarrow: counting it needs no Spark job."""
+    files = sorted(path.glob("*.parquet")) if path.exists() else []
+    if not files:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+
+
+def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
+    if t.num_rows == 0:
+        return []
+    return t.group_by(list(cols)).aggregate([([], "count_all")]).to_pylist()
+
+
+def _table_counts(table: Table, out: Path, staged: StagedTable,
+                  stopped: dict[str, Any] | None) -> dict[str, Any]:
+    fates = _local_table(out / "fates", ["replicas", "fate"])
+    by_fate = {r["fate"]: r["count_all"] for r in _counts(fates, "fate")}
+    per_replica: dict[str, dict[str, int]] = {
+        r: {"records": e.rows} for r, e in staged.exports.items()}
+    if fates.num_rows:
+        flat = pa.table({
+            "replica": pc.list_flatten(fates["replicas"]),
+            "fate": pc.take(fates["fate"], pc.list_parent_indices(fates["replicas"])),
+        })
+        for r in _counts(flat, "replica", "fate"):
+            per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
+    conflicts: dict[str, dict[str, int]] = {}
+    for r in _counts(_local_table(out / "conflicts", ["conflict_type", "outcome"]),
+                     "conflict_type", "outcome"):
+        conflicts.setdefault(r["conflict_type"], {})[r["outcome"]] = r["count_all"]
+    quarantined = {r["reason"]: r["count_all"] for r in
+                   _counts(_local_table(out / "quarantine", ["reason"]), "reason")}
+    divergent = {r["replica"]: r["count_all"] for r in
+                 _counts(_local_table(out / "divergence", ["replica"]), "replica")}
+    return {
+        "policy": table.preset.value,
+        "events": sum(e.rows for e in staged.exports.values()),
+        "distinct_events": sum(by_fate.values()),
+        "applied": by_fate.get("applied", 0),
+        "discarded": by_fate.get("discarded", 0),
+        "errored": by_fate.get("errored", 0),
+        "not_reached": by_fate.get("not_reached", 0),
+        "quarantined": quarantined,
+        "conflicts": conflicts,
+        "divergent_keys": divergent,
+        "replicas": per_replica,
+        "missing_exports": staged.missing,
+        "prior": staged.prior["dt"] if staged.prior else ("base" if staged.base_rows is not None
+                                                           else None),
+        "stopped": stopped,
+        "orphans": 0,
+    }
+
+
+def _parquet_rows(path: Path) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
+
+
+# ---------------------------------------------------------------------- foreign keys
+
+
+def _key_json(cols: list[str]) -> Column:
+    return F.to_json(F.struct(*[F.col(c) for c in cols]))
+
+
+def check_foreign_keys(spark: SparkSession, config: Config, ctx: RunContext,
+                       summary: dict[str, Any]) -> None:
+    """§10: orphans after resolution; with ``quarantine`` they leave state and snapshot,
+    repeatedly, until none is left. Writes ``orphans`` and the final ``state``."""
+    states = {t: spark.read.parquet(str(ctx.resolved / t / "state_pre")) for t in config.tables}
+    quarantine = config.on_fk_violation is FkPolicy.QUARANTINE
+    skip = any(s["stopped"] for s in summary["tables"].values())
+    found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
+    changed = set()
+    for _round in range(100):
+        new_orphans = False
+        for child_name, child in config.tables.items():
+            if skip:
+                break
+            for fk in child.foreign_keys:
+                parent = config.tables[fk.references]
+                live_child = states[child_name].where(~F.col("_deleted"))
+                for c in fk.columns:
+                    live_child = live_child.where(F.col(c).isNotNull())
+                parents = states[parent.name].where(~F.col("_deleted")).select(
+                    *[F.col(pk).alias(c) for c, pk in zip(fk.columns, parent.key, strict=True)]
+                ).distinct()
+                orphans = live_child.join(parents, list(fk.columns), "left_anti").persist()
+                if orphans.isEmpty():
+                    continue
+                ref = F.to_json(F.struct(
+                    F.lit(parent.name).alias("references"),
+                    *[F.col(c).alias(pk) for c, pk in zip(fk.columns, parent.key, strict=True)]))
+                found[child_name].append(orphans.select(
+                    _key_json(list(child.key)).alias("key"), ref.alias("reference"),
+                    F.col("_event_id").alias("event_id"), F.to_json(F.struct(
+                        *child.column_names, "_ts", "_origin")).alias("row"),
+                    F.col("_origin").alias("origin")))
+                if quarantine:
+                    states[child_name] = states[child_name].join(
+                        orphans.select(*child.key), list(child.key), "left_anti")
+                    changed.add(child_name)
+                    new_orphans = True
+        if not new_orphans:
+            break
+    for t, table in config.tables.items():
+        out = ctx.resolved / t
+        parts = found[t]
+        orphans = parts[0] if parts else None
+        for p in parts[1:]:
+            orphans = orphans.unionByName(p)  # type: ignore[union-attr]
+        if orphans is not None:
+            orphans = orphans.dropDuplicates(["key"]).persist()
+            _write(orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
+                   out / "orphans")
+            summary["tables"][t]["orphans"] = _parquet_rows(out / "orphans")
+            if quarantine:
+                _write(orphans.select(
+                    *_run_cols(ctx, t), F.col("origin").alias("replica"), "event_id",
+                    F.lit(QuarantineReason.FK_VIOLATION.value).alias("reason"),
+                    F.concat(F.lit("no live parent for "), F.col("reference")).alias("detail"),
+                    F.col("row").alias("event")), out / "quarantine", mode="append")
+                summary["tables"][t]["quarantined"][QuarantineReason.FK_VIOLATION.value] = (
+                    summary["tables"][t]["orphans"])
+        if t in changed:
+            _write(states[t], out / "state")
+            shutil.rmtree(out / "state_pre")
+        else:
+            (out / "state_pre").rename(out / "state")
+        state = spark.read.parquet(str(out / "state"))
+        live = state.where(~F.col("_deleted")).select(*snapshot_columns(table))
+        _write(live, out / "snapshot")
+        summary["tables"][t]["rows"] = _parquet_rows(out / "snapshot")
+
+
+def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[str, Any]:
+    inputs = load_inputs(ctx)
+    if ctx.resolved.exists():
+        shutil.rmtree(ctx.resolved)
+    summary: dict[str, Any] = {"run_id": ctx.run_id, "dt": ctx.dt.isoformat(),
+                               "now_us": ctx.now_us, "tables": {}}
+    for name, table in config.tables.items():
+        log.info("resolve %s ...", name)
+        summary["tables"][name] = resolve_table(spark, config, table, ctx, inputs[name])
+        t = summary["tables"][name]
+        log.info("resolve %s: %d events, %d applied, %d discarded, %d quarantined", name,
+                 t["distinct_events"], t["applied"], t["discarded"], sum(t["quarantined"].values()))
+    check_foreign_keys(spark, config, ctx, summary)
+    (ctx.resolved / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def load_summary(ctx: RunContext) -> dict[str, Any]:
+    p = ctx.resolved / "summary.json"
+    if not p.exists():
+        from pipeline.errors import StageError
+
+        raise StageError(f"no resolved run for {ctx.dt}: run `cdr resolve` first")
+    return json.loads(p.read_text())  # type: ignore[no-any-return]

@@ -1,0 +1,585 @@
+"""The row-granularity fold: detection (semantics.md §3) and resolution (§4, §5, §8, §12)
+of a sequence of events against a state, one event at a time.
+
+This module is pure Python with no Spark: the Spark engine (``pipeline.engine``) calls it
+on groups of keys whose events need it (contended keys, keys coupled by key changes or
+unique constraints), and the tests run it directly as the reference of the rules.
+
+A :class:`RowFold` owns its state (a dict ``key -> Version``) and applies events with
+:meth:`RowFold.apply`. The converged fold logs conflicts and stops at an ``error``; a
+replica's perspective (§9) logs nothing and simply does not apply an event that would
+error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from pipeline.config import Table
+from pipeline.policy import ConflictType, Detection, Outcome, Preset, Resolver
+
+Key = tuple[Any, ...]
+
+_C = ConflictType
+_R = Resolver
+_O = Outcome
+
+
+@dataclass(slots=True)
+class Version:
+    """A key's state: a live row (``values`` holds every column) or a tombstone
+    (``deleted``; ``values`` holds the key columns)."""
+
+    values: dict[str, Any]
+    ts: int
+    origin: str | None
+    event_id: str | None
+    rank: int
+    deleted: bool = False
+    deleted_at: int | None = None
+
+    def position(self) -> tuple[int, int, str]:
+        return (self.ts, self.rank, self.event_id or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One canonical event, typed. ``after``/``before`` hold only the columns present."""
+
+    event_id: str
+    op: str
+    key: Key | None
+    ts: int
+    origin: str
+    rank: int
+    new_key: Key | None = None
+    after: Mapping[str, Any] = field(default_factory=dict)
+    before: Mapping[str, Any] = field(default_factory=dict)
+    extra_cols: tuple[str, ...] = ()
+    txid: str | None = None
+    rejected: bool = False  # its transaction was rejected (delete_wins, scope: transaction)
+    seqs: Mapping[str, int] = field(default_factory=dict)
+
+    def position(self) -> tuple[int, int, str]:
+        """The canonical order (§2): ``(ts, tie_rank(origin), event_id)``."""
+        return (self.ts, self.rank, self.event_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """One conflict-log row (§11)."""
+
+    key: Key
+    type: ConflictType
+    resolver: Resolver
+    outcome: Outcome
+    event: Event
+    local: tuple[Version, ...]  # the local version(s) in conflict; several for unique conflicts
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one event did: whether the remote change took effect, and its conflicts."""
+
+    event: Event
+    applied: bool
+    conflicts: tuple[Conflict, ...]
+    errored: bool = False
+
+
+class RunStopped(Exception):
+    """An ``error`` resolver fired in the converged fold (semantics.md §4, §12)."""
+
+    def __init__(self, conflict: Conflict, log: tuple[Conflict, ...]):
+        self.conflict = conflict
+        self.log = log
+        super().__init__(conflict.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class FoldSpec:
+    """Everything the rules need besides the events: the table, the clock, the ranks."""
+
+    table: Table
+    now_us: int
+
+
+def _num(v: Any) -> Any:
+    return 0 if v is None else v
+
+
+def _wins_latest(e: Event, l: Version) -> bool:
+    return e.position() > l.position()
+
+
+def _wins_earliest(e: Event, l: Version) -> bool:
+    # §4: earlier ts wins; on equal ts the tie-break winner (higher rank) still wins.
+    if e.ts != l.ts:
+        return e.ts < l.ts
+    return (e.rank, e.event_id) > (l.rank, l.event_id or "")
+
+
+class RowFold:
+    def __init__(
+        self, spec: FoldSpec, state: dict[Key, Version], *, converged: bool = True
+    ) -> None:
+        self.spec = spec
+        self.table = spec.table
+        self.state = state
+        self.converged = converged
+        self._key_cols = self.table.key
+        self._all_cols = self.table.column_names
+        self._indexes: list[dict[tuple[Any, ...], set[Key]]] = [{} for _ in self.table.unique]
+        for k, v in state.items():
+            self._index(k, v)
+
+    # ------------------------------------------------------------------ state & indexes
+
+    def _index(self, key: Key, v: Version | None, remove: bool = False) -> None:
+        if v is None or v.deleted:
+            return
+        for i, cols in enumerate(self.table.unique):
+            vals = tuple(v.values.get(c) for c in cols)
+            if any(x is None for x in vals):
+                continue  # nulls never collide
+            bucket = self._indexes[i].setdefault(vals, set())
+            if remove:
+                bucket.discard(key)
+            else:
+                bucket.add(key)
+
+    def _set(self, key: Key, v: Version | None) -> None:
+        self._index(key, self.state.get(key), remove=True)
+        if v is None:
+            self.state.pop(key, None)
+        else:
+            self.state[key] = v
+            self._index(key, v)
+
+    def _key_of(self, values: Mapping[str, Any]) -> Key:
+        return tuple(values[c] for c in self._key_cols)
+
+    def key_dict(self, key: Key) -> dict[str, Any]:
+        return dict(zip(self._key_cols, key, strict=True))
+
+    def _tombstone(self, key: Key, e: Event, ts: int | None = None, origin: str | None = None,
+                   rank: int | None = None, event_id: str | None = None) -> Version:
+        return Version(
+            self.key_dict(key),
+            e.ts if ts is None else ts,
+            e.origin if origin is None else origin,
+            e.event_id if event_id is None else event_id,
+            e.rank if rank is None else rank,
+            deleted=True,
+            deleted_at=self.spec.now_us,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _resolver(self, t: ConflictType) -> Resolver:
+        return self.table.resolvers[t]
+
+    def _delete_wins(self, t: ConflictType) -> bool:
+        return self.table.resolvers[t] is _R.DELETE_WINS
+
+    def _differs(self, e: Event, l: Version, use_before: bool) -> bool:
+        """§3 update_differ / delete_differ: another origin wrote the row, or it is newer.
+        Base rows (no origin) raise no origin conflict (§12)."""
+        if l.ts > e.ts:
+            return True
+        if use_before and self.table.detection is Detection.BEFORE_IMAGE:
+            image = {c: v for c, v in e.before.items() if c not in self.table.delta}
+            if image:  # §12: compare only the columns present; no conflict when equal
+                return any(l.values.get(c) != v for c, v in image.items())
+        return l.origin is not None and l.origin != e.origin
+
+    def _full_row(self, e: Event, key: Key) -> dict[str, Any] | None:
+        """§12 "Full row": key (or new_key) with before and after covers every column."""
+        row: dict[str, Any] = dict(e.before)
+        row.update(e.after)
+        row.update(self.key_dict(key))
+        if not all(c in row for c in self._all_cols):
+            return None
+        return {c: row[c] for c in self._all_cols}
+
+    def _merge(self, local: Mapping[str, Any], e: Event, key: Key) -> dict[str, Any]:
+        """The local row with the event's columns written; delta columns accumulate (§8)."""
+        row = dict(local)
+        for c, v in e.after.items():
+            if c in self.table.delta:
+                row[c] = _num(row.get(c)) + (v - e.before[c])
+            else:
+                row[c] = v
+        row.update(self.key_dict(key))
+        return row
+
+    def _add_delta(self, key: Key, e: Event) -> None:
+        """§8: a losing (discarded) UPDATE still adds its delta to the live local row."""
+        if e.op != "UPDATE":
+            return
+        changed = [c for c in e.after if c in self.table.delta]
+        l = self.state.get(key)
+        if not changed or l is None or l.deleted:
+            return
+        values = dict(l.values)
+        for c in changed:
+            values[c] = _num(values.get(c)) + (e.after[c] - e.before[c])
+        self._set(key, Version(values, l.ts, l.origin, l.event_id, l.rank))
+
+    def _live(self, values: dict[str, Any], e: Event) -> Version:
+        return Version(values, e.ts, e.origin, e.event_id, e.rank)
+
+    # ------------------------------------------------------------------ resolution
+
+    def _decide(
+        self, t: ConflictType, e: Event, l: Version, win: Outcome
+    ) -> tuple[Outcome, Resolver, str]:
+        """A timestamp/apply/skip/error resolver on a conflict against a local version."""
+        r = self._resolver(t)
+        if r is _R.LATEST_TIMESTAMP_WINS:
+            if _wins_latest(e, l):
+                return win, r, "remote (ts, tie_rank) is later"
+            return _O.DISCARDED, r, "local (ts, tie_rank) is later"
+        if r is _R.EARLIEST_TIMESTAMP_WINS:
+            if _wins_earliest(e, l):
+                return win, r, "remote (ts, tie_rank) is earlier"
+            return _O.DISCARDED, r, "local (ts, tie_rank) is earlier"
+        if r is _R.APPLY:
+            return win, r, "apply: remote always applied"
+        if r is _R.SKIP:
+            return _O.SKIPPED, r, "skip: local row kept"
+        if r is _R.ERROR:
+            return _O.ERRORED, r, "error: the run stops on this conflict"
+        if r is _R.DELETE_WINS:
+            return self._decide_delete_wins(t, e, l, win)
+        raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
+
+    def _decide_delete_wins(
+        self, t: ConflictType, e: Event, l: Version, win: Outcome
+    ) -> tuple[Outcome, Resolver, str]:
+        """§5, the Informix table against a live row or a tombstone."""
+        r = _R.DELETE_WINS
+        newer = e.position() > l.position() if e.ts == l.ts else e.ts > l.ts
+        if e.op == "DELETE":
+            if e.ts == l.ts and not newer:
+                return _O.DISCARDED, r, "equal ts: the tie-break winner's row stands"
+            return win, r, "a delete always wins"
+        if newer:
+            return win, r, "remote is newer"
+        return _O.DISCARDED, r, "local is newer" if e.ts != l.ts else "equal ts: tie-break"
+
+    # ------------------------------------------------------------------ the step
+
+    def apply(self, e: Event) -> Applied:
+        """Apply one event; returns its conflicts. In the converged fold an ``errored``
+        conflict raises :class:`RunStopped` (after logging); in a perspective the event is
+        simply not applied."""
+        if e.op == "TRUNCATE":
+            self._truncate(e)
+            return Applied(e, True, ())
+        assert e.key is not None
+        log: list[Conflict] = []
+        if e.rejected:
+            return self._rejected(e, log)
+        if e.extra_cols:
+            t = _C.SOURCE_COLUMN_EXTRA
+            r = self._resolver(t)
+            extra = ", ".join(e.extra_cols)
+            if r is _R.IGNORE:
+                log.append(self._conflict(e.key, t, r, _O.APPLIED, e, (),
+                                          f"extra columns dropped: {extra}"))
+            else:
+                out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
+                log.append(self._conflict(e.key, t, r, out, e, (), f"extra columns: {extra}"))
+                return self._done(e, False, log)
+        if e.op == "INSERT":
+            return self._insert(e, log)
+        if e.op == "UPDATE":
+            return self._update(e, log)
+        return self._delete(e, log)
+
+    def _conflict(self, key: Key, t: ConflictType, r: Resolver, o: Outcome, e: Event,
+                  local: tuple[Version, ...], reason: str) -> Conflict:
+        return Conflict(key, t, r, o, e, local, reason)
+
+    def _done(self, e: Event, applied: bool, log: list[Conflict]) -> Applied:
+        errored = any(c.outcome is _O.ERRORED for c in log)
+        if errored and self.converged:
+            raise RunStopped(next(c for c in log if c.outcome is _O.ERRORED), tuple(log))
+        if not applied and any(c.outcome is _O.DISCARDED for c in log):
+            assert e.key is not None
+            self._add_delta(e.key, e)
+        return Applied(e, applied and not errored, tuple(log), errored)
+
+    def _rejected(self, e: Event, log: list[Conflict]) -> Applied:
+        """§12 transaction scope: logged at its canonical position, whole, no delta."""
+        assert e.key is not None
+        l = self.state.get(e.key)
+        if e.op == "INSERT":
+            t = _C.INSERT_EXISTS
+        elif e.op == "UPDATE":
+            t = _C.UPDATE_MISSING if l is None else (
+                _C.UPDATE_DELETED if l.deleted else _C.UPDATE_DIFFER)
+        else:
+            t = _C.DELETE_MISSING if l is None or l.deleted else _C.DELETE_DIFFER
+        local = () if l is None else (l,)
+        log.append(self._conflict(e.key, t, self._resolver(t), _O.DISCARDED, e, local,
+                                  "transaction rejected"))
+        return Applied(e, False, tuple(log))
+
+    def _truncate(self, e: Event) -> None:
+        """§12: every live row with ts <= the TRUNCATE's becomes a tombstone; no conflict."""
+        for k, v in list(self.state.items()):
+            if not v.deleted and v.ts <= e.ts:
+                self._set(k, self._tombstone(k, e))
+
+    # -------------------------------------------------------------- INSERT
+
+    def _insert(self, e: Event, log: list[Conflict]) -> Applied:
+        assert e.key is not None
+        key = e.key
+        l = self.state.get(key)
+        as_update = False
+        if l is not None and (not l.deleted or self._delete_wins(_C.INSERT_EXISTS)):
+            # §3 insert_exists; §12: under postgres an INSERT onto a tombstone is no conflict
+            win = _O.APPLIED if l.deleted else _O.CONVERTED_TO_UPDATE
+            out, r, why = self._decide(_C.INSERT_EXISTS, e, l, win)
+            log.append(self._conflict(key, _C.INSERT_EXISTS, r, out, e, (l,), why))
+            if not out.remote_applied:
+                return self._done(e, False, log)
+            as_update = not l.deleted
+        values = self._insert_values(e, key, l if as_update else None, log)
+        if values is None:
+            return self._done(e, False, log)
+        return self._finish(e, key, values, log, None)
+
+    def _insert_values(self, e: Event, key: Key, local: Version | None,
+                       log: list[Conflict]) -> dict[str, Any] | None:
+        """The INSERT's row; §3 target_column_extra when it lacks columns."""
+        given = dict(e.after)
+        given.update(self.key_dict(key))
+        missing = [c for c in self._all_cols if c not in given]
+        if not missing:
+            return {c: given[c] for c in self._all_cols}
+        t = _C.TARGET_COLUMN_EXTRA
+        r = self._resolver(t)
+        names = ", ".join(missing)
+        if r is not _R.USE_DEFAULT:
+            out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
+            log.append(self._conflict(key, t, r, out, e, (), f"missing columns: {names}"))
+            return None
+        if local is not None:  # applied as an UPDATE: missing columns keep their values
+            log.append(self._conflict(key, t, r, _O.APPLIED, e, (local,),
+                                      f"missing columns keep local values: {names}"))
+            return {c: given.get(c, local.values.get(c)) for c in self._all_cols}
+        defaults = self.table.defaults
+        unfillable = [c for c in missing if c in self.table.not_null and defaults.get(c) is None]
+        if unfillable:
+            log.append(self._conflict(
+                key, t, r, _O.ERRORED, e, (),
+                f"missing NOT NULL column(s) without default: {', '.join(unfillable)}"))
+            return None
+        log.append(self._conflict(key, t, r, _O.APPLIED, e, (),
+                                  f"missing columns take defaults: {names}"))
+        return {c: given[c] if c in given else defaults.get(c) for c in self._all_cols}
+
+    # -------------------------------------------------------------- UPDATE
+
+    def _update(self, e: Event, log: list[Conflict]) -> Applied:
+        assert e.key is not None
+        key = e.key
+        target = e.new_key if e.new_key is not None and e.new_key != e.key else key
+        l = self.state.get(key)
+        if l is None or l.deleted:
+            t = _C.UPDATE_MISSING if l is None else _C.UPDATE_DELETED
+            r = self._resolver(t)
+            full = self._full_row(e, target)
+            local = () if l is None else (l,)
+            if r is _R.DELETE_WINS:
+                why = "an update never creates a row" if l is None else "an update never undoes a delete"
+                log.append(self._conflict(key, t, r, _O.DISCARDED, e, local, why))
+                return self._done(e, False, log)
+            if r is _R.LATEST_TIMESTAMP_WINS:
+                assert l is not None  # only allowed for update_deleted
+                if not _wins_latest(e, l):
+                    log.append(self._conflict(key, t, r, _O.DISCARDED, e, local,
+                                              "the delete is later"))
+                    return self._done(e, False, log)
+                if full is None:
+                    log.append(self._conflict(key, t, r, _O.SKIPPED, e, local,
+                                              "remote is later but the full row cannot be built"))
+                    return self._done(e, False, log)
+                log.append(self._conflict(key, t, r, _O.CONVERTED_TO_INSERT, e, local,
+                                          "remote is later than the delete"))
+            elif r in (_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR):
+                if full is None:
+                    out = _O.SKIPPED if r is _R.APPLY_OR_SKIP else _O.ERRORED
+                    log.append(self._conflict(key, t, r, out, e, local,
+                                              "the full row cannot be built from the event"))
+                    return self._done(e, False, log)
+                log.append(self._conflict(key, t, r, _O.CONVERTED_TO_INSERT, e, local,
+                                          "the event carries the full row"))
+            else:
+                out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
+                log.append(self._conflict(key, t, r, out, e, local, f"{r.value}"))
+                return self._done(e, False, log)
+            assert full is not None
+            return self._finish(e, target, full, log, key if target != key else None)
+        if self._differs(e, l, use_before=True):
+            out, r, why = self._decide(_C.UPDATE_DIFFER, e, l, _O.APPLIED)
+            log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (l,),
+                                      f"{why}; local origin {l.origin}, ts {l.ts}"))
+            if not out.remote_applied:
+                return self._done(e, False, log)
+        values = self._merge(l.values, e, target)
+        return self._finish(e, target, values, log, key if target != key else None)
+
+    # -------------------------------------------------------------- DELETE
+
+    def _delete(self, e: Event, log: list[Conflict]) -> Applied:
+        assert e.key is not None
+        key = e.key
+        l = self.state.get(key)
+        if l is None or l.deleted:
+            t = _C.DELETE_MISSING
+            r = self._resolver(t)
+            local = () if l is None else (l,)
+            if r is _R.DELETE_WINS:
+                if l is not None and e.ts == l.ts and e.position() < l.position():
+                    log.append(self._conflict(key, t, r, _O.DISCARDED, e, local,
+                                              "equal ts: the tie-break winner's delete stands"))
+                    return self._done(e, False, log)
+                log.append(self._conflict(key, t, r, _O.APPLIED, e, local,
+                                          "the newer tombstone is kept"))
+                if l is None or e.position() > l.position():
+                    self._set(key, self._tombstone(key, e))
+                return self._done(e, True, log)
+            out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
+            log.append(self._conflict(key, t, r, out, e, local, "no live row to delete"))
+            return self._done(e, False, log)
+        if self._differs(e, l, use_before=False):
+            out, r, why = self._decide(_C.DELETE_DIFFER, e, l, _O.APPLIED)
+            log.append(self._conflict(key, _C.DELETE_DIFFER, r, out, e, (l,),
+                                      f"{why}; local origin {l.origin}, ts {l.ts}"))
+            if not out.remote_applied:
+                return self._done(e, False, log)
+            if r is _R.DELETE_WINS and l.ts > e.ts:
+                # a delete is never undone: the tombstone keeps the newer ts, so that the
+                # changes the live row had beaten still lose against it
+                self._set(key, self._tombstone(key, e, ts=l.ts, rank=e.rank))
+                return self._done(e, True, log)
+        self._set(key, self._tombstone(key, e))
+        return self._done(e, True, log)
+
+    # -------------------------------------------------------------- key change, unique
+
+    def _finish(self, e: Event, target: Key, values: dict[str, Any], log: list[Conflict],
+                old_key: Key | None) -> Applied:
+        """Write the row at ``target`` after the pkey_exists (§3) and
+        multiple_unique_conflicts checks; a key change (``old_key``) leaves the old key
+        absent (§12)."""
+        old = self.state.get(old_key) if old_key is not None else None
+        moved_from = old_key if old is not None and not old.deleted else None
+        if old_key is not None:
+            m = self.state.get(target)
+            if m is not None and (not m.deleted or self._delete_wins(_C.PKEY_EXISTS)):
+                out, r, why = self._decide(_C.PKEY_EXISTS, e, m, _O.APPLIED)
+                log.append(self._conflict(target, _C.PKEY_EXISTS, r, out, e, (m,), why))
+                if not out.remote_applied:  # a key change loses as a whole
+                    return self._done(e, False, log)
+        colliding = self._collisions(values, target, moved_from)
+        if colliding:
+            t = _C.MULTIPLE_UNIQUE_CONFLICTS
+            r = self._resolver(t)
+            rows = tuple(self.state[k] for k in colliding)
+            why = "collides on a unique constraint with key(s) " + ", ".join(
+                repr(k) for k in colliding)
+            if r is _R.APPLY:
+                log.append(self._conflict(target, t, r, _O.APPLIED, e, rows, why))
+                for k in colliding:  # §12: they become tombstones with the event's ts
+                    self._set(k, self._tombstone(k, e))
+            else:
+                out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
+                log.append(self._conflict(target, t, r, out, e, rows, why))
+                return self._done(e, False, log)
+        if moved_from is not None:
+            self._set(moved_from, None)
+        self._set(target, self._live(values, e))
+        return self._done(e, True, log)
+
+    def _collisions(self, values: Mapping[str, Any], target: Key, moved_from: Key | None
+                    ) -> list[Key]:
+        found: list[Key] = []
+        for i, cols in enumerate(self.table.unique):
+            vals = tuple(values.get(c) for c in cols)
+            if any(x is None for x in vals):
+                continue
+            for k in sorted(self._indexes[i].get(vals, ()), key=repr):
+                if k not in (target, moved_from) and k not in found:
+                    found.append(k)
+        return found
+
+
+# ---------------------------------------------------------------------- running folds
+
+
+def canonical(events: Iterable[Event]) -> list[Event]:
+    return sorted(events, key=Event.position)
+
+
+def replica_order(events: Sequence[Event], replica: str) -> list[Event]:
+    """§9: the replica's export order (``seq``), then the events missing from its export
+    in canonical order."""
+    mine = sorted((e for e in events if replica in e.seqs), key=lambda e: (e.seqs[replica],
+                                                                          e.position()))
+    rest = canonical(e for e in events if replica not in e.seqs)
+    return mine + rest
+
+
+@dataclass
+class FoldResult:
+    state: dict[Key, Version]
+    applied: list[Applied]
+    stopped: Conflict | None  # the errored conflict that stopped the fold, if any
+
+
+def fold_converged(spec: FoldSpec, state: Mapping[Key, Version], events: Iterable[Event]
+                   ) -> FoldResult:
+    """§2: apply the events in canonical order; stop at an ``error``."""
+    f = RowFold(spec, dict(state), converged=True)
+    results: list[Applied] = []
+    for e in canonical(events):
+        try:
+            results.append(f.apply(e))
+        except RunStopped as stop:
+            results.append(Applied(e, False, stop.log, errored=True))
+            return FoldResult(f.state, results, stop.conflict)
+    return FoldResult(f.state, results, None)
+
+
+def fold_perspective(spec: FoldSpec, state: Mapping[Key, Version], events: Sequence[Event],
+                     replica: str) -> dict[Key, Version]:
+    """§9: the state the replica reaches applying the events in its own order."""
+    f = RowFold(spec, dict(state), converged=False)
+    for e in replica_order(events, replica):
+        f.apply(e)
+    return f.state
+
+
+def reader_view(v: Version | None) -> dict[str, Any] | None:
+    """What a reader sees of a key (§9): nothing, or the live row's values."""
+    if v is None or v.deleted:
+        return None
+    return v.values
+
+
+def divergent_keys(converged: Mapping[Key, Version], other: Mapping[Key, Version]) -> list[Key]:
+    keys = set(converged) | set(other)
+    return sorted(
+        (k for k in keys if reader_view(converged.get(k)) != reader_view(other.get(k))),
+        key=repr,
+    )

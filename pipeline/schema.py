@@ -1,0 +1,94 @@
+"""Spark types of the config's column types, and the typed reading of JSON scalars.
+
+Values arrive as the text of a JSON scalar (``from_json`` into ``map<string,string>`` keeps
+presence and text). :func:`typed` turns that text into the column's type with Spark
+built-ins; a non-null text that does not parse gives null, which the guards report as
+``malformed`` (semantics.md §3).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.config import ColumnType, Kind, Table
+
+_UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+TS_WITH_OFFSET_RE = (
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+def spark_type(ct: ColumnType) -> T.DataType:
+    k = ct.kind
+    if k is Kind.INT:
+        return T.IntegerType()
+    if k is Kind.BIGINT:
+        return T.LongType()
+    if k is Kind.DOUBLE:
+        return T.DoubleType()
+    if k is Kind.DECIMAL:
+        return T.DecimalType(ct.precision, ct.scale)
+    if k is Kind.BOOLEAN:
+        return T.BooleanType()
+    if k is Kind.DATE:
+        return T.DateType()
+    if k is Kind.TIMESTAMP:
+        return T.TimestampType()
+    if k is Kind.BINARY:
+        return T.BinaryType()
+    return T.StringType()  # string, uuid
+
+
+def typed(text: Column, ct: ColumnType) -> Column:
+    """The JSON scalar's text as the column type; null when it does not parse."""
+    k = ct.kind
+    if k is Kind.STRING:
+        return text
+    if k is Kind.UUID:
+        return F.when(text.rlike(_UUID_RE), F.lower(text))
+    if k is Kind.BOOLEAN:
+        return F.when(text == "true", F.lit(True)).when(text == "false", F.lit(False))
+    if k is Kind.DATE:
+        return F.when(text.rlike(r"^\d{4}-\d{2}-\d{2}$"), text.try_cast(T.DateType()))
+    if k is Kind.TIMESTAMP:
+        return F.when(text.rlike(r"^-?\d+$"), F.timestamp_micros(text.try_cast(T.LongType()))).when(
+            text.rlike(TS_WITH_OFFSET_RE), text.try_cast(T.TimestampType())
+        )
+    if k is Kind.BINARY:
+        return F.try_to_binary(text, F.lit("base64"))
+    return text.try_cast(spark_type(ct))
+
+
+def event_ts_micros(text: Column) -> Column:
+    """§3/§12: ``ts`` is µs since the epoch or RFC 3339 *with* a UTC offset."""
+    return F.when(text.rlike(r"^-?\d+$"), text.try_cast(T.LongType())).when(
+        text.rlike(TS_WITH_OFFSET_RE), F.unix_micros(text.try_cast(T.TimestampType()))
+    )
+
+
+def row_struct_type(table: Table) -> T.StructType:
+    return T.StructType([T.StructField(c.name, spark_type(c.type)) for c in table.columns])
+
+
+def key_struct_type(table: Table) -> T.StructType:
+    return T.StructType([T.StructField(c, spark_type(table.column(c).type)) for c in table.key])
+
+
+META_FIELDS = [
+    T.StructField("_ts", T.LongType()),
+    T.StructField("_origin", T.StringType()),
+    T.StructField("_event_id", T.StringType()),
+    T.StructField("_deleted", T.BooleanType()),
+    T.StructField("_deleted_at", T.LongType()),
+]
+
+
+def state_schema(table: Table) -> T.StructType:
+    """The state kept between runs: the table's columns, then the metadata (§1, §7)."""
+    return T.StructType(list(row_struct_type(table).fields) + META_FIELDS)
+
+
+def snapshot_columns(table: Table) -> list[str]:
+    return [*table.column_names, "_ts", "_origin"]

@@ -1,0 +1,119 @@
+"""The four stages of a run, as plain functions: what the CLI and the DAG call.
+
+``ingest`` (boto3 only) → ``resolve`` (Spark) → ``validate`` (Spark + GX) → ``publish``.
+Each reads what the previous one left in the run's work folder, so that they can run as
+separate processes (separate Airflow tasks) or in one (``cdr run``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline import layout
+from pipeline.config import Config
+from pipeline.context import RunContext, resolve_now
+from pipeline.errors import GateError
+from pipeline.exports import ingest as ingest_exports
+from pipeline.published import publish_inspection, publish_run
+from pipeline.store import open_store
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipeline.validation import Verdict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    work_dir: Path
+    now: str | None = None
+    run_id: str | None = None
+    allow_missing_exports: bool = False
+    master: str | None = None
+
+
+def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
+    assert config.store
+    ctx = RunContext.create(opts.work_dir, dt, resolve_now(dt, opts.now), opts.run_id)
+    if ctx.work.exists():
+        import shutil
+
+        shutil.rmtree(ctx.work)
+    ctx.save()
+    ingest_exports(config, open_store(config.store), ctx, opts.allow_missing_exports)
+    return ctx
+
+
+def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, Any]:
+    from pipeline.resolve import resolve_stage
+
+    return resolve_stage(spark, config, ctx)
+
+
+def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
+    from pipeline.resolve import load_summary
+    from pipeline.validation import validate_stage
+
+    verdict = validate_stage(spark, config, ctx, load_summary(ctx))
+    for w in verdict.warnings:
+        log.warning("validate: %s", w)
+    return verdict
+
+
+def run_report(config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict,
+               published: bool) -> dict[str, Any]:
+    return {
+        "run_id": ctx.run_id,
+        "dt": ctx.dt.isoformat(),
+        "now_us": ctx.now_us,
+        "store": config.store,
+        "status": "published" if published else "failed",
+        "failures": verdict.failures,
+        "warnings": verdict.warnings,
+        "tables": summary["tables"],
+        "validation": {name: {"success": s["success"]} for name, s in verdict.suites.items()},
+    }
+
+
+def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
+    """Publish a validated run, or, for a failed one, only its logs and report; then raise
+    :class:`GateError` naming the failures."""
+    from pipeline.resolve import load_summary
+    from pipeline.validation import load_verdict
+
+    assert config.store
+    store = open_store(config.store)
+    summary = load_summary(ctx)
+    verdict = load_verdict(ctx)
+    tables = list(config.tables)
+    publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
+    report = run_report(config, ctx, summary, verdict, verdict.passed)
+    report_key = f"{layout.report_dir(ctx.dt)}/run_report.json"
+    if not verdict.passed:
+        store.write_bytes(report_key, json.dumps(report, indent=2).encode())
+        raise GateError("; ".join(verdict.failures))
+    store.write_bytes(f"{layout.report_dir(ctx.dt)}/validation/results.json",
+                      (ctx.validation / "results.json").read_bytes())
+    store.write_bytes(report_key, json.dumps(report, indent=2).encode())
+    counts = {t: s.get("rows", 0) for t, s in summary["tables"].items()}
+    report["pointers"] = publish_run(store, ctx.resolved, tables, ctx.dt, ctx.run_id, counts)
+    return report
+
+
+def run(config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None
+        ) -> dict[str, Any]:
+    """``cdr run``: every stage in one process with one Spark session."""
+    from pipeline.spark import get_spark
+
+    ctx = ingest(config, dt, opts)
+    spark = spark or get_spark(opts.master)
+    resolve(config, ctx, spark)
+    validate(config, ctx, spark)
+    return publish(config, ctx)

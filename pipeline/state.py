@@ -1,0 +1,83 @@
+"""The state a run starts from: the previous date's published state, else the base
+snapshot, else nothing (semantics.md §1, §12; formats.md ``base/``).
+
+Base rows carry the table's columns and optionally ``_ts`` (µs) and ``_origin``; a row
+without them has ``ts = 0`` and no origin (a frozen row: no origin conflict is raised
+against it). A base row that does not fit the schema stops the run, naming the file and
+line: the base is the operator's input, not replicated data.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.config import Table
+from pipeline.errors import ExportError
+from pipeline.events import TEXT_MAP
+from pipeline.schema import state_schema, typed
+
+
+def empty_state(spark: SparkSession, table: Table) -> DataFrame:
+    return spark.createDataFrame([], state_schema(table))
+
+
+def read_prior(spark: SparkSession, staged_table: Path, table: Table) -> DataFrame:
+    prior = staged_table / "prior"
+    if prior.is_dir() and any(prior.glob("*.parquet")):
+        return spark.read.schema(state_schema(table)).parquet(str(prior))
+    base = staged_table / "base"
+    if base.is_dir():
+        return read_base(spark, base, table)
+    return empty_state(spark, table)
+
+
+def read_base(spark: SparkSession, base: Path, table: Table) -> DataFrame:
+    parts: list[DataFrame] = []
+    jsonl = sorted(str(p) for p in base.glob("jsonl/*.parquet"))
+    if jsonl:
+        parts.append(_base_from_json(spark.read.parquet(*jsonl), table))
+    pq_files = sorted(str(p) for p in base.glob("parquet/*.parquet"))
+    if pq_files:
+        df = spark.read.parquet(*pq_files)
+        raw = df.select(F.lit("base").alias("replica"),
+                        F.regexp_extract(F.input_file_name(), r"([^/]+)$", 1).alias("file"),
+                        F.lit(None).cast("bigint").alias("line"),
+                        F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"))
+        parts.append(_base_from_json(raw, table))
+    if not parts:
+        return empty_state(spark, table)
+    return reduce(DataFrame.unionByName, parts)
+
+
+def _base_from_json(raw: DataFrame, table: Table) -> DataFrame:
+    m = F.from_json("raw", TEXT_MAP)
+    schema = state_schema(table)
+    df = raw.withColumn("m", m)
+    cols = [typed(F.col("m")[c.name], c.type).alias(c.name) for c in table.columns]
+    bad_cond = F.col("m").isNull()
+    for c in table.columns:
+        v = F.col("m")[c.name]
+        bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())
+        if c.name in table.not_null:
+            bad_cond = bad_cond | v.isNull()
+    ts_text = F.col("m")["_ts"]
+    bad_cond = bad_cond | (ts_text.isNotNull() & ts_text.try_cast(T.LongType()).isNull())
+    bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
+    if bad:
+        b = bad[0]
+        where = f"base/table={table.name}/{b.file}" + (f", line {b.line}" if b.line else "")
+        raise ExportError(f"{where}: a base row does not fit the table's schema "
+                          f"(types, NOT NULL, key): {b.raw[:200]}")
+    return df.select(
+        *cols,
+        F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias("_ts"),
+        F.col("m")["_origin"].alias("_origin"),
+        F.lit(None).cast("string").alias("_event_id"),
+        F.lit(False).alias("_deleted"),
+        F.lit(None).cast("bigint").alias("_deleted_at"),
+    ).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])

@@ -1,0 +1,212 @@
+"""The store: one URI holding inputs and outputs (formats.md "Where things live").
+
+``s3://BUCKET/PREFIX`` goes through boto3 (endpoint, region and credentials from the usual
+boto3 sources: ``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, profiles); ``file:///PATH``
+is a local folder. Keys are always relative to the store's root and use ``/``.
+Spark never reads the store directly (pip's pyspark has no ``s3a://``): stages move data
+between the store and a local work folder with these methods.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+from pipeline.errors import StoreError
+
+
+class Store(Protocol):
+    uri: str
+
+    def exists(self, key: str) -> bool: ...
+    def read_bytes(self, key: str) -> bytes: ...
+    def write_bytes(self, key: str, data: bytes) -> None: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def download(self, key: str, dest: Path) -> None: ...
+    def upload(self, src: Path, key: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def local_path(self, key: str) -> Path | None: ...
+
+
+def _files_under(root: Path) -> Iterator[Path]:
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            yield Path(dirpath) / f
+
+
+class FileStore:
+    """A local folder; writes go through a temporary name and a rename."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.uri = root.as_uri()
+
+    def _p(self, key: str) -> Path:
+        return self.root / key
+
+    def local_path(self, key: str) -> Path | None:
+        return self._p(key)
+
+    def exists(self, key: str) -> bool:
+        return self._p(key).exists()
+
+    def read_bytes(self, key: str) -> bytes:
+        try:
+            return self._p(key).read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"{self.uri}/{key}: not found") from None
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        p = self._p(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, p)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._p(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(str(f.relative_to(self.root).as_posix()) for f in _files_under(base))
+
+    def download(self, key: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(self._p(key), dest)
+        except FileNotFoundError:
+            raise StoreError(f"{self.uri}/{key}: not found") from None
+
+    def upload(self, src: Path, key: str) -> None:
+        p = self._p(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, p)
+
+    def delete_prefix(self, prefix: str) -> None:
+        p = self._p(prefix)
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+class S3Store:
+    """A bucket and prefix reached through boto3."""
+
+    def __init__(self, bucket: str, prefix: str, client: object | None = None):
+        import boto3
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.client = client or boto3.client("s3")
+
+    def _k(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+    def _fail(self, key: str, e: Exception) -> StoreError:
+        return StoreError(f"s3://{self.bucket}/{self._k(key)}: {e}")
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._k(key))  # type: ignore[attr-defined]
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise self._fail(key, e) from None
+
+    def read_bytes(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._k(key))  # type: ignore[attr-defined]
+            return obj["Body"].read()  # type: ignore[no-any-return]
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchKey"):
+                raise StoreError(f"s3://{self.bucket}/{self._k(key)}: not found") from None
+            raise self._fail(key, e) from None
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)  # type: ignore[attr-defined]
+        except ClientError as e:
+            raise self._fail(key, e) from None
+
+    def list(self, prefix: str) -> list[str]:
+        from botocore.exceptions import ClientError
+
+        full = self._k(prefix)
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        keys: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(  # type: ignore[attr-defined]
+                Bucket=self.bucket, Prefix=full.rstrip("/") + "/"
+            )
+            for page in pages:
+                keys.extend(o["Key"][strip:] for o in page.get("Contents", []))
+        except ClientError as e:
+            raise self._fail(prefix, e) from None
+        return sorted(keys)
+
+    def download(self, key: str, dest: Path) -> None:
+        from botocore.exceptions import ClientError
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client.download_file(self.bucket, self._k(key), str(dest))  # type: ignore[attr-defined]
+        except ClientError as e:
+            raise self._fail(key, e) from None
+
+    def upload(self, src: Path, key: str) -> None:
+        from boto3.exceptions import S3UploadFailedError
+
+        try:
+            self.client.upload_file(str(src), self.bucket, self._k(key))  # type: ignore[attr-defined]
+        except S3UploadFailedError as e:
+            raise self._fail(key, e) from None
+
+    def delete_prefix(self, prefix: str) -> None:
+        keys = self.list(prefix)
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self._k(k)} for k in keys[i : i + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})  # type: ignore[attr-defined]
+
+
+def open_store(uri: str) -> Store:
+    """``s3://BUCKET[/PREFIX]`` or ``file:///PATH``; anything else is a StoreError."""
+    u = urlparse(uri)
+    if u.scheme == "s3":
+        if not u.netloc:
+            raise StoreError(f"{uri}: no bucket")
+        return S3Store(u.netloc, u.path)
+    if u.scheme == "file":
+        if u.netloc not in ("", "localhost"):
+            raise StoreError(f"{uri}: file URIs name a local path (file:///PATH)")
+        return FileStore(Path(unquote(u.path)))
+    raise StoreError(f"{uri}: a store is s3://BUCKET/PREFIX or file:///PATH")
+
+
+def upload_tree(store: Store, src: Path, prefix: str) -> int:
+    """Upload every file under ``src`` to ``prefix``; Spark's marker files are left out."""
+    n = 0
+    for f in sorted(_files_under(src)):
+        name = f.name
+        if name.startswith((".", "_")):  # .crc files, _SUCCESS
+            continue
+        store.upload(f, f"{prefix}/{f.relative_to(src).as_posix()}")
+        n += 1
+    return n
