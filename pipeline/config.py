@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.policy import (
@@ -161,6 +161,25 @@ class TableModel(_Strict):
     tie_break: TieBreak | None = None
     scope: Scope = Scope.ROW
     detection: Detection | None = None
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _rejoin_decimal(cls, value: Any) -> Any:
+        """``{price: decimal(10,2)}`` in a YAML flow mapping (as formats.md writes it) is
+        split at the comma into ``price: "decimal(10"`` and a key ``"2)"`` with no value;
+        put the type back together."""
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        last = None
+        for k, v in value.items():
+            if (v is None and isinstance(k, str) and re.fullmatch(r"\s*\d+\s*\)", k)
+                    and last is not None and re.fullmatch(r"decimal\(\s*\d+", str(out[last]))):
+                out[last] = f"{out[last]},{k.strip()}"
+                continue
+            out[k] = v
+            last = k
+        return out
 
 
 class CdcModel(_Strict):

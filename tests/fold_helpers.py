@@ -1,0 +1,48 @@
+"""Small builders for the pure-Python fold tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import Config, Table, parse_config
+from pipeline.rowfold import Event, FoldSpec, Version
+
+NOW = 1_795_305_600_000_000  # 2026-11-22T00:00:00Z
+T0 = 1_795_219_200_000_000  # 2026-11-21T00:00:00Z
+H = 3_600_000_000  # one hour in µs
+REPLICAS = [{"id": "pub", "system_id": 7301}, {"id": "sub", "system_id": 7302}]
+
+
+def make_config(table: dict[str, Any] | None = None, **top: Any) -> Config:
+    t = {"key": ["id"], "columns": {"id": "int", "v": "string", "n": "int"}}
+    t.update(table or {})
+    return parse_config({"replicas": REPLICAS, "tables": {"t": t}, **top})
+
+
+def spec(table: dict[str, Any] | None = None, **top: Any) -> FoldSpec:
+    cfg = make_config(table, **top)
+    return FoldSpec(cfg.tables["t"], NOW)
+
+
+def ranks(table: Table) -> dict[str, int]:
+    return make_config().tie_ranks(table.tie_break)
+
+
+def live(key: int, v: str, ts: int, origin: str | None, n: int = 0, eid: str | None = None,
+         rank: int | None = None) -> tuple[tuple[int], Version]:
+    r = {"pub": 0, "sub": 1}.get(origin or "", -1) if rank is None else rank
+    return (key,), Version({"id": key, "v": v, "n": n}, ts, origin, eid, r)
+
+
+def tomb(key: int, ts: int, origin: str, at: int = NOW - H) -> tuple[tuple[int], Version]:
+    return (key,), Version({"id": key}, ts, origin, None, {"pub": 0, "sub": 1}[origin],
+                           deleted=True, deleted_at=at)
+
+
+def ev(op: str, key: int | None, ts: int, origin: str, eid: str, after: dict | None = None,
+       before: dict | None = None, new_key: int | None = None, rank: int | None = None,
+       **kw: Any) -> Event:
+    r = {"pub": 0, "sub": 1}[origin] if rank is None else rank
+    return Event(eid, op, (key,) if key is not None else None, ts, origin, r,
+                 new_key=(new_key,) if new_key is not None else None, after=after or {},
+                 before=before or {}, **kw)

@@ -1,0 +1,144 @@
+"""cdr.yaml is parsed once into frozen models; every mistake is reported at once, with its
+path in the file (formats.md "Config")."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import Kind, load_config, parse_config, parse_column_type
+from pipeline.errors import ConfigError
+from pipeline.policy import ConflictType, Resolver, TieBreak
+
+FORMATS_EXAMPLE = """
+store: s3://replica-exports/prod
+replicas:
+  - {id: pub, system_id: 7301}
+  - {id: sub, system_id: 7302}
+defaults: {policy: postgres}
+max_clock_skew_seconds: 300
+gc_grace_seconds: 864000
+on_divergence: fail
+on_fk_violation: fail
+tables:
+  products:
+    key: [product_no]
+    columns: {product_no: int, name: string, price: decimal(10,2)}
+  orders:
+    key: [order_id]
+    columns: {order_id: int, product_no: int, quantity: int}
+    not_null: [product_no]
+    foreign_keys: [{columns: [product_no], references: products}]
+  accounts:
+    key: [id]
+    columns: {id: bigint, owner: string, balance: bigint}
+    unique: [[owner]]
+    delta: [balance]
+    policy: postgres
+    resolvers: {update_deleted: latest_timestamp_wins}
+    defaults: {owner: "unknown"}
+  sessions:
+    key: [user_id, device]
+    columns: {user_id: bigint, device: string, token: string}
+    policy: scylla
+cdc:
+  enabled: true
+  vnodes: 16
+  shards: 4
+  sharding_ignore_msb: 12
+"""
+
+
+def test_the_formats_md_example_loads(tmp_path: Path):
+    p = tmp_path / "cdr.yaml"
+    p.write_text(FORMATS_EXAMPLE)
+    cfg = load_config(p)
+    acc = cfg.tables["accounts"]
+    assert acc.resolvers[ConflictType.UPDATE_DELETED] is Resolver.LATEST_TIMESTAMP_WINS
+    assert acc.resolvers[ConflictType.INSERT_EXISTS] is Resolver.LATEST_TIMESTAMP_WINS
+    assert acc.defaults == {"owner": "unknown"}
+    assert str(cfg.tables["products"].column("price").type) == "decimal(10,2)"
+    assert cfg.tables["sessions"].granularity.value == "cell"
+    assert cfg.cdc.shards == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.tables["orders"].key = ("x",)  # type: ignore[misc]
+
+
+def test_every_mistake_is_reported_at_once_with_its_path():
+    data = yaml.safe_load(FORMATS_EXAMPLE)
+    data["tables"]["orders"]["foreign_keys"][0]["references"] = "product"
+    data["tables"]["orders"]["key"] = ["order_no"]
+    data["tables"]["accounts"]["resolvers"] = {"update_missing": "latest_timestamp_wins"}
+    data["tables"]["sessions"]["delta"] = ["token"]
+    data["replicas"][1]["system_id"] = 7301
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    problems = e.value.problems
+    assert "tables.orders.foreign_keys[0].references: no table 'product'" in problems
+    assert any(p.startswith("tables.orders.key[0]: no column 'order_no'") for p in problems)
+    assert any(p.startswith("tables.accounts.resolvers.update_missing: resolver "
+                            "'latest_timestamp_wins' is not allowed") for p in problems)
+    assert any(p.startswith("tables.sessions.delta:") for p in problems)
+    assert any(p.startswith("replicas[1].system_id") for p in problems)
+    assert len(problems) >= 5
+
+
+def test_structural_mistakes_name_their_path():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"replicas": [{"id": "a", "system_id": -1}],
+                      "tables": {"t": {"key": ["id"], "columns": {"id": "int"}, "polcy": "x"}},
+                      "on_divergence": "maybe"})
+    text = str(e.value)
+    assert "replicas[0].system_id" in text
+    assert "tables.t.polcy: unknown key" in text
+    assert "on_divergence" in text
+
+
+def test_a_table_without_key_is_refused():
+    with pytest.raises(ConfigError, match="tables.t.key: a table needs a key"):
+        parse_config({"replicas": [{"id": "a", "system_id": 1}],
+                      "tables": {"t": {"columns": {"id": "int"}}}})
+
+
+def test_scope_transaction_needs_delete_wins():
+    with pytest.raises(ConfigError, match="tables.t.scope"):
+        parse_config({"replicas": [{"id": "a", "system_id": 1}],
+                      "tables": {"t": {"key": ["id"], "columns": {"id": "int"},
+                                       "scope": "transaction"}}})
+
+
+def test_defaults_must_fit_their_column_type():
+    with pytest.raises(ConfigError, match="tables.t.defaults.n"):
+        parse_config({"replicas": [{"id": "a", "system_id": 1}],
+                      "tables": {"t": {"key": ["id"], "columns": {"id": "int", "n": "int"},
+                                       "defaults": {"n": "seven"}}}})
+
+
+def test_tie_ranks_put_the_tie_break_winner_last():
+    cfg = parse_config({"replicas": [{"id": "a", "system_id": 5}, {"id": "b", "system_id": 9}],
+                        "tables": {"t": {"key": ["id"], "columns": {"id": "int"}}}})
+    assert cfg.tie_ranks(TieBreak.HIGHER_SYSTEM_ID) == {"a": 0, "b": 1}
+    assert cfg.tie_ranks(TieBreak.LOWER_SYSTEM_ID) == {"b": 0, "a": 1}
+
+
+@pytest.mark.parametrize("text", ["int", "decimal(10,2)", "DECIMAL(38, 0)", "uuid", "timestamp"])
+def test_column_types(text):
+    assert parse_column_type(text).kind in set(Kind)
+
+
+@pytest.mark.parametrize("text", ["integer", "decimal", "decimal(40,2)", "decimal(4,5)"])
+def test_bad_column_types(text):
+    with pytest.raises(ValueError):
+        parse_column_type(text)
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+    p = tmp_path / "bad.yaml"
+    p.write_text("tables: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)

@@ -1,0 +1,132 @@
+"""Ingest against a real S3 HTTP server on loopback: manifests, checksums, row counts,
+path escapes, truncated files, missing exports (formats.md "The manifest")."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from datetime import date
+
+import pytest
+
+from fold_helpers import make_config
+from pipeline.context import RunContext
+from pipeline.errors import ExportError
+from pipeline.exports import ingest, load_inputs, safe_relpath
+
+D = date(2026, 11, 21)
+
+
+def put_export(store, replica, table, lines, *, gz=False, manifest_extra=None, files=None,
+               name=None):
+    folder = f"exports/replica={replica}/table={table}/dt={D}"
+    data = "".join(lines).encode()
+    if gz:
+        data = gzip.compress(data)
+    name = name or ("part-0.jsonl.gz" if gz else "part-0.jsonl")
+    store.write_bytes(f"{folder}/{name}", data)
+    rows = sum(1 for ln in lines if ln.strip())
+    entry = {"path": name, "rows": rows, "sha256": hashlib.sha256(data).hexdigest()}
+    manifest = {"replica": replica, "table": table, "dt": D.isoformat(), "format": "jsonl",
+                "files": files if files is not None else [entry], **(manifest_extra or {})}
+    store.write_bytes(f"{folder}/_manifest.json", json.dumps(manifest).encode())
+    return folder, entry
+
+
+def rec(eid, origin="pub", seq=1):
+    return json.dumps({"op": "INSERT", "key": {"id": 1}, "after": {"id": 1, "v": "a", "n": 1},
+                       "ts": "2026-11-21T01:00:00Z", "origin": origin, "event_id": eid,
+                       "seq": seq}) + "\n"
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    return RunContext.create(tmp_path / "work", D, 0, "r1")
+
+
+def test_ingest_from_s3_stages_every_export(s3_store, ctx):
+    put_export(s3_store, "pub", "t", [rec("pub-1"), "\n", rec("pub-2", seq=2)], gz=True)
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    staged = ingest(make_config(), s3_store, ctx, allow_missing=False)
+    assert {r: e.rows for r, e in staged["t"].exports.items()} == {"pub": 2, "sub": 1}
+    assert load_inputs(ctx)["t"].exports["pub"].rows == 2
+    assert list((ctx.staged / "t" / "replica=pub" / "jsonl").glob("*.parquet"))
+
+
+def test_missing_export_names_the_replica_unless_allowed(s3_store, ctx):
+    put_export(s3_store, "pub", "t", [rec("pub-1")])
+    with pytest.raises(ExportError, match="replica 'sub' table 't'"):
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+    staged = ingest(make_config(), s3_store, ctx, allow_missing=True)
+    assert staged["t"].missing == ["sub"]
+
+
+def test_files_without_a_manifest_are_an_error(s3_store, ctx):
+    put_export(s3_store, "pub", "t", [rec("pub-1")])
+    s3_store.write_bytes(f"exports/replica=sub/table=t/dt={D}/part-0.jsonl", rec("x").encode())
+    with pytest.raises(ExportError, match=r"replica=sub/table=t/dt=2026-11-21: holds files but "
+                                          r"no _manifest.json"):
+        ingest(make_config(), s3_store, ctx, allow_missing=True)
+
+
+def test_checksum_mismatch_names_the_file(s3_store, ctx):
+    folder, entry = put_export(s3_store, "pub", "t", [rec("pub-1")])
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    s3_store.write_bytes(f"{folder}/{entry['path']}", rec("pub-9").encode())
+    with pytest.raises(ExportError, match=r"replica=pub/table=t/dt=2026-11-21/part-0.jsonl: "
+                                          r"sha256 mismatch"):
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+
+
+def test_row_count_mismatch_names_the_file(s3_store, ctx):
+    folder, entry = put_export(s3_store, "pub", "t", [rec("pub-1")])
+    entry["rows"] = 5
+    manifest = json.loads(s3_store.read_bytes(f"{folder}/_manifest.json"))
+    manifest["files"] = [entry]
+    s3_store.write_bytes(f"{folder}/_manifest.json", json.dumps(manifest).encode())
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    with pytest.raises(ExportError, match=r"part-0.jsonl: 1 rows, but the manifest says 5"):
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+
+
+def test_truncated_gzip_names_the_file(s3_store, ctx):
+    data = gzip.compress(("".join(rec(f"pub-{i}", seq=i) for i in range(200))).encode())
+    cut = data[: len(data) // 2]
+    folder = f"exports/replica=pub/table=t/dt={D}"
+    s3_store.write_bytes(f"{folder}/part-0.jsonl.gz", cut)
+    s3_store.write_bytes(f"{folder}/_manifest.json", json.dumps({
+        "replica": "pub", "table": "t", "dt": D.isoformat(), "format": "jsonl",
+        "files": [{"path": "part-0.jsonl.gz", "rows": 200,
+                   "sha256": hashlib.sha256(cut).hexdigest()}]}).encode())
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    with pytest.raises(ExportError, match=r"part-0.jsonl.gz: cannot be read to its end"):
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+
+
+@pytest.mark.parametrize("path", ["../other/part.jsonl", "/etc/passwd", "s3://other-bucket/x",
+                                  "a/../../b", "..", "C:\\x"])
+def test_paths_escaping_the_export_folder_are_refused(path):
+    with pytest.raises(ExportError, match="escapes the export folder"):
+        safe_relpath(path, "m")
+
+
+def test_path_escape_in_a_manifest_fails_the_ingest(s3_store, ctx):
+    put_export(s3_store, "pub", "t", [rec("pub-1")],
+               files=[{"path": "../../replica=sub/x.jsonl", "rows": 1, "sha256": "0" * 64}])
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    with pytest.raises(ExportError, match="escapes the export folder"):
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+
+
+def test_manifest_for_another_replica_is_refused(s3_store, ctx):
+    put_export(s3_store, "pub", "t", [rec("pub-1")], manifest_extra={"replica": "sub"})
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    with pytest.raises(ExportError, match="replica is 'sub', expected 'pub'"):
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+
+
+def test_unknown_format_is_refused(file_store, ctx):
+    put_export(file_store, "pub", "t", [rec("pub-1")], manifest_extra={"format": "csv"})
+    with pytest.raises(ExportError, match="format 'csv' is not one of"):
+        ingest(make_config(), file_store, ctx, allow_missing=True)

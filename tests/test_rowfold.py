@@ -1,0 +1,317 @@
+"""The row fold's rules, one case each (semantics.md §3-§5, §7, §8, §12); pure Python."""
+
+from __future__ import annotations
+
+import pytest
+
+from fold_helpers import H, NOW, T0, ev, live, spec, tomb
+from pipeline.policy import ConflictType as C
+from pipeline.policy import Outcome as O
+from pipeline.rowfold import RowFold, RunStopped, fold_converged, fold_perspective, reader_view
+
+
+def fold(sp, state, events):
+    return fold_converged(sp, dict(state), events)
+
+
+def only_conflict(res):
+    conflicts = [c for a in res.applied for c in a.conflicts]
+    assert len(conflicts) == 1, conflicts
+    return conflicts[0]
+
+
+def test_insert_on_absent_key_is_no_conflict():
+    res = fold(spec(), {}, [ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 1})])
+    assert [a.conflicts for a in res.applied] == [()]
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "a", "n": 1}
+
+
+@pytest.mark.parametrize(
+    ("resolver", "remote_ts", "outcome", "winner"),
+    [
+        ("latest_timestamp_wins", T0 + 2 * H, O.CONVERTED_TO_UPDATE, "remote"),
+        ("latest_timestamp_wins", T0, O.DISCARDED, "local"),
+        ("earliest_timestamp_wins", T0, O.CONVERTED_TO_UPDATE, "remote"),
+        ("earliest_timestamp_wins", T0 + 2 * H, O.DISCARDED, "local"),
+        ("apply", T0, O.CONVERTED_TO_UPDATE, "remote"),
+        ("skip", T0 + 2 * H, O.SKIPPED, "local"),
+    ],
+)
+def test_insert_exists(resolver, remote_ts, outcome, winner):
+    sp = spec({"resolvers": {"insert_exists": resolver}})
+    state = dict([live(1, "local", T0 + H, "sub")])
+    res = fold(sp, state, [ev("INSERT", 1, remote_ts, "pub", "pub-1", {"id": 1, "v": "remote", "n": 0})])
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.INSERT_EXISTS, outcome)
+    assert res.state[(1,)].values["v"] == winner
+
+
+def test_insert_exists_error_stops_the_fold():
+    sp = spec({"resolvers": {"insert_exists": "error"}})
+    state = dict([live(1, "local", T0, "sub")])
+    events = [ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "x", "n": 0}),
+              ev("INSERT", 2, T0 + 2 * H, "pub", "pub-2", {"id": 2, "v": "y", "n": 0})]
+    res = fold(sp, state, events)
+    assert res.stopped is not None and res.stopped.outcome is O.ERRORED
+    assert len(res.applied) == 1  # the fold stopped at the erroring event
+    with pytest.raises(RunStopped):
+        RowFold(sp, dict(state)).apply(events[0])
+
+
+def test_equal_ts_tie_break_higher_system_id_wins():
+    sp = spec({"resolvers": {"insert_exists": "latest_timestamp_wins"}})
+    state = dict([live(1, "local", T0, "pub")])  # pub = 7301, sub = 7302
+    res = fold(sp, state, [ev("INSERT", 1, T0, "sub", "sub-1", {"id": 1, "v": "sub", "n": 0})])
+    assert only_conflict(res).outcome is O.CONVERTED_TO_UPDATE
+    assert res.state[(1,)].values["v"] == "sub"
+
+
+def test_earliest_timestamp_wins_on_equal_ts_the_tie_break_winner_still_wins():
+    sp = spec({"resolvers": {"insert_exists": "earliest_timestamp_wins"}})
+    state = dict([live(1, "local", T0, "pub")])
+    res = fold(sp, state, [ev("INSERT", 1, T0, "sub", "sub-1", {"id": 1, "v": "sub", "n": 0})])
+    assert res.state[(1,)].values["v"] == "sub"
+
+
+def test_update_by_same_origin_is_no_conflict_and_merges_columns():
+    state = dict([live(1, "a", T0, "pub", n=5)])
+    res = fold(spec(), state, [ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "b"})])
+    assert [a.conflicts for a in res.applied] == [()]
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "b", "n": 5}
+
+
+def test_update_differ_on_other_origin_and_on_late_event():
+    state = dict([live(1, "a", T0 + H, "pub")])
+    other = fold(spec(), state, [ev("UPDATE", 1, T0 + 2 * H, "sub", "sub-1", {"v": "b"})])
+    assert (only_conflict(other).type, only_conflict(other).outcome) == (C.UPDATE_DIFFER, O.APPLIED)
+    late = fold(spec(), state, [ev("UPDATE", 1, T0, "pub", "pub-9", {"v": "old"})])
+    assert (only_conflict(late).type, only_conflict(late).outcome) == (C.UPDATE_DIFFER, O.DISCARDED)
+    assert late.state[(1,)].values["v"] == "a"
+
+
+def test_base_row_without_origin_raises_no_origin_conflict():
+    state = dict([live(1, "a", 0, None)])
+    res = fold(spec(), state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "b"})])
+    assert [a.conflicts for a in res.applied] == [()]
+
+
+@pytest.mark.parametrize(
+    ("resolver", "after", "outcome", "live_after"),
+    [
+        ("apply_or_skip", {"id": 1, "v": "x", "n": 1}, O.CONVERTED_TO_INSERT, True),
+        ("apply_or_skip", {"v": "x"}, O.SKIPPED, False),
+        ("skip", {"id": 1, "v": "x", "n": 1}, O.SKIPPED, False),
+        ("apply_or_error", {"id": 1, "v": "x", "n": 1}, O.CONVERTED_TO_INSERT, True),
+    ],
+)
+def test_update_missing(resolver, after, outcome, live_after):
+    sp = spec({"resolvers": {"update_missing": resolver}})
+    res = fold(sp, {}, [ev("UPDATE", 1, T0, "pub", "pub-1", after)])
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.UPDATE_MISSING, outcome)
+    assert ((1,) in res.state) is live_after
+
+
+def test_update_missing_apply_or_error_without_full_row_errors():
+    sp = spec({"resolvers": {"update_missing": "apply_or_error"}})
+    res = fold(sp, {}, [ev("UPDATE", 1, T0, "pub", "pub-1", {"v": "x"})])
+    assert res.stopped is not None and res.stopped.type is C.UPDATE_MISSING
+
+
+def test_full_row_may_come_from_before_and_after():
+    sp = spec()
+    res = fold(sp, {}, [ev("UPDATE", 1, T0, "pub", "pub-1", {"v": "x"}, before={"v": "w", "n": 3})])
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "x", "n": 3}
+
+
+@pytest.mark.parametrize(
+    ("resolver", "remote_ts", "outcome"),
+    [
+        ("skip", T0 + 2 * H, O.SKIPPED),
+        ("apply_or_skip", T0 + 2 * H, O.CONVERTED_TO_INSERT),
+        ("latest_timestamp_wins", T0 + 2 * H, O.CONVERTED_TO_INSERT),
+        ("latest_timestamp_wins", T0, O.DISCARDED),
+    ],
+)
+def test_update_deleted(resolver, remote_ts, outcome):
+    sp = spec({"resolvers": {"update_deleted": resolver}})
+    state = dict([tomb(1, T0 + H, "sub")])
+    res = fold(sp, state, [ev("UPDATE", 1, remote_ts, "pub", "pub-1", {"id": 1, "v": "x", "n": 0})])
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.UPDATE_DELETED, outcome)
+
+
+def test_update_deleted_becomes_update_missing_after_the_purge():
+    # the engine purges before folding (§7): a purged tombstone is simply absent
+    res = fold(spec(), {}, [ev("UPDATE", 1, T0, "pub", "pub-1", {"v": "x"})])
+    assert only_conflict(res).type is C.UPDATE_MISSING
+
+
+def test_delete_missing_skip_leaves_absent_key_absent():
+    res = fold(spec(), {}, [ev("DELETE", 1, T0, "pub", "pub-1")])
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.DELETE_MISSING, O.SKIPPED)
+    assert (1,) not in res.state
+
+
+def test_delete_differ_latest_and_tombstone_metadata():
+    state = dict([live(1, "a", T0, "pub")])
+    res = fold(spec(), state, [ev("DELETE", 1, T0 + H, "sub", "sub-1")])
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.DELETE_DIFFER, O.APPLIED)
+    t = res.state[(1,)]
+    assert t.deleted and t.deleted_at == NOW and t.ts == T0 + H and t.origin == "sub"
+
+
+def test_insert_onto_tombstone_under_postgres_makes_the_row_again():
+    state = dict([tomb(1, T0 + 5 * H, "sub")])
+    res = fold(spec(), state, [ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "x", "n": 0})])
+    assert [a.conflicts for a in res.applied] == [()]
+    assert reader_view(res.state[(1,)]) is not None
+
+
+def test_truncate_tombstones_rows_not_newer():
+    state = dict([live(1, "a", T0, "pub"), live(2, "b", T0 + 3 * H, "pub")])
+    res = fold(spec(), state, [ev("TRUNCATE", None, T0 + H, "sub", "sub-1")])
+    assert res.state[(1,)].deleted and not res.state[(2,)].deleted
+
+
+# ---------------------------------------------------------------- delta columns (§8)
+
+DELTA = {"columns": {"id": "int", "v": "string", "n": "int"}, "delta": ["n"]}
+
+
+def test_two_credits_converge_on_the_sum():
+    state = dict([live(1, "a", T0 - H, "pub", n=100)])
+    events = [ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 110}, {"n": 100}),
+              ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 120}, {"n": 100})]
+    res = fold(spec(DELTA), state, events)
+    assert res.state[(1,)].values["n"] == 130
+
+
+def test_losing_update_still_adds_its_delta():
+    sp = spec({**DELTA, "resolvers": {"update_differ": "earliest_timestamp_wins"}})
+    state = dict([live(1, "a", T0 - H, "pub", n=100)])
+    events = [ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 110}, {"n": 100}),
+              ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 120, "v": "b"}, {"n": 100, "v": "a"})]
+    res = fold(sp, state, events)
+    assert res.state[(1,)].values == {"id": 1, "v": "a", "n": 130}
+    assert res.state[(1,)].origin == "pub"
+
+
+def test_insert_sets_delta_absolutely():
+    res = fold(spec(DELTA), {}, [ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 7})])
+    assert res.state[(1,)].values["n"] == 7
+
+
+# ---------------------------------------------------------------- key changes, unique
+
+def test_pkey_exists_latest_wins_replaces_target_and_removes_old_key():
+    state = dict([live(1, "one", T0 - H, "pub"), live(3, "three", T0 - H, "pub")])
+    res = fold(spec(), state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"id": 3, "v": "moved"},
+                                   new_key=3)])
+    c = only_conflict(res)
+    assert (c.type, c.key, c.outcome) == (C.PKEY_EXISTS, (3,), O.APPLIED)
+    assert (1,) not in res.state and res.state[(3,)].values["v"] == "moved"
+
+
+def test_pkey_exists_losing_key_change_loses_as_a_whole():
+    state = dict([live(1, "one", T0 - H, "pub"), live(3, "three", T0 + H, "pub")])
+    res = fold(spec(), state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"id": 3}, new_key=3)])
+    assert only_conflict(res).outcome is O.DISCARDED
+    assert res.state[(1,)].values["v"] == "one" and res.state[(3,)].values["v"] == "three"
+
+
+UNIQUE = {"columns": {"id": "int", "v": "string", "n": "int"}, "unique": [["v"], ["n"]]}
+
+
+@pytest.mark.parametrize(("resolver", "outcome"), [("apply", O.APPLIED), ("skip", O.SKIPPED)])
+def test_multiple_unique_conflicts(resolver, outcome):
+    sp = spec({**UNIQUE, "resolvers": {"multiple_unique_conflicts": resolver}})
+    state = dict([live(2, "x", T0 - H, "sub", n=20), live(3, "y", T0 - H, "sub", n=30)])
+    res = fold(sp, state, [ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "x", "n": 30})])
+    c = only_conflict(res)
+    assert (c.type, c.outcome, len(c.local)) == (C.MULTIPLE_UNIQUE_CONFLICTS, outcome, 2)
+    if resolver == "apply":
+        assert res.state[(2,)].deleted and res.state[(3,)].deleted and not res.state[(1,)].deleted
+    else:
+        assert (1,) not in res.state
+
+
+def test_nulls_never_collide_on_unique():
+    sp = spec(UNIQUE)
+    state = dict([live(2, None, T0 - H, "sub", n=20)])
+    res = fold(sp, state, [ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": None, "n": 1})])
+    assert [a.conflicts for a in res.applied] == [()]
+
+
+# ---------------------------------------------------------------- column drift
+
+def test_source_column_extra_ignore_and_skip():
+    e = ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 1}, extra_cols=("zz",))
+    ign = fold(spec({"resolvers": {"source_column_extra": "ignore"}}), {}, [e])
+    assert only_conflict(ign).outcome is O.APPLIED and (1,) in ign.state
+    skp = fold(spec({"resolvers": {"source_column_extra": "skip"}}), {}, [e])
+    assert only_conflict(skp).outcome is O.SKIPPED and (1,) not in skp.state
+
+
+def test_target_column_extra_use_default_and_not_null_error():
+    e = ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a"})
+    sp = spec({"defaults": {"n": 9}})
+    res = fold(sp, {}, [e])
+    assert only_conflict(res).type is C.TARGET_COLUMN_EXTRA
+    assert res.state[(1,)].values["n"] == 9
+    bad = fold(spec({"not_null": ["n"]}), {}, [e])
+    assert bad.stopped is not None and bad.stopped.type is C.TARGET_COLUMN_EXTRA
+
+
+# ---------------------------------------------------------------- delete wins (§5)
+
+DW = {"policy": "delete_wins"}
+
+
+def test_delete_wins_update_never_creates_a_row():
+    res = fold(spec(DW), {}, [ev("UPDATE", 1, T0, "pub", "pub-1", {"id": 1, "v": "x", "n": 0})])
+    c = only_conflict(res)
+    assert (c.type, c.resolver.value, c.outcome) == (C.UPDATE_MISSING, "delete_wins", O.DISCARDED)
+
+
+def test_delete_wins_older_delete_still_wins_and_keeps_newer_ts():
+    state = dict([live(1, "a", T0 + 5 * H, "pub")])
+    events = [ev("DELETE", 1, T0, "sub", "sub-1"),
+              ev("INSERT", 1, T0 + 2 * H, "sub", "sub-2", {"id": 1, "v": "b", "n": 0})]
+    res = fold(spec(DW), state, events)
+    assert res.state[(1,)].deleted  # the insert older than the beaten row does not resurrect it
+
+
+def test_delete_wins_lower_system_id_wins_ties():
+    # lower_system_id: pub (7301) ranks above sub (7302), so pub wins equal-ts conflicts
+    sp = spec(DW)
+    assert sp.table.tie_break.value == "lower_system_id"
+    state = dict([live(1, "a", T0, "sub", rank=0)])
+    res = fold(sp, state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"v": "p"}, rank=1)])
+    assert res.state[(1,)].values["v"] == "p"
+    state = dict([live(1, "a", T0, "pub", rank=1)])
+    res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "s"}, rank=0)])
+    assert res.state[(1,)].values["v"] == "a"
+
+
+def test_rejected_transaction_event_is_logged_and_not_applied():
+    state = dict([live(1, "a", T0, "pub")])
+    res = fold(spec({**DW, "scope": "transaction"}), state,
+               [ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"v": "b"}, txid="t1", rejected=True)])
+    c = only_conflict(res)
+    assert (c.outcome, c.reason) == (O.DISCARDED, "transaction rejected")
+    assert res.state[(1,)].values["v"] == "a"
+
+
+# ---------------------------------------------------------------- perspectives (§9)
+
+def test_perspective_follows_the_replicas_export_order():
+    sp = spec({"resolvers": {"insert_exists": "skip"}})
+    a = ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 0}, seqs={"pub": 1, "sub": 2})
+    b = ev("INSERT", 1, T0 + H, "sub", "sub-1", {"id": 1, "v": "b", "n": 0}, seqs={"sub": 1, "pub": 2})
+    conv = fold(sp, {}, [a, b])
+    assert conv.state[(1,)].values["v"] == "a"
+    assert fold_perspective(sp, {}, [a, b], "pub")[(1,)].values["v"] == "a"
+    assert fold_perspective(sp, {}, [a, b], "sub")[(1,)].values["v"] == "b"
