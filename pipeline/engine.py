@@ -1,7 +1,10 @@
 """Row-granularity resolution on Spark (semantics.md §2-§5, §7-§9, §12).
 
-Design for scale: one shuffle by key brings each key's prior state row and events
-together. Then every key falls into one of three paths:
+Design for scale: one shuffle by key brings each key's prior state row and every copy of
+its events together; the copies of an event are deduplicated there (§12: the origin's own
+copy wins, else the first replica in config order), so that no shuffle by ``event_id`` is
+needed (copies that disagree on their content are settled first, by a narrow aggregation).
+Then every key falls into one of three paths:
 
 - **untouched**: no event; the state row passes through (a TRUNCATE of the run applies
   to it with a column expression);
@@ -31,6 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
+from pipeline.events import copy_refs, type_copies
 from pipeline.foldrun import GroupFolder, make_fold_function, output_schema
 from pipeline.policy import ConflictType, Detection, Resolver, Scope
 from pipeline.rowfold import Event, FoldSpec
@@ -38,10 +42,12 @@ from pipeline.schema import state_schema
 
 log = logging.getLogger(__name__)
 
-EVENT_ITEM_COLS = [
-    "op", "origin", "new_key", "after", "after_cols", "before", "before_cols", "extra_cols",
-    "txid", "rejected", "seqs",
-]
+#: what the Python fold reads of each row (everything else stays in the JVM)
+FOLD_INPUT = ["key", "is_event", "ts", "rank", "event_id", "op", "origin", "new_key", "after",
+              "after_has", "before", "before_has", "extra_cols", "txid", "rejected", "replica",
+              "seq", "pref", "rn", "row", "s_ts", "s_rank", "s_origin", "s_deleted",
+              "s_deleted_at"]
+
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ class Resolved:
     state: DataFrame
     conflicts: DataFrame
     divergence: DataFrame
-    fates: DataFrame  # event_id, replicas, fate (applied | discarded | errored)
+    fates: DataFrame  # per copy: event_id, replica, fate (applied | discarded | errored | ...)
+    quarantine: DataFrame  # the quarantined events: their chosen copy
     truncates: list[Event]
 
 
@@ -74,11 +81,13 @@ def admit_transactions(events: DataFrame, prior: DataFrame, config: Config, tabl
                        ) -> DataFrame:
     """§5/§12 ``scope: transaction``: a transaction ``(origin, txid)`` is admitted only
     when its time (its latest event ts) beats, tie-break included, every key it touches
-    in the state the run started from. Adds ``rejected``."""
+    in the state the run started from. ``events`` are the light copies (``copy_refs`` with
+    ``tx``). Adds ``rejected``."""
     if table.scope is not Scope.TRANSACTION:
         return events.withColumn("rejected", F.lit(False))
     ranks = rank_map(config, table)
-    tx = events.where(F.col("txid").isNotNull() & (F.col("op") != "TRUNCATE"))
+    tx = events.where(F.col("txid").isNotNull() & F.col("ts").isNotNull()).select(
+        "origin", "txid", "ts", "key", "new_key")
     times = tx.groupBy("origin", "txid").agg(F.max("ts").alias("tx_ts"))
     touched = tx.select("origin", "txid", F.explode(
         F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias("key"))
@@ -98,18 +107,20 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
     key that may share a unique value with another key at some point of the run (a safe
     over-approximation: each key's possible values come from its prior row and its
     events; keys touched by key changes pool their values, since rows move between them).
-    None when the table can have none."""
+    ``events`` are the light copies (``copy_refs`` with ``values``)."""
+    events = events.where(F.col("key").isNotNull())
     moves = events.where(F.col("new_key").isNotNull())
     moved = moves.select("key").union(moves.select(F.col("new_key").alias("key"))).distinct()
     if not table.unique:
         return moved
     moved_flag = moved.withColumn("moved", F.lit(True))
+    unique_cols = sorted({c for u in table.unique for c in u})
     live = prior.where(~F.col("_deleted")).select(
-        key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in table.column_names])
+        key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in unique_cols])
     writes = events.where(F.col("op").isin("INSERT", "UPDATE")).select(
         F.coalesce("new_key", "key").alias("key"),
-        *[F.when(F.array_contains("after_cols", c), F.col(f"after.{c}")).alias(f"v_{c}")
-          for c in table.column_names])
+        *[F.when(F.array_contains("after_keys", c), F.col(f"v_{c}")).alias(f"v_{c}")
+          for c in unique_cols])
     values = live.unionByName(writes).join(F.broadcast(moved_flag), "key", "left")
     unit = F.when(F.col("moved"), F.lit(None)).otherwise(F.col("key"))
     values = values.withColumn("unit", F.struct(F.col("moved").isNotNull().alias("m"),
@@ -131,15 +142,17 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
     return by_unit.union(moved).distinct()
 
 
-def build_items(events: DataFrame, prior: DataFrame, config: Config, table: Table) -> DataFrame:
-    """Events and prior state rows in one frame: ``key, is_event, ts, rank, event_id`` and
-    the fields of each kind."""
-    ev = events.select("key", F.lit(1).alias("is_event"), "ts", "rank", "event_id",
-                       *EVENT_ITEM_COLS)
+def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table
+                ) -> DataFrame:
+    """Event copies and prior state rows in one frame, by ``key``: ``is_event``,
+    ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
+    ev = copies.select("key", F.lit(1).alias("is_event"), "event_id", "replica", "file",
+                       "line", "raw", "seq", "pref", "rejected")
     st = prior.select(
-        key_struct(table).alias("key"), F.lit(0).alias("is_event"), F.col("_ts").alias("ts"),
-        F.coalesce(rank_map(config, table)[F.col("_origin")], F.lit(-1)).alias("rank"),
+        key_struct(table).alias("key"), F.lit(0).alias("is_event"),
         F.col("_event_id").alias("event_id"),
+        F.col("_ts").alias("s_ts"),
+        F.coalesce(rank_map(config, table)[F.col("_origin")], F.lit(-1)).alias("s_rank"),
         F.struct(*table.column_names).alias("row"),
         F.col("_origin").alias("s_origin"), F.col("_deleted").alias("s_deleted"),
         F.col("_deleted_at").alias("s_deleted_at"),
@@ -156,14 +169,14 @@ def fast_predicate(table: Table) -> Column:
     same_origin = F.col("l_origin").isNull() | (F.col("l_origin") == F.col("origin"))
     not_newer = F.col("l_ts") <= F.col("ts")
     no_drift = F.size("extra_cols") == 0
-    value_cols = [c for c in table.column_names if c not in table.key]
-    has_all = (F.size(F.array_intersect("after_cols", F.array(*[F.lit(c) for c in value_cols])))
-               == len(value_cols)) if value_cols else F.lit(True)
+    names = table.column_names
+    has_all = reduce(lambda a, b: a & b, [F.col("after_has")[names.index(c)]
+                                          for c in table.value_columns], F.lit(True))
     tomb_ok = table.resolvers[ConflictType.INSERT_EXISTS] is not Resolver.DELETE_WINS
     insert = (op == "INSERT") & no_drift & has_all & (~l_exists | (F.col("l_deleted") & tomb_ok))
-    image_cols = [c for c in table.column_names if c not in table.delta]
     no_image = (
-        F.size(F.array_intersect("before_cols", F.array(*[F.lit(c) for c in image_cols]))) == 0
+        ~reduce(lambda a, b: a | b, [F.col("before_has")[names.index(c)] for c in names
+                                     if c not in table.delta], F.lit(False))
         if table.detection is Detection.BEFORE_IMAGE else F.lit(True)
     )
     update = ((op == "UPDATE") & F.col("new_key").isNull() & no_drift & l_live & same_origin
@@ -172,29 +185,66 @@ def fast_predicate(table: Table) -> Column:
     return ~F.col("rejected") & (insert | update | delete)
 
 
-def classify(items: DataFrame, coupled: DataFrame | None, has_truncate: bool, table: Table
-             ) -> DataFrame:
-    """Per key: ``n_ev``, the local row ``l_*``, ``coupled``, and ``fast``/``key_fast``."""
-    w = Window.partitionBy("key")
+def classify(items: DataFrame, coupled: DataFrame | None, has_truncate: bool, table: Table,
+             config: Config, now_us: int) -> DataFrame:
+    """The one shuffle, by key. Per copy: ``rn`` (1 for the copy that stands for its event:
+    §12, the origin's own copy, else the first replica in config order), the full typing of
+    that copy (``type_copies``) and ``ev_reason`` (why the event is quarantined); per key:
+    ``n_ev`` (good events), the local row ``l_*``, ``coupled``, ``fast``, ``key_fast``."""
+    w_key = Window.partitionBy("key")
+    w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
     is_state = F.col("is_event") == 0
-    df = items.select(
+    df = items.withColumn("rn", F.row_number().over(w_ev))
+    df = type_copies(df, table, config, now_us, (F.col("is_event") == 1) & (F.col("rn") == 1))
+    df = df.withColumn("ev_reason", F.first("reason").over(w_ev))
+    good = (F.col("is_event") == 1) & (F.col("rn") == 1) & F.col("ev_reason").isNull()
+    df = df.select(
         "*",
-        F.sum("is_event").over(w).alias("n_ev"),
-        F.max(F.when(is_state, F.lit(True))).over(w).alias("l_exists_"),
-        F.max(F.when(is_state, F.col("ts"))).over(w).alias("l_ts"),
-        F.max("s_origin").over(w).alias("l_origin"),
-        F.max("s_deleted").over(w).alias("l_deleted"),
-        F.max("row").over(w).alias("l_row"),
+        F.sum(good.cast("int")).over(w_key).alias("n_ev"),
+        # a key has at most one state row: its fields, spread to the key's events
+        F.max(F.when(is_state, F.lit(True))).over(w_key).alias("l_exists_"),
+        F.max("s_ts").over(w_key).alias("l_ts"),
+        F.first("s_origin", ignorenulls=True).over(w_key).alias("l_origin"),
+        F.max("s_deleted").over(w_key).alias("l_deleted"),
+        F.first("row", ignorenulls=True).over(w_key).alias("l_row"),
     ).withColumn("l_exists", F.coalesce("l_exists_", F.lit(False))).drop("l_exists_")
     if coupled is not None:
         df = df.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
         df = df.withColumn("coupled", F.coalesce("coupled", F.lit(False)))
     else:
         df = df.withColumn("coupled", F.lit(False))
-    fast = ((F.col("is_event") == 1) & (F.col("n_ev") == 1) & ~F.col("coupled")
-            & F.lit(not has_truncate) & fast_predicate(table))
-    return df.withColumn("fast", F.coalesce(fast, F.lit(False))).withColumn(
-        "key_fast", F.max(F.col("fast").cast("int")).over(w) == 1)
+    fast = (good & (F.col("n_ev") == 1) & ~F.col("coupled") & F.lit(not has_truncate)
+            & fast_predicate(table))
+    df = df.withColumn("fast", F.coalesce(fast, F.lit(False)))
+    return df.withColumn("key_fast", F.max(F.col("fast").cast("int")).over(w_key) == 1
+                         ).withColumn("l_row", F.when(F.col("fast"), F.col("l_row")))
+
+
+def cross_key_disputes(classified: DataFrame) -> list[str]:
+    """Events whose copies sit under different keys (or some under a key that does not
+    parse): their copies never met in one key group, so each group chose its own copy."""
+    chosen = classified.where((F.col("is_event") == 1) & (F.col("rn") == 1))
+    rows = (chosen.groupBy("event_id").agg(F.count(F.lit(1)).alias("n"))
+            .where(F.col("n") > 1).select("event_id").collect())
+    return [r.event_id for r in rows]
+
+
+def settle_disputes(copies: DataFrame, ids: list[str]) -> DataFrame:
+    """§12 "Duplicates" across keys: the winning copy (the origin's own, else the first
+    replica in config order) gives its key and record to every copy of the event, so that
+    they meet in one key group, where the winner stands for the event and the others still
+    count for their replica's order and accounting. Rare: the winners are broadcast."""
+    w = Window.partitionBy("event_id").orderBy("pref", "replica")
+    moved = [c for c in copies.columns if c not in ("event_id", "replica", "file", "line",
+                                                    "seq", "pref")]
+    winners = (copies.where(F.col("event_id").isin(ids))
+               .withColumn("_rn", F.row_number().over(w)).where("_rn = 1")
+               .select("event_id", F.lit(True).alias("_disputed"),
+                       *[F.col(c).alias(f"_w_{c}") for c in moved]))
+    joined = copies.join(F.broadcast(winners), "event_id", "left")
+    return joined.select(*[
+        F.when(F.col("_disputed"), F.col(f"_w_{c}")).otherwise(F.col(c)).alias(c)
+        if c in moved else F.col(c) for c in copies.columns])
 
 
 def _num(c: Column) -> Column:
@@ -205,9 +255,9 @@ def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
     """The new state row of each fast event, with column expressions (§2-§4, §8)."""
     op = F.col("op")
     cols = []
-    for c in table.columns:
+    for i, c in enumerate(table.columns):
         n = c.name
-        written = F.array_contains("after_cols", n)
+        written = F.col("after_has")[i]
         if n in table.key:
             v = F.col(f"key.{n}")
         elif n in table.delta:
@@ -233,7 +283,7 @@ def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us:
                     ) -> DataFrame:
     """State rows no event touched; a TRUNCATE of the run tombstones the live ones that
     are not newer than it (§12), the earliest such TRUNCATE making the tombstone."""
-    ts, deleted = F.col("ts"), F.col("s_deleted")
+    ts, deleted = F.col("s_ts"), F.col("s_deleted")
     ordered = sorted(truncates, key=Event.position)
 
     def pick(attr: str, default: Column) -> Column:
@@ -256,48 +306,86 @@ def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us:
     )
 
 
-def run_fold(df: DataFrame, folder: GroupFolder, single_group: bool, partitions: int
-             ) -> DataFrame:
+def run_fold(df: DataFrame, folder: GroupFolder, single_group: bool) -> DataFrame:
     """Fold the rows in ``df`` (all rows of each of its keys) with ``mapInArrow``."""
     schema = output_schema(folder.table)
     arrow_schema = to_arrow_schema(schema)
-    order = ["is_event", "ts", "rank", "event_id"]
+    order = ["is_event", "event_id", "pref", "replica"]
+    df = df.select(*FOLD_INPUT)
     if single_group:
         stream = df.repartition(1).sortWithinPartitions(*order)
-    else:
-        stream = df.repartition(partitions, "key").sortWithinPartitions("key", *order)
+    else:  # already partitioned by key by classify's windows
+        stream = df.sortWithinPartitions("key", *order)
     fn = make_fold_function(folder, single_group, arrow_schema)
     return stream.mapInArrow(fn, schema)
 
 
-def truncate_events(events: DataFrame, table: Table) -> list[Event]:
-    rows = events.where(F.col("op") == "TRUNCATE").select(
-        "event_id", "ts", "origin", "rank", "seqs").collect()
-    return [Event(r.event_id, "TRUNCATE", None, r.ts, r.origin, r.rank, seqs=dict(r.seqs or {}))
-            for r in rows]
+def special_copies(typed: DataFrame) -> tuple[list[Event], list[tuple], list[tuple]]:
+    """The run's TRUNCATEs and the records without an event id: few, fully typed, settled
+    on the driver. Returns the good TRUNCATE events, the fate of every copy
+    ``(event_id, replica, fate)`` and the quarantined ones
+    ``(replica, event_id, reason, detail, raw)``."""
+    rows = typed.select("event_id", "replica", "seq", "pref", "ts", "origin", "rank",
+                        "reason", "detail", "raw").collect()
+    events, fates, quarantined = [], [], []
+    by_event: dict[str, list] = {}
+    for r in rows:
+        if r.event_id is None:  # cannot be deduplicated: quarantined one by one
+            fates.append((None, r.replica, "quarantined"))
+            quarantined.append((r.replica, None, r.reason, r.detail, r.raw))
+        else:
+            by_event.setdefault(r.event_id, []).append(r)
+    for eid, copies in sorted(by_event.items()):
+        copies.sort(key=lambda r: (r.pref, r.replica))
+        c = copies[0]
+        fates += [(eid, r.replica, "quarantined" if c.reason else "applied") for r in copies]
+        if c.reason:
+            quarantined.append((c.replica, eid, c.reason, c.detail, c.raw))
+        else:
+            events.append(Event(eid, "TRUNCATE", None, c.ts, c.origin, c.rank,
+                                seqs={r.replica: r.seq for r in copies}))
+    return events, fates, quarantined
 
 
 def resolve_rows(
-    spark: SparkSession, config: Config, table: Table, good: DataFrame, prior: DataFrame,
-    now_us: int, dt: date, partitions: int,
+    spark: SparkSession, config: Config, table: Table, records: DataFrame, prior: DataFrame,
+    now_us: int, dt: date,
 ) -> Resolved:
-    """Resolve one row-granularity table. ``good`` holds the typed events that passed the
-    guards; ``prior`` the state the run starts from (already purged)."""
-    truncs = truncate_events(good, table)
-    rows_ev = admit_transactions(good.where(F.col("op") != "TRUNCATE"), prior, config, table)
-    coupled = coupled_keys(rows_ev, prior, table)
-    items = build_items(rows_ev, prior, config, table)
-    df = classify(items, coupled, bool(truncs), table).persist()
+    """Resolve one row-granularity table: ``records`` are the staged exports
+    (``read_records``), ``prior`` the state the run starts from (already purged)."""
+    tx = table.scope is Scope.TRANSACTION
+    refs = copy_refs(records, table, config, values=bool(table.unique), tx=tx)
+    special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
+    small = refs.where(special)
+    truncs, special_fates, special_quarantine = special_copies(
+        type_copies(small, table, config, now_us, F.lit(True)))
+    main = refs.where(~F.coalesce(special, F.lit(False)))
+    main = admit_transactions(main, prior, config, table)
+    coupled = coupled_keys(main, prior, table)
+    if coupled is not None:
+        coupled = coupled.cache()  # small; computed once, then broadcast
 
+    df = classify(build_items(main, prior, config, table), coupled, bool(truncs), table,
+                  config, now_us).persist()
+    disputed = cross_key_disputes(df)
+    if disputed:  # rare: move every copy of those events to their winner's key, and redo
+        log.warning("table %s: %d event(s) have copies under different keys; the winning "
+                    "copy's key is used", table.name, len(disputed))
+        df.unpersist()
+        main = settle_disputes(main, disputed)
+        df = classify(build_items(main, prior, config, table), coupled, bool(truncs), table,
+                      config, now_us).persist()
+
+    is_event = F.col("is_event") == 1
     fast = df.where("fast")
-    untouched = df.where((F.col("is_event") == 0) & (F.col("n_ev") == 0) & ~F.col("coupled"))
-    to_fold = df.where(~F.col("key_fast") & ((F.col("n_ev") > 0) | F.col("coupled")))
+    untouched = df.where(~is_event & (F.col("n_ev") == 0) & ~F.col("coupled"))
+    to_fold = df.where(~F.col("key_fast") & ((F.col("n_ev") > 0) | F.col("coupled"))
+                       & (~is_event | F.col("ev_reason").isNull()))
 
     folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt)
-    folded = run_fold(to_fold.where(~F.col("coupled")), folder, False, partitions).unionByName(
-        run_fold(to_fold.where("coupled"), folder, True, 1)
-    )
-    folded = folded.persist()
+    folded = run_fold(to_fold.where(~F.col("coupled")), folder, False).unionByName(
+        run_fold(to_fold.where("coupled"), folder, True)
+    ).persist()
 
     state = (
         fast_state(fast, table, now_us)
@@ -306,19 +394,28 @@ def resolve_rows(
             *[F.col(f"row.{c}").alias(c) for c in table.column_names],
             "_ts", "_origin", "_event_id", "_deleted", "_deleted_at"))
     )
-    fates = (
-        fast.select("event_id", F.array_sort(F.map_keys("seqs")).alias("replicas"),
-                    F.lit("applied").alias("fate"))
-        .unionByName(folded.where(F.col("kind") == "outcome").select("event_id", "replicas",
-                                                                      "fate"))
-    )
+    copy_fates = df.where(is_event & (F.col("ev_reason").isNotNull() | F.col("key_fast"))).select(
+        "event_id", "replica",
+        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined")).otherwise(F.lit("applied"))
+        .alias("fate"))
+    fates = copy_fates.unionByName(
+        folded.where(F.col("kind") == "outcome").select("event_id", "replica", "fate"))
+    if special_fates:
+        fates = fates.unionByName(spark.createDataFrame(
+            special_fates, "event_id string, replica string, fate string"))
+    quarantine = df.where(is_event & (F.col("rn") == 1) & F.col("ev_reason").isNotNull()).select(
+        "replica", "event_id", "reason", "detail", "raw")
+    if special_quarantine:
+        quarantine = quarantine.unionByName(spark.createDataFrame(
+            special_quarantine,
+            "replica string, event_id string, reason string, detail string, raw string"))
     conflicts = folded.where(F.col("kind") == "conflict").select(
         "key", "conflict_type", "resolver", "outcome", "local_ts", "local_origin", "local_row",
         "remote_event_id", "remote_ts", "remote_origin", "remote_row", "reason", "pos_rank",
         "pos_idx")
     divergence = folded.where(F.col("kind") == "divergence").select(
         "replica", "key", "replica_row", "converged_row", "repair")
-    return Resolved(state, conflicts, divergence, fates, truncs)
+    return Resolved(state, conflicts, divergence, fates, quarantine, truncs)
 
 
 def position(c: Iterable[str] = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")

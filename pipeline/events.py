@@ -1,15 +1,14 @@
-"""Canonical events on Spark: read the staged exports, parse, dedupe, type and guard them
-(formats.md "The canonical event record"; semantics.md §1, §3, §12).
-
-Every function is DataFrame-in, DataFrame-out and uses Spark built-ins only.
+"""Canonical event records on Spark: read the staged exports, parse and type every copy,
+and find the guard that quarantines it (formats.md "The canonical event record";
+semantics.md §3, §12). Spark built-ins only; no shuffle here.
 
 - :func:`read_records` reads a table's staged JSONL and Parquet exports into one shape:
-  ``replica, file, line, raw`` and ``top``, the record as ``map<string,string>`` (each
-  field's JSON text), so that a field of the wrong shape is reported precisely.
-- :func:`dedupe` keeps one copy of every ``event_id`` (§12: the origin's own copy, else
-  the first replica in config order) and the ``seq`` of every copy, for perspectives (§9).
-- :func:`typed_events` types key and values by the table's schema and finds the first
-  guard that quarantines the event (§3, in the order of §12).
+  ``replica, file, line, raw``.
+- :func:`typed_copies` types each copy by the table's schema and adds ``reason`` and
+  ``detail``, the first guard that matches in the order of §12. Every copy is kept:
+  deduplication by ``event_id`` happens in the engine's one shuffle by key, where the
+  copies of an event meet (§12: the origin's own copy wins, else the first replica in
+  config order: the ``pref`` column).
 """
 
 from __future__ import annotations
@@ -26,12 +25,20 @@ from pipeline.policy import QuarantineReason
 from pipeline.schema import event_ts_micros, typed
 
 TEXT_MAP = T.MapType(T.StringType(), T.StringType())
+_TEXT_FIELDS = ("op", "ts", "origin", "event_id", "txid", "seq")
+#: the canonical record's shape: every scalar read as its JSON text, objects as text maps
+RECORD = T.StructType(
+    [T.StructField(n, T.StringType()) for n in _TEXT_FIELDS]
+    + [T.StructField(n, TEXT_MAP) for n in ("key", "new_key", "after", "before")]
+    + [T.StructField("_corrupt", T.StringType())]  # the text, when the record does not fit
+)
+_PARSE = {"columnNameOfCorruptRecord": "_corrupt"}
 OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 _OBJECT_FIELDS = ("key", "new_key", "after", "before")
 
 
 def read_records(spark: SparkSession, table_dir: Path) -> DataFrame:
-    """All staged exports of one table: ``replica, file, line, raw, top``."""
+    """All staged exports of one table: ``replica, file, line, raw``."""
     parts: list[DataFrame] = []
     jsonl = sorted(str(p) for p in table_dir.glob("replica=*/jsonl/*.parquet"))
     if jsonl:
@@ -42,8 +49,8 @@ def read_records(spark: SparkSession, table_dir: Path) -> DataFrame:
             parts.append(_parquet_as_raw(spark, files, rep_dir.name.split("=", 1)[1]))
     if not parts:
         schema = "replica string, file string, line bigint, raw string"
-        return _with_top(spark.createDataFrame([], schema))
-    return _with_top(reduce(DataFrame.unionByName, parts))
+        return spark.createDataFrame([], schema)
+    return reduce(DataFrame.unionByName, parts)
 
 
 def _parquet_as_raw(spark: SparkSession, files: list[str], replica: str) -> DataFrame:
@@ -64,43 +71,7 @@ def _parquet_as_raw(spark: SparkSession, files: list[str], replica: str) -> Data
     )
 
 
-def _with_top(df: DataFrame) -> DataFrame:
-    return df.withColumn("top", F.from_json("raw", TEXT_MAP))
-
-
-def no_event_id(records: DataFrame) -> Column:
-    return F.col("top").isNull() | F.coalesce(F.col("top")["event_id"], F.lit("")).eqNullSafe("")
-
-
-def dedupe(records: DataFrame, replica_ids: tuple[str, ...]) -> DataFrame:
-    """One row per ``event_id`` with the columns of the winning copy and ``seqs``: the map
-    replica -> seq of every copy. Records without an event id must be filtered first."""
-    order = F.create_map(*[x for i, r in enumerate(replica_ids) for x in (F.lit(r), F.lit(i))])
-    pref = F.struct(
-        (F.col("replica") != F.coalesce(F.col("top")["origin"], F.lit(""))).alias("not_origin"),
-        F.coalesce(order[F.col("replica")], F.lit(len(replica_ids))).alias("config_order"),
-    )
-    copy = F.struct("replica", "file", "line", "raw", "top")
-    seq = F.col("top")["seq"].try_cast(T.LongType())
-    return (
-        records.withColumn("event_id", F.col("top")["event_id"])
-        .groupBy("event_id")
-        .agg(
-            F.min_by(copy, pref).alias("c"),
-            F.map_from_entries(F.collect_list(F.struct("replica", seq.alias("seq")))).alias("seqs"),
-            F.count(F.lit(1)).alias("copies"),
-        )
-        .select("event_id", "c.*", "seqs", "copies")
-    )
-
-
 # ---------------------------------------------------------------------- typing and guards
-
-
-def _obj(name: str) -> Column:
-    """A field that must be a JSON object, as ``map<string,string>`` (null if absent or not
-    an object)."""
-    return F.from_json(F.col("top")[name], TEXT_MAP)
 
 
 def _lits(values: tuple[str, ...] | list[str]) -> Column:
@@ -116,11 +87,11 @@ def _first(checks: list[tuple[Column, Column]]) -> Column:
     return F.coalesce(*[F.when(cond, detail) for cond, detail in checks]) if checks else F.lit(None)
 
 
-def _key_checks(table: Table, field: str, m: Column) -> list[tuple[Column, Column]]:
-    want = sorted(table.key)
+def _key_checks(table: Table, field: str, m: Column, prefix: str) -> list[tuple[Column, Column]]:
+    present = reduce(lambda a, b: a & b, [F.map_contains_key(m, c) for c in table.key])
     checks = [
         (
-            F.array_sort(F.map_keys(m)) != _lits(want),
+            (F.size(m) != len(table.key)) | ~present,
             F.concat(
                 F.lit(f"{field} has columns ["),
                 F.array_join(F.array_sort(F.map_keys(m)), ", "),
@@ -132,7 +103,7 @@ def _key_checks(table: Table, field: str, m: Column) -> list[tuple[Column, Colum
         checks.append((m[c].isNull(), F.lit(f"{field}.{c} is null")))
         checks.append(
             (
-                typed(m[c], table.column(c).type).isNull(),
+                F.col(f"{prefix}{c}").isNull(),
                 F.concat(F.lit(f"{field}.{c}: "), _quote(m[c]),
                          F.lit(f" is not {table.column(c).type}")),
             )
@@ -140,105 +111,180 @@ def _key_checks(table: Table, field: str, m: Column) -> list[tuple[Column, Colum
     return checks
 
 
-def _value_checks(table: Table, field: str, m: Column) -> list[tuple[Column, Column]]:
-    checks = []
-    for col in table.columns:
-        v = m[col.name]
-        checks.append(
-            (
-                v.isNotNull() & typed(v, col.type).isNull(),
-                F.concat(F.lit(f"{field}.{col.name}: "), _quote(v), F.lit(f" is not {col.type}")),
-            )
+def _value_checks(table: Table, field: str, m: Column, prefix: str
+                  ) -> list[tuple[Column, Column]]:
+    return [
+        (
+            m[col.name].isNotNull() & F.col(f"{prefix}{col.name}").isNull(),
+            F.concat(F.lit(f"{field}.{col.name}: "), _quote(m[col.name]),
+                     F.lit(f" is not {col.type}")),
         )
-    return checks
+        for col in table.columns
+    ]
 
 
-def typed_events(
-    events: DataFrame, table: Table, config: Config, now_us: int
-) -> DataFrame:
-    """Type a deduped table's events and find why each would be quarantined.
+LIGHT_FIELDS = ("event_id", "op", "origin", "seq")
 
-    Adds ``op, key, new_key, after, after_cols, before, before_cols, extra_cols, ts,
-    origin, rank, txid`` and ``reason``/``detail`` (null for a good event)."""
+
+def copy_refs(records: DataFrame, table: Table, config: Config, *, values: bool = False,
+              tx: bool = False) -> DataFrame:
+    """The first, light pass over every copy: what the shuffle by key needs (formats.md
+    record fields ``event_id, op, origin, seq``, and the typed ``key``; ``new_key`` too).
+    ``values`` adds the unique-constraint columns of ``after`` (``v_<col>``) and ``tx``
+    adds ``txid`` and ``ts``, for the steps that couple keys or admit transactions. A copy
+    whose key does not parse gets a null ``key``: the full typing says why."""
+    fields = [T.StructField(n, T.StringType()) for n in LIGHT_FIELDS]
+    fields += [T.StructField("key", TEXT_MAP), T.StructField("new_key", TEXT_MAP)]
+    if values:
+        fields.append(T.StructField("after", TEXT_MAP))
+    if tx:
+        fields += [T.StructField("txid", T.StringType()), T.StructField("ts", T.StringType())]
+    p = F.from_json("raw", T.StructType(fields))
+    order = F.create_map(*[x for i, r in enumerate(config.replica_ids)
+                           for x in (F.lit(r), F.lit(i))])
+
+    def key_of(m: Column) -> Column:
+        parts = [typed(m[c], table.column(c).type) for c in table.key]
+        ok = reduce(lambda a, b: a & b, [x.isNotNull() for x in parts])
+        return F.when(ok, F.struct(*[x.alias(c) for x, c in zip(parts, table.key, strict=True)]))
+
+    df = records.select("replica", "file", "line", "raw", p.alias("p"))
+    eid = F.col("p.event_id")
+    cols = [
+        "replica", "file", "line", "raw",
+        F.when(F.coalesce(eid, F.lit("")) != "", eid).alias("event_id"),
+        F.col("p.op").alias("op"), F.col("p.origin").alias("origin"),
+        F.col("p.seq").try_cast(T.LongType()).alias("seq"),
+        F.when(F.col("replica") == F.col("p.origin"), F.lit(-1))
+        .otherwise(F.coalesce(order[F.col("replica")], F.lit(len(config.replica_ids))))
+        .alias("pref"),
+        key_of(F.col("p.key")).alias("key"),
+        key_of(F.col("p.new_key")).alias("new_key"),
+    ]
+    if values:
+        unique_cols = sorted({c for u in table.unique for c in u})
+        cols += [typed(F.col("p.after")[c], table.column(c).type).alias(f"v_{c}")
+                 for c in unique_cols]
+        cols.append(F.coalesce(F.map_keys("p.after"), F.array().cast("array<string>"))
+                    .alias("after_keys"))
+    if tx:
+        cols += [F.col("p.txid").alias("txid"), event_ts_micros(F.col("p.ts")).alias("ts")]
+    return df.select(*cols)
+
+
+#: what the full typing adds to a copy
+TYPED_COLUMNS = ("op", "origin", "rank", "txid", "ts", "new_key", "after", "after_has",
+                 "before", "before_has", "extra_cols", "reason", "detail")
+
+
+def typed_copies(records: DataFrame, table: Table, config: Config, now_us: int) -> DataFrame:
+    """Every copy fully typed (small sets: TRUNCATEs, records without an event id; and
+    tests). Columns: ``replica, file, line, event_id, seq, pref, key, raw`` and
+    :data:`TYPED_COLUMNS`."""
+    refs = copy_refs(records, table, config).drop("op", "origin", "new_key")
+    return type_copies(refs, table, config, now_us, F.lit(True))
+
+
+def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen: Column
+                ) -> DataFrame:
+    """The full typing and the guards (§3, in the order of §12), computed only for the rows
+    where ``chosen`` (the copy that stands for its event); other rows get nulls. ``df``
+    needs ``replica, raw, event_id, seq``; its other columns pass through, and ``raw`` is
+    kept only for a copy that is quarantined."""
     cols = table.column_names
     ranks = config.tie_ranks(table.tie_break)
     rank_map = F.create_map(*[x for r, i in ranks.items() for x in (F.lit(r), F.lit(i))])
-    top = F.col("top")
-    df = events.select(
+    # 1. one JSON parse into the record's shape. Spark fills a field of the wrong shape (or
+    #    every field, for text that is not JSON) with null; such a record is parsed again,
+    #    field by field, so that its quarantine says precisely what is wrong
+    parsed, top = F.col("p"), F.col("top")
+    passthrough = [c for c in df.columns if c not in TYPED_COLUMNS]
+    df = df.select(*passthrough, chosen.alias("_chosen")).withColumn(
+        "p", F.when(F.col("_chosen"), F.from_json("raw", RECORD, _PARSE)))
+    misfit = parsed["_corrupt"].isNotNull()
+    df = df.withColumn("top", F.when(F.col("_chosen") & misfit, F.from_json("raw", TEXT_MAP)))
+    df = df.withColumn("_json", F.col("_chosen") & (~misfit | top.isNotNull()))
+
+    def field(name: str) -> Column:
+        return F.coalesce(parsed[name], top[name])
+
+    def given(name: str) -> Column:
+        return parsed[name].isNotNull() | top[name].isNotNull()
+
+    def obj(name: str) -> Column:
+        return F.when(top.isNull(), parsed[name]).otherwise(F.from_json(top[name], TEXT_MAP))
+
+    def typed_of(m: Column, names: tuple[str, ...], prefix: str) -> list[Column]:
+        return [typed(m[n], table.column(n).type).alias(f"{prefix}{n}") for n in names]
+
+    df = df.select(
         "*",
-        F.col("top")["op"].alias("op"),
-        F.col("top")["origin"].alias("origin"),
-        F.col("top")["txid"].alias("txid"),
-        F.col("top")["ts"].alias("ts_text"),
-        event_ts_micros(F.col("top")["ts"]).alias("ts"),
-        _obj("key").alias("key_m"),
-        _obj("new_key").alias("new_key_m"),
-        _obj("after").alias("after_m"),
-        _obj("before").alias("before_m"),
+        field("op").alias("op"), field("origin").alias("origin"), field("txid").alias("txid"),
+        field("ts").alias("ts_text"), event_ts_micros(field("ts")).alias("ts"),
+        field("seq").alias("seq_text"),
+        *[obj(n).alias(f"{n}_m") for n in _OBJECT_FIELDS],
+    ).select(
+        "*",
+        *typed_of(F.col("key_m"), table.key, "k_"),
+        *typed_of(F.col("new_key_m"), table.key, "nk_"),
+        *typed_of(F.col("after_m"), cols, "a_"),
+        *typed_of(F.col("before_m"), cols, "b_"),
     )
-    key_m, nk_m, after_m, before_m = (F.col(c) for c in ("key_m", "new_key_m", "after_m", "before_m"))
+
+    # 2. the guards, in the order of §12
+    key_m, nk_m, after_m, before_m = (F.col(f"{n}_m") for n in _OBJECT_FIELDS)
     op = F.col("op")
     row_op = op.isin("INSERT", "UPDATE", "DELETE")
-    target = F.coalesce(nk_m, key_m)
-
     malformed: list[tuple[Column, Column]] = [
-        (top.isNull(), F.lit("not a JSON object")),
+        (~F.col("_json"), F.lit("not a JSON object")),
+        (F.col("event_id").isNull(), F.lit("no event_id")),
         (~op.isin(*OPS) | op.isNull(), F.concat(F.lit("unknown op "), _quote(op))),
         (F.col("origin").isNull(), F.lit("no origin")),
-        (
-            rank_map[F.col("origin")].isNull(),
-            F.concat(F.lit("origin "), _quote(F.col("origin")), F.lit(" is not a configured replica")),
-        ),
+        (rank_map[F.col("origin")].isNull(),
+         F.concat(F.lit("origin "), _quote(F.col("origin")),
+                  F.lit(" is not a configured replica"))),
         (F.col("ts_text").isNull(), F.lit("no ts")),
-        (
-            F.col("ts").isNull(),
-            F.concat(F.lit("ts "), _quote(F.col("ts_text")),
-                     F.lit(" is neither µs since the epoch nor RFC 3339 with a UTC offset")),
-        ),
-        (top["seq"].isNull(), F.lit("no seq")),
-        (top["seq"].try_cast(T.LongType()).isNull(),
-         F.concat(F.lit("seq "), _quote(top["seq"]), F.lit(" is not an integer"))),
-        (row_op & top["key"].isNull(), F.lit("no key")),
+        (F.col("ts").isNull(),
+         F.concat(F.lit("ts "), _quote(F.col("ts_text")),
+                  F.lit(" is neither µs since the epoch nor RFC 3339 with a UTC offset"))),
+        (F.col("seq_text").isNull(), F.lit("no seq")),
+        (F.col("seq").isNull(),
+         F.concat(F.lit("seq "), _quote(F.col("seq_text")), F.lit(" is not an integer"))),
+        (row_op & ~given("key"), F.lit("no key")),
         (row_op & key_m.isNull(), F.lit("key is not a JSON object")),
     ]
-    malformed += [(row_op & c, d) for c, d in _key_checks(table, "key", key_m)]
+    malformed += [(row_op & c, d) for c, d in _key_checks(table, "key", key_m, "k_")]
     malformed += [
-        ((op != "UPDATE") & top["new_key"].isNotNull(),
+        ((op != "UPDATE") & given("new_key"),
          F.concat(F.lit("new_key on "), _quote(op), F.lit(" (only an UPDATE changes a key)"))),
-        (top["new_key"].isNotNull() & nk_m.isNull(), F.lit("new_key is not a JSON object")),
+        (given("new_key") & nk_m.isNull(), F.lit("new_key is not a JSON object")),
     ]
-    malformed += [(nk_m.isNotNull() & c, d) for c, d in _key_checks(table, "new_key", nk_m)]
+    malformed += [(nk_m.isNotNull() & c, d) for c, d in _key_checks(table, "new_key", nk_m, "nk_")]
     malformed += [
-        ((op == "INSERT") & top["after"].isNull(), F.lit("INSERT without after")),
-        (top["after"].isNotNull() & after_m.isNull(), F.lit("after is not a JSON object")),
-        (top["before"].isNotNull() & before_m.isNull(), F.lit("before is not a JSON object")),
+        ((op == "INSERT") & ~given("after"), F.lit("INSERT without after")),
+        (given("after") & after_m.isNull(), F.lit("after is not a JSON object")),
+        (given("before") & before_m.isNull(), F.lit("before is not a JSON object")),
     ]
-    malformed += [((op != "DELETE") & c, d) for c, d in _value_checks(table, "after", after_m)]
-    malformed += _value_checks(table, "before", before_m)
+    malformed += [((op != "DELETE") & c, d) for c, d in _value_checks(table, "after", after_m, "a_")]
+    malformed += _value_checks(table, "before", before_m, "b_")
     for c in table.key:
-        malformed.append(
-            (
-                op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c)
-                & (typed(after_m[c], table.column(c).type) != typed(target[c], table.column(c).type)),
-                F.concat(F.lit(f"after.{c} = "), _quote(after_m[c]),
-                         F.lit(" contradicts the key "), _quote(target[c])),
-            )
-        )
+        target = F.coalesce(F.col(f"nk_{c}"), F.col(f"k_{c}"))
+        malformed.append((
+            op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c)
+            & (F.col(f"a_{c}") != target),
+            F.concat(F.lit(f"after.{c} = "), _quote(after_m[c]), F.lit(" contradicts the key "),
+                     _quote(F.coalesce(nk_m[c], key_m[c]))),
+        ))
     for c in sorted(table.not_null | table.delta):
         what = "a delta column" if c in table.delta else "a NOT NULL column"
-        malformed.append(
-            (
-                op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c) & after_m[c].isNull(),
-                F.lit(f"after.{c} is null in {what}"),
-            )
-        )
-
+        malformed.append((
+            op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c) & after_m[c].isNull(),
+            F.lit(f"after.{c} is null in {what}"),
+        ))
     skew = config.max_clock_skew_seconds * 1_000_000
     grace = config.gc_grace_seconds * 1_000_000
-    delta_cols = sorted(table.delta)
-    no_old = [
-        (op == "UPDATE") & F.map_contains_key(after_m, c) & before_m[c].isNull() for c in delta_cols
-    ]
+    no_old = [(op == "UPDATE") & F.map_contains_key(after_m, c) & before_m[c].isNull()
+              for c in sorted(table.delta)]
     guards = [
         (QuarantineReason.MALFORMED, _first(malformed)),
         (QuarantineReason.FUTURE_TIMESTAMP,
@@ -250,46 +296,54 @@ def typed_events(
                 F.lit(f"ts is older than gc_grace_seconds={config.gc_grace_seconds} "
                       "before the run's clock"))),
         (QuarantineReason.DELTA_WITHOUT_OLD_VALUE,
-         F.when(reduce(lambda a, b: a | b, no_old), F.lit("no old value (before) for a changed "
-                                                           "delta column"))
-         if no_old else F.lit(None)),
+         F.when(reduce(lambda a, b: a | b, no_old),
+                F.lit("no old value (before) for a changed delta column"))
+         if no_old else F.lit(None).cast("string")),
     ]
     reason = F.coalesce(*[F.when(d.isNotNull(), F.lit(r.value)) for r, d in guards])
     detail = F.coalesce(*[d for _r, d in guards])
+    with_reason = df.select("*", F.when(F.col("_chosen"), reason).alias("reason"),
+                            F.when(F.col("_chosen"), detail).alias("detail"))
+    return _finish(with_reason, table, rank_map, passthrough)
 
-    def struct_of(m: Column, names: tuple[str, ...]) -> Column:
-        return F.struct(*[typed(m[n], table.column(n).type).alias(n) for n in names])
+
+def _finish(df: DataFrame, table: Table, rank_map: Column, passthrough: list[str]
+            ) -> DataFrame:
+    """3. the copy's columns: typed structs, present and extra column names."""
+    cols = table.column_names
+    chosen = F.col("_chosen")
+    nk_m, after_m, before_m = (F.col(f"{n}_m") for n in ("new_key", "after", "before"))
+
+    def struct_of(prefix: str, names: tuple[str, ...]) -> Column:
+        return F.when(chosen, F.struct(*[F.col(f"{prefix}{n}").alias(n) for n in names]))
 
     empty = F.array().cast("array<string>")
-    keys_of = lambda m: F.coalesce(F.map_keys(m), empty)  # noqa: E731
+
+    def keys_of(m: Column) -> Column:
+        return F.coalesce(F.map_keys(m), empty)
+
+    def has(m: Column) -> Column:
+        """Which of the table's columns the object carries, in schema order."""
+        return F.array(*[F.coalesce(F.map_contains_key(m, c), F.lit(False)) for c in cols])
+
+    def n_known(m: Column) -> Column:
+        return reduce(lambda a, b: a + b,
+                      [F.when(F.map_contains_key(m, c), 1).otherwise(0) for c in cols])
+
+    unknown = (F.coalesce(F.size(after_m), F.lit(0)) + F.coalesce(F.size(before_m), F.lit(0))
+               != n_known(after_m) + n_known(before_m))
+    extra = F.array_distinct(F.concat(F.array_except(keys_of(after_m), _lits(cols)),
+                                      F.array_except(keys_of(before_m), _lits(cols))))
+    out = [c for c in passthrough if c != "raw"]
     return df.select(
-        "event_id", "replica", "file", "line", "raw", "seqs", "copies", "op", "origin", "txid",
-        "ts",
-        rank_map[F.col("origin")].alias("rank"),
-        F.when(row_op, struct_of(key_m, table.key)).alias("key"),
-        F.when(nk_m.isNotNull(), struct_of(nk_m, table.key)).alias("new_key"),
-        struct_of(after_m, cols).alias("after"),
-        F.array_intersect(keys_of(after_m), _lits(cols)).alias("after_cols"),
-        struct_of(before_m, cols).alias("before"),
-        F.array_intersect(keys_of(before_m), _lits(cols)).alias("before_cols"),
-        F.array_distinct(
-            F.concat(F.array_except(keys_of(after_m), _lits(cols)),
-                     F.array_except(keys_of(before_m), _lits(cols)))
-        ).alias("extra_cols"),
-        reason.alias("reason"),
-        detail.alias("detail"),
-    )
-
-
-def malformed_without_id(records: DataFrame) -> DataFrame:
-    """Records that cannot even be deduped (not JSON, no event id): quarantined one by one."""
-    return records.where(no_event_id(records)).select(
-        F.col("top")["event_id"].alias("event_id"),
-        "replica",
-        "file",
-        "line",
-        "raw",
-        F.lit(QuarantineReason.MALFORMED.value).alias("reason"),
-        F.when(F.col("top").isNull(), F.lit("not a JSON object")).otherwise(F.lit("no event_id"))
-        .alias("detail"),
+        *out,
+        "op", "origin", rank_map[F.col("origin")].alias("rank"), "txid", "ts",
+        F.when(nk_m.isNotNull(), struct_of("nk_", table.key)).alias("new_key"),
+        struct_of("a_", cols).alias("after"),
+        F.when(chosen, has(after_m)).alias("after_has"),
+        struct_of("b_", cols).alias("before"),
+        F.when(chosen, has(before_m)).alias("before_has"),
+        F.when(chosen, F.when(unknown, extra).otherwise(empty)).alias("extra_cols"),
+        "reason", "detail",
+        F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),
     )

@@ -28,10 +28,12 @@ from pipeline.rowfold import (
     FoldSpec,
     Key,
     Version,
+    canonical,
     divergent_keys,
     fold_converged,
     fold_perspective,
     reader_view,
+    replica_order,
 )
 from pipeline.schema import row_struct_type
 
@@ -48,13 +50,14 @@ def output_schema(table: Table) -> T.StructType:
         ("local_ts", L), ("local_origin", s), ("local_row", s),
         ("remote_event_id", s), ("remote_ts", L), ("remote_origin", s), ("remote_row", s),
         ("reason", s), ("pos_rank", I), ("pos_idx", I),
-        ("event_id", s), ("replicas", T.ArrayType(s)), ("fate", s),
+        ("event_id", s), ("fate", s),
         ("replica", s), ("replica_row", s), ("converged_row", s), ("repair", s),
     ]
     return T.StructType([T.StructField(n, t) for n, t in fields])
 
 
-def event_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> Event:
+def event_from_row(r: dict[str, Any], key_cols: tuple[str, ...], columns: tuple[str, ...],
+                   seqs: dict[str, int]) -> Event:
     after, before = r["after"] or {}, r["before"] or {}
     nk = r["new_key"]
     return Event(
@@ -65,12 +68,14 @@ def event_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> Event:
         origin=r["origin"],
         rank=r["rank"],
         new_key=tuple(nk[c] for c in key_cols) if nk is not None else None,
-        after={c: after[c] for c in r["after_cols"] or ()},
-        before={c: before[c] for c in r["before_cols"] or ()},
+        after={c: after[c] for c, given in zip(columns, r["after_has"] or (), strict=False)
+               if given},
+        before={c: before[c] for c, given in zip(columns, r["before_has"] or (), strict=False)
+                if given},
         extra_cols=tuple(r["extra_cols"] or ()),
         txid=r["txid"],
         rejected=bool(r["rejected"]),
-        seqs=dict(r["seqs"] or ()),
+        seqs=seqs,
     )
 
 
@@ -79,7 +84,7 @@ def version_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> tuple[Key,
     key = tuple(row[c] for c in key_cols)
     deleted = bool(r["s_deleted"])
     values = {c: row[c] for c in key_cols} if deleted else dict(row)
-    return key, Version(values, r["ts"], r["s_origin"], r["event_id"], r["rank"], deleted,
+    return key, Version(values, r["s_ts"], r["s_origin"], r["event_id"], r["s_rank"], deleted,
                         r["s_deleted_at"])
 
 
@@ -100,14 +105,21 @@ class GroupFolder:
         return dumps(dict(zip(self.key_cols, key, strict=True)))
 
     def fold(self, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Fold one group: its state rows, and every copy of its events (the copy with
+        ``rn = 1`` stands for the event; all copies give their replica's ``seq``)."""
         state: dict[Key, Version] = {}
-        events: list[Event] = []
+        copies: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             if r["is_event"]:
-                events.append(event_from_row(r, self.key_cols))
+                copies.setdefault(r["event_id"], []).append(r)
             else:
                 k, v = version_from_row(r, self.key_cols)
                 state[k] = v
+        events: list[Event] = []
+        for group in copies.values():
+            chosen = min(group, key=lambda r: r["rn"])
+            events.append(event_from_row(chosen, self.key_cols, self.columns,
+                                         {r["replica"]: r["seq"] for r in group}))
         events += self.truncates
         result = fold_converged(self.spec, state, events)
         for k, v in result.state.items():
@@ -116,18 +128,25 @@ class GroupFolder:
         for a in result.applied:
             for i, c in enumerate(a.conflicts):
                 yield self._conflict_row(c, i)
-        for e in events:
-            if e.op == "TRUNCATE":
-                continue  # accounted once for the table, not per group
-            a = applied.get(e.event_id)
+        for eid, group in copies.items():
+            a = applied.get(eid)
             fate = "applied" if a and a.applied else ("errored" if a and a.errored else
                                                       "discarded" if a else "not_reached")
-            yield {"kind": "outcome", "event_id": e.event_id, "replicas": sorted(e.seqs),
-                   "fate": fate}
+            for r in group:
+                yield {"kind": "outcome", "event_id": eid, "replica": r["replica"],
+                       "fate": fate}
         if result.stopped is not None:
             return  # §12: after an error, divergence is not checked
+        # a replica that applied the events in the canonical order (or in the same order as
+        # another replica) reaches the same state: fold each distinct order once
+        seen: dict[tuple[str, ...], dict[Key, Version]] = {
+            tuple(e.event_id for e in canonical(events)): result.state}
         for rep in self.replicas:
-            mine = fold_perspective(self.spec, state, events, rep)
+            order = replica_order(events, rep)
+            ids = tuple(e.event_id for e in order)
+            if ids not in seen:
+                seen[ids] = fold_perspective(self.spec, state, order, rep, ordered=True)
+            mine = seen[ids]
             for k in divergent_keys(result.state, mine):
                 yield self._divergence_row(rep, k, mine.get(k), result.state.get(k))
 

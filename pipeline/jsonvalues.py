@@ -14,6 +14,14 @@ from decimal import Decimal
 from typing import Any
 
 
+class _NotPlain(Exception):
+    pass
+
+
+def _refuse(_v: Any) -> Any:
+    raise _NotPlain
+
+
 def scalar(v: Any) -> str:
     if isinstance(v, Decimal):
         return format(v, "f")
@@ -25,13 +33,20 @@ def scalar(v: Any) -> str:
         return json.dumps(v.isoformat())
     if isinstance(v, bytes | bytearray):
         return json.dumps(base64.b64encode(bytes(v)).decode())
-    return json.dumps(v)
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _slow(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_slow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_slow(v) for v in value) + "]"
+    return scalar(value)
 
 
 def dumps(value: Any) -> str:
     """A row (mapping), a list of rows, or a scalar, as compact JSON."""
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{json.dumps(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(dumps(v) for v in value) + "]"
-    return scalar(value)
+    try:  # the C encoder, for values of plain JSON types (most rows)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_refuse)
+    except _NotPlain:
+        return _slow(value)

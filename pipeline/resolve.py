@@ -24,11 +24,10 @@ from pyspark.sql import functions as F
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.engine import position, purge, resolve_rows
-from pipeline.events import dedupe, malformed_without_id, no_event_id, read_records, typed_events
+from pipeline.events import read_records
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import snapshot_columns
-from pipeline.spark import shuffle_partitions
 from pipeline.state import read_prior
 
 log = logging.getLogger(__name__)
@@ -65,23 +64,15 @@ def resolve_table(spark: SparkSession, config: Config, table: Table, ctx: RunCon
         raise CdrError(f"table {table.name!r}: policy {table.preset.value!r} (cell granularity) "
                        "is not supported by this version")
     records = read_records(spark, ctx.staged / table.name)
-    deduped = dedupe(records.where(~no_event_id(records)), config.replica_ids)
-    typed = typed_events(deduped, table, config, ctx.now_us).persist()
-    good = typed.where(F.col("reason").isNull())
     prior = purge(read_prior(spark, ctx.staged / table.name, table), ctx.now_us,
                   config.gc_grace_seconds)
-    res = resolve_rows(spark, config, table, good, prior, ctx.now_us, ctx.dt,
-                       shuffle_partitions(spark))
+    res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
 
     _write(res.state, out / "state_pre")
     stopped = _write_conflicts(res.conflicts, ctx, table, out)
-    quarantined = typed.where(F.col("reason").isNotNull())
     _write(
-        quarantined.select(*_run_cols(ctx, table.name), "replica", "event_id", "reason", "detail",
-                           F.col("raw").alias("event"))
-        .unionByName(malformed_without_id(records).select(
-            *_run_cols(ctx, table.name), "replica", "event_id", "reason", "detail",
-            F.col("raw").alias("event"))),
+        res.quarantine.select(*_run_cols(ctx, table.name), "replica", "event_id", "reason", "detail",
+                F.col("raw").alias("event")),
         out / "quarantine",
     )
     divergence = res.divergence.select(*_run_cols(ctx, table.name), "replica", "key",
@@ -89,19 +80,7 @@ def resolve_table(spark: SparkSession, config: Config, table: Table, ctx: RunCon
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
     _write(divergence, out / "divergence")
-    fates = (
-        res.fates.unionByName(quarantined.select(
-            "event_id", F.array_sort(F.map_keys("seqs")).alias("replicas"),
-            F.lit("quarantined").alias("fate")))
-        .unionByName(malformed_without_id(records).select(
-            "event_id", F.array("replica").alias("replicas"), F.lit("quarantined").alias("fate")))
-    )
-    if res.truncates:
-        trunc_rows = [(t.event_id, sorted(t.seqs), "applied") for t in res.truncates]
-        fates = fates.unionByName(spark.createDataFrame(
-            trunc_rows, "event_id string, replicas array<string>, fate string"))
-    _write(fates, out / "fates")
-    typed.unpersist()
+    _write(res.fates, out / "fates")
     return _table_counts(table, out, staged, stopped)
 
 
@@ -144,17 +123,17 @@ def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
 
 def _table_counts(table: Table, out: Path, staged: StagedTable,
                   stopped: dict[str, Any] | None) -> dict[str, Any]:
-    fates = _local_table(out / "fates", ["replicas", "fate"])
-    by_fate = {r["fate"]: r["count_all"] for r in _counts(fates, "fate")}
+    fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
+    # an event counts once; a record without an event id counts as one event
+    with_id = fates.filter(pc.is_valid(fates["event_id"]))
+    events = with_id.group_by(["event_id", "fate"]).aggregate([])
+    by_fate = {r["fate"]: r["count_all"] for r in _counts(events, "fate")}
+    for r in _counts(fates.filter(pc.is_null(fates["event_id"])), "fate"):
+        by_fate[r["fate"]] = by_fate.get(r["fate"], 0) + r["count_all"]
     per_replica: dict[str, dict[str, int]] = {
         r: {"records": e.rows} for r, e in staged.exports.items()}
-    if fates.num_rows:
-        flat = pa.table({
-            "replica": pc.list_flatten(fates["replicas"]),
-            "fate": pc.take(fates["fate"], pc.list_parent_indices(fates["replicas"])),
-        })
-        for r in _counts(flat, "replica", "fate"):
-            per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
+    for r in _counts(fates, "replica", "fate"):
+        per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
     conflicts: dict[str, dict[str, int]] = {}
     for r in _counts(_local_table(out / "conflicts", ["conflict_type", "outcome"]),
                      "conflict_type", "outcome"):
@@ -272,11 +251,17 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[
                                "now_us": ctx.now_us, "tables": {}}
     for name, table in config.tables.items():
         log.info("resolve %s ...", name)
-        summary["tables"][name] = resolve_table(spark, config, table, ctx, inputs[name])
+        try:
+            summary["tables"][name] = resolve_table(spark, config, table, ctx, inputs[name])
+        finally:
+            spark.catalog.clearCache()  # a table's persisted fold output is written by now
         t = summary["tables"][name]
         log.info("resolve %s: %d events, %d applied, %d discarded, %d quarantined", name,
                  t["distinct_events"], t["applied"], t["discarded"], sum(t["quarantined"].values()))
-    check_foreign_keys(spark, config, ctx, summary)
+    try:
+        check_foreign_keys(spark, config, ctx, summary)
+    finally:
+        spark.catalog.clearCache()
     (ctx.resolved / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from pipeline.config import Table
-from pipeline.policy import ConflictType, Detection, Outcome, Preset, Resolver
+from pipeline.policy import ConflictType, Detection, Outcome, Resolver
 
 Key = tuple[Any, ...]
 
@@ -562,10 +561,11 @@ def fold_converged(spec: FoldSpec, state: Mapping[Key, Version], events: Iterabl
 
 
 def fold_perspective(spec: FoldSpec, state: Mapping[Key, Version], events: Sequence[Event],
-                     replica: str) -> dict[Key, Version]:
-    """§9: the state the replica reaches applying the events in its own order."""
+                     replica: str, ordered: bool = False) -> dict[Key, Version]:
+    """§9: the state the replica reaches applying the events in its own order
+    (``ordered``: the events are already in that order)."""
     f = RowFold(spec, dict(state), converged=False)
-    for e in replica_order(events, replica):
+    for e in events if ordered else replica_order(events, replica):
         f.apply(e)
     return f.state
 

@@ -44,6 +44,11 @@ def get_spark(master: str | None = None, app: str = "cdr") -> SparkSession:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.sql.parquet.compression.codec": "zstd",
+        # A batch job has no use for a long history of plans in the driver's status store.
+        "spark.sql.ui.retainedExecutions": "20",
+        "spark.ui.retainedJobs": "50",
+        "spark.ui.retainedStages": "50",
+        "spark.ui.retainedTasks": "2000",
     }
     for k, v in settings.items():
         b = b.config(k, v)

@@ -97,7 +97,8 @@ def run_suite(df: DataFrame, suite: dict[str, Any]) -> dict[str, Any]:
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     name = suite["name"].replace(".", "_")
-    ds = ctx.data_sources.add_spark(name=f"ds_{name}")
+    # persist=False: GX would otherwise cache every validated DataFrame and never release it.
+    ds = ctx.data_sources.add_spark(name=f"ds_{name}", persist=False)
     batch = ds.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
     gx_suite = ctx.suites.add(gx.ExpectationSuite(name=suite["name"],
                                                   expectations=suite["expectations"]))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Kind, load_config, parse_config, parse_column_type
+from pipeline.config import Kind, load_config, parse_column_type, parse_config
 from pipeline.errors import ConfigError
 from pipeline.policy import ConflictType, Resolver, TieBreak
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import os
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import yaml
-
 from airflow_env import REPO, setup_airflow
 
 pytestmark = pytest.mark.airflow

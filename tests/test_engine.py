@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import scenarios as S
 import yaml
 
-import scenarios as S
 from pipeline.cli import main
 from pipeline.config import parse_config
 from pipeline.rowfold import Event, FoldSpec, Version, fold_converged

@@ -9,8 +9,8 @@ import json
 from datetime import date
 
 import pytest
-
 from fold_helpers import make_config
+
 from pipeline.context import RunContext
 from pipeline.errors import ExportError
 from pipeline.exports import ingest, load_inputs, safe_relpath

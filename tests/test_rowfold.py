@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fold_helpers import NOW, T0, H, ev, live, spec, tomb
 
-from fold_helpers import H, NOW, T0, ev, live, spec, tomb
 from pipeline.policy import ConflictType as C
 from pipeline.policy import Outcome as O
 from pipeline.rowfold import RowFold, RunStopped, fold_converged, fold_perspective, reader_view

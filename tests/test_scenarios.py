@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import scenarios as S
+
 from pipeline.cli import main
 
 PENDING = {

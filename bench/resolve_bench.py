@@ -1,0 +1,166 @@
+"""Resolve-stage benchmark against a bare Spark window dedupe, on the same staged input.
+
+For each size N (event records across the exports of 3 replicas, 20% of keys written by
+several replicas), this script generates the exports with ``cdr generate``, ingests them,
+then in ONE Spark session alternates two runs each of:
+
+- the baseline: read the staged exports, ``row_number()`` over the key by ``ts`` desc,
+  keep the first, drop deletes, write Parquet;
+- the resolve stage (``cdr resolve``): parse, dedupe, type, guard, fold with every rule,
+  perspectives and divergence, write every output.
+
+It prints wall seconds (best of the runs), events per second, peak memory of the process
+tree (driver, JVM, Python workers), and the ratio resolve / baseline. Machines here are
+shared and noisy: read the ratio, not the seconds.
+
+    .venv/bin/python bench/resolve_bench.py            # N = 1M and 4M
+    .venv/bin/python bench/resolve_bench.py 200000     # one size
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import psutil
+
+os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
+os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
+
+from pipeline.config import parse_config
+from pipeline.context import RunContext, resolve_now
+from pipeline.exports import ingest
+from pipeline.generate import GenerateOptions, generate
+from pipeline.store import open_store
+
+D = date(2026, 11, 21)
+CONFIG = {
+    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2},
+                 {"id": "r3", "system_id": 3}],
+    "on_divergence": "warn",
+    "tables": {"items": {"key": ["id"], "columns": {
+        "id": "bigint", "name": "string", "qty": "int", "price": "decimal(12,2)",
+        "note": "string"}}},
+}
+
+
+class PeakMemory:
+    """Samples the RSS of this process and all its children (the JVM, Python workers)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.2)
+
+    def __enter__(self) -> PeakMemory:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def baseline(spark, staged: Path, out: Path) -> None:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pipeline.events import TEXT_MAP
+
+    raw = spark.read.parquet(str(staged / "items" / "replica=*" / "jsonl"))
+    top = F.from_json("raw", TEXT_MAP)
+    ev = raw.select(top.alias("t")).select(
+        F.col("t")["key"].alias("key"), F.col("t")["op"].alias("op"),
+        F.col("t")["ts"].cast("bigint").alias("ts"), F.col("t")["after"].alias("after"))
+    w = Window.partitionBy("key").orderBy(F.col("ts").desc())
+    (ev.withColumn("rn", F.row_number().over(w)).where("rn = 1").where("op != 'DELETE'")
+     .drop("rn").write.mode("overwrite").parquet(str(out)))
+
+
+def measure(fn) -> tuple[float, int]:
+    with PeakMemory() as mem:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t, mem.peak
+
+
+def bench(n: int, root: Path, spark, rounds: int = 2) -> dict:
+    store_dir = root / f"store-{n}"
+    store_dir.mkdir(parents=True)
+    config = parse_config({**CONFIG, "store": store_dir.as_uri()})
+    store = open_store(config.store)  # type: ignore[arg-type]
+    t = time.perf_counter()
+    stats = generate(config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4,
+                                                       seed=11))
+    gen_s = time.perf_counter() - t
+    ctx = RunContext.create(root / f"work-{n}", D, resolve_now(D, None), "bench")
+    ctx.save()
+    t = time.perf_counter()
+    ingest(config, store, ctx, allow_missing=False)
+    ingest_s = time.perf_counter() - t
+
+    from pipeline.resolve import resolve_stage
+
+    results: dict[str, list[tuple[float, int]]] = {"baseline": [], "resolve": []}
+    summary = {}
+    for _ in range(rounds):
+        results["baseline"].append(measure(lambda: baseline(spark, ctx.staged, root / "base-out")))
+        results["resolve"].append(measure(lambda: summary.update(resolve_stage(spark, config, ctx))))
+    best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
+    records = stats["records"]
+    tbl = summary["tables"]["items"]
+    out = {
+        "records": records,
+        "distinct_events": tbl["distinct_events"],
+        "conflicts": sum(sum(o.values()) for o in tbl["conflicts"].values()),
+        "divergent_keys": sum(tbl["divergent_keys"].values()),
+        "generate_s": round(gen_s, 1),
+        "ingest_s": round(ingest_s, 1),
+        "baseline_s": [round(x[0], 1) for x in results["baseline"]],
+        "resolve_s": [round(x[0], 1) for x in results["resolve"]],
+        "baseline_events_per_s": round(records / best["baseline"][0]),
+        "resolve_events_per_s": round(records / best["resolve"][0]),
+        "baseline_peak_mb": best["baseline"][1] // 2**20,
+        "resolve_peak_mb": best["resolve"][1] // 2**20,
+        "ratio": round(best["resolve"][0] / best["baseline"][0], 2),
+    }
+    shutil.rmtree(store_dir)
+    return out
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [1_000_000, 4_000_000]
+    from pipeline.spark import get_spark
+
+    spark = get_spark("local[2]", app="cdr-bench")
+    spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+    root = Path(tempfile.mkdtemp(prefix="cdr-bench-"))
+    try:
+        for n in sizes:
+            r = bench(n, root, spark)
+            print(json.dumps({"n": n, **r}), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The install is what the lock says: pip's pyspark-client (pulled by the Spark provider)
+must not have replaced pyspark's Python files, and Python UDFs must work (a mixed install
+still runs plain SQL but fails in mapInArrow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas
+import pyarrow as pa
+import pyspark
+
+LOCK = Path(__file__).resolve().parent.parent / "constraints.txt"
+
+
+def locked(name: str) -> str:
+    for line in LOCK.read_text().splitlines():
+        if line.lower().startswith(f"{name.lower()}=="):
+            return line.split("==")[1]
+    raise AssertionError(f"{name} not in constraints.txt")
+
+
+def test_pyspark_python_matches_the_jvm_and_the_lock(spark):
+    assert pyspark.__version__ == spark.version == locked("pyspark")
+
+
+def test_pandas_below_3():
+    assert int(pandas.__version__.split(".")[0]) < 3
+
+
+def test_map_in_arrow_runs_python_workers(spark):
+    def double(batches):
+        for b in batches:
+            yield pa.RecordBatch.from_pydict({"x": [v * 2 for v in b.column(0).to_pylist()]})
+
+    out = spark.range(5).mapInArrow(double, "x long").collect()
+    assert sorted(r.x for r in out) == [0, 2, 4, 6, 8]
+
+
+def test_great_expectations_validates_a_spark_dataframe(spark):
+    from pipeline.validation import run_suite
+
+    df = spark.createDataFrame([(1,), (2,)], "id int")
+    suite = {"name": "probe", "expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}]}
+    assert run_suite(df, suite)["success"] is True
