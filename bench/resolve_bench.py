@@ -19,6 +19,7 @@ shared and noisy: read the ratio, not the seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -64,10 +65,8 @@ class PeakMemory:
         while not self._stop.is_set():
             total = 0
             for p in [me, *me.children(recursive=True)]:
-                try:
+                with contextlib.suppress(psutil.Error):
                     total += p.memory_info().rss
-                except psutil.Error:
-                    pass
             self.peak = max(self.peak, total)
             time.sleep(0.2)
 
@@ -124,7 +123,8 @@ def bench(n: int, root: Path, spark, rounds: int = 2) -> dict:
     summary = {}
     for _ in range(rounds):
         results["baseline"].append(measure(lambda: baseline(spark, ctx.staged, root / "base-out")))
-        results["resolve"].append(measure(lambda: summary.update(resolve_stage(spark, config, ctx))))
+        results["resolve"].append(
+            measure(lambda: summary.update(resolve_stage(spark, config, ctx))))
     best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
     records = stats["records"]
     tbl = summary["tables"]["items"]

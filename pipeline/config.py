@@ -350,7 +350,11 @@ class _Problems:
 
 
 def _resolve_table(
-    name: str, t: TableModel, defaults: DefaultsModel, tables: Mapping[str, TableModel], p: _Problems
+    name: str,
+    t: TableModel,
+    defaults: DefaultsModel,
+    tables: Mapping[str, TableModel],
+    p: _Problems,
 ) -> Table | None:
     at = f"tables.{name}"
     columns: list[Column] = []

@@ -265,7 +265,8 @@ def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen
         (given("after") & after_m.isNull(), F.lit("after is not a JSON object")),
         (given("before") & before_m.isNull(), F.lit("before is not a JSON object")),
     ]
-    malformed += [((op != "DELETE") & c, d) for c, d in _value_checks(table, "after", after_m, "a_")]
+    malformed += [((op != "DELETE") & c, d)
+                  for c, d in _value_checks(table, "after", after_m, "a_")]
     malformed += _value_checks(table, "before", before_m, "b_")
     for c in table.key:
         target = F.coalesce(F.col(f"nk_{c}"), F.col(f"k_{c}"))

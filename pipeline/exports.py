@@ -237,7 +237,8 @@ def _find_export(store: Store, folder: str, what: str) -> bool:
     return False
 
 
-def ingest(config: Config, store: Store, ctx: RunContext, allow_missing: bool) -> dict[str, StagedTable]:
+def ingest(config: Config, store: Store, ctx: RunContext, allow_missing: bool
+           ) -> dict[str, StagedTable]:
     """Stage every export of ``ctx.dt``, the base snapshot and the prior state pointer."""
     from pipeline.published import find_prior_pointer
 

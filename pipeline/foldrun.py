@@ -41,7 +41,7 @@ _BATCH = 4096
 
 
 def output_schema(table: Table) -> T.StructType:
-    s, L, I, B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
+    s, L, Int, B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
     fields = [
         ("kind", s),
         ("row", row_struct_type(table)),
@@ -49,7 +49,7 @@ def output_schema(table: Table) -> T.StructType:
         ("key", s), ("conflict_type", s), ("resolver", s), ("outcome", s),
         ("local_ts", L), ("local_origin", s), ("local_row", s),
         ("remote_event_id", s), ("remote_ts", L), ("remote_origin", s), ("remote_row", s),
-        ("reason", s), ("pos_rank", I), ("pos_idx", I),
+        ("reason", s), ("pos_rank", Int), ("pos_idx", Int),
         ("event_id", s), ("fate", s),
         ("replica", s), ("replica_row", s), ("converged_row", s), ("repair", s),
     ]

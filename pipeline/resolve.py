@@ -71,8 +71,8 @@ def resolve_table(spark: SparkSession, config: Config, table: Table, ctx: RunCon
     _write(res.state, out / "state_pre")
     stopped = _write_conflicts(res.conflicts, ctx, table, out)
     _write(
-        res.quarantine.select(*_run_cols(ctx, table.name), "replica", "event_id", "reason", "detail",
-                F.col("raw").alias("event")),
+        res.quarantine.select(*_run_cols(ctx, table.name), "replica", "event_id", "reason",
+                              "detail", F.col("raw").alias("event")),
         out / "quarantine",
     )
     divergence = res.divergence.select(*_run_cols(ctx, table.name), "replica", "key",

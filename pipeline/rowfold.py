@@ -111,15 +111,15 @@ def _num(v: Any) -> Any:
     return 0 if v is None else v
 
 
-def _wins_latest(e: Event, l: Version) -> bool:
-    return e.position() > l.position()
+def _wins_latest(e: Event, loc: Version) -> bool:
+    return e.position() > loc.position()
 
 
-def _wins_earliest(e: Event, l: Version) -> bool:
+def _wins_earliest(e: Event, loc: Version) -> bool:
     # §4: earlier ts wins; on equal ts the tie-break winner (higher rank) still wins.
-    if e.ts != l.ts:
-        return e.ts < l.ts
-    return (e.rank, e.event_id) > (l.rank, l.event_id or "")
+    if e.ts != loc.ts:
+        return e.ts < loc.ts
+    return (e.rank, e.event_id) > (loc.rank, loc.event_id or "")
 
 
 class RowFold:
@@ -185,16 +185,16 @@ class RowFold:
     def _delete_wins(self, t: ConflictType) -> bool:
         return self.table.resolvers[t] is _R.DELETE_WINS
 
-    def _differs(self, e: Event, l: Version, use_before: bool) -> bool:
+    def _differs(self, e: Event, loc: Version, use_before: bool) -> bool:
         """§3 update_differ / delete_differ: another origin wrote the row, or it is newer.
         Base rows (no origin) raise no origin conflict (§12)."""
-        if l.ts > e.ts:
+        if loc.ts > e.ts:
             return True
         if use_before and self.table.detection is Detection.BEFORE_IMAGE:
             image = {c: v for c, v in e.before.items() if c not in self.table.delta}
             if image:  # §12: compare only the columns present; no conflict when equal
-                return any(l.values.get(c) != v for c, v in image.items())
-        return l.origin is not None and l.origin != e.origin
+                return any(loc.values.get(c) != v for c, v in image.items())
+        return loc.origin is not None and loc.origin != e.origin
 
     def _full_row(self, e: Event, key: Key) -> dict[str, Any] | None:
         """§12 "Full row": key (or new_key) with before and after covers every column."""
@@ -221,13 +221,13 @@ class RowFold:
         if e.op != "UPDATE":
             return
         changed = [c for c in e.after if c in self.table.delta]
-        l = self.state.get(key)
-        if not changed or l is None or l.deleted:
+        loc = self.state.get(key)
+        if not changed or loc is None or loc.deleted:
             return
-        values = dict(l.values)
+        values = dict(loc.values)
         for c in changed:
             values[c] = _num(values.get(c)) + (e.after[c] - e.before[c])
-        self._set(key, Version(values, l.ts, l.origin, l.event_id, l.rank))
+        self._set(key, Version(values, loc.ts, loc.origin, loc.event_id, loc.rank))
 
     def _live(self, values: dict[str, Any], e: Event) -> Version:
         return Version(values, e.ts, e.origin, e.event_id, e.rank)
@@ -235,16 +235,16 @@ class RowFold:
     # ------------------------------------------------------------------ resolution
 
     def _decide(
-        self, t: ConflictType, e: Event, l: Version, win: Outcome
+        self, t: ConflictType, e: Event, loc: Version, win: Outcome
     ) -> tuple[Outcome, Resolver, str]:
         """A timestamp/apply/skip/error resolver on a conflict against a local version."""
         r = self._resolver(t)
         if r is _R.LATEST_TIMESTAMP_WINS:
-            if _wins_latest(e, l):
+            if _wins_latest(e, loc):
                 return win, r, "remote (ts, tie_rank) is later"
             return _O.DISCARDED, r, "local (ts, tie_rank) is later"
         if r is _R.EARLIEST_TIMESTAMP_WINS:
-            if _wins_earliest(e, l):
+            if _wins_earliest(e, loc):
                 return win, r, "remote (ts, tie_rank) is earlier"
             return _O.DISCARDED, r, "local (ts, tie_rank) is earlier"
         if r is _R.APPLY:
@@ -254,22 +254,22 @@ class RowFold:
         if r is _R.ERROR:
             return _O.ERRORED, r, "error: the run stops on this conflict"
         if r is _R.DELETE_WINS:
-            return self._decide_delete_wins(t, e, l, win)
+            return self._decide_delete_wins(t, e, loc, win)
         raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
 
     def _decide_delete_wins(
-        self, t: ConflictType, e: Event, l: Version, win: Outcome
+        self, t: ConflictType, e: Event, loc: Version, win: Outcome
     ) -> tuple[Outcome, Resolver, str]:
         """§5, the Informix table against a live row or a tombstone."""
         r = _R.DELETE_WINS
-        newer = e.position() > l.position() if e.ts == l.ts else e.ts > l.ts
+        newer = e.position() > loc.position() if e.ts == loc.ts else e.ts > loc.ts
         if e.op == "DELETE":
-            if e.ts == l.ts and not newer:
+            if e.ts == loc.ts and not newer:
                 return _O.DISCARDED, r, "equal ts: the tie-break winner's row stands"
             return win, r, "a delete always wins"
         if newer:
             return win, r, "remote is newer"
-        return _O.DISCARDED, r, "local is newer" if e.ts != l.ts else "equal ts: tie-break"
+        return _O.DISCARDED, r, "local is newer" if e.ts != loc.ts else "equal ts: tie-break"
 
     # ------------------------------------------------------------------ the step
 
@@ -317,15 +317,15 @@ class RowFold:
     def _rejected(self, e: Event, log: list[Conflict]) -> Applied:
         """§12 transaction scope: logged at its canonical position, whole, no delta."""
         assert e.key is not None
-        l = self.state.get(e.key)
+        loc = self.state.get(e.key)
         if e.op == "INSERT":
             t = _C.INSERT_EXISTS
         elif e.op == "UPDATE":
-            t = _C.UPDATE_MISSING if l is None else (
-                _C.UPDATE_DELETED if l.deleted else _C.UPDATE_DIFFER)
+            t = _C.UPDATE_MISSING if loc is None else (
+                _C.UPDATE_DELETED if loc.deleted else _C.UPDATE_DIFFER)
         else:
-            t = _C.DELETE_MISSING if l is None or l.deleted else _C.DELETE_DIFFER
-        local = () if l is None else (l,)
+            t = _C.DELETE_MISSING if loc is None or loc.deleted else _C.DELETE_DIFFER
+        local = () if loc is None else (loc,)
         log.append(self._conflict(e.key, t, self._resolver(t), _O.DISCARDED, e, local,
                                   "transaction rejected"))
         return Applied(e, False, tuple(log))
@@ -341,17 +341,17 @@ class RowFold:
     def _insert(self, e: Event, log: list[Conflict]) -> Applied:
         assert e.key is not None
         key = e.key
-        l = self.state.get(key)
+        loc = self.state.get(key)
         as_update = False
-        if l is not None and (not l.deleted or self._delete_wins(_C.INSERT_EXISTS)):
+        if loc is not None and (not loc.deleted or self._delete_wins(_C.INSERT_EXISTS)):
             # §3 insert_exists; §12: under postgres an INSERT onto a tombstone is no conflict
-            win = _O.APPLIED if l.deleted else _O.CONVERTED_TO_UPDATE
-            out, r, why = self._decide(_C.INSERT_EXISTS, e, l, win)
-            log.append(self._conflict(key, _C.INSERT_EXISTS, r, out, e, (l,), why))
+            win = _O.APPLIED if loc.deleted else _O.CONVERTED_TO_UPDATE
+            out, r, why = self._decide(_C.INSERT_EXISTS, e, loc, win)
+            log.append(self._conflict(key, _C.INSERT_EXISTS, r, out, e, (loc,), why))
             if not out.remote_applied:
                 return self._done(e, False, log)
-            as_update = not l.deleted
-        values = self._insert_values(e, key, l if as_update else None, log)
+            as_update = not loc.deleted
+        values = self._insert_values(e, key, loc if as_update else None, log)
         if values is None:
             return self._done(e, False, log)
         return self._finish(e, key, values, log, None)
@@ -392,19 +392,20 @@ class RowFold:
         assert e.key is not None
         key = e.key
         target = e.new_key if e.new_key is not None and e.new_key != e.key else key
-        l = self.state.get(key)
-        if l is None or l.deleted:
-            t = _C.UPDATE_MISSING if l is None else _C.UPDATE_DELETED
+        loc = self.state.get(key)
+        if loc is None or loc.deleted:
+            t = _C.UPDATE_MISSING if loc is None else _C.UPDATE_DELETED
             r = self._resolver(t)
             full = self._full_row(e, target)
-            local = () if l is None else (l,)
+            local = () if loc is None else (loc,)
             if r is _R.DELETE_WINS:
-                why = "an update never creates a row" if l is None else "an update never undoes a delete"
+                why = ("an update never creates a row" if loc is None
+                       else "an update never undoes a delete")
                 log.append(self._conflict(key, t, r, _O.DISCARDED, e, local, why))
                 return self._done(e, False, log)
             if r is _R.LATEST_TIMESTAMP_WINS:
-                assert l is not None  # only allowed for update_deleted
-                if not _wins_latest(e, l):
+                assert loc is not None  # only allowed for update_deleted
+                if not _wins_latest(e, loc):
                     log.append(self._conflict(key, t, r, _O.DISCARDED, e, local,
                                               "the delete is later"))
                     return self._done(e, False, log)
@@ -428,13 +429,13 @@ class RowFold:
                 return self._done(e, False, log)
             assert full is not None
             return self._finish(e, target, full, log, key if target != key else None)
-        if self._differs(e, l, use_before=True):
-            out, r, why = self._decide(_C.UPDATE_DIFFER, e, l, _O.APPLIED)
-            log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (l,),
-                                      f"{why}; local origin {l.origin}, ts {l.ts}"))
+        if self._differs(e, loc, use_before=True):
+            out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
+            log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,),
+                                      f"{why}; local origin {loc.origin}, ts {loc.ts}"))
             if not out.remote_applied:
                 return self._done(e, False, log)
-        values = self._merge(l.values, e, target)
+        values = self._merge(loc.values, e, target)
         return self._finish(e, target, values, log, key if target != key else None)
 
     # -------------------------------------------------------------- DELETE
@@ -442,34 +443,34 @@ class RowFold:
     def _delete(self, e: Event, log: list[Conflict]) -> Applied:
         assert e.key is not None
         key = e.key
-        l = self.state.get(key)
-        if l is None or l.deleted:
+        loc = self.state.get(key)
+        if loc is None or loc.deleted:
             t = _C.DELETE_MISSING
             r = self._resolver(t)
-            local = () if l is None else (l,)
+            local = () if loc is None else (loc,)
             if r is _R.DELETE_WINS:
-                if l is not None and e.ts == l.ts and e.position() < l.position():
+                if loc is not None and e.ts == loc.ts and e.position() < loc.position():
                     log.append(self._conflict(key, t, r, _O.DISCARDED, e, local,
                                               "equal ts: the tie-break winner's delete stands"))
                     return self._done(e, False, log)
                 log.append(self._conflict(key, t, r, _O.APPLIED, e, local,
                                           "the newer tombstone is kept"))
-                if l is None or e.position() > l.position():
+                if loc is None or e.position() > loc.position():
                     self._set(key, self._tombstone(key, e))
                 return self._done(e, True, log)
             out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
             log.append(self._conflict(key, t, r, out, e, local, "no live row to delete"))
             return self._done(e, False, log)
-        if self._differs(e, l, use_before=False):
-            out, r, why = self._decide(_C.DELETE_DIFFER, e, l, _O.APPLIED)
-            log.append(self._conflict(key, _C.DELETE_DIFFER, r, out, e, (l,),
-                                      f"{why}; local origin {l.origin}, ts {l.ts}"))
+        if self._differs(e, loc, use_before=False):
+            out, r, why = self._decide(_C.DELETE_DIFFER, e, loc, _O.APPLIED)
+            log.append(self._conflict(key, _C.DELETE_DIFFER, r, out, e, (loc,),
+                                      f"{why}; local origin {loc.origin}, ts {loc.ts}"))
             if not out.remote_applied:
                 return self._done(e, False, log)
-            if r is _R.DELETE_WINS and l.ts > e.ts:
+            if r is _R.DELETE_WINS and loc.ts > e.ts:
                 # a delete is never undone: the tombstone keeps the newer ts, so that the
                 # changes the live row had beaten still lose against it
-                self._set(key, self._tombstone(key, e, ts=l.ts, rank=e.rank))
+                self._set(key, self._tombstone(key, e, ts=loc.ts, rank=e.rank))
                 return self._done(e, True, log)
         self._set(key, self._tombstone(key, e))
         return self._done(e, True, log)

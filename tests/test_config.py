@@ -98,20 +98,20 @@ def test_structural_mistakes_name_their_path():
 
 
 def test_a_table_without_key_is_refused():
-    with pytest.raises(ConfigError, match="tables.t.key: a table needs a key"):
+    with pytest.raises(ConfigError, match=r"tables\.t\.key: a table needs a key"):
         parse_config({"replicas": [{"id": "a", "system_id": 1}],
                       "tables": {"t": {"columns": {"id": "int"}}}})
 
 
 def test_scope_transaction_needs_delete_wins():
-    with pytest.raises(ConfigError, match="tables.t.scope"):
+    with pytest.raises(ConfigError, match=r"tables\.t\.scope"):
         parse_config({"replicas": [{"id": "a", "system_id": 1}],
                       "tables": {"t": {"key": ["id"], "columns": {"id": "int"},
                                        "scope": "transaction"}}})
 
 
 def test_defaults_must_fit_their_column_type():
-    with pytest.raises(ConfigError, match="tables.t.defaults.n"):
+    with pytest.raises(ConfigError, match=r"tables\.t\.defaults\.n"):
         parse_config({"replicas": [{"id": "a", "system_id": 1}],
                       "tables": {"t": {"key": ["id"], "columns": {"id": "int", "n": "int"},
                                        "defaults": {"n": "seven"}}}})

@@ -40,7 +40,8 @@ def test_insert_on_absent_key_is_no_conflict():
 def test_insert_exists(resolver, remote_ts, outcome, winner):
     sp = spec({"resolvers": {"insert_exists": resolver}})
     state = dict([live(1, "local", T0 + H, "sub")])
-    res = fold(sp, state, [ev("INSERT", 1, remote_ts, "pub", "pub-1", {"id": 1, "v": "remote", "n": 0})])
+    e = ev("INSERT", 1, remote_ts, "pub", "pub-1", {"id": 1, "v": "remote", "n": 0})
+    res = fold(sp, state, [e])
     c = only_conflict(res)
     assert (c.type, c.outcome) == (C.INSERT_EXISTS, outcome)
     assert res.state[(1,)].values["v"] == winner
@@ -310,7 +311,8 @@ def test_rejected_transaction_event_is_logged_and_not_applied():
 def test_perspective_follows_the_replicas_export_order():
     sp = spec({"resolvers": {"insert_exists": "skip"}})
     a = ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 0}, seqs={"pub": 1, "sub": 2})
-    b = ev("INSERT", 1, T0 + H, "sub", "sub-1", {"id": 1, "v": "b", "n": 0}, seqs={"sub": 1, "pub": 2})
+    b = ev("INSERT", 1, T0 + H, "sub", "sub-1", {"id": 1, "v": "b", "n": 0},
+           seqs={"sub": 1, "pub": 2})
     conv = fold(sp, {}, [a, b])
     assert conv.state[(1,)].values["v"] == "a"
     assert fold_perspective(sp, {}, [a, b], "pub")[(1,)].values["v"] == "a"
