@@ -43,12 +43,24 @@ from pipeline.store import open_store
 
 D = date(2026, 11, 21)
 CONFIG = {
-    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2},
-                 {"id": "r3", "system_id": 3}],
+    "replicas": [
+        {"id": "r1", "system_id": 1},
+        {"id": "r2", "system_id": 2},
+        {"id": "r3", "system_id": 3},
+    ],
     "on_divergence": "warn",
-    "tables": {"items": {"key": ["id"], "columns": {
-        "id": "bigint", "name": "string", "qty": "int", "price": "decimal(12,2)",
-        "note": "string"}}},
+    "tables": {
+        "items": {
+            "key": ["id"],
+            "columns": {
+                "id": "bigint",
+                "name": "string",
+                "qty": "int",
+                "price": "decimal(12,2)",
+                "note": "string",
+            },
+        }
+    },
 }
 
 
@@ -88,11 +100,20 @@ def baseline(spark, staged: Path, out: Path) -> None:
     raw = spark.read.parquet(str(staged / "items" / "replica=*" / "jsonl"))
     top = F.from_json("raw", TEXT_MAP)
     ev = raw.select(top.alias("t")).select(
-        F.col("t")["key"].alias("key"), F.col("t")["op"].alias("op"),
-        F.col("t")["ts"].cast("bigint").alias("ts"), F.col("t")["after"].alias("after"))
+        F.col("t")["key"].alias("key"),
+        F.col("t")["op"].alias("op"),
+        F.col("t")["ts"].cast("bigint").alias("ts"),
+        F.col("t")["after"].alias("after"),
+    )
     w = Window.partitionBy("key").orderBy(F.col("ts").desc())
-    (ev.withColumn("rn", F.row_number().over(w)).where("rn = 1").where("op != 'DELETE'")
-     .drop("rn").write.mode("overwrite").parquet(str(out)))
+    (
+        ev.withColumn("rn", F.row_number().over(w))
+        .where("rn = 1")
+        .where("op != 'DELETE'")
+        .drop("rn")
+        .write.mode("overwrite")
+        .parquet(str(out))
+    )
 
 
 def measure(fn) -> tuple[float, int]:
@@ -108,8 +129,9 @@ def bench(n: int, root: Path, spark, rounds: int = 2) -> dict:
     config = parse_config({**CONFIG, "store": store_dir.as_uri()})
     store = open_store(config.store)  # type: ignore[arg-type]
     t = time.perf_counter()
-    stats = generate(config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4,
-                                                       seed=11))
+    stats = generate(
+        config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4, seed=11)
+    )
     gen_s = time.perf_counter() - t
     ctx = RunContext.create(root / f"work-{n}", D, resolve_now(D, None), "bench")
     ctx.save()
@@ -124,7 +146,8 @@ def bench(n: int, root: Path, spark, rounds: int = 2) -> dict:
     for _ in range(rounds):
         results["baseline"].append(measure(lambda: baseline(spark, ctx.staged, root / "base-out")))
         results["resolve"].append(
-            measure(lambda: summary.update(resolve_stage(spark, config, ctx))))
+            measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
+        )
     best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
     records = stats["records"]
     tbl = summary["tables"]["items"]

@@ -21,8 +21,9 @@ from airflow.sdk import dag, task
 
 DAGS = Path(__file__).resolve().parent
 CONFIG = os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml"))
-WORK_DIR = os.environ.get("CDR_WORK_DIR",
-                          str(Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "cdr-work"))
+WORK_DIR = os.environ.get(
+    "CDR_WORK_DIR", str(Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "cdr-work")
+)
 ENTRY = str(DAGS.parent / "pipeline" / "jobs" / "spark_entry.py")
 # D is the day before the run's logical date: the nightly run processes yesterday.
 DATE = "{{ macros.ds_add(ds, -1) }}"
@@ -38,9 +39,12 @@ def _aws_env() -> None:
     except AirflowNotFoundException:
         return
     extra = conn.extra_dejson
-    for var, value in (("AWS_ACCESS_KEY_ID", conn.login), ("AWS_SECRET_ACCESS_KEY", conn.password),
-                       ("AWS_ENDPOINT_URL_S3", extra.get("endpoint_url")),
-                       ("AWS_DEFAULT_REGION", extra.get("region_name"))):
+    for var, value in (
+        ("AWS_ACCESS_KEY_ID", conn.login),
+        ("AWS_SECRET_ACCESS_KEY", conn.password),
+        ("AWS_ENDPOINT_URL_S3", extra.get("endpoint_url")),
+        ("AWS_DEFAULT_REGION", extra.get("region_name")),
+    ):
         if value:
             os.environ[var] = value
 
@@ -62,8 +66,11 @@ def _fail_on(rc: int, what: str) -> None:
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2),
-                  "retry_exponential_backoff": True},
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(minutes=2),
+        "retry_exponential_backoff": True,
+    },
     tags=["cdr"],
 )
 def replica_cdr():

@@ -23,8 +23,14 @@ log = logging.getLogger("cdr")
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
-                           "logger": record.name, "message": record.getMessage()})
+        return json.dumps(
+            {
+                "ts": round(record.created, 3),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+        )
 
 
 def _setup_logging(fmt: str, verbose: bool) -> None:
@@ -36,8 +42,16 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for noisy in ("py4j", "botocore", "boto3", "urllib3", "s3transfer", "great_expectations",
-                  "werkzeug", "moto"):
+    for noisy in (
+        "py4j",
+        "botocore",
+        "boto3",
+        "urllib3",
+        "s3transfer",
+        "great_expectations",
+        "werkzeug",
+        "moto",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -52,13 +66,19 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, type=Path, help="cdr.yaml")
     p.add_argument("--date", required=True, type=_date, help="the logical date D (YYYY-MM-DD)")
     p.add_argument("--store", help="override the config's store (s3://B/P or file:///P)")
-    p.add_argument("--now", help="the run's clock, RFC 3339 (default: D+1T00:00:00Z; "
-                                 "env CDR_NOW)")
-    p.add_argument("--work-dir", type=Path, default=Path(".cdr-work"),
-                   help="local folder the stages of a run share (default .cdr-work)")
+    p.add_argument("--now", help="the run's clock, RFC 3339 (default: D+1T00:00:00Z; env CDR_NOW)")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(".cdr-work"),
+        help="local folder the stages of a run share (default .cdr-work)",
+    )
     p.add_argument("--run-id", help="id of the new run= folders (default: date and clock)")
-    p.add_argument("--allow-missing-exports", action="store_true",
-                   help="run even when a configured replica has no export for a table")
+    p.add_argument(
+        "--allow-missing-exports",
+        action="store_true",
+        help="run even when a configured replica has no export for a table",
+    )
     p.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
 
 
@@ -79,26 +99,46 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", required=True, type=Path)
     g.add_argument("--date", required=True, type=_date)
     g.add_argument("--store")
-    g.add_argument("--events", type=int, default=10_000,
-                   help="event records across all exports (each event is exported by its "
-                        "origin and by the replicas that applied it)")
-    g.add_argument("--conflict-rate", type=float, default=0.2,
-                   help="share of keys written by several replicas")
-    g.add_argument("--late-rate", type=float, default=0.02,
-                   help="share of events made the day before and exported late")
+    g.add_argument(
+        "--events",
+        type=int,
+        default=10_000,
+        help="event records across all exports (each event is exported by its "
+        "origin and by the replicas that applied it)",
+    )
+    g.add_argument(
+        "--conflict-rate", type=float, default=0.2, help="share of keys written by several replicas"
+    )
+    g.add_argument(
+        "--late-rate",
+        type=float,
+        default=0.02,
+        help="share of events made the day before and exported late",
+    )
     g.add_argument("--delete-rate", type=float, default=0.1, help="share of DELETEs")
-    g.add_argument("--base-rows", type=int, default=None,
-                   help="rows of a base snapshot to write first (default: none)")
+    g.add_argument(
+        "--base-rows",
+        type=int,
+        default=None,
+        help="rows of a base snapshot to write first (default: none)",
+    )
     g.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     g.add_argument("--files", type=int, default=1, help="files per export")
     g.add_argument("--seed", type=int, default=1)
     d = sub.add_parser("demo", help="embedded S3 server + generated exports + a full run")
-    d.add_argument("--dir", type=Path, default=Path(".cdr-demo"),
-                   help="where the demo keeps its config, work folder and a copy of the store")
+    d.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(".cdr-demo"),
+        help="where the demo keeps its config, work folder and a copy of the store",
+    )
     d.add_argument("--events", type=int, default=30_000)
     d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--serve", action="store_true",
-                   help="keep the S3 server running after the run, until Ctrl-C")
+    d.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the S3 server running after the run, until Ctrl-C",
+    )
     return parser
 
 
@@ -111,8 +151,13 @@ def _load(args: argparse.Namespace) -> Any:
 def _options(args: argparse.Namespace) -> Any:
     from pipeline.stages import RunOptions
 
-    return RunOptions(work_dir=args.work_dir.resolve(), now=args.now, run_id=args.run_id,
-                      allow_missing_exports=args.allow_missing_exports, master=args.master)
+    return RunOptions(
+        work_dir=args.work_dir.resolve(),
+        now=args.now,
+        run_id=args.run_id,
+        allow_missing_exports=args.allow_missing_exports,
+        master=args.master,
+    )
 
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
@@ -139,8 +184,11 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         _emit(args, report, format_report(report) + _where(config, report))
     elif args.command == "ingest":
         ctx = stages.ingest(config, args.date, opts)
-        _emit(args, {"run_id": ctx.run_id, "work": str(ctx.work)},
-              f"ingested {args.date} into {ctx.work} (run {ctx.run_id})")
+        _emit(
+            args,
+            {"run_id": ctx.run_id, "work": str(ctx.work)},
+            f"ingested {args.date} into {ctx.work} (run {ctx.run_id})",
+        )
     else:
         from pipeline.spark import get_spark
 
@@ -192,13 +240,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.store)
     assert config.store
-    opts = GenerateOptions(events=args.events, conflict_rate=args.conflict_rate,
-                           late_rate=args.late_rate, delete_rate=args.delete_rate,
-                           base_rows=args.base_rows, fmt=args.format, files=args.files,
-                           seed=args.seed)
+    opts = GenerateOptions(
+        events=args.events,
+        conflict_rate=args.conflict_rate,
+        late_rate=args.late_rate,
+        delete_rate=args.delete_rate,
+        base_rows=args.base_rows,
+        fmt=args.format,
+        files=args.files,
+        seed=args.seed,
+    )
     stats = generate(config, open_store(config.store), args.date, opts)
-    _emit(args, stats, f"generated {stats['records']} event records for {args.date} in "
-                       f"{config.store}")
+    _emit(
+        args, stats, f"generated {stats['records']} event records for {args.date} in {config.store}"
+    )
     return 0
 
 

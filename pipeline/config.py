@@ -173,8 +173,13 @@ class TableModel(_Strict):
         out: dict[Any, Any] = {}
         last = None
         for k, v in value.items():
-            if (v is None and isinstance(k, str) and re.fullmatch(r"\s*\d+\s*\)", k)
-                    and last is not None and re.fullmatch(r"decimal\(\s*\d+", str(out[last]))):
+            if (
+                v is None
+                and isinstance(k, str)
+                and re.fullmatch(r"\s*\d+\s*\)", k)
+                and last is not None
+                and re.fullmatch(r"decimal\(\s*\d+", str(out[last]))
+            ):
                 out[last] = f"{out[last]},{k.strip()}"
                 continue
             out[k] = v

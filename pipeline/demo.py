@@ -83,11 +83,14 @@ def demo(workdir: Path, events: int = 30_000, seed: int = 7, serve: bool = False
             store = open_store(config.store)
             status = 0
             for i, dt in enumerate(DATES):
-                opts = GenerateOptions(events=events, seed=seed + i,
-                                       base_rows=events // 20 if i == 0 else None)
+                opts = GenerateOptions(
+                    events=events, seed=seed + i, base_rows=events // 20 if i == 0 else None
+                )
                 stats = generate(config, store, dt, opts)
-                print(f"\n== {dt}: generated {stats['records']} event records from "
-                      f"{len(config.replicas)} replicas in {config.store}/exports")
+                print(
+                    f"\n== {dt}: generated {stats['records']} event records from "
+                    f"{len(config.replicas)} replicas in {config.store}/exports"
+                )
                 try:
                     report = run(config, dt, RunOptions(work_dir=workdir / "work"))
                 except GateError as e:

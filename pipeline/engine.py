@@ -43,11 +43,33 @@ from pipeline.schema import state_schema
 log = logging.getLogger(__name__)
 
 #: what the Python fold reads of each row (everything else stays in the JVM)
-FOLD_INPUT = ["key", "is_event", "ts", "rank", "event_id", "op", "origin", "new_key", "after",
-              "after_has", "before", "before_has", "extra_cols", "txid", "rejected", "replica",
-              "seq", "pref", "rn", "row", "s_ts", "s_rank", "s_origin", "s_deleted",
-              "s_deleted_at"]
-
+FOLD_INPUT = [
+    "key",
+    "is_event",
+    "ts",
+    "rank",
+    "event_id",
+    "op",
+    "origin",
+    "new_key",
+    "after",
+    "after_has",
+    "before",
+    "before_has",
+    "extra_cols",
+    "txid",
+    "rejected",
+    "replica",
+    "seq",
+    "pref",
+    "rn",
+    "row",
+    "s_ts",
+    "s_rank",
+    "s_origin",
+    "s_deleted",
+    "s_deleted_at",
+]
 
 
 @dataclass(frozen=True)
@@ -77,8 +99,9 @@ def key_struct(table: Table, row: str | None = None) -> Column:
     return F.struct(*[F.col(f"{row}.{c}" if row else c).alias(c) for c in table.key])
 
 
-def admit_transactions(events: DataFrame, prior: DataFrame, config: Config, table: Table
-                       ) -> DataFrame:
+def admit_transactions(
+    events: DataFrame, prior: DataFrame, config: Config, table: Table
+) -> DataFrame:
     """§5/§12 ``scope: transaction``: a transaction ``(origin, txid)`` is admitted only
     when its time (its latest event ts) beats, tie-break included, every key it touches
     in the state the run started from. ``events`` are the light copies (``copy_refs`` with
@@ -87,19 +110,30 @@ def admit_transactions(events: DataFrame, prior: DataFrame, config: Config, tabl
         return events.withColumn("rejected", F.lit(False))
     ranks = rank_map(config, table)
     tx = events.where(F.col("txid").isNotNull() & F.col("ts").isNotNull()).select(
-        "origin", "txid", "ts", "key", "new_key")
-    times = tx.groupBy("origin", "txid").agg(F.max("ts").alias("tx_ts"))
-    touched = tx.select("origin", "txid", F.explode(
-        F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias("key"))
-    local = prior.select(key_struct(table).alias("key"), F.col("_ts").alias("l_ts"),
-                         F.coalesce(ranks[F.col("_origin")], F.lit(-1)).alias("l_rank"))
-    beaten = (
-        touched.join(local, "key").join(times, ["origin", "txid"])
-        .where(F.struct("tx_ts", ranks[F.col("origin")]) <= F.struct("l_ts", "l_rank"))
-        .select("origin", "txid").distinct().withColumn("rejected", F.lit(True))
+        "origin", "txid", "ts", "key", "new_key"
     )
-    return (events.join(F.broadcast(beaten), ["origin", "txid"], "left")
-            .withColumn("rejected", F.coalesce("rejected", F.lit(False))))
+    times = tx.groupBy("origin", "txid").agg(F.max("ts").alias("tx_ts"))
+    touched = tx.select(
+        "origin",
+        "txid",
+        F.explode(F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias("key"),
+    )
+    local = prior.select(
+        key_struct(table).alias("key"),
+        F.col("_ts").alias("l_ts"),
+        F.coalesce(ranks[F.col("_origin")], F.lit(-1)).alias("l_rank"),
+    )
+    beaten = (
+        touched.join(local, "key")
+        .join(times, ["origin", "txid"])
+        .where(F.struct("tx_ts", ranks[F.col("origin")]) <= F.struct("l_ts", "l_rank"))
+        .select("origin", "txid")
+        .distinct()
+        .withColumn("rejected", F.lit(True))
+    )
+    return events.join(F.broadcast(beaten), ["origin", "txid"], "left").withColumn(
+        "rejected", F.coalesce("rejected", F.lit(False))
+    )
 
 
 def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame | None:
@@ -116,45 +150,62 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
     moved_flag = moved.withColumn("moved", F.lit(True))
     unique_cols = sorted({c for u in table.unique for c in u})
     live = prior.where(~F.col("_deleted")).select(
-        key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in unique_cols])
+        key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in unique_cols]
+    )
     writes = events.where(F.col("op").isin("INSERT", "UPDATE")).select(
         F.coalesce("new_key", "key").alias("key"),
-        *[F.when(F.array_contains("after_keys", c), F.col(f"v_{c}")).alias(f"v_{c}")
-          for c in unique_cols])
+        *[
+            F.when(F.array_contains("after_keys", c), F.col(f"v_{c}")).alias(f"v_{c}")
+            for c in unique_cols
+        ],
+    )
     values = live.unionByName(writes).join(F.broadcast(moved_flag), "key", "left")
     unit = F.when(F.col("moved"), F.lit(None)).otherwise(F.col("key"))
-    values = values.withColumn("unit", F.struct(F.col("moved").isNotNull().alias("m"),
-                                                unit.alias("k")))
+    values = values.withColumn(
+        "unit", F.struct(F.col("moved").isNotNull().alias("m"), unit.alias("k"))
+    )
     shared_units = []
     for cols in table.unique:
-        sets = values.groupBy("unit").agg(
-            *[F.collect_set(f"v_{c}").alias(f"s_{c}") for c in cols])
+        sets = values.groupBy("unit").agg(*[F.collect_set(f"v_{c}").alias(f"s_{c}") for c in cols])
         tuples = sets
         for c in cols:
             tuples = tuples.withColumn(f"t_{c}", F.explode(f"s_{c}"))
-        shared = (tuples.groupBy(*[f"t_{c}" for c in cols])
-                  .agg(F.collect_set("unit").alias("units"))
-                  .where(F.size("units") > 1)
-                  .select(F.explode("units").alias("unit")))
+        shared = (
+            tuples.groupBy(*[f"t_{c}" for c in cols])
+            .agg(F.collect_set("unit").alias("units"))
+            .where(F.size("units") > 1)
+            .select(F.explode("units").alias("unit"))
+        )
         shared_units.append(shared)
     units = reduce(DataFrame.union, shared_units).distinct()
     by_unit = values.select("unit", "key").distinct().join(units, "unit").select("key")
     return by_unit.union(moved).distinct()
 
 
-def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table
-                ) -> DataFrame:
+def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table) -> DataFrame:
     """Event copies and prior state rows in one frame, by ``key``: ``is_event``,
     ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
-    ev = copies.select("key", F.lit(1).alias("is_event"), "event_id", "replica", "file",
-                       "line", "raw", "seq", "pref", "rejected")
+    ev = copies.select(
+        "key",
+        F.lit(1).alias("is_event"),
+        "event_id",
+        "replica",
+        "file",
+        "line",
+        "raw",
+        "seq",
+        "pref",
+        "rejected",
+    )
     st = prior.select(
-        key_struct(table).alias("key"), F.lit(0).alias("is_event"),
+        key_struct(table).alias("key"),
+        F.lit(0).alias("is_event"),
         F.col("_event_id").alias("event_id"),
         F.col("_ts").alias("s_ts"),
         F.coalesce(rank_map(config, table)[F.col("_origin")], F.lit(-1)).alias("s_rank"),
         F.struct(*table.column_names).alias("row"),
-        F.col("_origin").alias("s_origin"), F.col("_deleted").alias("s_deleted"),
+        F.col("_origin").alias("s_origin"),
+        F.col("_deleted").alias("s_deleted"),
         F.col("_deleted_at").alias("s_deleted_at"),
     )
     return ev.unionByName(st, allowMissingColumns=True)
@@ -170,23 +221,43 @@ def fast_predicate(table: Table) -> Column:
     not_newer = F.col("l_ts") <= F.col("ts")
     no_drift = F.size("extra_cols") == 0
     names = table.column_names
-    has_all = reduce(lambda a, b: a & b, [F.col("after_has")[names.index(c)]
-                                          for c in table.value_columns], F.lit(True))
+    has_all = reduce(
+        lambda a, b: a & b,
+        [F.col("after_has")[names.index(c)] for c in table.value_columns],
+        F.lit(True),
+    )
     tomb_ok = table.resolvers[ConflictType.INSERT_EXISTS] is not Resolver.DELETE_WINS
     insert = (op == "INSERT") & no_drift & has_all & (~l_exists | (F.col("l_deleted") & tomb_ok))
     no_image = (
-        ~reduce(lambda a, b: a | b, [F.col("before_has")[names.index(c)] for c in names
-                                     if c not in table.delta], F.lit(False))
-        if table.detection is Detection.BEFORE_IMAGE else F.lit(True)
+        ~reduce(
+            lambda a, b: a | b,
+            [F.col("before_has")[names.index(c)] for c in names if c not in table.delta],
+            F.lit(False),
+        )
+        if table.detection is Detection.BEFORE_IMAGE
+        else F.lit(True)
     )
-    update = ((op == "UPDATE") & F.col("new_key").isNull() & no_drift & l_live & same_origin
-              & not_newer & no_image)
+    update = (
+        (op == "UPDATE")
+        & F.col("new_key").isNull()
+        & no_drift
+        & l_live
+        & same_origin
+        & not_newer
+        & no_image
+    )
     delete = (op == "DELETE") & l_live & same_origin & not_newer
     return ~F.col("rejected") & (insert | update | delete)
 
 
-def classify(items: DataFrame, coupled: DataFrame | None, has_truncate: bool, table: Table,
-             config: Config, now_us: int) -> DataFrame:
+def classify(
+    items: DataFrame,
+    coupled: DataFrame | None,
+    has_truncate: bool,
+    table: Table,
+    config: Config,
+    now_us: int,
+) -> DataFrame:
     """The one shuffle, by key. Per copy: ``rn`` (1 for the copy that stands for its event:
     §12, the origin's own copy, else the first replica in config order), the full typing of
     that copy (``type_copies``) and ``ev_reason`` (why the event is quarantined); per key:
@@ -198,34 +269,49 @@ def classify(items: DataFrame, coupled: DataFrame | None, has_truncate: bool, ta
     df = type_copies(df, table, config, now_us, (F.col("is_event") == 1) & (F.col("rn") == 1))
     df = df.withColumn("ev_reason", F.first("reason").over(w_ev))
     good = (F.col("is_event") == 1) & (F.col("rn") == 1) & F.col("ev_reason").isNull()
-    df = df.select(
-        "*",
-        F.sum(good.cast("int")).over(w_key).alias("n_ev"),
-        # a key has at most one state row: its fields, spread to the key's events
-        F.max(F.when(is_state, F.lit(True))).over(w_key).alias("l_exists_"),
-        F.max("s_ts").over(w_key).alias("l_ts"),
-        F.first("s_origin", ignorenulls=True).over(w_key).alias("l_origin"),
-        F.max("s_deleted").over(w_key).alias("l_deleted"),
-        F.first("row", ignorenulls=True).over(w_key).alias("l_row"),
-    ).withColumn("l_exists", F.coalesce("l_exists_", F.lit(False))).drop("l_exists_")
+    df = (
+        df.select(
+            "*",
+            F.sum(good.cast("int")).over(w_key).alias("n_ev"),
+            # a key has at most one state row: its fields, spread to the key's events
+            F.max(F.when(is_state, F.lit(True))).over(w_key).alias("l_exists_"),
+            F.max("s_ts").over(w_key).alias("l_ts"),
+            F.first("s_origin", ignorenulls=True).over(w_key).alias("l_origin"),
+            F.max("s_deleted").over(w_key).alias("l_deleted"),
+            F.first("row", ignorenulls=True).over(w_key).alias("l_row"),
+        )
+        .withColumn("l_exists", F.coalesce("l_exists_", F.lit(False)))
+        .drop("l_exists_")
+    )
     if coupled is not None:
         df = df.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
         df = df.withColumn("coupled", F.coalesce("coupled", F.lit(False)))
     else:
         df = df.withColumn("coupled", F.lit(False))
-    fast = (good & (F.col("n_ev") == 1) & ~F.col("coupled") & F.lit(not has_truncate)
-            & fast_predicate(table))
+    fast = (
+        good
+        & (F.col("n_ev") == 1)
+        & ~F.col("coupled")
+        & F.lit(not has_truncate)
+        & fast_predicate(table)
+    )
     df = df.withColumn("fast", F.coalesce(fast, F.lit(False)))
-    return df.withColumn("key_fast", F.max(F.col("fast").cast("int")).over(w_key) == 1
-                         ).withColumn("l_row", F.when(F.col("fast"), F.col("l_row")))
+    return df.withColumn("key_fast", F.max(F.col("fast").cast("int")).over(w_key) == 1).withColumn(
+        "l_row", F.when(F.col("fast"), F.col("l_row"))
+    )
 
 
 def cross_key_disputes(classified: DataFrame) -> list[str]:
     """Events whose copies sit under different keys (or some under a key that does not
     parse): their copies never met in one key group, so each group chose its own copy."""
     chosen = classified.where((F.col("is_event") == 1) & (F.col("rn") == 1))
-    rows = (chosen.groupBy("event_id").agg(F.count(F.lit(1)).alias("n"))
-            .where(F.col("n") > 1).select("event_id").collect())
+    rows = (
+        chosen.groupBy("event_id")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .where(F.col("n") > 1)
+        .select("event_id")
+        .collect()
+    )
     return [r.event_id for r in rows]
 
 
@@ -235,16 +321,26 @@ def settle_disputes(copies: DataFrame, ids: list[str]) -> DataFrame:
     they meet in one key group, where the winner stands for the event and the others still
     count for their replica's order and accounting. Rare: the winners are broadcast."""
     w = Window.partitionBy("event_id").orderBy("pref", "replica")
-    moved = [c for c in copies.columns if c not in ("event_id", "replica", "file", "line",
-                                                    "seq", "pref")]
-    winners = (copies.where(F.col("event_id").isin(ids))
-               .withColumn("_rn", F.row_number().over(w)).where("_rn = 1")
-               .select("event_id", F.lit(True).alias("_disputed"),
-                       *[F.col(c).alias(f"_w_{c}") for c in moved]))
+    moved = [
+        c for c in copies.columns if c not in ("event_id", "replica", "file", "line", "seq", "pref")
+    ]
+    winners = (
+        copies.where(F.col("event_id").isin(ids))
+        .withColumn("_rn", F.row_number().over(w))
+        .where("_rn = 1")
+        .select(
+            "event_id", F.lit(True).alias("_disputed"), *[F.col(c).alias(f"_w_{c}") for c in moved]
+        )
+    )
     joined = copies.join(F.broadcast(winners), "event_id", "left")
-    return joined.select(*[
-        F.when(F.col("_disputed"), F.col(f"_w_{c}")).otherwise(F.col(c)).alias(c)
-        if c in moved else F.col(c) for c in copies.columns])
+    return joined.select(
+        *[
+            F.when(F.col("_disputed"), F.col(f"_w_{c}")).otherwise(F.col(c)).alias(c)
+            if c in moved
+            else F.col(c)
+            for c in copies.columns
+        ]
+    )
 
 
 def _num(c: Column) -> Column:
@@ -262,25 +358,32 @@ def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
             v = F.col(f"key.{n}")
         elif n in table.delta:
             delta = F.col(f"after.{n}") - F.col(f"before.{n}")
-            v = F.when(op == "INSERT", F.col(f"after.{n}")).when(
-                written, _num(F.col(f"l_row.{n}")) + delta).otherwise(F.col(f"l_row.{n}"))
+            v = (
+                F.when(op == "INSERT", F.col(f"after.{n}"))
+                .when(written, _num(F.col(f"l_row.{n}")) + delta)
+                .otherwise(F.col(f"l_row.{n}"))
+            )
         else:
-            v = F.when(op == "INSERT", F.col(f"after.{n}")).when(
-                written, F.col(f"after.{n}")).otherwise(F.col(f"l_row.{n}"))
+            v = (
+                F.when(op == "INSERT", F.col(f"after.{n}"))
+                .when(written, F.col(f"after.{n}"))
+                .otherwise(F.col(f"l_row.{n}"))
+            )
         if n not in table.key:
             v = F.when(op != "DELETE", v)
         cols.append(v.cast(state_schema(table)[n].dataType).alias(n))
     deleted = op == "DELETE"
     return df.select(
         *cols,
-        F.col("ts").alias("_ts"), F.col("origin").alias("_origin"),
-        F.col("event_id").alias("_event_id"), deleted.alias("_deleted"),
+        F.col("ts").alias("_ts"),
+        F.col("origin").alias("_origin"),
+        F.col("event_id").alias("_event_id"),
+        deleted.alias("_deleted"),
         F.when(deleted, F.lit(now_us)).alias("_deleted_at"),
     )
 
 
-def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us: int
-                    ) -> DataFrame:
+def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us: int) -> DataFrame:
     """State rows no event touched; a TRUNCATE of the run tombstones the live ones that
     are not newer than it (§12), the earliest such TRUNCATE making the tombstone."""
     ts, deleted = F.col("s_ts"), F.col("s_deleted")
@@ -296,8 +399,10 @@ def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us:
 
     hit = (~deleted & (ts <= max(t.ts for t in ordered))) if ordered else F.lit(False)
     return df.select(
-        *[(F.col(f"row.{c}") if c in table.key else F.when(~hit, F.col(f"row.{c}"))).alias(c)
-          for c in table.column_names],
+        *[
+            (F.col(f"row.{c}") if c in table.key else F.when(~hit, F.col(f"row.{c}"))).alias(c)
+            for c in table.column_names
+        ],
         pick("ts", ts).alias("_ts"),
         pick("origin", F.col("s_origin")).alias("_origin"),
         pick("event_id", F.col("event_id")).alias("_event_id"),
@@ -325,8 +430,9 @@ def special_copies(typed: DataFrame) -> tuple[list[Event], list[tuple], list[tup
     on the driver. Returns the good TRUNCATE events, the fate of every copy
     ``(event_id, replica, fate)`` and the quarantined ones
     ``(replica, event_id, reason, detail, raw)``."""
-    rows = typed.select("event_id", "replica", "seq", "pref", "ts", "origin", "rank",
-                        "reason", "detail", "raw").collect()
+    rows = typed.select(
+        "event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail", "raw"
+    ).collect()
     events, fates, quarantined = [], [], []
     by_event: dict[str, list] = {}
     for r in rows:
@@ -342,14 +448,28 @@ def special_copies(typed: DataFrame) -> tuple[list[Event], list[tuple], list[tup
         if c.reason:
             quarantined.append((c.replica, eid, c.reason, c.detail, c.raw))
         else:
-            events.append(Event(eid, "TRUNCATE", None, c.ts, c.origin, c.rank,
-                                seqs={r.replica: r.seq for r in copies}))
+            events.append(
+                Event(
+                    eid,
+                    "TRUNCATE",
+                    None,
+                    c.ts,
+                    c.origin,
+                    c.rank,
+                    seqs={r.replica: r.seq for r in copies},
+                )
+            )
     return events, fates, quarantined
 
 
 def resolve_rows(
-    spark: SparkSession, config: Config, table: Table, records: DataFrame, prior: DataFrame,
-    now_us: int, dt: date,
+    spark: SparkSession,
+    config: Config,
+    table: Table,
+    records: DataFrame,
+    prior: DataFrame,
+    now_us: int,
+    dt: date,
 ) -> Resolved:
     """Resolve one row-granularity table: ``records`` are the staged exports
     (``read_records``), ``prior`` the state the run starts from (already purged)."""
@@ -358,67 +478,106 @@ def resolve_rows(
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
     small = refs.where(special)
     truncs, special_fates, special_quarantine = special_copies(
-        type_copies(small, table, config, now_us, F.lit(True)))
+        type_copies(small, table, config, now_us, F.lit(True))
+    )
     main = refs.where(~F.coalesce(special, F.lit(False)))
     main = admit_transactions(main, prior, config, table)
     coupled = coupled_keys(main, prior, table)
     if coupled is not None:
         coupled = coupled.cache()  # small; computed once, then broadcast
 
-    df = classify(build_items(main, prior, config, table), coupled, bool(truncs), table,
-                  config, now_us).persist()
+    df = classify(
+        build_items(main, prior, config, table), coupled, bool(truncs), table, config, now_us
+    ).persist()
     disputed = cross_key_disputes(df)
     if disputed:  # rare: move every copy of those events to their winner's key, and redo
-        log.warning("table %s: %d event(s) have copies under different keys; the winning "
-                    "copy's key is used", table.name, len(disputed))
+        log.warning(
+            "table %s: %d event(s) have copies under different keys; the winning "
+            "copy's key is used",
+            table.name,
+            len(disputed),
+        )
         df.unpersist()
         main = settle_disputes(main, disputed)
-        df = classify(build_items(main, prior, config, table), coupled, bool(truncs), table,
-                      config, now_us).persist()
+        df = classify(
+            build_items(main, prior, config, table), coupled, bool(truncs), table, config, now_us
+        ).persist()
 
     is_event = F.col("is_event") == 1
     fast = df.where("fast")
     untouched = df.where(~is_event & (F.col("n_ev") == 0) & ~F.col("coupled"))
-    to_fold = df.where(~F.col("key_fast") & ((F.col("n_ev") > 0) | F.col("coupled"))
-                       & (~is_event | F.col("ev_reason").isNull()))
+    to_fold = df.where(
+        ~F.col("key_fast")
+        & ((F.col("n_ev") > 0) | F.col("coupled"))
+        & (~is_event | F.col("ev_reason").isNull())
+    )
 
     folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt)
-    folded = run_fold(to_fold.where(~F.col("coupled")), folder, False).unionByName(
-        run_fold(to_fold.where("coupled"), folder, True)
-    ).persist()
+    folded = (
+        run_fold(to_fold.where(~F.col("coupled")), folder, False)
+        .unionByName(run_fold(to_fold.where("coupled"), folder, True))
+        .persist()
+    )
 
     state = (
         fast_state(fast, table, now_us)
         .unionByName(untouched_state(untouched, table, truncs, now_us))
-        .unionByName(folded.where(F.col("kind") == "state").select(
-            *[F.col(f"row.{c}").alias(c) for c in table.column_names],
-            "_ts", "_origin", "_event_id", "_deleted", "_deleted_at"))
+        .unionByName(
+            folded.where(F.col("kind") == "state").select(
+                *[F.col(f"row.{c}").alias(c) for c in table.column_names],
+                "_ts",
+                "_origin",
+                "_event_id",
+                "_deleted",
+                "_deleted_at",
+            )
+        )
     )
     copy_fates = df.where(is_event & (F.col("ev_reason").isNotNull() | F.col("key_fast"))).select(
-        "event_id", "replica",
-        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined")).otherwise(F.lit("applied"))
-        .alias("fate"))
+        "event_id",
+        "replica",
+        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined"))
+        .otherwise(F.lit("applied"))
+        .alias("fate"),
+    )
     fates = copy_fates.unionByName(
-        folded.where(F.col("kind") == "outcome").select("event_id", "replica", "fate"))
+        folded.where(F.col("kind") == "outcome").select("event_id", "replica", "fate")
+    )
     if special_fates:
-        fates = fates.unionByName(spark.createDataFrame(
-            special_fates, "event_id string, replica string, fate string"))
+        fates = fates.unionByName(
+            spark.createDataFrame(special_fates, "event_id string, replica string, fate string")
+        )
     quarantine = df.where(is_event & (F.col("rn") == 1) & F.col("ev_reason").isNotNull()).select(
-        "replica", "event_id", "reason", "detail", "raw")
+        "replica", "event_id", "reason", "detail", "raw"
+    )
     if special_quarantine:
-        quarantine = quarantine.unionByName(spark.createDataFrame(
-            special_quarantine,
-            "replica string, event_id string, reason string, detail string, raw string"))
+        quarantine = quarantine.unionByName(
+            spark.createDataFrame(
+                special_quarantine,
+                "replica string, event_id string, reason string, detail string, raw string",
+            )
+        )
     conflicts = folded.where(F.col("kind") == "conflict").select(
-        "key", "conflict_type", "resolver", "outcome", "local_ts", "local_origin", "local_row",
-        "remote_event_id", "remote_ts", "remote_origin", "remote_row", "reason", "pos_rank",
-        "pos_idx")
+        "key",
+        "conflict_type",
+        "resolver",
+        "outcome",
+        "local_ts",
+        "local_origin",
+        "local_row",
+        "remote_event_id",
+        "remote_ts",
+        "remote_origin",
+        "remote_row",
+        "reason",
+        "pos_rank",
+        "pos_idx",
+    )
     divergence = folded.where(F.col("kind") == "divergence").select(
-        "replica", "key", "replica_row", "converged_row", "repair")
+        "replica", "key", "replica_row", "converged_row", "repair"
+    )
     return Resolved(state, conflicts, divergence, fates, quarantine, truncs)
 
 
-def position(c: Iterable[str] = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
-             ) -> Column:
+def position(c: Iterable[str] = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")) -> Column:
     return F.struct(*[F.col(x) for x in c])
-

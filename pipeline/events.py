@@ -104,20 +104,21 @@ def _key_checks(table: Table, field: str, m: Column, prefix: str) -> list[tuple[
         checks.append(
             (
                 F.col(f"{prefix}{c}").isNull(),
-                F.concat(F.lit(f"{field}.{c}: "), _quote(m[c]),
-                         F.lit(f" is not {table.column(c).type}")),
+                F.concat(
+                    F.lit(f"{field}.{c}: "), _quote(m[c]), F.lit(f" is not {table.column(c).type}")
+                ),
             )
         )
     return checks
 
 
-def _value_checks(table: Table, field: str, m: Column, prefix: str
-                  ) -> list[tuple[Column, Column]]:
+def _value_checks(table: Table, field: str, m: Column, prefix: str) -> list[tuple[Column, Column]]:
     return [
         (
             m[col.name].isNotNull() & F.col(f"{prefix}{col.name}").isNull(),
-            F.concat(F.lit(f"{field}.{col.name}: "), _quote(m[col.name]),
-                     F.lit(f" is not {col.type}")),
+            F.concat(
+                F.lit(f"{field}.{col.name}: "), _quote(m[col.name]), F.lit(f" is not {col.type}")
+            ),
         )
         for col in table.columns
     ]
@@ -126,8 +127,9 @@ def _value_checks(table: Table, field: str, m: Column, prefix: str
 LIGHT_FIELDS = ("event_id", "op", "origin", "seq")
 
 
-def copy_refs(records: DataFrame, table: Table, config: Config, *, values: bool = False,
-              tx: bool = False) -> DataFrame:
+def copy_refs(
+    records: DataFrame, table: Table, config: Config, *, values: bool = False, tx: bool = False
+) -> DataFrame:
     """The first, light pass over every copy: what the shuffle by key needs (formats.md
     record fields ``event_id, op, origin, seq``, and the typed ``key``; ``new_key`` too).
     ``values`` adds the unique-constraint columns of ``after`` (``v_<col>``) and ``tx``
@@ -140,8 +142,9 @@ def copy_refs(records: DataFrame, table: Table, config: Config, *, values: bool 
     if tx:
         fields += [T.StructField("txid", T.StringType()), T.StructField("ts", T.StringType())]
     p = F.from_json("raw", T.StructType(fields))
-    order = F.create_map(*[x for i, r in enumerate(config.replica_ids)
-                           for x in (F.lit(r), F.lit(i))])
+    order = F.create_map(
+        *[x for i, r in enumerate(config.replica_ids) for x in (F.lit(r), F.lit(i))]
+    )
 
     def key_of(m: Column) -> Column:
         parts = [typed(m[c], table.column(c).type) for c in table.key]
@@ -151,9 +154,13 @@ def copy_refs(records: DataFrame, table: Table, config: Config, *, values: bool 
     df = records.select("replica", "file", "line", "raw", p.alias("p"))
     eid = F.col("p.event_id")
     cols = [
-        "replica", "file", "line", "raw",
+        "replica",
+        "file",
+        "line",
+        "raw",
         F.when(F.coalesce(eid, F.lit("")) != "", eid).alias("event_id"),
-        F.col("p.op").alias("op"), F.col("p.origin").alias("origin"),
+        F.col("p.op").alias("op"),
+        F.col("p.origin").alias("origin"),
         F.col("p.seq").try_cast(T.LongType()).alias("seq"),
         F.when(F.col("replica") == F.col("p.origin"), F.lit(-1))
         .otherwise(F.coalesce(order[F.col("replica")], F.lit(len(config.replica_ids))))
@@ -163,18 +170,33 @@ def copy_refs(records: DataFrame, table: Table, config: Config, *, values: bool 
     ]
     if values:
         unique_cols = sorted({c for u in table.unique for c in u})
-        cols += [typed(F.col("p.after")[c], table.column(c).type).alias(f"v_{c}")
-                 for c in unique_cols]
-        cols.append(F.coalesce(F.map_keys("p.after"), F.array().cast("array<string>"))
-                    .alias("after_keys"))
+        cols += [
+            typed(F.col("p.after")[c], table.column(c).type).alias(f"v_{c}") for c in unique_cols
+        ]
+        cols.append(
+            F.coalesce(F.map_keys("p.after"), F.array().cast("array<string>")).alias("after_keys")
+        )
     if tx:
         cols += [F.col("p.txid").alias("txid"), event_ts_micros(F.col("p.ts")).alias("ts")]
     return df.select(*cols)
 
 
 #: what the full typing adds to a copy
-TYPED_COLUMNS = ("op", "origin", "rank", "txid", "ts", "new_key", "after", "after_has",
-                 "before", "before_has", "extra_cols", "reason", "detail")
+TYPED_COLUMNS = (
+    "op",
+    "origin",
+    "rank",
+    "txid",
+    "ts",
+    "new_key",
+    "after",
+    "after_has",
+    "before",
+    "before_has",
+    "extra_cols",
+    "reason",
+    "detail",
+)
 
 
 def typed_copies(records: DataFrame, table: Table, config: Config, now_us: int) -> DataFrame:
@@ -185,8 +207,9 @@ def typed_copies(records: DataFrame, table: Table, config: Config, now_us: int) 
     return type_copies(refs, table, config, now_us, F.lit(True))
 
 
-def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen: Column
-                ) -> DataFrame:
+def type_copies(
+    df: DataFrame, table: Table, config: Config, now_us: int, chosen: Column
+) -> DataFrame:
     """The full typing and the guards (§3, in the order of §12), computed only for the rows
     where ``chosen`` (the copy that stands for its event); other rows get nulls. ``df``
     needs ``replica, raw, event_id, seq``; its other columns pass through, and ``raw`` is
@@ -200,7 +223,8 @@ def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen
     parsed, top = F.col("p"), F.col("top")
     passthrough = [c for c in df.columns if c not in TYPED_COLUMNS]
     df = df.select(*passthrough, chosen.alias("_chosen")).withColumn(
-        "p", F.when(F.col("_chosen"), F.from_json("raw", RECORD, _PARSE)))
+        "p", F.when(F.col("_chosen"), F.from_json("raw", RECORD, _PARSE))
+    )
     misfit = parsed["_corrupt"].isNotNull()
     df = df.withColumn("top", F.when(F.col("_chosen") & misfit, F.from_json("raw", TEXT_MAP)))
     df = df.withColumn("_json", F.col("_chosen") & (~misfit | top.isNotNull()))
@@ -219,8 +243,11 @@ def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen
 
     df = df.select(
         "*",
-        field("op").alias("op"), field("origin").alias("origin"), field("txid").alias("txid"),
-        field("ts").alias("ts_text"), event_ts_micros(field("ts")).alias("ts"),
+        field("op").alias("op"),
+        field("origin").alias("origin"),
+        field("txid").alias("txid"),
+        field("ts").alias("ts_text"),
+        event_ts_micros(field("ts")).alias("ts"),
         field("seq").alias("seq_text"),
         *[obj(n).alias(f"{n}_m") for n in _OBJECT_FIELDS],
     ).select(
@@ -240,23 +267,35 @@ def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen
         (F.col("event_id").isNull(), F.lit("no event_id")),
         (~op.isin(*OPS) | op.isNull(), F.concat(F.lit("unknown op "), _quote(op))),
         (F.col("origin").isNull(), F.lit("no origin")),
-        (rank_map[F.col("origin")].isNull(),
-         F.concat(F.lit("origin "), _quote(F.col("origin")),
-                  F.lit(" is not a configured replica"))),
+        (
+            rank_map[F.col("origin")].isNull(),
+            F.concat(
+                F.lit("origin "), _quote(F.col("origin")), F.lit(" is not a configured replica")
+            ),
+        ),
         (F.col("ts_text").isNull(), F.lit("no ts")),
-        (F.col("ts").isNull(),
-         F.concat(F.lit("ts "), _quote(F.col("ts_text")),
-                  F.lit(" is neither µs since the epoch nor RFC 3339 with a UTC offset"))),
+        (
+            F.col("ts").isNull(),
+            F.concat(
+                F.lit("ts "),
+                _quote(F.col("ts_text")),
+                F.lit(" is neither µs since the epoch nor RFC 3339 with a UTC offset"),
+            ),
+        ),
         (F.col("seq_text").isNull(), F.lit("no seq")),
-        (F.col("seq").isNull(),
-         F.concat(F.lit("seq "), _quote(F.col("seq_text")), F.lit(" is not an integer"))),
+        (
+            F.col("seq").isNull(),
+            F.concat(F.lit("seq "), _quote(F.col("seq_text")), F.lit(" is not an integer")),
+        ),
         (row_op & ~given("key"), F.lit("no key")),
         (row_op & key_m.isNull(), F.lit("key is not a JSON object")),
     ]
     malformed += [(row_op & c, d) for c, d in _key_checks(table, "key", key_m, "k_")]
     malformed += [
-        ((op != "UPDATE") & given("new_key"),
-         F.concat(F.lit("new_key on "), _quote(op), F.lit(" (only an UPDATE changes a key)"))),
+        (
+            (op != "UPDATE") & given("new_key"),
+            F.concat(F.lit("new_key on "), _quote(op), F.lit(" (only an UPDATE changes a key)")),
+        ),
         (given("new_key") & nk_m.isNull(), F.lit("new_key is not a JSON object")),
     ]
     malformed += [(nk_m.isNotNull() & c, d) for c, d in _key_checks(table, "new_key", nk_m, "nk_")]
@@ -265,51 +304,82 @@ def type_copies(df: DataFrame, table: Table, config: Config, now_us: int, chosen
         (given("after") & after_m.isNull(), F.lit("after is not a JSON object")),
         (given("before") & before_m.isNull(), F.lit("before is not a JSON object")),
     ]
-    malformed += [((op != "DELETE") & c, d)
-                  for c, d in _value_checks(table, "after", after_m, "a_")]
+    malformed += [
+        ((op != "DELETE") & c, d) for c, d in _value_checks(table, "after", after_m, "a_")
+    ]
     malformed += _value_checks(table, "before", before_m, "b_")
     for c in table.key:
         target = F.coalesce(F.col(f"nk_{c}"), F.col(f"k_{c}"))
-        malformed.append((
-            op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c)
-            & (F.col(f"a_{c}") != target),
-            F.concat(F.lit(f"after.{c} = "), _quote(after_m[c]), F.lit(" contradicts the key "),
-                     _quote(F.coalesce(nk_m[c], key_m[c]))),
-        ))
+        malformed.append(
+            (
+                op.isin("INSERT", "UPDATE")
+                & F.map_contains_key(after_m, c)
+                & (F.col(f"a_{c}") != target),
+                F.concat(
+                    F.lit(f"after.{c} = "),
+                    _quote(after_m[c]),
+                    F.lit(" contradicts the key "),
+                    _quote(F.coalesce(nk_m[c], key_m[c])),
+                ),
+            )
+        )
     for c in sorted(table.not_null | table.delta):
         what = "a delta column" if c in table.delta else "a NOT NULL column"
-        malformed.append((
-            op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c) & after_m[c].isNull(),
-            F.lit(f"after.{c} is null in {what}"),
-        ))
+        malformed.append(
+            (
+                op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c) & after_m[c].isNull(),
+                F.lit(f"after.{c} is null in {what}"),
+            )
+        )
     skew = config.max_clock_skew_seconds * 1_000_000
     grace = config.gc_grace_seconds * 1_000_000
-    no_old = [(op == "UPDATE") & F.map_contains_key(after_m, c) & before_m[c].isNull()
-              for c in sorted(table.delta)]
+    no_old = [
+        (op == "UPDATE") & F.map_contains_key(after_m, c) & before_m[c].isNull()
+        for c in sorted(table.delta)
+    ]
     guards = [
         (QuarantineReason.MALFORMED, _first(malformed)),
-        (QuarantineReason.FUTURE_TIMESTAMP,
-         F.when(F.col("ts") > now_us + skew,
-                F.lit(f"ts is more than max_clock_skew_seconds={config.max_clock_skew_seconds} "
-                      "after the run's clock"))),
-        (QuarantineReason.STALE_BEYOND_GC_GRACE,
-         F.when(F.col("ts") < now_us - grace,
-                F.lit(f"ts is older than gc_grace_seconds={config.gc_grace_seconds} "
-                      "before the run's clock"))),
-        (QuarantineReason.DELTA_WITHOUT_OLD_VALUE,
-         F.when(reduce(lambda a, b: a | b, no_old),
-                F.lit("no old value (before) for a changed delta column"))
-         if no_old else F.lit(None).cast("string")),
+        (
+            QuarantineReason.FUTURE_TIMESTAMP,
+            F.when(
+                F.col("ts") > now_us + skew,
+                F.lit(
+                    f"ts is more than max_clock_skew_seconds={config.max_clock_skew_seconds} "
+                    "after the run's clock"
+                ),
+            ),
+        ),
+        (
+            QuarantineReason.STALE_BEYOND_GC_GRACE,
+            F.when(
+                F.col("ts") < now_us - grace,
+                F.lit(
+                    f"ts is older than gc_grace_seconds={config.gc_grace_seconds} "
+                    "before the run's clock"
+                ),
+            ),
+        ),
+        (
+            QuarantineReason.DELTA_WITHOUT_OLD_VALUE,
+            F.when(
+                reduce(lambda a, b: a | b, no_old),
+                F.lit("no old value (before) for a changed delta column"),
+            )
+            if no_old
+            else F.lit(None).cast("string"),
+        ),
     ]
     reason = F.coalesce(*[F.when(d.isNotNull(), F.lit(r.value)) for r, d in guards])
     detail = F.coalesce(*[d for _r, d in guards])
-    with_reason = df.select("*", F.when(F.col("_chosen"), reason).alias("reason"),
-                            F.when(F.col("_chosen"), detail).alias("detail"))
+    with_reason = df.select(
+        "*",
+        F.when(F.col("_chosen"), reason).alias("reason"),
+        F.when(F.col("_chosen"), detail).alias("detail"),
+    )
     return _finish(with_reason, table, rank_map, passthrough)
 
 
-def _finish(df: DataFrame, table: Table, rank_map: Column, passthrough: list[str]
-            ) -> DataFrame:
+def _finish(df: DataFrame, table: Table, rank_map: Column, passthrough: list[str]) -> DataFrame:
     """3. the copy's columns: typed structs, present and extra column names."""
     cols = table.column_names
     chosen = F.col("_chosen")
@@ -328,23 +398,34 @@ def _finish(df: DataFrame, table: Table, rank_map: Column, passthrough: list[str
         return F.array(*[F.coalesce(F.map_contains_key(m, c), F.lit(False)) for c in cols])
 
     def n_known(m: Column) -> Column:
-        return reduce(lambda a, b: a + b,
-                      [F.when(F.map_contains_key(m, c), 1).otherwise(0) for c in cols])
+        return reduce(
+            lambda a, b: a + b, [F.when(F.map_contains_key(m, c), 1).otherwise(0) for c in cols]
+        )
 
-    unknown = (F.coalesce(F.size(after_m), F.lit(0)) + F.coalesce(F.size(before_m), F.lit(0))
-               != n_known(after_m) + n_known(before_m))
-    extra = F.array_distinct(F.concat(F.array_except(keys_of(after_m), _lits(cols)),
-                                      F.array_except(keys_of(before_m), _lits(cols))))
+    unknown = F.coalesce(F.size(after_m), F.lit(0)) + F.coalesce(
+        F.size(before_m), F.lit(0)
+    ) != n_known(after_m) + n_known(before_m)
+    extra = F.array_distinct(
+        F.concat(
+            F.array_except(keys_of(after_m), _lits(cols)),
+            F.array_except(keys_of(before_m), _lits(cols)),
+        )
+    )
     out = [c for c in passthrough if c != "raw"]
     return df.select(
         *out,
-        "op", "origin", rank_map[F.col("origin")].alias("rank"), "txid", "ts",
+        "op",
+        "origin",
+        rank_map[F.col("origin")].alias("rank"),
+        "txid",
+        "ts",
         F.when(nk_m.isNotNull(), struct_of("nk_", table.key)).alias("new_key"),
         struct_of("a_", cols).alias("after"),
         F.when(chosen, has(after_m)).alias("after_has"),
         struct_of("b_", cols).alias("before"),
         F.when(chosen, has(before_m)).alias("before_has"),
         F.when(chosen, F.when(unknown, extra).otherwise(empty)).alias("extra_cols"),
-        "reason", "detail",
+        "reason",
+        "detail",
         F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),
     )

@@ -146,8 +146,9 @@ def _line_chunks(path: Path, name: str) -> Iterator[tuple[int, list[bytes]]]:
             if rest:
                 yield line_no, [rest]
     except (EOFError, OSError, zlib.error) as e:
-        raise ExportError(f"{name}: cannot be read to its end ({e}); the file is truncated "
-                          "or corrupt") from None
+        raise ExportError(
+            f"{name}: cannot be read to its end ({e}); the file is truncated or corrupt"
+        ) from None
 
 
 def _as_strings(lines: list[bytes]) -> pa.Array:
@@ -237,8 +238,9 @@ def _find_export(store: Store, folder: str, what: str) -> bool:
     return False
 
 
-def ingest(config: Config, store: Store, ctx: RunContext, allow_missing: bool
-           ) -> dict[str, StagedTable]:
+def ingest(
+    config: Config, store: Store, ctx: RunContext, allow_missing: bool
+) -> dict[str, StagedTable]:
     """Stage every export of ``ctx.dt``, the base snapshot and the prior state pointer."""
     from pipeline.published import find_prior_pointer
 
@@ -257,8 +259,13 @@ def ingest(config: Config, store: Store, ctx: RunContext, allow_missing: bool
             )
             dest = ctx.staged / tname / f"replica={rep}"
             st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
-            log.info("ingest %s/%s: %d events from %d file(s)", rep, tname,
-                     st.exports[rep].rows, len(manifest["files"]))
+            log.info(
+                "ingest %s/%s: %d events from %d file(s)",
+                rep,
+                tname,
+                st.exports[rep].rows,
+                len(manifest["files"]),
+            )
         st.prior = find_prior_pointer(store, tname, ctx.dt)
         if st.prior is None and _find_export(store, layout.base_dir(tname), "base snapshot"):
             manifest = read_manifest(store, layout.base_dir(tname), {"table": tname})
@@ -269,8 +276,9 @@ def ingest(config: Config, store: Store, ctx: RunContext, allow_missing: bool
             log.info("ingest base/%s: %d rows", tname, staged.rows)
         elif st.prior is not None:
             _stage_prior_state(store, st.prior, ctx.staged / tname / "prior")
-            log.info("ingest %s: prior state of %s (run %s)", tname, st.prior["dt"],
-                     st.prior["run_id"])
+            log.info(
+                "ingest %s: prior state of %s (run %s)", tname, st.prior["dt"], st.prior["run_id"]
+            )
         out[tname] = st
     if missing_all and not (allow_missing or config.allow_missing_exports):
         raise ExportError(

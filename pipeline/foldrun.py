@@ -45,19 +45,38 @@ def output_schema(table: Table) -> T.StructType:
     fields = [
         ("kind", s),
         ("row", row_struct_type(table)),
-        ("_ts", L), ("_origin", s), ("_event_id", s), ("_deleted", B), ("_deleted_at", L),
-        ("key", s), ("conflict_type", s), ("resolver", s), ("outcome", s),
-        ("local_ts", L), ("local_origin", s), ("local_row", s),
-        ("remote_event_id", s), ("remote_ts", L), ("remote_origin", s), ("remote_row", s),
-        ("reason", s), ("pos_rank", Int), ("pos_idx", Int),
-        ("event_id", s), ("fate", s),
-        ("replica", s), ("replica_row", s), ("converged_row", s), ("repair", s),
+        ("_ts", L),
+        ("_origin", s),
+        ("_event_id", s),
+        ("_deleted", B),
+        ("_deleted_at", L),
+        ("key", s),
+        ("conflict_type", s),
+        ("resolver", s),
+        ("outcome", s),
+        ("local_ts", L),
+        ("local_origin", s),
+        ("local_row", s),
+        ("remote_event_id", s),
+        ("remote_ts", L),
+        ("remote_origin", s),
+        ("remote_row", s),
+        ("reason", s),
+        ("pos_rank", Int),
+        ("pos_idx", Int),
+        ("event_id", s),
+        ("fate", s),
+        ("replica", s),
+        ("replica_row", s),
+        ("converged_row", s),
+        ("repair", s),
     ]
     return T.StructType([T.StructField(n, t) for n, t in fields])
 
 
-def event_from_row(r: dict[str, Any], key_cols: tuple[str, ...], columns: tuple[str, ...],
-                   seqs: dict[str, int]) -> Event:
+def event_from_row(
+    r: dict[str, Any], key_cols: tuple[str, ...], columns: tuple[str, ...], seqs: dict[str, int]
+) -> Event:
     after, before = r["after"] or {}, r["before"] or {}
     nk = r["new_key"]
     return Event(
@@ -68,10 +87,12 @@ def event_from_row(r: dict[str, Any], key_cols: tuple[str, ...], columns: tuple[
         origin=r["origin"],
         rank=r["rank"],
         new_key=tuple(nk[c] for c in key_cols) if nk is not None else None,
-        after={c: after[c] for c, given in zip(columns, r["after_has"] or (), strict=False)
-               if given},
-        before={c: before[c] for c, given in zip(columns, r["before_has"] or (), strict=False)
-                if given},
+        after={
+            c: after[c] for c, given in zip(columns, r["after_has"] or (), strict=False) if given
+        },
+        before={
+            c: before[c] for c, given in zip(columns, r["before_has"] or (), strict=False) if given
+        },
         extra_cols=tuple(r["extra_cols"] or ()),
         txid=r["txid"],
         rejected=bool(r["rejected"]),
@@ -84,15 +105,15 @@ def version_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> tuple[Key,
     key = tuple(row[c] for c in key_cols)
     deleted = bool(r["s_deleted"])
     values = {c: row[c] for c in key_cols} if deleted else dict(row)
-    return key, Version(values, r["s_ts"], r["s_origin"], r["event_id"], r["s_rank"], deleted,
-                        r["s_deleted_at"])
+    return key, Version(
+        values, r["s_ts"], r["s_origin"], r["event_id"], r["s_rank"], deleted, r["s_deleted_at"]
+    )
 
 
 class GroupFolder:
     """Folds one group at a time and renders the output rows."""
 
-    def __init__(self, spec: FoldSpec, replicas: tuple[str, ...], truncates: list[Event],
-                 dt: date):
+    def __init__(self, spec: FoldSpec, replicas: tuple[str, ...], truncates: list[Event], dt: date):
         self.spec = spec
         self.table = spec.table
         self.key_cols = spec.table.key
@@ -118,8 +139,11 @@ class GroupFolder:
         events: list[Event] = []
         for group in copies.values():
             chosen = min(group, key=lambda r: r["rn"])
-            events.append(event_from_row(chosen, self.key_cols, self.columns,
-                                         {r["replica"]: r["seq"] for r in group}))
+            events.append(
+                event_from_row(
+                    chosen, self.key_cols, self.columns, {r["replica"]: r["seq"] for r in group}
+                )
+            )
         events += self.truncates
         result = fold_converged(self.spec, state, events)
         for k, v in result.state.items():
@@ -130,17 +154,20 @@ class GroupFolder:
                 yield self._conflict_row(c, i)
         for eid, group in copies.items():
             a = applied.get(eid)
-            fate = "applied" if a and a.applied else ("errored" if a and a.errored else
-                                                      "discarded" if a else "not_reached")
+            fate = (
+                "applied"
+                if a and a.applied
+                else ("errored" if a and a.errored else "discarded" if a else "not_reached")
+            )
             for r in group:
-                yield {"kind": "outcome", "event_id": eid, "replica": r["replica"],
-                       "fate": fate}
+                yield {"kind": "outcome", "event_id": eid, "replica": r["replica"], "fate": fate}
         if result.stopped is not None:
             return  # §12: after an error, divergence is not checked
         # a replica that applied the events in the canonical order (or in the same order as
         # another replica) reaches the same state: fold each distinct order once
         seen: dict[tuple[str, ...], dict[Key, Version]] = {
-            tuple(e.event_id for e in canonical(events)): result.state}
+            tuple(e.event_id for e in canonical(events)): result.state
+        }
         for rep in self.replicas:
             order = replica_order(events, rep)
             ids = tuple(e.event_id for e in order)
@@ -152,8 +179,15 @@ class GroupFolder:
 
     def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
         row = {c: v.values.get(c) for c in self.columns}
-        return {"kind": "state", "row": row, "_ts": v.ts, "_origin": v.origin,
-                "_event_id": v.event_id, "_deleted": v.deleted, "_deleted_at": v.deleted_at}
+        return {
+            "kind": "state",
+            "row": row,
+            "_ts": v.ts,
+            "_origin": v.origin,
+            "_event_id": v.event_id,
+            "_deleted": v.deleted,
+            "_deleted_at": v.deleted_at,
+        }
 
     def _remote_row(self, e: Event) -> dict[str, Any]:
         out: dict[str, Any] = {"op": e.op}
@@ -179,27 +213,39 @@ class GroupFolder:
             local = dumps([self._local_row(v) for v in c.local])
         e = c.event
         return {
-            "kind": "conflict", "key": self.key_json(c.key), "conflict_type": c.type.value,
-            "resolver": c.resolver.value, "outcome": c.outcome.value,
+            "kind": "conflict",
+            "key": self.key_json(c.key),
+            "conflict_type": c.type.value,
+            "resolver": c.resolver.value,
+            "outcome": c.outcome.value,
             "local_ts": first.ts if first else None,
-            "local_origin": first.origin if first else None, "local_row": local,
-            "remote_event_id": e.event_id, "remote_ts": e.ts, "remote_origin": e.origin,
-            "remote_row": dumps(self._remote_row(e)), "reason": c.reason,
-            "pos_rank": e.rank, "pos_idx": idx,
+            "local_origin": first.origin if first else None,
+            "local_row": local,
+            "remote_event_id": e.event_id,
+            "remote_ts": e.ts,
+            "remote_origin": e.origin,
+            "remote_row": dumps(self._remote_row(e)),
+            "reason": c.reason,
+            "pos_rank": e.rank,
+            "pos_idx": idx,
         }
 
-    def _divergence_row(self, replica: str, k: Key, mine: Version | None,
-                        conv: Version | None) -> dict[str, Any]:
+    def _divergence_row(
+        self, replica: str, k: Key, mine: Version | None, conv: Version | None
+    ) -> dict[str, Any]:
         rv, cv = reader_view(mine), reader_view(conv)
         return {
-            "kind": "divergence", "replica": replica, "key": self.key_json(k),
+            "kind": "divergence",
+            "replica": replica,
+            "key": self.key_json(k),
             "replica_row": dumps(rv) if rv is not None else None,
             "converged_row": dumps(cv) if cv is not None else None,
             "repair": dumps(self.repair(replica, k, rv, conv)),
         }
 
-    def repair(self, replica: str, k: Key, rv: dict[str, Any] | None, conv: Version | None
-               ) -> dict[str, Any]:
+    def repair(
+        self, replica: str, k: Key, rv: dict[str, Any] | None, conv: Version | None
+    ) -> dict[str, Any]:
         """A canonical event record that brings ``replica``'s row to the converged one."""
         key = dict(zip(self.key_cols, k, strict=True))
         cv = reader_view(conv)
@@ -209,8 +255,11 @@ class GroupFolder:
             rec |= {"op": "INSERT", "after": dict(cv)}
         elif cv is not None and rv is not None:
             changed = [c for c in self.columns if cv.get(c) != rv.get(c)]
-            rec |= {"op": "UPDATE", "after": {c: cv[c] for c in changed},
-                    "before": {c: rv.get(c) for c in changed}}
+            rec |= {
+                "op": "UPDATE",
+                "after": {c: cv[c] for c in changed},
+                "before": {c: rv.get(c) for c in changed},
+            }
         else:
             rec |= {"op": "DELETE"}
         rec |= {

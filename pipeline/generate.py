@@ -97,8 +97,13 @@ def _key_value(col: Column, n: int) -> Any:
 
 
 class _TableGen:
-    def __init__(self, config: Config, table: Table, rng: random.Random,
-                 parents: dict[str, list[dict[str, Any]]]):
+    def __init__(
+        self,
+        config: Config,
+        table: Table,
+        rng: random.Random,
+        parents: dict[str, list[dict[str, Any]]],
+    ):
         self.config = config
         self.t = table
         self.rng = rng
@@ -155,20 +160,28 @@ class _TableGen:
         return after, before
 
 
-def _write_export(store: Store, folder: str, records: list[dict[str, Any]], fmt: str,
-                  files: int, manifest: dict[str, Any]) -> None:
+def _write_export(
+    store: Store,
+    folder: str,
+    records: list[dict[str, Any]],
+    fmt: str,
+    files: int,
+    manifest: dict[str, Any],
+) -> None:
     parts = max(1, min(files, len(records) or 1))
     size = -(-len(records) // parts) if records else 0
     entries = []
     for i in range(parts):
-        chunk = records[i * size:(i + 1) * size] if records else []
+        chunk = records[i * size : (i + 1) * size] if records else []
         if fmt == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             objs = ("key", "new_key", "after", "before")
-            rows = [{k: (json.dumps(v) if k in objs and v is not None else v) for k, v in r.items()}
-                    for r in chunk]
+            rows = [
+                {k: (json.dumps(v) if k in objs and v is not None else v) for k, v in r.items()}
+                for r in chunk
+            ]
             buf = io.BytesIO()
             pq.write_table(pa.Table.from_pylist(rows), buf)
             data, name = buf.getvalue(), f"part-{i:04d}.parquet"
@@ -176,8 +189,9 @@ def _write_export(store: Store, folder: str, records: list[dict[str, Any]], fmt:
             text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in chunk).encode()
             data, name = gzip.compress(text, compresslevel=1, mtime=0), f"part-{i:04d}.jsonl.gz"
         store.write_bytes(f"{folder}/{name}", data)
-        entries.append({"path": name, "rows": len(chunk),
-                        "sha256": hashlib.sha256(data).hexdigest()})
+        entries.append(
+            {"path": name, "rows": len(chunk), "sha256": hashlib.sha256(data).hexdigest()}
+        )
     body = {**manifest, "format": fmt, "files": entries}
     store.write_bytes(f"{folder}/{layout.MANIFEST}", json.dumps(body, indent=1).encode())
 
@@ -214,8 +228,11 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
             contended = rng.random() < opts.conflict_rate
             count = rng.randint(2, 5) if contended else 1
             late = rng.random() < opts.late_rate
-            t = (day0 - rng.randint(1, 3_600_000_000)) if late else day0 + rng.randint(
-                0, DAY_US - 3 * MAX_DELAY_US * 5)
+            t = (
+                (day0 - rng.randint(1, 3_600_000_000))
+                if late
+                else day0 + rng.randint(0, DAY_US - 3 * MAX_DELAY_US * 5)
+            )
             alive = existing
             for j in range(count):
                 origin = rng.choice(replicas)
@@ -243,13 +260,24 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
         keys_of[name] = live + [g.key(n) for n in range(base_n)]
         n_records = _write_day(store, name, dt, events, replicas, rng, opts)
         stats["records"] += n_records
-        stats["tables"][name] = {"events": len(events), "records": n_records,
-                                 "keys": k_touched, "base_rows": base_n}
+        stats["tables"][name] = {
+            "events": len(events),
+            "records": n_records,
+            "keys": k_touched,
+            "base_rows": base_n,
+        }
     return stats
 
 
-def _write_day(store: Store, table: str, dt: date, events: list[_Ev], replicas: list[str],
-               rng: random.Random, opts: GenerateOptions) -> int:
+def _write_day(
+    store: Store,
+    table: str,
+    dt: date,
+    events: list[_Ev],
+    replicas: list[str],
+    rng: random.Random,
+    opts: GenerateOptions,
+) -> int:
     """Each replica exports every event in its own apply order: its own changes at their
     ts, the others' after a replication delay."""
     total = 0
@@ -270,9 +298,19 @@ def _write_day(store: Store, table: str, dt: date, events: list[_Ev], replicas: 
             r |= {"ts": e.ts, "origin": e.origin, "event_id": e.event_id, "seq": seq}
             records.append(r)
         folder = layout.export_dir(rep, table, dt)
-        _write_export(store, folder, records, opts.fmt, opts.files,
-                      {"replica": rep, "table": table, "dt": dt.isoformat(),
-                       "watermark": f"{dt.isoformat()}T23:59:59.999999Z"})
+        _write_export(
+            store,
+            folder,
+            records,
+            opts.fmt,
+            opts.files,
+            {
+                "replica": rep,
+                "table": table,
+                "dt": dt.isoformat(),
+                "watermark": f"{dt.isoformat()}T23:59:59.999999Z",
+            },
+        )
         total += len(records)
     return total
 

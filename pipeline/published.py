@@ -60,16 +60,18 @@ def replace_dated(store: Store, src: Path, prefix: str, run_id: str) -> None:
         store.delete_prefix(key)
 
 
-def publish_inspection(store: Store, resolved: Path, tables: list[str], dt: date,
-                       run_id: str) -> None:
+def publish_inspection(
+    store: Store, resolved: Path, tables: list[str], dt: date, run_id: str
+) -> None:
     """The date's logs, also for a failed run (semantics.md §12 "A failed run")."""
     for t in tables:
         for kind in DATED_OUTPUTS:
             replace_dated(store, resolved / t / kind, layout.dated_output(t, kind, dt), run_id)
 
 
-def publish_run(store: Store, resolved: Path, tables: list[str], dt: date, run_id: str,
-                counts: dict[str, int]) -> dict[str, dict[str, Any]]:
+def publish_run(
+    store: Store, resolved: Path, tables: list[str], dt: date, run_id: str, counts: dict[str, int]
+) -> dict[str, dict[str, Any]]:
     """Upload snapshots and states under ``run=<run_id>``, then the pointers."""
     pointers = {}
     for t in tables:
@@ -91,6 +93,9 @@ def publish_run(store: Store, resolved: Path, tables: list[str], dt: date, run_i
         if latest is None or date.fromisoformat(latest["dt"]) <= dt:
             store.write_bytes(layout.latest_pointer(t), json.dumps(p, indent=2).encode())
         else:
-            log.info("publish %s: _latest.json stays on %s (this run is for an earlier date)",
-                     t, latest["dt"])
+            log.info(
+                "publish %s: _latest.json stays on %s (this run is for an earlier date)",
+                t,
+                latest["dt"],
+            )
     return pointers

@@ -10,8 +10,12 @@ def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for j, r in enumerate(rows):
-        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                             enumerate(zip(r, widths, strict=True))).rstrip())
+        out.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            ).rstrip()
+        )
         if j == 0:
             out.append("  ".join("-" * w for w in widths))
     return out
@@ -19,15 +23,35 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"run {report['run_id']} for {report['dt']}: {report['status'].upper()}", ""]
-    rows = [["table", "events", "distinct", "applied", "discarded", "quarantined",
-             "conflicts", "divergent", "orphans", "rows"]]
+    rows = [
+        [
+            "table",
+            "events",
+            "distinct",
+            "applied",
+            "discarded",
+            "quarantined",
+            "conflicts",
+            "divergent",
+            "orphans",
+            "rows",
+        ]
+    ]
     for t, s in report["tables"].items():
-        rows.append([
-            t, str(s["events"]), str(s["distinct_events"]), str(s["applied"]),
-            str(s["discarded"] + s.get("errored", 0)), str(sum(s["quarantined"].values())),
-            str(sum(sum(o.values()) for o in s["conflicts"].values())),
-            str(sum(s["divergent_keys"].values())), str(s["orphans"]), str(s.get("rows", "-")),
-        ])
+        rows.append(
+            [
+                t,
+                str(s["events"]),
+                str(s["distinct_events"]),
+                str(s["applied"]),
+                str(s["discarded"] + s.get("errored", 0)),
+                str(sum(s["quarantined"].values())),
+                str(sum(sum(o.values()) for o in s["conflicts"].values())),
+                str(sum(s["divergent_keys"].values())),
+                str(s["orphans"]),
+                str(s.get("rows", "-")),
+            ]
+        )
     lines += _table(rows)
     crow = [["table", "conflict type", "outcome", "count"]]
     for t, s in report["tables"].items():

@@ -33,50 +33,85 @@ from pipeline.state import read_prior
 log = logging.getLogger(__name__)
 
 CONFLICT_COLUMNS = [
-    "run_id", "dt", "table", "key", "conflict_type", "resolver", "outcome", "local_ts",
-    "local_origin", "local_row", "remote_event_id", "remote_ts", "remote_origin", "remote_row",
+    "run_id",
+    "dt",
+    "table",
+    "key",
+    "conflict_type",
+    "resolver",
+    "outcome",
+    "local_ts",
+    "local_origin",
+    "local_row",
+    "remote_event_id",
+    "remote_ts",
+    "remote_origin",
+    "remote_row",
     "reason",
 ]
 QUARANTINE_COLUMNS = ["run_id", "dt", "table", "replica", "event_id", "reason", "detail", "event"]
-DIVERGENCE_COLUMNS = ["run_id", "dt", "table", "replica", "key", "replica_row", "converged_row",
-                      "repair"]
+DIVERGENCE_COLUMNS = [
+    "run_id",
+    "dt",
+    "table",
+    "replica",
+    "key",
+    "replica_row",
+    "converged_row",
+    "repair",
+]
 ORPHAN_COLUMNS = ["run_id", "dt", "table", "key", "reference", "event_id"]
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
-    return [F.lit(ctx.run_id).alias("run_id"), F.lit(ctx.dt.isoformat()).alias("dt"),
-            F.lit(table).alias("table")]
+    return [
+        F.lit(ctx.run_id).alias("run_id"),
+        F.lit(ctx.dt.isoformat()).alias("dt"),
+        F.lit(table).alias("table"),
+    ]
 
 
 def _write(df: DataFrame, path: Path, mode: str = "overwrite") -> None:
     import time
+
     t = time.monotonic()
     df.write.mode(mode).parquet(str(path))
     log.debug("write %s: %.2fs", path.name, time.monotonic() - t)
 
 
-def resolve_table(spark: SparkSession, config: Config, table: Table, ctx: RunContext,
-                  staged: StagedTable) -> dict[str, Any]:
+def resolve_table(
+    spark: SparkSession, config: Config, table: Table, ctx: RunContext, staged: StagedTable
+) -> dict[str, Any]:
     out = ctx.resolved / table.name
     if table.granularity is not Granularity.ROW:
         from pipeline.errors import CdrError
 
-        raise CdrError(f"table {table.name!r}: policy {table.preset.value!r} (cell granularity) "
-                       "is not supported by this version")
+        raise CdrError(
+            f"table {table.name!r}: policy {table.preset.value!r} (cell granularity) "
+            "is not supported by this version"
+        )
     records = read_records(spark, ctx.staged / table.name)
-    prior = purge(read_prior(spark, ctx.staged / table.name, table), ctx.now_us,
-                  config.gc_grace_seconds)
+    prior = purge(
+        read_prior(spark, ctx.staged / table.name, table), ctx.now_us, config.gc_grace_seconds
+    )
     res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
 
     _write(res.state, out / "state_pre")
     stopped = _write_conflicts(res.conflicts, ctx, table, out)
     _write(
-        res.quarantine.select(*_run_cols(ctx, table.name), "replica", "event_id", "reason",
-                              "detail", F.col("raw").alias("event")),
+        res.quarantine.select(
+            *_run_cols(ctx, table.name),
+            "replica",
+            "event_id",
+            "reason",
+            "detail",
+            F.col("raw").alias("event"),
+        ),
         out / "quarantine",
     )
-    divergence = res.divergence.select(*_run_cols(ctx, table.name), "replica", "key",
-                                       "replica_row", "converged_row", "repair")
+    divergence = res.divergence.select(
+        *_run_cols(ctx, table.name), "replica", "key", "replica_row", "converged_row", "repair"
+    )
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
     _write(divergence, out / "divergence")
@@ -84,23 +119,34 @@ def resolve_table(spark: SparkSession, config: Config, table: Table, ctx: RunCon
     return _table_counts(table, out, staged, stopped)
 
 
-def _write_conflicts(conflicts: DataFrame, ctx: RunContext, table: Table, out: Path
-                     ) -> dict[str, Any] | None:
+def _write_conflicts(
+    conflicts: DataFrame, ctx: RunContext, table: Table, out: Path
+) -> dict[str, Any] | None:
     """Write the conflict log in canonical order; after an ``error`` only up to it (§12).
     Returns the errored conflict, if any."""
-    errored = (conflicts.where(F.col("outcome") == "errored")
-               .orderBy("remote_ts", "pos_rank", "remote_event_id", "pos_idx").limit(1).collect())
+    errored = (
+        conflicts.where(F.col("outcome") == "errored")
+        .orderBy("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
+        .limit(1)
+        .collect()
+    )
     stopped = None
     if errored:
         e = errored[0]
-        stopped = {"table": table.name, "key": e.key, "conflict_type": e.conflict_type,
-                   "event_id": e.remote_event_id, "reason": e.reason}
-        cut = F.struct(F.lit(e.remote_ts), F.lit(e.pos_rank), F.lit(e.remote_event_id),
-                       F.lit(e.pos_idx))
+        stopped = {
+            "table": table.name,
+            "key": e.key,
+            "conflict_type": e.conflict_type,
+            "event_id": e.remote_event_id,
+            "reason": e.reason,
+        }
+        cut = F.struct(
+            F.lit(e.remote_ts), F.lit(e.pos_rank), F.lit(e.remote_event_id), F.lit(e.pos_idx)
+        )
         conflicts = conflicts.where(position() <= cut)
     _write(
-        conflicts.coalesce(1).sortWithinPartitions("remote_ts", "pos_rank", "remote_event_id",
-                                                    "pos_idx")
+        conflicts.coalesce(1)
+        .sortWithinPartitions("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
         .select(*_run_cols(ctx, table.name), *CONFLICT_COLUMNS[3:]),
         out / "conflicts",
     )
@@ -121,8 +167,9 @@ def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
     return t.group_by(list(cols)).aggregate([([], "count_all")]).to_pylist()
 
 
-def _table_counts(table: Table, out: Path, staged: StagedTable,
-                  stopped: dict[str, Any] | None) -> dict[str, Any]:
+def _table_counts(
+    table: Table, out: Path, staged: StagedTable, stopped: dict[str, Any] | None
+) -> dict[str, Any]:
     fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
     # an event counts once; a record without an event id counts as one event
     with_id = fates.filter(pc.is_valid(fates["event_id"]))
@@ -131,17 +178,23 @@ def _table_counts(table: Table, out: Path, staged: StagedTable,
     for r in _counts(fates.filter(pc.is_null(fates["event_id"])), "fate"):
         by_fate[r["fate"]] = by_fate.get(r["fate"], 0) + r["count_all"]
     per_replica: dict[str, dict[str, int]] = {
-        r: {"records": e.rows} for r, e in staged.exports.items()}
+        r: {"records": e.rows} for r, e in staged.exports.items()
+    }
     for r in _counts(fates, "replica", "fate"):
         per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
     conflicts: dict[str, dict[str, int]] = {}
-    for r in _counts(_local_table(out / "conflicts", ["conflict_type", "outcome"]),
-                     "conflict_type", "outcome"):
+    for r in _counts(
+        _local_table(out / "conflicts", ["conflict_type", "outcome"]), "conflict_type", "outcome"
+    ):
         conflicts.setdefault(r["conflict_type"], {})[r["outcome"]] = r["count_all"]
-    quarantined = {r["reason"]: r["count_all"] for r in
-                   _counts(_local_table(out / "quarantine", ["reason"]), "reason")}
-    divergent = {r["replica"]: r["count_all"] for r in
-                 _counts(_local_table(out / "divergence", ["replica"]), "replica")}
+    quarantined = {
+        r["reason"]: r["count_all"]
+        for r in _counts(_local_table(out / "quarantine", ["reason"]), "reason")
+    }
+    divergent = {
+        r["replica"]: r["count_all"]
+        for r in _counts(_local_table(out / "divergence", ["replica"]), "replica")
+    }
     return {
         "policy": table.preset.value,
         "events": sum(e.rows for e in staged.exports.values()),
@@ -155,8 +208,9 @@ def _table_counts(table: Table, out: Path, staged: StagedTable,
         "divergent_keys": divergent,
         "replicas": per_replica,
         "missing_exports": staged.missing,
-        "prior": staged.prior["dt"] if staged.prior else ("base" if staged.base_rows is not None
-                                                           else None),
+        "prior": staged.prior["dt"]
+        if staged.prior
+        else ("base" if staged.base_rows is not None else None),
         "stopped": stopped,
         "orphans": 0,
     }
@@ -173,8 +227,9 @@ def _key_json(cols: list[str]) -> Column:
     return F.to_json(F.struct(*[F.col(c) for c in cols]))
 
 
-def check_foreign_keys(spark: SparkSession, config: Config, ctx: RunContext,
-                       summary: dict[str, Any]) -> None:
+def check_foreign_keys(
+    spark: SparkSession, config: Config, ctx: RunContext, summary: dict[str, Any]
+) -> None:
     """§10: orphans after resolution; with ``quarantine`` they leave state and snapshot,
     repeatedly, until none is left. Writes ``orphans`` and the final ``state``."""
     states = {t: spark.read.parquet(str(ctx.resolved / t / "state_pre")) for t in config.tables}
@@ -192,23 +247,36 @@ def check_foreign_keys(spark: SparkSession, config: Config, ctx: RunContext,
                 live_child = states[child_name].where(~F.col("_deleted"))
                 for c in fk.columns:
                     live_child = live_child.where(F.col(c).isNotNull())
-                parents = states[parent.name].where(~F.col("_deleted")).select(
-                    *[F.col(pk).alias(c) for c, pk in zip(fk.columns, parent.key, strict=True)]
-                ).distinct()
+                parents = (
+                    states[parent.name]
+                    .where(~F.col("_deleted"))
+                    .select(
+                        *[F.col(pk).alias(c) for c, pk in zip(fk.columns, parent.key, strict=True)]
+                    )
+                    .distinct()
+                )
                 orphans = live_child.join(parents, list(fk.columns), "left_anti").persist()
                 if orphans.isEmpty():
                     continue
-                ref = F.to_json(F.struct(
-                    F.lit(parent.name).alias("references"),
-                    *[F.col(c).alias(pk) for c, pk in zip(fk.columns, parent.key, strict=True)]))
-                found[child_name].append(orphans.select(
-                    _key_json(list(child.key)).alias("key"), ref.alias("reference"),
-                    F.col("_event_id").alias("event_id"), F.to_json(F.struct(
-                        *child.column_names, "_ts", "_origin")).alias("row"),
-                    F.col("_origin").alias("origin")))
+                ref = F.to_json(
+                    F.struct(
+                        F.lit(parent.name).alias("references"),
+                        *[F.col(c).alias(pk) for c, pk in zip(fk.columns, parent.key, strict=True)],
+                    )
+                )
+                found[child_name].append(
+                    orphans.select(
+                        _key_json(list(child.key)).alias("key"),
+                        ref.alias("reference"),
+                        F.col("_event_id").alias("event_id"),
+                        F.to_json(F.struct(*child.column_names, "_ts", "_origin")).alias("row"),
+                        F.col("_origin").alias("origin"),
+                    )
+                )
                 if quarantine:
                     states[child_name] = states[child_name].join(
-                        orphans.select(*child.key), list(child.key), "left_anti")
+                        orphans.select(*child.key), list(child.key), "left_anti"
+                    )
                     changed.add(child_name)
                     new_orphans = True
         if not new_orphans:
@@ -221,17 +289,26 @@ def check_foreign_keys(spark: SparkSession, config: Config, ctx: RunContext,
             orphans = orphans.unionByName(p)  # type: ignore[union-attr]
         if orphans is not None:
             orphans = orphans.dropDuplicates(["key"]).persist()
-            _write(orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
-                   out / "orphans")
+            _write(
+                orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"), out / "orphans"
+            )
             summary["tables"][t]["orphans"] = _parquet_rows(out / "orphans")
             if quarantine:
-                _write(orphans.select(
-                    *_run_cols(ctx, t), F.col("origin").alias("replica"), "event_id",
-                    F.lit(QuarantineReason.FK_VIOLATION.value).alias("reason"),
-                    F.concat(F.lit("no live parent for "), F.col("reference")).alias("detail"),
-                    F.col("row").alias("event")), out / "quarantine", mode="append")
-                summary["tables"][t]["quarantined"][QuarantineReason.FK_VIOLATION.value] = (
-                    summary["tables"][t]["orphans"])
+                _write(
+                    orphans.select(
+                        *_run_cols(ctx, t),
+                        F.col("origin").alias("replica"),
+                        "event_id",
+                        F.lit(QuarantineReason.FK_VIOLATION.value).alias("reason"),
+                        F.concat(F.lit("no live parent for "), F.col("reference")).alias("detail"),
+                        F.col("row").alias("event"),
+                    ),
+                    out / "quarantine",
+                    mode="append",
+                )
+                summary["tables"][t]["quarantined"][QuarantineReason.FK_VIOLATION.value] = summary[
+                    "tables"
+                ][t]["orphans"]
         if t in changed:
             _write(states[t], out / "state")
             shutil.rmtree(out / "state_pre")
@@ -247,8 +324,12 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[
     inputs = load_inputs(ctx)
     if ctx.resolved.exists():
         shutil.rmtree(ctx.resolved)
-    summary: dict[str, Any] = {"run_id": ctx.run_id, "dt": ctx.dt.isoformat(),
-                               "now_us": ctx.now_us, "tables": {}}
+    summary: dict[str, Any] = {
+        "run_id": ctx.run_id,
+        "dt": ctx.dt.isoformat(),
+        "now_us": ctx.now_us,
+        "tables": {},
+    }
     for name, table in config.tables.items():
         log.info("resolve %s ...", name)
         try:
@@ -256,8 +337,14 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[
         finally:
             spark.catalog.clearCache()  # a table's persisted fold output is written by now
         t = summary["tables"][name]
-        log.info("resolve %s: %d events, %d applied, %d discarded, %d quarantined", name,
-                 t["distinct_events"], t["applied"], t["discarded"], sum(t["quarantined"].values()))
+        log.info(
+            "resolve %s: %d events, %d applied, %d discarded, %d quarantined",
+            name,
+            t["distinct_events"],
+            t["applied"],
+            t["discarded"],
+            sum(t["quarantined"].values()),
+        )
     try:
         check_foreign_keys(spark, config, ctx, summary)
     finally:

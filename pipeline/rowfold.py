@@ -165,8 +165,15 @@ class RowFold:
     def key_dict(self, key: Key) -> dict[str, Any]:
         return dict(zip(self._key_cols, key, strict=True))
 
-    def _tombstone(self, key: Key, e: Event, ts: int | None = None, origin: str | None = None,
-                   rank: int | None = None, event_id: str | None = None) -> Version:
+    def _tombstone(
+        self,
+        key: Key,
+        e: Event,
+        ts: int | None = None,
+        origin: str | None = None,
+        rank: int | None = None,
+        event_id: str | None = None,
+    ) -> Version:
         return Version(
             self.key_dict(key),
             e.ts if ts is None else ts,
@@ -289,8 +296,11 @@ class RowFold:
             r = self._resolver(t)
             extra = ", ".join(e.extra_cols)
             if r is _R.IGNORE:
-                log.append(self._conflict(e.key, t, r, _O.APPLIED, e, (),
-                                          f"extra columns dropped: {extra}"))
+                log.append(
+                    self._conflict(
+                        e.key, t, r, _O.APPLIED, e, (), f"extra columns dropped: {extra}"
+                    )
+                )
             else:
                 out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
                 log.append(self._conflict(e.key, t, r, out, e, (), f"extra columns: {extra}"))
@@ -301,8 +311,16 @@ class RowFold:
             return self._update(e, log)
         return self._delete(e, log)
 
-    def _conflict(self, key: Key, t: ConflictType, r: Resolver, o: Outcome, e: Event,
-                  local: tuple[Version, ...], reason: str) -> Conflict:
+    def _conflict(
+        self,
+        key: Key,
+        t: ConflictType,
+        r: Resolver,
+        o: Outcome,
+        e: Event,
+        local: tuple[Version, ...],
+        reason: str,
+    ) -> Conflict:
         return Conflict(key, t, r, o, e, local, reason)
 
     def _done(self, e: Event, applied: bool, log: list[Conflict]) -> Applied:
@@ -321,13 +339,19 @@ class RowFold:
         if e.op == "INSERT":
             t = _C.INSERT_EXISTS
         elif e.op == "UPDATE":
-            t = _C.UPDATE_MISSING if loc is None else (
-                _C.UPDATE_DELETED if loc.deleted else _C.UPDATE_DIFFER)
+            t = (
+                _C.UPDATE_MISSING
+                if loc is None
+                else (_C.UPDATE_DELETED if loc.deleted else _C.UPDATE_DIFFER)
+            )
         else:
             t = _C.DELETE_MISSING if loc is None or loc.deleted else _C.DELETE_DIFFER
         local = () if loc is None else (loc,)
-        log.append(self._conflict(e.key, t, self._resolver(t), _O.DISCARDED, e, local,
-                                  "transaction rejected"))
+        log.append(
+            self._conflict(
+                e.key, t, self._resolver(t), _O.DISCARDED, e, local, "transaction rejected"
+            )
+        )
         return Applied(e, False, tuple(log))
 
     def _truncate(self, e: Event) -> None:
@@ -356,8 +380,9 @@ class RowFold:
             return self._done(e, False, log)
         return self._finish(e, key, values, log, None)
 
-    def _insert_values(self, e: Event, key: Key, local: Version | None,
-                       log: list[Conflict]) -> dict[str, Any] | None:
+    def _insert_values(
+        self, e: Event, key: Key, local: Version | None, log: list[Conflict]
+    ) -> dict[str, Any] | None:
         """The INSERT's row; §3 target_column_extra when it lacks columns."""
         given = dict(e.after)
         given.update(self.key_dict(key))
@@ -372,18 +397,36 @@ class RowFold:
             log.append(self._conflict(key, t, r, out, e, (), f"missing columns: {names}"))
             return None
         if local is not None:  # applied as an UPDATE: missing columns keep their values
-            log.append(self._conflict(key, t, r, _O.APPLIED, e, (local,),
-                                      f"missing columns keep local values: {names}"))
+            log.append(
+                self._conflict(
+                    key,
+                    t,
+                    r,
+                    _O.APPLIED,
+                    e,
+                    (local,),
+                    f"missing columns keep local values: {names}",
+                )
+            )
             return {c: given.get(c, local.values.get(c)) for c in self._all_cols}
         defaults = self.table.defaults
         unfillable = [c for c in missing if c in self.table.not_null and defaults.get(c) is None]
         if unfillable:
-            log.append(self._conflict(
-                key, t, r, _O.ERRORED, e, (),
-                f"missing NOT NULL column(s) without default: {', '.join(unfillable)}"))
+            log.append(
+                self._conflict(
+                    key,
+                    t,
+                    r,
+                    _O.ERRORED,
+                    e,
+                    (),
+                    f"missing NOT NULL column(s) without default: {', '.join(unfillable)}",
+                )
+            )
             return None
-        log.append(self._conflict(key, t, r, _O.APPLIED, e, (),
-                                  f"missing columns take defaults: {names}"))
+        log.append(
+            self._conflict(key, t, r, _O.APPLIED, e, (), f"missing columns take defaults: {names}")
+        )
         return {c: given[c] if c in given else defaults.get(c) for c in self._all_cols}
 
     # -------------------------------------------------------------- UPDATE
@@ -399,30 +442,64 @@ class RowFold:
             full = self._full_row(e, target)
             local = () if loc is None else (loc,)
             if r is _R.DELETE_WINS:
-                why = ("an update never creates a row" if loc is None
-                       else "an update never undoes a delete")
+                why = (
+                    "an update never creates a row"
+                    if loc is None
+                    else "an update never undoes a delete"
+                )
                 log.append(self._conflict(key, t, r, _O.DISCARDED, e, local, why))
                 return self._done(e, False, log)
             if r is _R.LATEST_TIMESTAMP_WINS:
                 assert loc is not None  # only allowed for update_deleted
                 if not _wins_latest(e, loc):
-                    log.append(self._conflict(key, t, r, _O.DISCARDED, e, local,
-                                              "the delete is later"))
+                    log.append(
+                        self._conflict(key, t, r, _O.DISCARDED, e, local, "the delete is later")
+                    )
                     return self._done(e, False, log)
                 if full is None:
-                    log.append(self._conflict(key, t, r, _O.SKIPPED, e, local,
-                                              "remote is later but the full row cannot be built"))
+                    log.append(
+                        self._conflict(
+                            key,
+                            t,
+                            r,
+                            _O.SKIPPED,
+                            e,
+                            local,
+                            "remote is later but the full row cannot be built",
+                        )
+                    )
                     return self._done(e, False, log)
-                log.append(self._conflict(key, t, r, _O.CONVERTED_TO_INSERT, e, local,
-                                          "remote is later than the delete"))
+                log.append(
+                    self._conflict(
+                        key,
+                        t,
+                        r,
+                        _O.CONVERTED_TO_INSERT,
+                        e,
+                        local,
+                        "remote is later than the delete",
+                    )
+                )
             elif r in (_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR):
                 if full is None:
                     out = _O.SKIPPED if r is _R.APPLY_OR_SKIP else _O.ERRORED
-                    log.append(self._conflict(key, t, r, out, e, local,
-                                              "the full row cannot be built from the event"))
+                    log.append(
+                        self._conflict(
+                            key, t, r, out, e, local, "the full row cannot be built from the event"
+                        )
+                    )
                     return self._done(e, False, log)
-                log.append(self._conflict(key, t, r, _O.CONVERTED_TO_INSERT, e, local,
-                                          "the event carries the full row"))
+                log.append(
+                    self._conflict(
+                        key,
+                        t,
+                        r,
+                        _O.CONVERTED_TO_INSERT,
+                        e,
+                        local,
+                        "the event carries the full row",
+                    )
+                )
             else:
                 out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
                 log.append(self._conflict(key, t, r, out, e, local, f"{r.value}"))
@@ -431,8 +508,17 @@ class RowFold:
             return self._finish(e, target, full, log, key if target != key else None)
         if self._differs(e, loc, use_before=True):
             out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
-            log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,),
-                                      f"{why}; local origin {loc.origin}, ts {loc.ts}"))
+            log.append(
+                self._conflict(
+                    key,
+                    _C.UPDATE_DIFFER,
+                    r,
+                    out,
+                    e,
+                    (loc,),
+                    f"{why}; local origin {loc.origin}, ts {loc.ts}",
+                )
+            )
             if not out.remote_applied:
                 return self._done(e, False, log)
         values = self._merge(loc.values, e, target)
@@ -450,11 +536,21 @@ class RowFold:
             local = () if loc is None else (loc,)
             if r is _R.DELETE_WINS:
                 if loc is not None and e.ts == loc.ts and e.position() < loc.position():
-                    log.append(self._conflict(key, t, r, _O.DISCARDED, e, local,
-                                              "equal ts: the tie-break winner's delete stands"))
+                    log.append(
+                        self._conflict(
+                            key,
+                            t,
+                            r,
+                            _O.DISCARDED,
+                            e,
+                            local,
+                            "equal ts: the tie-break winner's delete stands",
+                        )
+                    )
                     return self._done(e, False, log)
-                log.append(self._conflict(key, t, r, _O.APPLIED, e, local,
-                                          "the newer tombstone is kept"))
+                log.append(
+                    self._conflict(key, t, r, _O.APPLIED, e, local, "the newer tombstone is kept")
+                )
                 if loc is None or e.position() > loc.position():
                     self._set(key, self._tombstone(key, e))
                 return self._done(e, True, log)
@@ -463,8 +559,17 @@ class RowFold:
             return self._done(e, False, log)
         if self._differs(e, loc, use_before=False):
             out, r, why = self._decide(_C.DELETE_DIFFER, e, loc, _O.APPLIED)
-            log.append(self._conflict(key, _C.DELETE_DIFFER, r, out, e, (loc,),
-                                      f"{why}; local origin {loc.origin}, ts {loc.ts}"))
+            log.append(
+                self._conflict(
+                    key,
+                    _C.DELETE_DIFFER,
+                    r,
+                    out,
+                    e,
+                    (loc,),
+                    f"{why}; local origin {loc.origin}, ts {loc.ts}",
+                )
+            )
             if not out.remote_applied:
                 return self._done(e, False, log)
             if r is _R.DELETE_WINS and loc.ts > e.ts:
@@ -477,8 +582,14 @@ class RowFold:
 
     # -------------------------------------------------------------- key change, unique
 
-    def _finish(self, e: Event, target: Key, values: dict[str, Any], log: list[Conflict],
-                old_key: Key | None) -> Applied:
+    def _finish(
+        self,
+        e: Event,
+        target: Key,
+        values: dict[str, Any],
+        log: list[Conflict],
+        old_key: Key | None,
+    ) -> Applied:
         """Write the row at ``target`` after the pkey_exists (§3) and
         multiple_unique_conflicts checks; a key change (``old_key``) leaves the old key
         absent (§12)."""
@@ -497,7 +608,8 @@ class RowFold:
             r = self._resolver(t)
             rows = tuple(self.state[k] for k in colliding)
             why = "collides on a unique constraint with key(s) " + ", ".join(
-                repr(k) for k in colliding)
+                repr(k) for k in colliding
+            )
             if r is _R.APPLY:
                 log.append(self._conflict(target, t, r, _O.APPLIED, e, rows, why))
                 for k in colliding:  # §12: they become tombstones with the event's ts
@@ -511,8 +623,9 @@ class RowFold:
         self._set(target, self._live(values, e))
         return self._done(e, True, log)
 
-    def _collisions(self, values: Mapping[str, Any], target: Key, moved_from: Key | None
-                    ) -> list[Key]:
+    def _collisions(
+        self, values: Mapping[str, Any], target: Key, moved_from: Key | None
+    ) -> list[Key]:
         found: list[Key] = []
         for i, cols in enumerate(self.table.unique):
             vals = tuple(values.get(c) for c in cols)
@@ -534,8 +647,9 @@ def canonical(events: Iterable[Event]) -> list[Event]:
 def replica_order(events: Sequence[Event], replica: str) -> list[Event]:
     """§9: the replica's export order (``seq``), then the events missing from its export
     in canonical order."""
-    mine = sorted((e for e in events if replica in e.seqs), key=lambda e: (e.seqs[replica],
-                                                                          e.position()))
+    mine = sorted(
+        (e for e in events if replica in e.seqs), key=lambda e: (e.seqs[replica], e.position())
+    )
     rest = canonical(e for e in events if replica not in e.seqs)
     return mine + rest
 
@@ -547,8 +661,9 @@ class FoldResult:
     stopped: Conflict | None  # the errored conflict that stopped the fold, if any
 
 
-def fold_converged(spec: FoldSpec, state: Mapping[Key, Version], events: Iterable[Event]
-                   ) -> FoldResult:
+def fold_converged(
+    spec: FoldSpec, state: Mapping[Key, Version], events: Iterable[Event]
+) -> FoldResult:
     """§2: apply the events in canonical order; stop at an ``error``."""
     f = RowFold(spec, dict(state), converged=True)
     results: list[Applied] = []
@@ -561,8 +676,13 @@ def fold_converged(spec: FoldSpec, state: Mapping[Key, Version], events: Iterabl
     return FoldResult(f.state, results, None)
 
 
-def fold_perspective(spec: FoldSpec, state: Mapping[Key, Version], events: Sequence[Event],
-                     replica: str, ordered: bool = False) -> dict[Key, Version]:
+def fold_perspective(
+    spec: FoldSpec,
+    state: Mapping[Key, Version],
+    events: Sequence[Event],
+    replica: str,
+    ordered: bool = False,
+) -> dict[Key, Version]:
     """§9: the state the replica reaches applying the events in its own order
     (``ordered``: the events are already in that order)."""
     f = RowFold(spec, dict(state), converged=False)

@@ -32,8 +32,9 @@ def get_spark(master: str | None = None, app: str = "cdr") -> SparkSession:
     if not under_spark_submit():
         b = b.master(master or os.environ.get("CDR_SPARK_MASTER") or "local[*]")
         b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
-        b = b.config("spark.driver.extraJavaOptions",
-                     f"-Dlog4j2.configurationFile={LOG4J.as_uri()}")
+        b = b.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"
+        )
     partitions = os.environ.get("CDR_SHUFFLE_PARTITIONS", "8")
     settings = {
         "spark.sql.session.timeZone": "UTC",  # the run's clock and ts are UTC µs

@@ -67,8 +67,9 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
     return verdict
 
 
-def run_report(config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict,
-               published: bool) -> dict[str, Any]:
+def run_report(
+    config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict, published: bool
+) -> dict[str, Any]:
     return {
         "run_id": ctx.run_id,
         "dt": ctx.dt.isoformat(),
@@ -99,16 +100,19 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     if not verdict.passed:
         store.write_bytes(report_key, json.dumps(report, indent=2).encode())
         raise GateError("; ".join(verdict.failures))
-    store.write_bytes(f"{layout.report_dir(ctx.dt)}/validation/results.json",
-                      (ctx.validation / "results.json").read_bytes())
+    store.write_bytes(
+        f"{layout.report_dir(ctx.dt)}/validation/results.json",
+        (ctx.validation / "results.json").read_bytes(),
+    )
     store.write_bytes(report_key, json.dumps(report, indent=2).encode())
     counts = {t: s.get("rows", 0) for t, s in summary["tables"].items()}
     report["pointers"] = publish_run(store, ctx.resolved, tables, ctx.dt, ctx.run_id, counts)
     return report
 
 
-def run(config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None
-        ) -> dict[str, Any]:
+def run(
+    config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None
+) -> dict[str, Any]:
     """``cdr run``: every stage in one process with one Spark session."""
     from pipeline.spark import get_spark
 

@@ -44,10 +44,12 @@ def read_base(spark: SparkSession, base: Path, table: Table) -> DataFrame:
     pq_files = sorted(str(p) for p in base.glob("parquet/*.parquet"))
     if pq_files:
         df = spark.read.parquet(*pq_files)
-        raw = df.select(F.lit("base").alias("replica"),
-                        F.regexp_extract(F.input_file_name(), r"([^/]+)$", 1).alias("file"),
-                        F.lit(None).cast("bigint").alias("line"),
-                        F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"))
+        raw = df.select(
+            F.lit("base").alias("replica"),
+            F.regexp_extract(F.input_file_name(), r"([^/]+)$", 1).alias("file"),
+            F.lit(None).cast("bigint").alias("line"),
+            F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
+        )
         parts.append(_base_from_json(raw, table))
     if not parts:
         return empty_state(spark, table)
@@ -71,8 +73,10 @@ def _base_from_json(raw: DataFrame, table: Table) -> DataFrame:
     if bad:
         b = bad[0]
         where = f"base/table={table.name}/{b.file}" + (f", line {b.line}" if b.line else "")
-        raise ExportError(f"{where}: a base row does not fit the table's schema "
-                          f"(types, NOT NULL, key): {b.raw[:200]}")
+        raise ExportError(
+            f"{where}: a base row does not fit the table's schema "
+            f"(types, NOT NULL, key): {b.raw[:200]}"
+        )
     return df.select(
         *cols,
         F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias("_ts"),

@@ -28,8 +28,9 @@ from pipeline.context import RunContext
 
 log = logging.getLogger(__name__)
 
-EXPECTATIONS_DIR = Path(os.environ.get("CDR_EXPECTATIONS_DIR",
-                                       Path(__file__).resolve().parent.parent / "expectations"))
+EXPECTATIONS_DIR = Path(
+    os.environ.get("CDR_EXPECTATIONS_DIR", Path(__file__).resolve().parent.parent / "expectations")
+)
 SUITES = ("snapshot",)
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
@@ -63,14 +64,19 @@ def _q(col: str) -> str:
 
 def render_suite(template: dict[str, Any], table: Table) -> dict[str, Any]:
     """The suite for one table (a plain GX suite dict, ready for ``ExpectationSuite``)."""
-    base = {"table": table.name, "key_columns": ", ".join(_q(c) for c in table.key),
-            "columns": ", ".join(_q(c) for c in table.column_names)}
+    base = {
+        "table": table.name,
+        "key_columns": ", ".join(_q(c) for c in table.key),
+        "columns": ", ".join(_q(c) for c in table.column_names),
+    }
     each: dict[str, list[dict[str, str]]] = {
         "key_column": [{"column": c} for c in table.key],
         "not_null_column": [{"column": c} for c in table.column_names if c in table.not_null],
         "unique_constraint": [
-            {"constraint_columns": ", ".join(_q(c) for c in u),
-             "constraint_not_null": " AND ".join(f"{_q(c)} IS NOT NULL" for c in u)}
+            {
+                "constraint_columns": ", ".join(_q(c) for c in u),
+                "constraint_not_null": " AND ".join(f"{_q(c)} IS NOT NULL" for c in u),
+            }
             for u in table.unique
         ],
     }
@@ -81,8 +87,11 @@ def render_suite(template: dict[str, Any], table: Table) -> dict[str, Any]:
             e = _fill({k: v for k, v in exp.items()}, base | names)
             e.setdefault("meta", {})["table"] = table.name
             expectations.append(e)
-    return {"name": f"{template['name']}.{table.name}", "expectations": expectations,
-            "meta": {"template": template["name"]}}
+    return {
+        "name": f"{template['name']}.{table.name}",
+        "expectations": expectations,
+        "meta": {"template": template["name"]},
+    }
 
 
 def load_template(name: str) -> dict[str, Any]:
@@ -100,25 +109,32 @@ def run_suite(df: DataFrame, suite: dict[str, Any]) -> dict[str, Any]:
     # persist=False: GX would otherwise cache every validated DataFrame and never release it.
     ds = ctx.data_sources.add_spark(name=f"ds_{name}", persist=False)
     batch = ds.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
-    gx_suite = ctx.suites.add(gx.ExpectationSuite(name=suite["name"],
-                                                  expectations=suite["expectations"]))
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=f"vd_{name}", data=batch,
-                                                                suite=gx_suite))
+    gx_suite = ctx.suites.add(
+        gx.ExpectationSuite(name=suite["name"], expectations=suite["expectations"])
+    )
+    vd = ctx.validation_definitions.add(
+        gx.ValidationDefinition(name=f"vd_{name}", data=batch, suite=gx_suite)
+    )
     result = vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
     checks = []
     for r in result.results:
         cfg = r.expectation_config
         res = r.result or {}
-        sample = res.get("details", {}).get("unexpected_rows") or res.get(
-            "partial_unexpected_list") or []
-        checks.append({
-            "expectation": cfg.type,
-            "check": (cfg.meta or {}).get("check"),
-            "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
-            "success": bool(r.success),
-            "observed": res.get("observed_value", res.get("unexpected_count")),
-            "sample": json.loads(json.dumps(sample[:5], default=str)),
-        })
+        sample = (
+            res.get("details", {}).get("unexpected_rows")
+            or res.get("partial_unexpected_list")
+            or []
+        )
+        checks.append(
+            {
+                "expectation": cfg.type,
+                "check": (cfg.meta or {}).get("check"),
+                "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
+                "success": bool(r.success),
+                "observed": res.get("observed_value", res.get("unexpected_count")),
+                "sample": json.loads(json.dumps(sample[:5], default=str)),
+            }
+        )
     return {"suite": suite["name"], "success": bool(result.success), "checks": checks}
 
 
@@ -129,15 +145,21 @@ def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict)
             st = s["stopped"]
             verdict.failures.append(
                 f"table {t}: {st['conflict_type']} on key {st['key']} (event {st['event_id']}) "
-                f"has resolver error: {st['reason']}")
+                f"has resolver error: {st['reason']}"
+            )
     if any(s["stopped"] for s in summary["tables"].values()):
         return  # §12: divergence and FK are not checked after an error
     for t, s in summary["tables"].items():
         for replica, n in sorted(s["divergent_keys"].items()):
-            msg = (f"table {t}: replica {replica} diverges from the converged state on {n} "
-                   f"key(s) (see published/{t}/divergence/dt={summary['dt']})")
-            (verdict.failures if config.on_divergence is DivergencePolicy.FAIL
-             else verdict.warnings).append(msg)
+            msg = (
+                f"table {t}: replica {replica} diverges from the converged state on {n} "
+                f"key(s) (see published/{t}/divergence/dt={summary['dt']})"
+            )
+            (
+                verdict.failures
+                if config.on_divergence is DivergencePolicy.FAIL
+                else verdict.warnings
+            ).append(msg)
         if s["orphans"]:
             msg = f"table {t}: {s['orphans']} orphan row(s) after resolution (foreign keys)"
             if config.on_fk_violation is FkPolicy.FAIL:
@@ -146,8 +168,9 @@ def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict)
                 verdict.warnings.append(msg + f" ({config.on_fk_violation.value})")
 
 
-def validate_stage(spark: SparkSession, config: Config, ctx: RunContext,
-                   summary: dict[str, Any]) -> Verdict:
+def validate_stage(
+    spark: SparkSession, config: Config, ctx: RunContext, summary: dict[str, Any]
+) -> Verdict:
     verdict = Verdict()
     gate_from_summary(config, summary, verdict)
     for suite_name in SUITES:
@@ -162,11 +185,21 @@ def validate_stage(spark: SparkSession, config: Config, ctx: RunContext,
                 if not c["success"]:
                     verdict.failures.append(
                         f"table {t}: expectation {c['expectation']} ({c['check']}) failed: "
-                        f"observed {c['observed']}, e.g. {c['sample'][:3]}")
+                        f"observed {c['observed']}, e.g. {c['sample'][:3]}"
+                    )
     ctx.validation.mkdir(parents=True, exist_ok=True)
-    (ctx.validation / "results.json").write_text(json.dumps(
-        {"passed": verdict.passed, "failures": verdict.failures, "warnings": verdict.warnings,
-         "suites": verdict.suites}, indent=2, default=str))
+    (ctx.validation / "results.json").write_text(
+        json.dumps(
+            {
+                "passed": verdict.passed,
+                "failures": verdict.failures,
+                "warnings": verdict.warnings,
+                "suites": verdict.suites,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     return verdict
 
 

@@ -29,6 +29,7 @@ def airflow_environment(home: Path) -> dict[str, str]:
 def setup_airflow(home: Path) -> dict[str, str]:
     env = airflow_environment(home)
     os.environ.update(env)
-    subprocess.run([str(BIN / "airflow"), "db", "migrate"], check=True, env={**os.environ},
-                   capture_output=True)
+    subprocess.run(
+        [str(BIN / "airflow"), "db", "migrate"], check=True, env={**os.environ}, capture_output=True
+    )
     return env

@@ -28,21 +28,47 @@ def ranks(table: Table) -> dict[str, int]:
     return make_config().tie_ranks(table.tie_break)
 
 
-def live(key: int, v: str, ts: int, origin: str | None, n: int = 0, eid: str | None = None,
-         rank: int | None = None) -> tuple[tuple[int], Version]:
+def live(
+    key: int,
+    v: str,
+    ts: int,
+    origin: str | None,
+    n: int = 0,
+    eid: str | None = None,
+    rank: int | None = None,
+) -> tuple[tuple[int], Version]:
     r = {"pub": 0, "sub": 1}.get(origin or "", -1) if rank is None else rank
     return (key,), Version({"id": key, "v": v, "n": n}, ts, origin, eid, r)
 
 
 def tomb(key: int, ts: int, origin: str, at: int = NOW - H) -> tuple[tuple[int], Version]:
-    return (key,), Version({"id": key}, ts, origin, None, {"pub": 0, "sub": 1}[origin],
-                           deleted=True, deleted_at=at)
+    return (key,), Version(
+        {"id": key}, ts, origin, None, {"pub": 0, "sub": 1}[origin], deleted=True, deleted_at=at
+    )
 
 
-def ev(op: str, key: int | None, ts: int, origin: str, eid: str, after: dict | None = None,
-       before: dict | None = None, new_key: int | None = None, rank: int | None = None,
-       **kw: Any) -> Event:
+def ev(
+    op: str,
+    key: int | None,
+    ts: int,
+    origin: str,
+    eid: str,
+    after: dict | None = None,
+    before: dict | None = None,
+    new_key: int | None = None,
+    rank: int | None = None,
+    **kw: Any,
+) -> Event:
     r = {"pub": 0, "sub": 1}[origin] if rank is None else rank
-    return Event(eid, op, (key,) if key is not None else None, ts, origin, r,
-                 new_key=(new_key,) if new_key is not None else None, after=after or {},
-                 before=before or {}, **kw)
+    return Event(
+        eid,
+        op,
+        (key,) if key is not None else None,
+        ts,
+        origin,
+        r,
+        new_key=(new_key,) if new_key is not None else None,
+        after=after or {},
+        before=before or {},
+        **kw,
+    )

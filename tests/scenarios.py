@@ -21,20 +21,23 @@ def scenario_files() -> list[Path]:
     return sorted(SCENARIOS.glob("*.json")) if SCENARIOS.is_dir() else []
 
 
-def write_jsonl(folder: Path, records: list[dict[str, Any]], manifest: dict[str, Any],
-                gz: bool = False) -> None:
+def write_jsonl(
+    folder: Path, records: list[dict[str, Any]], manifest: dict[str, Any], gz: bool = False
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r) + "\n" for r in records).encode()
     name = "part-0000.jsonl.gz" if gz else "part-0000.jsonl"
     data = gzip.compress(text, mtime=0) if gz else text
     (folder / name).write_bytes(data)
     files = [{"path": name, "rows": len(records), "sha256": hashlib.sha256(data).hexdigest()}]
-    (folder / "_manifest.json").write_text(json.dumps({**manifest, "format": "jsonl",
-                                                      "files": files}))
+    (folder / "_manifest.json").write_text(
+        json.dumps({**manifest, "format": "jsonl", "files": files})
+    )
 
 
-def write_exports(root: Path, date: str, exports: dict[str, dict[str, list[dict]]],
-                  gz: bool = False) -> None:
+def write_exports(
+    root: Path, date: str, exports: dict[str, dict[str, list[dict]]], gz: bool = False
+) -> None:
     for replica, tables in exports.items():
         for table, events in tables.items():
             folder = root / f"exports/replica={replica}/table={table}/dt={date}"
@@ -75,8 +78,13 @@ def read_parquet_dir(path: Path) -> list[dict[str, Any]]:
 def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
     """What the run published, in the shape of a scenario's ``expect``."""
     d = s["date"]
-    out: dict[str, Any] = {"snapshot": {}, "conflicts": {}, "quarantine": {},
-                           "divergent_keys": {}, "orphans": {}}
+    out: dict[str, Any] = {
+        "snapshot": {},
+        "conflicts": {},
+        "quarantine": {},
+        "divergent_keys": {},
+        "orphans": {},
+    }
     for t in s["config"]["tables"]:
         latest = root / f"published/{t}/_latest.json"
         if latest.exists():
@@ -87,14 +95,21 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
         conf = read_parquet_dir(base / f"conflicts/dt={d}")
         if conf:
             out["conflicts"][t] = [
-                {"key": json.loads(c["key"]), "conflict_type": c["conflict_type"],
-                 "resolver": c["resolver"], "outcome": c["outcome"]} for c in conf]
+                {
+                    "key": json.loads(c["key"]),
+                    "conflict_type": c["conflict_type"],
+                    "resolver": c["resolver"],
+                    "outcome": c["outcome"],
+                }
+                for c in conf
+            ]
         q = read_parquet_dir(base / f"quarantine/dt={d}")
         if q:
             out["quarantine"][t] = [{"event_id": r["event_id"], "reason": r["reason"]} for r in q]
         for r in read_parquet_dir(base / f"divergence/dt={d}"):
             out["divergent_keys"].setdefault(t, {}).setdefault(r["replica"], []).append(
-                json.loads(r["key"]))
+                json.loads(r["key"])
+            )
     report = root / f"published/reports/dt={d}/run_report.json"
     if report.exists():
         rep = json.loads(report.read_text())

@@ -79,8 +79,13 @@ def test_every_mistake_is_reported_at_once_with_its_path():
     problems = e.value.problems
     assert "tables.orders.foreign_keys[0].references: no table 'product'" in problems
     assert any(p.startswith("tables.orders.key[0]: no column 'order_no'") for p in problems)
-    assert any(p.startswith("tables.accounts.resolvers.update_missing: resolver "
-                            "'latest_timestamp_wins' is not allowed") for p in problems)
+    assert any(
+        p.startswith(
+            "tables.accounts.resolvers.update_missing: resolver "
+            "'latest_timestamp_wins' is not allowed"
+        )
+        for p in problems
+    )
     assert any(p.startswith("tables.sessions.delta:") for p in problems)
     assert any(p.startswith("replicas[1].system_id") for p in problems)
     assert len(problems) >= 5
@@ -88,9 +93,13 @@ def test_every_mistake_is_reported_at_once_with_its_path():
 
 def test_structural_mistakes_name_their_path():
     with pytest.raises(ConfigError) as e:
-        parse_config({"replicas": [{"id": "a", "system_id": -1}],
-                      "tables": {"t": {"key": ["id"], "columns": {"id": "int"}, "polcy": "x"}},
-                      "on_divergence": "maybe"})
+        parse_config(
+            {
+                "replicas": [{"id": "a", "system_id": -1}],
+                "tables": {"t": {"key": ["id"], "columns": {"id": "int"}, "polcy": "x"}},
+                "on_divergence": "maybe",
+            }
+        )
     text = str(e.value)
     assert "replicas[0].system_id" in text
     assert "tables.t.polcy: unknown key" in text
@@ -99,27 +108,44 @@ def test_structural_mistakes_name_their_path():
 
 def test_a_table_without_key_is_refused():
     with pytest.raises(ConfigError, match=r"tables\.t\.key: a table needs a key"):
-        parse_config({"replicas": [{"id": "a", "system_id": 1}],
-                      "tables": {"t": {"columns": {"id": "int"}}}})
+        parse_config(
+            {"replicas": [{"id": "a", "system_id": 1}], "tables": {"t": {"columns": {"id": "int"}}}}
+        )
 
 
 def test_scope_transaction_needs_delete_wins():
     with pytest.raises(ConfigError, match=r"tables\.t\.scope"):
-        parse_config({"replicas": [{"id": "a", "system_id": 1}],
-                      "tables": {"t": {"key": ["id"], "columns": {"id": "int"},
-                                       "scope": "transaction"}}})
+        parse_config(
+            {
+                "replicas": [{"id": "a", "system_id": 1}],
+                "tables": {"t": {"key": ["id"], "columns": {"id": "int"}, "scope": "transaction"}},
+            }
+        )
 
 
 def test_defaults_must_fit_their_column_type():
     with pytest.raises(ConfigError, match=r"tables\.t\.defaults\.n"):
-        parse_config({"replicas": [{"id": "a", "system_id": 1}],
-                      "tables": {"t": {"key": ["id"], "columns": {"id": "int", "n": "int"},
-                                       "defaults": {"n": "seven"}}}})
+        parse_config(
+            {
+                "replicas": [{"id": "a", "system_id": 1}],
+                "tables": {
+                    "t": {
+                        "key": ["id"],
+                        "columns": {"id": "int", "n": "int"},
+                        "defaults": {"n": "seven"},
+                    }
+                },
+            }
+        )
 
 
 def test_tie_ranks_put_the_tie_break_winner_last():
-    cfg = parse_config({"replicas": [{"id": "a", "system_id": 5}, {"id": "b", "system_id": 9}],
-                        "tables": {"t": {"key": ["id"], "columns": {"id": "int"}}}})
+    cfg = parse_config(
+        {
+            "replicas": [{"id": "a", "system_id": 5}, {"id": "b", "system_id": 9}],
+            "tables": {"t": {"key": ["id"], "columns": {"id": "int"}}},
+        }
+    )
     assert cfg.tie_ranks(TieBreak.HIGHER_SYSTEM_ID) == {"a": 0, "b": 1}
     assert cfg.tie_ranks(TieBreak.LOWER_SYSTEM_ID) == {"b": 0, "a": 1}
 

@@ -31,13 +31,18 @@ def test_dagbag_imports_without_errors(airflow):
     assert bag.import_errors == {}
     dag = bag.get_dag("replica_cdr")
     assert dag is not None
-    assert [t.task_id for t in dag.topological_sort()] == ["ingest", "resolve", "validate",
-                                                           "publish"]
+    assert [t.task_id for t in dag.topological_sort()] == [
+        "ingest",
+        "resolve",
+        "validate",
+        "publish",
+    ]
     assert dag.max_active_runs == 1 and not dag.catchup
 
 
-def test_dag_test_runs_the_whole_chain_against_s3(airflow, s3_endpoint, s3_store, tmp_path,
-                                                  monkeypatch):
+def test_dag_test_runs_the_whole_chain_against_s3(
+    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
+):
     from pipeline.config import load_config
     from pipeline.demo import DEMO_CONFIG
     from pipeline.generate import GenerateOptions, generate
@@ -46,12 +51,23 @@ def test_dag_test_runs_the_whole_chain_against_s3(airflow, s3_endpoint, s3_store
     cfg_path = tmp_path / "cdr.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     config = load_config(cfg_path)
-    generate(config, s3_store, datetime(2026, 11, 21).date(),
-             GenerateOptions(events=3000, seed=3, base_rows=100))
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
-        "conn_type": "aws", "login": os.environ["AWS_ACCESS_KEY_ID"],
-        "password": os.environ["AWS_SECRET_ACCESS_KEY"],
-        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}))
+    generate(
+        config,
+        s3_store,
+        datetime(2026, 11, 21).date(),
+        GenerateOptions(events=3000, seed=3, base_rows=100),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": os.environ["AWS_ACCESS_KEY_ID"],
+                "password": os.environ["AWS_SECRET_ACCESS_KEY"],
+                "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+            }
+        ),
+    )
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3")  # the connection must bring it
     monkeypatch.setenv("CDR_CONFIG", str(cfg_path))
     monkeypatch.setenv("CDR_WORK_DIR", str(tmp_path / "work"))
@@ -61,8 +77,12 @@ def test_dag_test_runs_the_whole_chain_against_s3(airflow, s3_endpoint, s3_store
         task.retries = 0  # a failure shows at once instead of waiting for the retry delay
     run = dag.test(logical_date=datetime(2026, 11, 22, 2, tzinfo=UTC))
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    assert states == {"ingest": "success", "resolve": "success", "validate": "success",
-                      "publish": "success"}, states
+    assert states == {
+        "ingest": "success",
+        "resolve": "success",
+        "validate": "success",
+        "publish": "success",
+    }, states
     for table in ("products", "orders", "accounts"):
         pointer = json.loads(s3_store.read_bytes(f"published/{table}/_latest.json"))
         assert pointer["dt"] == "2026-11-21" and pointer["rows"] > 0

@@ -18,8 +18,9 @@ from pipeline.exports import ingest, load_inputs, safe_relpath
 D = date(2026, 11, 21)
 
 
-def put_export(store, replica, table, lines, *, gz=False, manifest_extra=None, files=None,
-               name=None):
+def put_export(
+    store, replica, table, lines, *, gz=False, manifest_extra=None, files=None, name=None
+):
     folder = f"exports/replica={replica}/table={table}/dt={D}"
     data = "".join(lines).encode()
     if gz:
@@ -28,16 +29,33 @@ def put_export(store, replica, table, lines, *, gz=False, manifest_extra=None, f
     store.write_bytes(f"{folder}/{name}", data)
     rows = sum(1 for ln in lines if ln.strip())
     entry = {"path": name, "rows": rows, "sha256": hashlib.sha256(data).hexdigest()}
-    manifest = {"replica": replica, "table": table, "dt": D.isoformat(), "format": "jsonl",
-                "files": files if files is not None else [entry], **(manifest_extra or {})}
+    manifest = {
+        "replica": replica,
+        "table": table,
+        "dt": D.isoformat(),
+        "format": "jsonl",
+        "files": files if files is not None else [entry],
+        **(manifest_extra or {}),
+    }
     store.write_bytes(f"{folder}/_manifest.json", json.dumps(manifest).encode())
     return folder, entry
 
 
 def rec(eid, origin="pub", seq=1):
-    return json.dumps({"op": "INSERT", "key": {"id": 1}, "after": {"id": 1, "v": "a", "n": 1},
-                       "ts": "2026-11-21T01:00:00Z", "origin": origin, "event_id": eid,
-                       "seq": seq}) + "\n"
+    return (
+        json.dumps(
+            {
+                "op": "INSERT",
+                "key": {"id": 1},
+                "after": {"id": 1, "v": "a", "n": 1},
+                "ts": "2026-11-21T01:00:00Z",
+                "origin": origin,
+                "event_id": eid,
+                "seq": seq,
+            }
+        )
+        + "\n"
+    )
 
 
 @pytest.fixture
@@ -65,8 +83,11 @@ def test_missing_export_names_the_replica_unless_allowed(s3_store, ctx):
 def test_files_without_a_manifest_are_an_error(s3_store, ctx):
     put_export(s3_store, "pub", "t", [rec("pub-1")])
     s3_store.write_bytes(f"exports/replica=sub/table=t/dt={D}/part-0.jsonl", rec("x").encode())
-    with pytest.raises(ExportError, match=r"replica=sub/table=t/dt=2026-11-21: holds files but "
-                                          r"no _manifest.json"):
+    with pytest.raises(
+        ExportError,
+        match=r"replica=sub/table=t/dt=2026-11-21: holds files but "
+        r"no _manifest.json",
+    ):
         ingest(make_config(), s3_store, ctx, allow_missing=True)
 
 
@@ -74,8 +95,11 @@ def test_checksum_mismatch_names_the_file(s3_store, ctx):
     folder, entry = put_export(s3_store, "pub", "t", [rec("pub-1")])
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     s3_store.write_bytes(f"{folder}/{entry['path']}", rec("pub-9").encode())
-    with pytest.raises(ExportError, match=r"replica=pub/table=t/dt=2026-11-21/part-0.jsonl: "
-                                          r"sha256 mismatch"):
+    with pytest.raises(
+        ExportError,
+        match=r"replica=pub/table=t/dt=2026-11-21/part-0.jsonl: "
+        r"sha256 mismatch",
+    ):
         ingest(make_config(), s3_store, ctx, allow_missing=False)
 
 
@@ -95,25 +119,46 @@ def test_truncated_gzip_names_the_file(s3_store, ctx):
     cut = data[: len(data) // 2]
     folder = f"exports/replica=pub/table=t/dt={D}"
     s3_store.write_bytes(f"{folder}/part-0.jsonl.gz", cut)
-    s3_store.write_bytes(f"{folder}/_manifest.json", json.dumps({
-        "replica": "pub", "table": "t", "dt": D.isoformat(), "format": "jsonl",
-        "files": [{"path": "part-0.jsonl.gz", "rows": 200,
-                   "sha256": hashlib.sha256(cut).hexdigest()}]}).encode())
+    s3_store.write_bytes(
+        f"{folder}/_manifest.json",
+        json.dumps(
+            {
+                "replica": "pub",
+                "table": "t",
+                "dt": D.isoformat(),
+                "format": "jsonl",
+                "files": [
+                    {
+                        "path": "part-0.jsonl.gz",
+                        "rows": 200,
+                        "sha256": hashlib.sha256(cut).hexdigest(),
+                    }
+                ],
+            }
+        ).encode(),
+    )
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     with pytest.raises(ExportError, match=r"part-0.jsonl.gz: cannot be read to its end"):
         ingest(make_config(), s3_store, ctx, allow_missing=False)
 
 
-@pytest.mark.parametrize("path", ["../other/part.jsonl", "/etc/passwd", "s3://other-bucket/x",
-                                  "a/../../b", "..", "C:\\x"])
+@pytest.mark.parametrize(
+    "path",
+    ["../other/part.jsonl", "/etc/passwd", "s3://other-bucket/x", "a/../../b", "..", "C:\\x"],
+)
 def test_paths_escaping_the_export_folder_are_refused(path):
     with pytest.raises(ExportError, match="escapes the export folder"):
         safe_relpath(path, "m")
 
 
 def test_path_escape_in_a_manifest_fails_the_ingest(s3_store, ctx):
-    put_export(s3_store, "pub", "t", [rec("pub-1")],
-               files=[{"path": "../../replica=sub/x.jsonl", "rows": 1, "sha256": "0" * 64}])
+    put_export(
+        s3_store,
+        "pub",
+        "t",
+        [rec("pub-1")],
+        files=[{"path": "../../replica=sub/x.jsonl", "rows": 1, "sha256": "0" * 64}],
+    )
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     with pytest.raises(ExportError, match="escapes the export folder"):
         ingest(make_config(), s3_store, ctx, allow_missing=False)

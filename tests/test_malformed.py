@@ -13,17 +13,28 @@ from pipeline.cli import main
 
 CONFIG = {
     "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
-    "tables": {"t": {"key": ["id"], "columns": {"id": "int", "v": "string", "n": "int",
-                                                "d": "date", "x": "decimal(5,2)"},
-                     "not_null": ["v"], "delta": ["n"]}},
+    "tables": {
+        "t": {
+            "key": ["id"],
+            "columns": {"id": "int", "v": "string", "n": "int", "d": "date", "x": "decimal(5,2)"},
+            "not_null": ["v"],
+            "delta": ["n"],
+        }
+    },
 }
 TS = "2026-11-21T10:00:00Z"
 
 
 def good(i: int, **kw) -> dict:
-    e = {"op": "INSERT", "key": {"id": i}, "after": {"id": i, "v": "a", "n": 1,
-                                                     "d": "2026-01-01", "x": 1.5},
-         "ts": TS, "origin": "pub", "event_id": f"pub-{i}", "seq": i}
+    e = {
+        "op": "INSERT",
+        "key": {"id": i},
+        "after": {"id": i, "v": "a", "n": 1, "d": "2026-01-01", "x": 1.5},
+        "ts": TS,
+        "origin": "pub",
+        "event_id": f"pub-{i}",
+        "seq": i,
+    }
     e.update(kw)
     return e
 
@@ -38,37 +49,71 @@ BAD = {
     "key-null": (good(7, key={"id": None}), "key.id is null"),
     "key-extra": (good(8, key={"id": 8, "z": 1}), "key has columns [id, z]"),
     "key-type": (good(9, key={"id": "nine"}), "key.id: 'nine' is not int"),
-    "value-type": (good(10, after={"id": 10, "v": "a", "n": 1, "d": "tomorrow", "x": 1}),
-                   "after.d: 'tomorrow' is not date"),
-    "not-null": (good(11, after={"id": 11, "v": None, "n": 1, "d": "2026-01-01", "x": 1}),
-                 "after.v is null in a NOT NULL column"),
-    "contradicts": (good(12, after={"id": 99, "v": "a", "n": 1, "d": "2026-01-01", "x": 1}),
-                    "after.id = '99' contradicts the key '12'"),
+    "value-type": (
+        good(10, after={"id": 10, "v": "a", "n": 1, "d": "tomorrow", "x": 1}),
+        "after.d: 'tomorrow' is not date",
+    ),
+    "not-null": (
+        good(11, after={"id": 11, "v": None, "n": 1, "d": "2026-01-01", "x": 1}),
+        "after.v is null in a NOT NULL column",
+    ),
+    "contradicts": (
+        good(12, after={"id": 99, "v": "a", "n": 1, "d": "2026-01-01", "x": 1}),
+        "after.id = '99' contradicts the key '12'",
+    ),
     "new-key-insert": (good(13, new_key={"id": 14}), "new_key on 'INSERT'"),
-    "overflow": (good(15, after={"id": 15, "v": "a", "n": 1, "d": "2026-01-01", "x": 12345.6}),
-                 "after.x: '12345.6' is not decimal(5,2)"),
+    "overflow": (
+        good(15, after={"id": 15, "v": "a", "n": 1, "d": "2026-01-01", "x": 12345.6}),
+        "after.x: '12345.6' is not decimal(5,2)",
+    ),
 }
 
 
 def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spark):
     store = tmp_path / "store"
-    lines = [good(1), *[v[0] for v in BAD.values()],
-             good(20, op="UPDATE", after={"n": 5}, ts="2026-11-21T11:00:00Z", seq=20),  # no old
-             good(21, ts="2026-11-23T10:00:00Z", seq=21),  # future
-             good(22, ts="2026-10-01T10:00:00Z", seq=22)]  # stale
+    lines = [
+        good(1),
+        *[v[0] for v in BAD.values()],
+        good(20, op="UPDATE", after={"n": 5}, ts="2026-11-21T11:00:00Z", seq=20),  # no old
+        good(21, ts="2026-11-23T10:00:00Z", seq=21),  # future
+        good(22, ts="2026-10-01T10:00:00Z", seq=22),
+    ]  # stale
     folder = store / "exports/replica=pub/table=t/dt=2026-11-21"
     folder.mkdir(parents=True)
     text = "".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines)
     (folder / "part-0.jsonl").write_text(text)
     import hashlib
 
-    (folder / "_manifest.json").write_text(json.dumps({
-        "replica": "pub", "table": "t", "dt": "2026-11-21", "format": "jsonl",
-        "files": [{"path": "part-0.jsonl", "rows": len(lines),
-                   "sha256": hashlib.sha256(text.encode()).hexdigest()}]}))
+    (folder / "_manifest.json").write_text(
+        json.dumps(
+            {
+                "replica": "pub",
+                "table": "t",
+                "dt": "2026-11-21",
+                "format": "jsonl",
+                "files": [
+                    {
+                        "path": "part-0.jsonl",
+                        "rows": len(lines),
+                        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                    }
+                ],
+            }
+        )
+    )
     (tmp_path / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
-    rc = main(["run", "--config", str(tmp_path / "cdr.yaml"), "--date", "2026-11-21",
-               "--work-dir", str(tmp_path / "work"), "--allow-missing-exports"])
+    rc = main(
+        [
+            "run",
+            "--config",
+            str(tmp_path / "cdr.yaml"),
+            "--date",
+            "2026-11-21",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--allow-missing-exports",
+        ]
+    )
     assert rc == 0
     q = S.read_parquet_dir(store / "published/t/quarantine/dt=2026-11-21")
     details = {r["detail"] for r in q}
@@ -78,12 +123,14 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
     assert ("pub-20", "delta_without_old_value") in reasons
     assert ("pub-21", "future_timestamp") in reasons
     assert ("pub-22", "stale_beyond_gc_grace") in reasons
-    assert all(r["reason"] == "malformed" for r in q if r["event_id"] not in
-               ("pub-20", "pub-21", "pub-22"))
+    assert all(
+        r["reason"] == "malformed" for r in q if r["event_id"] not in ("pub-20", "pub-21", "pub-22")
+    )
     assert len(q) == len(lines) - 1  # every record but the good one, each kept whole
     assert {r["event"] for r in q} >= {"{not json"}
-    snap = S.read_parquet_dir(store / json.loads(
-        (store / "published/t/_latest.json").read_text())["snapshot"])
+    snap = S.read_parquet_dir(
+        store / json.loads((store / "published/t/_latest.json").read_text())["snapshot"]
+    )
     assert [r["id"] for r in snap] == [1]
     report = json.loads((store / "published/reports/dt=2026-11-21/run_report.json").read_text())
     t = report["tables"]["t"]

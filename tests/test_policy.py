@@ -17,18 +17,26 @@ def situation(t: ConflictType):
     full = {"id": 1, "v": "x", "n": 2}
     return {
         C.INSERT_EXISTS: ([live(1, "a", T0, "sub")], ev("INSERT", 1, T0 + H, "pub", "pub-1", full)),
-        C.UPDATE_DIFFER: ([live(1, "a", T0, "sub")], ev("UPDATE", 1, T0 + H, "pub", "pub-1",
-                                                        {"v": "x"})),
+        C.UPDATE_DIFFER: (
+            [live(1, "a", T0, "sub")],
+            ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "x"}),
+        ),
         C.UPDATE_MISSING: ([], ev("UPDATE", 1, T0 + H, "pub", "pub-1", full)),
         C.UPDATE_DELETED: ([tomb(1, T0, "sub")], ev("UPDATE", 1, T0 + H, "pub", "pub-1", full)),
         C.DELETE_DIFFER: ([live(1, "a", T0, "sub")], ev("DELETE", 1, T0 + H, "pub", "pub-1")),
         C.DELETE_MISSING: ([], ev("DELETE", 1, T0 + H, "pub", "pub-1")),
-        C.PKEY_EXISTS: ([live(1, "a", T0, "pub"), live(2, "b", T0, "sub")],
-                        ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"id": 2}, new_key=2)),
-        C.MULTIPLE_UNIQUE_CONFLICTS: ([live(2, "x", T0, "sub")],
-                                      ev("INSERT", 1, T0 + H, "pub", "pub-1", full)),
-        C.SOURCE_COLUMN_EXTRA: ([], ev("INSERT", 1, T0 + H, "pub", "pub-1", full,
-                                       extra_cols=("zz",))),
+        C.PKEY_EXISTS: (
+            [live(1, "a", T0, "pub"), live(2, "b", T0, "sub")],
+            ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"id": 2}, new_key=2),
+        ),
+        C.MULTIPLE_UNIQUE_CONFLICTS: (
+            [live(2, "x", T0, "sub")],
+            ev("INSERT", 1, T0 + H, "pub", "pub-1", full),
+        ),
+        C.SOURCE_COLUMN_EXTRA: (
+            [],
+            ev("INSERT", 1, T0 + H, "pub", "pub-1", full, extra_cols=("zz",)),
+        ),
         C.TARGET_COLUMN_EXTRA: ([], ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "x"})),
     }[t]
 
@@ -38,8 +46,9 @@ def test_every_preset_has_a_resolver_for_every_type():
         assert set(rule.resolvers) == set(ConflictType), preset
 
 
-@pytest.mark.parametrize(("ctype", "resolver"), [(t, r) for t in ConflictType
-                                                  for r in sorted(ALLOWED[t])])
+@pytest.mark.parametrize(
+    ("ctype", "resolver"), [(t, r) for t in ConflictType for r in sorted(ALLOWED[t])]
+)
 def test_every_allowed_resolver_is_implemented(ctype, resolver: Resolver):
     table = {"resolvers": {ctype.value: resolver.value}}
     if ctype is C.MULTIPLE_UNIQUE_CONFLICTS:

@@ -34,11 +34,15 @@ from pipeline.rowfold import (
     reader_view,
 )
 
-REPLICAS3 = [{"id": "a", "system_id": 1}, {"id": "b", "system_id": 2},
-             {"id": "c", "system_id": 3}]
-LWW = {"insert_exists": "latest_timestamp_wins", "update_differ": "latest_timestamp_wins",
-       "update_missing": "apply_or_skip", "update_deleted": "latest_timestamp_wins",
-       "delete_differ": "latest_timestamp_wins", "delete_missing": "skip"}
+REPLICAS3 = [{"id": "a", "system_id": 1}, {"id": "b", "system_id": 2}, {"id": "c", "system_id": 3}]
+LWW = {
+    "insert_exists": "latest_timestamp_wins",
+    "update_differ": "latest_timestamp_wins",
+    "update_missing": "apply_or_skip",
+    "update_deleted": "latest_timestamp_wins",
+    "delete_differ": "latest_timestamp_wins",
+    "delete_missing": "skip",
+}
 MS = 1000
 
 
@@ -65,32 +69,44 @@ def workloads(draw, deletes: bool = True):
         while (origin, ts) in used:
             ts += 1
         used.add((origin, ts))
-        raw.append({
-            "event_id": f"e{i:02d}",
-            "op": draw(st.sampled_from(ops)),
-            "key": draw(st.integers(0, 2)),
-            "ts": ts,
-            "origin": origin,
-            "v": draw(st.sampled_from(["x", "y", "z"])),
-            "n": draw(st.integers(0, 3)),
-        })
-    prior = draw(st.dictionaries(st.integers(0, 2), st.tuples(
-        st.sampled_from(["p", "q"]), st.integers(0, 3), st.sampled_from(["a", "b", "c"])),
-        max_size=3))
+        raw.append(
+            {
+                "event_id": f"e{i:02d}",
+                "op": draw(st.sampled_from(ops)),
+                "key": draw(st.integers(0, 2)),
+                "ts": ts,
+                "origin": origin,
+                "v": draw(st.sampled_from(["x", "y", "z"])),
+                "n": draw(st.integers(0, 3)),
+            }
+        )
+    prior = draw(
+        st.dictionaries(
+            st.integers(0, 2),
+            st.tuples(
+                st.sampled_from(["p", "q"]), st.integers(0, 3), st.sampled_from(["a", "b", "c"])
+            ),
+            max_size=3,
+        )
+    )
     orders = {r: commit_order(raw, draw(st.permutations(range(n)))) for r in ("a", "b", "c")}
     return raw, prior, orders
 
 
 def commit_order(raw: list[dict], order: list[int]) -> list[int]:
     """Keep the interleaving of origins in ``order``, each origin's events by ``ts``."""
-    queues = {o: sorted((i for i in order if raw[i]["origin"] == o), key=lambda i: raw[i]["ts"])
-              for o in ("a", "b", "c")}
+    queues = {
+        o: sorted((i for i in order if raw[i]["origin"] == o), key=lambda i: raw[i]["ts"])
+        for o in ("a", "b", "c")
+    }
     return [queues[raw[i]["origin"]].pop(0) for i in order]
 
 
 def build(raw, prior, orders, ranks) -> tuple[dict, list[Event]]:
-    state = {(k,): Version({"id": k, "v": v, "n": nn}, T0 - 10 * MS, o, None, ranks[o])
-             for k, (v, nn, o) in prior.items()}
+    state = {
+        (k,): Version({"id": k, "v": v, "n": nn}, T0 - 10 * MS, o, None, ranks[o])
+        for k, (v, nn, o) in prior.items()
+    }
     seqs = {r["event_id"]: {} for r in raw}
     for rep, order in orders.items():
         for pos, i in enumerate(order):
@@ -98,8 +114,18 @@ def build(raw, prior, orders, ranks) -> tuple[dict, list[Event]]:
     events = []
     for r in raw:
         after = {} if r["op"] == "DELETE" else {"id": r["key"], "v": r["v"], "n": r["n"]}
-        events.append(Event(r["event_id"], r["op"], (r["key"],), r["ts"], r["origin"],
-                            ranks[r["origin"]], after=after, seqs=seqs[r["event_id"]]))
+        events.append(
+            Event(
+                r["event_id"],
+                r["op"],
+                (r["key"],),
+                r["ts"],
+                r["origin"],
+                ranks[r["origin"]],
+                after=after,
+                seqs=seqs[r["event_id"]],
+            )
+        )
     return state, events
 
 
@@ -152,45 +178,93 @@ def test_no_event_is_lost(w):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 50), st.integers(0, 50), st.sampled_from(["x", "y"]),
-       st.sampled_from(["z", "w"]))
+@given(
+    st.integers(0, 50), st.integers(0, 50), st.sampled_from(["x", "y"]), st.sampled_from(["z", "w"])
+)
 def test_insert_race_under_skip_diverges(ts_a, ts_b, va, vb):
     """Both replicas insert the same key; each applies its own insert first and skips the
     other's: one of them must differ from the converged state."""
     cfg = make_config({"resolvers": {"insert_exists": "skip"}})
     table = cfg.tables["t"]
     spec, ranks = FoldSpec(table, NOW), cfg.tie_ranks(table.tie_break)
-    ea = Event("ea", "INSERT", (1,), T0 + ts_a * MS, "pub", ranks["pub"],
-               after={"id": 1, "v": va, "n": 0}, seqs={"pub": 0, "sub": 1})
-    eb = Event("eb", "INSERT", (1,), T0 + ts_b * MS, "sub", ranks["sub"],
-               after={"id": 1, "v": vb, "n": 0}, seqs={"sub": 0, "pub": 1})
+    ea = Event(
+        "ea",
+        "INSERT",
+        (1,),
+        T0 + ts_a * MS,
+        "pub",
+        ranks["pub"],
+        after={"id": 1, "v": va, "n": 0},
+        seqs={"pub": 0, "sub": 1},
+    )
+    eb = Event(
+        "eb",
+        "INSERT",
+        (1,),
+        T0 + ts_b * MS,
+        "sub",
+        ranks["sub"],
+        after={"id": 1, "v": vb, "n": 0},
+        seqs={"sub": 0, "pub": 1},
+    )
     converged = fold_converged(spec, {}, [ea, eb]).state
     views = {r: view(fold_perspective(spec, {}, [ea, eb], r)) for r in ("pub", "sub")}
     assert views["pub"] != views["sub"]
-    assert any(divergent_keys(converged, fold_perspective(spec, {}, [ea, eb], r))
-               for r in ("pub", "sub"))
+    assert any(
+        divergent_keys(converged, fold_perspective(spec, {}, [ea, eb], r)) for r in ("pub", "sub")
+    )
 
 
-@settings(max_examples=2, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(0, 100), st.integers(0, 100)), min_size=5, max_size=30,
-                unique_by=lambda t: t))
+@settings(
+    max_examples=2,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 100), st.integers(0, 100)),
+        min_size=5,
+        max_size=30,
+        unique_by=lambda t: t,
+    )
+)
 @pytest.mark.slow
 def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
     """Through ``cdr run`` on Spark: each race key is inserted by pub and by sub, each
     replica exporting its own insert first; under ``insert_exists: skip`` every race key
     is divergent on exactly the replica whose insert lost."""
     tmp = tmp_path_factory.mktemp("race")
-    cfg = {"replicas": [{"id": "pub", "system_id": 7301}, {"id": "sub", "system_id": 7302}],
-           "on_divergence": "warn", "store": (tmp / "store").as_uri(),
-           "tables": {"t": {"key": ["id"], "columns": {"id": "int", "v": "string"},
-                            "resolvers": {"insert_exists": "skip"}}}}
+    cfg = {
+        "replicas": [{"id": "pub", "system_id": 7301}, {"id": "sub", "system_id": 7302}],
+        "on_divergence": "warn",
+        "store": (tmp / "store").as_uri(),
+        "tables": {
+            "t": {
+                "key": ["id"],
+                "columns": {"id": "int", "v": "string"},
+                "resolvers": {"insert_exists": "skip"},
+            }
+        },
+    }
     exports: dict = {"pub": {"t": []}, "sub": {"t": []}}
     for k, (da, db) in enumerate(races):
-        a = {"op": "INSERT", "key": {"id": k}, "after": {"id": k, "v": f"pub{k}"},
-             "ts": T0 + da * MS, "origin": "pub", "event_id": f"pub-{k}"}
-        b = {"op": "INSERT", "key": {"id": k}, "after": {"id": k, "v": f"sub{k}"},
-             "ts": T0 + db * MS, "origin": "sub", "event_id": f"sub-{k}"}
+        a = {
+            "op": "INSERT",
+            "key": {"id": k},
+            "after": {"id": k, "v": f"pub{k}"},
+            "ts": T0 + da * MS,
+            "origin": "pub",
+            "event_id": f"pub-{k}",
+        }
+        b = {
+            "op": "INSERT",
+            "key": {"id": k},
+            "after": {"id": k, "v": f"sub{k}"},
+            "ts": T0 + db * MS,
+            "origin": "sub",
+            "event_id": f"sub-{k}",
+        }
         exports["pub"]["t"] += [a, b]
         exports["sub"]["t"] += [b, a]
     for rep in exports.values():
@@ -198,8 +272,20 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
             rep["t"][i] = {**e, "seq": i}
     S.write_exports(tmp / "store", "2026-11-21", exports)
     (tmp / "cdr.yaml").write_text(yaml.safe_dump(cfg))
-    assert main(["run", "--config", str(tmp / "cdr.yaml"), "--date", "2026-11-21",
-                 "--work-dir", str(tmp / "work")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--config",
+                str(tmp / "cdr.yaml"),
+                "--date",
+                "2026-11-21",
+                "--work-dir",
+                str(tmp / "work"),
+            ]
+        )
+        == 0
+    )
     rows = S.read_parquet_dir(tmp / "store/published/t/divergence/dt=2026-11-21")
     got = {(r["replica"], json.loads(r["key"])["id"]) for r in rows}
     # the converged winner is the first insert in canonical order (skip keeps it); the
@@ -209,6 +295,7 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
         pub_first = (da, 0) < (db, 1)  # pub's tie rank is lower (higher system_id wins ties)
         want.add(("sub" if pub_first else "pub", k))
     assert got == want
-    report = json.loads(Path(tmp / "store/published/reports/dt=2026-11-21/run_report.json")
-                        .read_text())
+    report = json.loads(
+        Path(tmp / "store/published/reports/dt=2026-11-21/run_report.json").read_text()
+    )
     assert sum(report["tables"]["t"]["divergent_keys"].values()) == len(races)

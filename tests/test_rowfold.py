@@ -50,8 +50,10 @@ def test_insert_exists(resolver, remote_ts, outcome, winner):
 def test_insert_exists_error_stops_the_fold():
     sp = spec({"resolvers": {"insert_exists": "error"}})
     state = dict([live(1, "local", T0, "sub")])
-    events = [ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "x", "n": 0}),
-              ev("INSERT", 2, T0 + 2 * H, "pub", "pub-2", {"id": 2, "v": "y", "n": 0})]
+    events = [
+        ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "x", "n": 0}),
+        ev("INSERT", 2, T0 + 2 * H, "pub", "pub-2", {"id": 2, "v": "y", "n": 0}),
+    ]
     res = fold(sp, state, events)
     assert res.stopped is not None and res.stopped.outcome is O.ERRORED
     assert len(res.applied) == 1  # the fold stopped at the erroring event
@@ -184,8 +186,10 @@ DELTA = {"columns": {"id": "int", "v": "string", "n": "int"}, "delta": ["n"]}
 
 def test_two_credits_converge_on_the_sum():
     state = dict([live(1, "a", T0 - H, "pub", n=100)])
-    events = [ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 110}, {"n": 100}),
-              ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 120}, {"n": 100})]
+    events = [
+        ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 110}, {"n": 100}),
+        ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 120}, {"n": 100}),
+    ]
     res = fold(spec(DELTA), state, events)
     assert res.state[(1,)].values["n"] == 130
 
@@ -193,8 +197,10 @@ def test_two_credits_converge_on_the_sum():
 def test_losing_update_still_adds_its_delta():
     sp = spec({**DELTA, "resolvers": {"update_differ": "earliest_timestamp_wins"}})
     state = dict([live(1, "a", T0 - H, "pub", n=100)])
-    events = [ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 110}, {"n": 100}),
-              ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 120, "v": "b"}, {"n": 100, "v": "a"})]
+    events = [
+        ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 110}, {"n": 100}),
+        ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 120, "v": "b"}, {"n": 100, "v": "a"}),
+    ]
     res = fold(sp, state, events)
     assert res.state[(1,)].values == {"id": 1, "v": "a", "n": 130}
     assert res.state[(1,)].origin == "pub"
@@ -207,10 +213,12 @@ def test_insert_sets_delta_absolutely():
 
 # ---------------------------------------------------------------- key changes, unique
 
+
 def test_pkey_exists_latest_wins_replaces_target_and_removes_old_key():
     state = dict([live(1, "one", T0 - H, "pub"), live(3, "three", T0 - H, "pub")])
-    res = fold(spec(), state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"id": 3, "v": "moved"},
-                                   new_key=3)])
+    res = fold(
+        spec(), state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"id": 3, "v": "moved"}, new_key=3)]
+    )
     c = only_conflict(res)
     assert (c.type, c.key, c.outcome) == (C.PKEY_EXISTS, (3,), O.APPLIED)
     assert (1,) not in res.state and res.state[(3,)].values["v"] == "moved"
@@ -248,6 +256,7 @@ def test_nulls_never_collide_on_unique():
 
 # ---------------------------------------------------------------- column drift
 
+
 def test_source_column_extra_ignore_and_skip():
     e = ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 1}, extra_cols=("zz",))
     ign = fold(spec({"resolvers": {"source_column_extra": "ignore"}}), {}, [e])
@@ -279,8 +288,10 @@ def test_delete_wins_update_never_creates_a_row():
 
 def test_delete_wins_older_delete_still_wins_and_keeps_newer_ts():
     state = dict([live(1, "a", T0 + 5 * H, "pub")])
-    events = [ev("DELETE", 1, T0, "sub", "sub-1"),
-              ev("INSERT", 1, T0 + 2 * H, "sub", "sub-2", {"id": 1, "v": "b", "n": 0})]
+    events = [
+        ev("DELETE", 1, T0, "sub", "sub-1"),
+        ev("INSERT", 1, T0 + 2 * H, "sub", "sub-2", {"id": 1, "v": "b", "n": 0}),
+    ]
     res = fold(spec(DW), state, events)
     assert res.state[(1,)].deleted  # the insert older than the beaten row does not resurrect it
 
@@ -299,8 +310,11 @@ def test_delete_wins_lower_system_id_wins_ties():
 
 def test_rejected_transaction_event_is_logged_and_not_applied():
     state = dict([live(1, "a", T0, "pub")])
-    res = fold(spec({**DW, "scope": "transaction"}), state,
-               [ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"v": "b"}, txid="t1", rejected=True)])
+    res = fold(
+        spec({**DW, "scope": "transaction"}),
+        state,
+        [ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"v": "b"}, txid="t1", rejected=True)],
+    )
     c = only_conflict(res)
     assert (c.outcome, c.reason) == (O.DISCARDED, "transaction rejected")
     assert res.state[(1,)].values["v"] == "a"
@@ -308,11 +322,13 @@ def test_rejected_transaction_event_is_logged_and_not_applied():
 
 # ---------------------------------------------------------------- perspectives (§9)
 
+
 def test_perspective_follows_the_replicas_export_order():
     sp = spec({"resolvers": {"insert_exists": "skip"}})
     a = ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 0}, seqs={"pub": 1, "sub": 2})
-    b = ev("INSERT", 1, T0 + H, "sub", "sub-1", {"id": 1, "v": "b", "n": 0},
-           seqs={"sub": 1, "pub": 2})
+    b = ev(
+        "INSERT", 1, T0 + H, "sub", "sub-1", {"id": 1, "v": "b", "n": 0}, seqs={"sub": 1, "pub": 2}
+    )
     conv = fold(sp, {}, [a, b])
     assert conv.state[(1,)].values["v"] == "a"
     assert fold_perspective(sp, {}, [a, b], "pub")[(1,)].values["v"] == "a"

@@ -16,16 +16,18 @@ import scenarios as S
 from pipeline.cli import main
 
 PENDING = {
-    "scylla_": "cell granularity (the scylla preset of semantics.md §6) is not built yet: "
-               "issue 4",
+    "scylla_": "cell granularity (the scylla preset of semantics.md §6) is not built yet: issue 4",
 }
 
 
 def _params():
     out = []
     for f in S.scenario_files():
-        marks = [pytest.mark.xfail(reason=why, strict=True)
-                 for prefix, why in PENDING.items() if f.stem.startswith(prefix)]
+        marks = [
+            pytest.mark.xfail(reason=why, strict=True)
+            for prefix, why in PENDING.items()
+            if f.stem.startswith(prefix)
+        ]
         out.append(pytest.param(f, id=f.stem, marks=marks))
     return out
 
@@ -38,8 +40,17 @@ def run_scenario(s: dict, tmp: Path, gz: bool = False, cli=None) -> tuple[dict, 
     runs = [*s.get("history", []), {"date": s["date"], "now": s["now"], "exports": s["exports"]}]
     failed = False
     for r in runs:
-        args = ["run", "--config", str(cfg), "--date", r["date"], "--now", r["now"],
-                "--work-dir", str(tmp / "work")]
+        args = [
+            "run",
+            "--config",
+            str(cfg),
+            "--date",
+            r["date"],
+            "--now",
+            r["now"],
+            "--work-dir",
+            str(tmp / "work"),
+        ]
         if S.missing_exports(s, r["exports"]):
             args.append("--allow-missing-exports")  # the scenario's replica exported nothing
         failed = (cli or main)(args) != 0

@@ -34,12 +34,15 @@ def test_a_good_snapshot_passes(spark, suite):
     assert all(run(spark, [(1, "a", 1, 0, None), (2, "b", 2, 0, None)], suite).values())
 
 
-@pytest.mark.parametrize(("rows", "check"), [
-    ([(1, "a", 1, 0, None), (1, "b", 2, 0, None)], "key_unique"),
-    ([(None, "a", 1, 0, None)], "not_null"),
-    ([(1, "a", None, 0, None)], "not_null"),
-    ([(1, "a", 1, 0, None), (2, "a", 2, 0, None)], "unique_constraint"),
-])
+@pytest.mark.parametrize(
+    ("rows", "check"),
+    [
+        ([(1, "a", 1, 0, None), (1, "b", 2, 0, None)], "key_unique"),
+        ([(None, "a", 1, 0, None)], "not_null"),
+        ([(1, "a", None, 0, None)], "not_null"),
+        ([(1, "a", 1, 0, None), (2, "a", 2, 0, None)], "unique_constraint"),
+    ],
+)
 def test_each_check_fails_on_a_bad_snapshot(spark, suite, rows, check):
     assert run(spark, rows, suite)[check] is False
 

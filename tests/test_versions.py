@@ -41,6 +41,10 @@ def test_great_expectations_validates_a_spark_dataframe(spark):
     from pipeline.validation import run_suite
 
     df = spark.createDataFrame([(1,), (2,)], "id int")
-    suite = {"name": "probe", "expectations": [
-        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}]}
+    suite = {
+        "name": "probe",
+        "expectations": [
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}
+        ],
+    }
     assert run_suite(df, suite)["success"] is True
