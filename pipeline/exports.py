@@ -65,6 +65,7 @@ class StagedTable:
     missing: list[str] = field(default_factory=list)
     base_rows: int | None = None
     prior: dict[str, Any] | None = None  # the pointer of the run whose state we start from
+    snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows of its full copy
 
 
 def safe_relpath(path: Any, where: str) -> str:
@@ -266,6 +267,15 @@ def ingest(
                 st.exports[rep].rows,
                 len(manifest["files"]),
             )
+        for rep in config.replica_ids:  # optional full copies, compared after the resolve
+            folder = layout.replica_snapshot_dir(rep, tname, ctx.dt)
+            if _find_export(store, folder, f"snapshot of replica {rep!r}, table {tname!r}"):
+                manifest = read_manifest(
+                    store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
+                )
+                dest = ctx.staged / tname / f"snapshot={rep}"
+                st.snapshots[rep] = stage_export(store, folder, manifest, dest, rep).rows
+                log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
         st.prior = find_prior_pointer(store, tname, ctx.dt)
         if st.prior is None and _find_export(store, layout.base_dir(tname), "base snapshot"):
             manifest = read_manifest(store, layout.base_dir(tname), {"table": tname})
@@ -309,7 +319,9 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
     out = {}
     for t, s in data.items():
         exports = {r: StagedExport(**e) for r, e in s["exports"].items()}
-        out[t] = StagedTable(exports, s["missing"], s["base_rows"], s["prior"])
+        out[t] = StagedTable(
+            exports, s["missing"], s["base_rows"], s["prior"], s.get("snapshots", {})
+        )
     return out
 
 

@@ -246,29 +246,42 @@ class GroupFolder:
     def repair(
         self, replica: str, k: Key, rv: dict[str, Any] | None, conv: Version | None
     ) -> dict[str, Any]:
-        """A canonical event record that brings ``replica``'s row to the converged one."""
-        key = dict(zip(self.key_cols, k, strict=True))
-        cv = reader_view(conv)
-        digest = hashlib.sha256(f"{replica}|{self.key_json(k)}".encode()).hexdigest()[:16]
-        rec: dict[str, Any] = {"key": key}
-        if cv is not None and rv is None:
-            rec |= {"op": "INSERT", "after": dict(cv)}
-        elif cv is not None and rv is not None:
-            changed = [c for c in self.columns if cv.get(c) != rv.get(c)]
-            rec |= {
-                "op": "UPDATE",
-                "after": {c: cv[c] for c in changed},
-                "before": {c: rv.get(c) for c in changed},
-            }
-        else:
-            rec |= {"op": "DELETE"}
+        return repair_record(self.spec.table, replica, k, rv, conv, self.dt, self.spec.now_us)
+
+
+def repair_record(
+    table: Table,
+    replica: str,
+    k: Key,
+    rv: dict[str, Any] | None,
+    conv: Version | None,
+    dt: date,
+    now_us: int,
+) -> dict[str, Any]:
+    """A canonical event record that brings ``replica``'s row (``rv``, what a reader sees
+    there) to the converged version ``conv``; its event id is stable for a date."""
+    key = dict(zip(table.key, k, strict=True))
+    cv = reader_view(conv)
+    digest = hashlib.sha256(f"{replica}|{dumps(key)}".encode()).hexdigest()[:16]
+    rec: dict[str, Any] = {"key": key}
+    if cv is not None and rv is None:
+        rec |= {"op": "INSERT", "after": dict(cv)}
+    elif cv is not None and rv is not None:
+        changed = [c for c in table.column_names if cv.get(c) != rv.get(c)]
         rec |= {
-            "ts": conv.ts if conv is not None else self.spec.now_us,
-            "origin": conv.origin if conv is not None and conv.origin else replica,
-            "event_id": f"repair-{self.dt.isoformat()}-{replica}-{digest}",
-            "seq": 0,
+            "op": "UPDATE",
+            "after": {c: cv[c] for c in changed},
+            "before": {c: rv.get(c) for c in changed},
         }
-        return rec
+    else:
+        rec |= {"op": "DELETE"}
+    rec |= {
+        "ts": conv.ts if conv is not None else now_us,
+        "origin": conv.origin if conv is not None and conv.origin else replica,
+        "event_id": f"repair-{dt.isoformat()}-{replica}-{digest}",
+        "seq": 0,
+    }
+    return rec
 
 
 def make_fold_function(

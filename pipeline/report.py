@@ -66,6 +66,13 @@ def format_report(report: dict[str, Any]) -> str:
             qrow.append([t, reason, str(n)])
     if len(qrow) > 1:
         lines += ["", "quarantined:", *_table(qrow)]
+    drow = [["table", "replica", "perspective", "snapshot"]]
+    for t, s in report["tables"].items():
+        per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})
+        for replica in sorted(set(per) | {r for r, n in snap.items() if n}):
+            drow.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
+    if len(drow) > 1:
+        lines += ["", "divergent keys by replica:", *_table(drow)]
     for w in report.get("warnings", []):
         lines.append(f"warning: {w}")
     for f in report.get("failures", []):

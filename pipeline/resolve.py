@@ -28,7 +28,8 @@ from pipeline.events import read_records
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import snapshot_columns
-from pipeline.state import read_prior
+from pipeline.snapshots import snapshot_divergence
+from pipeline.state import read_base, read_prior
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,9 @@ def resolve_table(
         out / "quarantine",
     )
     divergence = res.divergence.select(
-        *_run_cols(ctx, table.name), "replica", "key", "replica_row", "converged_row", "repair"
+        *_run_cols(ctx, table.name),
+        F.lit("perspective").alias("source"),
+        *DIVERGENCE_COLUMNS,
     )
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
@@ -320,6 +323,43 @@ def check_foreign_keys(
         summary["tables"][t]["rows"] = _parquet_rows(out / "snapshot")
 
 
+DIVERGENCE_COLUMNS = ("replica", "key", "replica_row", "converged_row", "repair")
+
+
+def compare_snapshots(
+    spark: SparkSession,
+    config: Config,
+    ctx: RunContext,
+    inputs: dict[str, StagedTable],
+    summary: dict[str, Any],
+) -> None:
+    """§9 against what the replicas hold: each replica snapshot export of the date is
+    compared with the converged snapshot; differences are appended to the divergence."""
+    for t, table in config.tables.items():
+        counts: dict[str, int] = {}
+        summary["tables"][t]["snapshot_divergent_keys"] = counts
+        if not inputs[t].snapshots or summary["tables"][t]["stopped"]:
+            continue  # §12: nothing is compared after an error
+        out = ctx.resolved / t
+        converged = spark.read.parquet(str(out / "snapshot"))
+        for replica in inputs[t].snapshots:
+            label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
+            mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)
+            diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us)
+            path = out / f"snapshot_divergence={replica}"
+            _write(
+                diff.select(
+                    *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_COLUMNS
+                ),
+                path,
+            )
+            counts[replica] = _parquet_rows(path)
+            (out / "divergence").mkdir(exist_ok=True)
+            for f in path.glob("*.parquet"):  # published with the rest of the divergence
+                f.rename(out / "divergence" / f"snapshot-{replica}-{f.name}")
+            shutil.rmtree(path)
+
+
 def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[str, Any]:
     inputs = load_inputs(ctx)
     if ctx.resolved.exists():
@@ -347,6 +387,7 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[
         )
     try:
         check_foreign_keys(spark, config, ctx, summary)
+        compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
     (ctx.resolved / "summary.json").write_text(json.dumps(summary, indent=2))

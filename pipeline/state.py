@@ -36,11 +36,14 @@ def read_prior(spark: SparkSession, staged_table: Path, table: Table) -> DataFra
     return empty_state(spark, table)
 
 
-def read_base(spark: SparkSession, base: Path, table: Table) -> DataFrame:
+def read_base(spark: SparkSession, base: Path, table: Table, label: str | None = None) -> DataFrame:
+    """Rows of the table's columns (optional ``_ts``, ``_origin``) staged from a base
+    snapshot or a replica's snapshot export (``label`` names it in errors)."""
+    label = label or f"base/table={table.name}"
     parts: list[DataFrame] = []
     jsonl = sorted(str(p) for p in base.glob("jsonl/*.parquet"))
     if jsonl:
-        parts.append(_base_from_json(spark.read.parquet(*jsonl), table))
+        parts.append(_base_from_json(spark.read.parquet(*jsonl), table, label))
     pq_files = sorted(str(p) for p in base.glob("parquet/*.parquet"))
     if pq_files:
         df = spark.read.parquet(*pq_files)
@@ -50,13 +53,13 @@ def read_base(spark: SparkSession, base: Path, table: Table) -> DataFrame:
             F.lit(None).cast("bigint").alias("line"),
             F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
         )
-        parts.append(_base_from_json(raw, table))
+        parts.append(_base_from_json(raw, table, label))
     if not parts:
         return empty_state(spark, table)
     return reduce(DataFrame.unionByName, parts)
 
 
-def _base_from_json(raw: DataFrame, table: Table) -> DataFrame:
+def _base_from_json(raw: DataFrame, table: Table, label: str) -> DataFrame:
     m = F.from_json("raw", TEXT_MAP)
     schema = state_schema(table)
     df = raw.withColumn("m", m)
@@ -72,10 +75,9 @@ def _base_from_json(raw: DataFrame, table: Table) -> DataFrame:
     bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
     if bad:
         b = bad[0]
-        where = f"base/table={table.name}/{b.file}" + (f", line {b.line}" if b.line else "")
+        where = f"{label}/{b.file}" + (f", line {b.line}" if b.line else "")
         raise ExportError(
-            f"{where}: a base row does not fit the table's schema "
-            f"(types, NOT NULL, key): {b.raw[:200]}"
+            f"{where}: a row does not fit the table's schema (types, NOT NULL, key): {b.raw[:200]}"
         )
     return df.select(
         *cols,

@@ -149,17 +149,22 @@ def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict)
             )
     if any(s["stopped"] for s in summary["tables"].values()):
         return  # §12: divergence and FK are not checked after an error
+    divergence = (
+        verdict.failures if config.on_divergence is DivergencePolicy.FAIL else verdict.warnings
+    )
     for t, s in summary["tables"].items():
+        where = f"(see published/{t}/divergence/dt={summary['dt']})"
         for replica, n in sorted(s["divergent_keys"].items()):
-            msg = (
+            divergence.append(
                 f"table {t}: replica {replica} diverges from the converged state on {n} "
-                f"key(s) (see published/{t}/divergence/dt={summary['dt']})"
+                f"key(s) {where}"
             )
-            (
-                verdict.failures
-                if config.on_divergence is DivergencePolicy.FAIL
-                else verdict.warnings
-            ).append(msg)
+        for replica, n in sorted(s.get("snapshot_divergent_keys", {}).items()):
+            if n:
+                divergence.append(
+                    f"table {t}: the snapshot replica {replica} exported differs from the "
+                    f"converged state on {n} key(s) {where}"
+                )
         if s["orphans"]:
             msg = f"table {t}: {s['orphans']} orphan row(s) after resolution (foreign keys)"
             if config.on_fk_violation is FkPolicy.FAIL:

@@ -15,10 +15,13 @@ import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = Path(os.environ.get("CDR_SCENARIOS", REPO.parent / "shared" / "scenarios"))
+#: the project's own scenarios, same shape, for rules the shared set does not exercise
+GOLDEN = REPO / "tests" / "golden"
 
 
 def scenario_files() -> list[Path]:
-    return sorted(SCENARIOS.glob("*.json")) if SCENARIOS.is_dir() else []
+    shared = sorted(SCENARIOS.glob("*.json")) if SCENARIOS.is_dir() else []
+    return shared + sorted(GOLDEN.glob("*.json"))
 
 
 def write_jsonl(

@@ -55,6 +55,8 @@ def gen_events(
                 e["after"] = {c: (f"u{n}" if c == "v" else rng.randint(0, 9)) for c in cols}
                 if delta and "n" in cols:
                     e["before"] = {"n": rng.randint(0, 9)}
+                elif not delta and rng.random() < 0.5:
+                    e["before"] = {"v": f"b{k}"}  # the base value: matches until it changes
                 if rng.random() < 0.2:
                     e["after"] = {"id": k, "v": f"f{n}", "n": rng.randint(0, 9)}
                     if delta:
@@ -89,7 +91,7 @@ def to_event(e: dict, ranks: dict[str, int]) -> Event:
 
 
 CASES = {
-    "postgres": {"resolvers": {}},
+    "postgres_before_image": {"resolvers": {}, "detection": "before_image"},
     "postgres_apply": {
         "resolvers": {
             "update_differ": "apply",

@@ -215,6 +215,7 @@ def test_insert_race_under_skip_diverges(ts_a, ts_b, va, vb):
     )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=2,
     deadline=None,
@@ -222,14 +223,13 @@ def test_insert_race_under_skip_diverges(ts_a, ts_b, va, vb):
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    st.lists(
+    races=st.lists(
         st.tuples(st.integers(0, 100), st.integers(0, 100)),
         min_size=5,
         max_size=30,
         unique_by=lambda t: t,
     )
 )
-@pytest.mark.slow
 def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
     """Through ``cdr run`` on Spark: each race key is inserted by pub and by sub, each
     replica exporting its own insert first; under ``insert_exists: skip`` every race key

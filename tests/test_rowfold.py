@@ -92,6 +92,36 @@ def test_update_differ_on_other_origin_and_on_late_event():
     assert late.state[(1,)].values["v"] == "a"
 
 
+def test_before_image_detection():
+    """§3 with ``detection: before_image``: a before-image that matches the local row (only
+    the columns it holds) is no conflict, even from another origin; a mismatch is, and so
+    is a local row newer than the event; without a before-image the origin decides."""
+    sp = spec({"detection": "before_image"})
+    state = dict([live(1, "a", T0 + H, "pub", n=5)])
+
+    def run(before, ts=T0 + 2 * H):
+        return fold(sp, state, [ev("UPDATE", 1, ts, "sub", "sub-1", {"v": "b"}, before=before)])
+
+    match = run({"v": "a"})
+    assert [a.conflicts for a in match.applied] == [()]
+    assert reader_view(match.state[(1,)]) == {"id": 1, "v": "b", "n": 5}
+    assert only_conflict(run({"v": "zz"})).type is C.UPDATE_DIFFER
+    assert only_conflict(run({"v": "a"}, ts=T0)).outcome is O.DISCARDED  # local is newer
+    assert only_conflict(run({})).type is C.UPDATE_DIFFER  # no image: origin differs
+    # the default detection ignores the before-image
+    plain = fold(
+        spec(), state, [ev("UPDATE", 1, T0 + 2 * H, "sub", "sub-1", {"v": "b"}, before={"v": "a"})]
+    )
+    assert only_conflict(plain).type is C.UPDATE_DIFFER
+
+
+def test_before_image_does_not_apply_to_deletes():
+    sp = spec({"detection": "before_image"})
+    state = dict([live(1, "a", T0 + H, "pub")])
+    res = fold(sp, state, [ev("DELETE", 1, T0 + 2 * H, "sub", "sub-1", before={"v": "a"})])
+    assert only_conflict(res).type is C.DELETE_DIFFER
+
+
 def test_base_row_without_origin_raises_no_origin_conflict():
     state = dict([live(1, "a", 0, None)])
     res = fold(spec(), state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "b"})])

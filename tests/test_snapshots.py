@@ -1,0 +1,97 @@
+"""Replica snapshot exports (``exports/replica=R/table=T/snapshot/dt=D/``) compared with
+the converged snapshot through ``cdr run`` (semantics.md §9): every key that differs is
+reported with both versions and a repair, under ``on_divergence``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import scenarios as S
+import yaml
+
+from pipeline.cli import main
+
+D = "2026-11-21"
+T = 1_795_219_200_000_000  # 2026-11-21T00:00:00Z
+S_ = 1_000_000
+
+
+def setup(tmp: Path, on_divergence: str, sub_snapshot: list[dict]) -> Path:
+    store = tmp / "store"
+    cfg = {
+        "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
+        "on_divergence": on_divergence,
+        "store": store.as_uri(),
+        "tables": {"t": {"key": ["id"], "columns": {"id": "int", "v": "string"}}},
+    }
+    events = [
+        {
+            "op": "INSERT",
+            "key": {"id": k},
+            "after": {"id": k, "v": f"v{k}"},
+            "ts": T + k * S_,
+            "origin": "pub",
+            "event_id": f"pub-{k}",
+        }
+        for k in (1, 2, 3)
+    ]
+    ex = {rep: {"t": [{**e, "seq": i} for i, e in enumerate(events)]} for rep in ("pub", "sub")}
+    S.write_exports(store, D, ex)
+    meta = {"table": "t", "dt": D}
+    good = [{"id": k, "v": f"v{k}"} for k in (1, 2, 3)]
+    S.write_jsonl(
+        store / f"exports/replica=pub/table=t/snapshot/dt={D}", good, {**meta, "replica": "pub"}
+    )
+    S.write_jsonl(
+        store / f"exports/replica=sub/table=t/snapshot/dt={D}",
+        sub_snapshot,
+        {**meta, "replica": "sub"},
+    )
+    path = tmp / "cdr.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(cfg: Path, tmp: Path) -> int:
+    return main(["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp / "work")])
+
+
+# sub misses key 1, holds another value for 2, and a row 9 that the converged state lacks
+SUB = [{"id": 2, "v": "stale"}, {"id": 3, "v": "v3"}, {"id": 9, "v": "ghost"}]
+
+
+def test_snapshot_differences_are_reported_with_repairs(tmp_path: Path, spark):
+    cfg = setup(tmp_path, "warn", SUB)
+    assert run(cfg, tmp_path) == 0
+    store = tmp_path / "store"
+    rows = S.read_parquet_dir(store / f"published/t/divergence/dt={D}")
+    snap = {json.loads(r["key"])["id"]: r for r in rows if r["source"] == "snapshot"}
+    assert {r["replica"] for r in snap.values()} == {"sub"}
+    assert set(snap) == {1, 2, 9}
+    repairs = {k: json.loads(r["repair"]) for k, r in snap.items()}
+    assert repairs[1]["op"] == "INSERT" and repairs[1]["after"] == {"id": 1, "v": "v1"}
+    assert repairs[2]["op"] == "UPDATE" and repairs[2]["after"] == {"v": "v2"}
+    assert repairs[2]["before"] == {"v": "stale"}
+    assert repairs[9]["op"] == "DELETE" and repairs[9]["key"] == {"id": 9}
+    assert json.loads(snap[2]["replica_row"]) == {"id": 2, "v": "stale"}
+    assert json.loads(snap[2]["converged_row"]) == {"id": 2, "v": "v2"}
+    assert snap[1]["replica_row"] is None and snap[9]["converged_row"] is None
+    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
+    t = report["tables"]["t"]
+    assert t["snapshot_divergent_keys"] == {"pub": 0, "sub": 3}
+    assert t["divergent_keys"] == {}  # every perspective converges: only the snapshot differs
+    assert any("snapshot replica sub" in w for w in report["warnings"])
+
+
+def test_a_differing_snapshot_fails_the_run_under_on_divergence_fail(tmp_path: Path, spark):
+    cfg = setup(tmp_path, "fail", SUB)
+    assert run(cfg, tmp_path) == 1
+    assert not (tmp_path / "store/published/t/_latest.json").exists()
+
+
+def test_equal_snapshots_pass_under_on_divergence_fail(tmp_path: Path, spark):
+    cfg = setup(tmp_path, "fail", [{"id": k, "v": f"v{k}"} for k in (3, 2, 1)])
+    assert run(cfg, tmp_path) == 0
+    rows = S.read_parquet_dir(tmp_path / f"store/published/t/divergence/dt={D}")
+    assert rows == []
