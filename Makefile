@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/cdr demo
 
-test: $(STAMP)
+test: $(STAMP) lint typecheck
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-fast: $(STAMP)

@@ -15,6 +15,7 @@ shared and noisy: read the ratio, not the seconds.
 
     .venv/bin/python bench/resolve_bench.py            # N = 1M and 4M
     .venv/bin/python bench/resolve_bench.py 200000     # one size
+    BENCH_ROUNDS=1 .venv/bin/python bench/resolve_bench.py 4000000
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ def measure(fn) -> tuple[float, int]:
         return time.perf_counter() - t, mem.peak
 
 
-def bench(n: int, root: Path, spark, rounds: int = 2) -> dict:
+def bench(
+    n: int, root: Path, spark, rounds: int = int(os.environ.get("BENCH_ROUNDS", "2"))
+) -> dict:
     store_dir = root / f"store-{n}"
     store_dir.mkdir(parents=True)
     config = parse_config({**CONFIG, "store": store_dir.as_uri()})

@@ -479,16 +479,16 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         resolved = _resolve_table(name, t, m.defaults, m.tables, p)
         if resolved is not None:
             tables[name] = resolved
-    for name, t in tables.items():
-        for i, fk in enumerate(t.foreign_keys):
+    for name, tb in tables.items():
+        for i, fk in enumerate(tb.foreign_keys):
             parent = tables.get(fk.references)
             if parent is None or len(parent.key) != len(fk.columns):
                 continue
-            for c, pk in zip(fk.columns, parent.key, strict=True):
-                if c in t.column_names and t.column(c).type != parent.column(pk).type:
+            for col, pk in zip(fk.columns, parent.key, strict=True):
+                if col in tb.column_names and tb.column(col).type != parent.column(pk).type:
                     p.add(
                         f"tables.{name}.foreign_keys[{i}].columns",
-                        f"{c!r} is {t.column(c).type} but {fk.references}.{pk} is "
+                        f"{col!r} is {tb.column(col).type} but {fk.references}.{pk} is "
                         f"{parent.column(pk).type}",
                     )
     c = m.cdc

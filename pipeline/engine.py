@@ -433,7 +433,9 @@ def special_copies(typed: DataFrame) -> tuple[list[Event], list[tuple], list[tup
     rows = typed.select(
         "event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail", "raw"
     ).collect()
-    events, fates, quarantined = [], [], []
+    events: list[Event] = []
+    fates: list[tuple] = []
+    quarantined: list[tuple] = []
     by_event: dict[str, list] = {}
     for r in rows:
         if r.event_id is None:  # cannot be deduplicated: quarantined one by one

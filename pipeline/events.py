@@ -153,7 +153,7 @@ def copy_refs(
 
     df = records.select("replica", "file", "line", "raw", p.alias("p"))
     eid = F.col("p.event_id")
-    cols = [
+    cols: list[Column | str] = [
         "replica",
         "file",
         "line",

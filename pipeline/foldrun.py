@@ -153,11 +153,11 @@ class GroupFolder:
             for i, c in enumerate(a.conflicts):
                 yield self._conflict_row(c, i)
         for eid, group in copies.items():
-            a = applied.get(eid)
+            got = applied.get(eid)
             fate = (
                 "applied"
-                if a and a.applied
-                else ("errored" if a and a.errored else "discarded" if a else "not_reached")
+                if got and got.applied
+                else ("errored" if got and got.errored else "discarded" if got else "not_reached")
             )
             for r in group:
                 yield {"kind": "outcome", "event_id": eid, "replica": r["replica"], "fate": fate}

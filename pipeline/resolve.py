@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,11 @@ CONFLICT_COLUMNS = [
     "reason",
 ]
 QUARANTINE_COLUMNS = ["run_id", "dt", "table", "replica", "event_id", "reason", "detail", "event"]
-DIVERGENCE_COLUMNS = [
+DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's full copy)
     "run_id",
     "dt",
     "table",
+    "source",
     "replica",
     "key",
     "replica_row",
@@ -113,7 +115,7 @@ def resolve_table(
     divergence = res.divergence.select(
         *_run_cols(ctx, table.name),
         F.lit("perspective").alias("source"),
-        *DIVERGENCE_COLUMNS,
+        *DIVERGENCE_COLUMNS[4:],
     )
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
@@ -287,18 +289,17 @@ def check_foreign_keys(
     for t, table in config.tables.items():
         out = ctx.resolved / t
         parts = found[t]
-        orphans = parts[0] if parts else None
-        for p in parts[1:]:
-            orphans = orphans.unionByName(p)  # type: ignore[union-attr]
-        if orphans is not None:
-            orphans = orphans.dropDuplicates(["key"]).persist()
+        found_t: DataFrame | None = reduce(DataFrame.unionByName, parts) if parts else None
+        if found_t is not None:
+            unique_orphans = found_t.dropDuplicates(["key"]).persist()
             _write(
-                orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"), out / "orphans"
+                unique_orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
+                out / "orphans",
             )
             summary["tables"][t]["orphans"] = _parquet_rows(out / "orphans")
             if quarantine:
                 _write(
-                    orphans.select(
+                    unique_orphans.select(
                         *_run_cols(ctx, t),
                         F.col("origin").alias("replica"),
                         "event_id",
@@ -321,9 +322,6 @@ def check_foreign_keys(
         live = state.where(~F.col("_deleted")).select(*snapshot_columns(table))
         _write(live, out / "snapshot")
         summary["tables"][t]["rows"] = _parquet_rows(out / "snapshot")
-
-
-DIVERGENCE_COLUMNS = ("replica", "key", "replica_row", "converged_row", "repair")
 
 
 def compare_snapshots(
@@ -349,7 +347,7 @@ def compare_snapshots(
             path = out / f"snapshot_divergence={replica}"
             _write(
                 diff.select(
-                    *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_COLUMNS
+                    *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_COLUMNS[4:]
                 ),
                 path,
             )
@@ -400,4 +398,5 @@ def load_summary(ctx: RunContext) -> dict[str, Any]:
         from pipeline.errors import StageError
 
         raise StageError(f"no resolved run for {ctx.dt}: run `cdr resolve` first")
-    return json.loads(p.read_text())  # type: ignore[no-any-return]
+    summary: dict[str, Any] = json.loads(p.read_text())
+    return summary

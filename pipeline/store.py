@@ -13,7 +13,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from pipeline.errors import StoreError
@@ -98,7 +98,7 @@ class FileStore:
 class S3Store:
     """A bucket and prefix reached through boto3."""
 
-    def __init__(self, bucket: str, prefix: str, client: object | None = None):
+    def __init__(self, bucket: str, prefix: str, client: Any = None):
         import boto3
 
         self.bucket = bucket
@@ -119,7 +119,7 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._k(key))  # type: ignore[attr-defined]
+            self.client.head_object(Bucket=self.bucket, Key=self._k(key))
             return True
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
@@ -130,8 +130,8 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         try:
-            obj = self.client.get_object(Bucket=self.bucket, Key=self._k(key))  # type: ignore[attr-defined]
-            return obj["Body"].read()  # type: ignore[no-any-return]
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return bytes(obj["Body"].read())
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code")
             if code in ("404", "NoSuchKey"):
@@ -142,7 +142,7 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)  # type: ignore[attr-defined]
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)
         except ClientError as e:
             raise self._fail(key, e) from None
 
@@ -153,7 +153,7 @@ class S3Store:
         strip = len(self.prefix) + 1 if self.prefix else 0
         keys: list[str] = []
         try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(  # type: ignore[attr-defined]
+            pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=full.rstrip("/") + "/"
             )
             for page in pages:
@@ -167,7 +167,7 @@ class S3Store:
 
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.client.download_file(self.bucket, self._k(key), str(dest))  # type: ignore[attr-defined]
+            self.client.download_file(self.bucket, self._k(key), str(dest))
         except ClientError as e:
             raise self._fail(key, e) from None
 
@@ -175,7 +175,7 @@ class S3Store:
         from boto3.exceptions import S3UploadFailedError
 
         try:
-            self.client.upload_file(str(src), self.bucket, self._k(key))  # type: ignore[attr-defined]
+            self.client.upload_file(str(src), self.bucket, self._k(key))
         except S3UploadFailedError as e:
             raise self._fail(key, e) from None
 
@@ -183,7 +183,7 @@ class S3Store:
         keys = self.list(prefix)
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._k(k)} for k in keys[i : i + 1000]]
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})  # type: ignore[attr-defined]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
 
 
 def open_store(uri: str) -> Store:

@@ -95,7 +95,8 @@ def render_suite(template: dict[str, Any], table: Table) -> dict[str, Any]:
 
 
 def load_template(name: str) -> dict[str, Any]:
-    return json.loads((EXPECTATIONS_DIR / f"{name}.json").read_text())  # type: ignore[no-any-return]
+    template: dict[str, Any] = json.loads((EXPECTATIONS_DIR / f"{name}.json").read_text())
+    return template
 
 
 def run_suite(df: DataFrame, suite: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +120,7 @@ def run_suite(df: DataFrame, suite: dict[str, Any]) -> dict[str, Any]:
     checks = []
     for r in result.results:
         cfg = r.expectation_config
+        assert cfg is not None  # every result of a suite run names its expectation
         res = r.result or {}
         sample = (
             res.get("details", {}).get("unexpected_rows")
