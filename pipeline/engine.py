@@ -71,6 +71,22 @@ FOLD_INPUT = [
     "s_deleted_at",
 ]
 
+#: the conflict log's columns after ``run_id, dt, table`` (formats.md)
+CONFLICT_FIELDS = (
+    "key",
+    "conflict_type",
+    "resolver",
+    "outcome",
+    "local_ts",
+    "local_origin",
+    "local_row",
+    "remote_event_id",
+    "remote_ts",
+    "remote_origin",
+    "remote_row",
+    "reason",
+)
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -560,18 +576,7 @@ def resolve_rows(
             )
         )
     conflicts = folded.where(F.col("kind") == "conflict").select(
-        "key",
-        "conflict_type",
-        "resolver",
-        "outcome",
-        "local_ts",
-        "local_origin",
-        "local_row",
-        "remote_event_id",
-        "remote_ts",
-        "remote_origin",
-        "remote_row",
-        "reason",
+        *CONFLICT_FIELDS,
         "pos_rank",
         "pos_idx",
     )

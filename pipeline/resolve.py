@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
-from pipeline.engine import position, purge, resolve_rows
+from pipeline.engine import CONFLICT_FIELDS, position, purge, resolve_rows
 from pipeline.events import read_records
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.policy import Granularity, QuarantineReason
@@ -34,23 +34,7 @@ from pipeline.state import read_base, read_prior
 
 log = logging.getLogger(__name__)
 
-CONFLICT_COLUMNS = [
-    "run_id",
-    "dt",
-    "table",
-    "key",
-    "conflict_type",
-    "resolver",
-    "outcome",
-    "local_ts",
-    "local_origin",
-    "local_row",
-    "remote_event_id",
-    "remote_ts",
-    "remote_origin",
-    "remote_row",
-    "reason",
-]
+CONFLICT_COLUMNS = ["run_id", "dt", "table", *CONFLICT_FIELDS]
 QUARANTINE_COLUMNS = ["run_id", "dt", "table", "replica", "event_id", "reason", "detail", "event"]
 DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's full copy)
     "run_id",
