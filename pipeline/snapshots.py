@@ -60,6 +60,7 @@ def snapshot_divergence(
     )
     rows = joined.where(differs).select("conv", "mine")
     key_cols = table.key
+    arrow_schema = to_arrow_schema(DIVERGENCE_SCHEMA)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -81,6 +82,6 @@ def snapshot_divergence(
                         "repair": dumps(repair_record(table, replica, k, m, cv, dt, now_us)),
                     }
                 )
-            yield pa.RecordBatch.from_pylist(out, schema=to_arrow_schema(DIVERGENCE_SCHEMA))
+            yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
     return rows.mapInArrow(run, DIVERGENCE_SCHEMA)
