@@ -13,6 +13,7 @@ semantics.md §3, §12). Spark built-ins only; no shuffle here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
 from pathlib import Path
 
@@ -21,11 +22,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.config import Config, Table
-from pipeline.policy import QuarantineReason
+from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import event_ts_micros, typed
 
 TEXT_MAP = T.MapType(T.StringType(), T.StringType())
-_TEXT_FIELDS = ("op", "ts", "origin", "event_id", "txid", "seq")
+_TEXT_FIELDS = ("op", "ts", "origin", "event_id", "txid", "seq", "ttl", "expiry")
+#: Scylla's and Cassandra's largest TTL (20 years)
+MAX_TTL = 630_720_000
 #: the canonical record's shape: every scalar read as its JSON text, objects as text maps
 RECORD = T.StructType(
     [T.StructField(n, T.StringType()) for n in _TEXT_FIELDS]
@@ -194,6 +197,8 @@ TYPED_COLUMNS = (
     "before",
     "before_has",
     "extra_cols",
+    "ttl",
+    "expiry",
     "reason",
     "detail",
 )
@@ -249,6 +254,8 @@ def type_copies(
         field("ts").alias("ts_text"),
         event_ts_micros(field("ts")).alias("ts"),
         field("seq").alias("seq_text"),
+        field("ttl").alias("ttl_text"),
+        field("expiry").alias("expiry_text"),
         *[obj(n).alias(f"{n}_m") for n in _OBJECT_FIELDS],
     ).select(
         "*",
@@ -299,8 +306,11 @@ def type_copies(
         (given("new_key") & nk_m.isNull(), F.lit("new_key is not a JSON object")),
     ]
     malformed += [(nk_m.isNotNull() & c, d) for c, d in _key_checks(table, "new_key", nk_m, "nk_")]
+    cell = table.granularity is Granularity.CELL
+    if cell:  # §12 "Cell tables": every column is a cell; an INSERT may write the key only
+        malformed += _cell_checks(table, given, after_m, before_m)
     malformed += [
-        ((op == "INSERT") & ~given("after"), F.lit("INSERT without after")),
+        ((op == "INSERT") & ~given("after") & F.lit(not cell), F.lit("INSERT without after")),
         (given("after") & after_m.isNull(), F.lit("after is not a JSON object")),
         (given("before") & before_m.isNull(), F.lit("before is not a JSON object")),
     ]
@@ -379,6 +389,50 @@ def type_copies(
     return _finish(with_reason, table, rank_map, passthrough)
 
 
+def _int_text(c: Column) -> Column:
+    return F.when(c.rlike(r"^\d{1,12}$"), c.try_cast(T.LongType()))
+
+
+def _cell_checks(
+    table: Table, given: Callable[[str], Column], after_m: Column, before_m: Column
+) -> list[tuple[Column, Column]]:
+    """Malformed for a cell table (§12): a ``new_key``, a column the table does not
+    have, a ``ttl`` that is not 0..20 years in whole seconds, an ``expiry`` without a
+    ttl or not in whole seconds."""
+    cols = _lits(table.column_names)
+    empty = F.array().cast("array<string>")
+    unknown = F.array_distinct(
+        F.concat(
+            F.array_except(F.coalesce(F.map_keys(after_m), empty), cols),
+            F.array_except(F.coalesce(F.map_keys(before_m), empty), cols),
+        )
+    )
+    ttl, expiry = F.col("ttl_text"), F.col("expiry_text")
+    return [
+        (given("new_key"), F.lit("new_key on a cell-granularity table (a key never changes)")),
+        (
+            F.size(unknown) > 0,
+            F.concat(
+                F.lit("unknown column(s) ["),
+                F.array_join(F.array_sort(unknown), ", "),
+                F.lit("] (a cell-granularity table has no source_column_extra)"),
+            ),
+        ),
+        (
+            ttl.isNotNull() & ~F.coalesce(_int_text(ttl) <= MAX_TTL, F.lit(False)),
+            F.concat(F.lit("ttl "), _quote(ttl), F.lit(f" is not whole seconds 0..{MAX_TTL}")),
+        ),
+        (
+            expiry.isNotNull() & _int_text(expiry).isNull(),
+            F.concat(F.lit("expiry "), _quote(expiry), F.lit(" is not whole seconds")),
+        ),
+        (
+            expiry.isNotNull() & F.coalesce(_int_text(ttl), F.lit(0)).__eq__(0),
+            F.lit("expiry without a ttl"),
+        ),
+    ]
+
+
 def _finish(df: DataFrame, table: Table, rank_map: Column, passthrough: list[str]) -> DataFrame:
     """3. the copy's columns: typed structs, present and extra column names."""
     cols = table.column_names
@@ -425,6 +479,15 @@ def _finish(df: DataFrame, table: Table, rank_map: Column, passthrough: list[str
         struct_of("b_", cols).alias("before"),
         F.when(chosen, has(before_m)).alias("before_has"),
         F.when(chosen, F.when(unknown, extra).otherwise(empty)).alias("extra_cols"),
+        # §6: a ttl of 0 is no ttl; expiry (s) defaults to floor(ts / 1e6) + ttl
+        F.when(_int_text(F.col("ttl_text")) > 0, _int_text(F.col("ttl_text"))).alias("ttl"),
+        F.when(
+            _int_text(F.col("ttl_text")) > 0,
+            F.coalesce(
+                _int_text(F.col("expiry_text")),
+                F.floor(F.col("ts") / 1_000_000) + _int_text(F.col("ttl_text")),
+            ),
+        ).alias("expiry"),
         "reason",
         "detail",
         F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),

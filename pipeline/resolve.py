@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.engine import CONFLICT_FIELDS, position, purge, resolve_rows
@@ -70,18 +71,13 @@ def resolve_table(
     spark: SparkSession, config: Config, table: Table, ctx: RunContext, staged: StagedTable
 ) -> dict[str, Any]:
     out = ctx.resolved / table.name
-    if table.granularity is not Granularity.ROW:
-        from pipeline.errors import CdrError
-
-        raise CdrError(
-            f"table {table.name!r}: policy {table.preset.value!r} (cell granularity) "
-            "is not supported by this version"
-        )
     records = read_records(spark, ctx.staged / table.name)
-    prior = purge(
-        read_prior(spark, ctx.staged / table.name, table), ctx.now_us, config.gc_grace_seconds
-    )
-    res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
+    prior = read_prior(spark, ctx.staged / table.name, table)
+    if table.granularity is Granularity.CELL:
+        res = resolve_cells(spark, config, table, records, prior, ctx.now_us, ctx.dt)
+    else:
+        prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
+        res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
 
     _write(res.state, out / "state_pre")
     stopped = _write_conflicts(res.conflicts, ctx, table, out)

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.config import ColumnType, Kind, Table
+from pipeline.policy import Granularity
 
 _UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 TS_WITH_OFFSET_RE = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
@@ -83,9 +84,53 @@ META_FIELDS = [
 ]
 
 
+def cell_meta_fields(table: Table) -> list[T.StructField]:
+    """What a cell table keeps per key besides the readable row (§6, §7): every cell as
+    written (``_cells.<column>``: the value even once expired, its ts, ttl, expiry, or
+    its deletion), the row marker and the row tombstone. The table tombstone of a
+    TRUNCATE is a state row whose key columns are null."""
+    L, S, B = T.LongType(), T.StringType(), T.BooleanType()
+    cell = [
+        ("ts", L),
+        ("ttl", L),
+        ("expiry", L),
+        ("dead", B),
+        ("deleted_at", L),
+        ("origin", S),
+        ("event_id", S),
+    ]
+    cells = T.StructType(
+        [
+            T.StructField(
+                c.name,
+                T.StructType(
+                    [T.StructField("value", spark_type(c.type))]
+                    + [T.StructField(n, t) for n, t in cell]
+                ),
+            )
+            for c in table.columns
+            if c.name not in table.key
+        ]
+    )
+    marker = T.StructType([T.StructField(n, t) for n, t in cell if n not in ("dead", "deleted_at")])
+    tomb = T.StructType(
+        [
+            T.StructField(n, t)
+            for n, t in (("ts", L), ("deleted_at", L), ("origin", S), ("event_id", S))
+        ]
+    )
+    return [
+        T.StructField("_cells", cells),
+        T.StructField("_marker", marker),
+        T.StructField("_tomb", tomb),
+    ]
+
+
 def state_schema(table: Table) -> T.StructType:
-    """The state kept between runs: the table's columns, then the metadata (§1, §7)."""
-    return T.StructType(list(row_struct_type(table).fields) + META_FIELDS)
+    """The state kept between runs: the table's columns (for a cell table, what a reader
+    sees), then the metadata (§1, §7)."""
+    extra = cell_meta_fields(table) if table.granularity is Granularity.CELL else []
+    return T.StructType(list(row_struct_type(table).fields) + META_FIELDS + extra)
 
 
 def snapshot_columns(table: Table) -> list[str]:

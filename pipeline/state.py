@@ -79,11 +79,20 @@ def _base_from_json(raw: DataFrame, table: Table, label: str) -> DataFrame:
         raise ExportError(
             f"{where}: a row does not fit the table's schema (types, NOT NULL, key): {b.raw[:200]}"
         )
-    return df.select(
+    rows = df.select(
         *cols,
         F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias("_ts"),
         F.col("m")["_origin"].alias("_origin"),
         F.lit(None).cast("string").alias("_event_id"),
         F.lit(False).alias("_deleted"),
         F.lit(None).cast("bigint").alias("_deleted_at"),
-    ).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+    )
+    # a cell table's per-cell metadata is null: a base row is cells written at ``_ts``
+    return rows.select(
+        *[
+            (F.col(f.name) if f.name in rows.columns else F.lit(None))
+            .cast(f.dataType)
+            .alias(f.name)
+            for f in schema.fields
+        ]
+    )
