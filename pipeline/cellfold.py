@@ -37,7 +37,7 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 from pipeline.config import ColumnType, Kind, Table
@@ -79,12 +79,16 @@ def serialize(value: Any, ct: ColumnType) -> bytes:
     if k is Kind.DOUBLE:
         return struct.pack(">d", value)
     if k is Kind.DECIMAL:  # 4-byte scale, then the unscaled value as a varint
-        unscaled = int(Decimal(value).scaleb(ct.scale).to_integral_value())
+        with localcontext() as ctx:
+            ctx.prec = 80  # exact for every decimal(p <= 38, s)
+            unscaled = int(Decimal(value).scaleb(ct.scale).to_integral_value())
         return struct.pack(">i", ct.scale) + _signed_min_bytes(unscaled)
     if k is Kind.DATE:  # unsigned days since the epoch, centred on 2^31
         return ((value - _EPOCH_DAY).days + 2**31).to_bytes(4, "big")
     if k is Kind.TIMESTAMP:  # signed milliseconds since the epoch
-        micros = (value - _EPOCH) // (datetime.resolution)
+        if value.tzinfo is None:  # Spark's session time zone is UTC (pipeline.spark)
+            value = value.replace(tzinfo=UTC)
+        micros = (value - _EPOCH) // datetime.resolution
         return struct.pack(">q", micros // 1000)
     if k is Kind.BINARY:
         return bytes(value)
