@@ -92,13 +92,13 @@ class PeakMemory:
         self._t.join()
 
 
-def baseline(spark, staged: Path, out: Path) -> None:
+def baseline(spark, staged: Path, out: Path, table: str = "items") -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from pipeline.events import TEXT_MAP
 
-    raw = spark.read.parquet(str(staged / "items" / "replica=*" / "jsonl"))
+    raw = spark.read.parquet(str(staged / table / "replica=*" / "jsonl"))
     top = F.from_json("raw", TEXT_MAP)
     ev = raw.select(top.alias("t")).select(
         F.col("t")["key"].alias("key"),

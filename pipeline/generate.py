@@ -31,6 +31,7 @@ from typing import Any
 from pipeline import layout
 from pipeline.config import Column, Config, Kind, Table
 from pipeline.context import to_micros
+from pipeline.policy import Granularity
 from pipeline.store import Store
 
 DAY_US = 86_400_000_000
@@ -58,6 +59,7 @@ class _Ev:
     event_id: str
     after: dict[str, Any] | None = None
     before: dict[str, Any] | None = None
+    ttl: int | None = None
 
 
 def _value(col: Column, rng: random.Random, n: int) -> Any:
@@ -208,6 +210,7 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
         table = config.tables[name]
         rng = random.Random(f"{opts.seed}-{name}")
         g = _TableGen(config, table, rng, keys_of)
+        cell = table.granularity is Granularity.CELL
         distinct = max(1, per_table // len(replicas))
         base_n = opts.base_rows or 0
         if base_n:
@@ -252,6 +255,11 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
                 else:
                     after, before = g.change(full)
                     ev = _Ev("UPDATE", key, t, origin, eid, after=after, before=before or None)
+                if cell and rng.random() < 0.1:  # a Scylla/Cassandra write with a TTL
+                    ev.ttl = rng.choice([3600, 7 * 86400])
+                nullable = [c for c in ev.after or {} if c not in table.not_null]
+                if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
+                    ev.after[rng.choice(nullable)] = None  # type: ignore[index]
                 events.append(ev)
                 # the next change of a contended key is concurrent: within the delay window
                 t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
@@ -295,6 +303,8 @@ def _write_day(
                 r["after"] = e.after
             if e.before:
                 r["before"] = e.before
+            if e.ttl:
+                r["ttl"] = e.ttl
             r |= {"ts": e.ts, "origin": e.origin, "event_id": e.event_id, "seq": seq}
             records.append(r)
         folder = layout.export_dir(rep, table, dt)

@@ -375,3 +375,17 @@ def test_random_histories_never_resurrect_shadowed_cells():
         snap = fold.snapshot().get((1,))
         if snap is not None and deletes:
             assert snap["_ts"] > max(deletes)
+
+
+def test_equal_timestamps_can_mix_two_writes():
+    """The README's example: each column is decided on its own, so the row mixes A's and
+    B's writes (seed 000)."""
+    evs = [
+        CellEvent("A-1", "UPDATE", (1,), T, "A", 0, {"s": "a", "n": -1}),
+        CellEvent("B-1", "UPDATE", (1,), T, "B", 1, {"s": "b", "n": 1}),
+    ]
+    fold = CellFold(_table(), NOW).run(evs)
+    assert fold.snapshot()[(1,)] == {"s": "b", "n": -1, "_ts": T, "_origin": "B"}
+    (c,) = fold.conflicts  # B's writes met A's at the same ts: one won, one lost
+    assert (c.event_id, c.outcome) == ("B-1", "applied")
+    assert dict((s, won) for s, won, _ in c.cells) == {"s": True, "n": False}

@@ -1,0 +1,113 @@
+"""Cell-granularity resolve (the ``scylla`` preset) against the bare window dedupe.
+
+A table of 8 columns with ``policy: scylla``; N event records across the exports of 3
+replicas, 20% of keys contended (2-5 events close in time), 10% of writes with a TTL, 5%
+writing a null. In ONE Spark session it alternates the baseline of
+``bench/resolve_bench.py`` (``row_number()`` over the key by ts, keep the first, write
+Parquet) and ``cdr resolve`` on the same staged input, and prints the best time of each,
+events per second, peak memory and the ratio. The issue's target: within 3x.
+
+    .venv/bin/python bench/cell_bench.py             # N = 4M
+    BENCH_ROUNDS=1 .venv/bin/python bench/cell_bench.py 1000000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from resolve_bench import D, baseline, measure
+
+from pipeline.config import parse_config
+from pipeline.context import RunContext, resolve_now
+from pipeline.exports import ingest
+from pipeline.generate import GenerateOptions, generate
+from pipeline.store import open_store
+
+CONFIG = {
+    "replicas": [
+        {"id": "r1", "system_id": 1},
+        {"id": "r2", "system_id": 2},
+        {"id": "r3", "system_id": 3},
+    ],
+    "tables": {
+        "sessions": {
+            "key": ["id"],
+            "columns": {
+                "id": "bigint",
+                "user_name": "string",
+                "device": "string",
+                "token": "string",
+                "hits": "int",
+                "score": "double",
+                "price": "decimal(12,2)",
+                "active": "boolean",
+            },
+            "policy": "scylla",
+        }
+    },
+}
+
+
+def bench(n: int, root: Path, spark, rounds: int) -> dict:
+    store_dir = root / f"store-{n}"
+    store_dir.mkdir(parents=True)
+    config = parse_config({**CONFIG, "store": store_dir.as_uri()})
+    store = open_store(config.store)  # type: ignore[arg-type]
+    stats = generate(
+        config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4, seed=11)
+    )
+    ctx = RunContext.create(root / f"work-{n}", D, resolve_now(D, None), "bench")
+    ctx.save()
+    ingest(config, store, ctx, allow_missing=False)
+
+    from pipeline.resolve import resolve_stage
+
+    results: dict[str, list[tuple[float, int]]] = {"baseline": [], "resolve": []}
+    summary: dict = {}
+    for _ in range(rounds):
+        results["baseline"].append(
+            measure(lambda: baseline(spark, ctx.staged, root / "base-out", "sessions"))
+        )
+        results["resolve"].append(
+            measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
+        )
+    best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
+    tbl = summary["tables"]["sessions"]
+    records = stats["records"]
+    shutil.rmtree(store_dir)
+    return {
+        "records": records,
+        "distinct_events": tbl["distinct_events"],
+        "conflicts": sum(sum(o.values()) for o in tbl["conflicts"].values()),
+        "discarded": tbl["discarded"],
+        "baseline_s": [round(x[0], 1) for x in results["baseline"]],
+        "resolve_s": [round(x[0], 1) for x in results["resolve"]],
+        "resolve_events_per_s": round(records / best["resolve"][0]),
+        "baseline_peak_mb": best["baseline"][1] // 2**20,
+        "resolve_peak_mb": best["resolve"][1] // 2**20,
+        "ratio": round(best["resolve"][0] / best["baseline"][0], 2),
+    }
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [4_000_000]
+    rounds = int(os.environ.get("BENCH_ROUNDS", "2"))
+    from pipeline.spark import get_spark
+
+    spark = get_spark("local[2]", app="cdr-cell-bench")
+    spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+    root = Path(tempfile.mkdtemp(prefix="cdr-cell-bench-"))
+    try:
+        for n in sizes:
+            print(json.dumps({"n": n, **bench(n, root, spark, rounds)}), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
