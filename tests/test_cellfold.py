@@ -160,10 +160,12 @@ TS = st.sampled_from([T - 2, T - 1, T])  # few timestamps: ties are the interest
 def cells(draw: st.DrawFn) -> Cell:
     ts = draw(TS)
     kind = draw(st.sampled_from(["live", "ttl", "dead"]))
+    rank = draw(st.integers(0, 1))
+    origin = "AB"[rank]  # an event id names one write of one origin, as in every export
     meta = {
-        "origin": draw(st.sampled_from(["A", "B"])),
-        "event_id": draw(st.sampled_from(["e1", "e2", "e3"])),
-        "rank": draw(st.integers(0, 1)),
+        "origin": origin,
+        "event_id": f"{origin}-{draw(st.sampled_from([1, 2, 3]))}",
+        "rank": rank,
         "is_event": True,
     }
     if kind == "dead":
