@@ -322,7 +322,8 @@ class CellConflict:
     cells: tuple[tuple[str, bool, str], ...]
 
 
-_TYPE_BY_OP = {"INSERT": "insert_exists", "UPDATE": "update_differ", "DELETE": "delete_differ"}
+#: a cell table's conflict type is named by the op (§12 "Cell tables")
+TYPE_BY_OP = {"INSERT": "insert_exists", "UPDATE": "update_differ", "DELETE": "delete_differ"}
 
 
 class CellFold:
@@ -400,7 +401,7 @@ class CellFold:
             self.conflicts.append(
                 CellConflict(
                     e.key,
-                    _TYPE_BY_OP[e.op],
+                    TYPE_BY_OP[e.op],
                     "applied" if won_any else "discarded",
                     e.event_id,
                     lts,

@@ -36,7 +36,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.cellfold import RULES, SHADOWED, TIE, serialize
+from pipeline.cellfold import RULES, SHADOWED, TIE, TYPE_BY_OP, serialize
 from pipeline.config import ColumnType, Config, Kind, Table
 from pipeline.engine import (
     CONFLICT_FIELDS,
@@ -52,8 +52,6 @@ from pipeline.rowfold import Event
 from pipeline.schema import spark_type, state_schema
 
 log = logging.getLogger(__name__)
-
-_TYPE_BY_OP = {"INSERT": "insert_exists", "UPDATE": "update_differ", "DELETE": "delete_differ"}
 
 
 # ---------------------------------------------------------------------- rule 4 order
@@ -315,16 +313,17 @@ def purge_cells(prior: DataFrame, table: Table, now_us: int, grace_s: int) -> Da
     horizon = now_us - grace_s * 1_000_000
     now_s = now_us // 1_000_000
 
-    def keep(x: Column) -> Column:
+    def expired_old(x: Column) -> Column:
+        """An expired TTL write, a tombstone since its write time ``expiry - ttl``."""
         expired = x["ttl"].isNotNull() & (x["expiry"] <= now_s)
-        dead_old = x["dead"] & (x["deleted_at"] < horizon)
-        expired_old = ~x["dead"] & expired & ((x["expiry"] - x["ttl"]) * 1_000_000 < horizon)
-        return x.isNotNull() & ~F.coalesce(dead_old | expired_old, F.lit(False))
+        return expired & ((x["expiry"] - x["ttl"]) * 1_000_000 < horizon)
 
-    def keep_marker(x: Column) -> Column:
-        expired = x["ttl"].isNotNull() & (x["expiry"] <= now_s)
-        old = expired & ((x["expiry"] - x["ttl"]) * 1_000_000 < horizon)
+    def keep(x: Column) -> Column:
+        old = F.when(x["dead"], x["deleted_at"] < horizon).otherwise(expired_old(x))
         return x.isNotNull() & ~F.coalesce(old, F.lit(False))
+
+    def keep_marker(x: Column) -> Column:  # a marker is never dead
+        return x.isNotNull() & ~F.coalesce(expired_old(x), F.lit(False))
 
     cells = F.col("_cells")
     value_cols = [c for c, _ in _value_columns(table)]
@@ -404,8 +403,6 @@ def _final_state(table: Table, now_us: int, tt: dict | None) -> tuple[list[Colum
         x = cells[c]
         values.append(F.when(live(x), x["value"]).alias(c))
     schema = state_schema(table)
-    cell_type = schema["_cells"].dataType
-    assert isinstance(cell_type, T.StructType)
 
     def stored(c: str, x: Column) -> Column:
         return F.when(
@@ -613,7 +610,7 @@ def _conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | No
     )
     loc = _greatest(local)
     op = F.col("op")
-    ctype = F.create_map(*[x for k, v in _TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])[op]
+    ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])[op]
     return [
         any_met.alias("conflict"),
         (any_won | ~any_write).alias("won"),
