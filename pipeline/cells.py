@@ -47,9 +47,9 @@ from pipeline.engine import (
     special_copies,
 )
 from pipeline.events import copy_refs, type_copies
-from pipeline.policy import Resolver
+from pipeline.policy import ChangeKind, Resolver
 from pipeline.rowfold import Event
-from pipeline.schema import spark_type, state_schema
+from pipeline.schema import change_schema, spark_type, state_schema
 
 log = logging.getLogger(__name__)
 
@@ -528,19 +528,23 @@ def _ts_origin(ts: Column, origin: Column) -> Column:
     return F.struct(ts.cast("long").alias("ts"), origin.cast("string").alias("o"))
 
 
-def _conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -> list[Column]:
-    """For every event row: ``conflict`` (one of its writes met an equal or later write
-    of another event, or a tombstone shadowed it), ``won`` (one of its writes won), and
-    the conflict log's fields (§12 "Cell tables")."""
-    ts, eid = F.col("ts"), F.col("event_id")
-    # the table tombstone standing when the event is applied: the prior one, and the
-    # run's TRUNCATEs before it in the canonical order
+def _table_tomb_at_event(truncs: Sequence[Event], tt_prior: dict | None) -> Column:
+    """The table tombstone standing when an event row is applied: the prior one, and the
+    run's TRUNCATEs before it in the canonical order (``struct<ts, o>``, or null)."""
     tts: list[Column] = []
     if tt_prior is not None:
         tts.append(_ts_origin(F.lit(tt_prior["ts"]), F.lit(tt_prior["origin"])))
     for t, after in _position_after(truncs):
         tts.append(F.when(after, _ts_origin(F.lit(t.ts), F.lit(t.origin))))
-    tt = _greatest(tts) if tts else F.lit(None).cast("struct<ts:bigint,o:string>")
+    return _greatest(tts) if tts else F.lit(None).cast("struct<ts:bigint,o:string>")
+
+
+def _conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -> list[Column]:
+    """For every event row: ``conflict`` (one of its writes met an equal or later write
+    of another event, or a tombstone shadowed it), ``won`` (one of its writes won), which
+    of its slots won (``won_<slot>``), and the conflict log's fields (§12 "Cell tables")."""
+    ts, eid = F.col("ts"), F.col("event_id")
+    tt = _table_tomb_at_event(truncs, tt_prior)
     ptomb = F.col("p__tomb")
     shadow = _greatest([F.when(ptomb.isNotNull(), _ts_origin(ptomb["ts"], ptomb["origin"])), tt])
     shadowed = F.coalesce(shadow["ts"] >= ts, F.lit(False))
@@ -612,6 +616,7 @@ def _conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | No
     op = F.col("op")
     ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])[op]
     return [
+        *[w.alias(f"won_{n}") for (n, _), w in zip(slots, won, strict=False)],
         any_met.alias("conflict"),
         (any_won | ~any_write).alias("won"),
         F.to_json(F.col("key")).alias("key_json"),
@@ -626,6 +631,139 @@ def _conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | No
     ]
 
 
+# ---------------------------------------------------------------------- changes (CDC)
+
+
+def _seen(x: Column, limit: Column, at_us: Column) -> Column:
+    """A slot (cell or marker) a reader sees at ``at_us``: written, not dead, newer than
+    the standing tombstones (``limit``), not yet expired."""
+    return (
+        x.isNotNull()
+        & ~x["dead"]
+        & F.coalesce(x["ts"] > limit, F.lit(True))
+        & (x["ttl"].isNull() | F.coalesce(x["expiry_s"] * 1_000_000 > at_us, F.lit(True)))
+    )
+
+
+def _reader_row(table: Table, prefix: str, limit: Column, at_us: Column) -> tuple[Column, dict]:
+    """Whether a reader sees the row of slots ``<prefix>_*`` at ``at_us``, and which cells."""
+    seen = {c: _seen(F.col(f"{prefix}_{c}"), limit, at_us) for c, _ in _value_columns(table)}
+    row = reduce(lambda a, b: a | b, seen.values(), _seen(F.col(f"{prefix}__marker"), limit, at_us))
+    return row, seen
+
+
+def _row_struct(table: Table, values: dict[str, Column]) -> Column:
+    return F.struct(
+        *[(F.col(f"key.{c}") if c in table.key else values[c]).alias(c) for c in table.column_names]
+    )
+
+
+def _seen_row(table: Table, prefix: str, seen: dict[str, Column]) -> Column:
+    """The row a reader sees: the values of the cells in ``seen``."""
+    values = {c: F.when(v, F.col(f"{prefix}_{c}")["value"]) for c, v in seen.items()}
+    return _row_struct(table, values)
+
+
+def _change(
+    table: Table,
+    event: tuple[Column, Column, Column],
+    kind: Column,
+    cols: dict[str, Column],
+    values: dict[str, Column],
+    ttl: Column,
+    pre: Column,
+    post: Column,
+) -> Column:
+    names = F.filter(
+        F.array(*[F.when(w, F.lit(c)) for c, w in cols.items()]), lambda x: x.isNotNull()
+    )
+    return F.struct(
+        event[0].alias("event_id"),
+        event[1].cast("long").alias("ts"),
+        event[2].cast("int").alias("rank"),
+        F.lit(0).alias("idx"),
+        kind.alias("kind"),
+        F.col("key").alias("key"),
+        _row_struct(table, {c: F.when(cols[c], v) for c, v in values.items()}).alias("values"),
+        names.alias("cols"),
+        ttl.cast("long").alias("ttl"),
+        pre.alias("pre"),
+        post.alias("post"),
+    )
+
+
+def _event_change(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -> Column:
+    """What an applied event did to the row a reader sees, at the event's own time
+    (``rowfold.visible_changes`` for cells): the cells it wrote that won, and those its
+    row tombstone cleared; a row a reader no longer sees is a row delete."""
+    at, tt = F.col("ts"), _table_tomb_at_event(truncs, tt_prior)
+    before, seen_b = _reader_row(table, "p", _greatest([F.col("p__tomb")["ts"], tt["ts"]]), at)
+    after, seen_a = _reader_row(table, "f", _greatest([F.col("f__tomb")["ts"], tt["ts"]]), at)
+    gone = ~after & (before | F.col("w__tomb").isNotNull())
+    won = {c: F.col(f"won_{c}") for c in seen_b}
+    cols = {c: ~gone & (won[c] | (seen_b[c] & ~seen_a[c])) for c in seen_b}
+    kind = (
+        F.when(gone, F.lit(ChangeKind.ROW_DELETE.value))
+        .when(F.col("won__marker"), F.lit(ChangeKind.INSERT.value))
+        .otherwise(F.lit(ChangeKind.UPDATE.value))
+    )
+    return _change(
+        table,
+        (F.col("event_id"), F.col("ts"), F.col("rank")),
+        kind,
+        cols,
+        {c: F.when(won[c], F.col(f"w_{c}")["value"]) for c in seen_b},
+        F.when(~gone, F.col("ttl")),
+        F.when(before, _seen_row(table, "p", seen_b)),
+        F.when(after, _seen_row(table, "f", seen_a)),
+    )
+
+
+def _truncate_slots(table: Table, truncs: Sequence[Event]) -> list[Column]:
+    """Per TRUNCATE ``i`` and slot, the maximum of the key's writes before it
+    (``t<i>_<slot>``), over the whole key."""
+    whole = Window.partitionBy("key")
+    names = [c for c, _ in _value_columns(table)] + ["_marker", "_tomb"]
+    out = []
+    for i, (_t, after) in enumerate(_position_after(truncs)):
+        earlier = (F.col("is_event") == 0) | ~after
+        out += [
+            F.max(F.when(earlier, F.col(f"w_{n}"))).over(whole).alias(f"t{i}_{n}") for n in names
+        ]
+    return out
+
+
+def _truncate_changes(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -> Column:
+    """At a key's last row: what each TRUNCATE of the run did to the row a reader saw
+    just before it (a partition delete, or an update clearing the cells it shadowed
+    when newer ones survive)."""
+    changes = []
+    ordered = sorted(truncs, key=Event.position)
+    for i, t in enumerate(ordered):
+        standing = [u.ts for u in ordered[:i]] + ([tt_prior["ts"]] if tt_prior else [])
+        tt_ts = F.lit(max(standing) if standing else None).cast("long")
+        at = F.lit(t.ts).cast("long")
+        limit = _greatest([F.col(f"t{i}__tomb")["ts"], tt_ts])
+        before, seen_b = _reader_row(table, f"t{i}", limit, at)
+        after, seen_a = _reader_row(table, f"t{i}", _greatest([limit, at]), at)
+        cols = {c: after & seen_b[c] & ~seen_a[c] for c in seen_b}
+        kind = F.when(after, F.lit(ChangeKind.UPDATE.value)).otherwise(
+            F.lit(ChangeKind.PARTITION_DELETE.value)
+        )
+        ch = _change(
+            table,
+            (F.lit(t.event_id), F.lit(t.ts), F.lit(t.rank)),
+            kind,
+            cols,
+            {c: F.lit(None) for c in seen_b},
+            F.lit(None),
+            _seen_row(table, f"t{i}", seen_b),
+            F.when(after, _seen_row(table, f"t{i}", seen_a)),
+        )
+        changes.append(F.when(before, ch))
+    return F.filter(F.array(*changes), lambda x: x.isNotNull())
+
+
 # ---------------------------------------------------------------------- the stage
 
 
@@ -638,10 +776,13 @@ def _resolve_keys(
     tt_prior: dict | None,
     tt: dict | None,
     now_us: int,
+    capture: bool,
 ) -> DataFrame:
     """The one shuffle by key and its two windows (module docstring). One row per copy
     and per state row, with the structs ``state`` (at a key's last row), ``conflict``,
-    ``fate`` and ``quarantine`` where they apply, and ``chosen_id``."""
+    ``fate`` and ``quarantine`` where they apply, and ``chosen_id``; with ``capture``,
+    ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
+    last row) for the CDC log."""
     events = main.select(
         "key",
         F.lit(1).alias("is_event"),
@@ -720,6 +861,15 @@ def _resolve_keys(
         F.lit(0).alias("pos_idx"),
     )
     quarantined = chosen & F.col("ev_reason").isNotNull()
+    changes = []
+    if capture:
+        applied = F.col("good") & F.col("won")
+        changes.append(F.when(applied, _event_change(table, truncs, tt_prior)).alias("change"))
+        if truncs:
+            df = df.select("*", *_truncate_slots(table, truncs))
+            changes.append(
+                F.when(F.col("last"), _truncate_changes(table, truncs, tt_prior)).alias("tchanges")
+            )
     return df.select(
         F.when(F.col("last") & exists, F.struct(*state_cols)).alias("state"),
         F.when(F.col("good") & F.col("conflict"), conflict).alias("conflict"),
@@ -728,6 +878,7 @@ def _resolve_keys(
             "quarantine"
         ),
         F.when(chosen, F.col("event_id")).alias("chosen_id"),
+        *changes,
     )
 
 
@@ -766,7 +917,10 @@ def resolve_cells(
         "_marker",
         "_tomb",
     )
-    out = _resolve_keys(main, state_rows, config, table, truncs, tt_prior, tt, now_us).persist()
+    capture = config.cdc.enabled
+    out = _resolve_keys(
+        main, state_rows, config, table, truncs, tt_prior, tt, now_us, capture
+    ).persist()
     disputed = [
         r.chosen_id
         for r in out.where(F.col("chosen_id").isNotNull())
@@ -785,7 +939,7 @@ def resolve_cells(
         )
         out.unpersist()
         main = settle_disputes(main, disputed)
-        out = _resolve_keys(main, state_rows, config, table, truncs, tt_prior, tt, now_us)
+        out = _resolve_keys(main, state_rows, config, table, truncs, tt_prior, tt, now_us, capture)
         out = out.persist()
 
     state = out.where(F.col("state").isNotNull()).select("state.*")
@@ -812,4 +966,14 @@ def resolve_cells(
     divergence = spark.createDataFrame(
         [], "replica string, key string, replica_row string, converged_row string, repair string"
     )  # §9: a cell table converges in every replica's order (tests/test_cells.py)
-    return Resolved(state, conflicts, divergence, fates, quarantine, list(truncs))
+    changes = None
+    if capture:
+        schema = change_schema(table)
+        changes = out.where(F.col("change").isNotNull()).select(
+            F.col("change").cast(schema).alias("c")
+        )
+        if truncs:
+            truncated = out.select(F.explode("tchanges").alias("c"))
+            changes = changes.unionByName(truncated.select(F.col("c").cast(schema).alias("c")))
+        changes = changes.select("c.*")
+    return Resolved(state, conflicts, divergence, fates, quarantine, list(truncs), changes)

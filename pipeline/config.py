@@ -187,6 +187,13 @@ class TableModel(_Strict):
         return out
 
 
+#: a CDC generation holds at most this many streams (ranges x shards): building and
+#: looking them up stays cheap (a real cluster has tens of thousands)
+CDC_MAX_STREAMS = 2**20
+#: ``cdc$time`` keeps a replica's tie rank in 9 bits (``pipeline.cdc``)
+CDC_MAX_REPLICAS = 500
+
+
 class CdcModel(_Strict):
     enabled: bool = False
     vnodes: int | None = Field(default=None, ge=1, le=65536)
@@ -492,6 +499,15 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
                         f"{parent.column(pk).type}",
                     )
     c = m.cdc
+    ranges = len(c.token_ring) if c.token_ring is not None else (c.vnodes or 16)
+    if ranges * c.shards > CDC_MAX_STREAMS:
+        p.add(
+            "cdc",
+            f"{ranges} token ranges x {c.shards} shards = {ranges * c.shards} streams; a "
+            f"generation holds at most {CDC_MAX_STREAMS}",
+        )
+    if c.enabled and len(m.replicas) > CDC_MAX_REPLICAS:
+        p.add("replicas", f"the CDC log orders at most {CDC_MAX_REPLICAS} replicas")
     if c.vnodes is not None and c.token_ring is not None:
         p.add("cdc", "give either vnodes or token_ring, not both")
     if c.token_ring is not None:

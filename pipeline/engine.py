@@ -24,10 +24,11 @@ Then every key falls into one of three paths:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -36,9 +37,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pipeline.config import Config, Table
 from pipeline.events import copy_refs, type_copies
 from pipeline.foldrun import GroupFolder, make_fold_function, output_schema
-from pipeline.policy import ConflictType, Detection, Resolver, Scope
+from pipeline.policy import ChangeKind, ConflictType, Detection, Resolver, Scope
 from pipeline.rowfold import Event, FoldSpec
-from pipeline.schema import state_schema
+from pipeline.schema import change_schema, row_struct_type, state_schema
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class Resolved:
     fates: DataFrame  # per copy: event_id, replica, fate (applied | discarded | errored | ...)
     quarantine: DataFrame  # the quarantined events: their chosen copy
     truncates: list[Event]
+    changes: DataFrame | None = None  # schema.change_schema, when the CDC log is on
 
 
 def rank_map(config: Config, table: Table) -> Column:
@@ -363,8 +365,9 @@ def _num(c: Column) -> Column:
     return F.coalesce(c, F.lit(0))
 
 
-def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
-    """The new state row of each fast event, with column expressions (§2-§4, §8)."""
+def fast_row(table: Table) -> list[Column]:
+    """The new row (the table's columns) of each fast event, with column expressions
+    (§2-§4, §8)."""
     op = F.col("op")
     cols = []
     for i, c in enumerate(table.columns):
@@ -388,9 +391,14 @@ def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
         if n not in table.key:
             v = F.when(op != "DELETE", v)
         cols.append(v.cast(state_schema(table)[n].dataType).alias(n))
-    deleted = op == "DELETE"
+    return cols
+
+
+def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
+    """The new state row of each fast event."""
+    deleted = F.col("op") == "DELETE"
     return df.select(
-        *cols,
+        *fast_row(table),
         F.col("ts").alias("_ts"),
         F.col("origin").alias("_origin"),
         F.col("event_id").alias("_event_id"),
@@ -399,31 +407,98 @@ def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
     )
 
 
+def fast_changes(df: DataFrame, table: Table) -> DataFrame:
+    """The change each fast event made (``rowfold.visible_changes``): a fast INSERT
+    creates its row, a fast UPDATE writes its columns on a live row, a fast DELETE
+    removes a live row."""
+    op = F.col("op")
+    names = table.column_names
+    written = {c: (op == "INSERT") | F.col("after_has")[names.index(c)] for c in names}
+    new = df.select("*", F.struct(*fast_row(table)).alias("new"))
+    values = F.struct(
+        *[
+            (F.col(f"new.{c}") if c in table.key else F.when(written[c], F.col(f"new.{c}"))).alias(
+                c
+            )
+            for c in names
+        ]
+    )
+    cols = F.filter(
+        F.array(*[F.when(written[c], F.lit(c)) for c in table.value_columns]),
+        lambda x: x.isNotNull(),
+    )
+    kind = (
+        F.when(op == "INSERT", F.lit(ChangeKind.INSERT.value))
+        .when(op == "UPDATE", F.lit(ChangeKind.UPDATE.value))
+        .otherwise(F.lit(ChangeKind.ROW_DELETE.value))
+    )
+    return new.select(
+        "event_id",
+        "ts",
+        "rank",
+        F.lit(0).alias("idx"),
+        kind.alias("kind"),
+        "key",
+        F.when(op != "DELETE", values).alias("values"),
+        F.when(op != "DELETE", cols).otherwise(F.array().cast("array<string>")).alias("cols"),
+        F.lit(None).cast("long").alias("ttl"),
+        F.when(F.col("l_exists") & ~F.col("l_deleted"), F.col("l_row")).alias("pre"),
+        F.when(op != "DELETE", F.col("new")).alias("post"),
+    )
+
+
+def _first_truncate(
+    truncates: list[Event], value: Callable[[Event], Any], default: Column
+) -> Column:
+    """Of the run's TRUNCATEs, the first in canonical order that covers the state row
+    (live, not newer than it): ``value`` of it, else ``default``."""
+    ts, deleted = F.col("s_ts"), F.col("s_deleted")
+    expr: Column | None = None
+    for t in sorted(truncates, key=Event.position):
+        cond = ~deleted & (ts <= t.ts)
+        expr = F.when(cond, F.lit(value(t))) if expr is None else expr.when(cond, F.lit(value(t)))
+    return default if expr is None else expr.otherwise(default)
+
+
+def _truncated(truncates: list[Event]) -> Column:
+    if not truncates:
+        return F.lit(False)
+    return ~F.col("s_deleted") & (F.col("s_ts") <= max(t.ts for t in truncates))
+
+
 def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us: int) -> DataFrame:
     """State rows no event touched; a TRUNCATE of the run tombstones the live ones that
     are not newer than it (§12), the earliest such TRUNCATE making the tombstone."""
     ts, deleted = F.col("s_ts"), F.col("s_deleted")
-    ordered = sorted(truncates, key=Event.position)
-
-    def pick(attr: str, default: Column) -> Column:
-        expr: Column | None = None
-        for t in ordered:
-            cond = ~deleted & (ts <= t.ts)
-            value = F.lit(getattr(t, attr))
-            expr = F.when(cond, value) if expr is None else expr.when(cond, value)
-        return default if expr is None else expr.otherwise(default)
-
-    hit = (~deleted & (ts <= max(t.ts for t in ordered))) if ordered else F.lit(False)
+    hit = _truncated(truncates)
     return df.select(
         *[
             (F.col(f"row.{c}") if c in table.key else F.when(~hit, F.col(f"row.{c}"))).alias(c)
             for c in table.column_names
         ],
-        pick("ts", ts).alias("_ts"),
-        pick("origin", F.col("s_origin")).alias("_origin"),
-        pick("event_id", F.col("event_id")).alias("_event_id"),
+        _first_truncate(truncates, lambda t: t.ts, ts).alias("_ts"),
+        _first_truncate(truncates, lambda t: t.origin, F.col("s_origin")).alias("_origin"),
+        _first_truncate(truncates, lambda t: t.event_id, F.col("event_id")).alias("_event_id"),
         (hit | deleted).alias("_deleted"),
         F.when(hit, F.lit(now_us)).otherwise(F.col("s_deleted_at")).alias("_deleted_at"),
+    )
+
+
+def untouched_changes(df: DataFrame, table: Table, truncates: list[Event]) -> DataFrame:
+    """The live rows a TRUNCATE removed, as partition deletes of that TRUNCATE."""
+    none = F.lit(None)
+    return df.where(_truncated(truncates)).select(
+        _first_truncate(truncates, lambda t: t.event_id, none.cast("string")).alias("event_id"),
+        _first_truncate(truncates, lambda t: t.ts, none.cast("long")).alias("ts"),
+        _first_truncate(truncates, lambda t: t.rank, none.cast("int")).alias("rank"),
+        F.lit(0).alias("idx"),
+        F.lit(ChangeKind.PARTITION_DELETE.value).alias("kind"),
+        "key",
+        F.lit(None).cast(row_struct_type(table)).alias("values"),
+        F.array().cast("array<string>").alias("cols"),
+        F.lit(None).cast("long").alias("ttl"),
+        F.col("row").alias("pre"),
+        F.lit(None).cast(row_struct_type(table)).alias("post"),
     )
 
 
@@ -530,7 +605,8 @@ def resolve_rows(
         & (~is_event | F.col("ev_reason").isNull())
     )
 
-    folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt)
+    trace = config.cdc.enabled
+    folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt, trace)
     folded = (
         run_fold(to_fold.where(~F.col("coupled")), folder, False)
         .unionByName(run_fold(to_fold.where("coupled"), folder, True))
@@ -583,7 +659,33 @@ def resolve_rows(
     divergence = folded.where(F.col("kind") == "divergence").select(
         "replica", "key", "replica_row", "converged_row", "repair"
     )
-    return Resolved(state, conflicts, divergence, fates, quarantine, truncs)
+    changes = None
+    if trace:
+        changes = (
+            fast_changes(fast, table)
+            .unionByName(untouched_changes(untouched, table, truncs))
+            .unionByName(folded_changes(folded, table))
+        )
+    return Resolved(state, conflicts, divergence, fates, quarantine, truncs, changes)
+
+
+def folded_changes(folded: DataFrame, table: Table) -> DataFrame:
+    rows = folded.where(F.col("kind") == "change")
+    return rows.select(
+        F.col("remote_event_id").alias("event_id"),
+        F.col("remote_ts").alias("ts"),
+        F.col("pos_rank").alias("rank"),
+        F.col("pos_idx").alias("idx"),
+        F.col("change").alias("kind"),
+        key_struct(table, "row").alias("key"),
+        F.when(
+            F.col("change").isin(ChangeKind.INSERT.value, ChangeKind.UPDATE.value), F.col("row")
+        ).alias("values"),
+        "cols",
+        F.lit(None).cast("long").alias("ttl"),
+        "pre",
+        "post",
+    ).select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
 
 
 def position(c: Iterable[str] = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")) -> Column:

@@ -296,8 +296,21 @@ def ingest(
             f"exports/replica=<id>/table=<table>/dt={ctx.dt}/{layout.MANIFEST} in {store.uri}); "
             "pass --allow-missing-exports to run without them"
         )
+    if config.cdc.enabled:
+        gens = layout.cdc_table_dir("cdc_generation_descriptions")
+        stage_published(store, gens, ctx.staged / "cdc")
     save_inputs(ctx, out)
     return out
+
+
+def stage_published(store: Store, prefix: str, dest: Path) -> None:
+    """The Parquet files of a published folder, into ``dest/<its name>`` (the CDC
+    generations the run starts from)."""
+    folder = dest / posixpath.basename(prefix)
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in store.list(prefix):
+        if k.endswith(".parquet"):
+            store.download(k, folder / posixpath.basename(k))
 
 
 def _stage_prior_state(store: Store, pointer: dict[str, Any], dest: Path) -> None:

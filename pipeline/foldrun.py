@@ -7,13 +7,14 @@ its conflict log) and once per replica in that replica's order (its perspective,
 keys where a perspective differs are reported with a repair mutation.
 
 Output rows have a ``kind``: ``state`` (the group's final state), ``conflict``,
-``outcome`` (one per event: applied or not) and ``divergence``.
+``outcome`` (one per event: applied or not), ``divergence``, and, when the CDC log is
+on, ``change`` (what an event did to a row a reader sees, ``rowfold.visible_changes``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import date
 from typing import Any
 
@@ -23,6 +24,7 @@ from pyspark.sql import types as T
 from pipeline.config import Table
 from pipeline.jsonvalues import dumps
 from pipeline.rowfold import (
+    Change,
     Conflict,
     Event,
     FoldSpec,
@@ -70,6 +72,12 @@ def output_schema(table: Table) -> T.StructType:
         ("replica_row", s),
         ("converged_row", s),
         ("repair", s),
+        # a change: remote_event_id, remote_ts, pos_rank, pos_idx (its place among the
+        # event's changes), ``row`` (the key and the values written), and these
+        ("change", s),
+        ("cols", T.ArrayType(s)),
+        ("pre", row_struct_type(table)),
+        ("post", row_struct_type(table)),
     ]
     return T.StructType([T.StructField(n, t) for n, t in fields])
 
@@ -113,8 +121,16 @@ def version_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> tuple[Key,
 class GroupFolder:
     """Folds one group at a time and renders the output rows."""
 
-    def __init__(self, spec: FoldSpec, replicas: tuple[str, ...], truncates: list[Event], dt: date):
+    def __init__(
+        self,
+        spec: FoldSpec,
+        replicas: tuple[str, ...],
+        truncates: list[Event],
+        dt: date,
+        trace: bool = False,
+    ):
         self.spec = spec
+        self.trace = trace
         self.table = spec.table
         self.key_cols = spec.table.key
         self.columns = spec.table.column_names
@@ -145,13 +161,15 @@ class GroupFolder:
                 )
             )
         events += self.truncates
-        result = fold_converged(self.spec, state, events)
+        result = fold_converged(self.spec, state, events, trace=self.trace)
         for k, v in result.state.items():
             yield self._state_row(k, v)
         applied = {a.event.event_id: a for a in result.applied}
         for a in result.applied:
             for i, c in enumerate(a.conflicts):
                 yield self._conflict_row(c, i)
+            for i, ch in enumerate(a.changes):
+                yield self._change_row(a.event, ch, i)
         for eid, group in copies.items():
             got = applied.get(eid)
             fate = (
@@ -187,6 +205,25 @@ class GroupFolder:
             "_event_id": v.event_id,
             "_deleted": v.deleted,
             "_deleted_at": v.deleted_at,
+        }
+
+    def _change_row(self, e: Event, ch: Change, idx: int) -> dict[str, Any]:
+        key = dict(zip(self.key_cols, ch.key, strict=True))
+
+        def row(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
+            return None if values is None else {**values, **key}
+
+        return {
+            "kind": "change",
+            "remote_event_id": e.event_id,
+            "remote_ts": e.ts,
+            "pos_rank": e.rank,
+            "pos_idx": idx,
+            "change": ch.kind.value,
+            "row": row(ch.values),
+            "cols": list(ch.cols),
+            "pre": row(ch.pre),
+            "post": row(ch.post),
         }
 
     def _remote_row(self, e: Event) -> dict[str, Any]:

@@ -50,5 +50,22 @@ def dated_output(table: str, kind: str, dt: date) -> str:
     return f"published/{table}/{kind}/dt={dt.isoformat()}"
 
 
+CDC_TABLES = (
+    "cdc_generation_descriptions",
+    "cdc_streams_descriptions",
+    "cdc_streams_descriptions_v2",
+    "cdc_generation_timestamps",
+)
+
+
+def cdc_table_dir(name: str) -> str:
+    """One of :data:`CDC_TABLES` (cdc.md "The tables")."""
+    return f"published/cdc/{name}"
+
+
+def cdc_log_dir(table: str, dt: date) -> str:
+    return f"published/cdc/{table}/log/dt={dt.isoformat()}"
+
+
 def report_dir(dt: date) -> str:
     return f"published/reports/dt={dt.isoformat()}"

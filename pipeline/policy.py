@@ -58,6 +58,30 @@ class Outcome(StrEnum):
         return self in (Outcome.APPLIED, Outcome.CONVERTED_TO_INSERT, Outcome.CONVERTED_TO_UPDATE)
 
 
+class ChangeKind(StrEnum):
+    """What an event did to a row as a reader sees it: the delta row of its CDC log entry
+    (cdc.md "The log"). ``code`` is Scylla's ``cdc$operation``."""
+
+    UPDATE = "update"
+    INSERT = "insert"
+    ROW_DELETE = "row_delete"
+    PARTITION_DELETE = "partition_delete"
+
+    @property
+    def code(self) -> int:
+        return _CDC_OPERATION[self]
+
+
+_CDC_OPERATION = {
+    ChangeKind.UPDATE: 1,
+    ChangeKind.INSERT: 2,
+    ChangeKind.ROW_DELETE: 3,
+    ChangeKind.PARTITION_DELETE: 4,
+}
+CDC_PRE_IMAGE = 0  # Scylla's cdc$operation of the rows around a change
+CDC_POST_IMAGE = 9
+
+
 class QuarantineReason(StrEnum):
     """semantics.md §3 guards, in the order they are checked (§12), plus FK quarantine."""
 

@@ -69,6 +69,16 @@ def publish_inspection(
             replace_dated(store, resolved / t / kind, layout.dated_output(t, kind, dt), run_id)
 
 
+def publish_cdc(store: Store, resolved: Path, tables: list[str], dt: date, run_id: str) -> None:
+    """The CDC description tables, then each table's log of the date (before the
+    snapshots' pointers move: a consumer finds a stream described before it reads it)."""
+    cdc = resolved / "cdc"
+    for name in layout.CDC_TABLES:
+        replace_dated(store, cdc / name, layout.cdc_table_dir(name), run_id)
+    for t in tables:
+        replace_dated(store, cdc / t / "log", layout.cdc_log_dir(t, dt), run_id)
+
+
 def publish_run(
     store: Store, resolved: Path, tables: list[str], dt: date, run_id: str, counts: dict[str, int]
 ) -> dict[str, dict[str, Any]]:

@@ -101,6 +101,8 @@ def resolve_table(
         divergence = divergence.limit(0)  # §12: not checked after an error
     _write(divergence, out / "divergence")
     _write(res.fates, out / "fates")
+    if res.changes is not None:
+        _write(res.changes, out / "changes")
     return _table_counts(table, out, staged, stopped)
 
 
@@ -221,6 +223,7 @@ def check_foreign_keys(
     quarantine = config.on_fk_violation is FkPolicy.QUARANTINE
     skip = any(s["stopped"] for s in summary["tables"].values())
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
+    removed: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     changed = set()
     for _round in range(100):
         new_orphans = False
@@ -259,6 +262,7 @@ def check_foreign_keys(
                     )
                 )
                 if quarantine:
+                    removed[child_name].append(orphans.select(*child.column_names))
                     states[child_name] = states[child_name].join(
                         orphans.select(*child.key), list(child.key), "left_anti"
                     )
@@ -293,6 +297,9 @@ def check_foreign_keys(
                 summary["tables"][t]["quarantined"][QuarantineReason.FK_VIOLATION.value] = summary[
                     "tables"
                 ][t]["orphans"]
+        if removed[t] and config.cdc.enabled:  # the CDC log records them as row deletes
+            gone = reduce(DataFrame.unionByName, removed[t]).dropDuplicates(list(table.key))
+            _write(gone, out / "fk_removed")
         if t in changed:
             _write(states[t], out / "state")
             shutil.rmtree(out / "state_pre")
@@ -368,8 +375,12 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[
         compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
-    (ctx.resolved / "summary.json").write_text(json.dumps(summary, indent=2))
+    save_summary(ctx, summary)
     return summary
+
+
+def save_summary(ctx: RunContext, summary: dict[str, Any]) -> None:
+    (ctx.resolved / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def load_summary(ctx: RunContext) -> dict[str, Any]:

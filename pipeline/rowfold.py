@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import Table
-from pipeline.policy import ConflictType, Detection, Outcome, Resolver
+from pipeline.policy import ChangeKind, ConflictType, Detection, Outcome, Resolver
 
 Key = tuple[Any, ...]
 
@@ -81,13 +81,29 @@ class Conflict:
 
 
 @dataclass(frozen=True, slots=True)
+class Change:
+    """What an event did to one key as a reader sees it (cdc.md "The log"): ``cols`` are
+    the value columns it wrote or cleared, with their new values in ``values``; ``pre``
+    and ``post`` the key's live row before and after, if any."""
+
+    key: Key
+    kind: ChangeKind
+    cols: tuple[str, ...]
+    values: Mapping[str, Any]
+    pre: Mapping[str, Any] | None
+    post: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
-    """What one event did: whether the remote change took effect, and its conflicts."""
+    """What one event did: whether the remote change took effect, its conflicts, and (when
+    the fold traces) its changes to the rows a reader sees."""
 
     event: Event
     applied: bool
     conflicts: tuple[Conflict, ...]
     errored: bool = False
+    changes: tuple[Change, ...] = ()
 
 
 class RunStopped(Exception):
@@ -122,14 +138,25 @@ def _wins_earliest(e: Event, loc: Version) -> bool:
     return (e.rank, e.event_id) > (loc.rank, loc.event_id or "")
 
 
+#: one state transition of a key: (key, version before, version after)
+Transition = tuple[Key, Version | None, Version | None]
+
+
 class RowFold:
     def __init__(
-        self, spec: FoldSpec, state: dict[Key, Version], *, converged: bool = True
+        self,
+        spec: FoldSpec,
+        state: dict[Key, Version],
+        *,
+        converged: bool = True,
+        trace: bool = False,
     ) -> None:
         self.spec = spec
         self.table = spec.table
         self.state = state
         self.converged = converged
+        #: every state transition since it was last emptied, when tracing (for the CDC log)
+        self.trace: list[Transition] | None = [] if trace else None
         self._key_cols = self.table.key
         self._all_cols = self.table.column_names
         self._indexes: list[dict[tuple[Any, ...], set[Key]]] = [{} for _ in self.table.unique]
@@ -152,6 +179,8 @@ class RowFold:
                 bucket.add(key)
 
     def _set(self, key: Key, v: Version | None) -> None:
+        if self.trace is not None:
+            self.trace.append((key, self.state.get(key), v))
         self._index(key, self.state.get(key), remove=True)
         if v is None:
             self.state.pop(key, None)
@@ -662,18 +691,56 @@ class FoldResult:
 
 
 def fold_converged(
-    spec: FoldSpec, state: Mapping[Key, Version], events: Iterable[Event]
+    spec: FoldSpec, state: Mapping[Key, Version], events: Iterable[Event], trace: bool = False
 ) -> FoldResult:
-    """§2: apply the events in canonical order; stop at an ``error``."""
-    f = RowFold(spec, dict(state), converged=True)
+    """§2: apply the events in canonical order; stop at an ``error``. With ``trace``,
+    each result carries its event's changes (:func:`visible_changes`)."""
+    f = RowFold(spec, dict(state), converged=True, trace=trace)
     results: list[Applied] = []
     for e in canonical(events):
         try:
-            results.append(f.apply(e))
+            a = f.apply(e)
         except RunStopped as stop:
             results.append(Applied(e, False, stop.log, errored=True))
             return FoldResult(f.state, results, stop.conflict)
+        if f.trace is not None:
+            changes = visible_changes(e, f.trace, spec.table)
+            a = Applied(a.event, a.applied, a.conflicts, a.errored, changes)
+            f.trace.clear()
+        results.append(a)
     return FoldResult(f.state, results, None)
+
+
+def visible_changes(e: Event, trace: Sequence[Transition], table: Table) -> tuple[Change, ...]:
+    """An event's state transitions as changes of the rows a reader sees, key by key in
+    the order they were made (cdc.md "The log"): a row that appears is an insert (every
+    column), one that goes a row delete (a partition delete for a TRUNCATE), one that
+    stays an update of the columns the event wrote or changed. An applied DELETE of a row
+    already gone is still a row delete. This is what makes the log replay to the
+    snapshot whatever rule decided: deltas, defaults, converted events, key changes and
+    unique-constraint deletions all show up as their effect."""
+    first: dict[Key, Version | None] = {}
+    last: dict[Key, Version | None] = {}
+    for key, before, after in trace:
+        first.setdefault(key, before)
+        last[key] = after
+    values = table.value_columns
+    out = []
+    for key in first:
+        pre, post = reader_view(first[key]), reader_view(last[key])
+        if post is None:
+            if pre is None and e.op != "DELETE":
+                continue
+            kind = ChangeKind.PARTITION_DELETE if e.op == "TRUNCATE" else ChangeKind.ROW_DELETE
+            out.append(Change(key, kind, (), {}, pre, None))
+            continue
+        if pre is None or e.op == "INSERT":
+            kind, cols = ChangeKind.INSERT, values
+        else:
+            kind = ChangeKind.UPDATE
+            cols = tuple(c for c in values if c in e.after or post.get(c) != pre.get(c))
+        out.append(Change(key, kind, cols, {c: post.get(c) for c in cols}, pre, post))
+    return tuple(out)
 
 
 def fold_perspective(

@@ -133,5 +133,28 @@ def state_schema(table: Table) -> T.StructType:
     return T.StructType(list(row_struct_type(table).fields) + META_FIELDS + extra)
 
 
+def change_schema(table: Table) -> T.StructType:
+    """What the resolve stage hands the CDC stage: one row per change an event made to a
+    row a reader sees (``rowfold.visible_changes``; cdc.md "The log"). ``idx`` orders the
+    changes of one event; ``values`` holds the key and the values of ``cols`` (the value
+    columns written or cleared); ``pre`` and ``post`` the live row before and after."""
+    row = row_struct_type(table)
+    L, S, Int = T.LongType(), T.StringType(), T.IntegerType()
+    fields = [
+        ("event_id", S),
+        ("ts", L),
+        ("rank", Int),
+        ("idx", Int),
+        ("kind", S),
+        ("key", key_struct_type(table)),
+        ("values", row),
+        ("cols", T.ArrayType(S)),
+        ("ttl", L),
+        ("pre", row),
+        ("post", row),
+    ]
+    return T.StructType([T.StructField(n, t) for n, t in fields])
+
+
 def snapshot_columns(table: Table) -> list[str]:
     return [*table.column_names, "_ts", "_origin"]

@@ -19,7 +19,7 @@ from pipeline.config import Config
 from pipeline.context import RunContext, resolve_now
 from pipeline.errors import GateError
 from pipeline.exports import ingest as ingest_exports
-from pipeline.published import publish_inspection, publish_run
+from pipeline.published import publish_cdc, publish_inspection, publish_run
 from pipeline.store import open_store
 
 if TYPE_CHECKING:
@@ -52,9 +52,17 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
 
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, Any]:
-    from pipeline.resolve import resolve_stage
+    """Resolve the run's events, then (``cdc.enabled``) write the CDC log: both on Spark,
+    in one job (the DAG's resolve task)."""
+    from pipeline.resolve import resolve_stage, save_summary
 
-    return resolve_stage(spark, config, ctx)
+    summary = resolve_stage(spark, config, ctx)
+    if config.cdc.enabled:
+        from pipeline.cdc import cdc_stage
+
+        summary["cdc"] = cdc_stage(spark, config, ctx, summary)
+        save_summary(ctx, summary)
+    return summary
 
 
 def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
@@ -80,6 +88,7 @@ def run_report(
         "warnings": verdict.warnings,
         "tables": summary["tables"],
         "validation": {name: {"success": s["success"]} for name, s in verdict.suites.items()},
+        **({"cdc": summary["cdc"]} if "cdc" in summary else {}),
     }
 
 
@@ -105,6 +114,8 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
         (ctx.validation / "results.json").read_bytes(),
     )
     store.write_bytes(report_key, json.dumps(report, indent=2).encode())
+    if config.cdc.enabled:
+        publish_cdc(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
     counts = {t: s.get("rows", 0) for t, s in summary["tables"].items()}
     report["pointers"] = publish_run(store, ctx.resolved, tables, ctx.dt, ctx.run_id, counts)
     return report

@@ -26,9 +26,6 @@ MIN_TOKEN = -(2**63)
 MAX_TOKEN = 2**63 - 1
 _RING = 2**64
 VERSION = 1  # cdc::stream_id::version_1: the id's lowest 4 bits
-#: a generation holds at most this many streams (ranges x shards), so that building and
-#: looking them up stays cheap; a real cluster has tens of thousands
-MAX_STREAMS = 2**20
 
 
 def vnode_ends(vnodes: int) -> tuple[int, ...]:
@@ -180,17 +177,6 @@ class Generation:
 
     def all_streams(self) -> list[StreamId]:
         return [s for r in self.streams for s in r]
-
-
-def check_topology(topology: Topology) -> list[str]:
-    """What is wrong with a configured topology (empty when nothing is)."""
-    n = len(topology.ends) * topology.shards
-    if n > MAX_STREAMS:
-        return [
-            f"{len(topology.ends)} ranges x {topology.shards} shards = {n} streams; "
-            f"a generation holds at most {MAX_STREAMS}"
-        ]
-    return []
 
 
 def next_generations(

@@ -142,6 +142,8 @@ def run_suite(df: DataFrame, suite: dict[str, Any]) -> dict[str, Any]:
 
 def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict) -> None:
     """Failures and warnings that the resolve stage's counts already decide."""
+    if summary.get("cdc", {}).get("warning"):
+        verdict.warnings.append(summary["cdc"]["warning"])
     for t, s in summary["tables"].items():
         if s["stopped"]:
             st = s["stopped"]

@@ -168,3 +168,23 @@ def test_missing_file_and_bad_yaml(tmp_path: Path):
     p.write_text("tables: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(p)
+
+
+def test_cdc_topology_mistakes():
+    base = {
+        "replicas": [{"id": "a", "system_id": 1}],
+        "tables": {"t": {"key": ["id"], "columns": {"id": "int"}}},
+    }
+    with pytest.raises(ConfigError) as e:
+        parse_config({**base, "cdc": {"enabled": True, "vnodes": 65536, "shards": 1024}})
+    assert "cdc: 65536 token ranges x 1024 shards" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config({**base, "cdc": {"vnodes": 4, "token_ring": [1, 0, 0]}})
+    text = str(e.value)
+    assert "give either vnodes or token_ring" in text
+    assert "cdc.token_ring: range-end tokens must be sorted and distinct" in text
+    many = [{"id": f"r{i}", "system_id": i} for i in range(501)]
+    with pytest.raises(ConfigError, match="replicas: the CDC log orders at most 500"):
+        parse_config({**base, "replicas": many, "cdc": {"enabled": True}})
+    c = parse_config({**base, "cdc": {"enabled": True, "token_ring": [-5, 7]}}).cdc
+    assert (c.token_ring, c.shards, c.sharding_ignore_msb) == ((-5, 7), 1, 12)

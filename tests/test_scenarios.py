@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import scenarios as S
+from cdc_consumer import Consumer, read_log
 
 from pipeline.cli import main
+from pipeline.context import parse_rfc3339, to_micros
 
 PENDING: dict[str, str] = {}  # scenario name prefix -> why it is expected to fail
 
@@ -55,15 +57,49 @@ def run_scenario(s: dict, tmp: Path, gz: bool = False, cli=None) -> tuple[dict, 
     return S.published(store, s), failed
 
 
+#: every scenario also publishes its CDC log, which must replay to its snapshots
+CDC = {"enabled": True, "vnodes": 4, "shards": 2, "preimage": True, "postimage": True}
+
+
+def cdc_replay_problems(s: dict, root: Path) -> list[str]:
+    """Replay each table's log, run after run, from the base snapshot (cdc_consumer:
+    pre- and post-images checked on the way) and compare with each published snapshot."""
+    runs = [*s.get("history", []), {"date": s["date"], "now": s["now"]}]
+    problems = []
+    for t, spec in s["config"]["tables"].items():
+        columns = list(spec["columns"])
+        consumer = Consumer(spec["key"], columns)
+        consumer.seed((s.get("prior_state") or {}).get(t, []))
+        for r in runs:
+            pointer = root / f"published/{t}/_runs/dt={r['date']}.json"
+            if not pointer.exists():
+                continue  # a failed run publishes nothing
+            try:
+                consumer.apply_log(read_log(root / f"published/cdc/{t}/log/dt={r['date']}"))
+            except AssertionError as e:
+                problems.append(f"{t} {r['date']}: {e}")
+                break
+            snap = S.read_parquet_dir(root / json.loads(pointer.read_text())["snapshot"])
+            want = {tuple(x[k] for k in spec["key"]): {c: x[c] for c in columns} for x in snap}
+            got = consumer.view(to_micros(parse_rfc3339(r["now"])))
+            if got != want:
+                problems.append(f"{t} {r['date']}: the log replays to {got}, snapshot {want}")
+    return problems
+
+
 @pytest.mark.skipif(not S.scenario_files(), reason="shared/scenarios not found")
 @pytest.mark.parametrize("path", _params())
 def test_scenario(path: Path, tmp_path: Path, spark):
     s = json.loads(path.read_text())
+    s["config"].setdefault("cdc", CDC)
     got, failed = run_scenario(s, tmp_path)
     assert S.differences(s, got, failed) == []
     if s["expect"].get("fails"):
         assert got.get("status") == "failed"
         assert got["snapshot"] == {}  # nothing of a failed run is visible through _latest.json
+        for t in s["config"]["tables"]:  # nor of its CDC log
+            assert not (tmp_path / f"store/published/cdc/{t}/log/dt={s['date']}").exists()
+    assert cdc_replay_problems(s, tmp_path / "store") == []
 
 
 def test_scenario_through_the_console_script_with_gzip(tmp_path: Path):

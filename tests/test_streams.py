@@ -19,7 +19,6 @@ from pipeline.streams import (
     Generations,
     StreamId,
     Topology,
-    check_topology,
     first_token_for_shard,
     next_generations,
     shard_of,
@@ -199,8 +198,3 @@ def test_description_tables_round_trip(tmp_path: Path):
     assert v2[0]["streams"] == [s.to_bytes() for s in gens[0].streams[0]]
     streams = t["cdc_streams_descriptions"].to_pylist()[1]["streams"]
     assert [s["id"] for s in streams] == [s.hex() for s in gens[1].all_streams()]
-
-
-def test_too_many_streams_is_refused():
-    assert check_topology(Topology(vnode_ends(65536), 1024, 0))
-    assert not check_topology(Topology(vnode_ends(256), 16, 12))

@@ -1,0 +1,372 @@
+"""The CDC stage: the history of every converged table as a ScyllaDB-style CDC log, with
+its generations and streams-description tables (cdc.md; seed 003).
+
+Input: the changes the resolve stage recorded (``resolved/<table>/changes``: what each
+applied event did to the row a reader sees, ``schema.change_schema``) and the rows a
+foreign-key quarantine removed. Output, under ``resolved/cdc/``: the log of each table and
+the four description tables, which the publish stage uploads with the run.
+
+- **Order**: ``cdc$time`` is a version-1 timeuuid whose time is the event's ``ts`` and
+  whose other 55 bits are ``tie_rank + 1`` (9 bits), the event's position among the
+  events of its origin at that microsecond ordered by event id (23 bits), and 23 bits of
+  the event id's hash. Timeuuids compare by time, then by those bytes (each kept below
+  0x80, so Cassandra's signed and Scylla's unsigned byte comparisons agree), so the log
+  in ``(cdc$time, cdc$batch_seq_no)`` order is the canonical order of semantics.md §2,
+  and a rerun gives the same values.
+- **Streams**: each row goes to the stream of its key's token in the generation
+  operating at its ``ts`` (``pipeline.streams``), so late events land in old generations.
+- **Rows of an event**: optional pre-image (``cdc$operation`` 0), the change (1 update,
+  2 insert, 3 row delete, 4 partition delete), optional post-image (9); numbered by
+  ``cdc$batch_seq_no`` per stream, ``cdc$end_of_batch`` on the event's last row in it.
+- **Removals**: a row moved out by ``on_fk_violation: quarantine`` is a row delete after
+  every event of the run (at ``now + max_clock_skew``, the latest ``ts`` a run applies).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.config import CdcConfig, Config, Table
+from pipeline.context import RunContext
+from pipeline.policy import CDC_POST_IMAGE, CDC_PRE_IMAGE, ChangeKind
+from pipeline.schema import change_schema, row_struct_type
+from pipeline.streams import Generation, Generations, StreamId, Topology, next_generations
+from pipeline.tokens import serialize_key, tokens
+
+log = logging.getLogger(__name__)
+
+#: 100-ns intervals between the UUID epoch (1582-10-15) and the Unix epoch
+UUID_EPOCH_OFFSET = 0x01B21DD213814000
+ORDINAL_BITS = 23
+HASH_BITS = 23
+RANK_BITS = 9
+#: the tie rank of the pipeline's own removals: after every replica's events
+PIPELINE_RANK = 2**RANK_BITS - 2
+
+
+# ---------------------------------------------------------------------- the tables
+
+_TIME = pa.timestamp("us", tz="UTC")
+_PAIR = pa.struct([("hi", pa.int64()), ("lo", pa.int64())])
+SCHEMAS = {
+    "cdc_generation_descriptions": pa.schema(
+        [
+            ("time", _TIME),
+            (
+                "description",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("token_range_end", pa.int64()),
+                            ("streams", pa.list_(_PAIR)),
+                            ("sharding_ignore_msb", pa.int8()),
+                        ]
+                    )
+                ),
+            ),
+            ("expired", _TIME),
+        ]
+    ),
+    "cdc_streams_descriptions": pa.schema(
+        [
+            ("time", _TIME),
+            (
+                "streams",
+                pa.list_(pa.struct([("hi", pa.int64()), ("lo", pa.int64()), ("id", pa.string())])),
+            ),
+            ("expired", _TIME),
+        ]
+    ),
+    "cdc_streams_descriptions_v2": pa.schema(
+        [("time", _TIME), ("range_end", pa.int64()), ("streams", pa.list_(pa.binary(16)))]
+    ),
+    "cdc_generation_timestamps": pa.schema([("time", _TIME), ("expired", _TIME)]),
+}
+
+
+def _pair(s: StreamId) -> dict[str, int]:
+    return {"hi": s.hi, "lo": s.lo}
+
+
+def description_tables(gens: list[Generation]) -> dict[str, pa.Table]:
+    """The four tables of cdc.md, one row per generation (``_v2``: per generation and
+    range). Stream lists are in range and shard order."""
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SCHEMAS}
+    for g in gens:
+        common = {"time": g.time, "expired": g.expired}
+        rows["cdc_generation_descriptions"].append(
+            common
+            | {
+                "description": [
+                    {
+                        "token_range_end": end,
+                        "streams": [_pair(s) for s in streams],
+                        "sharding_ignore_msb": g.ignore_msb,
+                    }
+                    for end, streams in zip(g.ends, g.streams, strict=True)
+                ]
+            }
+        )
+        rows["cdc_streams_descriptions"].append(
+            common | {"streams": [_pair(s) | {"id": s.hex()} for s in g.all_streams()]}
+        )
+        rows["cdc_streams_descriptions_v2"] += [
+            {"time": g.time, "range_end": end, "streams": [s.to_bytes() for s in streams]}
+            for end, streams in zip(g.ends, g.streams, strict=True)
+        ]
+        rows["cdc_generation_timestamps"].append(dict(common))
+    out = {}
+    for name, schema in SCHEMAS.items():
+        out[name] = pa.Table.from_pylist(rows[name], schema=schema)
+    return out
+
+
+def write_description_tables(gens: list[Generation], dest: Path) -> None:
+    for name, t in description_tables(gens).items():
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, dest / name / "part-00000.parquet")
+
+
+def _micros(v: Any) -> int | None:
+    if v is None:
+        return None
+    return int(pa.scalar(v, _TIME).cast(pa.int64()).as_py())
+
+
+def read_generations(folder: Path) -> list[Generation]:
+    """The generations of a staged ``cdc_generation_descriptions`` (stream ids as stored:
+    a later change of how ids are made never renames an existing stream)."""
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    gens = []
+    for f in files:
+        for r in pq.read_table(f).to_pylist():
+            desc = r["description"]
+            gens.append(
+                Generation(
+                    _micros(r["time"]) or 0,
+                    tuple(d["token_range_end"] for d in desc),
+                    tuple(tuple(StreamId(s["hi"], s["lo"]) for s in d["streams"]) for d in desc),
+                    desc[0]["sharding_ignore_msb"] if desc else 0,
+                    _micros(r["expired"]),
+                )
+            )
+    return sorted(gens, key=lambda g: g.time)
+
+
+# ---------------------------------------------------------------------- columns
+
+
+def stream_id_column(table: Table, gens: Generations) -> Column:
+    """``cdc$stream_id`` (16 bytes) of each row from its ``key`` and ``ts``: the token
+    (``pipeline.tokens``) and the stream lookup run vectorized on Arrow batches."""
+    types = [table.column(c).type for c in table.key]
+
+    @F.arrow_udf(T.BinaryType())  # type: ignore[call-overload]
+    def stream_id(ts: pa.Array, key: pa.Array) -> pa.Array:
+        toks = tokens(serialize_key([key.field(i) for i in range(len(types))], types))
+        ids = gens.stream_ids(toks, ts.to_numpy(zero_copy_only=False))
+        raw = np.ascontiguousarray(ids.astype(">i8")).view(np.uint8)
+        fixed = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(16), len(ids), [None, pa.py_buffer(raw.tobytes())]
+        )
+        return fixed.cast(pa.binary())
+
+    return stream_id(F.col("ts"), F.col("key"))
+
+
+def _hex(value: Column, digits: int) -> Column:
+    return F.lower(F.lpad(F.hex(value), digits, "0"))
+
+
+def timeuuid(ts: Column, rank: Column, ordinal: Column, event_id: Column) -> Column:
+    """The version-1 timeuuid text of ``cdc$time`` (module docstring)."""
+    ticks = ts * 10 + F.lit(UUID_EPOCH_OFFSET)
+    order = (
+        (rank + 1).cast("long") * F.lit(2 ** (ORDINAL_BITS + HASH_BITS))
+        + ordinal.cast("long") * F.lit(2**HASH_BITS)
+        + F.xxhash64(event_id).bitwiseAND(F.lit(2**HASH_BITS - 1))
+    )
+
+    def bits(value: Column, shift: int, mask: int) -> Column:
+        return F.shiftright(value, shift).bitwiseAND(F.lit(mask))
+
+    # clock_seq: the variant bits 10, 6 bits, then a byte; node: six bytes; every byte
+    # holds 7 bits of ``order`` so that it stays below 0x80
+    clock_seq = bits(order, 49, 0x3F).bitwiseOR(F.lit(0x80)) * 256 + bits(order, 42, 0x7F)
+    node = F.lit(0).cast("long")
+    for shift in (35, 28, 21, 14, 7, 0):
+        node = node * 256 + bits(order, shift, 0x7F)
+    return F.concat_ws(
+        "-",
+        _hex(bits(ticks, 0, 0xFFFFFFFF), 8),
+        _hex(bits(ticks, 32, 0xFFFF), 4),
+        _hex(bits(ticks, 48, 0x0FFF).bitwiseOR(F.lit(0x1000)), 4),
+        _hex(clock_seq, 4),
+        _hex(node, 12),
+    )
+
+
+# ---------------------------------------------------------------------- the log
+
+
+def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataFrame | None:
+    """Rows the foreign-key quarantine moved out of the table, as row deletes."""
+    if not path.is_dir() or not any(path.glob("*.parquet")):
+        return None
+    rows = spark.read.parquet(str(path))
+    key = F.struct(*[F.col(c) for c in table.key])
+    row = F.struct(*[F.col(c) for c in table.column_names])
+    none = F.lit(None).cast(row_struct_type(table))
+    out = rows.select(
+        F.concat(F.lit("fk_violation:"), F.to_json(key)).alias("event_id"),
+        F.lit(at_us).cast("long").alias("ts"),
+        F.lit(PIPELINE_RANK).alias("rank"),
+        F.lit(0).alias("idx"),
+        F.lit(ChangeKind.ROW_DELETE.value).alias("kind"),
+        key.alias("key"),
+        none.alias("values"),
+        F.array().cast("array<string>").alias("cols"),
+        F.lit(None).cast("long").alias("ttl"),
+        row.alias("pre"),
+        none.alias("post"),
+    )
+    return out.select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
+
+
+def log_columns(table: Table) -> list[str]:
+    """The columns of a table's log, in order (cdc.md "The log")."""
+    return [
+        "cdc$stream_id",
+        "cdc$time",
+        "cdc$batch_seq_no",
+        "cdc$operation",
+        "cdc$ttl",
+        "cdc$end_of_batch",
+        *table.column_names,
+        *[f"cdc$deleted_{c}" for c in table.value_columns],
+    ]
+
+
+def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfig) -> DataFrame:
+    """The log rows of ``changes`` (``schema.change_schema``), in canonical order."""
+    by_instant = Window.partitionBy("ts", "rank").orderBy("event_id")
+    df = changes.select(
+        "*",
+        (F.dense_rank().over(by_instant) - 1).alias("ordinal"),
+        stream_id_column(table, gens).alias("stream"),
+    )
+    too_many = F.raise_error(F.lit("cdc: too many events of one origin at one microsecond"))
+    df = df.withColumn(
+        "ordinal", F.when(F.col("ordinal") < 2**ORDINAL_BITS, F.col("ordinal")).otherwise(too_many)
+    )
+    codes = F.create_map(*[x for k in ChangeKind for x in (F.lit(k.value), F.lit(k.code))])
+    row_t = row_struct_type(table)
+    no_cols = F.lit(None).cast("array<string>")
+
+    def entry(op: Column, sub: int, row: Column, cols: Column, ttl: Column) -> Column:
+        return F.struct(
+            op.alias("op"),
+            F.lit(sub).alias("sub"),
+            row.cast(row_t).alias("row"),
+            cols.alias("cols"),
+            ttl.cast("long").alias("ttl"),
+        )
+
+    entries = [entry(codes[F.col("kind")], 1, F.col("values"), F.col("cols"), F.col("ttl"))]
+    if cdc.preimage:
+        pre = entry(F.lit(CDC_PRE_IMAGE), 0, F.col("pre"), no_cols, F.lit(None))
+        entries.insert(0, F.when(F.col("pre").isNotNull(), pre))
+    if cdc.postimage:
+        post = entry(F.lit(CDC_POST_IMAGE), 2, F.col("post"), no_cols, F.lit(None))
+        entries.append(F.when(F.col("post").isNotNull(), post))
+    rows = df.select(
+        "event_id",
+        "ts",
+        "rank",
+        "ordinal",
+        "idx",
+        "key",
+        "stream",
+        F.explode(F.filter(F.array(*entries), lambda e: e.isNotNull())).alias("e"),
+    )
+    in_batch = Window.partitionBy("ts", "rank", "event_id", "stream").orderBy(
+        "idx", F.to_json("key"), "e.sub"
+    )
+    rows = rows.select(
+        "*",
+        (F.row_number().over(in_batch) - 1).alias("seq"),
+        F.lead(F.lit(1)).over(in_batch).isNull().alias("last"),
+    )
+    deleted = [
+        F.when(F.array_contains("e.cols", c) & F.col(f"e.row.{c}").isNull(), F.lit(True)).alias(
+            f"cdc$deleted_{c}"
+        )
+        for c in table.value_columns
+    ]
+    return rows.orderBy("ts", "rank", "event_id", "stream", "seq").select(
+        F.col("stream").alias("cdc$stream_id"),
+        timeuuid(F.col("ts"), F.col("rank"), F.col("ordinal"), F.col("event_id")).alias("cdc$time"),
+        F.col("seq").alias("cdc$batch_seq_no"),
+        F.col("e.op").cast("byte").alias("cdc$operation"),
+        F.col("e.ttl").alias("cdc$ttl"),
+        F.col("last").alias("cdc$end_of_batch"),
+        *[
+            (F.col(f"key.{c}") if c in table.key else F.col(f"e.row.{c}")).alias(c)
+            for c in table.column_names
+        ],
+        *deleted,
+    )
+
+
+def _parquet_rows(path: Path) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
+
+
+def cdc_stage(
+    spark: SparkSession, config: Config, ctx: RunContext, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """Decide the generations, then write every table's log and the description tables
+    to ``resolved/cdc/``. Returns the run report's ``cdc`` section."""
+    out = ctx.resolved / "cdc"
+    current = read_generations(ctx.staged / "cdc" / "cdc_generation_descriptions")
+    topology = Topology.of(config.cdc)
+    gens, held = next_generations(current, topology, ctx.interval_start_us)
+    if held:
+        log.warning("%s", held)
+    write_description_tables(gens, out)
+    lookup = Generations(gens)
+    removed_at = ctx.now_us + config.max_clock_skew_seconds * 1_000_000
+    tables: dict[str, Any] = {}
+    for name, table in config.tables.items():
+        if summary["tables"][name].get("stopped"):
+            continue  # an error resolver stopped the table: nothing is published
+        src = ctx.resolved / name
+        changes = spark.read.schema(change_schema(table)).parquet(str(src / "changes"))
+        gone = removals(spark, src / "fk_removed", table, removed_at)
+        if gone is not None:
+            changes = changes.unionByName(gone)
+        dest = out / name / "log"
+        build_log(changes, table, lookup, config.cdc).write.mode("overwrite").parquet(str(dest))
+        tables[name] = {"log_rows": _parquet_rows(dest)}
+        log.info("cdc %s: %d log rows", name, tables[name]["log_rows"])
+    operating = gens[-1]
+    report = {
+        "generation": operating.time,
+        "new_generation": len(gens) > len(current),
+        "generations": len(gens),
+        "streams": len(operating.all_streams()),
+        "warning": held,
+        "tables": tables,
+    }
+    (out / "cdc.json").write_text(json.dumps(report, indent=2))
+    return report
