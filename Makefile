@@ -41,6 +41,7 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/resolve_bench.py
 	$(BIN)/python bench/cell_bench.py
+	$(BIN)/python bench/cdc_bench.py
 
 lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^replica-cdr' > constraints.txt.new

@@ -230,6 +230,8 @@ def _where(config: Any, report: dict[str, Any]) -> str:
     for t, p in report.get("pointers", {}).items():
         lines.append(f"  {t}: {p['snapshot']} ({p['rows']} rows)")
     lines.append(f"  report: published/reports/dt={report['dt']}/run_report.json")
+    if report.get("cdc"):
+        lines.append(f"  CDC log: published/cdc/<table>/log/dt={report['dt']}")
     return "\n".join(lines)
 
 

@@ -59,6 +59,7 @@ DEMO_CONFIG = {
             "defaults": {"owner": "unknown"},
         },
     },
+    "cdc": {"enabled": True, "vnodes": 16, "shards": 4, "preimage": True, "postimage": True},
 }
 
 
@@ -104,6 +105,8 @@ def demo(workdir: Path, events: int = 30_000, seed: int = 7, serve: bool = False
             print(f"  snapshots:  {copy}/published/<table>/_latest.json -> snapshot/run=<id>/")
             print(f"  conflicts:  {copy}/published/<table>/conflicts/dt=<date>/")
             print(f"  report:     {copy}/published/reports/dt={DATES[-1]}/run_report.json")
+            print(f"  CDC log:    {copy}/published/cdc/<table>/log/dt=<date>/")
+            print(f"  streams:    {copy}/published/cdc/cdc_streams_descriptions/")
             print(f"  config:     {cfg_path}")
             if serve:
                 print(f"\nserving {endpoint} (AWS_ENDPOINT_URL_S3={endpoint}); Ctrl-C to stop")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.context import micros_to_iso
+
 
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -73,6 +75,14 @@ def format_report(report: dict[str, Any]) -> str:
             drow.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
     if len(drow) > 1:
         lines += ["", "divergent keys by replica:", *_table(drow)]
+    cdc = report.get("cdc")
+    if cdc:
+        rows_by_table = ", ".join(f"{t} {c['log_rows']}" for t, c in cdc["tables"].items())
+        lines += [
+            "",
+            f"CDC log rows: {rows_by_table}; generation of {micros_to_iso(cdc['generation'])} "
+            f"({cdc['streams']} streams{', new' if cdc['new_generation'] else ''})",
+        ]
     for w in report.get("warnings", []):
         lines.append(f"warning: {w}")
     for f in report.get("failures", []):

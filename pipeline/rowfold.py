@@ -704,21 +704,24 @@ def fold_converged(
             results.append(Applied(e, False, stop.log, errored=True))
             return FoldResult(f.state, results, stop.conflict)
         if f.trace is not None:
-            changes = visible_changes(e, f.trace, spec.table)
+            changes = visible_changes(e, f.trace, spec.table, a.applied)
             a = Applied(a.event, a.applied, a.conflicts, a.errored, changes)
             f.trace.clear()
         results.append(a)
     return FoldResult(f.state, results, None)
 
 
-def visible_changes(e: Event, trace: Sequence[Transition], table: Table) -> tuple[Change, ...]:
+def visible_changes(
+    e: Event, trace: Sequence[Transition], table: Table, applied: bool = True
+) -> tuple[Change, ...]:
     """An event's state transitions as changes of the rows a reader sees, key by key in
     the order they were made (cdc.md "The log"): a row that appears is an insert (every
     column), one that goes a row delete (a partition delete for a TRUNCATE), one that
-    stays an update of the columns the event wrote or changed. An applied DELETE of a row
-    already gone is still a row delete. This is what makes the log replay to the
-    snapshot whatever rule decided: deltas, defaults, converted events, key changes and
-    unique-constraint deletions all show up as their effect."""
+    stays an update of the columns the event wrote or changed (only those it changed,
+    when it was not applied: a discarded UPDATE that still added its delta, §8). An
+    applied DELETE of a row already gone is still a row delete. This is what makes the
+    log replay to the snapshot whatever rule decided: deltas, defaults, converted events,
+    key changes and unique-constraint deletions all show up as their effect."""
     first: dict[Key, Version | None] = {}
     last: dict[Key, Version | None] = {}
     for key, before, after in trace:
@@ -738,7 +741,8 @@ def visible_changes(e: Event, trace: Sequence[Transition], table: Table) -> tupl
             kind, cols = ChangeKind.INSERT, values
         else:
             kind = ChangeKind.UPDATE
-            cols = tuple(c for c in values if c in e.after or post.get(c) != pre.get(c))
+            written = e.after if applied else {}
+            cols = tuple(c for c in values if c in written or post.get(c) != pre.get(c))
         out.append(Change(key, kind, cols, {c: post.get(c) for c in cols}, pre, post))
     return tuple(out)
 

@@ -208,6 +208,24 @@ def test_a_rerun_writes_the_same_log(two_days):
         assert first == again, table
 
 
+def _readme_example(marker: str) -> str:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return text.split(f"<!-- {marker} -->")[1].split("```python")[1].split("```")[0]
+
+
+def test_the_readme_consumer_examples_run(two_days, spark, capsys):
+    exec(_readme_example("consumer-example"), {"STORE": str(two_days["root"])})
+    printed = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert len(printed) > 3
+    times = [(line[0], uuid.UUID(line[1]).time) for line in printed]
+    assert times == sorted(times, key=lambda x: x[1])
+    exec(
+        _readme_example("consumer-example-spark"), {"STORE": str(two_days["root"]), "spark": spark}
+    )
+    shown = capsys.readouterr().out
+    assert printed[0][1] in shown  # the same first entry
+
+
 # ---------------------------------------------------------------------- on Spark
 
 

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from pipeline.policy import ConflictType, allowed_resolvers
 from pipeline.rowfold import (
     Event,
     FoldSpec,
@@ -299,3 +300,90 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
         Path(tmp / "store/published/reports/dt=2026-11-21/run_report.json").read_text()
     )
     assert sum(report["tables"]["t"]["divergent_keys"].values()) == len(races)
+
+
+# ---------------------------------------------------------------------- the CDC log
+
+
+@st.composite
+def rule_mixes(draw):
+    """A table with a unique column and a delta column under resolvers drawn from every
+    allowed one (``error`` left out: a stopped run publishes nothing), a prior state, and
+    events of every kind: partial rows, key changes, deletes, TRUNCATEs."""
+    resolvers = {
+        t.value: draw(st.sampled_from(sorted(r for r in allowed_resolvers(t) if "error" not in r)))
+        for t in ConflictType
+    }
+    table = {
+        "columns": {"id": "int", "v": "string", "n": "int"},
+        "unique": [["v"]],
+        "delta": ["n"],
+        "resolvers": resolvers,
+        "defaults": {"v": "dflt"},
+    }
+    cfg = make_config(table, replicas=REPLICAS3)
+    t = cfg.tables["t"]
+    ranks = cfg.tie_ranks(t.tie_break)
+    prior = {}
+    for k in draw(st.sets(st.integers(0, 3), max_size=3)):
+        o = draw(st.sampled_from(["a", "b", "c"]))
+        values = {
+            "id": k,
+            "v": draw(st.sampled_from(["x", "y", None])),
+            "n": draw(st.integers(0, 5)),
+        }
+        prior[(k,)] = Version(values, T0 - draw(st.integers(1, 9)) * MS, o, f"p{k}", ranks[o])
+    events = []
+    for i in range(draw(st.integers(1, 10))):
+        o = draw(st.sampled_from(["a", "b", "c"]))
+        op = draw(st.sampled_from(["INSERT", "UPDATE", "UPDATE", "DELETE", "TRUNCATE"]))
+        k = draw(st.integers(0, 3))
+        after: dict = {}
+        before: dict = {}
+        if op in ("INSERT", "UPDATE"):
+            for c in draw(st.sets(st.sampled_from(["v", "n"]), min_size=1)):
+                after[c] = (
+                    draw(st.sampled_from(["x", "y", "z"])) if c == "v" else draw(st.integers(0, 9))
+                )
+            if "n" in after and op == "UPDATE":
+                before["n"] = draw(st.integers(0, 9))
+            if op == "INSERT":
+                after["id"] = k
+        new_key = (draw(st.integers(0, 3)),) if op == "UPDATE" and draw(st.booleans()) else None
+        events.append(
+            Event(
+                f"e{i}",
+                op,
+                None if op == "TRUNCATE" else (k,),
+                T0 + draw(st.integers(0, 5)) * MS,
+                o,
+                ranks[o],
+                new_key=new_key,
+                after=after,
+                before=before,
+            )
+        )
+    return FoldSpec(t, NOW), prior, events
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rule_mixes())
+def test_replaying_the_changes_gives_the_converged_state(mix):
+    """What the CDC log is made of (``rowfold.visible_changes``): applied in order to the
+    rows a reader saw before, the changes give the rows a reader sees after, and each
+    change's pre- and post-image is the row as it stood and as it left it."""
+    spec, prior, events = mix
+    res = fold_converged(spec, prior, events, trace=True)
+    rows = view(prior)
+    for a in res.applied:
+        for c in a.changes:
+            assert rows.get(c.key) == c.pre, (a.event, c)
+            if c.kind.value in ("row_delete", "partition_delete"):
+                rows.pop(c.key, None)
+            else:
+                base = rows.get(c.key) or {col: None for col in spec.table.column_names}
+                rows[c.key] = {**base, **dict(zip(spec.table.key, c.key, strict=True)), **c.values}
+                if c.kind.value == "insert":
+                    assert set(c.cols) == set(spec.table.value_columns)
+            assert rows.get(c.key) == c.post, (a.event, c)
+    assert rows == view(res.state)

@@ -363,3 +363,87 @@ def test_perspective_follows_the_replicas_export_order():
     assert conv.state[(1,)].values["v"] == "a"
     assert fold_perspective(sp, {}, [a, b], "pub")[(1,)].values["v"] == "a"
     assert fold_perspective(sp, {}, [a, b], "sub")[(1,)].values["v"] == "b"
+
+
+# ---------------------------------------------------------------------- changes (CDC)
+
+
+def changes(sp, state, events):
+    """(event id, kind, key, cols, values, pre, post) of every change, in order."""
+    res = fold_converged(sp, dict(state), events, trace=True)
+    return [
+        (a.event.event_id, c.kind.value, c.key, c.cols, dict(c.values), c.pre, c.post)
+        for a in res.applied
+        for c in a.changes
+    ]
+
+
+def test_changes_of_insert_update_delete():
+    row = {"id": 1, "v": "a", "n": 1}
+    got = changes(
+        spec(),
+        {},
+        [
+            ev("INSERT", 1, T0, "pub", "pub-1", row),
+            ev("UPDATE", 1, T0 + H, "pub", "pub-2", {"v": "b"}),
+            ev("DELETE", 1, T0 + 2 * H, "pub", "pub-3"),
+        ],
+    )
+    assert got == [
+        ("pub-1", "insert", (1,), ("v", "n"), {"v": "a", "n": 1}, None, row),
+        ("pub-2", "update", (1,), ("v",), {"v": "b"}, row, {**row, "v": "b"}),
+        ("pub-3", "row_delete", (1,), (), {}, {**row, "v": "b"}, None),
+    ]
+
+
+def test_a_key_change_deletes_the_old_key_and_inserts_the_new():
+    state = dict([live(1, "a", T0, "pub", n=5)])
+    got = changes(spec(), state, [ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "b"}, new_key=2)])
+    assert [(g[1], g[2]) for g in got] == [("row_delete", (1,)), ("insert", (2,))]
+    assert got[1][4] == {"v": "b", "n": 5}  # the whole row moves
+
+
+def test_a_unique_apply_deletes_the_colliding_rows_in_the_same_event():
+    sp = spec({"unique": [["v"]], "resolvers": {"multiple_unique_conflicts": "apply"}})
+    state = dict([live(1, "x", T0, "pub"), live(2, "y", T0, "pub")])
+    got = changes(sp, state, [ev("UPDATE", 2, T0 + H, "pub", "pub-1", {"v": "x"})])
+    assert [(g[0], g[1], g[2]) for g in got] == [
+        ("pub-1", "row_delete", (1,)),
+        ("pub-1", "update", (2,)),
+    ]
+
+
+def test_a_discarded_update_that_adds_its_delta_changes_only_the_delta():
+    sp = spec({"delta": ["n"]})
+    state = dict([live(1, "local", T0 + 2 * H, "sub", n=10)])
+    e = ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "lost", "n": 13}, {"n": 10})
+    res = fold_converged(sp, state, [e], trace=True)
+    assert not res.applied[0].applied
+    (c,) = res.applied[0].changes
+    assert (c.kind.value, c.cols, dict(c.values)) == ("update", ("n",), {"n": 13})
+
+
+def test_a_truncate_is_a_partition_delete_of_each_live_row_it_covers():
+    state = dict([live(1, "a", T0, "pub"), live(2, "b", T0 + 3 * H, "pub"), tomb(3, T0, "pub")])
+    got = changes(spec(), state, [ev("TRUNCATE", None, T0 + H, "sub", "sub-1")])
+    assert [(g[1], g[2]) for g in got] == [("partition_delete", (1,))]
+
+
+def test_a_skipped_event_changes_nothing():
+    sp = spec({"resolvers": {"update_differ": "skip"}})
+    state = dict([live(1, "a", T0, "sub")])
+    assert changes(sp, state, [ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "b"})]) == []
+
+
+def test_tracing_changes_no_result():
+    """The converged fold gives the same state and conflicts with and without tracing."""
+    sp = spec({"unique": [["v"]], "resolvers": {"multiple_unique_conflicts": "apply"}})
+    state = dict([live(1, "x", T0, "pub"), live(2, "y", T0, "sub")])
+    events = [
+        ev("UPDATE", 2, T0 + H, "pub", "pub-1", {"v": "x"}),
+        ev("INSERT", 1, T0 + 2 * H, "sub", "sub-1", {"id": 1, "v": "z", "n": 0}),
+        ev("UPDATE", 1, T0 + 3 * H, "pub", "pub-2", {"v": "w"}, new_key=3),
+    ]
+    plain, traced = fold(sp, state, events), fold_converged(sp, dict(state), events, trace=True)
+    assert plain.state == traced.state
+    assert [a.conflicts for a in plain.applied] == [a.conflicts for a in traced.applied]

@@ -1,0 +1,99 @@
+"""The CDC stage against the resolve stage of the same run, on the foundation's input.
+
+The input of ``bench/resolve_bench.py`` (one row table, 3 replicas, every event exported
+by every replica, 20% of keys contended), with ``cdc.enabled`` (16 vnodes, 4 shards,
+pre- and post-images). In ONE Spark session and on the same staged input it runs:
+
+- ``resolve off``: the resolve stage with the CDC log off (what the change capture
+  costs is the difference with the next one);
+- ``resolve``: the resolve stage with the CDC log on (it records every change);
+- ``cdc``: the CDC stage of that run (tokens, streams, timeuuids, images, batches, the
+  sorted log and the description tables).
+
+It prints wall seconds, peak memory of the process tree and the ratios. The issue's
+target: the CDC stage under 50% of the resolve stage. Machines here are shared and
+noisy: read the ratios.
+
+    .venv/bin/python bench/cdc_bench.py               # N = 4M
+    .venv/bin/python bench/cdc_bench.py 1000000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from resolve_bench import CONFIG, D, measure
+
+from pipeline.config import CdcConfig, parse_config
+from pipeline.context import RunContext, resolve_now
+from pipeline.exports import ingest
+from pipeline.generate import GenerateOptions, generate
+from pipeline.store import open_store
+
+CDC = {"enabled": True, "vnodes": 16, "shards": 4, "preimage": True, "postimage": True}
+
+
+def bench(n: int, root: Path, spark) -> dict:
+    from pipeline.cdc import cdc_stage
+    from pipeline.resolve import resolve_stage
+
+    store_dir = root / f"store-{n}"
+    store_dir.mkdir(parents=True)
+    config = parse_config({**CONFIG, "cdc": CDC, "store": store_dir.as_uri()})
+    off = dataclasses.replace(
+        config, cdc=CdcConfig(**{**dataclasses.asdict(config.cdc), "enabled": False})
+    )
+    store = open_store(config.store)  # type: ignore[arg-type]
+    stats = generate(
+        config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4, seed=11)
+    )
+    ctx = RunContext.create(root / f"work-{n}", D, resolve_now(D, None), "bench")
+    ctx.save()
+    ingest(config, store, ctx, allow_missing=False)
+
+    summary: dict = {}
+    resolve_off = measure(lambda: resolve_stage(spark, off, ctx))
+    resolve_on = measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
+    cdc: dict = {}
+    cdc_run = measure(lambda: cdc.update(cdc_stage(spark, config, ctx, summary)))
+    tbl = summary["tables"]["items"]
+    shutil.rmtree(store_dir)
+    return {
+        "records": stats["records"],
+        "distinct_events": tbl["distinct_events"],
+        "applied": tbl["applied"],
+        "log_rows": cdc["tables"]["items"]["log_rows"],
+        "resolve_off_s": round(resolve_off[0], 1),
+        "resolve_s": round(resolve_on[0], 1),
+        "cdc_s": round(cdc_run[0], 1),
+        "capture_overhead": round(resolve_on[0] / resolve_off[0] - 1, 3),
+        "cdc_over_resolve": round(cdc_run[0] / resolve_on[0], 3),
+        "resolve_peak_mb": resolve_on[1] // 2**20,
+        "cdc_peak_mb": cdc_run[1] // 2**20,
+    }
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [4_000_000]
+    from pipeline.spark import get_spark
+
+    spark = get_spark("local[2]", app="cdr-bench")
+    spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+    root = Path(tempfile.mkdtemp(prefix="cdr-bench-"))
+    try:
+        for n in sizes:
+            t = time.perf_counter()
+            r = bench(n, root, spark)
+            print(json.dumps({"n": n, **r, "total_s": round(time.perf_counter() - t)}), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
