@@ -20,13 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from resolve_bench import D, baseline, measure
-
-from pipeline.config import parse_config
-from pipeline.context import RunContext, resolve_now
-from pipeline.exports import ingest
-from pipeline.generate import GenerateOptions, generate
-from pipeline.store import open_store
+from resolve_bench import baseline, measure, staged_input
 
 CONFIG = {
     "replicas": [
@@ -54,16 +48,7 @@ CONFIG = {
 
 
 def bench(n: int, root: Path, spark, rounds: int) -> dict:
-    store_dir = root / f"store-{n}"
-    store_dir.mkdir(parents=True)
-    config = parse_config({**CONFIG, "store": store_dir.as_uri()})
-    store = open_store(config.store)  # type: ignore[arg-type]
-    stats = generate(
-        config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4, seed=11)
-    )
-    ctx = RunContext.create(root / f"work-{n}", D, resolve_now(D, None), "bench")
-    ctx.save()
-    ingest(config, store, ctx, allow_missing=False)
+    config, ctx, stats = staged_input(CONFIG, n, root)
 
     from pipeline.resolve import resolve_stage
 
@@ -79,7 +64,7 @@ def bench(n: int, root: Path, spark, rounds: int) -> dict:
     best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
     tbl = summary["tables"]["sessions"]
     records = stats["records"]
-    shutil.rmtree(store_dir)
+    shutil.rmtree(root / f"store-{n}")
     return {
         "records": records,
         "distinct_events": tbl["distinct_events"],

@@ -36,7 +36,7 @@ import psutil
 os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
-from pipeline.config import parse_config
+from pipeline.config import Config, parse_config
 from pipeline.context import RunContext, resolve_now
 from pipeline.exports import ingest
 from pipeline.generate import GenerateOptions, generate
@@ -124,23 +124,31 @@ def measure(fn) -> tuple[float, int]:
         return time.perf_counter() - t, mem.peak
 
 
-def bench(
-    n: int, root: Path, spark, rounds: int = int(os.environ.get("BENCH_ROUNDS", "2"))
-) -> dict:
+def staged_input(cfg: dict, n: int, root: Path) -> tuple[Config, RunContext, dict]:
+    """The input every benchmark runs on: ``cdr generate`` of N records of ``cfg`` (20% of
+    keys contended) into a file store under ``root``, then ingested. The stats also hold
+    the seconds of both steps; the store is ``root/store-N``."""
     store_dir = root / f"store-{n}"
     store_dir.mkdir(parents=True)
-    config = parse_config({**CONFIG, "store": store_dir.as_uri()})
-    store = open_store(config.store)  # type: ignore[arg-type]
+    config = parse_config({**cfg, "store": store_dir.as_uri()})
+    store = open_store(store_dir.as_uri())
     t = time.perf_counter()
     stats = generate(
         config, store, D, GenerateOptions(events=n, conflict_rate=0.2, files=4, seed=11)
     )
-    gen_s = time.perf_counter() - t
+    stats["generate_s"] = time.perf_counter() - t
     ctx = RunContext.create(root / f"work-{n}", D, resolve_now(D, None), "bench")
     ctx.save()
     t = time.perf_counter()
     ingest(config, store, ctx, allow_missing=False)
-    ingest_s = time.perf_counter() - t
+    stats["ingest_s"] = time.perf_counter() - t
+    return config, ctx, stats
+
+
+def bench(
+    n: int, root: Path, spark, rounds: int = int(os.environ.get("BENCH_ROUNDS", "2"))
+) -> dict:
+    config, ctx, stats = staged_input(CONFIG, n, root)
 
     from pipeline.resolve import resolve_stage
 
@@ -159,8 +167,8 @@ def bench(
         "distinct_events": tbl["distinct_events"],
         "conflicts": sum(sum(o.values()) for o in tbl["conflicts"].values()),
         "divergent_keys": sum(tbl["divergent_keys"].values()),
-        "generate_s": round(gen_s, 1),
-        "ingest_s": round(ingest_s, 1),
+        "generate_s": round(stats["generate_s"], 1),
+        "ingest_s": round(stats["ingest_s"], 1),
         "baseline_s": [round(x[0], 1) for x in results["baseline"]],
         "resolve_s": [round(x[0], 1) for x in results["resolve"]],
         "baseline_events_per_s": round(records / best["baseline"][0]),
@@ -169,7 +177,7 @@ def bench(
         "resolve_peak_mb": best["resolve"][1] // 2**20,
         "ratio": round(best["resolve"][0] / best["baseline"][0], 2),
     }
-    shutil.rmtree(store_dir)
+    shutil.rmtree(root / f"store-{n}")
     return out
 
 

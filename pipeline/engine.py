@@ -661,15 +661,19 @@ def resolve_rows(
     )
     changes = None
     if trace:
-        changes = (
-            fast_changes(fast, table)
-            .unionByName(untouched_changes(untouched, table, truncs))
-            .unionByName(folded_changes(folded, table))
-        )
+        parts = [
+            fast_changes(fast, table),
+            untouched_changes(untouched, table, truncs),
+            folded_changes(folded, table),
+        ]
+        schema = change_schema(table)
+        typed = [p.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]) for p in parts]
+        changes = reduce(DataFrame.unionByName, typed)
     return Resolved(state, conflicts, divergence, fates, quarantine, truncs, changes)
 
 
 def folded_changes(folded: DataFrame, table: Table) -> DataFrame:
+    """The changes the Python fold recorded (``foldrun``'s ``change`` rows)."""
     rows = folded.where(F.col("kind") == "change")
     return rows.select(
         F.col("remote_event_id").alias("event_id"),
@@ -685,7 +689,7 @@ def folded_changes(folded: DataFrame, table: Table) -> DataFrame:
         F.lit(None).cast("long").alias("ttl"),
         "pre",
         "post",
-    ).select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
+    )
 
 
 def position(c: Iterable[str] = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")) -> Column:
