@@ -6,9 +6,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
-.PHONY: venv demo test test-fast lint typecheck bench lock clean
+ASSETS := .cdr-assets/datadocs/.fetched
+
+.PHONY: venv demo test test-fast lint typecheck bench lock clean docs-assets browser
 
 venv: $(STAMP)
+
+# The scripts and styles of the Data Docs pages, bundled so that they open offline (npm).
+docs-assets: $(ASSETS)
+$(ASSETS): pipeline/datadocs.py | $(STAMP)
+	@if command -v npm >/dev/null; then \
+	  $(BIN)/python -m pipeline.datadocs fetch && touch $(ASSETS); \
+	else echo "npm is missing: the Data Docs pages will load their scripts from public CDNs"; fi
+
+# Debian's Chromium, for the test that opens the Data Docs in a headless browser.
+browser:
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 $(STAMP): pyproject.toml constraints.txt
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \
@@ -22,10 +37,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(ASSETS)
 	$(BIN)/cdr demo
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) $(ASSETS) browser lint typecheck
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-fast: $(STAMP)

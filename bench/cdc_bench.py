@@ -1,4 +1,5 @@
-"""The CDC stage against the resolve stage of the same run, on the foundation's input.
+"""The CDC and validate stages against the resolve stage of the same run, on the
+foundation's input.
 
 The input of ``bench/resolve_bench.py`` (one row table, 3 replicas, every event exported
 by every replica, 20% of keys contended), with ``cdc.enabled`` (16 vnodes, 4 shards,
@@ -8,12 +9,14 @@ pre- and post-images). In ONE Spark session and on the same staged input it runs
   costs is the difference with the next one);
 - ``resolve``: the resolve stage with the CDC log on (it records every change);
 - ``cdc``: the CDC stage of that run (tokens, streams, timeuuids, images, batches, the
-  sorted log and the description tables).
+  sorted log and the description tables);
+- ``validate``: the validate stage of that run (every Great Expectations suite, the CDC
+  replay on Spark, the Data Docs).
 
 A small run first warms the JVM up on the same plans. It prints wall seconds, peak
-memory of the process tree and the ratios. The issue's
-target: the CDC stage under 50% of the resolve stage. Machines here are shared and
-noisy: read the ratios.
+memory of the process tree and the ratios. The issues' targets: the CDC stage under 50%
+of the resolve stage; the validate stage reported beside it. Machines here are shared
+and noisy: read the ratios.
 
     .venv/bin/python bench/cdc_bench.py               # N = 4M
     .venv/bin/python bench/cdc_bench.py 1000000
@@ -37,6 +40,7 @@ CDC = {"enabled": True, "vnodes": 16, "shards": 4, "preimage": True, "postimage"
 def bench(n: int, root: Path, spark) -> dict:
     from pipeline.cdc import cdc_stage
     from pipeline.resolve import resolve_stage
+    from pipeline.validation import validate_stage
 
     config, ctx, stats = staged_input({**CONFIG, "cdc": CDC}, n, root)
     off = dataclasses.replace(config, cdc=dataclasses.replace(config.cdc, enabled=False))
@@ -46,6 +50,9 @@ def bench(n: int, root: Path, spark) -> dict:
     resolve_on = measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
     cdc: dict = {}
     cdc_run = measure(lambda: cdc.update(cdc_stage(spark, config, ctx, summary)))
+    summary["cdc"] = cdc
+    verdict: list = []
+    validate_run = measure(lambda: verdict.append(validate_stage(spark, config, ctx, summary)))
     tbl = summary["tables"]["items"]
     shutil.rmtree(root / f"store-{n}")
     return {
@@ -58,8 +65,13 @@ def bench(n: int, root: Path, spark) -> dict:
         "cdc_s": round(cdc_run[0], 1),
         "capture_overhead": round(resolve_on[0] / resolve_off[0] - 1, 3),
         "cdc_over_resolve": round(cdc_run[0] / resolve_on[0], 3),
+        "validate_s": round(validate_run[0], 1),
+        "validate_over_resolve": round(validate_run[0] / resolve_on[0], 3),
+        "suites": len(verdict[0].suites),
+        "failed_checks": verdict[0].failures,
         "resolve_peak_mb": resolve_on[1] // 2**20,
         "cdc_peak_mb": cdc_run[1] // 2**20,
+        "validate_peak_mb": validate_run[1] // 2**20,
     }
 
 

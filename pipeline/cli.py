@@ -198,6 +198,8 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             _emit(args, summary, f"resolved {args.date}: {ctx.resolved}")
         elif args.command == "validate":
             verdict = stages.validate(config, ctx, get_spark(opts.master))
+            docs = ctx.validation / "data_docs" / "index.html"
+            print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)
             if not verdict.passed:
                 raise CdrError("; ".join(verdict.failures))
             _emit(args, {"passed": True}, f"validated {args.date}: passed")
@@ -221,6 +223,9 @@ def _print_failed_report(args: argparse.Namespace, config: Any) -> None:
             report = json.loads(store.read_bytes(key))
             if report.get("run_id") and report.get("status") == "failed":
                 print(format_report(report), file=sys.stderr)
+                docs = report.get("validation", {}).get("data_docs")
+                if docs:
+                    print(f"Data Docs: {config.store}/{docs}", file=sys.stderr)
     except CdrError:
         pass
 
@@ -230,6 +235,9 @@ def _where(config: Any, report: dict[str, Any]) -> str:
     for t, p in report.get("pointers", {}).items():
         lines.append(f"  {t}: {p['snapshot']} ({p['rows']} rows)")
     lines.append(f"  report: published/reports/dt={report['dt']}/run_report.json")
+    docs = report.get("validation", {}).get("data_docs")
+    if docs:
+        lines.append(f"  Data Docs: {docs}")
     if report.get("cdc"):
         lines.append(f"  CDC log: published/cdc/<table>/log/dt={report['dt']}")
     return "\n".join(lines)

@@ -248,6 +248,7 @@ class Column:
 class ForeignKey:
     columns: tuple[str, ...]
     references: str
+    parent_key: tuple[str, ...]  # the referenced table's key, matched column by column
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,7 +459,11 @@ def _resolve_table(
         key=tuple(t.key),
         not_null=frozenset(t.not_null) | frozenset(t.key),
         unique=tuple(tuple(u) for u in t.unique),
-        foreign_keys=tuple(ForeignKey(tuple(fk.columns), fk.references) for fk in t.foreign_keys),
+        foreign_keys=tuple(
+            ForeignKey(tuple(fk.columns), fk.references, tuple(tables[fk.references].key))
+            for fk in t.foreign_keys
+            if fk.references in tables
+        ),
         delta=frozenset(t.delta),
         defaults=col_defaults,
         preset=preset,

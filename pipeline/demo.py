@@ -105,6 +105,10 @@ def demo(workdir: Path, events: int = 30_000, seed: int = 7, serve: bool = False
             print(f"  snapshots:  {copy}/published/<table>/_latest.json -> snapshot/run=<id>/")
             print(f"  conflicts:  {copy}/published/<table>/conflicts/dt=<date>/")
             print(f"  report:     {copy}/published/reports/dt={DATES[-1]}/run_report.json")
+            print(
+                f"  Data Docs:  {copy}/published/reports/dt={DATES[-1]}/validation/"
+                "data_docs/index.html"
+            )
             print(f"  CDC log:    {copy}/published/cdc/<table>/log/dt=<date>/")
             print(f"  streams:    {copy}/published/cdc/cdc_streams_descriptions/")
             print(f"  config:     {cfg_path}")

@@ -69,3 +69,9 @@ def cdc_log_dir(table: str, dt: date) -> str:
 
 def report_dir(dt: date) -> str:
     return f"published/reports/dt={dt.isoformat()}"
+
+
+def validation_dir(dt: date) -> str:
+    """The date's Great Expectations results (``results.json``) and Data Docs
+    (``data_docs/index.html``)."""
+    return f"{report_dir(dt)}/validation"

@@ -60,6 +60,19 @@ def replace_dated(store: Store, src: Path, prefix: str, run_id: str) -> None:
         store.delete_prefix(key)
 
 
+def replace_tree(store: Store, src: Path, prefix: str) -> None:
+    """Make ``prefix`` hold what ``src`` holds: upload every file, then delete what an
+    earlier run left there."""
+    before = set(store.list(prefix))
+    written = set()
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        key = f"{prefix}/{f.relative_to(src).as_posix()}"
+        store.upload(f, key)
+        written.add(key)
+    for key in sorted(before - written):
+        store.delete_prefix(key)
+
+
 def publish_inspection(
     store: Store, resolved: Path, tables: list[str], dt: date, run_id: str
 ) -> None:

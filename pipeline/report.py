@@ -75,6 +75,14 @@ def format_report(report: dict[str, Any]) -> str:
             drow.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
     if len(drow) > 1:
         lines += ["", "divergent keys by replica:", *_table(drow)]
+    suites = report.get("validation", {}).get("suites", {})
+    if suites:
+        failed = sorted(name for name, ok in suites.items() if not ok)
+        lines += [
+            "",
+            f"validation: {len(suites)} suite(s), "
+            + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "all passed"),
+        ]
     cdc = report.get("cdc")
     if cdc:
         rows_by_table = ", ".join(f"{t} {c['log_rows']}" for t, c in cdc["tables"].items())

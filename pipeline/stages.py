@@ -19,7 +19,7 @@ from pipeline.config import Config
 from pipeline.context import RunContext, resolve_now
 from pipeline.errors import GateError
 from pipeline.exports import ingest as ingest_exports
-from pipeline.published import publish_cdc, publish_inspection, publish_run
+from pipeline.published import publish_cdc, publish_inspection, publish_run, replace_tree
 from pipeline.store import open_store
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
 def run_report(
     config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict, published: bool
 ) -> dict[str, Any]:
+    validation = layout.validation_dir(ctx.dt)
     return {
         "run_id": ctx.run_id,
         "dt": ctx.dt.isoformat(),
@@ -87,7 +88,11 @@ def run_report(
         "failures": verdict.failures,
         "warnings": verdict.warnings,
         "tables": summary["tables"],
-        "validation": {name: {"success": s["success"]} for name, s in verdict.suites.items()},
+        "validation": {
+            "results": f"{validation}/results.json",
+            "data_docs": f"{validation}/data_docs/index.html",
+            "suites": {name: s["success"] for name, s in verdict.suites.items()},
+        },
         **({"cdc": summary["cdc"]} if "cdc" in summary else {}),
     }
 
@@ -104,16 +109,12 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     verdict = load_verdict(ctx)
     tables = list(config.tables)
     publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
+    replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt))  # results, Data Docs
     report = run_report(config, ctx, summary, verdict, verdict.passed)
     report_key = f"{layout.report_dir(ctx.dt)}/run_report.json"
-    if not verdict.passed:
-        store.write_bytes(report_key, json.dumps(report, indent=2).encode())
-        raise GateError("; ".join(verdict.failures))
-    store.write_bytes(
-        f"{layout.report_dir(ctx.dt)}/validation/results.json",
-        (ctx.validation / "results.json").read_bytes(),
-    )
     store.write_bytes(report_key, json.dumps(report, indent=2).encode())
+    if not verdict.passed:
+        raise GateError("; ".join(verdict.failures))
     if config.cdc.enabled:
         publish_cdc(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
     counts = {t: s.get("rows", 0) for t, s in summary["tables"].items()}

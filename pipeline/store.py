@@ -9,6 +9,7 @@ between the store and a local work folder with these methods.
 
 from __future__ import annotations
 
+import mimetypes
 import os
 import shutil
 from collections.abc import Iterator
@@ -174,8 +175,12 @@ class S3Store:
     def upload(self, src: Path, key: str) -> None:
         from boto3.exceptions import S3UploadFailedError
 
+        # a content type, so that a browser opens the Data Docs' pages from S3
+        content_type = mimetypes.guess_type(src.name)[0] or "application/octet-stream"
         try:
-            self.client.upload_file(str(src), self.bucket, self._k(key))
+            self.client.upload_file(
+                str(src), self.bucket, self._k(key), ExtraArgs={"ContentType": content_type}
+            )
         except S3UploadFailedError as e:
             raise self._fail(key, e) from None
 

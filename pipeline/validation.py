@@ -1,38 +1,41 @@
 """The validate stage: Great Expectations suites on what the run is about to publish, and
-the policy gates (semantics.md §9, §10, §12).
+the gate that decides whether it is published (semantics.md §9, §10, §12; cdc.md).
 
-Suites are version-controlled GX suite files in ``expectations/``. A suite is written
-once for every table: ``${table}``, ``${key_columns}``... are filled in from the config,
-and an expectation with ``meta.for_each`` is repeated per key column, NOT NULL column or
-unique constraint (:func:`render_suite`). GX runs them on Spark DataFrames.
+For every table the stage reads the resolve stage's outputs as Spark DataFrames (the
+frames a suite validates: ``snapshot``, ``divergence``, ``fates``, ``cdc_log``,
+``cdc_replay``) and registers the ones the suites' queries join with as temporary views
+(``cdr_state_<t>``, ``cdr_snapshot_<t>``, ``cdr_records_<t>``, ``cdr_conflicts_<t>``,
+``cdr_quarantine_<t>``, ``cdr_cdc_streams``). Then it runs every suite of ``expectations/``
+(``pipeline.suites``) in one file-backed GX project in the work folder, builds its Data
+Docs and writes ``validation/results.json``.
 
-The gate fails the run when a suite fails, when an ``error`` resolver stopped a table,
-when replicas diverge under ``on_divergence: fail``, or when orphans remain under
-``on_fk_violation: fail``. The message names the check, the table and a few keys.
+The gate: a failed check of a suite gated ``always`` fails the run; ``on_divergence`` and
+``on_fk_violation`` decide for the ``convergence`` and ``foreign_keys`` suites (``warn``:
+reported, published). An ``error`` resolver that stopped a table fails it too, and its
+table is not validated (§12). Each failure names the suite, the check, the table and a
+few offending keys.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-from dataclasses import dataclass, field
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pipeline.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.context import RunContext
+from pipeline.datadocs import bundle
+from pipeline.suites import SUITES, Check, Project, load_template, render_suite
 
 log = logging.getLogger(__name__)
-
-EXPECTATIONS_DIR = Path(
-    os.environ.get("CDR_EXPECTATIONS_DIR", Path(__file__).resolve().parent.parent / "expectations")
-)
-SUITES = ("snapshot",)
-_PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+SAMPLE = 3  # offending rows named in a failure message
 
 
 @dataclass
@@ -48,100 +51,9 @@ class Verdict:
         return not self.failures
 
 
-def _fill(value: Any, names: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        return _PLACEHOLDER.sub(lambda m: names.get(m.group(1), m.group(0)), value)
-    if isinstance(value, dict):
-        return {k: _fill(v, names) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fill(v, names) for v in value]
-    return value
-
-
-def _q(col: str) -> str:
-    return f"`{col}`"
-
-
-def render_suite(template: dict[str, Any], table: Table) -> dict[str, Any]:
-    """The suite for one table (a plain GX suite dict, ready for ``ExpectationSuite``)."""
-    base = {
-        "table": table.name,
-        "key_columns": ", ".join(_q(c) for c in table.key),
-        "columns": ", ".join(_q(c) for c in table.column_names),
-    }
-    each: dict[str, list[dict[str, str]]] = {
-        "key_column": [{"column": c} for c in table.key],
-        "not_null_column": [{"column": c} for c in table.column_names if c in table.not_null],
-        "unique_constraint": [
-            {
-                "constraint_columns": ", ".join(_q(c) for c in u),
-                "constraint_not_null": " AND ".join(f"{_q(c)} IS NOT NULL" for c in u),
-            }
-            for u in table.unique
-        ],
-    }
-    expectations = []
-    for exp in template["expectations"]:
-        loop = exp.get("meta", {}).get("for_each")
-        for names in each[loop] if loop else [{}]:
-            e = _fill({k: v for k, v in exp.items()}, base | names)
-            e.setdefault("meta", {})["table"] = table.name
-            expectations.append(e)
-    return {
-        "name": f"{template['name']}.{table.name}",
-        "expectations": expectations,
-        "meta": {"template": template["name"]},
-    }
-
-
-def load_template(name: str) -> dict[str, Any]:
-    template: dict[str, Any] = json.loads((EXPECTATIONS_DIR / f"{name}.json").read_text())
-    return template
-
-
-def run_suite(df: DataFrame, suite: dict[str, Any]) -> dict[str, Any]:
-    """Validate one DataFrame with GX; returns a JSON-safe summary of the results."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    ctx = gx.get_context(mode="ephemeral")
-    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-    name = suite["name"].replace(".", "_")
-    # persist=False: GX would otherwise cache every validated DataFrame and never release it.
-    ds = ctx.data_sources.add_spark(name=f"ds_{name}", persist=False)
-    batch = ds.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
-    gx_suite = ctx.suites.add(
-        gx.ExpectationSuite(name=suite["name"], expectations=suite["expectations"])
-    )
-    vd = ctx.validation_definitions.add(
-        gx.ValidationDefinition(name=f"vd_{name}", data=batch, suite=gx_suite)
-    )
-    result = vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
-    checks = []
-    for r in result.results:
-        cfg = r.expectation_config
-        assert cfg is not None  # every result of a suite run names its expectation
-        res = r.result or {}
-        sample = (
-            res.get("details", {}).get("unexpected_rows")
-            or res.get("partial_unexpected_list")
-            or []
-        )
-        checks.append(
-            {
-                "expectation": cfg.type,
-                "check": (cfg.meta or {}).get("check"),
-                "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
-                "success": bool(r.success),
-                "observed": res.get("observed_value", res.get("unexpected_count")),
-                "sample": json.loads(json.dumps(sample[:5], default=str)),
-            }
-        )
-    return {"suite": suite["name"], "success": bool(result.success), "checks": checks}
-
-
 def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict) -> None:
-    """Failures and warnings that the resolve stage's counts already decide."""
+    """What the resolve stage already decided: a table stopped by an ``error`` resolver;
+    a topology change the CDC log could not apply."""
     if summary.get("cdc", {}).get("warning"):
         verdict.warnings.append(summary["cdc"]["warning"])
     for t, s in summary["tables"].items():
@@ -151,30 +63,92 @@ def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict)
                 f"table {t}: {st['conflict_type']} on key {st['key']} (event {st['event_id']}) "
                 f"has resolver error: {st['reason']}"
             )
-    if any(s["stopped"] for s in summary["tables"].values()):
-        return  # §12: divergence and FK are not checked after an error
-    divergence = (
-        verdict.failures if config.on_divergence is DivergencePolicy.FAIL else verdict.warnings
+
+
+def _fails_run(gate: str, config: Config) -> bool:
+    if gate == "on_divergence":
+        return config.on_divergence is DivergencePolicy.FAIL
+    if gate == "on_fk_violation":  # after a quarantine no orphan may be left
+        return config.on_fk_violation is not FkPolicy.WARN
+    return True
+
+
+def message(table: str, c: Check) -> str:
+    rows = "; ".join(json.dumps(r, default=str, separators=(",", ":")) for r in c.sample[:SAMPLE])
+    found = f"{c.observed} row(s)" if isinstance(c.observed, int) else f"observed {c.observed}"
+    return f"table {table}: expectation {c.suite}/{c.check} failed ({c.description}): {found}" + (
+        f", e.g. {rows}" if rows else ""
     )
-    for t, s in summary["tables"].items():
-        where = f"(see published/{t}/divergence/dt={summary['dt']})"
-        for replica, n in sorted(s["divergent_keys"].items()):
-            divergence.append(
-                f"table {t}: replica {replica} diverges from the converged state on {n} "
-                f"key(s) {where}"
+
+
+# ---------------------------------------------------------------------- frames
+
+
+def _read(spark: SparkSession, path: Path) -> DataFrame:
+    return spark.read.parquet(str(path))
+
+
+class Frames:
+    """The DataFrames the suites validate, and the views their queries join with."""
+
+    def __init__(self, spark: SparkSession, config: Config, ctx: RunContext, summary: dict):
+        self.spark, self.config, self.ctx, self.summary = spark, config, ctx, summary
+        self.cdc_gens: list[Any] = []
+        if config.cdc.enabled:
+            from pipeline.cdc import read_generations
+
+            self.cdc_gens = read_generations(ctx.resolved / "cdc" / "cdc_generation_descriptions")
+            streams = [(g.time, s.to_bytes()) for g in self.cdc_gens for s in g.all_streams()]
+            spark.createDataFrame(streams, "time long, stream_id binary").createOrReplaceTempView(
+                "cdr_cdc_streams"
             )
-        for replica, n in sorted(s.get("snapshot_divergent_keys", {}).items()):
-            if n:
-                divergence.append(
-                    f"table {t}: the snapshot replica {replica} exported differs from the "
-                    f"converged state on {n} key(s) {where}"
-                )
-        if s["orphans"]:
-            msg = f"table {t}: {s['orphans']} orphan row(s) after resolution (foreign keys)"
-            if config.on_fk_violation is FkPolicy.FAIL:
-                verdict.failures.append(msg)
-            else:
-                verdict.warnings.append(msg + f" ({config.on_fk_violation.value})")
+        for t in config.tables:
+            out = ctx.resolved / t
+            _read(spark, out / "state").createOrReplaceTempView(f"cdr_state_{t}")
+            _read(spark, out / "snapshot").createOrReplaceTempView(f"cdr_snapshot_{t}")
+            _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
+            _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
+            records = [
+                (r, int(v.get("records", 0))) for r, v in summary["tables"][t]["replicas"].items()
+            ]
+            spark.createDataFrame(records, "replica string, records long").createOrReplaceTempView(
+                f"cdr_records_{t}"
+            )
+
+    def batch(self, kind: str, table: Table) -> DataFrame:
+        out = self.ctx.resolved / table.name
+        if kind in ("snapshot", "divergence", "fates"):
+            return _read(self.spark, out / kind)
+        if kind == "cdc_log":
+            return self._cdc_log(table)
+        if kind == "cdc_replay":
+            from pipeline.replay import replay_differences
+            from pipeline.state import read_prior
+
+            prior = read_prior(self.spark, self.ctx.staged / table.name, table)
+            return replay_differences(
+                prior, self._log(table), self.batch("snapshot", table), table, self.ctx.now_us
+            )
+        raise ValueError(f"no frame {kind!r} (expectations/*.json meta.batch)")
+
+    def _log(self, table: Table) -> DataFrame:
+        return _read(self.spark, self.ctx.resolved / "cdc" / table.name / "log")
+
+    def _cdc_log(self, table: Table) -> DataFrame:
+        """The log with the time of each entry and the generation operating then."""
+        from pipeline.replay import entry_micros
+
+        t = entry_micros(F.col("`cdc$time`"))
+        generation = F.lit(None).cast("long")
+        for g in sorted(self.cdc_gens, key=lambda g: g.time):  # the latest one not after t
+            generation = F.when(t >= g.time, F.lit(g.time)).otherwise(generation)
+        first = min(g.time for g in self.cdc_gens)  # it also covers everything before it
+        return self._log(table).select(
+            "*", F.coalesce(generation, F.lit(first)).alias("generation")
+        )
+
+
+# ---------------------------------------------------------------------- the stage
 
 
 def validate_stage(
@@ -182,20 +156,46 @@ def validate_stage(
 ) -> Verdict:
     verdict = Verdict()
     gate_from_summary(config, summary, verdict)
-    for suite_name in SUITES:
-        template = load_template(suite_name)
-        for t, table in config.tables.items():
-            if summary["tables"][t]["stopped"]:
+    if ctx.validation.exists():
+        shutil.rmtree(ctx.validation)
+    if (ctx.work / "gx").exists():  # a rerun of this stage starts a new project
+        shutil.rmtree(ctx.work / "gx")
+    project = Project(ctx.work, ctx.validation / "data_docs", ctx.run_id)
+    frames = Frames(spark, config, ctx, summary)
+    try:
+        for name in SUITES:
+            template = load_template(name)
+            gate = template["meta"]["gate"]
+            if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
                 continue
-            snapshot = spark.read.parquet(str(ctx.resolved / t / "snapshot"))
-            res = run_suite(snapshot, render_suite(template, table))
-            verdict.suites[res["suite"]] = res
-            for c in res["checks"]:
-                if not c["success"]:
-                    verdict.failures.append(
-                        f"table {t}: expectation {c['expectation']} ({c['check']}) failed: "
-                        f"observed {c['observed']}, e.g. {c['sample'][:3]}"
-                    )
+            for t, table in config.tables.items():
+                if summary["tables"][t]["stopped"]:
+                    continue  # §12: the run stopped on this table; nothing to publish
+                suite = render_suite(template, table)
+                if not suite["expectations"]:
+                    continue
+                started = time.monotonic()
+                checks = project.validate(frames.batch(template["meta"]["batch"], table), suite)
+                ok = all(c.success for c in checks)
+                verdict.suites[suite["name"]] = {
+                    "success": ok,
+                    "gate": gate,
+                    "checks": [asdict(c) for c in checks],
+                }
+                for c in checks:
+                    if not c.success:
+                        target = verdict.failures if _fails_run(gate, config) else verdict.warnings
+                        target.append(message(t, c))
+                log.info(
+                    "validate %s: %s (%.1fs)",
+                    suite["name"],
+                    "passed" if ok else "FAILED",
+                    time.monotonic() - started,
+                )
+    finally:
+        spark.catalog.clearCache()
+    project.build_docs()
+    bundle(ctx.validation / "data_docs")  # pages that open without internet
     ctx.validation.mkdir(parents=True, exist_ok=True)
     (ctx.validation / "results.json").write_text(
         json.dumps(
@@ -204,6 +204,7 @@ def validate_stage(
                 "failures": verdict.failures,
                 "warnings": verdict.warnings,
                 "suites": verdict.suites,
+                "data_docs": "data_docs/index.html",
             },
             indent=2,
             default=str,

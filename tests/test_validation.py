@@ -1,71 +1,375 @@
-"""The quality gate: each check of the snapshot suite fails on a crafted bad output and
-passes on a good one; the policy gates name the table and the reason."""
+"""The quality gate: every expectation of every suite in ``expectations/`` fails on a
+crafted bad output and passes on a good one (real Great Expectations on Spark, in a
+file-backed project); the gate follows ``on_divergence`` and ``on_fk_violation`` and
+names the suite, the check, the table and offending keys; the Data Docs list the
+suites."""
 
 from __future__ import annotations
 
-import pytest
-from fold_helpers import make_config
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
 
-from pipeline.validation import Verdict, gate_from_summary, load_template, render_suite, run_suite
+import pytest
+import scenarios as S
+from fold_helpers import make_config
+from test_scenarios import CDC, run_scenario
+
+from pipeline.config import parse_config
+from pipeline.replay import replay_differences
+from pipeline.suites import EXPECTATIONS_DIR, SUITES, Project, load_template, render_suite
+from pipeline.validation import Verdict, _fails_run, gate_from_summary, message
+
+REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
+CONFIG = parse_config(
+    {
+        "replicas": REPLICAS,
+        "tables": {
+            "products": {"key": ["product_no"], "columns": {"product_no": "int", "name": "string"}},
+            "orders": {
+                "key": ["order_id"],
+                "columns": {"order_id": "bigint", "product_no": "int", "qty": "int"},
+                "not_null": ["qty"],
+                "unique": [["qty"]],
+                "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
+            },
+        },
+    }
+)
+ORDERS = CONFIG.tables["orders"]
+SNAPSHOT = "order_id bigint, product_no int, qty int, _ts bigint, _origin string"
+STATE = SNAPSHOT + ", _event_id string, _deleted boolean, _deleted_at bigint"
 
 
 @pytest.fixture(scope="module")
-def suite():
-    cfg = make_config({"unique": [["v"]], "not_null": ["n"]})
-    return render_suite(load_template("snapshot"), cfg.tables["t"])
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gx")
+    return Project(root, root / "docs")
 
 
-def test_the_suite_is_rendered_for_the_table(suite):
-    checks = [e["meta"]["check"] for e in suite["expectations"]]
-    assert checks.count("not_null") == 2  # id (key) and n
-    assert "key_unique" in checks and "unique_constraint" in checks
-    assert all("${" not in str(e) for e in suite["expectations"])
-
-
-def run(spark, rows, suite):
-    df = spark.createDataFrame(rows, "id int, v string, n int, _ts bigint, _origin string")
+def run(project, spark, suite_name: str, rows: list[tuple], schema: str, **views) -> dict:
+    """Validate ``rows`` with one suite of ``orders``; ``views`` are registered first.
+    Returns ``{check: success}`` (a check repeated per item passes when all do)."""
+    for name, (view_rows, view_schema) in views.items():
+        spark.createDataFrame(view_rows, view_schema).createOrReplaceTempView(name)
+    suite = render_suite(load_template(suite_name), ORDERS)
     out: dict[str, bool] = {}
-    for c in run_suite(df, suite)["checks"]:
-        out[c["check"]] = out.get(c["check"], True) and c["success"]
+    for c in project.validate(spark.createDataFrame(rows, schema), suite):
+        out[c.check] = out.get(c.check, True) and c.success
     return out
 
 
-def test_a_good_snapshot_passes(spark, suite):
-    assert all(run(spark, [(1, "a", 1, 0, None), (2, "b", 2, 0, None)], suite).values())
+GOOD = [(1, 10, 5, 100, "pub"), (2, 10, 6, 100, "sub")]
+LIVE_STATE = [(*r, "e", False, None) for r in GOOD]
+VIEWS = {
+    "cdr_state_orders": ([*LIVE_STATE, (3, 10, 7, 90, "pub", "e", True, 95)], STATE),
+    "cdr_snapshot_products": (
+        [(10, "p", 100, "pub")],
+        "product_no int, name string, _ts bigint, _origin string",
+    ),
+}
+
+
+def test_templates_are_valid_and_render_every_placeholder():
+    assert sorted(p.stem for p in EXPECTATIONS_DIR.glob("*.json")) == sorted(SUITES)
+    for name in SUITES:
+        template = load_template(name)
+        for table in CONFIG.tables.values():
+            suite = render_suite(template, table)
+            assert "${" not in json.dumps(suite), (name, table.name)
+            assert all(e["meta"]["check"] for e in suite["expectations"])
+    assert (
+        render_suite(load_template("foreign_keys"), CONFIG.tables["products"])["expectations"] == []
+    )
+
+
+def test_the_snapshot_suite_passes_on_a_good_snapshot(project, spark):
+    assert all(run(project, spark, "snapshot", GOOD, SNAPSHOT, **VIEWS).values())
 
 
 @pytest.mark.parametrize(
-    ("rows", "check"),
+    ("rows", "schema", "check"),
     [
-        ([(1, "a", 1, 0, None), (1, "b", 2, 0, None)], "key_unique"),
-        ([(None, "a", 1, 0, None)], "not_null"),
-        ([(1, "a", None, 0, None)], "not_null"),
-        ([(1, "a", 1, 0, None), (2, "a", 2, 0, None)], "unique_constraint"),
+        ([*GOOD, (1, 10, 9, 100, "pub")], SNAPSHOT, "key_unique"),
+        ([(None, 10, 5, 100, "pub")], SNAPSHOT, "not_null"),  # a key column
+        ([(1, 10, None, 100, "pub")], SNAPSHOT, "not_null"),  # a not_null column
+        ([(1, 10, 5, 100, "pub"), (2, 10, 5, 100, "pub")], SNAPSHOT, "unique_constraint"),
+        (
+            [(1, "10", 5, 100, "pub")],
+            SNAPSHOT.replace("product_no int", "product_no string"),
+            "value_type",
+        ),
+        ([(1, 10, 5, 100, "pub", 0)], SNAPSHOT + ", extra int", "columns"),
+        ([GOOD[0]], SNAPSHOT, "snapshot_is_state"),  # a live row of the state is missing
+        ([GOOD[0], (2, 10, 6, 101, "sub")], SNAPSHOT, "snapshot_is_state"),  # a value differs
     ],
 )
-def test_each_check_fails_on_a_bad_snapshot(spark, suite, rows, check):
-    assert run(spark, rows, suite)[check] is False
+def test_each_snapshot_check_fails_on_a_bad_snapshot(project, spark, rows, schema, check):
+    assert run(project, spark, "snapshot", rows, schema, **VIEWS)[check] is False
 
 
-def _summary(**table):
-    base = {"stopped": None, "divergent_keys": {}, "orphans": 0}
-    return {"dt": "2026-11-21", "tables": {"t": {**base, **table}}}
+def test_foreign_keys(project, spark):
+    ok = [(1, 10, 5, 100, "pub"), (2, None, 6, 100, "pub")]  # a null reference is no orphan
+    assert run(project, spark, "foreign_keys", ok, SNAPSHOT, **VIEWS) == {"no_orphan": True}
+    orphan = [(1, 10, 5, 100, "pub"), (103, 2, 6, 100, "pub")]
+    assert run(project, spark, "foreign_keys", orphan, SNAPSHOT, **VIEWS) == {"no_orphan": False}
+
+
+DIVERGENCE = "source string, replica string, key string"
+
+
+@pytest.mark.parametrize(
+    ("rows", "failing"),
+    [
+        ([], set()),
+        ([("perspective", "sub", '{"order_id":1}')], {"no_divergent_perspective"}),
+        ([("snapshot", "pub", '{"order_id":2}')], {"no_divergent_snapshot_export"}),
+    ],
+)
+def test_convergence(project, spark, rows, failing):
+    got = run(project, spark, "convergence", rows, DIVERGENCE)
+    assert {c for c, ok in got.items() if not ok} == failing
+
+
+FATES = "event_id string, replica string, fate string"
+ACCOUNT_VIEWS = {
+    "cdr_records_orders": ([("pub", 3), ("sub", 2)], "replica string, records long"),
+    "cdr_conflicts_orders": ([("e2",)], "remote_event_id string"),
+    "cdr_quarantine_orders": ([("e3",)], "event_id string"),
+}
+GOOD_FATES = [
+    ("e1", "pub", "applied"),
+    ("e2", "pub", "discarded"),
+    ("e3", "pub", "quarantined"),
+    ("e1", "sub", "applied"),
+    ("e2", "sub", "discarded"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fates", "failing"),
+    [
+        (GOOD_FATES, set()),
+        (GOOD_FATES[:-1], {"records_accounted"}),  # a record of sub's export is lost
+        ([*GOOD_FATES, ("e4", "sub", "applied")], {"records_accounted"}),  # counted twice
+        ([*GOOD_FATES[:4], ("e2", "sub", "errored")], {"records_accounted"}),
+        ([*GOOD_FATES[:4], ("e5", "sub", "discarded")], {"discarded_logged"}),  # no conflict
+        ([*GOOD_FATES[:2], ("e6", "pub", "quarantined"), *GOOD_FATES[3:]], {"quarantined_kept"}),
+    ],
+)
+def test_accounting(project, spark, fates, failing):
+    got = run(project, spark, "accounting", fates, FATES, **ACCOUNT_VIEWS)
+    assert {c for c, ok in got.items() if not ok} == failing
+
+
+LOG = (
+    "`cdc$stream_id` binary, `cdc$time` string, `cdc$batch_seq_no` int, "
+    "`cdc$end_of_batch` boolean, generation long"
+)
+STREAMS = {
+    "cdr_cdc_streams": (
+        [(0, b"A" * 16), (0, b"B" * 16), (5, b"C" * 16)],
+        "time long, stream_id binary",
+    )
+}
+T1, T2 = "00000000-0000-1000-8000-000000000001", "00000000-0000-1000-8000-000000000002"
+
+
+@pytest.mark.parametrize(
+    ("rows", "failing"),
+    [
+        (
+            [
+                (b"A" * 16, T1, 0, False, 0),
+                (b"A" * 16, T1, 1, True, 0),
+                (b"C" * 16, T2, 0, True, 5),
+            ],
+            set(),
+        ),
+        ([(b"C" * 16, T1, 0, True, 0)], {"stream_in_generation"}),  # a stream of generation 5
+        ([(b"Z" * 16, T1, 0, True, 0)], {"stream_in_generation"}),  # no generation's stream
+        ([(b"A" * 16, T1, 1, True, 0)], {"batches"}),  # not numbered from 0
+        ([(b"A" * 16, T1, 0, True, 0), (b"A" * 16, T1, 1, True, 0)], {"batches"}),  # two ends
+        ([(b"A" * 16, T1, 0, False, 0), (b"A" * 16, T1, 2, True, 0)], {"batches"}),  # a gap
+    ],
+)
+def test_cdc(project, spark, rows, failing):
+    got = run(project, spark, "cdc", rows, LOG, **STREAMS)
+    assert {c for c, ok in got.items() if not ok} == failing
+
+
+def test_cdc_replay(project, spark):
+    """The replay suite on the differences ``pipeline.replay`` finds: an insert, an update
+    and a delete of the log over a prior state give the snapshot; a log that lost a
+    delete does not."""
+    prior = spark.createDataFrame([(*r, "e", False, None) for r in GOOD], STATE)
+    uuid = "{:08x}-0000-1000-8000-00000000000{}"
+    cols = (
+        "`cdc$stream_id` binary, `cdc$time` string, `cdc$batch_seq_no` int, "
+        "`cdc$operation` tinyint, `cdc$ttl` bigint, `cdc$end_of_batch` boolean, order_id bigint, "
+        "product_no int, qty int, `cdc$deleted_product_no` boolean, `cdc$deleted_qty` boolean"
+    )
+    entries = [
+        (b"A" * 16, uuid.format(1, 1), 0, 2, None, True, 3, 10, 7, None, None),  # insert 3
+        (b"A" * 16, uuid.format(2, 1), 0, 1, None, True, 1, None, 8, None, None),  # qty of 1
+        (b"A" * 16, uuid.format(3, 1), 0, 3, None, True, 2, None, None, None, None),  # del 2
+        (b"A" * 16, uuid.format(4, 1), 0, 1, None, True, 3, None, None, True, None),  # null
+    ]
+    snapshot = spark.createDataFrame([(1, 10, 8, 100, "pub"), (3, None, 7, 100, "pub")], SNAPSHOT)
+    log = spark.createDataFrame(entries, cols)
+    diff = replay_differences(prior, log, snapshot, ORDERS, 10**15)
+    assert diff.count() == 0
+    suite = render_suite(load_template("cdc_replay"), ORDERS)
+    assert all(c.success for c in project.validate(diff, suite))
+    lost = replay_differences(prior, log.where("`cdc$operation` <> 3"), snapshot, ORDERS, 10**15)
+    checks = project.validate(lost, suite)
+    assert [c.success for c in checks] == [False]
+    assert checks[0].sample[0]["key"] == '{"order_id":2}'
+
+
+# ---------------------------------------------------------------------- the gate
 
 
 def test_gates_follow_the_config():
-    v = Verdict()
-    gate_from_summary(make_config(), _summary(divergent_keys={"sub": 2}), v)
-    assert v.failures and "replica sub diverges" in v.failures[0]
-    v = Verdict()
-    gate_from_summary(make_config(on_divergence="warn"), _summary(divergent_keys={"sub": 2}), v)
-    assert v.passed and v.warnings
-    v = Verdict()
-    gate_from_summary(make_config(), _summary(orphans=3), v)
-    assert "3 orphan row(s)" in v.failures[0]
-    v = Verdict()
-    gate_from_summary(make_config(on_fk_violation="quarantine"), _summary(orphans=3), v)
-    assert v.passed
+    warn = make_config(on_divergence="warn", on_fk_violation="warn")
+    assert _fails_run("on_divergence", make_config()) and not _fails_run("on_divergence", warn)
+    assert _fails_run("on_fk_violation", make_config())
+    assert not _fails_run("on_fk_violation", warn)
+    assert _fails_run("on_fk_violation", make_config(on_fk_violation="quarantine"))
+    assert _fails_run("always", warn)
     v = Verdict()
     stop = {"conflict_type": "insert_exists", "key": '{"id":1}', "event_id": "e1", "reason": "r"}
-    gate_from_summary(make_config(), _summary(stopped=stop, divergent_keys={"sub": 1}), v)
+    summary = {"dt": "2026-11-21", "tables": {"t": {"stopped": stop}}}
+    gate_from_summary(make_config(), summary, v)
     assert len(v.failures) == 1 and "e1" in v.failures[0]
+
+
+def test_a_failure_names_the_suite_the_check_the_table_and_keys(project, spark):
+    suite = render_suite(load_template("foreign_keys"), ORDERS)
+    for name, (rows, schema) in VIEWS.items():
+        spark.createDataFrame(rows, schema).createOrReplaceTempView(name)
+    bad = spark.createDataFrame([(103, 2, 6, 100, "pub"), (104, 3, 7, 100, "pub")], SNAPSHOT)
+    (check,) = project.validate(bad, suite)
+    text = message("orders", check)
+    assert text.startswith("table orders: expectation foreign_keys.orders/no_orphan failed")
+    assert "2 row(s)" in text and '"order_id":103' in text and '"product_no":2' in text
+
+
+def test_data_docs_list_the_suites(project, spark):
+    run(project, spark, "convergence", [], DIVERGENCE)
+    project.build_docs()
+    index = Path(project.context.root_directory).parent / "docs" / "index.html"
+    html = index.read_text()
+    assert "convergence.orders" in html
+
+
+# ---------------------------------------------------------------------- through `cdr run`
+
+
+def _scenario(name: str, **config: Any) -> dict[str, Any]:
+    path = S.SCENARIOS / f"{name}.json"
+    if not path.exists():
+        pytest.skip("shared/scenarios not found")
+    s = json.loads(path.read_text())
+    s["config"].update(config)
+    return s
+
+
+def chromium() -> str:
+    """Debian's Chromium (``make test`` installs it when missing)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "Chromium is missing: `make browser` installs Debian's chromium package"
+    return exe
+
+
+def render(page: Path, tmp: Path) -> str:
+    """The DOM of ``page`` after Chromium rendered it headless; a screenshot beside it."""
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+    ]
+    flags.append("--virtual-time-budget=10000")  # let the page's scripts build its tables
+    shot = tmp / f"{page.stem}.png"
+    subprocess.run(
+        [chromium(), *flags, f"--screenshot={shot}", "--window-size=1280,900", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+    dom = subprocess.run(
+        [chromium(), *flags, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)  # what the page shows
+
+
+def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(tmp_path, spark):
+    """The FK seed example under ``on_fk_violation: fail``: the order left pointing at a
+    product whose key changed fails the run; the results and Data Docs are published,
+    and render in a browser with every suite."""
+    s = _scenario("pg_fk_update_parent_fail", cdc=CDC)
+    got, failed = run_scenario(s, tmp_path)
+    assert failed and got["snapshot"] == {}
+    root = tmp_path / "store"
+    assert not (root / "published/orders/_latest.json").exists()
+    report = json.loads((root / f"published/reports/dt={s['date']}/run_report.json").read_text())
+    assert report["status"] == "failed"
+    assert report["validation"]["suites"]["foreign_keys.orders"] is False
+    assert report["validation"]["suites"]["snapshot.orders"] is True
+    (failure,) = report["failures"]
+    assert failure.startswith("table orders: expectation foreign_keys.orders/no_orphan failed")
+    assert '"order_id":103' in failure
+    results = json.loads((root / report["validation"]["results"]).read_text())
+    assert results["passed"] is False and "foreign_keys.orders" in results["suites"]
+
+    index = root / report["validation"]["data_docs"]
+    html = index.read_text()  # bundled scripts and styles: it opens without internet
+    assert not re.findall(r'<(?:script|link)[^>]*(?:src|href)="https?://', html)
+    suites = report["validation"]["suites"]
+    assert {"snapshot.orders", "cdc.orders", "cdc_replay.products"} <= set(suites)
+    dom = render(index, tmp_path)
+    assert f"of {len(suites)} rows" in dom  # the tables list a row per suite (10 a page)
+    shown = [s for s in suites if f'data-href="validations/{s.replace(".", "/")}/' in dom]
+    assert len(shown) >= min(10, len(suites)), shown
+    page = next((index.parent / "validations/foreign_keys/orders").rglob("*.html"))
+    dom = render(page, tmp_path)
+    assert "every row of orders with product_no set has a live parent in products" in dom
+    assert "Failed" in dom
+
+
+def test_quarantine_moves_the_orphan_out_and_passes(tmp_path, spark):
+    s = _scenario("pg_fk_update_parent_fail", on_fk_violation="quarantine")
+    got, failed = run_scenario(s, tmp_path)
+    assert not failed
+    assert {q["reason"] for q in got["quarantine"]["orders"]} == {"fk_violation"}
+    assert 103 not in {r["order_id"] for r in got["snapshot"]["orders"]}
+
+
+def test_a_divergent_policy_fails_or_warns(tmp_path, spark):
+    s = _scenario("divergence_skip_fails")
+    assert s["config"].get("on_divergence", "fail") == "fail"
+    (tmp_path / "fail").mkdir()
+    (tmp_path / "warn").mkdir()
+    got, failed = run_scenario(s, tmp_path / "fail")
+    assert failed and got["status"] == "failed"
+    s = _scenario("divergence_skip_fails", on_divergence="warn")
+    got, failed = run_scenario(s, tmp_path / "warn")
+    assert not failed and got["status"] == "published" and got["snapshot"]
+    report = json.loads(
+        (tmp_path / f"warn/store/published/reports/dt={s['date']}/run_report.json").read_text()
+    )
+    assert any("convergence." in w and "no_divergent_perspective" in w for w in report["warnings"])

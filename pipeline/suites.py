@@ -1,0 +1,217 @@
+"""Great Expectations suites: version-controlled templates in ``expectations/``, rendered per
+table into a file-backed GX project, validated on Spark, with Data Docs.
+
+A template is a GX suite file with ``${placeholders}`` (the table's name, its key columns,
+the SQL of a join...) and a ``meta`` saying which frame it validates (``batch``), which
+policy gates it (``gate``: ``always``, ``on_divergence`` or ``on_fk_violation``) and
+whether it needs the CDC log. An expectation whose ``meta.for_each`` names a list
+(``column``, ``not_null_column``, ``unique_constraint``, ``foreign_key``) is repeated for
+each of its items. :func:`render_suite` fills it in from the config.
+
+Every check that finds rows is a SQL expectation (``unexpected_rows_expectation``), run by
+Spark against the batch and the run's temporary views (``cdr_<what>_<table>``): it scales
+(joins and aggregations stay in Spark) and its result names the offending keys (GX keeps
+200 at most).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from pipeline.config import Table
+from pipeline.schema import spark_type
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no network calls from a batch job
+
+EXPECTATIONS_DIR = Path(
+    os.environ.get("CDR_EXPECTATIONS_DIR", Path(__file__).resolve().parent.parent / "expectations")
+)
+#: the suites, in the order they run and are reported
+SUITES = ("snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
+GATES = ("always", "on_divergence", "on_fk_violation")
+_PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+_WHOLE = re.compile(r"^\$\{(\w+)\}$")
+
+
+def q(col: str) -> str:
+    return f"`{col}`"
+
+
+def _fill(value: Any, names: dict[str, Any]) -> Any:
+    if isinstance(value, str):
+        whole = _WHOLE.match(value)
+        if whole and not isinstance(names.get(whole.group(1), ""), str):
+            return names[whole.group(1)]  # a list, e.g. the table's columns
+        return _PLACEHOLDER.sub(lambda m: str(names.get(m.group(1), m.group(0))), value)
+    if isinstance(value, dict):
+        return {k: _fill(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, names) for v in value]
+    return value
+
+
+def _names(table: Table) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The placeholders of a table, and the items of each ``for_each`` list."""
+    snapshot_columns = [*table.column_names, "_ts", "_origin"]
+    base = {
+        "table": table.name,
+        "key_columns": ", ".join(q(c) for c in table.key),
+        "columns": ", ".join(q(c) for c in table.column_names),
+        "snapshot_columns": ", ".join(q(c) for c in snapshot_columns),
+        "column_list": snapshot_columns,
+    }
+    each: dict[str, list[dict[str, Any]]] = {
+        "column": [
+            {"column": c.name, "spark_type": type(spark_type(c.type)).__name__}
+            for c in table.columns
+        ],
+        "not_null_column": [
+            {"column": c, "column_q": q(c)} for c in table.column_names if c in table.not_null
+        ],
+        "unique_constraint": [
+            {
+                "constraint_columns": ", ".join(q(c) for c in u),
+                "constraint_not_null": " AND ".join(f"{q(c)} IS NOT NULL" for c in u),
+            }
+            for u in table.unique
+        ],
+        "foreign_key": [
+            {
+                "parent": fk.references,
+                "fk_label": ", ".join(fk.columns),
+                "child_key_columns": ", ".join(f"c.{q(c)}" for c in table.key),
+                "child_fk_columns": ", ".join(f"c.{q(c)}" for c in fk.columns),
+                "fk_not_null": " AND ".join(f"c.{q(c)} IS NOT NULL" for c in fk.columns),
+                # the parent's key columns, in the order of its key
+                "fk_join": " AND ".join(
+                    f"c.{q(c)} = p.{q(pk)}" for c, pk in zip(fk.columns, fk.parent_key, strict=True)
+                ),
+            }
+            for fk in table.foreign_keys
+        ],
+    }
+    return base, each
+
+
+def render_suite(template: dict[str, Any], table: Table) -> dict[str, Any]:
+    """The suite of one table: a plain GX suite dict (``name`` is ``<template>.<table>``);
+    it may have no expectation (a table without foreign keys)."""
+    base, each = _names(table)
+    expectations = []
+    for exp in template["expectations"]:
+        loop = exp.get("meta", {}).get("for_each")
+        for item in each[loop] if loop else [{}]:
+            e = _fill(dict(exp), base | item)
+            e["meta"] = {k: v for k, v in e.get("meta", {}).items() if k != "for_each"}
+            e["meta"]["table"] = table.name
+            expectations.append(e)
+    return {
+        "name": f"{template['name']}.{table.name}",
+        "expectations": expectations,
+        "meta": {"template": template["name"], **template.get("meta", {})},
+    }
+
+
+def load_template(name: str) -> dict[str, Any]:
+    template: dict[str, Any] = json.loads((EXPECTATIONS_DIR / f"{name}.json").read_text())
+    meta = template.get("meta", {})
+    if meta.get("gate") not in GATES or "batch" not in meta:
+        raise ValueError(f"expectations/{name}.json: meta needs a batch and a gate in {GATES}")
+    return template
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation's result, as the gate and the run report read it."""
+
+    suite: str
+    check: str
+    expectation: str
+    description: str
+    success: bool
+    observed: Any
+    sample: list[dict[str, Any]]
+
+
+class Project:
+    """A new file-backed GX project in ``root`` (``root/gx``): the rendered suites are
+    written to its expectation store and loaded from it; results go to its validation
+    store; Data Docs are built into ``docs``."""
+
+    SITE = "cdr"
+
+    def __init__(self, root: Path, docs: Path, run_name: str | None = None):
+        import great_expectations as gx
+        from great_expectations.core.run_identifier import RunIdentifier
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        self.gx = gx
+        self.run_id = RunIdentifier(run_name=run_name) if run_name else None  # in the Data Docs
+        self.context = gx.get_context(mode="file", project_root_dir=str(root))
+        self.context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        self.context.variables.save()
+        site = {
+            "class_name": "SiteBuilder",
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            "store_backend": {
+                "class_name": "TupleFilesystemStoreBackend",
+                "base_directory": str(docs),
+            },
+        }
+        self.context.add_data_docs_site(site_name=self.SITE, site_config=site)  # type: ignore[arg-type]
+        # persist=False: GX would otherwise cache every validated DataFrame for good
+        self.source = self.context.data_sources.add_spark(name="cdr", persist=False)
+
+    def _suite(self, suite: dict[str, Any]) -> Any:
+        """Write the rendered suite to the project's expectation store, then load it."""
+        self.context.suites.add_or_update(self.gx.ExpectationSuite(**suite))
+        return self.context.suites.get(suite["name"])
+
+    def _batch(self, name: str) -> Any:
+        """The whole-DataFrame batch definition of asset ``name`` (made on first use)."""
+        if name not in self.source.get_asset_names():
+            self.source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
+        return self.source.get_asset(name).get_batch_definition("all")
+
+    def validate(self, df: DataFrame, suite: dict[str, Any]) -> list[Check]:
+        """Validate ``df`` with ``suite``; the result is stored for the Data Docs."""
+        name = suite["name"].replace(".", "_")
+        gx_suite = self._suite(suite)
+        batch = self._batch(name)
+        vd = self.context.validation_definitions.add_or_update(
+            self.gx.ValidationDefinition(name=f"vd_{name}", data=batch, suite=gx_suite)
+        )
+        result = vd.run(
+            batch_parameters={"dataframe": df}, result_format="COMPLETE", run_id=self.run_id
+        )
+        checks = []
+        for r in result.results:
+            cfg = r.expectation_config
+            assert cfg is not None  # every result of a suite run names its expectation
+            res = r.result or {}
+            sample = res.get("details", {}).get("unexpected_rows") or []
+            meta = cfg.meta or {}
+            checks.append(
+                Check(
+                    suite=suite["name"],
+                    check=meta.get("check", cfg.type),
+                    expectation=cfg.type,
+                    description=str(cfg.description or meta.get("description") or ""),
+                    success=bool(r.success),
+                    observed=res.get("observed_value"),
+                    sample=json.loads(json.dumps(sample[:5], default=str)),
+                )
+            )
+        return checks
+
+    def build_docs(self) -> None:
+        self.context.build_data_docs(site_names=[self.SITE])
