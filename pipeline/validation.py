@@ -92,7 +92,7 @@ class Frames:
     """The DataFrames the suites validate, and the views their queries join with."""
 
     def __init__(self, spark: SparkSession, config: Config, ctx: RunContext, summary: dict):
-        self.spark, self.config, self.ctx, self.summary = spark, config, ctx, summary
+        self.spark, self.ctx = spark, ctx
         self.cdc_gens: list[Any] = []
         if config.cdc.enabled:
             from pipeline.cdc import read_generations

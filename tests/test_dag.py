@@ -40,14 +40,14 @@ def test_dagbag_imports_without_errors(airflow):
     assert dag.max_active_runs == 1 and not dag.catchup
 
 
-def test_dag_test_runs_the_whole_chain_against_s3(
-    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
-):
+def _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, **overrides) -> dict[str, str]:
+    """``dag.test()`` of one nightly run of the demo config (with ``overrides``) over
+    generated exports; returns the state of each task."""
     from pipeline.config import load_config
     from pipeline.demo import DEMO_CONFIG
     from pipeline.generate import GenerateOptions, generate
 
-    cfg = dict(DEMO_CONFIG, store=s3_store.uri)
+    cfg = dict(DEMO_CONFIG, store=s3_store.uri, **overrides)
     cfg_path = tmp_path / "cdr.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     config = load_config(cfg_path)
@@ -76,7 +76,13 @@ def test_dag_test_runs_the_whole_chain_against_s3(
     for task in dag.tasks:
         task.retries = 0  # a failure shows at once instead of waiting for the retry delay
     run = dag.test(logical_date=datetime(2026, 11, 22, 2, tzinfo=UTC))
-    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def test_dag_test_runs_the_whole_chain_against_s3(
+    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
+):
+    states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
     assert states == {
         "ingest": "success",
         "resolve": "success",
@@ -90,3 +96,23 @@ def test_dag_test_runs_the_whole_chain_against_s3(
     report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
     assert report["status"] == "published"
     assert os.environ.get("AIRFLOW_HOME")
+
+
+def test_a_failed_gate_fails_the_validate_task(
+    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
+):
+    """The generated replicas diverge: under ``on_divergence: fail`` the validate task
+    fails on the convergence suite; publish still runs (all_done), publishes the logs,
+    results and Data Docs, fails too, and no snapshot becomes visible."""
+    states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, on_divergence="fail")
+    assert states == {
+        "ingest": "success",
+        "resolve": "success",
+        "validate": "failed",
+        "publish": "failed",
+    }, states
+    assert not s3_store.exists("published/orders/_latest.json")
+    report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
+    assert report["status"] == "failed"
+    assert any("convergence." in f for f in report["failures"])
+    assert s3_store.exists(report["validation"]["data_docs"])
