@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := .cdr-assets/datadocs/.fetched
 
-.PHONY: venv demo test test-fast lint typecheck bench lock clean docs-assets browser
+.PHONY: venv demo test test-fast lint typecheck bench lock clean docs-assets browser compose-tool
 
 venv: $(STAMP)
 
@@ -19,11 +19,18 @@ $(ASSETS): pipeline/datadocs.py | $(STAMP)
 	  $(BIN)/python -m pipeline.datadocs fetch && touch $(ASSETS); \
 	else echo "npm is missing: the Data Docs pages will load their scripts from public CDNs"; fi
 
-# Debian's Chromium, for the test that opens the Data Docs in a headless browser.
+# Debian's Chromium (the tests open the Data Docs, the Conflicts page and the trigger form
+# in it, headless) and Debian's docker-compose (its `config` check validates
+# docker-compose.yaml; Docker itself is not needed).
 browser:
 	@command -v chromium >/dev/null || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+compose-tool:
+	@command -v docker-compose >/dev/null || { \
+	  echo "installing Debian's docker-compose to validate docker-compose.yaml"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
 
 $(STAMP): pyproject.toml constraints.txt
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \
@@ -40,7 +47,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP) $(ASSETS)
 	$(BIN)/cdr demo
 
-test: $(STAMP) $(ASSETS) browser lint typecheck
+test: $(STAMP) $(ASSETS) browser compose-tool lint typecheck
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-fast: $(STAMP)

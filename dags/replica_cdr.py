@@ -1,9 +1,17 @@
 """replica_cdr: the nightly conflict detection and resolution run.
 
-Thin by design: every task calls a function of ``pipeline`` (or ``cdr`` under spark-submit);
-nothing heavy happens at import time. The run for date D is triggered at 02:00 UTC on D+1.
+Thin by design: every task calls a function of ``pipeline`` (or ``cdr`` under
+spark-submit). The run for date D is triggered at the config's ``schedule`` (default
+02:00 UTC) on D+1; a run triggered from the UI can name its date, a subset of tables,
+a dry run and an ``on_divergence`` override in the trigger form.
 
-Settings (environment of the Airflow workers):
+    plan → wait_for_exports (sensor) → ingest → resolve (+ CDC, Spark) → validate (GX,
+    Spark) → publish (one asset per table)
+
+Runs are chained: each starts from the state the previous date published, so one runs at
+a time and a task waits for its previous run's success (``depends_on_past``).
+
+Settings (environment of the Airflow services):
 - ``CDR_CONFIG``: path of cdr.yaml (default: ``cdr.yaml`` beside the dags folder);
 - ``CDR_WORK_DIR``: local folder the tasks of a run share (default ``$AIRFLOW_HOME/cdr-work``);
 - connection ``spark_default``: the Spark master (``local[*]``, or ``spark://host:7077``);
@@ -12,12 +20,17 @@ Settings (environment of the Airflow workers):
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import dag, task
+from airflow.sdk import Asset, Param, dag, task
+from cdr_links import DataDocsLink, aws_env_from_connection
+
+from pipeline.config import load_config
 
 DAGS = Path(__file__).resolve().parent
 CONFIG = os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml"))
@@ -25,88 +38,200 @@ WORK_DIR = os.environ.get(
     "CDR_WORK_DIR", str(Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "cdr-work")
 )
 ENTRY = str(DAGS.parent / "pipeline" / "jobs" / "spark_entry.py")
-# D is the day before the run's logical date: the nightly run processes yesterday.
-DATE = "{{ macros.ds_add(ds, -1) }}"
+PLAN = "ti.xcom_pull(task_ids='plan')"
+DATE = "{{ " + PLAN + "['date'] }}"
+
+config = load_config(CONFIG)  # a broken config shows as this DAG's import error
+log = logging.getLogger("airflow.task")
 
 
-def _aws_env() -> None:
-    """Export the ``aws_default`` connection, when there is one, for boto3."""
-    from airflow.sdk import Connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        conn = Connection.get("aws_default")
-    except AirflowNotFoundException:
-        return
-    extra = conn.extra_dejson
-    for var, value in (
-        ("AWS_ACCESS_KEY_ID", conn.login),
-        ("AWS_SECRET_ACCESS_KEY", conn.password),
-        ("AWS_ENDPOINT_URL_S3", extra.get("endpoint_url")),
-        ("AWS_DEFAULT_REGION", extra.get("region_name")),
-    ):
-        if value:
-            os.environ[var] = value
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())[:500]
 
 
-def _cli(command: str, date: str, *extra: str) -> int:
+def report_failure(context: dict[str, Any]) -> None:
+    """Failure callback: the reason in one line of the task's log."""
+    ti = context["ti"]
+    plan = ti.xcom_pull(task_ids="plan") or {}
+    reason = _one_line(context.get("exception") or "unknown")
+    if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
+        from pipeline.context import RunContext
+        from pipeline.errors import CdrError
+        from pipeline.validation import load_verdict
+
+        try:
+            ctx = RunContext.load(Path(WORK_DIR), datetime.fromisoformat(plan["date"]).date())
+            failures = load_verdict(ctx).failures
+            reason = _one_line("failed gate: " + "; ".join(failures)) if failures else reason
+        except CdrError:
+            pass
+    log.error("replica_cdr %s failed for %s: %s", ti.task_id, plan.get("date", "?"), reason)
+
+
+def _cli(command: str, date: str, *extra: str) -> None:
     from pipeline.cli import main
 
-    return main([command, "--config", CONFIG, "--date", date, "--work-dir", WORK_DIR, *extra])
-
-
-def _fail_on(rc: int, what: str) -> None:
+    args = [command, "--config", CONFIG, "--date", date, "--work-dir", WORK_DIR, *extra]
+    rc = main(args)
     if rc != 0:
-        raise RuntimeError(f"cdr {what} failed (exit {rc}); the reason is the line above")
+        raise RuntimeError(f"cdr {command} failed (exit {rc}); the reason is the line above")
+
+
+PARAMS = {
+    "date": Param(
+        None,
+        type=["null", "string"],
+        format="date",
+        title="Date",
+        description="The date D whose exports to process (YYYY-MM-DD). Empty: the day "
+        "before the run's date, as the nightly run does.",
+    ),
+    "tables": Param(
+        [],
+        type="array",
+        items={"type": "string", "enum": list(config.tables)},
+        uniqueItems=True,
+        examples=list(config.tables),
+        title="Tables",
+        description="A subset of the tables (the tables their foreign keys reference are "
+        "added). Empty: every table.",
+    ),
+    "dry_run": Param(
+        False,
+        type="boolean",
+        title="Dry run",
+        description="Resolve and validate, publish nothing.",
+    ),
+    "on_divergence": Param(
+        None,
+        type=["null", "string"],
+        enum=[None, "fail", "warn"],
+        title="On divergence",
+        description=f"Override the config's on_divergence ({config.on_divergence.value}).",
+    ),
+}
+
+# One asset per table, named by its pointer's URI (Airflow wants names and URIs unique
+# together, so a name of its own would clash when the store moves).
+ASSETS = [Asset(f"{config.store}/published/{t}/_latest.json") for t in config.tables]
 
 
 @dag(
     dag_id="replica_cdr",
-    schedule="0 2 * * *",
+    schedule=config.schedule,
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    params=PARAMS,
     default_args={
+        "depends_on_past": True,
         "retries": 2,
         "retry_delay": timedelta(minutes=2),
         "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=30),
+        "on_failure_callback": report_failure,
     },
+    doc_md=__doc__,
     tags=["cdr"],
 )
 def replica_cdr():
+    @task(retries=0)
+    def plan(params=None, logical_date=None, dag_run=None) -> dict[str, Any]:
+        """The run's date and options, checked against the config."""
+        when = logical_date or dag_run.run_after
+        date = params["date"] or (when - timedelta(days=1)).date().isoformat()
+        tables = params["tables"] or None
+        selected = config.select(tables, params["on_divergence"])  # raises on unknown names
+        log.info(
+            "plan: date %s, tables %s, dry run %s",
+            date,
+            ", ".join(selected.tables),
+            params["dry_run"],
+        )
+        return {
+            "date": date,
+            "tables": ",".join(tables) if tables else "",
+            "dry_run": bool(params["dry_run"]),
+            "on_divergence": params["on_divergence"] or "",
+        }
+
+    @task.sensor(
+        mode="reschedule",
+        poke_interval=config.wait_for_exports.poke_interval_seconds,
+        timeout=config.wait_for_exports.timeout_minutes * 60,
+        retries=0,
+    )
+    def wait_for_exports(p: dict[str, Any]):
+        """Until every replica's manifest of the date is in the store, for every table."""
+        from airflow.sdk import PokeReturnValue
+
+        from pipeline.exports import missing_manifests
+        from pipeline.store import open_store
+
+        aws_env_from_connection()
+        selected = config.select(p["tables"].split(",") if p["tables"] else None)
+        assert selected.store
+        missing = missing_manifests(
+            selected, open_store(selected.store), datetime.fromisoformat(p["date"]).date()
+        )
+        if missing:
+            log.info("waiting for %d manifest(s), e.g. %s", len(missing), missing[0])
+        return PokeReturnValue(is_done=not missing)
+
     @task
-    def ingest(ds=None) -> str:
-        from datetime import date, timedelta
+    def ingest(p: dict[str, Any]) -> str:
+        """Stage the exports; returns the pipeline's run id (publish checks it)."""
+        from pipeline.context import RunContext
 
-        d = (date.fromisoformat(ds) - timedelta(days=1)).isoformat()
-        _aws_env()
-        _fail_on(_cli("ingest", d), "ingest")
-        return d
+        aws_env_from_connection()
+        extra = ["--tables", p["tables"]] if p["tables"] else []
+        extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
+        extra += ["--dry-run"] if p["dry_run"] else []
+        _cli("ingest", p["date"], *extra)
+        return RunContext.load(Path(WORK_DIR), datetime.fromisoformat(p["date"]).date()).run_id
 
+    spark = {
+        "conn_id": "spark_default",
+        "application": ENTRY,
+        "conf": {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"},
+    }
     resolve = SparkSubmitOperator(
         task_id="resolve",
-        conn_id="spark_default",
-        application=ENTRY,
         name="cdr-resolve",
         application_args=["resolve", "--config", CONFIG, "--date", DATE, "--work-dir", WORK_DIR],
-        conf={"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"},
+        **spark,
     )
     validate = SparkSubmitOperator(
         task_id="validate",
-        conn_id="spark_default",
-        application=ENTRY,
         name="cdr-validate",
         application_args=["validate", "--config", CONFIG, "--date", DATE, "--work-dir", WORK_DIR],
-        conf={"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"},
+        retries=0,  # a failed gate fails the same way again
+        **spark,
     )
+    validate.operator_extra_links = (*validate.operator_extra_links, DataDocsLink())
 
-    @task(trigger_rule="all_done")  # a failed gate still publishes the run's logs
-    def publish(d: str) -> None:
-        _aws_env()
-        _fail_on(_cli("publish", d), "publish")
+    # all_done: a failed gate still publishes the run's logs, report and Data Docs
+    @task(trigger_rule="all_done", outlets=ASSETS)
+    def publish(p: dict[str, Any], ti=None) -> None:
+        """Publish what this run validated; skip when it got no verdict (the failure is
+        upstream) or is a dry run."""
+        from airflow.exceptions import AirflowSkipException
 
-    d = ingest()
-    d >> resolve >> validate >> publish(d)
+        from pipeline.context import RunContext
+
+        if p["dry_run"]:
+            raise AirflowSkipException("dry run: nothing is published")
+        ingested = ti.xcom_pull(task_ids="ingest")
+        if ingested is None:
+            raise AirflowSkipException(f"this run did not ingest {p['date']}: nothing to publish")
+        ctx = RunContext.load(Path(WORK_DIR), datetime.fromisoformat(p["date"]).date())
+        if ingested != ctx.run_id or not (ctx.validation / "results.json").exists():
+            raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
+        aws_env_from_connection()
+        _cli("publish", p["date"])
+
+    p = plan()
+    wait_for_exports(p) >> ingest(p) >> resolve >> validate >> publish(p)
 
 
 replica_cdr()

@@ -82,6 +82,24 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
 
 
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    """Options fixed at ingest for the whole run (the later stages read them back)."""
+    p.add_argument(
+        "--tables",
+        type=lambda s: tuple(t.strip() for t in s.split(",") if t.strip()),
+        help="comma-separated subset of the config's tables (the tables their foreign keys "
+        "reference are added); default: all",
+    )
+    p.add_argument(
+        "--on-divergence", choices=("fail", "warn"), help="override the config's on_divergence"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="ingest, resolve and validate, and publish nothing",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdr", description=__doc__.split("\n")[0])
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -94,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("validate", "run the quality suites and gates on the resolved run"),
         ("publish", "publish the validated run (or only its logs if it failed)"),
     ):
-        _run_options(sub.add_parser(name, help=help_))
+        stage = sub.add_parser(name, help=help_)
+        _run_options(stage)
+        if name in ("run", "ingest"):
+            _plan_options(stage)
     g = sub.add_parser("generate", help="write seeded synthetic exports to the store")
     g.add_argument("--config", required=True, type=Path)
     g.add_argument("--date", required=True, type=_date)
@@ -157,6 +178,9 @@ def _options(args: argparse.Namespace) -> Any:
         run_id=args.run_id,
         allow_missing_exports=args.allow_missing_exports,
         master=args.master,
+        tables=getattr(args, "tables", None),
+        on_divergence=getattr(args, "on_divergence", None),
+        dry_run=getattr(args, "dry_run", False),
     )
 
 
@@ -179,9 +203,15 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         try:
             report = stages.run(config, args.date, opts)
         except CdrError:
-            _print_failed_report(args, config)
+            if not opts.dry_run:
+                _print_failed_report(args, config)
             raise
-        _emit(args, report, format_report(report) + _where(config, report))
+        if report["status"] == "dry_run":
+            docs = RunContext.load(opts.work_dir, args.date).validation / "data_docs/index.html"
+            where = f"\ndry run: nothing published\n  Data Docs: {docs.as_uri()}"
+            _emit(args, report, format_report(report) + where)
+        else:
+            _emit(args, report, format_report(report) + _where(config, report))
     elif args.command == "ingest":
         ctx = stages.ingest(config, args.date, opts)
         _emit(

@@ -8,7 +8,7 @@ downstream reads raw dicts: stages take a :class:`Config`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -215,6 +215,29 @@ class FkPolicy(StrEnum):
     QUARANTINE = "quarantine"
 
 
+class WaitModel(_Strict):
+    timeout_minutes: int = Field(default=360, ge=1)
+    poke_interval_seconds: int = Field(default=300, ge=10)
+
+
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,?#LW-]+$")
+_CRON_PRESETS = frozenset({"@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once"})
+
+
+def _cron_problem(text: str) -> str | None:
+    """A cron expression of five fields, or one of Airflow's presets."""
+    fields = text.split()
+    if text.strip() in _CRON_PRESETS:
+        return None
+    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        return (
+            f"{text!r} is not a cron expression of five fields "
+            f"(minute hour day month weekday, e.g. '0 2 * * *') nor one of "
+            f"{', '.join(sorted(_CRON_PRESETS))}"
+        )
+    return None
+
+
 class ConfigModel(_Strict):
     store: str | None = None
     replicas: list[ReplicaModel] = Field(min_length=1)
@@ -225,11 +248,20 @@ class ConfigModel(_Strict):
     on_fk_violation: FkPolicy = FkPolicy.FAIL
     allow_missing_exports: bool = False
     schedule: str = "0 2 * * *"
+    wait_for_exports: WaitModel = Field(default_factory=WaitModel)
     tables: dict[str, TableModel] = Field(min_length=1)
     cdc: CdcModel = Field(default_factory=CdcModel)
 
 
 # --------------------------------------------------------------------------- resolved, frozen
+
+
+@dataclass(frozen=True, slots=True)
+class WaitConfig:
+    """How long the DAG's sensor waits for every replica's manifests of a date."""
+
+    timeout_minutes: int
+    poke_interval_seconds: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +339,7 @@ class Config:
     on_fk_violation: FkPolicy
     allow_missing_exports: bool
     schedule: str
+    wait_for_exports: WaitConfig
     cdc: CdcConfig
 
     @property
@@ -327,6 +360,34 @@ class Config:
         from dataclasses import replace
 
         return replace(self, store=store)
+
+    def select(
+        self, tables: Sequence[str] | None = None, on_divergence: str | None = None
+    ) -> Config:
+        """This config for one run: only ``tables`` and the tables their foreign keys
+        reference (a child's orphans are found against its parent's snapshot), and
+        ``on_divergence`` overridden when given. Unknown names raise ConfigError."""
+        from dataclasses import replace
+
+        problems = [f"tables: no table {t!r}" for t in tables or () if t not in self.tables]
+        if on_divergence is not None and on_divergence not in {p.value for p in DivergencePolicy}:
+            problems.append(f"on_divergence: {on_divergence!r} is not fail or warn")
+        if problems:
+            raise ConfigError(
+                "run options", [*problems, f"(the config's tables: {', '.join(self.tables)})"]
+            )
+        out = self
+        if tables:
+            wanted, todo = set(), list(tables)
+            while todo:
+                t = todo.pop()
+                if t not in wanted:
+                    wanted.add(t)
+                    todo.extend(fk.references for fk in self.tables[t].foreign_keys)
+            out = replace(out, tables={t: v for t, v in self.tables.items() if t in wanted})
+        if on_divergence is not None:
+            out = replace(out, on_divergence=DivergencePolicy(on_divergence))
+        return out
 
 
 # --------------------------------------------------------------------------- loading
@@ -511,6 +572,8 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
             f"{ranges} token ranges x {c.shards} shards = {ranges * c.shards} streams; a "
             f"generation holds at most {CDC_MAX_STREAMS}",
         )
+    if (cron := _cron_problem(m.schedule)) is not None:
+        p.add("schedule", cron)
     if c.enabled and len(m.replicas) > CDC_MAX_REPLICAS:
         p.add("replicas", f"the CDC log orders at most {CDC_MAX_REPLICAS} replicas")
     if c.vnodes is not None and c.token_ring is not None:
@@ -532,7 +595,10 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         on_divergence=m.on_divergence,
         on_fk_violation=m.on_fk_violation,
         allow_missing_exports=m.allow_missing_exports,
-        schedule=m.schedule,
+        schedule=m.schedule.strip(),
+        wait_for_exports=WaitConfig(
+            m.wait_for_exports.timeout_minutes, m.wait_for_exports.poke_interval_seconds
+        ),
         cdc=CdcConfig(
             enabled=c.enabled,
             vnodes=c.vnodes if c.vnodes is not None or c.token_ring is not None else 16,

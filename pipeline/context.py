@@ -14,8 +14,12 @@ import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import CdrError, StageError
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
 
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$", re.IGNORECASE
@@ -67,10 +71,21 @@ def new_run_id(dt: date) -> str:
 
 @dataclass(frozen=True)
 class RunContext:
+    """One run. ``tables`` (a subset, or None for all), ``on_divergence`` (an override)
+    and ``dry_run`` are the run's options, fixed at ingest so that every later stage,
+    in whatever process, sees the same ones."""
+
     dt: date
     now_us: int
     run_id: str
     work: Path
+    tables: tuple[str, ...] | None = None
+    on_divergence: str | None = None
+    dry_run: bool = False
+
+    def config(self, config: Config) -> Config:
+        """The config as this run uses it (its tables and overrides)."""
+        return config.select(self.tables, self.on_divergence)
 
     @property
     def staged(self) -> Path:
@@ -101,8 +116,33 @@ class RunContext:
                 f"no ingested run for {dt} under {work_dir}: run `cdr ingest` for that date first"
             )
         d = json.loads(p.read_text())
-        return RunContext(date.fromisoformat(d["dt"]), d["now_us"], d["run_id"], Path(d["work"]))
+        tables = d.get("tables")
+        return RunContext(
+            date.fromisoformat(d["dt"]),
+            d["now_us"],
+            d["run_id"],
+            Path(d["work"]),
+            tuple(tables) if tables is not None else None,
+            d.get("on_divergence"),
+            bool(d.get("dry_run", False)),
+        )
 
     @staticmethod
-    def create(work_dir: Path, dt: date, now_us: int, run_id: str | None) -> RunContext:
-        return RunContext(dt, now_us, run_id or new_run_id(dt), work_dir / f"dt={dt.isoformat()}")
+    def create(
+        work_dir: Path,
+        dt: date,
+        now_us: int,
+        run_id: str | None,
+        tables: tuple[str, ...] | None = None,
+        on_divergence: str | None = None,
+        dry_run: bool = False,
+    ) -> RunContext:
+        return RunContext(
+            dt,
+            now_us,
+            run_id or new_run_id(dt),
+            work_dir / f"dt={dt.isoformat()}",
+            tables,
+            on_divergence,
+            dry_run,
+        )

@@ -25,7 +25,7 @@ import posixpath
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +239,36 @@ def _find_export(store: Store, folder: str, what: str) -> bool:
     return False
 
 
+def missing_manifests(config: Config, store: Store, dt: date) -> list[str]:
+    """The manifests of ``dt`` not yet in the store, one per configured replica and table
+    (what the DAG's sensor waits for). Missing exports are allowed by the config: none."""
+    if config.allow_missing_exports:
+        return []
+    return [
+        f"{layout.export_dir(rep, t, dt)}/{layout.MANIFEST}"
+        for t in config.tables
+        for rep in config.replica_ids
+        if not store.exists(f"{layout.export_dir(rep, t, dt)}/{layout.MANIFEST}")
+    ]
+
+
+def unpublished_dates(
+    config: Config, store: Store, table: str, prior: date, dt: date
+) -> list[date]:
+    """The dates strictly between ``prior`` (the state a run of ``dt`` starts from) and
+    ``dt`` for which some replica exported ``table``: their events would be skipped."""
+    out = []
+    d = prior + timedelta(days=1)
+    while d < dt:
+        if any(
+            store.exists(f"{layout.export_dir(rep, table, d)}/{layout.MANIFEST}")
+            for rep in config.replica_ids
+        ):
+            out.append(d)
+        d += timedelta(days=1)
+    return out
+
+
 def ingest(
     config: Config, store: Store, ctx: RunContext, allow_missing: bool
 ) -> dict[str, StagedTable]:
@@ -247,6 +277,7 @@ def ingest(
 
     out: dict[str, StagedTable] = {}
     missing_all: list[str] = []
+    gaps: list[str] = []
     for tname in config.tables:
         st = StagedTable()
         for rep in config.replica_ids:
@@ -285,11 +316,22 @@ def ingest(
             st.base_rows = staged.rows
             log.info("ingest base/%s: %d rows", tname, staged.rows)
         elif st.prior is not None:
+            skipped = unpublished_dates(config, store, tname, dt_of(st.prior), ctx.dt)
+            if skipped:
+                gaps.append(
+                    f"table {tname!r} was last published for {st.prior['dt']}, but "
+                    f"{', '.join(map(str, skipped))} has exports that no published run applied"
+                )
             _stage_prior_state(store, st.prior, ctx.staged / tname / "prior")
             log.info(
                 "ingest %s: prior state of %s (run %s)", tname, st.prior["dt"], st.prior["run_id"]
             )
         out[tname] = st
+    if gaps:
+        raise ExportError(
+            f"cannot run {ctx.dt}: {'; '.join(gaps)}. Each date starts from the state of the "
+            "date before it: run (or rerun) those dates first, in order"
+        )
     if missing_all and not (allow_missing or config.allow_missing_exports):
         raise ExportError(
             f"no export for {ctx.dt}: {', '.join(missing_all)} (looked for "

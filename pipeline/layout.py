@@ -67,8 +67,12 @@ def cdc_log_dir(table: str, dt: date) -> str:
     return f"published/cdc/{table}/log/dt={dt.isoformat()}"
 
 
+def reports_root() -> str:
+    return "published/reports"
+
+
 def report_dir(dt: date) -> str:
-    return f"published/reports/dt={dt.isoformat()}"
+    return f"{reports_root()}/dt={dt.isoformat()}"
 
 
 def validation_dir(dt: date) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.context import RunContext, resolve_now
-from pipeline.errors import GateError
+from pipeline.errors import GateError, StageError
 from pipeline.exports import ingest as ingest_exports
 from pipeline.published import publish_cdc, publish_inspection, publish_run, replace_tree
 from pipeline.store import open_store
@@ -37,11 +37,26 @@ class RunOptions:
     run_id: str | None = None
     allow_missing_exports: bool = False
     master: str | None = None
+    tables: tuple[str, ...] | None = None  # a subset (with the tables they reference)
+    on_divergence: str | None = None  # overrides the config's
+    dry_run: bool = False  # ingest, resolve and validate; publish nothing
 
 
 def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
+    config.select(opts.tables, opts.on_divergence)  # refuse unknown names before any work
+    ctx = RunContext.create(
+        opts.work_dir,
+        dt,
+        resolve_now(dt, opts.now),
+        opts.run_id,
+        opts.tables,
+        opts.on_divergence,
+        opts.dry_run,
+    )
+    config = ctx.config(config)
     assert config.store
-    ctx = RunContext.create(opts.work_dir, dt, resolve_now(dt, opts.now), opts.run_id)
+    if ctx.tables:
+        log.info("ingest: tables %s", ", ".join(config.tables))
     if ctx.work.exists():
         import shutil
 
@@ -56,6 +71,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, A
     in one job (the DAG's resolve task)."""
     from pipeline.resolve import resolve_stage, save_summary
 
+    config = ctx.config(config)
     summary = resolve_stage(spark, config, ctx)
     if config.cdc.enabled:
         from pipeline.cdc import cdc_stage
@@ -69,6 +85,7 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
     from pipeline.resolve import load_summary
     from pipeline.validation import validate_stage
 
+    config = ctx.config(config)
     verdict = validate_stage(spark, config, ctx, load_summary(ctx))
     for w in verdict.warnings:
         log.warning("validate: %s", w)
@@ -76,7 +93,7 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
 
 
 def run_report(
-    config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict, published: bool
+    config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict, status: str
 ) -> dict[str, Any]:
     validation = layout.validation_dir(ctx.dt)
     return {
@@ -84,7 +101,7 @@ def run_report(
         "dt": ctx.dt.isoformat(),
         "now_us": ctx.now_us,
         "store": config.store,
-        "status": "published" if published else "failed",
+        "status": status,  # published | failed | dry_run
         "failures": verdict.failures,
         "warnings": verdict.warnings,
         "tables": summary["tables"],
@@ -103,6 +120,9 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     from pipeline.resolve import load_summary
     from pipeline.validation import load_verdict
 
+    if ctx.dry_run:
+        raise StageError(f"the run of {ctx.dt} is a dry run: it publishes nothing")
+    config = ctx.config(config)
     assert config.store
     store = open_store(config.store)
     summary = load_summary(ctx)
@@ -110,7 +130,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     tables = list(config.tables)
     publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
     replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt))  # results, Data Docs
-    report = run_report(config, ctx, summary, verdict, verdict.passed)
+    report = run_report(config, ctx, summary, verdict, "published" if verdict.passed else "failed")
     report_key = f"{layout.report_dir(ctx.dt)}/run_report.json"
     store.write_bytes(report_key, json.dumps(report, indent=2).encode())
     if not verdict.passed:
@@ -130,6 +150,10 @@ def run(
 
     ctx = ingest(config, dt, opts)
     spark = spark or get_spark(opts.master)
-    resolve(config, ctx, spark)
-    validate(config, ctx, spark)
+    summary = resolve(config, ctx, spark)
+    verdict = validate(config, ctx, spark)
+    if ctx.dry_run:
+        if not verdict.passed:
+            raise GateError("; ".join(verdict.failures))
+        return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
     return publish(config, ctx)

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from pipeline.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.datadocs import bundle
+from pipeline.errors import StageError
 from pipeline.suites import SUITES, Check, Project, load_template, render_suite
 
 log = logging.getLogger(__name__)
@@ -214,5 +215,8 @@ def validate_stage(
 
 
 def load_verdict(ctx: RunContext) -> Verdict:
-    d = json.loads((ctx.validation / "results.json").read_text())
+    results = ctx.validation / "results.json"
+    if not results.exists():
+        raise StageError(f"the run of {ctx.dt} has not been validated: run `cdr validate` first")
+    d = json.loads(results.read_text())
     return Verdict(d["failures"], d["warnings"], d["suites"])

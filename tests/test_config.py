@@ -188,3 +188,44 @@ def test_cdc_topology_mistakes():
         parse_config({**base, "replicas": many, "cdc": {"enabled": True}})
     c = parse_config({**base, "cdc": {"enabled": True, "token_ring": [-5, 7]}}).cdc
     assert (c.token_ring, c.shards, c.sharding_ignore_msb) == ((-5, 7), 1, 12)
+
+
+def _formats_example() -> dict:
+    return yaml.safe_load(FORMATS_EXAMPLE)
+
+
+@pytest.mark.parametrize("schedule", ["0 2 * * *", "30 3 * * 1-5", "*/15 * * * *", "@daily"])
+def test_schedules(schedule):
+    assert parse_config({**_formats_example(), "schedule": schedule}).schedule == schedule
+
+
+@pytest.mark.parametrize("schedule", ["every night", "0 2 * *", "0 2 * * * *", "0 2 ; * *"])
+def test_bad_schedules_are_refused(schedule):
+    with pytest.raises(ConfigError, match=r"schedule: .* is not a cron expression"):
+        parse_config({**_formats_example(), "schedule": schedule})
+
+
+def test_wait_for_exports_defaults_and_limits():
+    config = parse_config(_formats_example())
+    assert (
+        config.wait_for_exports.timeout_minutes,
+        config.wait_for_exports.poke_interval_seconds,
+    ) == (
+        360,
+        300,
+    )
+    with pytest.raises(ConfigError, match=r"wait_for_exports\.poke_interval_seconds"):
+        parse_config({**_formats_example(), "wait_for_exports": {"poke_interval_seconds": 1}})
+
+
+def test_select_adds_the_tables_foreign_keys_reference_and_overrides():
+    config = parse_config(_formats_example())
+    orders = config.select(["orders"], "warn")
+    assert set(orders.tables) == {"products", "orders"}
+    assert orders.on_divergence.value == "warn" and config.on_divergence.value == "fail"
+    assert set(config.select(["accounts"]).tables) == {"accounts"}
+    assert config.select(None) is config
+    with pytest.raises(ConfigError) as e:
+        config.select(["orders", "invoices"], "ignore")
+    assert "tables: no table 'invoices'" in str(e.value)
+    assert "on_divergence: 'ignore' is not fail or warn" in str(e.value)

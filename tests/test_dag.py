@@ -1,12 +1,16 @@
-"""The DAG under real Airflow: it imports cleanly in a DagBag, and ``dag.test()`` runs the
-whole chain (ingest, resolve and validate under spark-submit, publish) against the S3
-server on loopback."""
+"""The DAG under real Airflow: it imports cleanly in a DagBag with the schedule, params,
+sensor, assets and links the config asks for; the trigger form's params are validated;
+``dag.test()`` runs the whole chain (ingest, resolve and validate under spark-submit,
+publish) against the S3 server on loopback, with the UI's options (tables, dry run,
+on_divergence override)."""
 
 from __future__ import annotations
 
 import json
 import os
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,30 +30,104 @@ def _dagbag():
     return DagBag(dag_folder=str(REPO / "dags"))
 
 
-def test_dagbag_imports_without_errors(airflow):
+def _write_config(path: Path, store: str, **overrides: Any) -> Path:
+    from pipeline.demo import DEMO_CONFIG
+
+    path.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=store, **overrides)))
+    return path
+
+
+def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
+    airflow, tmp_path, monkeypatch
+):
+    cfg = _write_config(
+        tmp_path / "cdr.yaml",
+        "file:///data/cdr",
+        schedule="30 3 * * *",
+        wait_for_exports={"timeout_minutes": 90, "poke_interval_seconds": 60},
+    )
+    monkeypatch.setenv("CDR_CONFIG", str(cfg))
     bag = _dagbag()
     assert bag.import_errors == {}
     dag = bag.get_dag("replica_cdr")
-    assert dag is not None
     assert [t.task_id for t in dag.topological_sort()] == [
+        "plan",
+        "wait_for_exports",
         "ingest",
         "resolve",
         "validate",
         "publish",
     ]
+    assert dag.schedule == "30 3 * * *"
     assert dag.max_active_runs == 1 and not dag.catchup
+    assert all(t.depends_on_past for t in dag.tasks)
+    assert dag.get_task("ingest").retries == 2 and dag.get_task("ingest").retry_exponential_backoff
+    sensor = dag.get_task("wait_for_exports")
+    assert sensor.mode == "reschedule" and sensor.timeout == 90 * 60 and sensor.poke_interval == 60
+    assert set(dag.params) == {"date", "tables", "dry_run", "on_divergence"}
+    assert sorted(dag.params.get_param("tables").schema["items"]["enum"]) == [
+        "accounts",
+        "orders",
+        "products",
+    ]
+    outlets = dag.get_task("publish").outlets
+    assert {a.uri for a in outlets} == {
+        f"file:///data/cdr/published/{t}/_latest.json" for t in ("products", "orders", "accounts")
+    }
+    assert "Data Docs" in {link.name for link in dag.get_task("validate").operator_extra_links}
+    assert all(t.on_failure_callback for t in dag.tasks)
 
 
-def _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, **overrides) -> dict[str, str]:
+def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch):
+    cfg = _write_config(tmp_path / "cdr.yaml", "file:///data/cdr", schedule="every night")
+    monkeypatch.setenv("CDR_CONFIG", str(cfg))
+    errors = _dagbag().import_errors
+    assert len(errors) == 1
+    assert "schedule: 'every night' is not a cron expression" in next(iter(errors.values()))
+
+
+@pytest.mark.parametrize(
+    "conf, message",
+    [
+        ({"date": "21/11/2026"}, "date"),
+        ({"tables": ["orders", "invoices"]}, "invoices"),
+        ({"on_divergence": "ignore"}, "ignore"),
+        ({"dry_run": "yes"}, "yes"),
+    ],
+)
+def test_the_trigger_form_refuses_bad_params(airflow, tmp_path, monkeypatch, conf, message):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    monkeypatch.setenv("CDR_CONFIG", str(_write_config(tmp_path / "cdr.yaml", "file:///d")))
+    params = _dagbag().get_dag("replica_cdr").params
+    with pytest.raises(ParamValidationError, match=message):
+        params.update(conf)  # the form's values are checked as they are set
+        params.validate()
+
+
+def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
+    monkeypatch.setenv("CDR_CONFIG", str(_write_config(tmp_path / "cdr.yaml", "file:///d")))
+    params = _dagbag().get_dag("replica_cdr").params
+    assert params.validate() == {
+        "date": None,
+        "tables": [],
+        "dry_run": False,
+        "on_divergence": None,
+    }
+    conf = {"date": "2026-11-21", "tables": ["orders"], "dry_run": True, "on_divergence": "fail"}
+    params.update(conf)
+    assert params.validate() == conf
+
+
+def _run_dag(
+    s3_endpoint, s3_store, tmp_path, monkeypatch, conf: dict | None = None, **overrides
+) -> tuple[Any, dict[str, str]]:
     """``dag.test()`` of one nightly run of the demo config (with ``overrides``) over
-    generated exports; returns the state of each task."""
+    generated exports; returns the run and the state of each task."""
     from pipeline.config import load_config
-    from pipeline.demo import DEMO_CONFIG
     from pipeline.generate import GenerateOptions, generate
 
-    cfg = dict(DEMO_CONFIG, store=s3_store.uri, **overrides)
-    cfg_path = tmp_path / "cdr.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
+    cfg_path = _write_config(tmp_path / "cdr.yaml", s3_store.uri, **overrides)
     config = load_config(cfg_path)
     generate(
         config,
@@ -75,37 +153,49 @@ def _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, **overrides) -> dict[
     dag = _dagbag().get_dag("replica_cdr")
     for task in dag.tasks:
         task.retries = 0  # a failure shows at once instead of waiting for the retry delay
-    run = dag.test(logical_date=datetime(2026, 11, 22, 2, tzinfo=UTC))
-    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+    run = dag.test(logical_date=datetime(2026, 11, 22, 2, tzinfo=UTC), run_conf=conf)
+    return run, {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def _xcom(run, task_id: str, key: str) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)
 
 
 def test_dag_test_runs_the_whole_chain_against_s3(
     airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
 ):
-    states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
-    assert states == {
-        "ingest": "success",
-        "resolve": "success",
-        "validate": "success",
-        "publish": "success",
-    }, states
+    run, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
+    assert set(states.values()) == {"success"}, states
     for table in ("products", "orders", "accounts"):
         pointer = json.loads(s3_store.read_bytes(f"published/{table}/_latest.json"))
         assert pointer["dt"] == "2026-11-21" and pointer["rows"] > 0
         assert any(k.endswith(".parquet") for k in s3_store.list(pointer["snapshot"]))
     report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
     assert report["status"] == "published"
-    assert os.environ.get("AIRFLOW_HOME")
+    assert _xcom(run, "plan", "return_value")["date"] == "2026-11-21"
+    assert _xcom(run, "validate", "_link_DataDocsLink") == "/cdr/docs/2026-11-21/index.html"
 
 
 def test_a_failed_gate_fails_the_validate_task(
-    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
+    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch, capfd
 ):
-    """The generated replicas diverge: under ``on_divergence: fail`` the validate task
-    fails on the convergence suite; publish still runs (all_done), publishes the logs,
-    results and Data Docs, fails too, and no snapshot becomes visible."""
-    states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, on_divergence="fail")
+    """The generated replicas diverge and the trigger's conf overrides on_divergence with
+    ``fail``: the validate task fails on the convergence suite, with the reason in one
+    line of its log; publish still runs (all_done), publishes the logs, results and
+    Data Docs, fails too, and no snapshot becomes visible."""
+    run, states = _run_dag(
+        s3_endpoint, s3_store, tmp_path, monkeypatch, conf={"on_divergence": "fail"}
+    )
     assert states == {
+        "plan": "success",
+        "wait_for_exports": "success",
         "ingest": "success",
         "resolve": "success",
         "validate": "failed",
@@ -116,3 +206,26 @@ def test_a_failed_gate_fails_the_validate_task(
     assert report["status"] == "failed"
     assert any("convergence." in f for f in report["failures"])
     assert s3_store.exists(report["validation"]["data_docs"])
+    assert _xcom(run, "validate", "_link_DataDocsLink") == "/cdr/docs/2026-11-21/index.html"
+    err = capfd.readouterr().err.splitlines()
+    for task in ("validate", "publish"):  # the failure callbacks' one line each
+        line = next(ln for ln in err if f"replica_cdr {task} failed for 2026-11-21: " in ln)
+        assert "failed gate: table " in line and "convergence." in line, line
+
+
+def test_a_dry_run_of_one_table_publishes_nothing(
+    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
+):
+    """tables=[orders] brings products (its foreign key's parent) and leaves accounts
+    out; a dry run resolves and validates them and publishes nothing."""
+    from pipeline.context import RunContext
+
+    conf = {"tables": ["orders"], "dry_run": True, "date": "2026-11-21"}
+    _, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, conf=conf)
+    assert states["validate"] == "success" and states["publish"] == "skipped", states
+    assert not [k for k in s3_store.list("published") if k.endswith("_latest.json")]
+    assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
+    ctx = RunContext.load(tmp_path / "work", datetime(2026, 11, 21).date())
+    assert ctx.tables == ("orders",) and ctx.dry_run
+    staged = {p.name for p in ctx.staged.iterdir() if p.is_dir()} - {"cdc"}
+    assert staged == {"orders", "products"}

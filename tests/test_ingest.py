@@ -80,6 +80,27 @@ def test_missing_export_names_the_replica_unless_allowed(s3_store, ctx):
     assert staged["t"].missing == ["sub"]
 
 
+def test_a_date_with_exports_that_no_run_published_stops_the_next_one(file_store, ctx):
+    """The state of 2026-11-18 is the last published; 2026-11-19 has exports but never
+    published (a failed gate, a subset run): a run of 2026-11-21 would skip its events."""
+    from pipeline import layout
+
+    put_export(file_store, "pub", "t", [rec("pub-1")])
+    put_export(file_store, "sub", "t", [rec("pub-1")])
+    pointer = {"run_id": "r0", "dt": "2026-11-18", "state": "published/t/state/run=r0"}
+    file_store.write_bytes(
+        layout.dated_pointer("t", date(2026, 11, 18)), json.dumps(pointer).encode()
+    )
+    late = layout.export_dir("sub", "t", date(2026, 11, 19))
+    file_store.write_bytes(f"{late}/_manifest.json", b"{}")
+    with pytest.raises(ExportError) as e:
+        ingest(make_config(), file_store, ctx, allow_missing=False)
+    assert "table 't' was last published for 2026-11-18, but 2026-11-19 has exports" in str(e.value)
+    assert "2026-11-20" not in str(e.value)
+    file_store.delete_prefix(late)  # without that export, the run starts from 2026-11-18
+    assert ingest(make_config(), file_store, ctx, allow_missing=False)["t"].prior == pointer
+
+
 def test_files_without_a_manifest_are_an_error(s3_store, ctx):
     put_export(s3_store, "pub", "t", [rec("pub-1")])
     s3_store.write_bytes(f"exports/replica=sub/table=t/dt={D}/part-0.jsonl", rec("x").encode())

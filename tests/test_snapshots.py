@@ -98,3 +98,22 @@ def test_equal_snapshots_pass_under_on_divergence_fail(tmp_path: Path, spark):
     assert run(cfg, tmp_path) == 0
     rows = S.read_parquet_dir(tmp_path / f"store/published/t/divergence/dt={D}")
     assert rows == []
+
+
+def test_a_dry_run_validates_and_publishes_nothing(tmp_path: Path, spark, capsys):
+    """``--dry-run`` with ``--on-divergence warn`` over a config that says fail: the run
+    passes with a warning and writes nothing to the store; a publish of it is refused.
+    Without the override, the same dry run fails its gate."""
+    cfg = setup(tmp_path, "fail", SUB)
+    store = tmp_path / "store"
+    before = sorted(p for p in store.rglob("*") if p.is_file())
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["run", *argv, "--dry-run", "--on-divergence", "warn"]) == 0
+    out = capsys.readouterr()
+    assert "dry run: nothing published" in out.out and "data_docs/index.html" in out.out
+    assert sorted(p for p in store.rglob("*") if p.is_file()) == before
+    assert main(["publish", *argv]) == 1
+    assert "is a dry run: it publishes nothing" in capsys.readouterr().err
+    assert main(["run", *argv, "--dry-run"]) == 1
+    assert "no_divergent_snapshot_export" in capsys.readouterr().err
+    assert sorted(p for p in store.rglob("*") if p.is_file()) == before

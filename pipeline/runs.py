@@ -1,0 +1,220 @@
+"""What the published run reports say, for people: per run and table, the conflicts by
+type and outcome, quarantined events, divergent keys and orphans, as rows and as a page
+(the Airflow plugin's view, ``plugins/cdr_plugin.py``). Pure: a store in, data or HTML out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline import layout
+from pipeline.store import Store
+
+_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
+
+
+def list_reports(store: Store) -> list[dict[str, Any]]:
+    """Every date's run report (the last run of each date), newest date first."""
+    keys = [k for k in store.list(layout.reports_root()) if _REPORT_RE.search(k)]
+    reports = [json.loads(store.read_bytes(k)) for k in keys]
+    return sorted(reports, key=lambda r: r["dt"], reverse=True)
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """One table in one run, in the numbers the page shows."""
+
+    dt: str
+    run_id: str
+    status: str
+    table: str
+    events: int
+    applied: int
+    discarded: int
+    conflicts: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> outcome -> n
+    quarantined: dict[str, int] = field(default_factory=dict)  # reason -> n
+    divergent_keys: dict[str, int] = field(default_factory=dict)  # replica -> n
+    orphans: int = 0
+
+    @property
+    def conflict_total(self) -> int:
+        return sum(sum(o.values()) for o in self.conflicts.values())
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(self.quarantined.values())
+
+    @property
+    def divergent_total(self) -> int:
+        return sum(self.divergent_keys.values())
+
+    def by_outcome(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for outcomes in self.conflicts.values():
+            for outcome, n in outcomes.items():
+                out[outcome] = out.get(outcome, 0) + n
+        return out
+
+
+def table_runs(report: dict[str, Any]) -> list[TableRun]:
+    out = []
+    for name, t in sorted(report.get("tables", {}).items()):
+        divergent = dict(t.get("divergent_keys") or {})
+        for replica, n in (t.get("snapshot_divergent_keys") or {}).items():
+            if n:
+                divergent[f"{replica} (snapshot)"] = n
+        out.append(
+            TableRun(
+                dt=report["dt"],
+                run_id=report.get("run_id", ""),
+                status=report.get("status", ""),
+                table=name,
+                events=int(t.get("distinct_events", 0)),
+                applied=int(t.get("applied", 0)),
+                discarded=int(t.get("discarded", 0)),
+                conflicts={k: dict(v) for k, v in (t.get("conflicts") or {}).items()},
+                quarantined=dict(t.get("quarantined") or {}),
+                divergent_keys=divergent,
+                orphans=int(t.get("orphans") or 0),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- the page
+
+_OUTCOME_COLORS = {
+    "applied": "#2b7bb9",
+    "converted_to_update": "#5aa469",
+    "converted_to_insert": "#8cc084",
+    "skipped": "#b0b0b0",
+    "discarded": "#e08a3c",
+    "errored": "#c0392b",
+}
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d2733}
+h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.5rem 0}
+td,th{padding:.3rem .7rem;border-bottom:1px solid #dde}
+th{text-align:left;background:#f3f5f8} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.published{color:#1e7b34}.failed{color:#b42318}.dry_run{color:#8a6d00}
+nav a{margin-right:.8rem} .muted{color:#667}
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v))
+
+
+def _chart(rows: list[TableRun]) -> str:
+    """Horizontal stacked bars: each table's conflicts by outcome (inline SVG, no script)."""
+    outcomes = sorted({o for r in rows for o in r.by_outcome()})
+    top = max((r.conflict_total for r in rows), default=0) or 1
+    bar_w, label_w, h = 520, 140, 26
+    parts = []
+    for i, r in enumerate(rows):
+        y, x = i * h + 4, float(label_w)
+        parts.append(f'<text x="0" y="{y + 15}" font-size="13">{_e(r.table)}</text>')
+        for o in outcomes:
+            n = r.by_outcome().get(o, 0)
+            if n:
+                w = bar_w * n / top
+                color = _OUTCOME_COLORS.get(o, "#7a5195")
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="18" fill="{color}">'
+                    f"<title>{_e(r.table)}: {_e(o)} {n}</title></rect>"
+                )
+                x += w
+        parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}" font-size="12">{r.conflict_total}</text>')
+    legend_y = len(rows) * h + 22
+    lx = label_w
+    for o in outcomes:
+        parts.append(
+            f'<rect x="{lx}" y="{legend_y - 11}" width="12" height="12" '
+            f'fill="{_OUTCOME_COLORS.get(o, "#7a5195")}"/>'
+            f'<text x="{lx + 16}" y="{legend_y}" font-size="12">{_e(o)}</text>'
+        )
+        lx += 24 + 8 * len(o)
+    height = legend_y + 10
+    return (
+        f'<svg id="conflicts-chart" role="img" aria-label="conflicts by outcome per table" '
+        f'width="{label_w + bar_w + 80}" height="{height}">{"".join(parts)}</svg>'
+    )
+
+
+def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -> str:
+    """The conflicts page of one run (``dt``, default the newest), with links to the
+    other runs. ``docs_href`` is a format string with ``{dt}`` for the run's Data Docs."""
+    if not reports:
+        body = "<p>No run report published yet.</p>"
+        return _page("Conflicts", body)
+    report = next((r for r in reports if r["dt"] == dt), reports[0])
+    rows = table_runs(report)
+    nav = " ".join(
+        f'<a href="?dt={_e(r["dt"])}" class="{_e(r.get("status"))}">{_e(r["dt"])}</a>'
+        for r in reports
+    )
+    status = report.get("status", "")
+    head = (
+        f"<h1>Run of {_e(report['dt'])} <span class='{_e(status)}'>{_e(status)}</span></h1>"
+        f"<p class='muted'>run {_e(report.get('run_id'))} · "
+        f"<a href='{_e(docs_href.format(dt=report['dt']))}'>Data Docs</a></p>"
+        f"<nav>runs: {nav}</nav>"
+    )
+    failures = "".join(f"<li>{_e(f)}</li>" for f in report.get("failures", []))
+    summary = [
+        "<h2>Per table</h2><table id='tables'><tr><th>table</th><th>events</th><th>applied</th>"
+        "<th>discarded</th><th>conflicts</th><th>quarantined</th><th>divergent keys</th>"
+        "<th>orphans</th></tr>"
+    ]
+    for r in rows:
+        summary.append(
+            f"<tr><td>{_e(r.table)}</td><td class=n>{r.events}</td><td class=n>{r.applied}</td>"
+            f"<td class=n>{r.discarded}</td><td class=n>{r.conflict_total}</td>"
+            f"<td class=n>{r.quarantined_total}</td><td class=n>{r.divergent_total}</td>"
+            f"<td class=n>{r.orphans}</td></tr>"
+        )
+    summary.append("</table>")
+    detail = ["<h2>Conflicts by type and outcome</h2>", _chart(rows)]
+    detail.append(
+        "<table id='conflicts'><tr><th>table</th><th>conflict type</th><th>outcome</th>"
+        "<th>events</th></tr>"
+    )
+    for r in rows:
+        for ctype, outcomes in sorted(r.conflicts.items()):
+            for outcome, n in sorted(outcomes.items()):
+                detail.append(
+                    f"<tr><td>{_e(r.table)}</td><td>{_e(ctype)}</td><td>{_e(outcome)}</td>"
+                    f"<td class=n>{n}</td></tr>"
+                )
+    detail.append("</table><h2>Quarantined events and divergent keys</h2>")
+    detail.append("<table id='issues'><tr><th>table</th><th>what</th><th>count</th></tr>")
+    for r in rows:
+        for reason, n in sorted(r.quarantined.items()):
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>quarantined: {_e(reason)}</td>"
+                f"<td class=n>{n}</td></tr>"
+            )
+        for replica, n in sorted(r.divergent_keys.items()):
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>divergent keys: {_e(replica)}</td>"
+                f"<td class=n>{n}</td></tr>"
+            )
+        if r.orphans:
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>orphans</td><td class=n>{r.orphans}</td></tr>"
+            )
+    detail.append("</table>")
+    fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
+    return _page(f"Conflicts {report['dt']}", head + fail_html + "".join(summary + detail))
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>{body}</body></html>"
+    )

@@ -1,0 +1,112 @@
+"""The ``cdr`` Airflow plugin: a Conflicts page in the UI and the validate task's Data
+Docs link.
+
+- ``/cdr/``: per run (date) and table, conflicts by type and outcome with a chart,
+  quarantined events, divergent keys and orphans, read from the published run reports
+  (``pipeline.runs``); listed in the UI's Browse menu as "Conflicts".
+- ``/cdr/docs/<D>/...``: the Data Docs of date D, served from the store.
+- ``/cdr/api/runs``: the same numbers as JSON.
+
+The store comes from ``CDR_CONFIG`` (as for the DAG) and S3 credentials from the
+environment or the ``aws_default`` connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import mimetypes
+import os
+from datetime import date
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+from cdr_links import DataDocsLink, export_aws
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, Response
+
+app = FastAPI(title="cdr: conflicts and Data Docs", docs_url=None, redoc_url=None)
+
+
+@cache
+def _store() -> Any:
+    from pipeline.config import load_config
+    from pipeline.store import open_store
+
+    dags = Path(__file__).resolve().parent.parent / "dags"
+    config = load_config(os.environ.get("CDR_CONFIG", str(dags.parent / "cdr.yaml")))
+    if "AWS_ENDPOINT_URL_S3" not in os.environ and config.store.startswith("s3://"):
+        from airflow.exceptions import AirflowNotFoundException
+        from airflow.models.connection import Connection
+
+        with contextlib.suppress(AirflowNotFoundException):
+            export_aws(Connection.get_connection_from_secrets("aws_default"))
+    return open_store(config.store)
+
+
+def _reports() -> list[dict[str, Any]]:
+    from pipeline.runs import list_reports
+
+    return list_reports(_store())
+
+
+@app.get("/", response_class=HTMLResponse)
+def conflicts_page(request: Request, dt: str | None = None) -> str:
+    from pipeline.runs import render_page
+
+    root = request.scope.get("root_path", "")
+    return render_page(_reports(), dt, docs_href=root + "/docs/{dt}/index.html")
+
+
+@app.get("/api/runs")
+def runs() -> list[dict[str, Any]]:
+    from pipeline.runs import table_runs
+
+    return [
+        {
+            "dt": r["dt"],
+            "run_id": r.get("run_id"),
+            "status": r.get("status"),
+            "tables": [dataclasses.asdict(t) for t in table_runs(r)],
+        }
+        for r in _reports()
+    ]
+
+
+@app.get("/docs/{dt}/{path:path}")
+def data_docs(dt: str, path: str) -> Response:
+    from pipeline import layout
+    from pipeline.errors import ExportError, StoreError
+    from pipeline.exports import safe_relpath
+
+    try:
+        date.fromisoformat(dt)
+    except ValueError:
+        raise HTTPException(404, f"{dt!r} is not a date") from None
+    try:
+        rel = safe_relpath(path or "index.html", "Data Docs")
+        key = f"{layout.validation_dir(date.fromisoformat(dt))}/data_docs/{rel}"
+        body = _store().read_bytes(key)
+    except (ExportError, StoreError) as e:
+        raise HTTPException(404, str(e)) from None
+    media = mimetypes.guess_type(rel)[0] or "application/octet-stream"
+    return Response(body, media_type=media)
+
+
+class CdrPlugin(AirflowPlugin):
+    name = "cdr"
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [
+        {"app": app, "url_prefix": "/cdr", "name": "cdr conflicts"}
+    ]
+    external_views: ClassVar[list[dict[str, Any]]] = [
+        {
+            "name": "Conflicts",
+            "href": "/cdr/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "cdr-conflicts",
+        }
+    ]
+    operator_extra_links: ClassVar[list[Any]] = [DataDocsLink()]

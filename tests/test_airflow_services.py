@@ -1,0 +1,289 @@
+"""Airflow as users run it: its services (api-server, scheduler, dag-processor) started on
+loopback over SQLite, ``replica_cdr`` triggered through the REST API v2 with a conf, a
+backfill of three dates through the CLI, each date starting from the previous one's
+state, and the UI (the plugin's Conflicts page, the Data Docs link, the trigger form)
+opened in headless Chromium with screenshots.
+
+The scheduler's own nightly runs are off (``use_job_schedule``): the test drives every
+run, so that no run for today's date races the ones it checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from airflow_env import BIN, airflow_environment
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+
+DATES = [date(2026, 11, 19) + timedelta(days=i) for i in range(4)]  # REST run, then backfill
+# where the screenshots go (kept for people to look at); default: the test's tmp folder
+SCREENSHOTS = Path(os.environ["CDR_SCREENSHOTS"]) if os.environ.get("CDR_SCREENSHOTS") else None
+
+
+class Airflow:
+    """The running services and a REST client for them."""
+
+    def __init__(self, url: str, env: dict[str, str], logs: Path):
+        self.url, self.env, self.logs = url, env, logs
+        self._token: str | None = None
+
+    def token(self) -> str:
+        if self._token is None:  # all-admins mode: a token without credentials
+            with urllib.request.urlopen(f"{self.url}/auth/token", timeout=30) as r:
+                self._token = json.load(r)["access_token"]
+        return self._token
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        req = urllib.request.Request(
+            f"{self.url}/api/v2{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)
+
+    def cli(self, *args: str) -> str:
+        out = subprocess.run(
+            [str(BIN / "airflow"), *args], env=self.env, capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    def wait_for_runs(self, n: int, timeout: float) -> list[dict[str, Any]]:
+        """Until ``n`` runs of replica_cdr have ended; fails on a failed one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.api("GET", "/dags/replica_cdr/dagRuns?order_by=logical_date")["dag_runs"]
+            failed = [r for r in runs if r["state"] == "failed"]
+            assert not failed, f"{failed[0]['dag_run_id']} failed; logs under {self.logs}"
+            if sum(r["state"] == "success" for r in runs) >= n:
+                return runs
+            assert time.monotonic() < deadline, f"runs not done in {timeout}s: {runs}"
+            time.sleep(3)
+
+
+def _free_port() -> int:
+    from pipeline.s3server import free_port
+
+    return free_port()
+
+
+def _wait_http(url: str, timeout: float, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except (OSError, urllib.error.HTTPError):
+            dead = [p.args for p in procs if p.poll() is not None]
+            assert not dead and time.monotonic() < deadline, f"{url} not up; ended: {dead}"
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, s3_endpoint) -> Iterator[Airflow]:
+    import boto3
+
+    from pipeline.config import load_config
+    from pipeline.demo import DEMO_CONFIG
+    from pipeline.generate import GenerateOptions, generate
+    from pipeline.store import open_store
+
+    home = tmp_path_factory.mktemp("airflow-services")
+    bucket = "cdr-services"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    cfg = home / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=f"s3://{bucket}/prod")))
+    config = load_config(cfg)
+    store = open_store(f"s3://{bucket}/prod")
+    for i, d in enumerate(DATES):
+        generate(config, store, d, GenerateOptions(events=900, seed=20 + i, base_rows=50))
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        **airflow_environment(home),
+        "CDR_CONFIG": str(cfg),
+        "CDR_WORK_DIR": str(home / "work"),
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": url,
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "test-secret-shared-by-the-services",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__CORE__PARALLELISM": "2",
+        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
+            {
+                "conn_type": "aws",
+                "login": os.environ["AWS_ACCESS_KEY_ID"],
+                "password": os.environ["AWS_SECRET_ACCESS_KEY"],
+                "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+            }
+        ),
+    }
+    env.pop("AWS_ENDPOINT_URL_S3", None)  # tasks get it from aws_default, the plugin too
+    subprocess.run(
+        [str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
+    )
+    procs = []
+    for service in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"]):
+        log = open(home / f"{service[0]}.log", "w")  # noqa: SIM115 (closed with the process)
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "airflow"), *service], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
+    af = Airflow(url, env, home)
+    try:
+        _wait_http(f"{url}/api/v2/version", 180, procs)
+        deadline = time.monotonic() + 180
+        while True:  # until the dag-processor has parsed the DAG
+            try:
+                af.api("GET", "/dags/replica_cdr")
+                break
+            except urllib.error.HTTPError:
+                assert time.monotonic() < deadline, f"replica_cdr not parsed; see {home}"
+                time.sleep(2)
+        af.api("PATCH", "/dags/replica_cdr", {"is_paused": False})
+        af.store = store  # type: ignore[attr-defined]
+        yield af
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _report(store, d: date) -> dict[str, Any]:
+    return json.loads(store.read_bytes(f"published/reports/dt={d}/run_report.json"))
+
+
+def test_a_run_triggered_through_the_rest_api_publishes(services):
+    """POST dagRuns with a conf naming the date: the snapshot of that date is in S3."""
+    run = services.api(
+        "POST",
+        "/dags/replica_cdr/dagRuns",
+        {"logical_date": f"{DATES[1]}T02:00:00Z", "conf": {"date": str(DATES[0])}},
+    )
+    assert run["conf"] == {"date": str(DATES[0])}
+    services.wait_for_runs(1, timeout=900)
+    store = services.store
+    for table in ("products", "orders", "accounts"):
+        pointer = json.loads(store.read_bytes(f"published/{table}/_latest.json"))
+        assert pointer["dt"] == str(DATES[0]) and pointer["rows"] > 0
+        assert any(k.endswith(".parquet") for k in store.list(pointer["snapshot"]))
+    assert _report(store, DATES[0])["status"] == "published"
+
+
+def test_a_backfill_of_three_dates_chains_their_states(services):
+    """``airflow backfill create`` over the next three mornings: the runs process
+    DATES[1..3] in order, each from the state the previous date published."""
+    from pipeline import layout
+
+    services.cli(
+        "backfill",
+        "create",
+        "--dag-id",
+        "replica_cdr",
+        "--from-date",
+        f"{DATES[2]}T02:00:00+00:00",
+        "--to-date",
+        f"{DATES[3] + timedelta(days=1)}T02:00:00+00:00",
+        "--max-active-runs",
+        "1",
+    )
+    runs = services.wait_for_runs(4, timeout=1800)
+    assert [r["run_type"] for r in runs].count("backfill") == 3, runs
+    store = services.store
+    published_at = []
+    for prev, d in itertools.pairwise(DATES):
+        report = _report(store, d)
+        assert report["status"] == "published"
+        for name, table in report["tables"].items():
+            assert table["prior"] == str(prev), (d, name, table["prior"])
+        pointer = json.loads(store.read_bytes(layout.dated_pointer("orders", d)))
+        published_at.append(pointer["published_at"])
+    assert published_at == sorted(published_at)
+    latest = json.loads(store.read_bytes("published/orders/_latest.json"))
+    assert latest["dt"] == str(DATES[-1])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is missing: `make browser` installs it"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _shot(page, tmp_path: Path, name: str) -> Path:
+    out = (SCREENSHOTS or tmp_path) / f"{name}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(out), full_page=True)
+    assert out.stat().st_size > 10_000, f"{out} looks empty"
+    return out
+
+
+def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{services.url}/cdr/?dt={DATES[1]}")
+    assert page.locator("h1").inner_text().startswith(f"Run of {DATES[1]}")
+    assert page.locator("svg#conflicts-chart rect").count() > 0
+    tables = page.locator("table#tables td:first-child").all_inner_texts()
+    assert sorted(tables) == ["accounts", "orders", "products"]
+    assert page.locator("table#conflicts tr").count() > 1
+    _shot(page, tmp_path, "conflicts-page")
+    page.get_by_text("Data Docs").first.click()
+    page.wait_for_load_state("networkidle")
+    assert f"/cdr/docs/{DATES[1]}/" in page.url
+    assert "snapshot" in page.content()
+    _shot(page, tmp_path, "data-docs")
+    # the page inside Airflow's UI, from the Browse menu
+    page.goto(f"{services.url}/plugin/cdr-conflicts")
+    page.wait_for_load_state("networkidle")
+    frame = page.frame_locator("iframe").first
+    frame.locator("svg#conflicts-chart").wait_for(timeout=60_000)
+    _shot(page, tmp_path, "airflow-ui-conflicts")
+
+
+def test_the_trigger_form_shows_the_params(services, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(f"{services.url}/dags/replica_cdr")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.wait_for(timeout=60_000)
+    for label in ("Date", "Tables", "Dry run", "On divergence"):
+        dialog.get_by_text(label, exact=True).first.wait_for(timeout=30_000)
+    _shot(page, tmp_path, "trigger-form")
+
+
+def test_the_validate_task_links_to_its_data_docs(services):
+    runs = services.api("GET", "/dags/replica_cdr/dagRuns?order_by=logical_date")["dag_runs"]
+    run_id = runs[0]["dag_run_id"]
+    links = services.api("GET", f"/dags/replica_cdr/dagRuns/{run_id}/taskInstances/validate/links")
+    assert links == {"Data Docs": f"/cdr/docs/{DATES[0]}/index.html"}

@@ -1,0 +1,108 @@
+"""docker-compose.yaml: valid for a real Compose implementation (Docker is not available
+on the test machines, so ``docker-compose config`` validates it without starting
+anything), and every service, volume and connection the README names is there."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE = REPO / "docker-compose.yaml"
+
+
+def _compose_config(path: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("docker-compose")
+    assert exe, "docker-compose is missing: `make compose-tool` installs Debian's"
+    return subprocess.run(
+        [exe, "-f", str(path), "--project-directory", str(REPO), "config", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_compose_validates_the_file():
+    out = _compose_config(COMPOSE)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ("condition: service_healthy", "condition: service_happy", "service_happy"),
+        ("    restart: always\n", "    restart: always\n    replicas: two\n", "replicas"),
+    ],
+)
+def test_compose_refuses_a_broken_file(tmp_path, old, new, message):
+    broken = tmp_path / "docker-compose.yaml"
+    broken.write_text(COMPOSE.read_text().replace(old, new, 1))
+    out = _compose_config(broken)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _readme_section() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("## The whole stack with docker-compose")
+    end = text.index("\n## ", start + 3)
+    return text[start:end]
+
+
+def test_every_service_volume_and_connection_the_readme_names_is_there():
+    compose = _compose()
+    section = _readme_section()
+    services = set(re.findall(r"^\| service \| `([\w-]+)`", section, re.M))
+    volumes = set(re.findall(r"^\| volume \| `([\w-]+)`", section, re.M))
+    connections = set(re.findall(r"^\| connection \| `(\w+)`", section, re.M))
+    assert services == set(compose["services"]), services ^ set(compose["services"])
+    assert volumes == set(compose["volumes"])
+    assert connections == {"aws_default", "spark_default"}
+    env = compose["services"]["airflow-scheduler"]["environment"]
+    aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert aws["extra"]["endpoint_url"] == "http://minio:9000" and "minio" in compose["services"]
+    assert spark["host"] == "spark://spark-master" and spark["port"] == 7077
+
+
+def test_the_stack_runs_every_airflow_service_on_postgres():
+    services = _compose()["services"]
+    commands = {name: s.get("command") for name, s in services.items()}
+    for cmd in ("api-server", "scheduler", "dag-processor", "triggerer"):
+        assert cmd in commands.values(), cmd
+    for name, s in services.items():
+        if name.startswith("airflow-"):
+            conn = s["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+            assert conn.startswith("postgresql") and "@postgres:" in conn
+            assert {"postgres", "minio"} <= set(s["depends_on"])
+            if name != "airflow-init":
+                assert s["depends_on"]["airflow-init"]["condition"] == (
+                    "service_completed_successfully"
+                )
+    image = services["minio"]["image"]
+    assert re.search(r":RELEASE\.\d{4}-\d{2}-\d{2}T", image), "pin MinIO's release"
+    # the run's work folder is shared by the tasks (scheduler) and the Spark executors
+    for name in ("airflow-scheduler", "spark-worker"):
+        assert "cdr-work:/opt/cdr-work" in services[name]["volumes"]
+        assert ".:/opt/cdr" in services[name]["volumes"]
+
+
+def test_the_stacks_config_is_the_demos_with_the_stacks_bucket():
+    from pipeline.config import load_config
+    from pipeline.demo import DEMO_CONFIG
+
+    data = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())
+    assert {k: v for k, v in data.items() if k in DEMO_CONFIG and k != "store"} == {
+        k: v for k, v in DEMO_CONFIG.items() if k != "store"
+    }
+    config = load_config(REPO / "docker" / "cdr.yaml")
+    assert config.store == "s3://replica-exports/prod" and config.schedule == "0 2 * * *"

@@ -1,0 +1,112 @@
+"""The Conflicts page: the numbers of the run reports per run and table (pipeline/runs.py)
+and the plugin's app that serves them and the Data Docs from the store
+(plugins/cdr_plugin.py, through FastAPI's test client; the page in a real browser is
+in test_airflow_services.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.runs import list_reports, render_page, table_runs
+from pipeline.store import FileStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _report(dt: str, status: str = "published", **tables) -> dict:
+    return {"run_id": f"{dt}_r", "dt": dt, "status": status, "failures": [], "tables": tables}
+
+
+ORDERS = {
+    "distinct_events": 40,
+    "applied": 35,
+    "discarded": 2,
+    "conflicts": {
+        "insert_exists": {"converted_to_update": 5, "applied": 1},
+        "update_deleted": {"skipped": 2},
+    },
+    "quarantined": {"malformed": 2, "fk_violation": 1},
+    "divergent_keys": {"us-east": 3, "eu-west": 0},
+    "snapshot_divergent_keys": {"eu-west": 4},
+    "orphans": 1,
+}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileStore:
+    s = FileStore(tmp_path / "store")
+    for r in (
+        _report("2026-11-20", products={"distinct_events": 3, "applied": 3}),
+        _report("2026-11-21", "failed", orders=ORDERS, **{"<b>x</b>": {}}),
+    ):
+        s.write_bytes(f"published/reports/dt={r['dt']}/run_report.json", json.dumps(r).encode())
+    s.write_bytes("published/reports/dt=2026-11-21/validation/data_docs/index.html", b"<h1>docs")
+    s.write_bytes("published/secret.json", b"{}")
+    return s
+
+
+def test_reports_newest_first_and_the_numbers_per_table(store):
+    reports = list_reports(store)
+    assert [r["dt"] for r in reports] == ["2026-11-21", "2026-11-20"]
+    orders = next(t for t in table_runs(reports[0]) if t.table == "orders")
+    assert orders.conflict_total == 8 and orders.quarantined_total == 3
+    assert orders.by_outcome() == {"converted_to_update": 5, "applied": 1, "skipped": 2}
+    assert orders.divergent_keys == {"us-east": 3, "eu-west": 0, "eu-west (snapshot)": 4}
+    assert orders.divergent_total == 7 and orders.orphans == 1
+
+
+def test_the_page_shows_one_run_with_its_chart_and_links(store):
+    html = render_page(list_reports(store), None, docs_href="/cdr/docs/{dt}/index.html")
+    assert "Run of 2026-11-21" in html and "failed" in html
+    assert html.count("<rect") == 3 + 3  # orders: three outcomes; legend: three
+    assert "<title>orders: converted_to_update 5</title>" in html
+    assert "quarantined: malformed" in html and "divergent keys: eu-west (snapshot)" in html
+    assert "/cdr/docs/2026-11-21/index.html" in html and "?dt=2026-11-20" in html
+    assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # names are escaped
+    older = render_page(list_reports(store), "2026-11-20", docs_href="{dt}")
+    assert "Run of 2026-11-20" in older and "orders" not in older
+    assert "No run report" in render_page([], None, docs_href="{dt}")
+
+
+@pytest.fixture
+def client(store, tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    cfg = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())
+    cfg["store"] = store.uri
+    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("CDR_CONFIG", str(tmp_path / "cdr.yaml"))
+    monkeypatch.syspath_prepend(str(REPO / "plugins"))
+    sys.modules.pop("cdr_plugin", None)
+    import cdr_plugin
+
+    return TestClient(cdr_plugin.app)
+
+
+def test_the_plugin_serves_the_page_the_json_and_the_data_docs(client):
+    page = client.get("/", params={"dt": "2026-11-20"})
+    assert page.status_code == 200 and "Run of 2026-11-20" in page.text
+    runs = client.get("/api/runs").json()
+    assert [r["dt"] for r in runs] == ["2026-11-21", "2026-11-20"]
+    assert runs[0]["tables"][1]["conflicts"]["update_deleted"] == {"skipped": 2}
+    docs = client.get("/docs/2026-11-21/index.html")
+    assert docs.status_code == 200 and docs.text == "<h1>docs"
+    assert docs.headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.parametrize(
+    "path, detail",
+    [
+        ("/docs/2026-11-22/index.html", "not found"),
+        ("/docs/yesterday/index.html", "not a date"),
+        ("/docs/2026-11-21/..%2F..%2F..%2F..%2Fsecret.json", "escapes"),
+    ],
+)
+def test_the_plugin_serves_nothing_else(client, path, detail):
+    r = client.get(path)
+    assert r.status_code == 404 and detail in r.json()["detail"]
