@@ -106,6 +106,11 @@ PARAMS = {
         None,
         type=["null", "string"],
         enum=[None, "fail", "warn"],
+        values_display={
+            None: f"as in the config ({config.on_divergence.value})",
+            "fail": "fail: a divergent key fails the run",
+            "warn": "warn: publish and report divergent keys",
+        },
         title="On divergence",
         description=f"Override the config's on_divergence ({config.on_divergence.value}).",
     ),

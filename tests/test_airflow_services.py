@@ -212,6 +212,8 @@ def test_a_backfill_of_three_dates_chains_their_states(services):
         f"{DATES[3] + timedelta(days=1)}T02:00:00+00:00",
         "--max-active-runs",
         "1",
+        "--reprocess-behavior",  # required with depends_on_past: missing and failed dates
+        "failed",
     )
     runs = services.wait_for_runs(4, timeout=1800)
     assert [r["run_type"] for r in runs].count("backfill") == 3, runs
@@ -271,15 +273,48 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     _shot(page, tmp_path, "airflow-ui-conflicts")
 
 
-def test_the_trigger_form_shows_the_params(services, browser, tmp_path):
+def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_path):
+    """The form shows each param with its description; filled in and submitted (the DAG
+    paused, so that the run only queues), it creates a run with that conf."""
+    services.api("PATCH", "/dags/replica_cdr", {"is_paused": True})
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.goto(f"{services.url}/dags/replica_cdr")
     page.get_by_role("button", name="Trigger").first.click()
     dialog = page.get_by_role("dialog")
     dialog.wait_for(timeout=60_000)
-    for label in ("Date", "Tables", "Dry run", "On divergence"):
-        dialog.get_by_text(label, exact=True).first.wait_for(timeout=30_000)
+    dialog.get_by_text("Run Parameters").wait_for(timeout=60_000)
+    dialog.get_by_text("Select one or multiple values").wait_for(timeout=30_000)
+    text = dialog.inner_text()
+    for expected in (
+        "Date",
+        "The date D whose exports to process",
+        "Tables",
+        "A subset of the tables",
+        "Dry run",
+        "On divergence",
+        "as in the config (warn)",
+    ):
+        assert expected in text, (expected, text)
+    dialog.locator("input[type=date]").last.fill(str(DATES[3]))
+    dialog.get_by_text("Unpause replica_cdr on trigger").click()  # keep it paused: queue only
     _shot(page, tmp_path, "trigger-form")
+    before = {r["dag_run_id"] for r in services.api("GET", "/dags/replica_cdr/dagRuns")["dag_runs"]}
+    dialog.get_by_role("button", name="Trigger").last.click()
+    deadline = time.monotonic() + 30
+    while True:
+        runs = services.api("GET", "/dags/replica_cdr/dagRuns")["dag_runs"]
+        new = [r for r in runs if r["dag_run_id"] not in before]
+        if new or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(new) == 1 and new[0]["run_type"] == "manual", runs
+    assert services.api("GET", "/dags/replica_cdr")["is_paused"]
+    assert new[0]["conf"] == {
+        "date": str(DATES[3]),
+        "tables": [],
+        "dry_run": False,
+        "on_divergence": None,
+    }
 
 
 def test_the_validate_task_links_to_its_data_docs(services):
