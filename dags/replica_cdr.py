@@ -54,6 +54,10 @@ def report_failure(context: dict[str, Any]) -> None:
     ti = context["ti"]
     plan = ti.xcom_pull(task_ids="plan") or {}
     reason = _one_line(context.get("exception") or "unknown")
+    if ti.task_id == "wait_for_exports" and plan.get("date"):  # timed out: say on what
+        missing = _missing_manifests(plan)
+        if missing:
+            reason = f"timed out waiting for {len(missing)} manifest(s), e.g. {missing[0]}"
     if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
         from pipeline.context import RunContext
         from pipeline.errors import CdrError
@@ -66,6 +70,18 @@ def report_failure(context: dict[str, Any]) -> None:
         except CdrError:
             pass
     log.error("replica_cdr %s failed for %s: %s", ti.task_id, plan.get("date", "?"), reason)
+
+
+def _missing_manifests(plan: dict[str, Any]) -> list[str]:
+    """The manifests of the plan's date and tables not in the store yet."""
+    from pipeline.exports import missing_manifests
+    from pipeline.store import open_store
+
+    selected = config.select(plan["tables"].split(",") if plan["tables"] else None)
+    assert selected.store
+    return missing_manifests(
+        selected, open_store(selected.store), datetime.fromisoformat(plan["date"]).date()
+    )
 
 
 def _cli(command: str, date: str, *extra: str) -> None:
@@ -170,15 +186,8 @@ def replica_cdr():
         """Until every replica's manifest of the date is in the store, for every table."""
         from airflow.sdk import PokeReturnValue
 
-        from pipeline.exports import missing_manifests
-        from pipeline.store import open_store
-
         aws_env_from_connection()
-        selected = config.select(p["tables"].split(",") if p["tables"] else None)
-        assert selected.store
-        missing = missing_manifests(
-            selected, open_store(selected.store), datetime.fromisoformat(p["date"]).date()
-        )
+        missing = _missing_manifests(p)
         if missing:
             log.info("waiting for %d manifest(s), e.g. %s", len(missing), missing[0])
         return PokeReturnValue(is_done=not missing)

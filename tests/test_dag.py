@@ -229,3 +229,36 @@ def test_a_dry_run_of_one_table_publishes_nothing(
     assert ctx.tables == ("orders",) and ctx.dry_run
     staged = {p.name for p in ctx.staged.iterdir() if p.is_dir()} - {"cdc"}
     assert staged == {"orders", "products"}
+
+
+class _StubTI:
+    """What a failure callback reads of its task instance."""
+
+    def __init__(self, task_id: str, plan: dict):
+        self.task_id, self._plan = task_id, plan
+
+    def xcom_pull(self, task_ids: str):
+        return self._plan if task_ids == "plan" else None
+
+
+def test_a_sensor_timeout_names_a_missing_manifest(airflow, tmp_path, monkeypatch):
+    import logging
+
+    store = tmp_path / "store"
+    monkeypatch.setenv("CDR_CONFIG", str(_write_config(tmp_path / "cdr.yaml", store.as_uri())))
+    dag = _dagbag().get_dag("replica_cdr")
+    callbacks = dag.get_task("wait_for_exports").on_failure_callback
+    callback = callbacks[0] if isinstance(callbacks, list) else callbacks
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("airflow.task").addHandler(handler)
+    try:
+        plan = {"date": "2026-11-21", "tables": "orders", "dry_run": False, "on_divergence": ""}
+        callback({"ti": _StubTI("wait_for_exports", plan), "exception": "Sensor has timed out"})
+    finally:
+        logging.getLogger("airflow.task").removeHandler(handler)
+    (line,) = [r.getMessage() for r in records]
+    assert line.startswith("replica_cdr wait_for_exports failed for 2026-11-21: timed out ")
+    # orders and products (its foreign key's parent), three replicas each
+    assert "waiting for 6 manifest(s), e.g. exports/replica=" in line and "/dt=2026-11-21/" in line
