@@ -53,3 +53,12 @@ def file_store(tmp_path: Path):
     root = tmp_path / "store"
     root.mkdir()
     return open_store(root.as_uri())
+
+
+@pytest.fixture(scope="session")
+def airflow(tmp_path_factory):
+    """An isolated Airflow (its own home and SQLite database) for the tests that import
+    Airflow in this process: requested before their first ``import airflow``."""
+    from airflow_env import setup_airflow
+
+    return setup_airflow(tmp_path_factory.mktemp("airflow"))

@@ -14,14 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from airflow_env import REPO, setup_airflow
+from airflow_env import REPO
 
 pytestmark = pytest.mark.airflow
-
-
-@pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
-    return setup_airflow(tmp_path_factory.mktemp("airflow"))
 
 
 def _dagbag():

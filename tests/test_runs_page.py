@@ -74,7 +74,7 @@ def test_the_page_shows_one_run_with_its_chart_and_links(store):
 
 
 @pytest.fixture
-def client(store, tmp_path, monkeypatch):
+def client(airflow, store, tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
 
     cfg = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())
