@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +59,26 @@ def report_failure(context: dict[str, Any]) -> None:
         if missing:
             reason = f"timed out waiting for {len(missing)} manifest(s), e.g. {missing[0]}"
     if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
-        from pipeline.context import RunContext
         from pipeline.errors import CdrError
         from pipeline.validation import load_verdict
 
         try:
-            ctx = RunContext.load(Path(WORK_DIR), datetime.fromisoformat(plan["date"]).date())
-            failures = load_verdict(ctx).failures
+            failures = load_verdict(_run_context(plan)).failures
             reason = _one_line("failed gate: " + "; ".join(failures)) if failures else reason
         except CdrError:
             pass
     log.error("replica_cdr %s failed for %s: %s", ti.task_id, plan.get("date", "?"), reason)
+
+
+def _date(plan: dict[str, Any]) -> date:
+    return date.fromisoformat(plan["date"])
+
+
+def _run_context(plan: dict[str, Any]) -> Any:
+    """The pipeline's context of the plan's run (what ingest left in the work folder)."""
+    from pipeline.context import RunContext
+
+    return RunContext.load(Path(WORK_DIR), _date(plan))
 
 
 def _missing_manifests(plan: dict[str, Any]) -> list[str]:
@@ -79,9 +88,7 @@ def _missing_manifests(plan: dict[str, Any]) -> list[str]:
 
     selected = config.select(plan["tables"].split(",") if plan["tables"] else None)
     assert selected.store
-    return missing_manifests(
-        selected, open_store(selected.store), datetime.fromisoformat(plan["date"]).date()
-    )
+    return missing_manifests(selected, open_store(selected.store), _date(plan))
 
 
 def _cli(command: str, date: str, *extra: str) -> None:
@@ -160,17 +167,17 @@ def replica_cdr():
     def plan(params=None, logical_date=None, dag_run=None) -> dict[str, Any]:
         """The run's date and options, checked against the config."""
         when = logical_date or dag_run.run_after
-        date = params["date"] or (when - timedelta(days=1)).date().isoformat()
+        day = params["date"] or (when - timedelta(days=1)).date().isoformat()
         tables = params["tables"] or None
         selected = config.select(tables, params["on_divergence"])  # raises on unknown names
         log.info(
             "plan: date %s, tables %s, dry run %s",
-            date,
+            day,
             ", ".join(selected.tables),
             params["dry_run"],
         )
         return {
-            "date": date,
+            "date": day,
             "tables": ",".join(tables) if tables else "",
             "dry_run": bool(params["dry_run"]),
             "on_divergence": params["on_divergence"] or "",
@@ -195,14 +202,12 @@ def replica_cdr():
     @task
     def ingest(p: dict[str, Any]) -> str:
         """Stage the exports; returns the pipeline's run id (publish checks it)."""
-        from pipeline.context import RunContext
-
         aws_env_from_connection()
         extra = ["--tables", p["tables"]] if p["tables"] else []
         extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
         extra += ["--dry-run"] if p["dry_run"] else []
         _cli("ingest", p["date"], *extra)
-        return RunContext.load(Path(WORK_DIR), datetime.fromisoformat(p["date"]).date()).run_id
+        return _run_context(p).run_id
 
     spark = {
         "conn_id": "spark_default",
@@ -231,15 +236,13 @@ def replica_cdr():
         upstream) or is a dry run."""
         from airflow.exceptions import AirflowSkipException
 
-        from pipeline.context import RunContext
-
         if p["dry_run"]:
             raise AirflowSkipException("dry run: nothing is published")
         ingested = ti.xcom_pull(task_ids="ingest")
         if ingested is None:
             raise AirflowSkipException(f"this run did not ingest {p['date']}: nothing to publish")
-        ctx = RunContext.load(Path(WORK_DIR), datetime.fromisoformat(p["date"]).date())
-        if ingested != ctx.run_id or not (ctx.validation / "results.json").exists():
+        ctx = _run_context(p)
+        if ingested != ctx.run_id or not ctx.results.exists():
             raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
         aws_env_from_connection()
         _cli("publish", p["date"])

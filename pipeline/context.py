@@ -100,6 +100,11 @@ class RunContext:
         return self.work / "validation"
 
     @property
+    def results(self) -> Path:
+        """The validate stage's verdict; its presence means the run was validated."""
+        return self.validation / "results.json"
+
+    @property
     def interval_start_us(self) -> int:
         return to_micros(datetime(self.dt.year, self.dt.month, self.dt.day, tzinfo=UTC))
 

@@ -244,12 +244,8 @@ def missing_manifests(config: Config, store: Store, dt: date) -> list[str]:
     (what the DAG's sensor waits for). Missing exports are allowed by the config: none."""
     if config.allow_missing_exports:
         return []
-    return [
-        f"{layout.export_dir(rep, t, dt)}/{layout.MANIFEST}"
-        for t in config.tables
-        for rep in config.replica_ids
-        if not store.exists(f"{layout.export_dir(rep, t, dt)}/{layout.MANIFEST}")
-    ]
+    wanted = [layout.export_manifest(r, t, dt) for t in config.tables for r in config.replica_ids]
+    return [key for key in wanted if not store.exists(key)]
 
 
 def unpublished_dates(
@@ -261,7 +257,7 @@ def unpublished_dates(
     d = prior + timedelta(days=1)
     while d < dt:
         if any(
-            store.exists(f"{layout.export_dir(rep, table, d)}/{layout.MANIFEST}")
+            store.exists(layout.export_manifest(rep, table, d))
             for rep in config.replica_ids
         ):
             out.append(d)

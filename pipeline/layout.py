@@ -11,6 +11,10 @@ def export_dir(replica: str, table: str, dt: date) -> str:
     return f"exports/replica={replica}/table={table}/dt={dt.isoformat()}"
 
 
+def export_manifest(replica: str, table: str, dt: date) -> str:
+    return f"{export_dir(replica, table, dt)}/{MANIFEST}"
+
+
 def replica_snapshot_dir(replica: str, table: str, dt: date) -> str:
     return f"exports/replica={replica}/table={table}/snapshot/dt={dt.isoformat()}"
 

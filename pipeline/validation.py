@@ -198,7 +198,7 @@ def validate_stage(
     project.build_docs()
     bundle(ctx.validation / "data_docs")  # pages that open without internet
     ctx.validation.mkdir(parents=True, exist_ok=True)
-    (ctx.validation / "results.json").write_text(
+    ctx.results.write_text(
         json.dumps(
             {
                 "passed": verdict.passed,
@@ -215,8 +215,7 @@ def validate_stage(
 
 
 def load_verdict(ctx: RunContext) -> Verdict:
-    results = ctx.validation / "results.json"
-    if not results.exists():
+    if not ctx.results.exists():
         raise StageError(f"the run of {ctx.dt} has not been validated: run `cdr validate` first")
-    d = json.loads(results.read_text())
+    d = json.loads(ctx.results.read_text())
     return Verdict(d["failures"], d["warnings"], d["suites"])
