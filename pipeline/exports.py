@@ -256,10 +256,7 @@ def unpublished_dates(
     out = []
     d = prior + timedelta(days=1)
     while d < dt:
-        if any(
-            store.exists(layout.export_manifest(rep, table, d))
-            for rep in config.replica_ids
-        ):
+        if any(store.exists(layout.export_manifest(rep, table, d)) for rep in config.replica_ids):
             out.append(d)
         d += timedelta(days=1)
     return out
