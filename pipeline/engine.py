@@ -505,7 +505,7 @@ def untouched_changes(df: DataFrame, table: Table, truncates: list[Event]) -> Da
 def run_fold(df: DataFrame, folder: GroupFolder, single_group: bool) -> DataFrame:
     """Fold the rows in ``df`` (all rows of each of its keys) with ``mapInArrow``."""
     schema = output_schema(folder.table)
-    arrow_schema = to_arrow_schema(schema)
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
     order = ["is_event", "event_id", "pref", "replica"]
     df = df.select(*FOLD_INPUT)
     if single_group:

@@ -13,17 +13,22 @@ semantics.md §3, §12). Spark built-ins only; no shuffle here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import reduce
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline import adapters
 from pipeline.config import Config, Table
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import event_ts_micros, typed
+
+if TYPE_CHECKING:
+    from pipeline.exports import StagedExport
 
 TEXT_MAP = T.MapType(T.StringType(), T.StringType())
 _TEXT_FIELDS = ("op", "ts", "origin", "event_id", "txid", "seq", "ttl", "expiry")
@@ -34,22 +39,37 @@ RECORD = T.StructType(
     [T.StructField(n, T.StringType()) for n in _TEXT_FIELDS]
     + [T.StructField(n, TEXT_MAP) for n in ("key", "new_key", "after", "before")]
     + [T.StructField("_corrupt", T.StringType())]  # the text, when the record does not fit
+    + [T.StructField("_malformed", T.StringType())]  # why an adapter could not map it
 )
 _PARSE = {"columnNameOfCorruptRecord": "_corrupt"}
 OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 _OBJECT_FIELDS = ("key", "new_key", "after", "before")
 
 
-def read_records(spark: SparkSession, table_dir: Path) -> DataFrame:
-    """All staged exports of one table: ``replica, file, line, raw``."""
+def read_records(
+    spark: SparkSession, table_dir: Path, table: Table, exports: Mapping[str, StagedExport]
+) -> DataFrame:
+    """All staged exports of one table: ``replica, file, line, raw``, ``raw`` being the
+    canonical record as JSON (the adapters map wal2json, Debezium and DMS records to it)."""
     parts: list[DataFrame] = []
-    jsonl = sorted(str(p) for p in table_dir.glob("replica=*/jsonl/*.parquet"))
-    if jsonl:
-        parts.append(spark.read.parquet(*jsonl))
-    for rep_dir in sorted(table_dir.glob("replica=*")):
-        files = sorted(str(p) for p in (rep_dir / "parquet").glob("*.parquet"))
-        if files:
-            parts.append(_parquet_as_raw(spark, files, rep_dir.name.split("=", 1)[1]))
+    for rep, export in exports.items():
+        rep_dir = table_dir / f"replica={rep}"
+
+        def staged(kind: str, rep_dir: Path = rep_dir) -> list[str]:
+            return sorted(str(p) for p in (rep_dir / kind).glob("*.parquet"))
+
+        fmt = export.format
+        if fmt == "jsonl" and staged("jsonl"):
+            parts.append(spark.read.parquet(*staged("jsonl")))
+        elif fmt == "parquet" and staged("parquet"):
+            parts.append(_parquet_as_raw(spark, staged("parquet"), rep))
+        elif fmt in ("wal2json", "debezium") and staged(fmt):
+            adapt = adapters.wal2json if fmt == "wal2json" else adapters.debezium
+            parts.append(adapt(spark.read.parquet(*staged(fmt)), table, export.options))
+        elif fmt == "dms":
+            rows = adapters.read_dms(spark, staged("dms/csv"), staged("dms/parquet"))
+            if rows is not None:
+                parts.append(adapters.dms(rows, rep, export.files, table, export.options))
     if not parts:
         schema = "replica string, file string, line bigint, raw string"
         return spark.createDataFrame([], schema)
@@ -270,6 +290,7 @@ def type_copies(
     op = F.col("op")
     row_op = op.isin("INSERT", "UPDATE", "DELETE")
     malformed: list[tuple[Column, Column]] = [
+        (field("_malformed").isNotNull(), field("_malformed")),
         (~F.col("_json"), F.lit("not a JSON object")),
         (F.col("event_id").isNull(), F.lit("no event_id")),
         (~op.isin(*OPS) | op.isNull(), F.concat(F.lit("unknown op "), _quote(op))),

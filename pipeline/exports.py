@@ -10,9 +10,14 @@ Guarantees:
 - a missing export of a configured replica fails the ingest, naming it, unless
   ``allow_missing_exports`` is set (then the replica counts as having exported nothing).
 
-JSONL (also gzipped) is staged as Parquet rows ``(replica, file, line, raw)`` so that Spark
-reads it in parallel and the quarantine can name the file and line of a bad record.
-Parquet exports are staged as they are.
+JSONL (also gzipped), and the line formats of the adapters (wal2json, Debezium), are staged
+as Parquet rows ``(replica, file, line, raw)`` so that Spark reads them in parallel and the
+quarantine can name the file and line of a bad record; lines that are not records
+(wal2json's transaction framing, Kafka tombstones) are counted as ``framing`` and not
+staged. Parquet exports are staged as they are. DMS CSV files are parsed here (pyarrow,
+every column as text, null kept apart from the empty string) and staged as Parquet with
+their record numbers; a CSV record with the wrong number of fields is staged as a
+malformed record, with its text. See ``pipeline.adapters`` for the mapping itself.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import json
 import logging
 import posixpath
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -30,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from pipeline import layout
+from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
 from pipeline.errors import ExportError, StoreError
@@ -41,7 +49,8 @@ from pipeline.store import Store
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "parquet", "debezium", "wal2json", "dms")
-SUPPORTED_FORMATS = ("jsonl", "parquet")
+#: a replica's full copy and the base snapshot are rows of the table, not changes
+ROW_FORMATS = ("jsonl", "parquet")
 RAW_SCHEMA = pa.schema(
     [("replica", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("raw", pa.string())]
 )
@@ -52,9 +61,16 @@ _CHUNK = 32 << 20
 class StagedExport:
     replica: str
     format: str
-    rows: int
+    rows: int  # what the manifest counts: lines (or CSV records, Parquet rows)
     files: list[str]
     watermark: str | None = None
+    framing: int = 0  # lines that are no record (wal2json's B and C, Kafka tombstones)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        """The records the export holds: each ends applied, discarded or quarantined."""
+        return self.rows - self.framing
 
 
 @dataclass
@@ -80,8 +96,10 @@ def safe_relpath(path: Any, where: str) -> str:
     return norm
 
 
-def read_manifest(store: Store, folder: str, expect: dict[str, str]) -> dict[str, Any]:
-    """Parse and check ``folder/_manifest.json``: fields, format, file entries."""
+def read_manifest(
+    store: Store, folder: str, expect: dict[str, str], formats: tuple[str, ...] = FORMATS
+) -> dict[str, Any]:
+    """Parse and check ``folder/_manifest.json``: fields, format, options, file entries."""
     where = f"{store.uri}/{folder}/{layout.MANIFEST}"
     try:
         data = json.loads(store.read_bytes(f"{folder}/{layout.MANIFEST}"))
@@ -93,13 +111,9 @@ def read_manifest(store: Store, folder: str, expect: dict[str, str]) -> dict[str
         if k in data and str(data[k]) != v:
             raise ExportError(f"{where}: {k} is {data[k]!r}, expected {v!r} for this folder")
     fmt = data.get("format")
-    if fmt not in FORMATS:
-        raise ExportError(f"{where}: format {fmt!r} is not one of {', '.join(FORMATS)}")
-    if fmt not in SUPPORTED_FORMATS:
-        raise ExportError(
-            f"{where}: format {fmt!r} has no adapter in this version; "
-            f"supported: {', '.join(SUPPORTED_FORMATS)}"
-        )
+    if fmt not in formats:
+        raise ExportError(f"{where}: format {fmt!r} is not one of {', '.join(formats)}")
+    data["options"] = check_options(fmt, data.get("options"), where)
     files = data.get("files")
     if not isinstance(files, list):
         raise ExportError(f"{where}: 'files' must be a list")
@@ -160,13 +174,21 @@ def _as_strings(lines: list[bytes]) -> pa.Array:
         return pa.array([b.decode("utf-8", "replace") for b in lines], pa.string())
 
 
-def stage_jsonl(src: Path, dest: Path, replica: str, name: str) -> int:
-    """Write the file's non-blank lines as raw rows; return how many there were."""
+def stage_jsonl(
+    src: Path, dest: Path, replica: str, name: str, framing: re.Pattern[bytes] | None = None
+) -> tuple[int, int]:
+    """Write the file's non-blank lines as raw rows, but those that match ``framing``;
+    return (non-blank lines, framing lines)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    rows = 0
+    rows = skipped = 0
     with pq.ParquetWriter(dest, RAW_SCHEMA) as w:
         for first, lines in _line_chunks(src, name):
             keep = [(first + i, ln.rstrip(b"\r")) for i, ln in enumerate(lines) if ln.strip()]
+            rows += len(keep)
+            if framing is not None:
+                records = [k for k in keep if not framing.match(k[1])]
+                skipped += len(keep) - len(records)
+                keep = records
             if not keep:
                 continue
             n = len(keep)
@@ -181,8 +203,7 @@ def stage_jsonl(src: Path, dest: Path, replica: str, name: str) -> int:
                     schema=RAW_SCHEMA,
                 )
             )
-            rows += n
-    return rows
+    return rows, skipped
 
 
 def _parquet_rows(path: Path, name: str) -> int:
@@ -192,12 +213,86 @@ def _parquet_rows(path: Path, name: str) -> int:
         raise ExportError(f"{name}: not a readable Parquet file ({e})") from None
 
 
+def _csv_header(src: Path, delimiter: str) -> list[str]:
+    import csv
+
+    with src.open(newline="", encoding="utf-8", errors="replace") as f:
+        return next(csv.reader(f, delimiter=delimiter), [])
+
+
+def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) -> int:
+    """A DMS CSV file as text columns plus ``_line``; a record with the wrong number of
+    fields is staged with its text in ``_bad`` and the problem in ``_bad_reason``.
+    Returns the number of records. DMS writes one record per line, so lines are records
+    (a blank line is a malformed one)."""
+    bad: list[tuple[str, str]] = []
+
+    def invalid(row: Any) -> str:
+        bad.append(
+            (str(row.text), f"expected {row.expected_columns} fields, found {row.actual_columns}")
+        )
+        return "skip"
+
+    delimiter = options.get("delimiter", ",")
+    header = options.get("header", options.get("columns") is None)
+    names = _csv_header(src, delimiter) if header else list(options["columns"])
+    if not names or len(set(names)) != len(names):
+        raise ExportError(f"{name}: the CSV's columns {names} are empty or repeated")
+    read = pcsv.ReadOptions(
+        column_names=names, skip_rows=1 if header else 0, block_size=_CHUNK, use_threads=False
+    )
+    parse = pcsv.ParseOptions(
+        delimiter=delimiter,
+        newlines_in_values=False,
+        ignore_empty_lines=False,
+        invalid_row_handler=invalid,
+    )
+    convert = pcsv.ConvertOptions(
+        column_types={c: pa.string() for c in names},
+        null_values=[options.get("null_value", "")],
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+    )
+    try:
+        t = pcsv.read_csv(src, read_options=read, parse_options=parse, convert_options=convert)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ExportError(f"{name}: not a readable CSV file ({e})") from None
+    # pyarrow gives rejected records in order, but not their line numbers: walk the lines
+    lines = src.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    good, rejected, j = [], [], 0
+    for number in range(2 if header else 1, len(lines) + 1):
+        text = lines[number - 1].rstrip(b"\r").decode("utf-8", "replace")
+        if j < len(bad) and text == bad[j][0]:
+            rejected.append(number)
+            j += 1
+        else:
+            good.append(number)
+    if len(good) != t.num_rows or j != len(bad):
+        raise ExportError(f"{name}: a value holds a line break; DMS CSV is one record per line")
+    t = t.append_column("_line", pa.array(good, pa.int64()))
+    if bad:
+        extra = pa.table(
+            {
+                "_line": pa.array(rejected, pa.int64()),
+                "_bad": pa.array([b[0] for b in bad], pa.string()),
+                "_bad_reason": pa.array([b[1] for b in bad], pa.string()),
+            }
+        )
+        t = pa.concat_tables([t, extra], promote_options="default")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, dest)
+    return t.num_rows
+
+
 def stage_export(
     store: Store, folder: str, manifest: dict[str, Any], dest: Path, replica: str
 ) -> StagedExport:
     """Download, verify and stage every file of one export."""
     fmt = manifest["format"]
-    staged_files, total = [], 0
+    options = manifest.get("options", {})
+    staged_files, total, framing = [], 0, 0
     for i, entry in enumerate(manifest["files"]):
         key = f"{folder}/{entry['path']}"
         name = f"{store.uri}/{key}"
@@ -211,20 +306,33 @@ def stage_export(
             raise ExportError(
                 f"{name}: sha256 mismatch (manifest {entry['sha256']}, file {digest})"
             )
-        if fmt == "parquet":
+        part = f"part-{i:05d}.parquet"
+        if fmt == "parquet" or (fmt == "dms" and _is_parquet(local)):
             rows = _parquet_rows(local, name)
-            target = dest / "parquet" / f"part-{i:05d}.parquet"
+            target = dest / ("parquet" if fmt == "parquet" else "dms/parquet") / part
             target.parent.mkdir(parents=True, exist_ok=True)
             local.replace(target)
+        elif fmt == "dms":
+            rows = _stage_dms_csv(local, dest / "dms" / "csv" / part, name, options)
+            local.unlink()
         else:
-            target = dest / "jsonl" / f"part-{i:05d}.parquet"
-            rows = stage_jsonl(local, target, replica, entry["path"])
+            rows, skipped = stage_jsonl(
+                local, dest / fmt / part, replica, entry["path"], FRAMING.get(fmt)
+            )
+            framing += skipped
             local.unlink()
         if rows != entry["rows"]:
             raise ExportError(f"{name}: {rows} rows, but the manifest says {entry['rows']}")
         staged_files.append(entry["path"])
         total += rows
-    return StagedExport(replica, fmt, total, staged_files, manifest.get("watermark"))
+    return StagedExport(
+        replica, fmt, total, staged_files, manifest.get("watermark"), framing, options
+    )
+
+
+def _is_parquet(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == b"PAR1"
 
 
 def _find_export(store: Store, folder: str, what: str) -> bool:
@@ -295,14 +403,17 @@ def ingest(
             folder = layout.replica_snapshot_dir(rep, tname, ctx.dt)
             if _find_export(store, folder, f"snapshot of replica {rep!r}, table {tname!r}"):
                 manifest = read_manifest(
-                    store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
+                    store,
+                    folder,
+                    {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()},
+                    ROW_FORMATS,
                 )
                 dest = ctx.staged / tname / f"snapshot={rep}"
                 st.snapshots[rep] = stage_export(store, folder, manifest, dest, rep).rows
                 log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
         st.prior = find_prior_pointer(store, tname, ctx.dt)
         if st.prior is None and _find_export(store, layout.base_dir(tname), "base snapshot"):
-            manifest = read_manifest(store, layout.base_dir(tname), {"table": tname})
+            manifest = read_manifest(store, layout.base_dir(tname), {"table": tname}, ROW_FORMATS)
             staged = stage_export(
                 store, layout.base_dir(tname), manifest, ctx.staged / tname / "base", "base"
             )

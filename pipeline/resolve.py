@@ -71,7 +71,7 @@ def resolve_table(
     spark: SparkSession, config: Config, table: Table, ctx: RunContext, staged: StagedTable
 ) -> dict[str, Any]:
     out = ctx.resolved / table.name
-    records = read_records(spark, ctx.staged / table.name)
+    records = read_records(spark, ctx.staged / table.name, table, staged.exports)
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
         res = resolve_cells(spark, config, table, records, prior, ctx.now_us, ctx.dt)
@@ -88,7 +88,8 @@ def resolve_table(
             "event_id",
             "reason",
             "detail",
-            F.col("raw").alias("event"),
+            # a record an adapter could not map is kept as it was exported
+            F.coalesce(F.get_json_object("raw", "$._source"), F.col("raw")).alias("event"),
         ),
         out / "quarantine",
     )
@@ -165,7 +166,7 @@ def _table_counts(
     for r in _counts(fates.filter(pc.is_null(fates["event_id"])), "fate"):
         by_fate[r["fate"]] = by_fate.get(r["fate"], 0) + r["count_all"]
     per_replica: dict[str, dict[str, int]] = {
-        r: {"records": e.rows} for r, e in staged.exports.items()
+        r: {"records": e.records, "framing": e.framing} for r, e in staged.exports.items()
     }
     for r in _counts(fates, "replica", "fate"):
         per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
@@ -184,7 +185,7 @@ def _table_counts(
     }
     return {
         "policy": table.preset.value,
-        "events": sum(e.rows for e in staged.exports.values()),
+        "events": sum(e.records for e in staged.exports.values()),
         "distinct_events": sum(by_fate.values()),
         "applied": by_fate.get("applied", 0),
         "discarded": by_fate.get("discarded", 0),
