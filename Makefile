@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := .cdr-assets/datadocs/.fetched
 
-.PHONY: venv demo test test-fast lint typecheck bench lock clean docs-assets browser compose-tool
+.PHONY: venv demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool postgres
 
 venv: $(STAMP)
 
@@ -32,6 +32,14 @@ compose-tool:
 	  echo "installing Debian's docker-compose to validate docker-compose.yaml"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
 
+# PostgreSQL 15 and its wal2json plugin, from Debian's packages: the real-source test
+# (tests/test_real_sources.py) starts three servers on loopback and exports their changes.
+postgres:
+	@test -x /usr/lib/postgresql/15/bin/initdb && test -f /usr/lib/postgresql/15/lib/wal2json.so || { \
+	  echo "installing Debian's postgresql-15 and postgresql-15-wal2json for the real-source test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    postgresql-15 postgresql-15-wal2json >/dev/null; }
+
 $(STAMP): pyproject.toml constraints.txt
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \
 	  echo "Java 17 or newer is required by Spark. On Debian: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -47,8 +55,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP) $(ASSETS)
 	$(BIN)/cdr demo
 
-test: $(STAMP) $(ASSETS) browser compose-tool lint typecheck
+test: $(STAMP) $(ASSETS) browser compose-tool postgres lint typecheck
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The pipeline on exports of three real PostgreSQL servers (wal2json), and the same changes
+# as Debezium and DMS write them.
+test-postgres: $(STAMP) postgres
+	$(BIN)/pytest tests/test_real_sources.py
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow and not airflow"

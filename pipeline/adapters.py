@@ -22,8 +22,10 @@ cannot be used. What a replicated change keeps is its origin, its origin's commi
 timestamp (PostgreSQL's logical decoding reports the origin's commit time for a change
 applied under a replication origin) and its place in its transaction. The id is
 ``<origin>@<commit µs>#<n>/<op>/<key>``: ``n`` is the change's position among its
-transaction's changes of this table, and the op and old key make two transactions that
-commit in the same microsecond distinct (they cannot both change one row then).
+transaction's changes of this table (ten digits, so that the canonical order, which
+breaks ties of ``(ts, origin)`` by event id, keeps the transaction's order), and the op
+and old key make two transactions that commit in the same microsecond distinct (they
+cannot both change one row then).
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ def canonical(df: DataFrame, fmt: str, table: Table) -> DataFrame:
         F.lit("@"),
         F.col("ts_us").cast("string"),
         F.lit("#"),
-        n.cast("string"),
+        F.lpad(n.cast("string"), 10, "0"),  # zero-padded: the text sorts as the number
         F.lit("/"),
         op_letter,
         F.lit("/"),
@@ -368,17 +370,21 @@ _DBZ = (
 )
 
 
-def _decimal_text(b64: Column, scale: Column) -> Column:
-    """Kafka Connect's ``Decimal``: the unscaled value as big-endian two's complement
-    bytes (base64 in JSON), as decimal text, exactly. Up to 8 bytes (18 digits); a longer
-    value gives null, and :func:`_oversized_decimal` makes the record malformed."""
+def _decimal_unscaled(b64: Column) -> Column:
+    """Kafka Connect's ``Decimal`` is the unscaled value as big-endian two's complement
+    bytes (base64 in JSON): that value, exactly, when it has up to 8 bytes (18 digits);
+    null for a longer one (the record is then malformed: see ``debezium``)."""
     raw = F.unbase64(b64)
     hexed = F.hex(raw)
     unsigned = F.conv(hexed, 16, 10).cast("decimal(38,0)")
     negative = F.conv(F.substr(hexed, F.lit(1), F.lit(2)), 16, 10).cast("int") >= 128
     offset = F.pow(F.lit(2), F.length(raw) * 8).cast("decimal(38,0)")
-    signed = F.when(negative, unsigned - offset).otherwise(unsigned)
-    digits = F.abs(signed).cast("string")
+    return F.when(F.length(raw) <= 8, F.when(negative, unsigned - offset).otherwise(unsigned))
+
+
+def _decimal_text(unscaled: Column, scale: Column) -> Column:
+    """An unscaled value and its scale as decimal text, by string operations (exact)."""
+    digits = F.abs(unscaled).cast("string")
     s = F.coalesce(scale.cast("int"), F.lit(0))
     padded = F.lpad(digits, F.greatest(F.length(digits), s + 1), "0")
     cut = F.length(padded) - s
@@ -386,7 +392,7 @@ def _decimal_text(b64: Column, scale: Column) -> Column:
         s > 0,
         F.concat(F.substr(padded, F.lit(1), cut), F.lit("."), F.substr(padded, cut + 1)),
     ).otherwise(padded)
-    return F.when(F.length(raw) <= 8, F.concat(F.when(signed < 0, "-").otherwise(""), text))
+    return F.concat(F.when(unscaled < 0, "-").otherwise(""), text)
 
 
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
@@ -394,13 +400,15 @@ _DAYS = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
 _MILLIS = ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp")
 
 
-def _dbz_value(table: Table, col: str, v: Column, logical: Column, scale: Column) -> Column:
+def _dbz_value(
+    table: Table, col: str, v: Column, logical: Column, scale: Column, unscaled: Column
+) -> Column:
     """A Debezium value as canonical text, decoded by its logical type when the envelope
-    has a schema."""
+    has a schema (``unscaled``: the value decoded as a ``Decimal``, computed before)."""
     text = _text(v)
     kind = table.column(col).type.kind
     if kind is Kind.DECIMAL:
-        return F.when(logical == _DECIMAL, _decimal_text(text, scale)).otherwise(text)
+        return F.when(logical == _DECIMAL, _decimal_text(unscaled, scale)).otherwise(text)
     if kind is Kind.DATE:
         days = text.try_cast("int")
         return F.when(
@@ -446,8 +454,18 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
         )
     )
     df = df.withColumn("lt", F.when(F.col("sf").isNotNull(), logical))
+    decimals = [c.name for c in table.columns if c.type.kind is Kind.DECIMAL]
+    df = df.select(
+        "*",
+        *[
+            _decimal_unscaled(_text(F.col(f"p.{part}")[c])).alias(f"dec_{part}_{c}")
+            for c in decimals
+            for part in ("after", "before")
+        ],
+    )
 
-    def text_map(m: Column) -> Column:
+    def text_map(part: str) -> Column:
+        m = F.col(f"p.{part}")
         entries = [
             F.when(
                 F.map_contains_key(m, col.name),
@@ -459,6 +477,7 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
                         m[col.name],
                         F.col("lt")[col.name]["name"],
                         F.col("lt")[col.name]["scale"],
+                        F.col(f"dec_{part}_{col.name}") if col.name in decimals else F.lit(None),
                     ).alias("v"),
                 ),
             )
@@ -471,9 +490,7 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
         )
         return F.when(m.isNotNull(), F.map_from_entries(F.concat(known, extra)))
 
-    df = df.select(
-        "*", text_map(F.col("p.after")).alias("a_m"), text_map(F.col("p.before")).alias("b_m")
-    )
+    df = df.select("*", text_map("after").alias("a_m"), text_map("before").alias("b_m"))
     op = F.col("p.op")
     after, before = F.col("a_m"), F.col("b_m")
     old_key = F.when(_has_key(table, before), _key_map(table, before))
@@ -483,11 +500,10 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     seq = F.coalesce(src["lsn"], _line_order(F.col("fileno"), F.col("line")))
     # a Decimal too long to decode reads as null: the record is malformed, not changed
     oversized = [
-        (F.col("lt")[col.name]["name"] == _DECIMAL)
-        & F.col(f"p.{part}")[col.name].isNotNull()
-        & F.col(f"{part[0]}_m")[col.name].isNull()
-        for col in table.columns
-        if col.type.kind is Kind.DECIMAL
+        (F.col("lt")[c]["name"] == _DECIMAL)
+        & _text(F.col(f"p.{part}")[c]).isNotNull()
+        & F.col(f"dec_{part}_{c}").isNull()
+        for c in decimals
         for part in ("after", "before")
     ]
     problem = _first_problem(

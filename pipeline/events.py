@@ -65,15 +65,24 @@ def read_records(
             parts.append(_parquet_as_raw(spark, staged("parquet"), rep))
         elif fmt in ("wal2json", "debezium") and staged(fmt):
             adapt = adapters.wal2json if fmt == "wal2json" else adapters.debezium
-            parts.append(adapt(spark.read.parquet(*staged(fmt)), table, export.options))
+            df = adapt(spark.read.parquet(*staged(fmt)), table, export.options)
+            parts.append(_materialized(spark, df, rep_dir / "canonical"))
         elif fmt == "dms":
             rows = adapters.read_dms(spark, staged("dms/csv"), staged("dms/parquet"))
             if rows is not None:
-                parts.append(adapters.dms(rows, rep, export.files, table, export.options))
+                df = adapters.dms(rows, rep, export.files, table, export.options)
+                parts.append(_materialized(spark, df, rep_dir / "canonical"))
     if not parts:
         schema = "replica string, file string, line bigint, raw string"
         return spark.createDataFrame([], schema)
     return reduce(DataFrame.unionByName, parts)
+
+
+def _materialized(spark: SparkSession, df: DataFrame, path: Path) -> DataFrame:
+    """An adapter's canonical records, written once beside the staged export: the resolve
+    reads its records several times, and the mapping (a parse and a window) runs once."""
+    df.write.mode("overwrite").parquet(str(path))
+    return spark.read.parquet(str(path))
 
 
 def _parquet_as_raw(spark: SparkSession, files: list[str], replica: str) -> DataFrame:

@@ -391,12 +391,15 @@ def ingest(
                 store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
             )
             dest = ctx.staged / tname / f"replica={rep}"
-            st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
+            staged = st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
+            framing = f" and {staged.framing} framing line(s)" if staged.framing else ""
             log.info(
-                "ingest %s/%s: %d events from %d file(s)",
+                "ingest %s/%s: %d %s record(s)%s from %d file(s)",
                 rep,
                 tname,
-                st.exports[rep].rows,
+                staged.records,
+                staged.format,
+                framing,
                 len(manifest["files"]),
             )
         for rep in config.replica_ids:  # optional full copies, compared after the resolve

@@ -127,8 +127,8 @@ def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
     }
     assert ins["ts"] == T0 and ins["origin"] == "pg1" and ins["txid"] == "700"
     assert ins["seq"] == 0x153BBB8  # the LSN as a 64-bit integer
-    assert ins["event_id"] == f'pg1@{T0}#1/I/{{"id":"1"}}'
-    assert got[1]["event_id"] == f'pg1@{T0}#2/I/{{"id":"2"}}'  # second change of the tx
+    assert ins["event_id"] == f'pg1@{T0}#0000000001/I/{{"id":"1"}}'
+    assert got[1]["event_id"] == f'pg1@{T0}#0000000002/I/{{"id":"2"}}'  # second change of the tx
     assert upd["key"] == {"id": "2"} and upd["new_key"] == {"id": "20"}
     assert upd["before"] == {"id": "2"}
     assert dele["key"] == {"id": "1"} and "after" not in dele
@@ -146,7 +146,7 @@ def test_wal2json_replication_origins_map_to_replicas(tmp_path: Path, spark):
         spark.read.parquet(str(dest)), cfg.tables["items"], {"origins": {"3": "pg2"}}
     )
     mapped, unmapped = canonical_rows(df)
-    assert mapped["origin"] == "pg2" and mapped["event_id"].startswith(f"pg2@{T0}#1/")
+    assert mapped["origin"] == "pg2" and mapped["event_id"].startswith(f"pg2@{T0}#0000000001/")
     assert "replication origin 4 is not mapped to a replica" in unmapped["_malformed"]
     assert unmapped["_malformed"].startswith("wal2json record at in.json:2: ")
 
