@@ -374,7 +374,7 @@ def _decimal_unscaled(b64: Column) -> Column:
     """Kafka Connect's ``Decimal`` is the unscaled value as big-endian two's complement
     bytes (base64 in JSON): that value, exactly, when it has up to 8 bytes (18 digits);
     null for a longer one (the record is then malformed: see ``debezium``)."""
-    raw = F.unbase64(b64)
+    raw = F.try_to_binary(b64, F.lit("base64"))
     hexed = F.hex(raw)
     unsigned = F.conv(hexed, 16, 10).cast("decimal(38,0)")
     negative = F.conv(F.substr(hexed, F.lit(1), F.lit(2)), 16, 10).cast("int") >= 128
@@ -458,7 +458,9 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     df = df.select(
         "*",
         *[
-            _decimal_unscaled(_text(F.col(f"p.{part}")[c])).alias(f"dec_{part}_{c}")
+            F.when(
+                F.col("lt")[c]["name"] == _DECIMAL, _decimal_unscaled(_text(F.col(f"p.{part}")[c]))
+            ).alias(f"dec_{part}_{c}")
             for c in decimals
             for part in ("after", "before")
         ],
@@ -520,7 +522,11 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
             (op.isin("c", "r", "u") & F.col("p.after").isNull(), "no after"),
             ((op == "d") & old_key.isNull(), "no before key"),
             *[
-                (o, "a Decimal of more than 8 bytes (use decimal.handling.mode=string)")
+                (
+                    o,
+                    "a Decimal that is not the base64 of at most 8 bytes (for longer values, "
+                    "use decimal.handling.mode=string)",
+                )
                 for o in oversized
             ],
         ]
