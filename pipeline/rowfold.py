@@ -26,6 +26,9 @@ _C = ConflictType
 _R = Resolver
 _O = Outcome
 
+#: §8: the local row wins, and the UPDATE's delta is still added to it
+_KEEPS_DELTA = frozenset({_O.DISCARDED, _O.SKIPPED})
+
 
 @dataclass(slots=True)
 class Version:
@@ -253,7 +256,8 @@ class RowFold:
         return row
 
     def _add_delta(self, key: Key, e: Event) -> None:
-        """§8: a losing (discarded) UPDATE still adds its delta to the live local row."""
+        """§8: an UPDATE whose row lost (discarded or skipped) still adds its delta to the
+        live local row."""
         if e.op != "UPDATE":
             return
         changed = [c for c in e.after if c in self.table.delta]
@@ -356,7 +360,7 @@ class RowFold:
         errored = any(c.outcome is _O.ERRORED for c in log)
         if errored and self.converged:
             raise RunStopped(next(c for c in log if c.outcome is _O.ERRORED), tuple(log))
-        if not applied and any(c.outcome is _O.DISCARDED for c in log):
+        if not applied and not errored and any(c.outcome in _KEEPS_DELTA for c in log):
             assert e.key is not None
             self._add_delta(e.key, e)
         return Applied(e, applied and not errored, tuple(log), errored)
