@@ -378,7 +378,10 @@ def _decimal_unscaled(b64: Column) -> Column:
     hexed = F.hex(raw)
     unsigned = F.conv(hexed, 16, 10).cast("decimal(38,0)")
     negative = F.conv(F.substr(hexed, F.lit(1), F.lit(2)), 16, 10).cast("int") >= 128
-    offset = F.pow(F.lit(2), F.length(raw) * 8).cast("decimal(38,0)")
+    # 2^(8n), exactly: a double cast to a decimal goes through its shortest text
+    # (2^64 became 18446744073709552000), which shifted long negative values
+    offsets = F.array(*[F.lit(str(2 ** (8 * n))).cast("decimal(38,0)") for n in range(1, 9)])
+    offset = F.element_at(offsets, F.greatest(F.length(raw), F.lit(1)))
     return F.when(F.length(raw) <= 8, F.when(negative, unsigned - offset).otherwise(unsigned))
 
 
@@ -498,7 +501,10 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     old_key = F.when(_has_key(table, before), _key_map(table, before))
     new_key = F.when(_has_key(table, after), _key_map(table, after))
     src = F.col("p.source")
-    ts_us = F.coalesce(src["ts_us"], F.floor(src["ts_ns"] / 1000), src["ts_ms"] * 1000)
+    # ns to µs in decimal arithmetic: a long divided by a long is a double in Spark, whose
+    # 53 bits cannot hold a nanosecond time (…001999 ns would round up to …002 µs)
+    ns_to_us = F.floor(src["ts_ns"].cast("decimal(20,0)") / 1000).cast("bigint")
+    ts_us = F.coalesce(src["ts_us"], ns_to_us, src["ts_ms"] * 1000)
     seq = F.coalesce(src["lsn"], _line_order(F.col("fileno"), F.col("line")))
     # a Decimal too long to decode reads as null: the record is malformed, not changed
     oversized = [
