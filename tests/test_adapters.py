@@ -203,11 +203,49 @@ def test_debezium_envelopes_map_to_canonical_events(tmp_path: Path, spark, wrapp
     assert dele["key"] == {"id": "1"}
 
 
-def test_debezium_decimal_bytes_decode_exactly():
-    for v, scale in [("0", 2), ("1.5", 2), ("-0.01", 2), ("-128", 0), ("99999999.99", 2)]:
-        b64 = src.decimal_bytes(v, scale)
-        raw = int.from_bytes(src.base64.b64decode(b64), "big", signed=True)
-        assert Decimal(raw).scaleb(-scale) == Decimal(v)
+@pytest.mark.parametrize("precision", [10, 18])
+def test_debezium_decimal_bytes_decode_exactly(tmp_path: Path, spark, precision: int):
+    """The adapter decodes Debezium's ``Decimal`` bytes (big-endian two's complement,
+    scale from the schema) to the exact digits, at the edges: zero, one byte, negative,
+    a sign bit set in the first byte, and the largest values of 18 digits."""
+    scale = 2
+    wide = "9" * (precision - scale) + "." + "9" * scale
+    values = ["0", "1.5", "-0.01", "-1.28", "1.28", "-327.68", "99999999.99", wide, "-" + wide]
+    columns = {"id": "int", "amount": f"decimal({precision},{scale})"}
+    cfg = load_config_for(tmp_path, {"items": {"key": ["id"], "columns": columns}})
+    dbz = src.Debezium("items", ["id"], columns, schema=True, full_identity=True)
+    recs = [
+        dbz.envelope("c", None, dbz._row({"id": i, "amount": Decimal(v)}), T0 + i, i, i)
+        for i, v in enumerate(values)
+    ]
+    dest, _rows, _ = staged_lines(tmp_path, "debezium", recs)
+    got = canonical_rows(adapters.debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
+    want = [str(Decimal(v).quantize(Decimal(1).scaleb(-scale))) for v in values]
+    assert [g["after"]["amount"] for g in got] == want
+
+
+def test_debezium_nanosecond_commit_times_keep_their_microseconds(tmp_path: Path, spark):
+    """``source.ts_ns`` alone (a connector configured so): the commit time in µs is the
+    floor of ns / 1000, exactly, even where a double would round it up."""
+    cfg = config(tmp_path, (tmp_path / "store").as_uri())
+    dbz = src.Debezium("items", ["id"], COLUMNS, schema=False, full_identity=True)
+    times_ns = [T0 * 1000 + 1999, T0 * 1000 + 999_999, T0 * 1000 - 1]
+    recs = []
+    for i, ns in enumerate(times_ns):
+        e = dbz.envelope("c", None, {"id": i}, T0, i, i)
+        e["source"] = {k: v for k, v in e["source"].items() if k not in ("ts_ms", "ts_us")}
+        e["source"]["ts_ns"] = ns
+        recs.append(e)
+    dest, _rows, _ = staged_lines(tmp_path, "debezium", recs)
+    got = canonical_rows(adapters.debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
+    assert [int(g["ts"]) for g in got] == [ns // 1000 for ns in times_ns]
+
+
+def load_config_for(tmp_path: Path, tables: dict[str, Any]):
+    path = tmp_path / "cdr.yaml"
+    store = (tmp_path / "store").as_uri()
+    path.write_text(yaml.safe_dump({**CONFIG, "tables": tables, "store": store}))
+    return load_config(path)
 
 
 # ----------------------------------------------------------------------------------- DMS
