@@ -81,6 +81,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _knows_setting(name: str) -> bool:
+    """Whether this PostgreSQL has the server setting ``name`` (minor releases add some)."""
+    out = subprocess.run(
+        [str(PG / "bin/postgres"), "--describe-config"], capture_output=True, text=True, check=False
+    )
+    return any(line.split("\t", 1)[0] == name for line in out.stdout.splitlines())
+
+
 class Server:
     """One PostgreSQL server on loopback, in its own folder."""
 
@@ -116,6 +124,8 @@ class Server:
             "fsync": "off",
             "full_page_writes": "off",
         }
+        if _knows_setting("output_plugin_libraries"):  # 15.20 and later: allow wal2json
+            settings["output_plugin_libraries"] = "pgoutput,test_decoding,wal2json"
         opts = " ".join(f"-c {k}={v}" for k, v in settings.items())
         self._run(
             str(PG / "bin/pg_ctl"), "-D", data, "-o", opts, "-l", str(self.root / "log"),

@@ -131,7 +131,7 @@ TABLES: dict[str, dict[str, Any]] = {
 }
 
 
-def random_workload(server: str, seed: int, n: int = 150) -> str:
+def random_workload(server: str, seed: int, n: int = 80) -> str:
     """Statements for one server: price and name updates, products that come and go,
     orders inserted under ids the other servers use too, quantity updates, credits to
     the accounts; some grouped in transactions."""
