@@ -1,44 +1,89 @@
 """Policy as data: every conflict type has a default in every preset and a rule in the fold;
-every configurable resolver is implemented for every type that allows it."""
+every configurable resolver gives the outcome semantics.md §4, §5 and §12 say it gives, for
+a remote event later and earlier than the local row, and leaves the state that outcome
+means."""
 
 from __future__ import annotations
 
 import pytest
 from fold_helpers import T0, H, ev, live, spec, tomb
 
-from pipeline.policy import ALLOWED, PRESETS, ConflictType, Outcome, Resolver
+from pipeline.policy import ALLOWED, PRESETS, ROW_TYPES, ConflictType, Outcome, Resolver
 from pipeline.rowfold import fold_converged
 
 C = ConflictType
+R = Resolver
+Out = Outcome
 
 
-def situation(t: ConflictType):
-    """A state and one event that meet a conflict of type ``t``."""
+def situation(t: ConflictType, dt: int):
+    """A state and one event, ``dt`` µs after the local row, that meet a conflict of
+    type ``t``."""
     full = {"id": 1, "v": "x", "n": 2}
+    e = T0 + dt
     return {
-        C.INSERT_EXISTS: ([live(1, "a", T0, "sub")], ev("INSERT", 1, T0 + H, "pub", "pub-1", full)),
+        C.INSERT_EXISTS: ([live(1, "a", T0, "sub")], ev("INSERT", 1, e, "pub", "pub-1", full)),
         C.UPDATE_DIFFER: (
             [live(1, "a", T0, "sub")],
-            ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "x"}),
+            ev("UPDATE", 1, e, "pub", "pub-1", {"v": "x"}),
         ),
-        C.UPDATE_MISSING: ([], ev("UPDATE", 1, T0 + H, "pub", "pub-1", full)),
-        C.UPDATE_DELETED: ([tomb(1, T0, "sub")], ev("UPDATE", 1, T0 + H, "pub", "pub-1", full)),
-        C.DELETE_DIFFER: ([live(1, "a", T0, "sub")], ev("DELETE", 1, T0 + H, "pub", "pub-1")),
-        C.DELETE_MISSING: ([], ev("DELETE", 1, T0 + H, "pub", "pub-1")),
+        C.UPDATE_MISSING: ([], ev("UPDATE", 1, e, "pub", "pub-1", full)),
+        C.UPDATE_DELETED: ([tomb(1, T0, "sub")], ev("UPDATE", 1, e, "pub", "pub-1", full)),
+        C.DELETE_DIFFER: ([live(1, "a", T0, "sub")], ev("DELETE", 1, e, "pub", "pub-1")),
+        C.DELETE_MISSING: ([], ev("DELETE", 1, e, "pub", "pub-1")),
         C.PKEY_EXISTS: (
-            [live(1, "a", T0, "pub"), live(2, "b", T0, "sub")],
-            ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"id": 2}, new_key=2),
+            [live(1, "a", T0 - 2 * H, "pub"), live(2, "b", T0, "sub")],
+            ev("UPDATE", 1, e, "pub", "pub-1", {"id": 2}, new_key=2),
         ),
         C.MULTIPLE_UNIQUE_CONFLICTS: (
             [live(2, "x", T0, "sub")],
-            ev("INSERT", 1, T0 + H, "pub", "pub-1", full),
+            ev("INSERT", 1, e, "pub", "pub-1", full),
         ),
-        C.SOURCE_COLUMN_EXTRA: (
-            [],
-            ev("INSERT", 1, T0 + H, "pub", "pub-1", full, extra_cols=("zz",)),
-        ),
-        C.TARGET_COLUMN_EXTRA: ([], ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "x"})),
+        C.SOURCE_COLUMN_EXTRA: ([], ev("INSERT", 1, e, "pub", "pub-1", full, extra_cols=("zz",))),
+        C.TARGET_COLUMN_EXTRA: ([], ev("INSERT", 1, e, "pub", "pub-1", {"id": 1, "v": "x"})),
     }[t]
+
+
+LATER, EARLIER = H, -H
+
+#: §4 and §12 "Outcomes", written from the spec: (type, resolver, remote later?) -> outcome.
+#: A resolver that does not look at timestamps gives the same outcome either way.
+EXPECTED: dict[tuple[ConflictType, Resolver], tuple[Outcome, Outcome]] = {
+    (C.INSERT_EXISTS, R.LATEST_TIMESTAMP_WINS): (Out.CONVERTED_TO_UPDATE, Out.DISCARDED),
+    (C.INSERT_EXISTS, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.CONVERTED_TO_UPDATE),
+    (C.INSERT_EXISTS, R.APPLY): (Out.CONVERTED_TO_UPDATE, Out.CONVERTED_TO_UPDATE),
+    (C.UPDATE_DIFFER, R.LATEST_TIMESTAMP_WINS): (Out.APPLIED, Out.DISCARDED),
+    (C.UPDATE_DIFFER, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.APPLIED),
+    (C.UPDATE_DIFFER, R.APPLY): (Out.APPLIED, Out.APPLIED),
+    (C.UPDATE_MISSING, R.APPLY_OR_SKIP): (Out.CONVERTED_TO_INSERT, Out.CONVERTED_TO_INSERT),
+    (C.UPDATE_MISSING, R.APPLY_OR_ERROR): (Out.CONVERTED_TO_INSERT, Out.CONVERTED_TO_INSERT),
+    (C.UPDATE_DELETED, R.LATEST_TIMESTAMP_WINS): (Out.CONVERTED_TO_INSERT, Out.DISCARDED),
+    (C.UPDATE_DELETED, R.APPLY_OR_SKIP): (Out.CONVERTED_TO_INSERT, Out.CONVERTED_TO_INSERT),
+    (C.UPDATE_DELETED, R.APPLY_OR_ERROR): (Out.CONVERTED_TO_INSERT, Out.CONVERTED_TO_INSERT),
+    (C.DELETE_DIFFER, R.LATEST_TIMESTAMP_WINS): (Out.APPLIED, Out.DISCARDED),
+    (C.DELETE_DIFFER, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.APPLIED),
+    (C.DELETE_DIFFER, R.APPLY): (Out.APPLIED, Out.APPLIED),
+    (C.PKEY_EXISTS, R.LATEST_TIMESTAMP_WINS): (Out.APPLIED, Out.DISCARDED),
+    (C.PKEY_EXISTS, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.APPLIED),
+    (C.PKEY_EXISTS, R.APPLY): (Out.APPLIED, Out.APPLIED),
+    (C.MULTIPLE_UNIQUE_CONFLICTS, R.APPLY): (Out.APPLIED, Out.APPLIED),
+    (C.SOURCE_COLUMN_EXTRA, R.IGNORE): (Out.APPLIED, Out.APPLIED),
+    (C.TARGET_COLUMN_EXTRA, R.USE_DEFAULT): (Out.APPLIED, Out.APPLIED),
+    **{(t, R.SKIP): (Out.SKIPPED, Out.SKIPPED) for t in ConflictType},
+    **{(t, R.ERROR): (Out.ERRORED, Out.ERRORED) for t in ConflictType},
+}
+
+#: §5's table, for a remote event later and earlier than the local row or tombstone, and
+#: §12 "delete_wins" for UPDATE or DELETE on an absent key or a tombstone
+DELETE_WINS: dict[ConflictType, tuple[Outcome, Outcome]] = {
+    C.INSERT_EXISTS: (Out.CONVERTED_TO_UPDATE, Out.DISCARDED),
+    C.UPDATE_DIFFER: (Out.APPLIED, Out.DISCARDED),
+    C.UPDATE_MISSING: (Out.DISCARDED, Out.DISCARDED),
+    C.UPDATE_DELETED: (Out.DISCARDED, Out.DISCARDED),
+    C.DELETE_DIFFER: (Out.APPLIED, Out.APPLIED),
+    C.DELETE_MISSING: (Out.APPLIED, Out.APPLIED),
+    C.PKEY_EXISTS: (Out.APPLIED, Out.DISCARDED),
+}
 
 
 def test_every_preset_has_a_resolver_for_every_type():
@@ -46,30 +91,57 @@ def test_every_preset_has_a_resolver_for_every_type():
         assert set(rule.resolvers) == set(ConflictType), preset
 
 
-@pytest.mark.parametrize(
-    ("ctype", "resolver"), [(t, r) for t in ConflictType for r in sorted(ALLOWED[t])]
-)
-def test_every_allowed_resolver_is_implemented(ctype, resolver: Resolver):
-    table = {"resolvers": {ctype.value: resolver.value}}
+def test_every_allowed_resolver_has_an_expected_outcome():
+    assert {(t, r) for t in ConflictType for r in ALLOWED[t]} == set(EXPECTED)
+    assert set(DELETE_WINS) == ROW_TYPES
+
+
+def _check_state(ctype: ConflictType, outcome: Outcome, before: dict, after: dict, event) -> None:
+    """What an outcome means for the row (§4): the remote's values when it took effect,
+    the local state otherwise."""
+    target = event.new_key or event.key
+    if not outcome.remote_applied:
+        assert after == before
+    elif event.op == "DELETE":
+        assert after[target].deleted
+    else:
+        assert not after[target].deleted
+        assert after[target].event_id == event.event_id
+        assert all(after[target].values[c] == v for c, v in event.after.items())
+        if ctype is C.PKEY_EXISTS:
+            assert event.key not in after  # §12: the old key disappears
+
+
+@pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
+@pytest.mark.parametrize(("ctype", "resolver"), sorted(EXPECTED))
+def test_every_allowed_resolver_gives_its_outcome(ctype, resolver: Resolver, later: bool):
+    table: dict = {"resolvers": {ctype.value: resolver.value}}
     if ctype is C.MULTIPLE_UNIQUE_CONFLICTS:
         table["unique"] = [["v"]]
-    state, event = situation(ctype)
+    state, event = situation(ctype, LATER if later else EARLIER)
     res = fold_converged(spec(table), dict(state), [event])
     logged = [c for a in res.applied for c in a.conflicts if c.type is ctype]
     assert len(logged) == 1
     assert logged[0].resolver is resolver
-    assert logged[0].outcome in set(Outcome)
-    if resolver is Resolver.ERROR:
-        assert res.stopped is not None
+    want = EXPECTED[(ctype, resolver)][0 if later else 1]
+    assert logged[0].outcome is want
+    assert (res.stopped is not None) == (want is Out.ERRORED)
+    if want is not Out.ERRORED and ctype is not C.MULTIPLE_UNIQUE_CONFLICTS:
+        _check_state(ctype, want, dict(state), res.state, event)
 
 
-@pytest.mark.parametrize("ctype", sorted(ConflictType))
-def test_delete_wins_decides_every_row_type(ctype):
-    from pipeline.policy import ROW_TYPES
-
-    if ctype not in ROW_TYPES or ctype is C.PKEY_EXISTS:
-        pytest.skip("not decided by the delete-wins rule")
-    state, event = situation(ctype)
+@pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
+@pytest.mark.parametrize("ctype", sorted(DELETE_WINS))
+def test_delete_wins_decides_every_row_type(ctype, later: bool):
+    state, event = situation(ctype, LATER if later else EARLIER)
     res = fold_converged(spec({"policy": "delete_wins"}), dict(state), [event])
-    logged = [c for a in res.applied for c in a.conflicts]
-    assert logged and logged[0].resolver is Resolver.DELETE_WINS
+    logged = [c for a in res.applied for c in a.conflicts if c.type is ctype]
+    assert len(logged) == 1 and logged[0].resolver is Resolver.DELETE_WINS
+    want = DELETE_WINS[ctype][0 if later else 1]
+    assert logged[0].outcome is want
+    if ctype in (C.DELETE_MISSING,):
+        assert res.state[event.key].deleted  # the newer tombstone is kept
+    elif want.remote_applied and event.op == "DELETE":
+        assert res.state[event.key].deleted  # a delete is never undone
+    else:
+        _check_state(ctype, want, dict(state), res.state, event)
