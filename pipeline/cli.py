@@ -98,6 +98,12 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="ingest, resolve and validate, and publish nothing",
     )
+    p.add_argument(
+        "--no-data-docs",
+        dest="data_docs",
+        action="store_false",
+        help="keep the validation results but build no Data Docs pages (faster)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,6 +187,7 @@ def _options(args: argparse.Namespace) -> Any:
         tables=getattr(args, "tables", None),
         on_divergence=getattr(args, "on_divergence", None),
         dry_run=getattr(args, "dry_run", False),
+        data_docs=getattr(args, "data_docs", True),
     )
 
 
@@ -207,8 +214,10 @@ def _cmd_stage(args: argparse.Namespace) -> int:
                 _print_failed_report(args, config)
             raise
         if report["status"] == "dry_run":
-            docs = RunContext.load(opts.work_dir, args.date).validation / "data_docs/index.html"
-            where = f"\ndry run: nothing published\n  Data Docs: {docs.as_uri()}"
+            ctx = RunContext.load(opts.work_dir, args.date)
+            where = "\ndry run: nothing published"
+            if ctx.data_docs:
+                where += f"\n  Data Docs: {(ctx.validation / 'data_docs/index.html').as_uri()}"
             _emit(args, report, format_report(report) + where)
         else:
             _emit(args, report, format_report(report) + _where(config, report))
@@ -228,8 +237,9 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             _emit(args, summary, f"resolved {args.date}: {ctx.resolved}")
         elif args.command == "validate":
             verdict = stages.validate(config, ctx, get_spark(opts.master))
-            docs = ctx.validation / "data_docs" / "index.html"
-            print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)
+            if ctx.data_docs:
+                docs = ctx.validation / "data_docs" / "index.html"
+                print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)
             if not verdict.passed:
                 raise CdrError("; ".join(verdict.failures))
             _emit(args, {"passed": True}, f"validated {args.date}: passed")

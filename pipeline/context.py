@@ -72,8 +72,8 @@ def new_run_id(dt: date) -> str:
 @dataclass(frozen=True)
 class RunContext:
     """One run. ``tables`` (a subset, or None for all), ``on_divergence`` (an override)
-    and ``dry_run`` are the run's options, fixed at ingest so that every later stage,
-    in whatever process, sees the same ones."""
+    ``dry_run`` and ``data_docs`` are the run's options, fixed at ingest so that every later
+    stage, in whatever process, sees the same ones."""
 
     dt: date
     now_us: int
@@ -82,6 +82,7 @@ class RunContext:
     tables: tuple[str, ...] | None = None
     on_divergence: str | None = None
     dry_run: bool = False
+    data_docs: bool = True  # build the Great Expectations Data Docs pages
 
     def config(self, config: Config) -> Config:
         """The config as this run uses it (its tables and overrides)."""
@@ -130,6 +131,7 @@ class RunContext:
             tuple(tables) if tables is not None else None,
             d.get("on_divergence"),
             bool(d.get("dry_run", False)),
+            bool(d.get("data_docs", True)),
         )
 
     @staticmethod
@@ -141,6 +143,7 @@ class RunContext:
         tables: tuple[str, ...] | None = None,
         on_divergence: str | None = None,
         dry_run: bool = False,
+        data_docs: bool = True,
     ) -> RunContext:
         return RunContext(
             dt,
@@ -150,4 +153,5 @@ class RunContext:
             tables,
             on_divergence,
             dry_run,
+            data_docs,
         )

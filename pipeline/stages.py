@@ -40,6 +40,7 @@ class RunOptions:
     tables: tuple[str, ...] | None = None  # a subset (with the tables they reference)
     on_divergence: str | None = None  # overrides the config's
     dry_run: bool = False  # ingest, resolve and validate; publish nothing
+    data_docs: bool = True  # build the Data Docs pages of the validation results
 
 
 def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
@@ -52,6 +53,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
         opts.tables,
         opts.on_divergence,
         opts.dry_run,
+        opts.data_docs,
     )
     config = ctx.config(config)
     assert config.store
@@ -107,7 +109,7 @@ def run_report(
         "tables": summary["tables"],
         "validation": {
             "results": f"{validation}/results.json",
-            "data_docs": f"{validation}/data_docs/index.html",
+            "data_docs": f"{validation}/data_docs/index.html" if ctx.data_docs else None,
             "suites": {name: s["success"] for name, s in verdict.suites.items()},
         },
         **({"cdc": summary["cdc"]} if "cdc" in summary else {}),

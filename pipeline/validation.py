@@ -195,8 +195,9 @@ def validate_stage(
                 )
     finally:
         spark.catalog.clearCache()
-    project.build_docs()
-    bundle(ctx.validation / "data_docs")  # pages that open without internet
+    if ctx.data_docs:
+        project.build_docs()
+        bundle(ctx.validation / "data_docs")  # pages that open without internet
     ctx.validation.mkdir(parents=True, exist_ok=True)
     ctx.results.write_text(
         json.dumps(
@@ -205,7 +206,7 @@ def validate_stage(
                 "failures": verdict.failures,
                 "warnings": verdict.warnings,
                 "suites": verdict.suites,
-                "data_docs": "data_docs/index.html",
+                "data_docs": "data_docs/index.html" if ctx.data_docs else None,
             },
             indent=2,
             default=str,
