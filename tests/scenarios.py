@@ -1,16 +1,24 @@
 """Acceptance scenarios (shared/scenarios/*.json): lay one out as a ``file://`` store the
-way its README says, run it through ``cdr run``, and read back what was published."""
+way its README says, run it through ``cdr run``, and read back what was published.
+
+Exports are written as JSONL, or as canonical Parquet (``fmt="parquet"``: objects as JSON
+strings, the base snapshot as typed columns). Published values are compared with the
+expected ones exactly, typed by the table's schema: ``"1"`` is not ``1``, and a decimal
+keeps its scale."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import io
 import json
 import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,7 +28,13 @@ GOLDEN = REPO / "tests" / "golden"
 
 
 def scenario_files() -> list[Path]:
+    """The shared scenarios, then the golden ones. Under CI the shared set must be there:
+    a missing folder fails the suite instead of shrinking it to the golden files."""
     shared = sorted(SCENARIOS.glob("*.json")) if SCENARIOS.is_dir() else []
+    if not shared and os.environ.get("CI") == "true":
+        raise RuntimeError(
+            f"CI=true but no shared scenarios in {SCENARIOS} (set CDR_SCENARIOS to their folder)"
+        )
     return shared + sorted(GOLDEN.glob("*.json"))
 
 
@@ -38,21 +52,81 @@ def write_jsonl(
     )
 
 
+#: fields of the canonical record that hold objects (JSON strings in a Parquet export)
+OBJECTS = ("key", "new_key", "after", "before")
+
+
+def _column(values: list[Any]) -> pa.Array:
+    """One Parquet column: the values' own type, or their text when types are mixed."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if v is None else str(v) for v in values], pa.string())
+
+
+def write_parquet(
+    folder: Path, records: list[dict[str, Any]], manifest: dict[str, Any], objects: bool
+) -> None:
+    """A Parquet export (``objects``: the canonical record's objects as JSON strings) or a
+    Parquet base snapshot (typed columns)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = list(dict.fromkeys(k for r in records for k in r))
+    cols = {}
+    for n in names:
+        values = [r.get(n) for r in records]
+        if objects and n in OBJECTS:
+            cols[n] = pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+        else:
+            cols[n] = _column(values)
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols) if names else pa.table({"op": pa.array([], pa.string())}), buf)
+    data = buf.getvalue()
+    name = "part-0000.parquet"
+    (folder / name).write_bytes(data)
+    files = [{"path": name, "rows": len(records), "sha256": hashlib.sha256(data).hexdigest()}]
+    (folder / "_manifest.json").write_text(
+        json.dumps({**manifest, "format": "parquet", "files": files})
+    )
+
+
+def parquet_ready(s: dict[str, Any]) -> bool:
+    """Whether every record of the scenario can be a Parquet row (a record that is not a
+    JSON object, or a field that is an object in one record and a scalar in another,
+    stays JSONL)."""
+    runs = [s["exports"], *(h["exports"] for h in s.get("history", []))]
+    records = [e for ex in runs for tables in ex.values() for evs in tables.values() for e in evs]
+    return all(
+        isinstance(e, dict) and all(isinstance(e.get(k), dict | None) for k in OBJECTS)
+        for e in records
+    )
+
+
 def write_exports(
-    root: Path, date: str, exports: dict[str, dict[str, list[dict]]], gz: bool = False
+    root: Path,
+    date: str,
+    exports: dict[str, dict[str, list[dict]]],
+    gz: bool = False,
+    fmt: str = "jsonl",
 ) -> None:
     for replica, tables in exports.items():
         for table, events in tables.items():
             folder = root / f"exports/replica={replica}/table={table}/dt={date}"
-            write_jsonl(folder, events, {"replica": replica, "table": table, "dt": date}, gz)
+            manifest = {"replica": replica, "table": table, "dt": date}
+            if fmt == "parquet":
+                write_parquet(folder, events, manifest, objects=True)
+            else:
+                write_jsonl(folder, events, manifest, gz)
 
 
-def layout_store(s: dict[str, Any], root: Path, gz: bool = False) -> None:
+def layout_store(s: dict[str, Any], root: Path, gz: bool = False, fmt: str = "jsonl") -> None:
     for table, rows in (s.get("prior_state") or {}).items():
-        write_jsonl(root / f"base/table={table}", rows, {"table": table}, gz)
+        if fmt == "parquet":
+            write_parquet(root / f"base/table={table}", rows, {"table": table}, objects=False)
+        else:
+            write_jsonl(root / f"base/table={table}", rows, {"table": table}, gz)
     for h in s.get("history", []):
-        write_exports(root, h["date"], h["exports"], gz)
-    write_exports(root, s["date"], s["exports"], gz)
+        write_exports(root, h["date"], h["exports"], gz, fmt)
+    write_exports(root, s["date"], s["exports"], gz, fmt)
 
 
 def config_file(s: dict[str, Any], root: Path, path: Path) -> Path:
@@ -76,6 +150,16 @@ def read_parquet_dir(path: Path) -> list[dict[str, Any]]:
     for f in sorted(path.rglob("*.parquet")):
         rows += pq.read_table(f).to_pylist()
     return rows
+
+
+def snapshot_rows(store: Any, table: str) -> list[dict[str, Any]]:
+    """The rows of a table's current snapshot in any store (``pipeline.store``), sorted."""
+    pointer = json.loads(store.read_bytes(f"published/{table}/_latest.json"))
+    rows: list[dict[str, Any]] = []
+    for key in store.list(pointer["snapshot"]):
+        if key.endswith(".parquet"):
+            rows += pq.read_table(io.BytesIO(store.read_bytes(key))).to_pylist()
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
 def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
@@ -124,27 +208,59 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _norm(v: Any) -> Any:
+def _canon(v: Any) -> Any:
+    """A value with its type, so that equal means equal type and equal text: a decimal
+    keeps its scale, ``"1"`` differs from ``1``, ``True`` from ``1``."""
+    from datetime import date, datetime
     from decimal import Decimal
 
-    if isinstance(v, Decimal):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(Decimal(v)) if v.replace(".", "", 1).lstrip("-").isdigit() else v
-        except Exception:
-            return v
-    if isinstance(v, float) and v.is_integer():
+    if isinstance(v, bool) or v is None:
         return v
-    return v
+    if isinstance(v, Decimal):
+        return ["decimal", str(v)]
+    if isinstance(v, datetime | date):
+        return [type(v).__name__, v.isoformat()]
+    if isinstance(v, bytes):
+        return ["bytes", v.hex()]
+    if isinstance(v, float):
+        return ["float", repr(v)]
+    if isinstance(v, int):
+        return ["int", v]
+    if isinstance(v, str):
+        return ["str", v]
+    return ["other", repr(v)]
+
+
+def typed(row: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
+    """An expected row (JSON values) as the pipeline publishes it: each column as its
+    configured type (formats.md), ``_ts`` an integer; a value that does not fit its type
+    is kept as it is, so that it cannot match."""
+    from pipeline.config import Kind, coerce_value, parse_column_type
+
+    out = {}
+    for k, v in row.items():
+        out[k] = v
+        if k not in table["columns"]:
+            continue
+        ctype = parse_column_type(table["columns"][k])
+        if ctype.kind in (Kind.STRING, Kind.UUID) and not isinstance(v, str):
+            continue  # coerce_value would make text of anything
+        with contextlib.suppress(ValueError, TypeError):  # kept as is: it cannot match
+            out[k] = coerce_value(ctype, v)
+    return out
 
 
 def _row_key(r: dict[str, Any]) -> str:
-    return json.dumps({k: _norm(v) for k, v in sorted(r.items())}, sort_keys=True, default=str)
+    return json.dumps({k: _canon(v) for k, v in sorted(r.items())}, sort_keys=True)
 
 
-def multiset(rows: list[dict[str, Any]]) -> Counter[str]:
-    return Counter(_row_key(r) for r in rows)
+def multiset(rows: list[dict[str, Any]], table: dict[str, Any] | None = None) -> Counter[str]:
+    """Rows as a multiset; with ``table``, typed by its schema first (see :func:`typed`)."""
+    return Counter(_row_key(typed(r, table) if table else r) for r in rows)
+
+
+def _conflict_rows(rows: list[dict[str, Any]], table: dict[str, Any]) -> Counter[str]:
+    return Counter(_row_key({**r, "key": _row_key(typed(r["key"], table))}) for r in rows)
 
 
 def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[str]:
@@ -160,11 +276,12 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
             rows = got["snapshot"].get(t, [])
             if t in exp["snapshot"] and tables[t].get("policy") == "scylla":
                 rows = [{k: v for k, v in r.items() if k != "_origin"} for r in rows]
-            if multiset(rows) != multiset(want):
+            if multiset(rows) != multiset(want, tables[t]):
                 diffs.append(f"snapshot {t}: got {rows}, want {want}")
     for t in tables:
-        want_c = multiset(exp.get("conflicts", {}).get(t, []))
-        got_c = multiset(got["conflicts"].get(t, []))
+        spec = tables[t]
+        want_c = _conflict_rows(exp.get("conflicts", {}).get(t, []), spec)
+        got_c = _conflict_rows(got["conflicts"].get(t, []), spec)
         if exp.get("fails"):
             if want_c - got_c:
                 diffs.append(f"conflicts {t}: missing {dict(want_c - got_c)}")
@@ -174,12 +291,14 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
         got_q = multiset(got["quarantine"].get(t, []))
         if want_q != got_q:
             diffs.append(f"quarantine {t}: got {dict(got_q)}, want {dict(want_q)}")
-        want_d = {r: multiset(ks) for r, ks in exp.get("divergent_keys", {}).get(t, {}).items()}
-        got_d = {r: multiset(ks) for r, ks in got["divergent_keys"].get(t, {}).items()}
+        want_d = {
+            r: multiset(ks, spec) for r, ks in exp.get("divergent_keys", {}).get(t, {}).items()
+        }
+        got_d = {r: multiset(ks, spec) for r, ks in got["divergent_keys"].get(t, {}).items()}
         if want_d != got_d:
             diffs.append(f"divergent_keys {t}: got {got_d}, want {want_d}")
-        want_o = multiset(exp.get("orphans", {}).get(t, []))
-        got_o = multiset(got["orphans"].get(t, []))
+        want_o = multiset(exp.get("orphans", {}).get(t, []), spec)
+        got_o = multiset(got["orphans"].get(t, []), spec)
         if want_o != got_o:
             diffs.append(f"orphans {t}: got {dict(got_o)}, want {dict(want_o)}")
     return diffs

@@ -32,10 +32,14 @@ def _params():
     return out
 
 
-def run_scenario(s: dict, tmp: Path, gz: bool = False, cli=None) -> tuple[dict, bool]:
+def run_scenario(
+    s: dict, tmp: Path, gz: bool = False, cli=None, fmt: str = "jsonl", docs: bool = False
+) -> tuple[dict, bool]:
+    """Lay the scenario out under ``tmp/store`` and ``cdr run`` its dates in order;
+    ``docs`` builds the Data Docs (the scenario tests do not look at them)."""
     store = tmp / "store"
     store.mkdir()
-    S.layout_store(s, store, gz=gz)
+    S.layout_store(s, store, gz=gz, fmt=fmt)
     cfg = S.config_file(s, store, tmp / "cdr.yaml")
     runs = [*s.get("history", []), {"date": s["date"], "now": s["now"], "exports": s["exports"]}]
     failed = False
@@ -53,8 +57,35 @@ def run_scenario(s: dict, tmp: Path, gz: bool = False, cli=None) -> tuple[dict, 
         ]
         if S.missing_exports(s, r["exports"]):
             args.append("--allow-missing-exports")  # the scenario's replica exported nothing
+        if not docs:
+            args.append("--no-data-docs")
         failed = (cli or main)(args) != 0
     return S.published(store, s), failed
+
+
+def scenario_format(path: Path, s: dict) -> str:
+    """One scenario in four (of those whose records fit Parquet rows) is exported as
+    canonical Parquet, with a Parquet base snapshot; the others as JSONL."""
+    ready = [p for p in S.scenario_files() if S.parquet_ready(json.loads(p.read_text()))]
+    return "parquet" if path in ready[::4] and S.parquet_ready(s) else "jsonl"
+
+
+#: scenarios whose runs other tests read (tests/test_validation.py): run once, with the
+#: Data Docs where those tests open them
+SHARED_RUNS: dict[str, dict] = {}
+DOCS = {"pg_fk_update_parent_fail"}
+
+
+def scenario_run(path: Path, tmp_path_factory) -> dict:
+    """The published result of one scenario, run once per session."""
+    if path.stem not in SHARED_RUNS:
+        s = json.loads(path.read_text())
+        s["config"].setdefault("cdc", CDC)
+        tmp = tmp_path_factory.mktemp(path.stem)
+        fmt = scenario_format(path, s)
+        got, failed = run_scenario(s, tmp, fmt=fmt, docs=path.stem in DOCS)
+        SHARED_RUNS[path.stem] = {"s": s, "got": got, "failed": failed, "root": tmp, "fmt": fmt}
+    return SHARED_RUNS[path.stem]
 
 
 #: every scenario also publishes its CDC log, which must replay to its snapshots
@@ -89,17 +120,22 @@ def cdc_replay_problems(s: dict, root: Path) -> list[str]:
 
 @pytest.mark.skipif(not S.scenario_files(), reason="shared/scenarios not found")
 @pytest.mark.parametrize("path", _params())
-def test_scenario(path: Path, tmp_path: Path, spark):
-    s = json.loads(path.read_text())
-    s["config"].setdefault("cdc", CDC)
-    got, failed = run_scenario(s, tmp_path)
+def test_scenario(path: Path, tmp_path_factory, spark):
+    ran = scenario_run(path, tmp_path_factory)
+    s, got, failed, root = ran["s"], ran["got"], ran["failed"], ran["root"]
     assert S.differences(s, got, failed) == []
     if s["expect"].get("fails"):
         assert got.get("status") == "failed"
         assert got["snapshot"] == {}  # nothing of a failed run is visible through _latest.json
         for t in s["config"]["tables"]:  # nor of its CDC log
-            assert not (tmp_path / f"store/published/cdc/{t}/log/dt={s['date']}").exists()
-    assert cdc_replay_problems(s, tmp_path / "store") == []
+            assert not (root / f"store/published/cdc/{t}/log/dt={s['date']}").exists()
+    assert cdc_replay_problems(s, root / "store") == []
+
+
+def test_one_scenario_in_four_runs_on_parquet_exports():
+    paths = S.scenario_files()
+    formats = [scenario_format(p, json.loads(p.read_text())) for p in paths]
+    assert formats.count("parquet") >= len(paths) // 5, formats
 
 
 def test_scenario_through_the_console_script_with_gzip(tmp_path: Path):
@@ -118,3 +154,14 @@ def test_scenario_through_the_console_script_with_gzip(tmp_path: Path):
 
     got, failed = run_scenario(s, tmp_path, gz=True, cli=cli)
     assert S.differences(s, got, failed) == []
+
+
+def test_a_missing_scenario_folder_fails_under_ci(tmp_path: Path, monkeypatch):
+    """Outside CI a checkout without shared/scenarios runs the golden files only; under
+    CI=true it is an error, so that the suite cannot shrink unnoticed."""
+    monkeypatch.setattr(S, "SCENARIOS", tmp_path / "missing")
+    monkeypatch.delenv("CI", raising=False)
+    assert S.scenario_files() == sorted(S.GOLDEN.glob("*.json"))
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(RuntimeError, match="no shared scenarios"):
+        S.scenario_files()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import scenarios as S
 from fold_helpers import make_config
-from test_scenarios import CDC, run_scenario
+from test_scenarios import run_scenario, scenario_run
 
 from pipeline.config import parse_config
 from pipeline.replay import replay_differences
@@ -269,11 +269,15 @@ def test_data_docs_list_the_suites(project, spark):
 # ---------------------------------------------------------------------- through `cdr run`
 
 
-def _scenario(name: str, **config: Any) -> dict[str, Any]:
+def _path(name: str) -> Path:
     path = S.SCENARIOS / f"{name}.json"
     if not path.exists():
         pytest.skip("shared/scenarios not found")
-    s = json.loads(path.read_text())
+    return path
+
+
+def _scenario(name: str, **config: Any) -> dict[str, Any]:
+    s = json.loads(_path(name).read_text())
     s["config"].update(config)
     return s
 
@@ -317,14 +321,16 @@ def render(page: Path, tmp: Path) -> str:
     return re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)  # what the page shows
 
 
-def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(tmp_path, spark):
+def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
+    tmp_path, tmp_path_factory, spark
+):
     """The FK seed example under ``on_fk_violation: fail``: the order left pointing at a
     product whose key changed fails the run; the results and Data Docs are published,
-    and render in a browser with every suite."""
-    s = _scenario("pg_fk_update_parent_fail", cdc=CDC)
-    got, failed = run_scenario(s, tmp_path)
+    and render in a browser with every suite. (The scenario test's run.)"""
+    ran = scenario_run(_path("pg_fk_update_parent_fail"), tmp_path_factory)
+    s, got, failed = ran["s"], ran["got"], ran["failed"]
     assert failed and got["snapshot"] == {}
-    root = tmp_path / "store"
+    root = ran["root"] / "store"
     assert not (root / "published/orders/_latest.json").exists()
     report = json.loads((root / f"published/reports/dt={s['date']}/run_report.json").read_text())
     assert report["status"] == "failed"
@@ -351,21 +357,21 @@ def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(tmp_path,
     assert "Failed" in dom
 
 
-def test_quarantine_moves_the_orphan_out_and_passes(tmp_path, spark):
-    s = _scenario("pg_fk_update_parent_fail", on_fk_violation="quarantine")
-    got, failed = run_scenario(s, tmp_path)
+def test_quarantine_moves_the_orphan_out_and_passes(tmp_path_factory, spark):
+    """The same exports under ``on_fk_violation: quarantine`` (the scenario test's run)."""
+    ran = scenario_run(_path("pg_fk_update_parent_quarantine"), tmp_path_factory)
+    assert ran["s"]["config"]["on_fk_violation"] == "quarantine"
+    got, failed = ran["got"], ran["failed"]
     assert not failed
     assert {q["reason"] for q in got["quarantine"]["orders"]} == {"fk_violation"}
     assert 103 not in {r["order_id"] for r in got["snapshot"]["orders"]}
 
 
-def test_a_divergent_policy_fails_or_warns(tmp_path, spark):
-    s = _scenario("divergence_skip_fails")
-    assert s["config"].get("on_divergence", "fail") == "fail"
-    (tmp_path / "fail").mkdir()
+def test_a_divergent_policy_fails_or_warns(tmp_path, tmp_path_factory, spark):
+    ran = scenario_run(_path("divergence_skip_fails"), tmp_path_factory)
+    assert ran["s"]["config"].get("on_divergence", "fail") == "fail"
+    assert ran["failed"] and ran["got"]["status"] == "failed"
     (tmp_path / "warn").mkdir()
-    got, failed = run_scenario(s, tmp_path / "fail")
-    assert failed and got["status"] == "failed"
     s = _scenario("divergence_skip_fails", on_divergence="warn")
     got, failed = run_scenario(s, tmp_path / "warn")
     assert not failed and got["status"] == "published" and got["snapshot"]
