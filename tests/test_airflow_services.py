@@ -25,9 +25,11 @@ from typing import Any
 
 import pytest
 import yaml
-from airflow_env import BIN, airflow_environment
+from airflow_env import BIN, airflow_environment, use_database
+from scenarios import snapshot_rows
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+# the backfill waits up to 30 minutes for its runs; a hang beyond that fails the test
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 DATES = [date(2026, 11, 19) + timedelta(days=i) for i in range(4)]  # REST run, then backfill
 # where the screenshots go (kept for people to look at); default: the test's tmp folder
@@ -95,13 +97,19 @@ def _wait_http(url: str, timeout: float, procs: list[subprocess.Popen]) -> None:
             time.sleep(1)
 
 
+def _generated(i: int):
+    from pipeline.generate import GenerateOptions
+
+    return GenerateOptions(events=300, seed=20 + i, base_rows=50)
+
+
 @pytest.fixture(scope="module")
-def services(tmp_path_factory, s3_endpoint) -> Iterator[Airflow]:
+def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
     import boto3
 
     from pipeline.config import load_config
     from pipeline.demo import DEMO_CONFIG
-    from pipeline.generate import GenerateOptions, generate
+    from pipeline.generate import generate
     from pipeline.store import open_store
 
     home = tmp_path_factory.mktemp("airflow-services")
@@ -112,7 +120,7 @@ def services(tmp_path_factory, s3_endpoint) -> Iterator[Airflow]:
     config = load_config(cfg)
     store = open_store(f"s3://{bucket}/prod")
     for i, d in enumerate(DATES):
-        generate(config, store, d, GenerateOptions(events=900, seed=20 + i, base_rows=50))
+        generate(config, store, d, _generated(i))
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -140,9 +148,7 @@ def services(tmp_path_factory, s3_endpoint) -> Iterator[Airflow]:
         ),
     }
     env.pop("AWS_ENDPOINT_URL_S3", None)  # tasks get it from aws_default, the plugin too
-    subprocess.run(
-        [str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
-    )
+    use_database(airflow_db, home)
     procs = []
     for service in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"]):
         log = open(home / f"{service[0]}.log", "w")  # noqa: SIM115 (closed with the process)
@@ -179,8 +185,30 @@ def _report(store, d: date) -> dict[str, Any]:
     return json.loads(store.read_bytes(f"published/reports/dt={d}/run_report.json"))
 
 
-def test_a_run_triggered_through_the_rest_api_publishes(services):
-    """POST dagRuns with a conf naming the date: the snapshot of that date is in S3."""
+def _cdr_run_snapshots(tmp_path: Path, store, tables: tuple[str, ...]) -> dict[str, list]:
+    """The first date through ``cdr run``, on a copy of the same exports and base
+    snapshot in another bucket."""
+    import boto3
+
+    from pipeline.cli import main
+    from pipeline.demo import DEMO_CONFIG
+    from pipeline.store import open_store
+
+    boto3.client("s3").create_bucket(Bucket="cdr-services-cli")
+    copy = open_store("s3://cdr-services-cli/prod")
+    for key in store.list("base") + store.list("exports"):
+        if "base/" in key or f"/dt={DATES[0]}/" in key:
+            copy.write_bytes(key, store.read_bytes(key))
+    cfg = tmp_path / "cli.yaml"
+    cfg.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=copy.uri)))
+    args = ["run", "--config", str(cfg), "--date", str(DATES[0]), "--no-data-docs"]
+    assert main([*args, "--work-dir", str(tmp_path / "work")]) == 0
+    return {t: snapshot_rows(copy, t) for t in tables}
+
+
+def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spark):
+    """POST dagRuns with a conf naming the date: the snapshot of that date is in S3, and
+    it holds the rows ``cdr run`` publishes for the same exports."""
     run = services.api(
         "POST",
         "/dags/replica_cdr/dagRuns",
@@ -192,8 +220,10 @@ def test_a_run_triggered_through_the_rest_api_publishes(services):
     for table in ("products", "orders", "accounts"):
         pointer = json.loads(store.read_bytes(f"published/{table}/_latest.json"))
         assert pointer["dt"] == str(DATES[0]) and pointer["rows"] > 0
-        assert any(k.endswith(".parquet") for k in store.list(pointer["snapshot"]))
     assert _report(store, DATES[0])["status"] == "published"
+    tables = ("products", "orders", "accounts")
+    got = {t: snapshot_rows(store, t) for t in tables}
+    assert all(got.values()) and got == _cdr_run_snapshots(tmp_path, store, tables)
 
 
 def test_a_backfill_of_three_dates_chains_their_states(services):

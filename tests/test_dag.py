@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from airflow_env import REPO
+from scenarios import snapshot_rows
 
 pytestmark = pytest.mark.airflow
 
@@ -114,6 +115,9 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
     assert params.validate() == conf
 
 
+GENERATED = {"events": 1500, "seed": 3, "base_rows": 100}
+
+
 def _run_dag(
     s3_endpoint, s3_store, tmp_path, monkeypatch, conf: dict | None = None, **overrides
 ) -> tuple[Any, dict[str, str]]:
@@ -124,12 +128,7 @@ def _run_dag(
 
     cfg_path = _write_config(tmp_path / "cdr.yaml", s3_store.uri, **overrides)
     config = load_config(cfg_path)
-    generate(
-        config,
-        s3_store,
-        datetime(2026, 11, 21).date(),
-        GenerateOptions(events=3000, seed=3, base_rows=100),
-    )
+    generate(config, s3_store, datetime(2026, 11, 21).date(), GenerateOptions(**GENERATED))
     monkeypatch.setenv(
         "AIRFLOW_CONN_AWS_DEFAULT",
         json.dumps(
@@ -149,7 +148,29 @@ def _run_dag(
     for task in dag.tasks:
         task.retries = 0  # a failure shows at once instead of waiting for the retry delay
     run = dag.test(logical_date=datetime(2026, 11, 22, 2, tzinfo=UTC), run_conf=conf)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
     return run, {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def _cdr_run_snapshots(tmp_path: Path, s3_store, tables: tuple[str, ...]) -> dict[str, Any]:
+    """The same night (same generated exports) through ``cdr run`` in another bucket."""
+    import boto3
+
+    from pipeline.cli import main
+    from pipeline.config import load_config
+    from pipeline.generate import GenerateOptions, generate
+    from pipeline.store import open_store
+
+    bucket = s3_store.bucket + "-cli"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    store = open_store(f"s3://{bucket}/prod")
+    cfg_path = _write_config(tmp_path / "cli.yaml", store.uri)
+    generate(
+        load_config(cfg_path), store, datetime(2026, 11, 21).date(), GenerateOptions(**GENERATED)
+    )
+    args = ["run", "--config", str(cfg_path), "--date", "2026-11-21", "--no-data-docs"]
+    assert main([*args, "--work-dir", str(tmp_path / "cli-work")]) == 0
+    return {t: snapshot_rows(store, t) for t in tables}
 
 
 def _xcom(run, task_id: str, key: str) -> Any:
@@ -164,14 +185,19 @@ def _xcom(run, task_id: str, key: str) -> Any:
 
 
 def test_dag_test_runs_the_whole_chain_against_s3(
-    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
+    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch, spark
 ):
+    """Every task succeeds, and each table's published snapshot holds exactly the rows
+    that ``cdr run`` publishes for the same night."""
     run, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
     assert set(states.values()) == {"success"}, states
-    for table in ("products", "orders", "accounts"):
+    tables = ("products", "orders", "accounts")
+    for table in tables:
         pointer = json.loads(s3_store.read_bytes(f"published/{table}/_latest.json"))
         assert pointer["dt"] == "2026-11-21" and pointer["rows"] > 0
-        assert any(k.endswith(".parquet") for k in s3_store.list(pointer["snapshot"]))
+    got = {t: snapshot_rows(s3_store, t) for t in tables}
+    assert all(got.values())
+    assert got == _cdr_run_snapshots(tmp_path, s3_store, tables)
     report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
     assert report["status"] == "published"
     assert _xcom(run, "plan", "return_value")["date"] == "2026-11-21"
