@@ -165,3 +165,22 @@ def test_a_missing_scenario_folder_fails_under_ci(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(RuntimeError, match="no shared scenarios"):
         S.scenario_files()
+
+
+def test_the_comparison_is_exact_and_typed_by_the_schema():
+    """A published value matches an expected one only with the column's type and text:
+    ``"1"`` is not ``1``, ``1.10`` keeps its scale, a string column's ``"007"`` stays text."""
+    from decimal import Decimal
+
+    table = {"columns": {"id": "bigint", "amount": "decimal(10,2)", "code": "string"}}
+    expected = [{"id": 1, "amount": "1.10", "code": "007"}]
+    assert S.multiset([{"id": 1, "amount": Decimal("1.10"), "code": "007"}]) == S.multiset(
+        expected, table
+    )
+    for wrong in (
+        {"id": "1", "amount": Decimal("1.10"), "code": "007"},  # text where a bigint is
+        {"id": 1, "amount": Decimal("1.1"), "code": "007"},  # the scale lost
+        {"id": 1, "amount": 1.1, "code": "007"},  # a float where a decimal is
+        {"id": 1, "amount": Decimal("1.10"), "code": 7},  # a number where text is
+    ):
+        assert S.multiset([wrong]) != S.multiset(expected, table), wrong
