@@ -162,6 +162,30 @@ def snapshot_rows(store: Any, table: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
+def cdr_run_snapshots(store: Any, day: str, tmp: Path, tables: tuple[str, ...]) -> dict[str, list]:
+    """What ``cdr run`` publishes for ``day`` from the same bytes: the base snapshots and
+    that date's exports of an S3 ``store`` copied to a new bucket, run with the demo
+    config (the Airflow tests compare the DAG's snapshots with it)."""
+    import boto3
+    import yaml
+
+    from pipeline.cli import main
+    from pipeline.demo import DEMO_CONFIG
+    from pipeline.store import open_store
+
+    bucket = f"{store.bucket}-cli"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    copy = open_store(f"s3://{bucket}/prod")
+    for key in store.list("base") + store.list("exports"):
+        if key.startswith("base/") or f"/dt={day}/" in key:
+            copy.write_bytes(key, store.read_bytes(key))
+    cfg = tmp / "cli.yaml"
+    cfg.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=copy.uri)))
+    args = ["run", "--config", str(cfg), "--date", day, "--no-data-docs"]
+    assert main([*args, "--work-dir", str(tmp / "cli-work")]) == 0
+    return {t: snapshot_rows(copy, t) for t in tables}
+
+
 def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
     """What the run published, in the shape of a scenario's ``expect``."""
     d = s["date"]

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from airflow_env import BIN, airflow_environment, use_database
-from scenarios import snapshot_rows
+from scenarios import cdr_run_snapshots, snapshot_rows
 
 # the backfill waits up to 30 minutes for its runs; a hang beyond that fails the test
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -185,27 +185,6 @@ def _report(store, d: date) -> dict[str, Any]:
     return json.loads(store.read_bytes(f"published/reports/dt={d}/run_report.json"))
 
 
-def _cdr_run_snapshots(tmp_path: Path, store, tables: tuple[str, ...]) -> dict[str, list]:
-    """The first date through ``cdr run``, on a copy of the same exports and base
-    snapshot in another bucket."""
-    import boto3
-
-    from pipeline.cli import main
-    from pipeline.demo import DEMO_CONFIG
-    from pipeline.store import open_store
-
-    boto3.client("s3").create_bucket(Bucket="cdr-services-cli")
-    copy = open_store("s3://cdr-services-cli/prod")
-    for key in store.list("base") + store.list("exports"):
-        if "base/" in key or f"/dt={DATES[0]}/" in key:
-            copy.write_bytes(key, store.read_bytes(key))
-    cfg = tmp_path / "cli.yaml"
-    cfg.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=copy.uri)))
-    args = ["run", "--config", str(cfg), "--date", str(DATES[0]), "--no-data-docs"]
-    assert main([*args, "--work-dir", str(tmp_path / "work")]) == 0
-    return {t: snapshot_rows(copy, t) for t in tables}
-
-
 def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spark):
     """POST dagRuns with a conf naming the date: the snapshot of that date is in S3, and
     it holds the rows ``cdr run`` publishes for the same exports."""
@@ -223,7 +202,7 @@ def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spar
     assert _report(store, DATES[0])["status"] == "published"
     tables = ("products", "orders", "accounts")
     got = {t: snapshot_rows(store, t) for t in tables}
-    assert all(got.values()) and got == _cdr_run_snapshots(tmp_path, store, tables)
+    assert all(got.values()) and got == cdr_run_snapshots(store, str(DATES[0]), tmp_path, tables)
 
 
 def test_a_backfill_of_three_dates_chains_their_states(services):

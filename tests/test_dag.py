@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from airflow_env import REPO
-from scenarios import snapshot_rows
+from scenarios import cdr_run_snapshots, snapshot_rows
 
 pytestmark = pytest.mark.airflow
 
@@ -152,27 +152,6 @@ def _run_dag(
     return run, {ti.task_id: ti.state for ti in run.get_task_instances()}
 
 
-def _cdr_run_snapshots(tmp_path: Path, s3_store, tables: tuple[str, ...]) -> dict[str, Any]:
-    """The same night (same generated exports) through ``cdr run`` in another bucket."""
-    import boto3
-
-    from pipeline.cli import main
-    from pipeline.config import load_config
-    from pipeline.generate import GenerateOptions, generate
-    from pipeline.store import open_store
-
-    bucket = s3_store.bucket + "-cli"
-    boto3.client("s3").create_bucket(Bucket=bucket)
-    store = open_store(f"s3://{bucket}/prod")
-    cfg_path = _write_config(tmp_path / "cli.yaml", store.uri)
-    generate(
-        load_config(cfg_path), store, datetime(2026, 11, 21).date(), GenerateOptions(**GENERATED)
-    )
-    args = ["run", "--config", str(cfg_path), "--date", "2026-11-21", "--no-data-docs"]
-    assert main([*args, "--work-dir", str(tmp_path / "cli-work")]) == 0
-    return {t: snapshot_rows(store, t) for t in tables}
-
-
 def _xcom(run, task_id: str, key: str) -> Any:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -197,7 +176,7 @@ def test_dag_test_runs_the_whole_chain_against_s3(
         assert pointer["dt"] == "2026-11-21" and pointer["rows"] > 0
     got = {t: snapshot_rows(s3_store, t) for t in tables}
     assert all(got.values())
-    assert got == _cdr_run_snapshots(tmp_path, s3_store, tables)
+    assert got == cdr_run_snapshots(s3_store, "2026-11-21", tmp_path, tables)
     report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
     assert report["status"] == "published"
     assert _xcom(run, "plan", "return_value")["date"] == "2026-11-21"
