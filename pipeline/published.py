@@ -56,8 +56,7 @@ def replace_dated(store: Store, src: Path, prefix: str, run_id: str) -> None:
             key = f"{prefix}/{run_id}-{f.name}"
             store.upload(f, key)
             written.append(key)
-    for key in sorted(before - set(written)):
-        store.delete_prefix(key)
+    store.delete(sorted(before - set(written)))
 
 
 def replace_tree(store: Store, src: Path, prefix: str) -> None:
@@ -69,8 +68,7 @@ def replace_tree(store: Store, src: Path, prefix: str) -> None:
         key = f"{prefix}/{f.relative_to(src).as_posix()}"
         store.upload(f, key)
         written.add(key)
-    for key in sorted(before - written):
-        store.delete_prefix(key)
+    store.delete(sorted(before - written))
 
 
 def publish_inspection(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mimetypes
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
@@ -29,6 +29,7 @@ class Store(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
+    def delete(self, keys: Sequence[str]) -> None: ...
     def delete_prefix(self, prefix: str) -> None: ...
     def local_path(self, key: str) -> Path | None: ...
 
@@ -87,6 +88,11 @@ class FileStore:
         tmp = p.with_name(f".{p.name}.tmp")
         shutil.copyfile(src, tmp)
         os.replace(tmp, p)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete these objects (a missing one is no error)."""
+        for key in keys:
+            self._p(key).unlink(missing_ok=True)
 
     def delete_prefix(self, prefix: str) -> None:
         p = self._p(prefix)
@@ -184,11 +190,17 @@ class S3Store:
         except S3UploadFailedError as e:
             raise self._fail(key, e) from None
 
-    def delete_prefix(self, prefix: str) -> None:
-        keys = self.list(prefix)
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete these objects, a thousand per request (a missing one is no error)."""
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._k(k)} for k in keys[i : i + 1000]]
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+            resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+            for err in resp.get("Errors", [])[:1]:  # a partial failure is still a failure
+                raise StoreError(f"s3://{self.bucket}/{err['Key']}: {err.get('Message', err)}")
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix/``."""
+        self.delete(self.list(prefix))
 
 
 def open_store(uri: str) -> Store:
