@@ -12,6 +12,7 @@ from __future__ import annotations
 import mimetypes
 import os
 import shutil
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,9 +66,12 @@ class FileStore:
     def write_bytes(self, key: str, data: bytes) -> None:
         p = self._p(key)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, p)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")  # writers never share it
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def list(self, prefix: str) -> list[str]:
         base = self._p(prefix)
@@ -85,9 +89,12 @@ class FileStore:
     def upload(self, src: Path, key: str) -> None:
         p = self._p(key)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, p)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def delete(self, keys: Sequence[str]) -> None:
         """Delete these objects (a missing one is no error)."""

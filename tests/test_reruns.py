@@ -1,6 +1,7 @@
 """A rerun of a date replaces what the first run published for it, on both stores
 (issue 14, item 1: on S3 the old files stayed, and a rerun doubled the date's logs and
-the CDC description tables)."""
+the CDC description tables); two writers of one key on ``file://`` no longer share a
+temporary file (item 3)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,27 @@ def test_a_rerun_of_a_date_on_s3_publishes_the_same_rows_once(s3_store, tmp_path
         assert set(again[f]) == set(first[f]) and sum(again[f].values()) == 2 * sum(
             first[f].values()
         ), f
+
+
+def test_two_writers_of_one_key_on_file_never_share_a_temporary_file(file_store):
+    """Two runs writing the same key at once (a pointer, a report): each write lands
+    whole, neither fails because the other renamed its temporary file away."""
+    import threading
+
+    errors: list[BaseException] = []
+    payloads = [bytes([65 + w]) * 200_000 for w in range(2)]
+
+    def writer(w: int) -> None:
+        try:
+            for _ in range(150):
+                file_store.write_bytes("published/t/_latest.json", payloads[w])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert file_store.read_bytes("published/t/_latest.json") in payloads
