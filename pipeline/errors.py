@@ -36,6 +36,11 @@ class ResolveError(CdrError):
     the event is written for inspection; nothing else is published."""
 
 
+class PriorStateError(CdrError):
+    """The state a run starts from is missing or damaged (removed by a retention rule, a
+    partial copy, a truncated file): the run stops rather than start from nothing."""
+
+
 class GateError(CdrError):
     """A quality gate failed (divergence, foreign keys, validation suites)."""
 

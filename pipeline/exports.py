@@ -43,7 +43,7 @@ from pipeline import layout
 from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
-from pipeline.errors import ExportError, StoreError
+from pipeline.errors import ExportError, PriorStateError, StoreError
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -429,7 +429,7 @@ def ingest(
                     f"table {tname!r} was last published for {st.prior['dt']}, but "
                     f"{', '.join(map(str, skipped))} has exports that no published run applied"
                 )
-            _stage_prior_state(store, st.prior, ctx.staged / tname / "prior")
+            _stage_prior_state(store, tname, st.prior, ctx.staged / tname / "prior")
             log.info(
                 "ingest %s: prior state of %s (run %s)", tname, st.prior["dt"], st.prior["run_id"]
             )
@@ -462,11 +462,31 @@ def stage_published(store: Store, prefix: str, dest: Path) -> None:
             store.download(k, folder / posixpath.basename(k))
 
 
-def _stage_prior_state(store: Store, pointer: dict[str, Any], dest: Path) -> None:
+def _stage_prior_state(store: Store, table: str, pointer: dict[str, Any], dest: Path) -> None:
+    """Download the state the pointer names, whole: no file, an unreadable file or a row
+    count other than the one the publishing run recorded stops the run, naming it."""
+    import pyarrow.parquet as pq
+
+    where = f"table {table!r}: the prior state of {pointer['dt']} (run {pointer['run_id']})"
+    fix = f"restore it, or rerun {pointer['dt']}"
     keys = [k for k in store.list(pointer["state"]) if k.endswith(".parquet")]
-    for k in keys:
-        store.download(k, dest / posixpath.basename(k))
+    if not keys:
+        raise PriorStateError(f"{where} has no files at {store.uri}/{pointer['state']}: {fix}")
     dest.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    for k in keys:
+        local = dest / posixpath.basename(k)
+        store.download(k, local)
+        try:
+            rows += pq.read_metadata(local).num_rows
+        except Exception as e:  # pyarrow raises several types for a damaged footer
+            raise PriorStateError(f"{where}: {store.uri}/{k} is unreadable ({e}): {fix}") from None
+    expected = pointer.get("state_rows")  # absent in pointers published before it was kept
+    if expected is not None and rows != expected:
+        raise PriorStateError(
+            f"{where} has {rows} rows in {len(keys)} file(s) at {store.uri}/{pointer['state']}, "
+            f"but its run published {expected}: {fix}"
+        )
 
 
 def save_inputs(ctx: RunContext, tables: dict[str, StagedTable]) -> None:

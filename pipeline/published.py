@@ -91,9 +91,15 @@ def publish_cdc(store: Store, resolved: Path, tables: list[str], dt: date, run_i
 
 
 def publish_run(
-    store: Store, resolved: Path, tables: list[str], dt: date, run_id: str, counts: dict[str, int]
+    store: Store,
+    resolved: Path,
+    tables: list[str],
+    dt: date,
+    run_id: str,
+    summaries: dict[str, dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    """Upload snapshots and states under ``run=<run_id>``, then the pointers."""
+    """Upload snapshots and states under ``run=<run_id>``, then the pointers (with the
+    row counts the next run checks its prior state against)."""
     pointers = {}
     for t in tables:
         n_snap = upload_tree(store, resolved / t / "snapshot", layout.snapshot_dir(t, run_id))
@@ -104,7 +110,8 @@ def publish_run(
             "dt": dt.isoformat(),
             "snapshot": layout.snapshot_dir(t, run_id),
             "state": layout.state_dir(t, run_id),
-            "rows": counts.get(t, 0),
+            "rows": summaries[t].get("rows", 0),
+            "state_rows": summaries[t]["state_rows"],
             "published_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         }
     for t, p in pointers.items():

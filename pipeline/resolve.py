@@ -310,6 +310,7 @@ def check_foreign_keys(
         live = state.where(~F.col("_deleted")).select(*snapshot_columns(table))
         _write(live, out / "snapshot")
         summary["tables"][t]["rows"] = _parquet_rows(out / "snapshot")
+        summary["tables"][t]["state_rows"] = _parquet_rows(out / "state")  # the next run checks it
 
 
 def compare_snapshots(

@@ -139,8 +139,9 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
         raise GateError("; ".join(verdict.failures))
     if config.cdc.enabled:
         publish_cdc(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
-    counts = {t: s.get("rows", 0) for t, s in summary["tables"].items()}
-    report["pointers"] = publish_run(store, ctx.resolved, tables, ctx.dt, ctx.run_id, counts)
+    report["pointers"] = publish_run(
+        store, ctx.resolved, tables, ctx.dt, ctx.run_id, summary["tables"]
+    )
     return report
 
 

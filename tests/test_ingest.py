@@ -58,6 +58,29 @@ def rec(eid, origin="pub", seq=1):
     )
 
 
+def put_prior(store, dt: str, rows: int, recorded: int | None = None, files: int = 1) -> dict:
+    """A published state of ``rows`` rows for table ``t`` and its date's pointer."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline import layout
+
+    run = f"run-{dt}"
+    state = f"published/t/state/run={run}"
+    for i in range(files):
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(i * rows, (i + 1) * rows))}), buf)
+        store.write_bytes(f"{state}/part-{i}.parquet", buf.getvalue())
+    published = files * rows if recorded is None else recorded
+    pointer = {"run_id": run, "dt": dt, "state": state, "rows": rows, "state_rows": published}
+    store.write_bytes(
+        layout.dated_pointer("t", date.fromisoformat(dt)), json.dumps(pointer).encode()
+    )
+    return pointer
+
+
 @pytest.fixture
 def ctx(tmp_path):
     return RunContext.create(tmp_path / "work", D, 0, "r1")
@@ -87,10 +110,7 @@ def test_a_date_with_exports_that_no_run_published_stops_the_next_one(file_store
 
     put_export(file_store, "pub", "t", [rec("pub-1")])
     put_export(file_store, "sub", "t", [rec("pub-1")])
-    pointer = {"run_id": "r0", "dt": "2026-11-18", "state": "published/t/state/run=r0"}
-    file_store.write_bytes(
-        layout.dated_pointer("t", date(2026, 11, 18)), json.dumps(pointer).encode()
-    )
+    pointer = put_prior(file_store, "2026-11-18", rows=2)
     late = layout.export_dir("sub", "t", date(2026, 11, 19))
     file_store.write_bytes(f"{late}/_manifest.json", b"{}")
     with pytest.raises(ExportError) as e:
@@ -196,3 +216,65 @@ def test_unknown_format_is_refused(file_store, ctx):
     put_export(file_store, "pub", "t", [rec("pub-1")], manifest_extra={"format": "csv"})
     with pytest.raises(ExportError, match="format 'csv' is not one of"):
         ingest(make_config(), file_store, ctx, allow_missing=True)
+
+
+def _exports(store):
+    put_export(store, "pub", "t", [rec("pub-1")])
+    put_export(store, "sub", "t", [rec("pub-1")])
+
+
+def test_a_prior_state_is_staged_whole_and_checked(s3_store, ctx):
+    _exports(s3_store)
+    pointer = put_prior(s3_store, "2026-11-20", rows=3, files=2)
+    assert ingest(make_config(), s3_store, ctx, allow_missing=False)["t"].prior == pointer
+    assert sorted(p.name for p in (ctx.staged / "t/prior").iterdir()) == [
+        "part-0.parquet",
+        "part-1.parquet",
+    ]
+
+
+def test_a_prior_state_that_is_gone_stops_the_run(s3_store, ctx):
+    """A retention rule removed the state the last pointer names: not an empty start."""
+    from pipeline.errors import PriorStateError
+
+    _exports(s3_store)
+    pointer = put_prior(s3_store, "2026-11-20", rows=3)
+    s3_store.delete_prefix(pointer["state"])
+    with pytest.raises(PriorStateError) as e:
+        ingest(make_config(), s3_store, ctx, allow_missing=False)
+    msg = str(e.value)
+    assert "table 't': the prior state of 2026-11-20 (run run-2026-11-20) has no files" in msg
+    assert "published/t/state/run=run-2026-11-20" in msg and "rerun 2026-11-20" in msg
+
+
+def test_a_truncated_prior_state_file_is_named(file_store, ctx):
+    from pipeline.errors import PriorStateError
+
+    _exports(file_store)
+    pointer = put_prior(file_store, "2026-11-20", rows=3, files=2)
+    key = f"{pointer['state']}/part-1.parquet"
+    file_store.write_bytes(key, file_store.read_bytes(key)[:-20])
+    with pytest.raises(PriorStateError, match=r"part-1\.parquet is unreadable"):
+        ingest(make_config(), file_store, ctx, allow_missing=False)
+
+
+def test_a_prior_state_short_of_its_recorded_rows_stops_the_run(file_store, ctx):
+    """A partial copy: one of two files missing, every file readable."""
+    from pipeline.errors import PriorStateError
+
+    _exports(file_store)
+    put_prior(file_store, "2026-11-20", rows=3, files=1, recorded=6)
+    with pytest.raises(PriorStateError, match=r"has 3 rows in 1 file\(s\) .* published 6"):
+        ingest(make_config(), file_store, ctx, allow_missing=False)
+
+
+def test_a_pointer_published_before_state_rows_is_read_without_the_count(file_store, ctx):
+    _exports(file_store)
+    pointer = put_prior(file_store, "2026-11-20", rows=3)
+    del pointer["state_rows"]
+    from pipeline import layout
+
+    file_store.write_bytes(
+        layout.dated_pointer("t", date(2026, 11, 20)), json.dumps(pointer).encode()
+    )
+    assert ingest(make_config(), file_store, ctx, allow_missing=False)["t"].prior == pointer
