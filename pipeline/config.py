@@ -356,6 +356,30 @@ class Config:
         )
         return {r.id: i for i, r in enumerate(ordered)}
 
+    def digest(self) -> str:
+        """A fingerprint of what decides a run's result (everything but the DAG's schedule
+        and sensor settings): the stages of one run refuse a config that changed under them."""
+        import hashlib
+        import json
+        from dataclasses import fields, is_dataclass
+        from enum import Enum
+
+        def plain(v: Any) -> Any:
+            if is_dataclass(v) and not isinstance(v, type):
+                return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
+            if isinstance(v, Mapping):
+                return {str(k): plain(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [plain(x) for x in v]
+            if isinstance(v, Enum):
+                return v.value
+            return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+        data = plain(self)
+        for scheduling in ("schedule", "wait_for_exports"):
+            data.pop(scheduling)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
     def with_store(self, store: str) -> Config:
         from dataclasses import replace
 

@@ -83,9 +83,16 @@ class RunContext:
     on_divergence: str | None = None
     dry_run: bool = False
     data_docs: bool = True  # build the Great Expectations Data Docs pages
+    config_digest: str | None = None  # Config.digest() at ingest
 
     def config(self, config: Config) -> Config:
-        """The config as this run uses it (its tables and overrides)."""
+        """The config as this run uses it (its tables and overrides); one edited since the
+        run's ingest is refused: the stages of one run must agree on it."""
+        if self.config_digest is not None and config.digest() != self.config_digest:
+            raise StageError(
+                f"the config changed since the run of {self.dt} ({self.run_id}) was ingested: "
+                "its stages would not agree. Run the date again from `cdr ingest` (or `cdr run`)"
+            )
         return config.select(self.tables, self.on_divergence)
 
     @property
@@ -132,6 +139,7 @@ class RunContext:
             d.get("on_divergence"),
             bool(d.get("dry_run", False)),
             bool(d.get("data_docs", True)),
+            d.get("config_digest"),
         )
 
     @staticmethod
@@ -144,6 +152,7 @@ class RunContext:
         on_divergence: str | None = None,
         dry_run: bool = False,
         data_docs: bool = True,
+        config_digest: str | None = None,
     ) -> RunContext:
         return RunContext(
             dt,
@@ -154,4 +163,5 @@ class RunContext:
             on_divergence,
             dry_run,
             data_docs,
+            config_digest,
         )

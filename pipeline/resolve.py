@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import uuid
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,7 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[
         shutil.rmtree(ctx.resolved)
     summary: dict[str, Any] = {
         "run_id": ctx.run_id,
+        "resolve_id": uuid.uuid4().hex,  # this resolve's output: a verdict names the one it saw
         "dt": ctx.dt.isoformat(),
         "now_us": ctx.now_us,
         "tables": {},

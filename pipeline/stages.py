@@ -54,6 +54,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
         opts.on_divergence,
         opts.dry_run,
         opts.data_docs,
+        config.digest(),
     )
     config = ctx.config(config)
     assert config.store
@@ -128,7 +129,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     assert config.store
     store = open_store(config.store)
     summary = load_summary(ctx)
-    verdict = load_verdict(ctx)
+    verdict = load_verdict(ctx, summary)
     tables = list(config.tables)
     publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
     replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt))  # results, Data Docs

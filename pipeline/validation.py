@@ -202,6 +202,8 @@ def validate_stage(
     ctx.results.write_text(
         json.dumps(
             {
+                "run_id": ctx.run_id,
+                "resolve_id": summary.get("resolve_id"),
                 "passed": verdict.passed,
                 "failures": verdict.failures,
                 "warnings": verdict.warnings,
@@ -215,8 +217,18 @@ def validate_stage(
     return verdict
 
 
-def load_verdict(ctx: RunContext) -> Verdict:
+def load_verdict(ctx: RunContext, summary: dict[str, Any] | None = None) -> Verdict:
+    """The run's verdict; with ``summary`` (what publish is about to publish), refused
+    unless it was reached on that very resolve of this run: never a stale verdict."""
     if not ctx.results.exists():
         raise StageError(f"the run of {ctx.dt} has not been validated: run `cdr validate` first")
     d = json.loads(ctx.results.read_text())
+    if summary is not None and (
+        d.get("run_id") != ctx.run_id or d.get("resolve_id") != summary.get("resolve_id")
+    ):
+        raise StageError(
+            f"the validation results of {ctx.dt} ({ctx.results}) are for another resolve "
+            f"(run {d.get('run_id')}, resolve {d.get('resolve_id')}) than the one to publish "
+            f"(run {ctx.run_id}, resolve {summary.get('resolve_id')}): run `cdr validate` again"
+        )
     return Verdict(d["failures"], d["warnings"], d["suites"])
