@@ -371,9 +371,13 @@ class Config:
                 return {str(k): plain(x) for k, x in v.items()}
             if isinstance(v, (list, tuple)):
                 return [plain(x) for x in v]
+            if isinstance(v, (set, frozenset)):  # iteration order varies by process
+                return sorted((plain(x) for x in v), key=json.dumps)
             if isinstance(v, Enum):
                 return v.value
-            return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+            if v is None or isinstance(v, (bool, int, float, str)):
+                return v
+            raise TypeError(f"Config.digest: no canonical form for {type(v).__name__}")
 
         data = plain(self)
         for scheduling in ("schedule", "wait_for_exports"):

@@ -31,6 +31,33 @@ def test_a_config_edit_after_ingest_is_refused_by_the_next_stage(tmp_path: Path)
     assert ctx.config(replace(config, schedule="@hourly"))  # the DAG's schedule is no input
 
 
+def test_the_config_digest_is_the_same_in_every_process(tmp_path: Path):
+    """Each stage may run in its own process (the DAG's tasks, spark-submit), each with its
+    own string hash seed: the digest must not depend on a set's iteration order."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = setup(tmp_path, "warn", SUB)
+    spec = yaml.safe_load(cfg.read_text())
+    spec["tables"]["t"]["columns"].update({f"c{i}": "bigint" for i in range(8)})
+    spec["tables"]["t"]["not_null"] = [f"c{i}" for i in range(8)]
+    spec["tables"]["t"]["delta"] = [f"c{i}" for i in range(8)]
+    cfg.write_text(yaml.safe_dump(spec, sort_keys=False))
+    code = f"from pipeline.config import load_config; print(load_config({str(cfg)!r}).digest())"
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in range(1, 6)
+    }
+    assert len(digests) == 1, digests
+
+
 def test_a_verdict_of_another_resolve_is_refused(tmp_path: Path):
     ctx = RunContext.create(tmp_path, date(2026, 11, 21), 0, "r1")
     ctx.validation.mkdir(parents=True)
