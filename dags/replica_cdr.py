@@ -40,6 +40,8 @@ WORK_DIR = os.environ.get(
 ENTRY = str(DAGS.parent / "pipeline" / "jobs" / "spark_entry.py")
 PLAN = "ti.xcom_pull(task_ids='plan')"
 DATE = "{{ " + PLAN + "['date'] }}"
+RUN_ID = "{{ " + PLAN + "['run_id'] }}"
+STAGE_ARGS = ["--config", CONFIG, "--date", DATE, "--run-id", RUN_ID, "--work-dir", WORK_DIR]
 
 config = load_config(CONFIG)  # a broken config shows as this DAG's import error
 log = logging.getLogger("airflow.task")
@@ -78,7 +80,7 @@ def _run_context(plan: dict[str, Any]) -> Any:
     """The pipeline's context of the plan's run (what ingest left in the work folder)."""
     from pipeline.context import RunContext
 
-    return RunContext.load(Path(WORK_DIR), _date(plan))
+    return RunContext.load(Path(WORK_DIR), _date(plan), plan.get("run_id"))
 
 
 def _missing_manifests(plan: dict[str, Any]) -> list[str]:
@@ -164,8 +166,12 @@ ASSETS = [Asset(f"{config.store}/published/{t}/_latest.json") for t in config.ta
 )
 def replica_cdr():
     @task(retries=0)
-    def plan(params=None, logical_date=None, dag_run=None) -> dict[str, Any]:
-        """The run's date and options, checked against the config."""
+    def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any]:
+        """The run's date, options and pipeline run id, checked against the config. The id
+        is the DAG run's with this task's try: retries of later tasks re-enter the run
+        (and its lease); clearing the whole DAG run starts a new run."""
+        from pipeline.context import safe_run_id
+
         when = logical_date or dag_run.run_after
         day = params["date"] or (when - timedelta(days=1)).date().isoformat()
         tables = params["tables"] or None
@@ -177,6 +183,7 @@ def replica_cdr():
             params["dry_run"],
         )
         return {
+            "run_id": safe_run_id(f"{day}_{dag_run.run_id}.{ti.try_number}"),
             "date": day,
             "tables": ",".join(tables) if tables else "",
             "dry_run": bool(params["dry_run"]),
@@ -206,8 +213,8 @@ def replica_cdr():
         extra = ["--tables", p["tables"]] if p["tables"] else []
         extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
         extra += ["--dry-run"] if p["dry_run"] else []
-        _cli("ingest", p["date"], *extra)
-        return _run_context(p).run_id
+        _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
+        return p["run_id"]
 
     spark = {
         "conn_id": "spark_default",
@@ -217,13 +224,13 @@ def replica_cdr():
     resolve = SparkSubmitOperator(
         task_id="resolve",
         name="cdr-resolve",
-        application_args=["resolve", "--config", CONFIG, "--date", DATE, "--work-dir", WORK_DIR],
+        application_args=["resolve", *STAGE_ARGS],
         **spark,
     )
     validate = SparkSubmitOperator(
         task_id="validate",
         name="cdr-validate",
-        application_args=["validate", "--config", CONFIG, "--date", DATE, "--work-dir", WORK_DIR],
+        application_args=["validate", *STAGE_ARGS],
         retries=0,  # a failed gate fails the same way again
         **spark,
     )
@@ -241,14 +248,28 @@ def replica_cdr():
         ingested = ti.xcom_pull(task_ids="ingest")
         if ingested is None:
             raise AirflowSkipException(f"this run did not ingest {p['date']}: nothing to publish")
-        ctx = _run_context(p)
-        if ingested != ctx.run_id or not ctx.results.exists():
+        if not _run_context(p).results.exists():
             raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
         aws_env_from_connection()
-        _cli("publish", p["date"])
+        _cli("publish", p["date"], "--run-id", p["run_id"])
+
+    @task(trigger_rule="all_done", retries=3)
+    def finish(p: dict[str, Any]) -> None:
+        """The run's last step, whatever happened before: release the store's lease (a
+        failed run must not keep the next night out)."""
+        from airflow.exceptions import AirflowSkipException
+
+        from pipeline.errors import StageError
+
+        try:
+            _run_context(p)
+        except StageError:
+            raise AirflowSkipException(f"this run did not ingest {p['date']}: no lease") from None
+        aws_env_from_connection()
+        _cli("finish", p["date"], "--run-id", p["run_id"])
 
     p = plan()
-    wait_for_exports(p) >> ingest(p) >> resolve >> validate >> publish(p)
+    wait_for_exports(p) >> ingest(p) >> resolve >> validate >> publish(p) >> finish(p)
 
 
 replica_cdr()

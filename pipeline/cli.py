@@ -73,7 +73,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         default=Path(".cdr-work"),
         help="local folder the stages of a run share (default .cdr-work)",
     )
-    p.add_argument("--run-id", help="id of the new run= folders (default: date and clock)")
+    p.add_argument(
+        "--run-id",
+        help="the run's id: a new one for ingest or run (default: date and clock); the "
+        "run a later stage continues (default: the date's latest ingested run)",
+    )
     p.add_argument(
         "--allow-missing-exports",
         action="store_true",
@@ -117,11 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("resolve", "resolve the staged events on Spark"),
         ("validate", "run the quality suites and gates on the resolved run"),
         ("publish", "publish the validated run (or only its logs if it failed)"),
+        ("finish", "end the run, published or failed: release its lease on the store"),
     ):
         stage = sub.add_parser(name, help=help_)
         _run_options(stage)
         if name in ("run", "ingest"):
             _plan_options(stage)
+    u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
+    u.add_argument("--config", required=True, type=Path)
+    u.add_argument("--store", help="override the config's store")
     g = sub.add_parser("generate", help="write seeded synthetic exports to the store")
     g.add_argument("--config", required=True, type=Path)
     g.add_argument("--date", required=True, type=_date)
@@ -207,14 +215,19 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     opts = _options(args)
     started = time.monotonic()
     if args.command == "run":
+        from dataclasses import replace
+
+        from pipeline.context import new_run_id
+
+        opts = replace(opts, run_id=opts.run_id or new_run_id(args.date))
         try:
             report = stages.run(config, args.date, opts)
         except CdrError:
             if not opts.dry_run:
-                _print_failed_report(args, config)
+                _print_failed_report(args, config, opts.run_id)
             raise
         if report["status"] == "dry_run":
-            ctx = RunContext.load(opts.work_dir, args.date)
+            ctx = RunContext.load(opts.work_dir, args.date, report["run_id"])
             where = "\ndry run: nothing published"
             if ctx.data_docs:
                 where += f"\n  Data Docs: {(ctx.validation / 'data_docs/index.html').as_uri()}"
@@ -231,10 +244,13 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     else:
         from pipeline.spark import get_spark
 
-        ctx = RunContext.load(opts.work_dir, args.date)
+        ctx = RunContext.load(opts.work_dir, args.date, opts.run_id)
         if args.command == "resolve":
             summary = stages.resolve(config, ctx, get_spark(opts.master))
             _emit(args, summary, f"resolved {args.date}: {ctx.resolved}")
+        elif args.command == "finish":
+            stages.finish(config, ctx)
+            _emit(args, {"run_id": ctx.run_id}, f"finished run {ctx.run_id} of {args.date}")
         elif args.command == "validate":
             verdict = stages.validate(config, ctx, get_spark(opts.master))
             if ctx.data_docs:
@@ -250,7 +266,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_failed_report(args: argparse.Namespace, config: Any) -> None:
+def _print_failed_report(args: argparse.Namespace, config: Any, run_id: str) -> None:
     """After a failed ``cdr run``, show the counts the run got to, if any."""
     from pipeline import layout
     from pipeline.report import format_report
@@ -258,10 +274,10 @@ def _print_failed_report(args: argparse.Namespace, config: Any) -> None:
 
     try:
         store = open_store(config.store)
-        key = f"{layout.report_dir(args.date)}/run_report.json"
+        key = layout.run_report(args.date, run_id)
         if store.exists(key) and args.log_format == "text":
             report = json.loads(store.read_bytes(key))
-            if report.get("run_id") and report.get("status") == "failed":
+            if report.get("status") == "failed":
                 print(format_report(report), file=sys.stderr)
                 docs = report.get("validation", {}).get("data_docs")
                 if docs:
@@ -271,10 +287,13 @@ def _print_failed_report(args: argparse.Namespace, config: Any) -> None:
 
 
 def _where(config: Any, report: dict[str, Any]) -> str:
+    from pipeline import layout
+
     lines = ["", f"published to {config.store}:"]
     for t, p in report.get("pointers", {}).items():
         lines.append(f"  {t}: {p['snapshot']} ({p['rows']} rows)")
-    lines.append(f"  report: published/reports/dt={report['dt']}/run_report.json")
+    key = layout.run_report(date.fromisoformat(report["dt"]), report["run_id"])
+    lines.append(f"  report: {key} (and {layout.date_report(date.fromisoformat(report['dt']))})")
     docs = report.get("validation", {}).get("data_docs")
     if docs:
         lines.append(f"  Data Docs: {docs}")
@@ -307,6 +326,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_unlock(args: argparse.Namespace) -> int:
+    from pipeline.lease import unlock
+    from pipeline.store import open_store
+
+    config = _load(args)
+    assert config.store
+    was = unlock(open_store(config.store))
+    text = f"unlocked {config.store}: " + (was.describe() if was else "it held no lease")
+    _emit(args, {"store": config.store, "held_by": was.run_id if was else None}, text)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import demo
 
@@ -321,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_generate(args)
         if args.command == "demo":
             return _cmd_demo(args)
+        if args.command == "unlock":
+            return _cmd_unlock(args)
         return _cmd_stage(args)
     except ConfigError as e:
         _fail(args, e, 2)

@@ -3,7 +3,8 @@
 The clock ``now`` is the end of the data interval (``D+1T00:00:00Z``), never the wall
 clock, so that a rerun of D gives the same rows (semantics.md §1, §12). ``--now`` or
 ``CDR_NOW`` pins it. The stages of one run (``cdr ingest``, ``resolve``, ``validate``,
-``publish``) hand data to each other through the work folder ``<work_dir>/dt=<D>/``.
+``publish``) hand data to each other through the run's own work folder
+``<work_dir>/run=<run_id>/``: two runs never touch each other's files.
 """
 
 from __future__ import annotations
@@ -64,9 +65,26 @@ def resolve_now(dt: date, flag: str | None) -> int:
 
 
 def new_run_id(dt: date) -> str:
-    """A fresh id for new ``run=`` folders: the date, then the wall clock (identity only;
-    no logic reads it)."""
+    """A fresh run id: the date, then the wall clock (identity only; no logic reads it)."""
     return f"{dt.isoformat()}_{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id names folders and files: letters, digits, ``.``, ``_`` and ``-``."""
+    if not _RUN_ID.match(run_id):
+        raise CdrError(
+            f"run id {run_id!r}: use 1-200 letters, digits, '.', '_' or '-' "
+            "(it names the run's folders)"
+        )
+    return run_id
+
+
+def safe_run_id(text: str) -> str:
+    """Any text (an Airflow run id) made into a run id."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:200] or "run"
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,7 @@ class RunContext:
     dry_run: bool = False
     data_docs: bool = True  # build the Great Expectations Data Docs pages
     config_digest: str | None = None  # Config.digest() at ingest
+    started: str = ""  # when ingest began (RFC 3339)
 
     def config(self, config: Config) -> Config:
         """The config as this run uses it (its tables and overrides); one edited since the
@@ -122,25 +141,21 @@ class RunContext:
         (self.work / "run.json").write_text(json.dumps(data, indent=2))
 
     @staticmethod
-    def load(work_dir: Path, dt: date) -> RunContext:
-        p = work_dir / f"dt={dt.isoformat()}" / "run.json"
-        if not p.exists():
+    def load(work_dir: Path, dt: date, run_id: str | None = None) -> RunContext:
+        """The run ``run_id`` of ``dt`` in ``work_dir``; without an id, the date's latest."""
+        if run_id is not None:
+            run = _read(work_dir / f"run={check_run_id(run_id)}" / "run.json")
+            found = [run] if run is not None else []
+        else:
+            found = runs_of(work_dir, dt)
+        if not found:
+            which = f"run {run_id}" if run_id else "no ingested run"
             raise StageError(
-                f"no ingested run for {dt} under {work_dir}: run `cdr ingest` for that date first"
+                f"{which} for {dt} under {work_dir}: run `cdr ingest` for that date first"
             )
-        d = json.loads(p.read_text())
-        tables = d.get("tables")
-        return RunContext(
-            date.fromisoformat(d["dt"]),
-            d["now_us"],
-            d["run_id"],
-            Path(d["work"]),
-            tuple(tables) if tables is not None else None,
-            d.get("on_divergence"),
-            bool(d.get("dry_run", False)),
-            bool(d.get("data_docs", True)),
-            d.get("config_digest"),
-        )
+        if found[-1].dt != dt:
+            raise StageError(f"run {found[-1].run_id} is a run of {found[-1].dt}, not of {dt}")
+        return found[-1]
 
     @staticmethod
     def create(
@@ -154,14 +169,44 @@ class RunContext:
         data_docs: bool = True,
         config_digest: str | None = None,
     ) -> RunContext:
+        rid = check_run_id(run_id) if run_id else new_run_id(dt)
         return RunContext(
             dt,
             now_us,
-            run_id or new_run_id(dt),
-            work_dir / f"dt={dt.isoformat()}",
+            rid,
+            work_dir / f"run={rid}",
             tables,
             on_divergence,
             dry_run,
             data_docs,
             config_digest,
+            datetime.now(UTC).isoformat(),
         )
+
+
+def runs_of(work_dir: Path, dt: date) -> list[RunContext]:
+    """The runs of ``dt`` whose work folders are in ``work_dir``, oldest first."""
+    runs = [_read(p) for p in work_dir.glob("run=*/run.json")]
+    return sorted((r for r in runs if r is not None and r.dt == dt), key=lambda r: r.started)
+
+
+def _read(run_json: Path) -> RunContext | None:
+    """The run a ``run.json`` describes; None when it is gone or unreadable (a folder
+    being removed)."""
+    try:
+        d = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return None
+    tables = d.get("tables")
+    return RunContext(
+        date.fromisoformat(d["dt"]),
+        d["now_us"],
+        d["run_id"],
+        Path(d["work"]),
+        tuple(tables) if tables is not None else None,
+        d.get("on_divergence"),
+        bool(d.get("dry_run", False)),
+        bool(d.get("data_docs", True)),
+        d.get("config_digest"),
+        d.get("started", ""),
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline import layout
 from pipeline.config import load_config
 from pipeline.errors import GateError
 from pipeline.generate import GenerateOptions, generate
@@ -99,16 +100,16 @@ def demo(workdir: Path, events: int = 30_000, seed: int = 7, serve: bool = False
                     status = 1
                     break
                 print(format_report(report))
+                last = report
             copy = workdir / "store"
             _mirror(config.store, copy)
             print(f"\noutputs: {config.store}/published (copied to {copy}/published)")
             print(f"  snapshots:  {copy}/published/<table>/_latest.json -> snapshot/run=<id>/")
             print(f"  conflicts:  {copy}/published/<table>/conflicts/dt=<date>/")
-            print(f"  report:     {copy}/published/reports/dt={DATES[-1]}/run_report.json")
-            print(
-                f"  Data Docs:  {copy}/published/reports/dt={DATES[-1]}/validation/"
-                "data_docs/index.html"
-            )
+            print(f"  report:     {copy}/{layout.date_report(DATES[-1])}")
+            if status == 0:
+                docs = layout.validation_dir(DATES[-1], last["run_id"])
+                print(f"  Data Docs:  {copy}/{docs}/data_docs/index.html")
             print(f"  CDC log:    {copy}/published/cdc/<table>/log/dt=<date>/")
             print(f"  streams:    {copy}/published/cdc/cdc_streams_descriptions/")
             print(f"  config:     {cfg_path}")

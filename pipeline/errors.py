@@ -30,12 +30,6 @@ class ExportError(CdrError):
     path escaping the export folder, unreadable file. Nothing is published."""
 
 
-class ResolveError(CdrError):
-    """Resolution stopped: a resolver configured as ``error`` (or ``apply_or_error``, or
-    ``use_default`` on a NOT NULL column without default) fired. The conflict log up to
-    the event is written for inspection; nothing else is published."""
-
-
 class PriorStateError(CdrError):
     """The state a run starts from is missing or damaged (removed by a retention rule, a
     partial copy, a truncated file): the run stops rather than start from nothing."""
@@ -47,3 +41,7 @@ class GateError(CdrError):
 
 class StageError(CdrError):
     """A stage was run out of order, e.g. ``cdr resolve`` before ``cdr ingest``."""
+
+
+class LockedError(CdrError):
+    """Another run holds the store's lease (``published/_lock``), or this run lost it."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import date
 
 MANIFEST = "_manifest.json"
+#: the writer's lease (``pipeline.lease``)
+LOCK = "published/_lock"
 
 
 def export_dir(replica: str, table: str, dt: date) -> str:
@@ -79,7 +81,28 @@ def report_dir(dt: date) -> str:
     return f"{reports_root()}/dt={dt.isoformat()}"
 
 
-def validation_dir(dt: date) -> str:
-    """The date's Great Expectations results (``results.json``) and Data Docs
+def date_report(dt: date) -> str:
+    """A copy of the report of the run published for ``dt`` (written last)."""
+    return f"{report_dir(dt)}/run_report.json"
+
+
+def run_dir(dt: date, run_id: str) -> str:
+    """Each run's own report folder, published or failed: ``run_report.json`` and
+    ``validation/``."""
+    return f"{report_dir(dt)}/run={run_id}"
+
+
+def run_report(dt: date, run_id: str) -> str:
+    return f"{run_dir(dt, run_id)}/run_report.json"
+
+
+def validation_dir(dt: date, run_id: str) -> str:
+    """The run's Great Expectations results (``results.json``) and Data Docs
     (``data_docs/index.html``)."""
-    return f"{report_dir(dt)}/validation"
+    return f"{run_dir(dt, run_id)}/validation"
+
+
+def failed_output(run_id: str, table: str, kind: str) -> str:
+    """A log (``conflicts``, ``quarantine``, ...) of a run that did not publish: apart
+    from the published runs' dated logs, which it never replaces."""
+    return f"published/_failed/run={run_id}/{table}/{kind}"

@@ -74,10 +74,18 @@ def replace_tree(store: Store, src: Path, prefix: str) -> None:
 def publish_inspection(
     store: Store, resolved: Path, tables: list[str], dt: date, run_id: str
 ) -> None:
-    """The date's logs, also for a failed run (semantics.md §12 "A failed run")."""
+    """The date's logs of the run that publishes it, replacing an earlier run's."""
     for t in tables:
         for kind in DATED_OUTPUTS:
             replace_dated(store, resolved / t / kind, layout.dated_output(t, kind, dt), run_id)
+
+
+def publish_failed(store: Store, resolved: Path, tables: list[str], run_id: str) -> None:
+    """The logs of a run that failed its gate, for inspection (semantics.md §12 "A failed
+    run"), under ``_failed/run=<run_id>/``: the date's published logs stay as they are."""
+    for t in tables:
+        for kind in DATED_OUTPUTS:
+            upload_tree(store, resolved / t / kind, layout.failed_output(run_id, t, kind))
 
 
 def publish_cdc(store: Store, resolved: Path, tables: list[str], dt: date, run_id: str) -> None:

@@ -14,14 +14,26 @@ from typing import Any
 from pipeline import layout
 from pipeline.store import Store
 
-_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
+_DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
+_RUN_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run=[^/]+/run_report\.json$")
 
 
 def list_reports(store: Store) -> list[dict[str, Any]]:
-    """Every date's run report (the last run of each date), newest date first."""
-    keys = [k for k in store.list(layout.reports_root()) if _REPORT_RE.search(k)]
-    reports = [json.loads(store.read_bytes(k)) for k in keys]
-    return sorted(reports, key=lambda r: r["dt"], reverse=True)
+    """One report per date, newest date first: the run published for the date, or, for
+    a date that no run published, its latest failed run."""
+    keys = store.list(layout.reports_root())
+    chosen: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        if m := _DATE_REPORT_RE.search(k):
+            chosen[m.group(1)] = json.loads(store.read_bytes(k))
+    failed: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        if (m := _RUN_REPORT_RE.search(k)) and m.group(1) not in chosen:
+            report = json.loads(store.read_bytes(k))
+            seen = failed.get(m.group(1))
+            if seen is None or report.get("started", "") > seen.get("started", ""):
+                failed[m.group(1)] = report
+    return sorted({**failed, **chosen}.values(), key=lambda r: r["dt"], reverse=True)
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,8 @@ def _chart(rows: list[TableRun]) -> str:
 
 def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -> str:
     """The conflicts page of one run (``dt``, default the newest), with links to the
-    other runs. ``docs_href`` is a format string with ``{dt}`` for the run's Data Docs."""
+    other runs. ``docs_href`` is a format string with ``{dt}`` and ``{run_id}`` for the
+    run's Data Docs."""
     if not reports:
         body = "<p>No run report published yet.</p>"
         return _page("Conflicts", body)
@@ -162,7 +175,8 @@ def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -
     head = (
         f"<h1>Run of {_e(report['dt'])} <span class='{_e(status)}'>{_e(status)}</span></h1>"
         f"<p class='muted'>run {_e(report.get('run_id'))} · "
-        f"<a href='{_e(docs_href.format(dt=report['dt']))}'>Data Docs</a></p>"
+        f"<a href='{_e(docs_href.format(dt=report['dt'], run_id=report.get('run_id')))}'>"
+        "Data Docs</a></p>"
         f"<nav>runs: {nav}</nav>"
     )
     failures = "".join(f"<li>{_e(f)}</li>" for f in report.get("failures", []))

@@ -14,13 +14,19 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import layout
+from pipeline import layout, lease
 from pipeline.config import Config
-from pipeline.context import RunContext, resolve_now
+from pipeline.context import RunContext, resolve_now, runs_of
 from pipeline.errors import GateError, StageError
 from pipeline.exports import ingest as ingest_exports
-from pipeline.published import publish_cdc, publish_inspection, publish_run, replace_tree
-from pipeline.store import open_store
+from pipeline.published import (
+    publish_cdc,
+    publish_failed,
+    publish_inspection,
+    publish_run,
+    replace_tree,
+)
+from pipeline.store import Store, open_store
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,13 +66,58 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     assert config.store
     if ctx.tables:
         log.info("ingest: tables %s", ", ".join(config.tables))
-    if ctx.work.exists():
-        import shutil
-
-        shutil.rmtree(ctx.work)
+    store = open_store(config.store)
+    if not ctx.dry_run:  # a dry run writes nothing to the store: it needs no lease
+        lease.acquire(store, ctx.run_id, lease.SECONDS)
+        try:
+            _refuse_a_published_run_id(store, config, ctx.run_id)
+        except StageError:
+            lease.release(store, ctx.run_id)
+            raise
+    _clear_work(opts.work_dir, ctx)
     ctx.save()
-    ingest_exports(config, open_store(config.store), ctx, opts.allow_missing_exports)
+    try:
+        ingest_exports(config, store, ctx, opts.allow_missing_exports)
+    except BaseException:
+        if not ctx.dry_run:
+            lease.release(store, ctx.run_id)  # nothing of the run reached the store
+        raise
     return ctx
+
+
+def _refuse_a_published_run_id(store: Store, config: Config, run_id: str) -> None:
+    """A run id names the folders a run publishes: a new run under the id of a published
+    one would overwrite them, the live snapshot among them."""
+    for table in config.tables:
+        for folder in (layout.snapshot_dir(table, run_id), layout.state_dir(table, run_id)):
+            if store.list(folder):
+                raise StageError(
+                    f"run id {run_id} was published already ({store.uri}/{folder}): "
+                    "a new run needs a new id (under Airflow, clear the whole DAG run)"
+                )
+
+
+def _clear_work(work_dir: Path, ctx: RunContext) -> None:
+    """Remove this run's work folder (a retry of its ingest) and those of the date's
+    earlier runs of the same kind: a run's folder stays until the date is run again, for
+    inspection. A real run holds the lease, so the runs it clears are over; a dry run
+    clears earlier dry runs only."""
+    import shutil
+
+    for run in runs_of(work_dir, ctx.dt):
+        if run.run_id != ctx.run_id and run.dry_run == ctx.dry_run:
+            log.info("ingest: removing the work folder of the earlier run %s", run.run_id)
+            shutil.rmtree(run.work, ignore_errors=True)
+    if ctx.work.exists():
+        shutil.rmtree(ctx.work)
+
+
+def _renew(config: Config, ctx: RunContext) -> None:
+    """A later stage (or its retry) re-enters and renews the run's lease; it fails when
+    another run took the store over."""
+    if not ctx.dry_run:
+        assert config.store
+        lease.acquire(open_store(config.store), ctx.run_id, lease.SECONDS)
 
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, Any]:
@@ -75,6 +126,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, A
     from pipeline.resolve import resolve_stage, save_summary
 
     config = ctx.config(config)
+    _renew(config, ctx)
     summary = resolve_stage(spark, config, ctx)
     if config.cdc.enabled:
         from pipeline.cdc import cdc_stage
@@ -89,6 +141,7 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
     from pipeline.validation import validate_stage
 
     config = ctx.config(config)
+    _renew(config, ctx)
     verdict = validate_stage(spark, config, ctx, load_summary(ctx))
     for w in verdict.warnings:
         log.warning("validate: %s", w)
@@ -98,10 +151,11 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
 def run_report(
     config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict, status: str
 ) -> dict[str, Any]:
-    validation = layout.validation_dir(ctx.dt)
+    validation = layout.validation_dir(ctx.dt, ctx.run_id)
     return {
         "run_id": ctx.run_id,
         "dt": ctx.dt.isoformat(),
+        "started": ctx.started,
         "now_us": ctx.now_us,
         "store": config.store,
         "status": status,  # published | failed | dry_run
@@ -118,8 +172,10 @@ def run_report(
 
 
 def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
-    """Publish a validated run, or, for a failed one, only its logs and report; then raise
-    :class:`GateError` naming the failures."""
+    """Publish a validated run; for a failed one, only its logs (under ``_failed/``) and
+    its report, then raise :class:`GateError` naming the failures. Either way the run's
+    report and validation results go to its own ``reports/dt=<D>/run=<id>/``; nothing a
+    published run wrote is replaced by a failed one."""
     from pipeline.resolve import load_summary
     from pipeline.validation import load_verdict
 
@@ -130,19 +186,28 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     store = open_store(config.store)
     summary = load_summary(ctx)
     verdict = load_verdict(ctx, summary)
+    lease.acquire(store, ctx.run_id, lease.SECONDS)  # still this run's, renewed
     tables = list(config.tables)
-    publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
-    replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt))  # results, Data Docs
+    replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt, ctx.run_id))
     report = run_report(config, ctx, summary, verdict, "published" if verdict.passed else "failed")
-    report_key = f"{layout.report_dir(ctx.dt)}/run_report.json"
-    store.write_bytes(report_key, json.dumps(report, indent=2).encode())
+    body = json.dumps(report, indent=2).encode()
     if not verdict.passed:
+        publish_failed(store, ctx.resolved, tables, ctx.run_id)
+        store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
+        lease.release(store, ctx.run_id)  # the run is over: its logs are out
         raise GateError("; ".join(verdict.failures))
+    publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
     if config.cdc.enabled:
         publish_cdc(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
     report["pointers"] = publish_run(
         store, ctx.resolved, tables, ctx.dt, ctx.run_id, summary["tables"]
     )
+    body = json.dumps(report, indent=2).encode()
+    store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
+    store.write_bytes(layout.date_report(ctx.dt), body)  # the date's published run
+    # Published: the store is free for the next run. A publish that failed on the way
+    # keeps the lease for its retry; ``finish`` releases it in the end.
+    lease.release(store, ctx.run_id)
     return report
 
 
@@ -153,11 +218,29 @@ def run(
     from pipeline.spark import get_spark
 
     ctx = ingest(config, dt, opts)
-    spark = spark or get_spark(opts.master)
-    summary = resolve(config, ctx, spark)
-    verdict = validate(config, ctx, spark)
+    try:
+        spark = spark or get_spark(opts.master)
+        summary = resolve(config, ctx, spark)
+        verdict = validate(config, ctx, spark)
+        if ctx.dry_run:
+            if not verdict.passed:
+                raise GateError("; ".join(verdict.failures))
+            return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
+        return publish(config, ctx)
+    finally:
+        finish(config, ctx)
+
+
+def finish(config: Config, ctx: RunContext) -> None:
+    """The run's last step, whatever happened before (the DAG's ``all_done`` task, the
+    end of ``cdr run``): release its lease if it still holds it (publish releases it)."""
     if ctx.dry_run:
-        if not verdict.passed:
-            raise GateError("; ".join(verdict.failures))
-        return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
-    return publish(config, ctx)
+        return
+    config = ctx.config(config)
+    assert config.store
+    store = open_store(config.store)
+    if lease.release(store, ctx.run_id):
+        return
+    current = lease.holder(store)
+    if current is not None:
+        log.warning("finish: run %s had lost the lease to %s", ctx.run_id, current.describe())

@@ -27,6 +27,7 @@ class Store(Protocol):
     def exists(self, key: str) -> bool: ...
     def read_bytes(self, key: str) -> bytes: ...
     def write_bytes(self, key: str, data: bytes) -> None: ...
+    def create(self, key: str, data: bytes) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
@@ -70,6 +71,20 @@ class FileStore:
         try:
             tmp.write_bytes(data)
             os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist (an exclusive create); False if it does."""
+        p = self._p(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.link(tmp, p)  # atomic, and fails when the name is taken: the file is whole
+            return True
+        except FileExistsError:
+            return False
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -158,6 +173,18 @@ class S3Store:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)
         except ClientError as e:
+            raise self._fail(key, e) from None
+
+    def create(self, key: str, data: bytes) -> bool:
+        """A conditional put (``If-None-Match: *``): False when the key exists."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                return False
             raise self._fail(key, e) from None
 
     def list(self, prefix: str) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperatorLink
 
-DOCS_ROUTE = "/cdr/docs/{dt}/index.html"  # served by the plugin's app (cdr_plugin.py)
+DOCS_ROUTE = "/cdr/docs/{dt}/{run_id}/index.html"  # served by the plugin (cdr_plugin.py)
 
 
 class DataDocsLink(BaseOperatorLink):
@@ -20,9 +20,9 @@ class DataDocsLink(BaseOperatorLink):
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         pull = getattr(ti_key, "xcom_pull", None)  # the running task instance
         plan = pull(task_ids="plan") if pull else None
-        if not plan or not plan.get("date"):
+        if not plan or not plan.get("date") or not plan.get("run_id"):
             return ""
-        return DOCS_ROUTE.format(dt=plan["date"])
+        return DOCS_ROUTE.format(dt=plan["date"], run_id=plan["run_id"])
 
 
 def export_aws(conn: Any) -> None:

@@ -4,7 +4,7 @@ Docs link.
 - ``/cdr/``: per run (date) and table, conflicts by type and outcome with a chart,
   quarantined events, divergent keys and orphans, read from the published run reports
   (``pipeline.runs``); listed in the UI's Browse menu as "Conflicts".
-- ``/cdr/docs/<D>/...``: the Data Docs of date D, served from the store.
+- ``/cdr/docs/<D>/<run id>/...``: the Data Docs of a run of date D, served from the store.
 - ``/cdr/api/runs``: the same numbers as JSON.
 
 The store comes from ``CDR_CONFIG`` (as for the DAG) and S3 credentials from the
@@ -57,7 +57,7 @@ def conflicts_page(request: Request, dt: str | None = None) -> str:
     from pipeline.runs import render_page
 
     root = request.scope.get("root_path", "")
-    return render_page(_reports(), dt, docs_href=root + "/docs/{dt}/index.html")
+    return render_page(_reports(), dt, docs_href=root + "/docs/{dt}/{run_id}/index.html")
 
 
 @app.get("/api/runs")
@@ -75,10 +75,11 @@ def runs() -> list[dict[str, Any]]:
     ]
 
 
-@app.get("/docs/{dt}/{path:path}")
-def data_docs(dt: str, path: str) -> Response:
+@app.get("/docs/{dt}/{run_id}/{path:path}")
+def data_docs(dt: str, run_id: str, path: str) -> Response:
     from pipeline import layout
-    from pipeline.errors import ExportError, StoreError
+    from pipeline.context import check_run_id
+    from pipeline.errors import CdrError, ExportError, StoreError
     from pipeline.exports import safe_relpath
 
     try:
@@ -86,8 +87,12 @@ def data_docs(dt: str, path: str) -> Response:
     except ValueError:
         raise HTTPException(404, f"{dt!r} is not a date") from None
     try:
+        check_run_id(run_id)
+    except CdrError as e:
+        raise HTTPException(404, str(e)) from None
+    try:
         rel = safe_relpath(path or "index.html", "Data Docs")
-        key = f"{layout.validation_dir(date.fromisoformat(dt))}/data_docs/{rel}"
+        key = f"{layout.validation_dir(date.fromisoformat(dt), run_id)}/data_docs/{rel}"
         body = _store().read_bytes(key)
     except (ExportError, StoreError) as e:
         raise HTTPException(404, str(e)) from None

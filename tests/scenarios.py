@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from reports import date_report, log_key
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = Path(os.environ.get("CDR_SCENARIOS", REPO.parent / "shared" / "scenarios"))
@@ -196,14 +197,16 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
         "divergent_keys": {},
         "orphans": {},
     }
+    report = date_report(root, d)
     for t in s["config"]["tables"]:
         latest = root / f"published/{t}/_latest.json"
         if latest.exists():
             p = json.loads(latest.read_text())
             if p["dt"] == d:
                 out["snapshot"][t] = read_parquet_dir(root / p["snapshot"])
-        base = root / f"published/{t}"
-        conf = read_parquet_dir(base / f"conflicts/dt={d}")
+        if report is None:
+            continue
+        conf = read_parquet_dir(root / log_key(report, t, "conflicts"))
         if conf:
             out["conflicts"][t] = [
                 {
@@ -214,20 +217,18 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
                 }
                 for c in conf
             ]
-        q = read_parquet_dir(base / f"quarantine/dt={d}")
+        q = read_parquet_dir(root / log_key(report, t, "quarantine"))
         if q:
             out["quarantine"][t] = [{"event_id": r["event_id"], "reason": r["reason"]} for r in q]
-        for r in read_parquet_dir(base / f"divergence/dt={d}"):
+        for r in read_parquet_dir(root / log_key(report, t, "divergence")):
             out["divergent_keys"].setdefault(t, {}).setdefault(r["replica"], []).append(
                 json.loads(r["key"])
             )
-    report = root / f"published/reports/dt={d}/run_report.json"
-    if report.exists():
-        rep = json.loads(report.read_text())
-        out["status"] = rep["status"]
-        for t, ts in rep["tables"].items():
+    if report is not None:
+        out["status"] = report["status"]
+        for t, ts in report["tables"].items():
             if ts.get("orphans"):
-                orphan_rows = read_parquet_dir(root / f"published/{t}/orphans/dt={d}")
+                orphan_rows = read_parquet_dir(root / log_key(report, t, "orphans"))
                 out["orphans"][t] = [json.loads(r["key"]) for r in orphan_rows]
     return out
 

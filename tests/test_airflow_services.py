@@ -28,6 +28,8 @@ import yaml
 from airflow_env import BIN, airflow_environment, use_database
 from scenarios import cdr_run_snapshots, snapshot_rows
 
+from pipeline.context import safe_run_id
+
 # the backfill waits up to 30 minutes for its runs; a hang beyond that fails the test
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -282,7 +284,7 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     _shot(page, tmp_path, "conflicts-page")
     page.get_by_text("Data Docs").first.click()
     page.wait_for_load_state("networkidle")
-    assert f"/cdr/docs/{DATES[1]}/" in page.url
+    assert f"/cdr/docs/{DATES[1]}/{_report(services.store, DATES[1])['run_id']}/" in page.url
     assert "snapshot" in page.content()
     _shot(page, tmp_path, "data-docs")
     # the page inside Airflow's UI, from the Browse menu
@@ -341,4 +343,6 @@ def test_the_validate_task_links_to_its_data_docs(services):
     runs = services.api("GET", "/dags/replica_cdr/dagRuns?order_by=logical_date")["dag_runs"]
     run_id = runs[0]["dag_run_id"]
     links = services.api("GET", f"/dags/replica_cdr/dagRuns/{run_id}/taskInstances/validate/links")
-    assert links["extra_links"] == {"Data Docs": f"/cdr/docs/{DATES[0]}/index.html"}
+    cdr_run = _report(services.store, DATES[0])["run_id"]  # the plan's id for the DAG run
+    assert cdr_run == safe_run_id(f"{DATES[0]}_{run_id}.1")
+    assert links["extra_links"] == {"Data Docs": f"/cdr/docs/{DATES[0]}/{cdr_run}/index.html"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,8 @@ import pytest
 import yaml
 from airflow_env import REPO
 from scenarios import cdr_run_snapshots, snapshot_rows
+
+from pipeline import layout
 
 pytestmark = pytest.mark.airflow
 
@@ -53,7 +55,9 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
         "resolve",
         "validate",
         "publish",
+        "finish",
     ]
+    assert dag.get_task("finish").trigger_rule == "all_done"
     assert dag.schedule == "30 3 * * *"
     assert dag.max_active_runs == 1 and not dag.catchup
     assert all(t.depends_on_past for t in dag.tasks)
@@ -170,6 +174,7 @@ def test_dag_test_runs_the_whole_chain_against_s3(
     that ``cdr run`` publishes for the same night."""
     run, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
     assert set(states.values()) == {"success"}, states
+    assert not s3_store.exists("published/_lock")  # finish released the run's lease
     tables = ("products", "orders", "accounts")
     for table in tables:
         pointer = json.loads(s3_store.read_bytes(f"published/{table}/_latest.json"))
@@ -179,8 +184,10 @@ def test_dag_test_runs_the_whole_chain_against_s3(
     assert got == cdr_run_snapshots(s3_store, "2026-11-21", tmp_path, tables)
     report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
     assert report["status"] == "published"
-    assert _xcom(run, "plan", "return_value")["date"] == "2026-11-21"
-    assert _xcom(run, "validate", "_link_DataDocsLink") == "/cdr/docs/2026-11-21/index.html"
+    plan = _xcom(run, "plan", "return_value")
+    assert plan["date"] == "2026-11-21" and report["run_id"] == plan["run_id"]
+    link = f"/cdr/docs/2026-11-21/{plan['run_id']}/index.html"
+    assert _xcom(run, "validate", "_link_DataDocsLink") == link
 
 
 def test_a_failed_gate_fails_the_validate_task(
@@ -200,13 +207,20 @@ def test_a_failed_gate_fails_the_validate_task(
         "resolve": "success",
         "validate": "failed",
         "publish": "failed",
+        "finish": "success",
     }, states
+    assert not s3_store.exists("published/_lock")  # a failed run does not keep the store
     assert not s3_store.exists("published/orders/_latest.json")
-    report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
+    assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
+    run_id = _xcom(run, "plan", "return_value")["run_id"]
+    report = json.loads(s3_store.read_bytes(layout.run_report(date(2026, 11, 21), run_id)))
     assert report["status"] == "failed"
     assert any("convergence." in f for f in report["failures"])
     assert s3_store.exists(report["validation"]["data_docs"])
-    assert _xcom(run, "validate", "_link_DataDocsLink") == "/cdr/docs/2026-11-21/index.html"
+    assert s3_store.list(f"published/_failed/run={run_id}")  # its logs, apart
+    assert not s3_store.list("published/orders/conflicts")  # no published run's logs
+    link = f"/cdr/docs/2026-11-21/{run_id}/index.html"
+    assert _xcom(run, "validate", "_link_DataDocsLink") == link
     err = capfd.readouterr().err.splitlines()
     for task in ("validate", "publish"):  # the failure callbacks' one line each
         line = next(ln for ln in err if f"replica_cdr {task} failed for 2026-11-21: " in ln)

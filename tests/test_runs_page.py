@@ -18,8 +18,25 @@ from pipeline.store import FileStore
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _report(dt: str, status: str = "published", **tables) -> dict:
-    return {"run_id": f"{dt}_r", "dt": dt, "status": status, "failures": [], "tables": tables}
+def _report(dt: str, status: str = "published", run: str = "r", **tables) -> dict:
+    return {
+        "run_id": f"{dt}_{run}",
+        "dt": dt,
+        "started": f"{dt}T0{len(run)}:00:00+00:00",
+        "status": status,
+        "failures": [],
+        "tables": tables,
+    }
+
+
+def _put(s: FileStore, report: dict) -> None:
+    """As publish writes it: each run's own report; a published one's copy for its date."""
+    body = json.dumps(report).encode()
+    s.write_bytes(
+        f"published/reports/dt={report['dt']}/run={report['run_id']}/run_report.json", body
+    )
+    if report["status"] == "published":
+        s.write_bytes(f"published/reports/dt={report['dt']}/run_report.json", body)
 
 
 ORDERS = {
@@ -42,17 +59,25 @@ def store(tmp_path: Path) -> FileStore:
     s = FileStore(tmp_path / "store")
     for r in (
         _report("2026-11-20", products={"distinct_events": 3, "applied": 3}),
-        _report("2026-11-21", "failed", orders=ORDERS, **{"<b>x</b>": {}}),
+        _report("2026-11-20", "failed", run="rerun", products={}),  # a later failed rerun
+        _report("2026-11-21", "failed", run="a", orders={}),
+        _report("2026-11-21", "failed", run="bb", orders=ORDERS, **{"<b>x</b>": {}}),
     ):
-        s.write_bytes(f"published/reports/dt={r['dt']}/run_report.json", json.dumps(r).encode())
-    s.write_bytes("published/reports/dt=2026-11-21/validation/data_docs/index.html", b"<h1>docs")
+        _put(s, r)
+    docs = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs/index.html"
+    s.write_bytes(docs, b"<h1>docs")
     s.write_bytes("published/secret.json", b"{}")
     return s
 
 
 def test_reports_newest_first_and_the_numbers_per_table(store):
+    """A date's report is its published run's, even after a failed rerun; a date that no
+    run published shows its latest failed run."""
     reports = list_reports(store)
-    assert [r["dt"] for r in reports] == ["2026-11-21", "2026-11-20"]
+    assert [(r["dt"], r["run_id"]) for r in reports] == [
+        ("2026-11-21", "2026-11-21_bb"),
+        ("2026-11-20", "2026-11-20_r"),
+    ]
     orders = next(t for t in table_runs(reports[0]) if t.table == "orders")
     assert orders.conflict_total == 8 and orders.quarantined_total == 3
     assert orders.by_outcome() == {"converted_to_update": 5, "applied": 1, "skipped": 2}
@@ -61,12 +86,12 @@ def test_reports_newest_first_and_the_numbers_per_table(store):
 
 
 def test_the_page_shows_one_run_with_its_chart_and_links(store):
-    html = render_page(list_reports(store), None, docs_href="/cdr/docs/{dt}/index.html")
+    html = render_page(list_reports(store), None, docs_href="/cdr/docs/{dt}/{run_id}/index.html")
     assert "Run of 2026-11-21" in html and "failed" in html
     assert html.count("<rect") == 3 + 3  # orders: three outcomes; legend: three
     assert "<title>orders: converted_to_update 5</title>" in html
     assert "quarantined: malformed" in html and "divergent keys: eu-west (snapshot)" in html
-    assert "/cdr/docs/2026-11-21/index.html" in html and "?dt=2026-11-20" in html
+    assert "/cdr/docs/2026-11-21/2026-11-21_bb/index.html" in html and "?dt=2026-11-20" in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # names are escaped
     older = render_page(list_reports(store), "2026-11-20", docs_href="{dt}")
     assert "Run of 2026-11-20" in older and "orders" not in older
@@ -94,7 +119,7 @@ def test_the_plugin_serves_the_page_the_json_and_the_data_docs(client):
     runs = client.get("/api/runs").json()
     assert [r["dt"] for r in runs] == ["2026-11-21", "2026-11-20"]
     assert runs[0]["tables"][1]["conflicts"]["update_deleted"] == {"skipped": 2}
-    docs = client.get("/docs/2026-11-21/index.html")
+    docs = client.get("/docs/2026-11-21/2026-11-21_bb/index.html")
     assert docs.status_code == 200 and docs.text == "<h1>docs"
     assert docs.headers["content-type"].startswith("text/html")
 
@@ -102,9 +127,11 @@ def test_the_plugin_serves_the_page_the_json_and_the_data_docs(client):
 @pytest.mark.parametrize(
     "path, detail",
     [
-        ("/docs/2026-11-22/index.html", "not found"),
-        ("/docs/yesterday/index.html", "not a date"),
-        ("/docs/2026-11-21/..%2F..%2F..%2F..%2Fsecret.json", "escapes"),
+        ("/docs/2026-11-22/2026-11-21_bb/index.html", "not found"),
+        ("/docs/yesterday/2026-11-21_bb/index.html", "not a date"),
+        ("/docs/2026-11-21/..%2F..%2F..%2F..%2Fsecret.json", "run id"),
+        ("/docs/2026-11-21/2026-11-21_bb/..%2F..%2F..%2F..%2Fsecret.json", "escapes"),
+        ("/docs/2026-11-21/..%2F..%2Fsecret/index.html", "run id"),
     ],
 )
 def test_the_plugin_serves_nothing_else(client, path, detail):

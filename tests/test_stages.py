@@ -88,6 +88,85 @@ def test_stage_commands_refuse_an_edited_config_and_a_stale_verdict(tmp_path: Pa
     assert main(["publish", *argv]) == 1
     assert "are for another resolve" in capsys.readouterr().err
     assert not (store / "published/t/_latest.json").exists()  # nothing of it published
+    assert (store / "published/_lock").exists()  # the run holds the store throughout
     assert main(["validate", *argv]) == 0
     assert main(["publish", *argv]) == 0
     assert (store / "published/t/_latest.json").exists()
+    assert not (store / "published/_lock").exists()  # published: the store is free
+
+
+def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, capsys):
+    """No Spark: the lease is taken at ingest. Another run, of the same date or another,
+    is refused naming the holder; the holder's retry re-enters; finish releases; a dry run
+    needs no lease; ``cdr unlock`` breaks one."""
+    cfg = setup(tmp_path, "warn", SUB)
+    lock = tmp_path / "store/published/_lock"
+    argv = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
+    a, b = ["--date", D, "--run-id", "night-a"], ["--date", D, "--run-id", "night-b"]
+    assert main(["ingest", *argv, *a]) == 0 and json.loads(lock.read_text())["run_id"] == "night-a"
+    capsys.readouterr()
+    for other in (b, ["--date", "2026-11-22", "--run-id", "night-c"]):
+        assert main(["ingest", *argv, *other]) == 1
+        assert "is being written by run night-a on" in capsys.readouterr().err
+    assert main(["ingest", *argv, *a]) == 0  # an Airflow retry of the same run
+    dry = ["--date", D, "--run-id", "look", "--dry-run"]
+    assert main(["ingest", *argv, *dry]) == 0  # writes nothing to the store: no lease
+    assert json.loads(lock.read_text())["run_id"] == "night-a"
+    work = tmp_path / "work"
+    assert {p.name for p in work.iterdir()} == {"run=night-a", "run=look"}  # one each
+    assert main(["finish", *argv, *a]) == 0 and not lock.exists()
+    assert main(["ingest", *argv, *b]) == 0 and json.loads(lock.read_text())["run_id"] == "night-b"
+    # the date's earlier real run is over (b holds the lease): its folder goes; the dry
+    # run's stays until the next dry run of the date
+    assert {p.name for p in work.iterdir()} == {"run=night-b", "run=look"}
+    assert main(["ingest", *argv, "--date", D, "--run-id", "look-2", "--dry-run"]) == 0
+    assert {p.name for p in work.iterdir()} == {"run=night-b", "run=look-2"}
+    assert main(["unlock", "--config", str(cfg)]) == 0 and not lock.exists()
+    assert "unlocked" in capsys.readouterr().out
+
+
+def test_a_run_id_that_was_published_is_refused(tmp_path: Path, spark, capsys):
+    """A new run under a published run's id would overwrite its folders, the live snapshot
+    among them: ingest refuses it and leaves the store free; the snapshot is intact."""
+    cfg = setup(tmp_path, "warn", SUB)
+    store = tmp_path / "store"
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["run", *argv, "--run-id", "night-1", "--no-data-docs"]) == 0
+    snapshot = store / "published/t/snapshot/run=night-1"
+    before = {p: p.read_bytes() for p in snapshot.rglob("*") if p.is_file()}
+    assert before
+    capsys.readouterr()
+    assert main(["run", *argv, "--run-id", "night-1", "--no-data-docs"]) == 1
+    err = capsys.readouterr().err
+    assert "run id night-1 was published already" in err and "snapshot/run=night-1" in err
+    assert {p: p.read_bytes() for p in snapshot.rglob("*") if p.is_file()} == before
+    assert not (store / "published/_lock").exists()
+    assert main(["run", *argv, "--run-id", "night-2", "--no-data-docs"]) == 0
+
+
+def test_a_failed_rerun_leaves_the_published_run_of_its_date(tmp_path: Path, spark, capsys):
+    """A rerun of a published date that fails its gate writes only its own report and
+    logs (``reports/dt=D/run=<id>/``, ``_failed/run=<id>/``): every file the published run
+    wrote, its dated logs and the date's report among them, stays as it was."""
+    cfg = setup(tmp_path, "warn", SUB)  # sub's snapshot differs: a warning, published
+    store = tmp_path / "store/published"
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["run", *argv, "--run-id", "good", "--no-data-docs"]) == 0
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+    before = files()
+    assert any(k.startswith("t/divergence/dt=") for k in before)
+    spec = yaml.safe_load(cfg.read_text())
+    cfg.write_text(yaml.safe_dump({**spec, "on_divergence": "fail"}))
+    capsys.readouterr()
+    assert main(["run", *argv, "--run-id", "bad", "--no-data-docs"]) == 1
+    after = files()
+    own = {k for k in after if k.startswith(("_failed/run=bad/", f"reports/dt={D}/run=bad/"))}
+    assert {k: v for k, v in after.items() if k not in own} == before
+    assert any(k.startswith("_failed/run=bad/t/divergence/") for k in own)
+    failed = json.loads(after[f"reports/dt={D}/run=bad/run_report.json"])
+    assert failed["status"] == "failed" and failed["run_id"] == "bad"
+    assert json.loads(after[f"reports/dt={D}/run_report.json"])["run_id"] == "good"
+    assert not (store / "_lock").exists()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import scenarios as S
 from fold_helpers import make_config
+from reports import date_report
 from test_scenarios import run_scenario, scenario_run
 
 from pipeline.config import parse_config
@@ -332,8 +333,10 @@ def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
     assert failed and got["snapshot"] == {}
     root = ran["root"] / "store"
     assert not (root / "published/orders/_latest.json").exists()
-    report = json.loads((root / f"published/reports/dt={s['date']}/run_report.json").read_text())
-    assert report["status"] == "failed"
+    assert not (root / f"published/reports/dt={s['date']}/run_report.json").exists()
+    report = date_report(root, s["date"])  # the failed run's own, under run=<id>/
+    assert report is not None and report["status"] == "failed"
+    assert (root / f"published/reports/dt={s['date']}/run={report['run_id']}").is_dir()
     assert report["validation"]["suites"]["foreign_keys.orders"] is False
     assert report["validation"]["suites"]["snapshot.orders"] is True
     (failure,) = report["failures"]

@@ -1,0 +1,128 @@
+"""One writer per store (formats.md "Outputs", "One writer"): ``published/_lock`` is a
+lease, created with a conditional put (S3 ``If-None-Match: *``, an exclusive create on
+``file://``), that names the run holding it, its host and its expiry.
+
+- A stage of the run that holds the lease, or an Airflow retry of one, re-enters it and
+  renews it.
+- Another run fails at once, naming the holder; or, when the lease has expired, takes
+  it over and says so in the log.
+- The run's last step releases it, published or failed; ``cdr unlock`` breaks it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+
+from pipeline import layout
+from pipeline.errors import LockedError
+from pipeline.store import Store
+
+log = logging.getLogger(__name__)
+
+#: how long a lease lasts unless renewed: each stage of the run renews it, so it only
+#: runs out for a run that is gone (a killed process, a lost worker)
+SECONDS = 4 * 3600
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    host: str
+    pid: int
+    acquired_at: str
+    expires_at: str
+
+    def expired(self, now: datetime) -> bool:
+        return datetime.fromisoformat(self.expires_at) <= now
+
+    def describe(self) -> str:
+        return f"run {self.run_id} on {self.host} (pid {self.pid}), until {self.expires_at}"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def holder(store: Store) -> Lease | None:
+    """The lease as it stands, or None when the store is free."""
+    if not store.exists(layout.LOCK):
+        return None
+    try:
+        return Lease(**json.loads(store.read_bytes(layout.LOCK)))
+    except (ValueError, TypeError) as e:
+        raise LockedError(
+            f"{store.uri}/{layout.LOCK} is not a lease ({e}); `cdr unlock` removes it"
+        ) from None
+
+
+def _new(run_id: str, seconds: int, acquired: str | None = None) -> Lease:
+    now = _now()
+    return Lease(
+        run_id=run_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        acquired_at=acquired or now.isoformat(),
+        expires_at=(now + timedelta(seconds=seconds)).isoformat(),
+    )
+
+
+def _body(lease: Lease) -> bytes:
+    return json.dumps(asdict(lease), indent=2).encode()
+
+
+def acquire(store: Store, run_id: str, seconds: int) -> Lease:
+    """Take the lease for ``run_id``, or re-enter and renew it; raise :class:`LockedError`
+    naming the holder when another run holds it."""
+    for _attempt in range(3):
+        lease = _new(run_id, seconds)
+        if store.create(layout.LOCK, _body(lease)):
+            log.info("lease: %s holds %s/%s", run_id, store.uri, layout.LOCK)
+            return lease
+        current = holder(store)
+        if current is None:
+            continue  # released in between: try again
+        if current.run_id == run_id:  # a later stage, or a retry, of the same run
+            renewed = _new(run_id, seconds, current.acquired_at)
+            store.write_bytes(layout.LOCK, _body(renewed))
+            return renewed
+        if not current.expired(_now()):
+            raise LockedError(
+                f"the store {store.uri} is being written by {current.describe()}; "
+                "wait for it, or run `cdr unlock` if that run is gone"
+            )
+        log.warning("lease: taking over the expired lease of %s", current.describe())
+        store.delete([layout.LOCK])  # then race for the create, like everyone else
+    raise LockedError(f"could not take the lease {store.uri}/{layout.LOCK}: it keeps changing")
+
+
+def check(store: Store, run_id: str) -> None:
+    """Raise unless ``run_id`` holds the lease (a stage about to write)."""
+    current = holder(store)
+    if current is None or current.run_id != run_id:
+        who = "nobody" if current is None else current.describe()
+        raise LockedError(
+            f"run {run_id} does not hold the lease of {store.uri} (held by {who}); "
+            "it was broken or taken over: rerun the date"
+        )
+
+
+def release(store: Store, run_id: str) -> bool:
+    """Release the lease if ``run_id`` holds it; True when it did."""
+    current = holder(store)
+    if current is None or current.run_id != run_id:
+        return False
+    store.delete([layout.LOCK])
+    log.info("lease: %s released", run_id)
+    return True
+
+
+def unlock(store: Store) -> Lease | None:
+    """``cdr unlock``: break the lease, whoever holds it; returns what it was."""
+    current = holder(store) if store.exists(layout.LOCK) else None
+    store.delete([layout.LOCK])
+    return current

@@ -1,0 +1,28 @@
+"""Where a test finds a run's report and logs: the date's published run, or, for a date no
+run published, its latest failed run (whose logs are under ``_failed/run=<id>/``)."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from pipeline import layout
+from pipeline.runs import list_reports
+from pipeline.store import FileStore, Store
+
+
+def _store(where: Path | Store) -> Store:
+    return FileStore(where) if isinstance(where, Path) else where
+
+
+def date_report(where: Path | Store, d: date | str) -> dict[str, Any] | None:
+    """The report a reader sees for ``d`` (``pipeline.runs.list_reports``)."""
+    return next((r for r in list_reports(_store(where)) if r["dt"] == str(d)), None)
+
+
+def log_key(report: dict[str, Any], table: str, kind: str) -> str:
+    """The folder of a log (``conflicts``, ``quarantine``, ...) of the run of ``report``."""
+    if report["status"] == "published":
+        return layout.dated_output(table, kind, date.fromisoformat(report["dt"]))
+    return layout.failed_output(report["run_id"], table, kind)

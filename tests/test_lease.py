@@ -1,0 +1,75 @@
+"""The store's lease (pipeline.lease): one writer at a time, on a file store and on the
+loopback S3 server (conditional puts)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline import layout, lease
+from pipeline.errors import LockedError
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request):
+    return request.getfixturevalue("file_store" if request.param == "file" else "s3_store")
+
+
+def test_one_run_holds_the_lease_and_another_is_refused(store):
+    first = lease.acquire(store, "run-a", 600)
+    assert lease.holder(store) == first
+    again = lease.acquire(store, "run-a", 600)  # a later stage of the same run
+    assert again.acquired_at == first.acquired_at and again.run_id == "run-a"
+    with pytest.raises(LockedError, match="run-a"):
+        lease.acquire(store, "run-b", 600)
+    lease.check(store, "run-a")
+    with pytest.raises(LockedError, match="does not hold"):
+        lease.check(store, "run-b")
+    assert not lease.release(store, "run-b")  # not the holder's: left alone
+    assert lease.release(store, "run-a")
+    assert lease.holder(store) is None
+    assert lease.acquire(store, "run-b", 600).run_id == "run-b"
+
+
+def test_an_expired_lease_is_taken_over(store, caplog):
+    lease.acquire(store, "run-a", 600)
+    held = json.loads(store.read_bytes(layout.LOCK))
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    store.write_bytes(layout.LOCK, json.dumps({**held, "expires_at": past.isoformat()}).encode())
+    with caplog.at_level("WARNING", logger="pipeline.lease"):
+        assert lease.acquire(store, "run-b", 600).run_id == "run-b"
+    assert "taking over the expired lease of run run-a" in caplog.text
+    with pytest.raises(LockedError):
+        lease.check(store, "run-a")
+
+
+def test_unlock_breaks_the_lease_and_a_garbled_one_is_named(store):
+    lease.acquire(store, "run-a", 600)
+    assert lease.unlock(store).run_id == "run-a"
+    assert lease.holder(store) is None
+    store.write_bytes(layout.LOCK, b"not json")
+    with pytest.raises(LockedError, match="is not a lease"):
+        lease.acquire(store, "run-a", 600)
+
+
+def test_of_runs_racing_for_a_free_store_exactly_one_wins(store):
+    won, refused = [], []
+    start = threading.Barrier(6)
+
+    def race(i: int) -> None:
+        start.wait()
+        try:
+            won.append(lease.acquire(store, f"run-{i}", 600).run_id)
+        except LockedError:
+            refused.append(i)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(refused) == 5
+    assert lease.holder(store).run_id == won[0]
