@@ -2,8 +2,9 @@
 lease, created with a conditional put (S3 ``If-None-Match: *``, an exclusive create on
 ``file://``), that names the run holding it, its host and its expiry.
 
-- A stage of the run that holds the lease, or an Airflow retry of one, re-enters it and
-  renews it.
+- The stages of the run that write to the store (ingest, publish, finish) and their
+  Airflow retries re-enter it and renew it. Resolve and validate work in the run's work
+  folder only (under spark-submit, without the store's credentials).
 - Another run fails at once, naming the holder; or, when the lease has expired, takes
   it over and says so in the log.
 - The run's last step releases it, published or failed; ``cdr unlock`` breaks it.
@@ -24,8 +25,10 @@ from pipeline.store import Store
 
 log = logging.getLogger(__name__)
 
-#: how long a lease lasts unless renewed: each stage of the run renews it, so it only
-#: runs out for a run that is gone (a killed process, a lost worker)
+#: how long a lease lasts unless renewed (at ingest and at publish): it runs out for a
+#: run that is gone (a killed process, a lost worker), or one whose resolve and validate
+#: took longer; if another run has taken the store over by then, that run's publish
+#: stops (LockedError) instead of writing
 SECONDS = 4 * 3600
 
 

@@ -112,21 +112,12 @@ def _clear_work(work_dir: Path, ctx: RunContext) -> None:
         shutil.rmtree(ctx.work)
 
 
-def _renew(config: Config, ctx: RunContext) -> None:
-    """A later stage (or its retry) re-enters and renews the run's lease; it fails when
-    another run took the store over."""
-    if not ctx.dry_run:
-        assert config.store
-        lease.acquire(open_store(config.store), ctx.run_id, lease.SECONDS)
-
-
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, Any]:
     """Resolve the run's events, then (``cdc.enabled``) write the CDC log: both on Spark,
     in one job (the DAG's resolve task)."""
     from pipeline.resolve import resolve_stage, save_summary
 
     config = ctx.config(config)
-    _renew(config, ctx)
     summary = resolve_stage(spark, config, ctx)
     if config.cdc.enabled:
         from pipeline.cdc import cdc_stage
@@ -141,7 +132,6 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
     from pipeline.validation import validate_stage
 
     config = ctx.config(config)
-    _renew(config, ctx)
     verdict = validate_stage(spark, config, ctx, load_summary(ctx))
     for w in verdict.warnings:
         log.warning("validate: %s", w)
