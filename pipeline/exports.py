@@ -82,6 +82,7 @@ class StagedTable:
     base_rows: int | None = None
     prior: dict[str, Any] | None = None  # the pointer of the run whose state we start from
     snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows of its full copy
+    ledger: list[str] = field(default_factory=list)  # the dates of the ledger window staged
 
 
 def safe_relpath(path: Any, where: str) -> str:
@@ -433,6 +434,7 @@ def ingest(
             log.info(
                 "ingest %s: prior state of %s (run %s)", tname, st.prior["dt"], st.prior["run_id"]
             )
+        st.ledger = _stage_ledger(store, tname, ctx.dt, config.gc_grace_seconds, ctx.staged)
         out[tname] = st
     if gaps:
         raise ExportError(
@@ -460,6 +462,37 @@ def stage_published(store: Store, prefix: str, dest: Path) -> None:
     for k in store.list(prefix):
         if k.endswith(".parquet"):
             store.download(k, folder / posixpath.basename(k))
+
+
+def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:
+    """The dates ``[first, dt)`` whose ledger a run of ``dt`` reads (formats.md "Each event
+    once"): a date counts when its start is within ``gc_grace_seconds`` before ``dt``'s.
+    ``dt``'s own partition is out, so that a rerun of ``dt`` resolves its events again."""
+    return dt - timedelta(days=gc_grace_seconds // 86400), dt
+
+
+def _stage_ledger(
+    store: Store, table: str, dt: date, gc_grace_seconds: int, staged: Path
+) -> list[str]:
+    """Download the ledger partitions of the window; returns their dates."""
+    first, end = ledger_window(dt, gc_grace_seconds)
+    prefix = layout.ledger_dir(table)
+    dates = set()
+    for key in store.list(prefix):
+        rel = key[len(prefix) + 1 :]
+        part, _, name = rel.partition("/")
+        if not (part.startswith("dt=") and name.endswith(".parquet")):
+            continue
+        try:
+            d = date.fromisoformat(part[3:])
+        except ValueError:
+            continue
+        if first <= d < end:
+            store.download(key, staged / table / "ledger" / part / posixpath.basename(name))
+            dates.add(d.isoformat())
+    if dates:
+        log.info("ingest %s: the ledger of %s", table, ", ".join(sorted(dates)))
+    return sorted(dates)
 
 
 def _stage_prior_state(store: Store, table: str, pointer: dict[str, Any], dest: Path) -> None:
@@ -502,7 +535,12 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
     for t, s in data.items():
         exports = {r: StagedExport(**e) for r, e in s["exports"].items()}
         out[t] = StagedTable(
-            exports, s["missing"], s["base_rows"], s["prior"], s.get("snapshots", {})
+            exports,
+            s["missing"],
+            s["base_rows"],
+            s["prior"],
+            s.get("snapshots", {}),
+            s.get("ledger", []),
         )
     return out
 

@@ -51,6 +51,11 @@ def pointers_dir(table: str) -> str:
     return f"published/{table}/_runs"
 
 
+def ledger_dir(table: str) -> str:
+    """Every event id that reached a final fate, partitioned by ``dt=<D>/``."""
+    return f"published/{table}/ledger"
+
+
 def dated_output(table: str, kind: str, dt: date) -> str:
     """``conflicts``, ``quarantine``, ``divergence`` or ``orphans`` of one date."""
     return f"published/{table}/{kind}/dt={dt.isoformat()}"

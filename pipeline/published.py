@@ -21,7 +21,8 @@ from pipeline.store import Store, upload_tree
 
 log = logging.getLogger(__name__)
 
-DATED_OUTPUTS = ("conflicts", "quarantine", "divergence", "orphans")
+DATED_OUTPUTS = ("conflicts", "quarantine", "divergence", "orphans")  # a failed run's too
+LEDGER = "ledger"  # the final fates: a published run's only
 _POINTER_RE = re.compile(r"dt=(\d{4}-\d{2}-\d{2})\.json$")
 
 
@@ -74,9 +75,10 @@ def replace_tree(store: Store, src: Path, prefix: str) -> None:
 def publish_inspection(
     store: Store, resolved: Path, tables: list[str], dt: date, run_id: str
 ) -> None:
-    """The date's logs of the run that publishes it, replacing an earlier run's."""
+    """The date's logs and ledger of the run that publishes it, replacing an earlier
+    run's."""
     for t in tables:
-        for kind in DATED_OUTPUTS:
+        for kind in (*DATED_OUTPUTS, LEDGER):
             replace_dated(store, resolved / t / kind, layout.dated_output(t, kind, dt), run_id)
 
 

@@ -68,6 +68,10 @@ def format_report(report: dict[str, Any]) -> str:
             qrow.append([t, reason, str(n)])
     if len(qrow) > 1:
         lines += ["", "quarantined:", *_table(qrow)]
+    dups = [[t, str(s["duplicates"])] for t, s in report["tables"].items() if s.get("duplicates")]
+    if dups:
+        lines += ["", "duplicates (resolved on an earlier night, not again):"]
+        lines += _table([["table", "events"], *dups])
     drow = [["table", "replica", "perspective", "snapshot"]]
     for t, s in report["tables"].items():
         per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})

@@ -3,7 +3,7 @@
 Per table: parse, dedupe, type and guard the events (``pipeline.events``), resolve them
 against the prior state (``pipeline.engine``), then check foreign keys across tables
 (semantics.md §10). Writes ``resolved/<table>/{state,snapshot,conflicts,quarantine,
-divergence,orphans,fates}`` and ``resolved/summary.json`` with the counts of the run
+divergence,orphans,fates,ledger}`` and ``resolved/summary.json`` with the counts of the run
 report. Gates (divergence, FK, error resolvers) are decided by the validate stage.
 """
 
@@ -13,6 +13,7 @@ import json
 import logging
 import shutil
 import uuid
+from dataclasses import replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,12 @@ DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's
     "repair",
 ]
 ORPHAN_COLUMNS = ["run_id", "dt", "table", "key", "reference", "event_id"]
+LEDGER_COLUMNS = ["run_id", "dt", "table", "event_id", "fate"]
+#: the fates after which an event is never resolved again (the ledger's); a quarantined
+#: event is not final: it is resolved again if it comes again
+FINAL_FATES = ("applied", "discarded")
+#: the fate of a record whose event a run in the ledger window resolved already
+DUPLICATE = "duplicate"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
@@ -73,12 +80,15 @@ def resolve_table(
 ) -> dict[str, Any]:
     out = ctx.resolved / table.name
     records = read_records(spark, ctx.staged / table.name, table, staged.exports)
+    records, duplicates = set_duplicates_aside(spark, records, ctx.staged / table.name / "ledger")
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
         res = resolve_cells(spark, config, table, records, prior, ctx.now_us, ctx.dt)
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
         res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
+    if duplicates is not None:
+        res = replace(res, fates=res.fates.unionByName(duplicates))
 
     _write(res.state, out / "state_pre")
     stopped = _write_conflicts(res.conflicts, ctx, table, out)
@@ -105,7 +115,47 @@ def resolve_table(
     _write(res.fates, out / "fates")
     if res.changes is not None:
         _write(res.changes, out / "changes")
+    _write_ledger(out, ctx, table.name)
     return _table_counts(table, out, staged, stopped)
+
+
+def set_duplicates_aside(
+    spark: SparkSession, records: DataFrame, ledger: Path
+) -> tuple[DataFrame, DataFrame | None]:
+    """The records whose event an earlier night already resolved (its id is in the
+    staged ledger window) are not resolved again: they get the fate ``duplicate``."""
+    files = sorted(str(p) for p in ledger.glob("dt=*/*.parquet"))
+    if not files:
+        return records, None
+    seen = spark.read.parquet(*files).select(F.col("event_id").alias("_eid")).distinct()
+    tagged = records.withColumn("_eid", F.get_json_object("raw", "$.event_id"))
+    # no broadcast hint: ten nights of a busy table's ids are too many for one
+    again = tagged.join(seen, "_eid", "left_semi")
+    rest = tagged.join(seen, "_eid", "left_anti").drop("_eid")
+    return rest, again.select(
+        F.col("_eid").alias("event_id"), "replica", F.lit(DUPLICATE).alias("fate")
+    )
+
+
+def _write_ledger(out: Path, ctx: RunContext, table: str) -> None:
+    """The ids of the events that reached a final fate (applied or discarded), read from
+    the fates: published with the run, read by the next nights' runs."""
+    fates = _local_table(out / "fates", ["event_id", "fate"])
+    final = fates.filter(
+        pc.and_(pc.is_valid(fates["event_id"]), pc.is_in(fates["fate"], pa.array(FINAL_FATES)))
+    )
+    ids = final.group_by(["event_id", "fate"]).aggregate([]).sort_by("event_id")
+    n = ids.num_rows
+    columns = [
+        pa.array([ctx.run_id] * n, pa.string()),
+        pa.array([ctx.dt.isoformat()] * n, pa.string()),
+        pa.array([table] * n, pa.string()),
+        ids["event_id"].cast(pa.string()),
+        ids["fate"].cast(pa.string()),
+    ]
+    ledger = pa.table(dict(zip(LEDGER_COLUMNS, columns, strict=True)))
+    (out / "ledger").mkdir(parents=True, exist_ok=True)
+    pq.write_table(ledger, out / "ledger" / "part-00000.parquet", compression="zstd")
 
 
 def _write_conflicts(
@@ -190,6 +240,7 @@ def _table_counts(
         "distinct_events": sum(by_fate.values()),
         "applied": by_fate.get("applied", 0),
         "discarded": by_fate.get("discarded", 0),
+        "duplicates": by_fate.get(DUPLICATE, 0),
         "errored": by_fate.get("errored", 0),
         "not_reached": by_fate.get("not_reached", 0),
         "quarantined": quarantined,

@@ -1,0 +1,135 @@
+"""Each event once across nights (formats.md "Each event once"): an event that a published
+run resolved is in its table's ledger, and a run within ``gc_grace_seconds`` after it that
+finds the event exported again (Debezium's at-least-once delivery, overlapping export
+files) counts it as a duplicate instead of applying its delta a second time. Through
+``cdr run`` on a file store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import scenarios as S
+import yaml
+
+from pipeline.cli import main
+
+D1, D2 = "2026-11-21", "2026-11-22"
+
+
+def _update(eid: str, hour: str, before: int, after: int) -> dict:
+    return {
+        "op": "UPDATE",
+        "key": {"id": 1},
+        "ts": f"{hour}Z",
+        "origin": "A",
+        "event_id": eid,
+        "before": {"balance": before},
+        "after": {"balance": after},
+    }
+
+
+def _setup(tmp: Path, gc_grace_seconds: int = 864000) -> Path:
+    store = tmp / "store"
+    cfg = {
+        "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
+        "store": store.as_uri(),
+        "gc_grace_seconds": gc_grace_seconds,
+        "tables": {
+            "accounts": {
+                "key": ["id"],
+                "columns": {"id": "bigint", "balance": "bigint"},
+                "delta": ["balance"],
+            }
+        },
+    }
+    insert = {
+        "op": "INSERT",
+        "key": {"id": 1},
+        "ts": f"{D1}T08:00:00Z",
+        "origin": "A",
+        "event_id": "A-1",
+        "after": {"id": 1, "balance": 100},
+    }
+    credit = _update("A-2", f"{D1}T09:00:00", 100, 110)  # +10
+    night1 = [insert, credit]
+    # the next night, A's export holds the credit again (delivered twice), then +5
+    night2 = [credit, _update("A-3", f"{D2}T09:00:00", 110, 115)]
+    for d, events in ((D1, night1), (D2, night2)):
+        exports = {"A": {"accounts": [{**e, "seq": i} for i, e in enumerate(events)]}}
+        S.write_exports(store, d, {**exports, "B": {"accounts": []}})
+    path = tmp / "cdr.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _run(cfg: Path, tmp: Path, d: str, run_id: str) -> int:
+    argv = ["--config", str(cfg), "--date", d, "--work-dir", str(tmp / "work")]
+    return main(["run", *argv, "--run-id", run_id, "--no-data-docs"])
+
+
+def _balance(store: Path) -> int:
+    pointer = json.loads((store / "published/accounts/_latest.json").read_text())
+    (row,) = S.read_parquet_dir(store / pointer["snapshot"])
+    return row["balance"]
+
+
+def _report(store: Path, d: str) -> dict:
+    return json.loads((store / f"published/reports/dt={d}/run_report.json").read_text())["tables"][
+        "accounts"
+    ]
+
+
+def test_an_event_exported_again_the_next_night_is_resolved_once(tmp_path: Path, spark):
+    cfg = _setup(tmp_path)
+    store = tmp_path / "store"
+    assert _run(cfg, tmp_path, D1, "n1") == 0
+    ledger = S.read_parquet_dir(store / f"published/accounts/ledger/dt={D1}")
+    assert sorted((r["event_id"], r["fate"], r["run_id"]) for r in ledger) == [
+        ("A-1", "applied", "n1"),
+        ("A-2", "applied", "n1"),
+    ]
+    assert _run(cfg, tmp_path, D2, "n2") == 0
+    assert _balance(store) == 115  # 100 + 10 + 5: the credit counted once
+    t = _report(store, D2)
+    assert t["duplicates"] == 1 and t["applied"] == 1
+    assert t["replicas"]["A"] == {"records": 2, "framing": 0, "duplicate": 1, "applied": 1}
+    conflicts = S.read_parquet_dir(store / f"published/accounts/conflicts/dt={D2}")
+    assert "A-2" not in {c["remote_event_id"] for c in conflicts}
+    ledger2 = S.read_parquet_dir(store / f"published/accounts/ledger/dt={D2}")
+    assert [r["event_id"] for r in ledger2] == ["A-3"]  # a duplicate is not final again
+
+    # a rerun of the first night resolves its events again (its own partition is not
+    # read) and replaces that partition
+    assert _run(cfg, tmp_path, D1, "n1-again") == 0
+    assert _report(store, D1)["duplicates"] == 0
+    files = list((store / f"published/accounts/ledger/dt={D1}").glob("*.parquet"))
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    assert sorted((r["event_id"], r["run_id"]) for r in rows) == [
+        ("A-1", "n1-again"),
+        ("A-2", "n1-again"),
+    ]
+
+
+def test_the_window_is_the_gc_grace_before_the_date_without_the_date(tmp_path: Path):
+    """A run of D reads the ledger partitions of [D - gc_grace_seconds, D): not D's own (a
+    rerun of D resolves its events again), not later dates' (a backfill). An event from
+    before the window is older than the grace, and quarantined as stale anyway."""
+    from datetime import date, timedelta
+
+    from pipeline.exports import _stage_ledger, ledger_window
+    from pipeline.store import FileStore
+
+    d = date(2026, 11, 21)
+    assert ledger_window(d, 864000) == (d - timedelta(days=10), d)
+    assert ledger_window(d, 3600) == (d, d)  # under a day: no earlier date
+    store = FileStore(tmp_path / "store")
+    for back in (11, 10, 1, 0, -1):
+        day = d - timedelta(days=back)
+        store.write_bytes(f"published/t/ledger/dt={day}/part-0.parquet", b"x")
+    store.write_bytes("published/t/ledger/dt=garbage/part-0.parquet", b"x")
+    staged = _stage_ledger(store, "t", d, 864000, tmp_path / "staged")
+    assert staged == ["2026-11-11", "2026-11-20"]
+    got = sorted(p.parent.name for p in (tmp_path / "staged/t/ledger").rglob("*.parquet"))
+    assert got == ["dt=2026-11-11", "dt=2026-11-20"]
