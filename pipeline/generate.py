@@ -240,7 +240,7 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
             for j in range(count):
                 origin = rng.choice(replicas)
                 seq_no[origin] += 1
-                eid = f"{origin}-{name}-{seq_no[origin]}"
+                eid = f"{origin}-{name}-{dt:%Y%m%d}-{seq_no[origin]}"  # unique across dates
                 key = g.key(n)
                 race = j == 1 and not existing and events[-1].op == "INSERT" and rng.random() < 0.3
                 if race:  # an insert race: another replica inserts the same new key

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
@@ -87,8 +88,8 @@ def resolve_table(
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
         res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
-    if duplicates is not None:
-        res = replace(res, fates=res.fates.unionByName(duplicates))
+    fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
+    res = replace(res, fates=repeats_as_duplicates(fates))
 
     _write(res.state, out / "state_pre")
     stopped = _write_conflicts(res.conflicts, ctx, table, out)
@@ -135,6 +136,14 @@ def set_duplicates_aside(
     return rest, again.select(
         F.col("_eid").alias("event_id"), "replica", F.lit(DUPLICATE).alias("fate")
     )
+
+
+def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
+    """A replica that exported one event more than once (export files that overlap): the
+    event is resolved once, and that replica's copies after the first are duplicates."""
+    n = F.row_number().over(Window.partitionBy("event_id", "replica").orderBy("fate"))
+    again = F.col("event_id").isNotNull() & (n > 1)
+    return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
 
 
 def _write_ledger(out: Path, ctx: RunContext, table: str) -> None:
@@ -210,10 +219,24 @@ def _table_counts(
     table: Table, out: Path, staged: StagedTable, stopped: dict[str, Any] | None
 ) -> dict[str, Any]:
     fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
-    # an event counts once; a record without an event id counts as one event
+    # an event counts once; a record without an event id counts as one event; an event
+    # counts as a duplicate only when all its records are (an earlier night resolved it)
     with_id = fates.filter(pc.is_valid(fates["event_id"]))
     events = with_id.group_by(["event_id", "fate"]).aggregate([])
-    by_fate = {r["fate"]: r["count_all"] for r in _counts(events, "fate")}
+    is_dup = pc.equal(events["fate"], DUPLICATE)
+    resolved = events.filter(pc.invert(is_dup))
+    only_dup = events.filter(
+        pc.and_(
+            is_dup,
+            pc.invert(
+                pc.is_in(events["event_id"], value_set=resolved["event_id"].combine_chunks())
+            ),
+        )
+    )
+    by_fate = {r["fate"]: r["count_all"] for r in _counts(resolved, "fate")}
+    if only_dup.num_rows:
+        by_fate[DUPLICATE] = only_dup.num_rows
+    duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
     for r in _counts(fates.filter(pc.is_null(fates["event_id"])), "fate"):
         by_fate[r["fate"]] = by_fate.get(r["fate"], 0) + r["count_all"]
     per_replica: dict[str, dict[str, int]] = {
@@ -240,7 +263,7 @@ def _table_counts(
         "distinct_events": sum(by_fate.values()),
         "applied": by_fate.get("applied", 0),
         "discarded": by_fate.get("discarded", 0),
-        "duplicates": by_fate.get(DUPLICATE, 0),
+        "duplicates": duplicate_records,  # records: of earlier nights' events, or repeats
         "errored": by_fate.get("errored", 0),
         "not_reached": by_fate.get("not_reached", 0),
         "quarantined": quarantined,

@@ -1,11 +1,13 @@
-"""Each event once across nights (formats.md "Each event once"): an event that a published
-run resolved is in its table's ledger, and a run within ``gc_grace_seconds`` after it that
-finds the event exported again (Debezium's at-least-once delivery, overlapping export
-files) counts it as a duplicate instead of applying its delta a second time. Through
+"""Each event once (formats.md "Each event once"): an event that a published run resolved
+is in its table's ledger, and a run within ``gc_grace_seconds`` after it that finds the
+event exported again (Debezium's at-least-once delivery) counts it as a duplicate instead
+of applying its delta a second time; a replica that exports one event twice in a night
+(overlapping export files) has it resolved once, the second record a duplicate. Through
 ``cdr run`` on a file store."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -54,8 +56,10 @@ def _setup(tmp: Path, gc_grace_seconds: int = 864000) -> Path:
     }
     credit = _update("A-2", f"{D1}T09:00:00", 100, 110)  # +10
     night1 = [insert, credit]
-    # the next night, A's export holds the credit again (delivered twice), then +5
-    night2 = [credit, _update("A-3", f"{D2}T09:00:00", 110, 115)]
+    # the next night, A's export holds the credit again (delivered twice), then +5, and
+    # that twice too (two export files that overlap)
+    plus5 = _update("A-3", f"{D2}T09:00:00", 110, 115)
+    night2 = [credit, plus5, plus5]
     for d, events in ((D1, night1), (D2, night2)):
         exports = {"A": {"accounts": [{**e, "seq": i} for i, e in enumerate(events)]}}
         S.write_exports(store, d, {**exports, "B": {"accounts": []}})
@@ -91,10 +95,10 @@ def test_an_event_exported_again_the_next_night_is_resolved_once(tmp_path: Path,
         ("A-2", "applied", "n1"),
     ]
     assert _run(cfg, tmp_path, D2, "n2") == 0
-    assert _balance(store) == 115  # 100 + 10 + 5: the credit counted once
+    assert _balance(store) == 115  # 100 + 10 + 5: each credit counted once
     t = _report(store, D2)
-    assert t["duplicates"] == 1 and t["applied"] == 1
-    assert t["replicas"]["A"] == {"records": 2, "framing": 0, "duplicate": 1, "applied": 1}
+    assert t["duplicates"] == 2 and t["applied"] == 1 and t["distinct_events"] == 2
+    assert t["replicas"]["A"] == {"records": 3, "framing": 0, "duplicate": 2, "applied": 1}
     conflicts = S.read_parquet_dir(store / f"published/accounts/conflicts/dt={D2}")
     assert "A-2" not in {c["remote_event_id"] for c in conflicts}
     ledger2 = S.read_parquet_dir(store / f"published/accounts/ledger/dt={D2}")
@@ -133,3 +137,28 @@ def test_the_window_is_the_gc_grace_before_the_date_without_the_date(tmp_path: P
     assert staged == ["2026-11-11", "2026-11-20"]
     got = sorted(p.parent.name for p in (tmp_path / "staged/t/ledger").rglob("*.parquet"))
     assert got == ["dt=2026-11-11", "dt=2026-11-20"]
+
+
+def test_generated_nights_have_their_own_event_ids(tmp_path: Path):
+    """``cdr generate`` numbered each night's events from 1 again: the next night's events
+    took the ids of the night before, and the ledger set them all aside as duplicates."""
+    from datetime import date
+
+    from pipeline.config import parse_config
+    from pipeline.generate import GenerateOptions, generate
+    from pipeline.store import FileStore
+
+    (tmp_path / "hand").mkdir()
+    config = parse_config(yaml.safe_load(_setup(tmp_path / "hand").read_text()))
+    store = FileStore(tmp_path / "store")  # only what generate writes
+    ids = []
+    for i, d in enumerate((date(2026, 11, 21), date(2026, 11, 22))):
+        generate(config, store, d, GenerateOptions(events=40, seed=i))
+        folder = tmp_path / f"store/exports/replica=A/table=accounts/dt={d}"
+        lines = []
+        for f in folder.iterdir():
+            if f.name != "_manifest.json":
+                data = f.read_bytes()
+                lines += (gzip.decompress(data) if f.suffix == ".gz" else data).splitlines()
+        ids.append({json.loads(line)["event_id"] for line in lines if line.strip()})
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
