@@ -56,7 +56,8 @@ LEDGER_COLUMNS = ["run_id", "dt", "table", "event_id", "fate"]
 #: the fates after which an event is never resolved again (the ledger's); a quarantined
 #: event is not final: it is resolved again if it comes again
 FINAL_FATES = ("applied", "discarded")
-#: the fate of a record whose event a run in the ledger window resolved already
+#: the fate of a record whose event a run in the ledger window resolved already, or of a
+#: replica's second record of one event in one night
 DUPLICATE = "duplicate"
 
 
@@ -81,7 +82,10 @@ def resolve_table(
 ) -> dict[str, Any]:
     out = ctx.resolved / table.name
     records = read_records(spark, ctx.staged / table.name, table, staged.exports)
-    records, duplicates = set_duplicates_aside(spark, records, ctx.staged / table.name / "ledger")
+    ledger = ctx.staged / table.name / "ledger"
+    records, duplicates = set_duplicates_aside(
+        spark, records, [ledger / f"dt={d}" for d in staged.ledger]
+    )
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
         res = resolve_cells(spark, config, table, records, prior, ctx.now_us, ctx.dt)
@@ -121,11 +125,12 @@ def resolve_table(
 
 
 def set_duplicates_aside(
-    spark: SparkSession, records: DataFrame, ledger: Path
+    spark: SparkSession, records: DataFrame, ledger: list[Path]
 ) -> tuple[DataFrame, DataFrame | None]:
-    """The records whose event an earlier night already resolved (its id is in the
-    staged ledger window) are not resolved again: they get the fate ``duplicate``."""
-    files = sorted(str(p) for p in ledger.glob("dt=*/*.parquet"))
+    """The records whose event an earlier night already resolved (its id is in one of
+    the ledger partitions ingest staged) are not resolved again: they get the fate
+    ``duplicate``."""
+    files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
     if not files:
         return records, None
     seen = spark.read.parquet(*files).select(F.col("event_id").alias("_eid")).distinct()
