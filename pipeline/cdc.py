@@ -147,19 +147,23 @@ def read_generations(folder: Path) -> list[Generation]:
     """The generations of a staged ``cdc_generation_descriptions`` (stream ids as stored:
     a later change of how ids are made never renames an existing stream)."""
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    return generations([r for f in files for r in pq.read_table(f).to_pylist()])
+
+
+def generations(rows: list[dict[str, Any]]) -> list[Generation]:
+    """The rows of ``cdc_generation_descriptions`` as generations, oldest first."""
     gens = []
-    for f in files:
-        for r in pq.read_table(f).to_pylist():
-            desc = r["description"]
-            gens.append(
-                Generation(
-                    _micros(r["time"]) or 0,
-                    tuple(d["token_range_end"] for d in desc),
-                    tuple(tuple(StreamId(s["hi"], s["lo"]) for s in d["streams"]) for d in desc),
-                    desc[0]["sharding_ignore_msb"] if desc else 0,
-                    _micros(r["expired"]),
-                )
+    for r in rows:
+        desc = r["description"]
+        gens.append(
+            Generation(
+                _micros(r["time"]) or 0,
+                tuple(d["token_range_end"] for d in desc),
+                tuple(tuple(StreamId(s["hi"], s["lo"]) for s in d["streams"]) for d in desc),
+                desc[0]["sharding_ignore_msb"] if desc else 0,
+                _micros(r["expired"]),
             )
+        )
     return sorted(gens, key=lambda g: g.time)
 
 

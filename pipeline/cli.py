@@ -289,16 +289,19 @@ def _print_failed_report(args: argparse.Namespace, config: Any, run_id: str) -> 
 def _where(config: Any, report: dict[str, Any]) -> str:
     from pipeline import layout
 
-    lines = ["", f"published to {config.store}:"]
-    for t, p in report.get("pointers", {}).items():
-        lines.append(f"  {t}: {p['snapshot']} ({p['rows']} rows)")
+    lines = ["", f"published to {config.store} (Delta tables):"]
+    for t, counts in report.get("tables", {}).items():
+        path = layout.table_path(t, layout.SNAPSHOT)
+        version = report.get("versions", {}).get(path)
+        at = f"version {version}" if version is not None else "not moved: an earlier date"
+        lines.append(f"  {t}: {path} ({at}, {counts.get('rows', 0)} rows)")
     key = layout.run_report(date.fromisoformat(report["dt"]), report["run_id"])
     lines.append(f"  report: {key} (and {layout.date_report(date.fromisoformat(report['dt']))})")
     docs = report.get("validation", {}).get("data_docs")
     if docs:
         lines.append(f"  Data Docs: {docs}")
     if report.get("cdc"):
-        lines.append(f"  CDC log: published/cdc/<table>/log/dt={report['dt']}")
+        lines.append(f"  CDC log: {layout.cdc_log_path('<table>')} (dt={report['dt']})")
     return "\n".join(lines)
 
 

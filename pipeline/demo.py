@@ -104,13 +104,14 @@ def demo(workdir: Path, events: int = 30_000, seed: int = 7, serve: bool = False
             copy = workdir / "store"
             _mirror(config.store, copy)
             print(f"\noutputs: {config.store}/published (copied to {copy}/published)")
-            print(f"  snapshots:  {copy}/published/<table>/_latest.json -> snapshot/run=<id>/")
-            print(f"  conflicts:  {copy}/published/<table>/conflicts/dt=<date>/")
+            print(f"  snapshots:  {copy}/published/<table>/snapshot/ (Delta tables)")
+            print(f"  conflicts:  {copy}/published/<table>/conflicts/ (by dt)")
+            print(f"  runs:       {copy}/{layout.RUNS}/")
             print(f"  report:     {copy}/{layout.date_report(DATES[-1])}")
             if status == 0:
                 docs = layout.validation_dir(DATES[-1], last["run_id"])
                 print(f"  Data Docs:  {copy}/{docs}/data_docs/index.html")
-            print(f"  CDC log:    {copy}/published/cdc/<table>/log/dt=<date>/")
+            print(f"  CDC log:    {copy}/published/cdc/<table>/log/ (by dt)")
             print(f"  streams:    {copy}/published/cdc/cdc_streams_descriptions/")
             print(f"  config:     {cfg_path}")
             if serve:

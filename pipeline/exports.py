@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from pipeline import layout
+from pipeline import layout, prior
 from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
-from pipeline.errors import ExportError, PriorStateError, StoreError
+from pipeline.errors import ExportError, StoreError
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ class StagedTable:
     prior: dict[str, Any] | None = None  # the pointer of the run whose state we start from
     snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows of its full copy
     ledger: list[str] = field(default_factory=list)  # the dates of the ledger window staged
+    manifests: list[dict[str, str]] = field(default_factory=list)  # key, sha256 (runs row)
+    start: str = ""  # what the run starts from, for the report
 
 
 def safe_relpath(path: Any, where: str) -> str:
@@ -358,12 +360,13 @@ def missing_manifests(config: Config, store: Store, dt: date) -> list[str]:
 
 
 def unpublished_dates(
-    config: Config, store: Store, table: str, prior: date, dt: date
+    config: Config, store: Store, table: str, since: date, dt: date
 ) -> list[date]:
-    """The dates strictly between ``prior`` (the state a run of ``dt`` starts from) and
-    ``dt`` for which some replica exported ``table``: their events would be skipped."""
+    """The dates strictly between ``since`` (the date of the state a run of ``dt`` starts
+    from) and ``dt`` for which some replica exported ``table``: their events would be
+    skipped."""
     out = []
-    d = prior + timedelta(days=1)
+    d = since + timedelta(days=1)
     while d < dt:
         if any(store.exists(layout.export_manifest(rep, table, d)) for rep in config.replica_ids):
             out.append(d)
@@ -374,9 +377,13 @@ def unpublished_dates(
 def ingest(
     config: Config, store: Store, ctx: RunContext, allow_missing: bool
 ) -> dict[str, StagedTable]:
-    """Stage every export of ``ctx.dt``, the base snapshot and the prior state pointer."""
-    from pipeline.published import find_prior_pointer
+    """Stage every export of ``ctx.dt``, the state the run starts from (or the base
+    snapshot), the ledger window and the CDC generations."""
+    from pipeline.lake import Lake
+    from pipeline.runs_table import read_runs
 
+    lake = Lake(store)
+    runs = read_runs(lake)
     out: dict[str, StagedTable] = {}
     missing_all: list[str] = []
     gaps: list[str] = []
@@ -391,6 +398,7 @@ def ingest(
             manifest = read_manifest(
                 store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
             )
+            st.manifests.append(_manifest_digest(store, folder))
             dest = ctx.staged / tname / f"replica={rep}"
             staged = st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
             framing = f" and {staged.framing} framing line(s)" if staged.framing else ""
@@ -412,29 +420,14 @@ def ingest(
                     {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()},
                     ROW_FORMATS,
                 )
+                st.manifests.append(_manifest_digest(store, folder))
                 dest = ctx.staged / tname / f"snapshot={rep}"
                 st.snapshots[rep] = stage_export(store, folder, manifest, dest, rep).rows
                 log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
-        st.prior = find_prior_pointer(store, tname, ctx.dt)
-        if st.prior is None and _find_export(store, layout.base_dir(tname), "base snapshot"):
-            manifest = read_manifest(store, layout.base_dir(tname), {"table": tname}, ROW_FORMATS)
-            staged = stage_export(
-                store, layout.base_dir(tname), manifest, ctx.staged / tname / "base", "base"
-            )
-            st.base_rows = staged.rows
-            log.info("ingest base/%s: %d rows", tname, staged.rows)
-        elif st.prior is not None:
-            skipped = unpublished_dates(config, store, tname, dt_of(st.prior), ctx.dt)
-            if skipped:
-                gaps.append(
-                    f"table {tname!r} was last published for {st.prior['dt']}, but "
-                    f"{', '.join(map(str, skipped))} has exports that no published run applied"
-                )
-            _stage_prior_state(store, tname, st.prior, ctx.staged / tname / "prior")
-            log.info(
-                "ingest %s: prior state of %s (run %s)", tname, st.prior["dt"], st.prior["run_id"]
-            )
-        st.ledger = _stage_ledger(store, tname, ctx.dt, config.gc_grace_seconds, ctx.staged)
+        _stage_start(config, store, lake, runs, ctx, tname, st, gaps)
+        st.ledger = prior.stage_ledger(
+            store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
+        )
         out[tname] = st
     if gaps:
         raise ExportError(
@@ -448,78 +441,77 @@ def ingest(
             "pass --allow-missing-exports to run without them"
         )
     if config.cdc.enabled:
-        gens = layout.cdc_table_dir("cdc_generation_descriptions")
-        stage_published(store, gens, ctx.staged / "cdc")
+        name = "cdc_generation_descriptions"
+        prior.stage_table(store, lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
     save_inputs(ctx, out)
     return out
 
 
-def stage_published(store: Store, prefix: str, dest: Path) -> None:
-    """The Parquet files of a published folder, into ``dest/<its name>`` (the CDC
-    generations the run starts from)."""
-    folder = dest / posixpath.basename(prefix)
-    folder.mkdir(parents=True, exist_ok=True)
-    for k in store.list(prefix):
-        if k.endswith(".parquet"):
-            store.download(k, folder / posixpath.basename(k))
+def _manifest_digest(store: Store, folder: str) -> dict[str, str]:
+    """The manifest's key and sha256, for the run's ``runs`` row: a later run can tell
+    that an export changed after its date ran."""
+    key = f"{folder}/{layout.MANIFEST}"
+    return {"manifest": key, "sha256": hashlib.sha256(store.read_bytes(key)).hexdigest()}
 
 
-def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:
-    """The dates ``[first, dt)`` whose ledger a run of ``dt`` reads (formats.md "Each event
-    once"): a date counts when its start is within ``gc_grace_seconds`` before ``dt``'s.
-    ``dt``'s own partition is out, so that a rerun of ``dt`` resolves its events again."""
-    return dt - timedelta(days=gc_grace_seconds // 86400), dt
+def _stage_start(
+    config: Config,
+    store: Store,
+    lake: Any,
+    runs: list[Any],
+    ctx: RunContext,
+    tname: str,
+    st: StagedTable,
+    gaps: list[str],
+) -> None:
+    """What the table starts from (formats.md "Backfills"): the state published for the
+    latest date before the run's, checked against that run's ``runs`` row; on a store of
+    the earlier layout, its pointer (once); else ``base/`` (a table new to the config,
+    or the first run); else nothing."""
+    from pipeline.runs_table import latest_published
 
-
-def _stage_ledger(
-    store: Store, table: str, dt: date, gc_grace_seconds: int, staged: Path
-) -> list[str]:
-    """Download the ledger partitions of the window; returns their dates."""
-    first, end = ledger_window(dt, gc_grace_seconds)
-    prefix = layout.ledger_dir(table)
-    dates = set()
-    for key in store.list(prefix):
-        rel = key[len(prefix) + 1 :]
-        part, _, name = rel.partition("/")
-        if not (part.startswith("dt=") and name.endswith(".parquet")):
-            continue
-        try:
-            d = date.fromisoformat(part[3:])
-        except ValueError:
-            continue
-        if first <= d < end:
-            store.download(key, staged / table / "ledger" / part / posixpath.basename(name))
-            dates.add(d.isoformat())
-    if dates:
-        log.info("ingest %s: the ledger of %s", table, ", ".join(sorted(dates)))
-    return sorted(dates)
-
-
-def _stage_prior_state(store: Store, table: str, pointer: dict[str, Any], dest: Path) -> None:
-    """Download the state the pointer names, whole: no file, an unreadable file or a row
-    count other than the one the publishing run recorded stops the run, naming it."""
-    import pyarrow.parquet as pq
-
-    where = f"table {table!r}: the prior state of {pointer['dt']} (run {pointer['run_id']})"
-    fix = f"restore it, or rerun {pointer['dt']}"
-    keys = [k for k in store.list(pointer["state"]) if k.endswith(".parquet")]
-    if not keys:
-        raise PriorStateError(f"{where} has no files at {store.uri}/{pointer['state']}: {fix}")
-    dest.mkdir(parents=True, exist_ok=True)
-    rows = 0
-    for k in keys:
-        local = dest / posixpath.basename(k)
-        store.download(k, local)
-        try:
-            rows += pq.read_metadata(local).num_rows
-        except Exception as e:  # pyarrow raises several types for a damaged footer
-            raise PriorStateError(f"{where}: {store.uri}/{k} is unreadable ({e}): {fix}") from None
-    expected = pointer.get("state_rows")  # absent in pointers published before it was kept
-    if expected is not None and rows != expected:
-        raise PriorStateError(
-            f"{where} has {rows} rows in {len(keys)} file(s) at {store.uri}/{pointer['state']}, "
-            f"but its run published {expected}: {fix}"
+    dest = ctx.staged / tname / "prior"
+    run = latest_published(runs, tname, ctx.dt)
+    if run is not None:
+        staged = prior.stage_state(store, lake, run, tname, dest)
+        st.prior = {
+            "dt": run.dt.isoformat(),
+            "run_id": run.run_id,
+            "state_rows": staged.rows,
+        }
+        st.start = f"the state of {run.dt} (run {run.run_id}, {staged.rows} rows)"
+    elif not runs and (pointer := prior.legacy_prior(store, tname, ctx.dt)) is not None:
+        staged = prior.stage_legacy_state(store, pointer, dest)
+        log.warning(
+            "ingest %s: %s has no runs table; starting from the earlier layout's state of %s "
+            "(run %s, %d rows), once: this run publishes in the Delta layout",
+            tname,
+            store.uri,
+            pointer["dt"],
+            pointer["run_id"],
+            staged.rows,
         )
+        st.prior = {"dt": pointer["dt"], "run_id": pointer["run_id"], "state_rows": staged.rows}
+        st.start = f"the state of {pointer['dt']} in the earlier layout (run {pointer['run_id']})"
+    elif _find_export(store, layout.base_dir(tname), "base snapshot"):
+        manifest = read_manifest(store, layout.base_dir(tname), {"table": tname}, ROW_FORMATS)
+        st.manifests.append(_manifest_digest(store, layout.base_dir(tname)))
+        staged_base = stage_export(
+            store, layout.base_dir(tname), manifest, ctx.staged / tname / "base", "base"
+        )
+        st.base_rows = staged_base.rows
+        st.start = f"base/ ({staged_base.rows} rows): no published run had this table"
+        log.info("ingest base/%s: %d rows", tname, staged_base.rows)
+    else:
+        st.start = "empty: no published run had this table, and there is no base/"
+    if st.prior is not None:
+        skipped = unpublished_dates(config, store, tname, dt_of(st.prior), ctx.dt)
+        if skipped:
+            gaps.append(
+                f"table {tname!r} was last published for {st.prior['dt']}, but "
+                f"{', '.join(map(str, skipped))} has exports that no published run applied"
+            )
+        log.info("ingest %s: starts from %s", tname, st.start)
 
 
 def save_inputs(ctx: RunContext, tables: dict[str, StagedTable]) -> None:
@@ -541,6 +533,8 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
             s["prior"],
             s.get("snapshots", {}),
             s.get("ledger", []),
+            s.get("manifests", []),
+            s.get("start", ""),
         )
     return out
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from datetime import date
 
 MANIFEST = "_manifest.json"
+PUBLISHED = "published"
 #: the writer's lease (``pipeline.lease``)
-LOCK = "published/_lock"
+LOCK = f"{PUBLISHED}/_lock"
+#: one row per run, published or not; committed last (``pipeline.runs_table``)
+RUNS = f"{PUBLISHED}/runs"
 
 
 def export_dir(replica: str, table: str, dt: date) -> str:
@@ -25,40 +28,28 @@ def base_dir(table: str) -> str:
     return f"base/table={table}"
 
 
+#: a table's outputs, each a Delta table ``published/<table>/<kind>``: ``snapshot`` holds
+#: the latest published date; the others are partitioned by ``dt``
+SNAPSHOT = "snapshot"
+STATE = "state"
+LEDGER = "ledger"
+LOGS = ("conflicts", "quarantine", "divergence", "orphans")  # a failed run's too
+DATED = (STATE, *LOGS, LEDGER)
+
+
 def table_dir(table: str) -> str:
-    return f"published/{table}"
+    return f"{PUBLISHED}/{table}"
 
 
-def snapshot_dir(table: str, run_id: str) -> str:
-    return f"published/{table}/snapshot/run={run_id}"
+def table_path(table: str, kind: str) -> str:
+    """``published/<table>/<kind>``: :data:`SNAPSHOT` or one of :data:`DATED`."""
+    return f"{table_dir(table)}/{kind}"
 
 
-def state_dir(table: str, run_id: str) -> str:
-    return f"published/{table}/state/run={run_id}"
-
-
-def latest_pointer(table: str) -> str:
-    return f"published/{table}/_latest.json"
-
-
-def dated_pointer(table: str, dt: date) -> str:
-    """Which run published ``dt``: the next date's run reads its state from here, so that a
-    rerun of an old date starts from the state of the date before it."""
-    return f"published/{table}/_runs/dt={dt.isoformat()}.json"
-
-
-def pointers_dir(table: str) -> str:
-    return f"published/{table}/_runs"
-
-
-def ledger_dir(table: str) -> str:
-    """Every event id that reached a final fate, partitioned by ``dt=<D>/``."""
-    return f"published/{table}/ledger"
-
-
-def dated_output(table: str, kind: str, dt: date) -> str:
-    """``conflicts``, ``quarantine``, ``divergence`` or ``orphans`` of one date."""
-    return f"published/{table}/{kind}/dt={dt.isoformat()}"
+def legacy_pointers_dir(table: str) -> str:
+    """The earlier layout's per-date pointers ``_runs/dt=<D>.json`` (a store it published
+    is read as the prior once: ``pipeline.prior``)."""
+    return f"{table_dir(table)}/_runs"
 
 
 CDC_TABLES = (
@@ -71,15 +62,16 @@ CDC_TABLES = (
 
 def cdc_table_dir(name: str) -> str:
     """One of :data:`CDC_TABLES` (cdc.md "The tables")."""
-    return f"published/cdc/{name}"
+    return f"{PUBLISHED}/cdc/{name}"
 
 
-def cdc_log_dir(table: str, dt: date) -> str:
-    return f"published/cdc/{table}/log/dt={dt.isoformat()}"
+def cdc_log_path(table: str) -> str:
+    """A table's CDC log, partitioned by ``dt``."""
+    return f"{PUBLISHED}/cdc/{table}/log"
 
 
 def reports_root() -> str:
-    return "published/reports"
+    return f"{PUBLISHED}/reports"
 
 
 def report_dir(dt: date) -> str:
@@ -108,6 +100,6 @@ def validation_dir(dt: date, run_id: str) -> str:
 
 
 def failed_output(run_id: str, table: str, kind: str) -> str:
-    """A log (``conflicts``, ``quarantine``, ...) of a run that did not publish: apart
-    from the published runs' dated logs, which it never replaces."""
-    return f"published/_failed/run={run_id}/{table}/{kind}"
+    """A log (``conflicts``, ``quarantine``, ...) of a run that did not publish, as its
+    own Delta table: apart from the published runs' dated logs, which it never replaces."""
+    return f"{PUBLISHED}/_failed/run={run_id}/{table}/{kind}"

@@ -1,139 +1,149 @@
-"""Publishing (formats.md "Outputs"): everything of a run goes under new ``run=<run_id>``
-folders, the date's outputs under ``dt=<D>``, and the pointers move last.
+"""Publishing (formats.md "Outputs"): every output of a run is committed to its Delta table
+(``pipeline.lake``) once the verdict is known, then the run's ``runs`` row, last.
 
-Readers follow ``published/<table>/_latest.json``; it is replaced only after every file
-of the run is in place, and it only moves forward in time: a rerun of an old date updates
-that date's pointer (``_runs/dt=<D>.json``, which the next date's run reads its prior state
-from) but leaves ``_latest.json`` on the newest date.
+A published run replaces its date's partition of every dated table (one commit per
+table), rewrites the CDC description tables, and moves ``snapshot`` only if its date is
+not older than the newest published one (a backfill never moves it back). A failed run
+commits its logs to tables of its own under ``_failed/run=<run_id>/``. A crash between
+two commits leaves every table as after the previous run or as after this one, and no
+``runs`` row: the retry of the same run id commits the same partitions again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-from datetime import UTC, date, datetime
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from pipeline import layout
-from pipeline.store import Store, upload_tree
+from pipeline.lake import Lake, parquet_files
+from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
 
 log = logging.getLogger(__name__)
 
-DATED_OUTPUTS = ("conflicts", "quarantine", "divergence", "orphans")  # a failed run's too
-LEDGER = "ledger"  # the final fates: a published run's only
-_POINTER_RE = re.compile(r"dt=(\d{4}-\d{2}-\d{2})\.json$")
 
-
-def find_prior_pointer(store: Store, table: str, dt: date) -> dict[str, Any] | None:
-    """The pointer of the latest date before ``dt`` that published ``table``."""
-    best: date | None = None
-    for key in store.list(layout.pointers_dir(table)):
-        m = _POINTER_RE.search(key)
-        if m:
-            d = date.fromisoformat(m.group(1))
-            if d < dt and (best is None or d > best):
-                best = d
-    if best is None:
+def _commit(lake: Lake, src: Path, path: str, meta: dict[str, Any], dt: date | None) -> int | None:
+    """Commit the Parquet files Spark wrote in ``src`` to table ``path`` (replacing the
+    ``dt`` partition, or the whole table); returns the version. A run that wrote no such
+    output (no foreign keys: no orphans) replaces an earlier run's partition with
+    nothing, and creates no table."""
+    files = parquet_files(src)
+    if not files and lake.table(path) is None:
         return None
-    return json.loads(store.read_bytes(layout.dated_pointer(table, best)))
+    schema = pq.read_schema(files[0]) if files else None
+    return lake.commit(path, files, schema, meta, dt=dt).version
 
 
-def read_latest(store: Store, table: str) -> dict[str, Any] | None:
-    key = layout.latest_pointer(table)
-    if not store.exists(key):
-        return None
-    return json.loads(store.read_bytes(key))
-
-
-def replace_dated(store: Store, src: Path, prefix: str, run_id: str) -> None:
-    """Replace the contents of a ``dt=`` folder: new files first (named by run), then the
-    old ones go."""
-    before = set(store.list(prefix))
-    written = []
-    if src.exists():
-        for f in sorted(src.rglob("*.parquet")):
-            key = f"{prefix}/{run_id}-{f.name}"
-            store.upload(f, key)
-            written.append(key)
-    store.delete(sorted(before - set(written)))
-
-
-def replace_tree(store: Store, src: Path, prefix: str) -> None:
-    """Make ``prefix`` hold what ``src`` holds: upload every file, then delete what an
-    earlier run left there."""
-    before = set(store.list(prefix))
-    written = set()
-    for f in sorted(p for p in src.rglob("*") if p.is_file()):
-        key = f"{prefix}/{f.relative_to(src).as_posix()}"
-        store.upload(f, key)
-        written.add(key)
-    store.delete(sorted(before - written))
-
-
-def publish_inspection(
-    store: Store, resolved: Path, tables: list[str], dt: date, run_id: str
-) -> None:
-    """The date's logs and ledger of the run that publishes it, replacing an earlier
-    run's."""
-    for t in tables:
-        for kind in (*DATED_OUTPUTS, LEDGER):
-            replace_dated(store, resolved / t / kind, layout.dated_output(t, kind, dt), run_id)
-
-
-def publish_failed(store: Store, resolved: Path, tables: list[str], run_id: str) -> None:
+def publish_failed(
+    lake: Lake, resolved: Path, tables: list[str], dt: date, meta: dict[str, Any]
+) -> dict[str, int]:
     """The logs of a run that failed its gate, for inspection (semantics.md §12 "A failed
-    run"), under ``_failed/run=<run_id>/``: the date's published logs stay as they are."""
+    run"), as tables of their own: the date's published logs stay as they are."""
+    versions = {}
     for t in tables:
-        for kind in DATED_OUTPUTS:
-            upload_tree(store, resolved / t / kind, layout.failed_output(run_id, t, kind))
+        for kind in layout.LOGS:
+            path = layout.failed_output(meta["run_id"], t, kind)
+            v = _commit(lake, resolved / t / kind, path, meta, dt)
+            if v is not None:
+                versions[path] = v
+    return versions
 
 
-def publish_cdc(store: Store, resolved: Path, tables: list[str], dt: date, run_id: str) -> None:
-    """The CDC description tables, then each table's log of the date (before the
-    snapshots' pointers move: a consumer finds a stream described before it reads it)."""
-    cdc = resolved / "cdc"
-    for name in layout.CDC_TABLES:
-        replace_dated(store, cdc / name, layout.cdc_table_dir(name), run_id)
-    for t in tables:
-        replace_dated(store, cdc / t / "log", layout.cdc_log_dir(t, dt), run_id)
-
-
-def publish_run(
-    store: Store,
+def publish_tables(
+    lake: Lake,
     resolved: Path,
     tables: list[str],
     dt: date,
-    run_id: str,
-    summaries: dict[str, dict[str, Any]],
-) -> dict[str, dict[str, Any]]:
-    """Upload snapshots and states under ``run=<run_id>``, then the pointers (with the
-    row counts the next run checks its prior state against)."""
-    pointers = {}
+    meta: dict[str, Any],
+    cdc: bool,
+    runs: list[RunRow],
+) -> dict[str, int]:
+    """Commit every output of a validated run; returns table path -> version. The CDC
+    description tables go before the logs (a consumer finds a stream described before it
+    reads it), ``snapshot`` last."""
+    versions: dict[str, int] = {}
+
+    def commit(src: Path, path: str, on: date | None) -> None:
+        v = _commit(lake, src, path, meta, on)
+        if v is not None:
+            versions[path] = v
+
+    if cdc:
+        for name in layout.CDC_TABLES:
+            commit(resolved / "cdc" / name, layout.cdc_table_dir(name), None)
     for t in tables:
-        n_snap = upload_tree(store, resolved / t / "snapshot", layout.snapshot_dir(t, run_id))
-        upload_tree(store, resolved / t / "state", layout.state_dir(t, run_id))
-        log.info("publish %s: %d snapshot file(s)", t, n_snap)
-        pointers[t] = {
-            "run_id": run_id,
-            "dt": dt.isoformat(),
-            "snapshot": layout.snapshot_dir(t, run_id),
-            "state": layout.state_dir(t, run_id),
-            "rows": summaries[t].get("rows", 0),
-            "state_rows": summaries[t]["state_rows"],
-            "published_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-        }
-    for t, p in pointers.items():
-        store.write_bytes(layout.dated_pointer(t, dt), json.dumps(p, indent=2).encode())
-    for t, p in pointers.items():  # last: readers now see the new run
-        latest = read_latest(store, t)
-        if latest is None or date.fromisoformat(latest["dt"]) <= dt:
-            store.write_bytes(layout.latest_pointer(t), json.dumps(p, indent=2).encode())
-        else:
+        for kind in layout.DATED:
+            commit(resolved / t / kind, layout.table_path(t, kind), dt)
+        if cdc:
+            commit(resolved / "cdc" / t / "log", layout.cdc_log_path(t), dt)
+    for t in tables:
+        newest = latest_date(runs, t)
+        if newest is not None and newest > dt:
             log.info(
-                "publish %s: _latest.json stays on %s (this run is for an earlier date)",
-                t,
-                latest["dt"],
+                "publish %s: snapshot stays on %s (this run is for an earlier date)", t, newest
             )
-    return pointers
+            continue
+        commit(resolved / t / "snapshot", layout.table_path(t, layout.SNAPSHOT), None)
+    return versions
+
+
+def commit_meta(run_id: str, dt: date, verdict: str) -> dict[str, Any]:
+    """What every commit of a run says about it (its commit info, ``cdr.*``)."""
+    return {"run_id": run_id, "dt": dt.isoformat(), "verdict": verdict}
+
+
+def has_row(lake: Lake, run_id: str) -> bool:
+    return any(r.run_id == run_id for r in read_runs(lake))
+
+
+def record_run(lake: Lake, row: RunRow, work: Path) -> None:
+    """Append the run's ``runs`` row: its last commit."""
+    version = append(lake, row, work)
+    log.info("runs: %s %s (version %d)", row.run_id, row.status, version)
+
+
+def run_row(
+    run_id: str,
+    dt: date,
+    status: str,
+    started: str,
+    config_sha256: str | None,
+    inputs: dict[str, Any] | None,
+    report: dict[str, Any] | None,
+    versions: dict[str, int],
+) -> RunRow:
+    """The ``runs`` row of a run; ``inputs``: the staged tables (manifests, prior runs)."""
+    from datetime import datetime
+
+    manifests: list[dict[str, Any]] = []
+    priors: list[tuple[str, str]] = []
+    for t, st in (inputs or {}).items():
+        manifests += [{"table": t, **m} for m in st.get("manifests", [])]
+        if st.get("prior"):
+            priors.append((st["prior"]["dt"], st["prior"]["run_id"]))
+    verdict = {}
+    if report is not None:
+        verdict = {
+            "failures": report.get("failures", []),
+            "warnings": report.get("warnings", []),
+            "suites": report.get("validation", {}).get("suites", {}),
+        }
+    counts = {"tables": report["tables"]} if report is not None else {}
+    if report is not None and "cdc" in report:
+        counts["cdc"] = report["cdc"]
+    return RunRow(
+        run_id=run_id,
+        dt=dt,
+        status=status,
+        started_at=datetime.fromisoformat(started.replace("Z", "+00:00")) if started else now(),
+        finished_at=now(),
+        prior_run_id=max(priors)[1] if priors else None,
+        config_sha256=config_sha256 or "",
+        inputs=manifests,
+        verdict=verdict,
+        counts=counts,
+        versions=versions,
+    )

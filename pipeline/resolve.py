@@ -38,12 +38,13 @@ from pipeline.state import read_base, read_prior
 
 log = logging.getLogger(__name__)
 
-CONFLICT_COLUMNS = ["run_id", "dt", "table", *CONFLICT_FIELDS]
-QUARANTINE_COLUMNS = ["run_id", "dt", "table", "replica", "event_id", "reason", "detail", "event"]
+#: the columns every log row starts with; its ``dt`` is the partition of the published Delta
+#: table (``pipeline.lake``), not a column of the files
+RUN_COLUMNS = ["run_id", "table"]
+CONFLICT_COLUMNS = [*RUN_COLUMNS, *CONFLICT_FIELDS]
+QUARANTINE_COLUMNS = [*RUN_COLUMNS, "replica", "event_id", "reason", "detail", "event"]
 DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's full copy)
-    "run_id",
-    "dt",
-    "table",
+    *RUN_COLUMNS,
     "source",
     "replica",
     "key",
@@ -51,8 +52,8 @@ DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's
     "converged_row",
     "repair",
 ]
-ORPHAN_COLUMNS = ["run_id", "dt", "table", "key", "reference", "event_id"]
-LEDGER_COLUMNS = ["run_id", "dt", "table", "event_id", "fate"]
+ORPHAN_COLUMNS = [*RUN_COLUMNS, "key", "reference", "event_id"]
+LEDGER_COLUMNS = [*RUN_COLUMNS, "event_id", "fate"]
 #: the fates after which an event is never resolved again (the ledger's); a quarantined
 #: event is not final: it is resolved again if it comes again
 FINAL_FATES = ("applied", "discarded")
@@ -62,11 +63,8 @@ DUPLICATE = "duplicate"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
-    return [
-        F.lit(ctx.run_id).alias("run_id"),
-        F.lit(ctx.dt.isoformat()).alias("dt"),
-        F.lit(table).alias("table"),
-    ]
+    """:data:`RUN_COLUMNS`."""
+    return [F.lit(ctx.run_id).alias("run_id"), F.lit(table).alias("table")]
 
 
 def _write(df: DataFrame, path: Path, mode: str = "overwrite") -> None:
@@ -112,7 +110,7 @@ def resolve_table(
     divergence = res.divergence.select(
         *_run_cols(ctx, table.name),
         F.lit("perspective").alias("source"),
-        *DIVERGENCE_COLUMNS[4:],
+        *DIVERGENCE_COLUMNS[len(RUN_COLUMNS) + 1 :],
     )
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
@@ -162,7 +160,6 @@ def _write_ledger(out: Path, ctx: RunContext, table: str) -> None:
     n = ids.num_rows
     columns = [
         pa.array([ctx.run_id] * n, pa.string()),
-        pa.array([ctx.dt.isoformat()] * n, pa.string()),
         pa.array([table] * n, pa.string()),
         ids["event_id"].cast(pa.string()),
         ids["fate"].cast(pa.string()),
@@ -200,7 +197,7 @@ def _write_conflicts(
     _write(
         conflicts.coalesce(1)
         .sortWithinPartitions("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
-        .select(*_run_cols(ctx, table.name), *CONFLICT_COLUMNS[3:]),
+        .select(*_run_cols(ctx, table.name), *CONFLICT_COLUMNS[len(RUN_COLUMNS) :]),
         out / "conflicts",
     )
     return stopped
@@ -279,6 +276,7 @@ def _table_counts(
         "prior": staged.prior["dt"]
         if staged.prior
         else ("base" if staged.base_rows is not None else None),
+        "start": staged.start,  # what the table started from, in words
         "stopped": stopped,
         "orphans": 0,
     }
@@ -416,7 +414,9 @@ def compare_snapshots(
             path = out / f"snapshot_divergence={replica}"
             _write(
                 diff.select(
-                    *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_COLUMNS[4:]
+                    *_run_cols(ctx, t),
+                    F.lit("snapshot").alias("source"),
+                    *DIVERGENCE_COLUMNS[len(RUN_COLUMNS) + 1 :],
                 ),
                 path,
             )

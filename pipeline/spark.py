@@ -46,6 +46,8 @@ def get_spark(master: str | None = None, app: str = "cdr") -> SparkSession:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.sql.parquet.compression.codec": "zstd",
+        # Delta readers expect timestamps as INT64 µs, not Spark's legacy INT96
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # A batch job has no use for a long history of plans in the driver's status store.
         "spark.sql.ui.retainedExecutions": "20",
         "spark.ui.retainedJobs": "50",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,14 +19,17 @@ from pipeline.config import Config
 from pipeline.context import RunContext, resolve_now, runs_of
 from pipeline.errors import GateError, StageError
 from pipeline.exports import ingest as ingest_exports
+from pipeline.lake import Lake
 from pipeline.published import (
-    publish_cdc,
+    commit_meta,
+    has_row,
     publish_failed,
-    publish_inspection,
-    publish_run,
-    replace_tree,
+    publish_tables,
+    record_run,
+    run_row,
 )
-from pipeline.store import Store, open_store
+from pipeline.runs_table import read_runs
+from pipeline.store import Store, open_store, replace_tree
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,22 +82,23 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     try:
         ingest_exports(config, store, ctx, opts.allow_missing_exports)
     except BaseException:
-        if not ctx.dry_run:
-            lease.release(store, ctx.run_id)  # nothing of the run reached the store
+        if not ctx.dry_run:  # nothing of the run reached the store but its runs row
+            _record_stopped(store, ctx)
+            lease.release(store, ctx.run_id)
         raise
     return ctx
 
 
 def _refuse_a_published_run_id(store: Store, config: Config, run_id: str) -> None:
-    """A run id names the folders a run publishes: a new run under the id of a published
-    one would overwrite them, the live snapshot among them."""
-    for table in config.tables:
-        for folder in (layout.snapshot_dir(table, run_id), layout.state_dir(table, run_id)):
-            if store.list(folder):
-                raise StageError(
-                    f"run id {run_id} was published already ({store.uri}/{folder}): "
-                    "a new run needs a new id (under Airflow, clear the whole DAG run)"
-                )
+    """A run id names a run's commits, its ``runs`` row and report folder: a new run under
+    the id of a finished one would be mistaken for it."""
+    for row in read_runs(Lake(store)):
+        if row.run_id == run_id:
+            raise StageError(
+                f"run id {run_id} has run already ({row.status}, {row.dt}; "
+                f"{store.uri}/{layout.RUNS}): a new run needs a new id (under Airflow, clear "
+                "the whole DAG run)"
+            )
 
 
 def _clear_work(work_dir: Path, ctx: RunContext) -> None:
@@ -162,10 +166,12 @@ def run_report(
 
 
 def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
-    """Publish a validated run; for a failed one, only its logs (under ``_failed/``) and
-    its report, then raise :class:`GateError` naming the failures. Either way the run's
-    report and validation results go to its own ``reports/dt=<D>/run=<id>/``; nothing a
-    published run wrote is replaced by a failed one."""
+    """Publish a validated run: commit every table, then its report, then its ``runs``
+    row. A failed run commits only its logs (under ``_failed/``), its report and its
+    ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
+    run's report and validation results go to its own ``reports/dt=<D>/run=<id>/``;
+    nothing a published run wrote is replaced by a failed one."""
+    from pipeline.exports import load_inputs
     from pipeline.resolve import load_summary
     from pipeline.validation import load_verdict
 
@@ -177,28 +183,46 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     summary = load_summary(ctx)
     verdict = load_verdict(ctx, summary)
     lease.acquire(store, ctx.run_id, lease.SECONDS)  # still this run's, renewed
+    lake = Lake(store)
     tables = list(config.tables)
+    inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
     replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt, ctx.run_id))
-    report = run_report(config, ctx, summary, verdict, "published" if verdict.passed else "failed")
-    body = json.dumps(report, indent=2).encode()
+    status = "published" if verdict.passed else "failed"
+    report = run_report(config, ctx, summary, verdict, status)
+    meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")
     if not verdict.passed:
-        publish_failed(store, ctx.resolved, tables, ctx.run_id)
-        store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
-        lease.release(store, ctx.run_id)  # the run is over: its logs are out
-        raise GateError("; ".join(verdict.failures))
-    publish_inspection(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
-    if config.cdc.enabled:
-        publish_cdc(store, ctx.resolved, tables, ctx.dt, ctx.run_id)
-    report["pointers"] = publish_run(
-        store, ctx.resolved, tables, ctx.dt, ctx.run_id, summary["tables"]
-    )
+        versions = publish_failed(lake, ctx.resolved, tables, ctx.dt, meta)
+    else:
+        versions = publish_tables(
+            lake, ctx.resolved, tables, ctx.dt, meta, config.cdc.enabled, read_runs(lake)
+        )
+    report["versions"] = versions
     body = json.dumps(report, indent=2).encode()
     store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
-    store.write_bytes(layout.date_report(ctx.dt), body)  # the date's published run
-    # Published: the store is free for the next run. A publish that failed on the way
-    # keeps the lease for its retry; ``finish`` releases it in the end.
+    if verdict.passed:
+        store.write_bytes(layout.date_report(ctx.dt), body)  # the date's published run
+    row = run_row(
+        ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
+    )
+    record_run(lake, row, ctx.work / "commit")  # last: the run is now visible as a whole
+    # The store is free for the next run. A publish that failed on the way keeps the
+    # lease for its retry; ``finish`` releases it in the end.
     lease.release(store, ctx.run_id)
+    if not verdict.passed:
+        raise GateError("; ".join(verdict.failures))
     return report
+
+
+def _record_stopped(store: Store, ctx: RunContext) -> None:
+    """The ``runs`` row of a run that stopped before publish (an error, a kill), once."""
+    lake = Lake(store)
+    if has_row(lake, ctx.run_id):
+        return
+    inputs = None
+    if (ctx.staged / "inputs.json").exists():
+        inputs = json.loads((ctx.staged / "inputs.json").read_text())
+    row = run_row(ctx.run_id, ctx.dt, "failed", ctx.started, ctx.config_digest, inputs, None, {})
+    record_run(lake, row, ctx.work / "commit")
 
 
 def run(
@@ -229,6 +253,9 @@ def finish(config: Config, ctx: RunContext) -> None:
     config = ctx.config(config)
     assert config.store
     store = open_store(config.store)
+    current = lease.holder(store)
+    if current is not None and current.run_id == ctx.run_id:
+        _record_stopped(store, ctx)  # publish writes the row of a run that got that far
     if lease.release(store, ctx.run_id):
         return
     current = lease.holder(store)

@@ -261,3 +261,15 @@ def upload_tree(store: Store, src: Path, prefix: str) -> int:
         store.upload(f, f"{prefix}/{f.relative_to(src).as_posix()}")
         n += 1
     return n
+
+
+def replace_tree(store: Store, src: Path, prefix: str) -> None:
+    """Make ``prefix`` hold what ``src`` holds (plain files: a run's validation results):
+    upload every file, then delete what an earlier attempt left there."""
+    before = set(store.list(prefix))
+    written = set()
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        key = f"{prefix}/{f.relative_to(src).as_posix()}"
+        store.upload(f, key)
+        written.add(key)
+    store.delete(sorted(before - written))

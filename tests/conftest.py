@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import deltalake  # noqa: F401  (loaded before duckdb, or the process aborts at exit)
 import pytest
 
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "2")

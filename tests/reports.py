@@ -21,8 +21,11 @@ def date_report(where: Path | Store, d: date | str) -> dict[str, Any] | None:
     return next((r for r in list_reports(_store(where)) if r["dt"] == str(d)), None)
 
 
-def log_key(report: dict[str, Any], table: str, kind: str) -> str:
-    """The folder of a log (``conflicts``, ``quarantine``, ...) of the run of ``report``."""
+def log_rows(where: Path | Store, report: dict[str, Any], table: str, kind: str) -> list:
+    """The rows of a log (``conflicts``, ``quarantine``, ...) of the run of ``report``: the
+    date's partition of the published table, or the failed run's own table."""
+    import published as P
+
     if report["status"] == "published":
-        return layout.dated_output(table, kind, date.fromisoformat(report["dt"]))
-    return layout.failed_output(report["run_id"], table, kind)
+        return P.rows(where, layout.table_path(table, kind), report["dt"])
+    return P.rows(where, layout.failed_output(report["run_id"], table, kind))

@@ -18,9 +18,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
-from reports import date_report, log_key
+from reports import date_report, log_rows
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = Path(os.environ.get("CDR_SCENARIOS", REPO.parent / "shared" / "scenarios"))
@@ -155,11 +156,7 @@ def read_parquet_dir(path: Path) -> list[dict[str, Any]]:
 
 def snapshot_rows(store: Any, table: str) -> list[dict[str, Any]]:
     """The rows of a table's current snapshot in any store (``pipeline.store``), sorted."""
-    pointer = json.loads(store.read_bytes(f"published/{table}/_latest.json"))
-    rows: list[dict[str, Any]] = []
-    for key in store.list(pointer["snapshot"]):
-        if key.endswith(".parquet"):
-            rows += pq.read_table(io.BytesIO(store.read_bytes(key))).to_pylist()
+    rows = P.snapshot(store, table)
     return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
@@ -199,14 +196,11 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
     }
     report = date_report(root, d)
     for t in s["config"]["tables"]:
-        latest = root / f"published/{t}/_latest.json"
-        if latest.exists():
-            p = json.loads(latest.read_text())
-            if p["dt"] == d:
-                out["snapshot"][t] = read_parquet_dir(root / p["snapshot"])
+        if P.snapshot_date(root, t) == d:
+            out["snapshot"][t] = P.snapshot(root, t)
         if report is None:
             continue
-        conf = read_parquet_dir(root / log_key(report, t, "conflicts"))
+        conf = log_rows(root, report, t, "conflicts")
         if conf:
             out["conflicts"][t] = [
                 {
@@ -217,10 +211,10 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
                 }
                 for c in conf
             ]
-        q = read_parquet_dir(root / log_key(report, t, "quarantine"))
+        q = log_rows(root, report, t, "quarantine")
         if q:
             out["quarantine"][t] = [{"event_id": r["event_id"], "reason": r["reason"]} for r in q]
-        for r in read_parquet_dir(root / log_key(report, t, "divergence")):
+        for r in log_rows(root, report, t, "divergence"):
             out["divergent_keys"].setdefault(t, {}).setdefault(r["replica"], []).append(
                 json.loads(r["key"])
             )
@@ -228,7 +222,7 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
         out["status"] = report["status"]
         for t, ts in report["tables"].items():
             if ts.get("orphans"):
-                orphan_rows = read_parquet_dir(root / log_key(report, t, "orphans"))
+                orphan_rows = log_rows(root, report, t, "orphans")
                 out["orphans"][t] = [json.loads(r["key"]) for r in orphan_rows]
     return out
 

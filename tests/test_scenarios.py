@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import published as P
 import pytest
 import scenarios as S
-from cdc_consumer import Consumer, read_log
+from cdc_consumer import Consumer
 
 from pipeline.cli import main
 from pipeline.context import parse_rfc3339, to_micros
@@ -94,7 +95,8 @@ CDC = {"enabled": True, "vnodes": 4, "shards": 2, "preimage": True, "postimage":
 
 def cdc_replay_problems(s: dict, root: Path) -> list[str]:
     """Replay each table's log, run after run, from the base snapshot (cdc_consumer:
-    pre- and post-images checked on the way) and compare with each published snapshot."""
+    pre- and post-images checked on the way) and compare with each published snapshot,
+    read at the version the run's ``runs`` row names (Delta time travel)."""
     runs = [*s.get("history", []), {"date": s["date"], "now": s["now"]}]
     problems = []
     for t, spec in s["config"]["tables"].items():
@@ -102,15 +104,15 @@ def cdc_replay_problems(s: dict, root: Path) -> list[str]:
         consumer = Consumer(spec["key"], columns)
         consumer.seed((s.get("prior_state") or {}).get(t, []))
         for r in runs:
-            pointer = root / f"published/{t}/_runs/dt={r['date']}.json"
-            if not pointer.exists():
+            published = P.run_rows(root, r["date"])
+            if not published:
                 continue  # a failed run publishes nothing
             try:
-                consumer.apply_log(read_log(root / f"published/cdc/{t}/log/dt={r['date']}"))
+                consumer.apply_log(P.cdc_log(root, t, r["date"]))
             except AssertionError as e:
                 problems.append(f"{t} {r['date']}: {e}")
                 break
-            snap = S.read_parquet_dir(root / json.loads(pointer.read_text())["snapshot"])
+            snap = P.as_of(root, f"published/{t}/snapshot", published[-1])
             want = {tuple(x[k] for k in spec["key"]): {c: x[c] for c in columns} for x in snap}
             got = consumer.view(to_micros(parse_rfc3339(r["now"])))
             if got != want:
@@ -126,9 +128,11 @@ def test_scenario(path: Path, tmp_path_factory, spark):
     assert S.differences(s, got, failed) == []
     if s["expect"].get("fails"):
         assert got.get("status") == "failed"
-        assert got["snapshot"] == {}  # nothing of a failed run is visible through _latest.json
-        for t in s["config"]["tables"]:  # nor of its CDC log
-            assert not (root / f"store/published/cdc/{t}/log/dt={s['date']}").exists()
+        assert got["snapshot"] == {}  # nothing of a failed run is in the snapshot
+        for t in s["config"]["tables"]:  # nor in the CDC log
+            assert P.cdc_log(root / "store", t, s["date"]) == []
+        (row,) = P.run_rows(root / "store", s["date"], "failed")
+        assert row["versions"] and all("/_failed/" in p for p in row["versions"])
     assert cdc_replay_problems(s, root / "store") == []
 
 

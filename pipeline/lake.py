@@ -1,0 +1,305 @@
+"""The published tables as Delta Lake tables (formats.md "Outputs"), written with delta-rs.
+
+Spark writes each output as Parquet files in the run's work folder; a commit puts those
+files under the table's folder (a copy on ``file://``, an upload on ``s3://``; never a
+read of their rows) and registers them with one Delta commit: add actions with the
+files' statistics, and, for a dated table, the removal of every file of the date's
+partition (a rerun replaces the date whole). Every commit carries the run id, the date
+and the verdict in its commit info.
+
+Readers take a table at a version; the pipeline's own Spark reads a table through the
+file list of the version it pins (:meth:`Lake.files`), never by listing the folder,
+which still holds the files of older versions until ``cdr vacuum``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import StoreError
+from pipeline.store import Store
+
+log = logging.getLogger(__name__)
+
+#: the partition column of dated tables
+DT = "dt"
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of one table: where, and the version it made."""
+
+    path: str  # the table's key in the store, e.g. published/orders/state
+    version: int
+    files: int
+    rows: int
+
+
+def storage_options(uri: str) -> dict[str, str]:
+    """delta-rs' options for the store, from the environment boto3 reads (endpoint,
+    region, keys): one configuration for both clients. Commits use S3's conditional
+    writes (``If-None-Match``), so that two writers can never both make a version."""
+    if not uri.startswith("s3://"):
+        return {}
+    env = os.environ
+    opts = {"conditional_put": "etag"}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        opts["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        if env.get(name):
+            opts[name] = env[name]
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    opts["AWS_REGION"] = region or "us-east-1"
+    return opts
+
+
+def _stats(path: Path) -> tuple[int, str]:
+    """The file's row count and Delta statistics (numRecords, and min, max and null count
+    of the top-level primitive columns), from its Parquet footer alone."""
+    meta = pq.ParquetFile(path).metadata
+    rows = meta.num_rows
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    schema = meta.schema.to_arrow_schema()
+    for i, field in enumerate(schema):
+        if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
+            continue
+        lo = hi = None
+        n_null = 0
+        ok = True
+        for g in range(meta.num_row_groups):
+            col = meta.row_group(g).column(i)
+            st = col.statistics
+            if st is None or not st.has_null_count:
+                ok = False
+                break
+            n_null += st.null_count
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not ok:
+            continue
+        nulls[field.name] = n_null
+        if lo is not None and _plain(lo) and _plain(hi):
+            mins[field.name], maxs[field.name] = _json_value(lo), _json_value(hi)
+    stats = {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return rows, json.dumps(stats, default=str)
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, int | float | str | bool | date) and not (
+        isinstance(v, float) and v != v  # NaN
+    )
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, date):
+        return v.isoformat()
+    return v
+
+
+def parquet_files(folder: Path) -> list[Path]:
+    """The data files Spark (or pyarrow) wrote in ``folder``, without its markers."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith((".", "_")))
+
+
+class Lake:
+    """The Delta tables under one store's ``published/`` folder."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.options = storage_options(store.uri)
+
+    def uri(self, path: str) -> str:
+        """The table's URI for delta-rs (a local path on ``file://``)."""
+        local = self.store.local_path(path)
+        return str(local) if local is not None else f"{self.store.uri}/{path}"
+
+    def exists(self, path: str) -> bool:
+        return self.store.exists(f"{path}/_delta_log/00000000000000000000.json") or bool(
+            self.store.list(f"{path}/_delta_log")
+        )
+
+    def table(self, path: str, version: int | None = None) -> Any:
+        """The table at ``version`` (default: its latest), or None if it does not exist."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri(path), version=version, storage_options=self.options)
+        except TableNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"{self.uri(path)}: cannot read the Delta table ({e})") from None
+
+    def version(self, path: str) -> int | None:
+        t = self.table(path)
+        return None if t is None else int(t.version())
+
+    def files(self, path: str, version: int | None = None, dt: date | None = None) -> list[str]:
+        """The data files of the table at ``version`` (of partition ``dt``), as URIs a
+        reader opens (local paths on ``file://``)."""
+        t = self.table(path, version)
+        if t is None:
+            return []
+        filters = [(DT, "=", dt.isoformat())] if dt is not None else None
+        return list(t.file_uris(partition_filters=filters))
+
+    def read(
+        self, path: str, version: int | None = None, dt: date | None = None, columns: Any = None
+    ) -> pa.Table | None:
+        """A small table (or one partition of it) read whole, with pyarrow."""
+        t = self.table(path, version)
+        if t is None:
+            return None
+        filters = [(DT, "=", dt.isoformat())] if dt is not None else None
+        return t.to_pyarrow_table(partitions=filters, columns=columns)
+
+    # ------------------------------------------------------------------ writing
+
+    def _put(self, src: Path, path: str, rel: str) -> None:
+        self.store.upload(src, f"{path}/{rel}")
+
+    def commit(
+        self,
+        path: str,
+        files: list[Path],
+        schema: pa.Schema | None,
+        meta: dict[str, Any],
+        *,
+        dt: date | None = None,
+        mode: str = "overwrite",
+    ) -> Commit:
+        """Put ``files`` (local Parquet, without the ``dt`` column) into the table and
+        commit them in one version. ``dt``: the table is partitioned by ``dt`` and the
+        commit replaces that partition (``mode="overwrite"``) or adds to it
+        (``"append"``); without it, ``overwrite`` replaces the whole table. ``schema`` is
+        the files' schema (None without files: the table's own); a dated table adds ``dt``
+        (a date) to it."""
+        from deltalake import CommitProperties, Schema
+        from deltalake.transaction import AddAction, create_table_with_add_actions
+
+        table = self.table(path)
+        if schema is None:
+            if table is None:
+                raise ValueError(f"{path}: a new table needs a schema")
+            schema = pa.schema(table.schema().to_arrow())
+            if dt is not None:
+                schema = schema.remove(schema.get_field_index(DT))
+        partition_by = [DT] if dt is not None else None
+        full = schema.append(pa.field(DT, pa.date32())) if dt is not None else schema
+        folder = f"{DT}={dt.isoformat()}/" if dt is not None else ""
+        batch = uuid.uuid4().hex[:12]  # a new name per attempt: never overwrite a live file
+        actions, rows = [], 0
+        for i, f in enumerate(files):
+            rel = f"{folder}{meta.get('run_id', 'run')}-{batch}-{i:05d}.parquet"
+            n, stats = _stats(f)
+            self._put(f, path, rel)
+            rows += n
+            actions.append(
+                AddAction(
+                    rel,
+                    f.stat().st_size,
+                    {DT: dt.isoformat()} if dt is not None else {},
+                    int(f.stat().st_mtime * 1000),
+                    True,
+                    stats,
+                )
+            )
+        props = CommitProperties(custom_metadata=_commit_info(meta))
+        try:
+            if table is None:
+                create_table_with_add_actions(
+                    self.uri(path),
+                    Schema.from_arrow(full),
+                    actions,
+                    "append" if mode == "append" else "overwrite",
+                    partition_by=partition_by,
+                    storage_options=self.options,
+                    commit_properties=props,
+                )
+            else:
+                filters = (
+                    [(DT, "=", dt.isoformat())] if dt is not None and mode == "overwrite" else None
+                )
+                table.create_write_transaction(
+                    actions,
+                    mode,
+                    full,
+                    partition_by=partition_by,
+                    partition_filters=filters,
+                    commit_properties=props,
+                )
+        except OSError as e:  # how delta-rs reports a commit the store refused
+            raise StoreError(f"{self.uri(path)}: the Delta commit failed ({e})") from None
+        version = self.version(path)
+        assert version is not None
+        log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(files), rows)
+        return Commit(path, version, len(files), rows)
+
+    def write(
+        self,
+        path: str,
+        data: pa.Table,
+        meta: dict[str, Any],
+        *,
+        dt: date | None = None,
+        mode: str = "overwrite",
+        work: Path,
+    ) -> Commit:
+        """A small table made on the driver (the runs table, the CDC description tables):
+        written as one file in ``work``, then committed like Spark's files."""
+        work.mkdir(parents=True, exist_ok=True)
+        local = work / f"{uuid.uuid4().hex}.parquet"
+        body = data.drop_columns([DT]) if dt is not None and DT in data.column_names else data
+        pq.write_table(body, local)
+        try:
+            return self.commit(path, [local], body.schema, meta, dt=dt, mode=mode)
+        finally:
+            local.unlink(missing_ok=True)
+
+    def commit_info(self, path: str, version: int) -> dict[str, Any] | None:
+        """The commit info of one version, read from its log entry (delta-rs' history of a
+        table loaded at an older version numbers the newer commits wrongly)."""
+        key = f"{path}/_delta_log/{version:020d}.json"
+        if not self.store.exists(key):
+            return None
+        for line in self.store.read_bytes(key).decode().splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                info: dict[str, Any] = action["commitInfo"]
+                return info
+        return {}
+
+    def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
+        t = self.table(path)
+        return [] if t is None else list(t.history(limit))
+
+
+def _commit_info(meta: dict[str, Any]) -> dict[str, Any]:
+    """The run's id, date and verdict, as commit info values (strings)."""
+    return {"cdr." + k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+
+
+def table_key(uri: str) -> str:
+    """``s3://b/p/published/t/state`` or a local path -> ``published/t/state``."""
+    p = urlparse(uri).path if "://" in uri else uri
+    i = p.find("published/")
+    return p[i:] if i >= 0 else p

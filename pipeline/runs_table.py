@@ -1,0 +1,102 @@
+"""The ``runs`` table (formats.md "Outputs"): one row per run, published, failed or dry,
+appended last, after every other commit of the run. A published run's row names the
+Delta version of every table it committed: one consistent view across tables, and the
+record a later run checks the state it starts from against.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline import layout
+from pipeline.lake import Lake
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("dt", pa.date32()),
+        ("status", pa.string()),  # published | failed | dry_run
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("prior_run_id", pa.string()),
+        ("config_sha256", pa.string()),
+        ("inputs", pa.string()),  # JSON: every manifest ingested, with its sha256
+        ("verdict", pa.string()),  # JSON: suites and failures
+        ("counts", pa.string()),  # JSON: the run report's counts
+        ("versions", pa.string()),  # JSON: table path -> Delta version this run committed
+    ]
+)
+JSON_FIELDS = ("inputs", "verdict", "counts", "versions")
+STATUSES = ("published", "failed", "dry_run")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    dt: date
+    status: str
+    started_at: datetime
+    finished_at: datetime
+    prior_run_id: str | None
+    config_sha256: str
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    verdict: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def published(self) -> bool:
+        return self.status == "published"
+
+    def tables(self) -> dict[str, Any]:
+        """The per-table counts of the run report."""
+        tables: dict[str, Any] = self.counts.get("tables", {})
+        return tables
+
+    def to_arrow(self) -> pa.Table:
+        row = asdict(self)
+        for k in JSON_FIELDS:
+            row[k] = json.dumps(row[k], sort_keys=True, default=str)
+        return pa.Table.from_pylist([row], schema=SCHEMA)
+
+
+def read_runs(lake: Lake) -> list[RunRow]:
+    """Every row of the ``runs`` table, oldest first (none when the table is new)."""
+    t = lake.read(layout.RUNS)
+    if t is None:
+        return []
+    rows = []
+    for r in t.to_pylist():
+        for k in JSON_FIELDS:
+            r[k] = json.loads(r[k]) if r[k] else ({} if k != "inputs" else [])
+        rows.append(RunRow(**{f: r[f] for f in RunRow.__dataclass_fields__}))
+    return sorted(rows, key=lambda r: (r.finished_at, r.run_id))
+
+
+def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | None:
+    """The run published last for the latest date before ``before`` that published
+    ``table``: the state a run of ``before`` starts from."""
+    mine = [r for r in rows if r.published and r.dt < before and table in r.tables()]
+    return max(mine, key=lambda r: (r.dt, r.finished_at), default=None)
+
+
+def latest_date(rows: list[RunRow], table: str) -> date | None:
+    """The newest date published for ``table``: its ``snapshot`` holds that date."""
+    dates = [r.dt for r in rows if r.published and table in r.tables()]
+    return max(dates) if dates else None
+
+
+def append(lake: Lake, row: RunRow, work: Path) -> int:
+    """Append the run's row (the run's last commit); returns the table's new version."""
+    meta = {"run_id": row.run_id, "dt": row.dt.isoformat(), "status": row.status}
+    return lake.write(layout.RUNS, row.to_arrow(), meta, mode="append", work=work).version
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

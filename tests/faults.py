@@ -1,0 +1,110 @@
+"""A loopback HTTP proxy in front of the S3 server that fails writes on demand: from the
+N-th PUT on, every PUT (an upload, a Delta commit, the lease) gets ``403 AccessDenied``,
+an error no client retries, as if the writer lost its credentials or its machine
+mid-publish. Reads and deletes go through. Both boto3 and delta-rs reach S3 through it
+(``AWS_ENDPOINT_URL_S3``), so every write of a publish is counted, whichever client
+makes it."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>injected fault</Message></Error>"
+)
+_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "expect"}
+
+
+class FaultyProxy:
+    def __init__(self, upstream: str):
+        u = urlparse(upstream)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.fail_from: int | None = None  # the first PUT that fails (1-based)
+        self.puts = 0
+        self.failed = 0
+        self.lock = threading.Lock()
+
+    def arm(self, fail_from: int | None) -> None:
+        with self.lock:
+            self.fail_from, self.puts, self.failed = fail_from, 0, 0
+
+    def _should_fail(self, method: str) -> bool:
+        if method != "PUT":
+            return False
+        with self.lock:
+            self.puts += 1
+            if self.fail_from is not None and self.puts >= self.fail_from:
+                self.failed += 1
+                return True
+        return False
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    body = self._read_chunked()
+                if proxy._should_fail(self.command):
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(_DENIED)))
+                    self.end_headers()
+                    self.wfile.write(_DENIED)
+                    return
+                conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                if body is not None:
+                    headers["Content-Length"] = str(len(body))
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status, resp.reason)
+                for k, v in resp.getheaders():
+                    if k.lower() not in _HOP and k.lower() != "content-length":
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            def _read_chunked(self) -> bytes:
+                out = b""
+                while True:
+                    size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        return out
+                    out += self.rfile.read(size)
+                    self.rfile.readline()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        return Handler
+
+
+@contextmanager
+def faulty_proxy(upstream: str) -> Iterator[tuple[str, FaultyProxy]]:
+    proxy = FaultyProxy(upstream)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), proxy.handler())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", proxy
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,150 @@
+"""Read what a run published, as a downstream user would: Delta tables read with the
+``deltalake`` package (and, where a test says so, DuckDB's ``delta`` extension), plain
+files for the reports. Never through the pipeline's own reader."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import deltalake  # noqa: F401  (loaded before duckdb: the other order aborts at exit)
+import pyarrow as pa
+
+
+def _options(uri: str) -> dict[str, str]:
+    if not uri.startswith("s3://"):
+        return {}
+    endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "AWS_REGION": "us-east-1",
+    }
+
+
+def root_uri(store: Any) -> str:
+    """A store's root as a URI prefix: a ``Path`` (file store root) or a Store."""
+    if isinstance(store, Path):
+        return str(store)
+    local = store.local_path("")
+    return str(local).rstrip("/") if local is not None else store.uri
+
+
+def table(
+    store: Any, path: str, dt: date | str | None = None, version: int | None = None
+) -> list[dict[str, Any]] | None:
+    """The rows of ``published/...`` table ``path`` (of partition ``dt``), or None when
+    there is no such table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = f"{root_uri(store)}/{path}"
+    try:
+        t = DeltaTable(uri, version=version, storage_options=_options(uri))
+    except TableNotFoundError:
+        return None
+    filters = [("dt", "=", str(dt))] if dt is not None else None
+    data: pa.Table = t.to_pyarrow_table(partitions=filters)
+    return data.to_pylist()
+
+
+def rows(store: Any, path: str, dt: date | str | None = None) -> list[dict[str, Any]]:
+    return table(store, path, dt) or []
+
+
+def snapshot(store: Any, name: str) -> list[dict[str, Any]]:
+    return rows(store, f"published/{name}/snapshot")
+
+
+def runs(store: Any) -> list[dict[str, Any]]:
+    out = rows(store, "published/runs")
+    for r in out:
+        for k in ("inputs", "verdict", "counts", "versions"):
+            r[k] = json.loads(r[k]) if r[k] else None
+    return sorted(out, key=lambda r: r["finished_at"])
+
+
+def last_run(store: Any, dt: date | str) -> dict[str, Any] | None:
+    mine = [r for r in runs(store) if str(r["dt"]) == str(dt)]
+    return mine[-1] if mine else None
+
+
+def report(store: Any, dt: date | str, run_id: str | None = None) -> dict[str, Any] | None:
+    """The date's report (of the published run), or one run's own."""
+    key = f"published/reports/dt={dt}/" + (f"run={run_id}/" if run_id else "") + "run_report.json"
+    if isinstance(store, Path):
+        p = store / key
+        return json.loads(p.read_text()) if p.exists() else None
+    return json.loads(store.read_bytes(key)) if store.exists(key) else None
+
+
+def duckdb_rows(store: Any, path: str, dt: date | str | None = None) -> list[dict[str, Any]]:
+    """The same table through DuckDB's ``delta`` extension (the PyPI package of the
+    release of the ``duckdb`` package; automatic extension downloads off)."""
+    import duckdb
+    import duckdb_extension_delta
+
+    def extension(module: Any, name: str) -> Path:
+        return next(Path(module.__file__).parent.rglob(f"{name}.duckdb_extension"))
+
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
+    con.execute(f"LOAD '{extension(duckdb_extension_delta, 'delta')}'")
+    uri = f"{root_uri(store)}/{path}"
+    if uri.startswith("s3://"):
+        import duckdb_extension_httpfs  # the S3 secret type and reader
+
+        con.execute(f"LOAD '{extension(duckdb_extension_httpfs, 'httpfs')}'")
+        o = _options(uri)
+        endpoint = o["AWS_ENDPOINT_URL"].removeprefix("http://")
+        con.execute(
+            "CREATE SECRET (TYPE s3, KEY_ID ?, SECRET ?, REGION 'us-east-1', ENDPOINT ?, "
+            "URL_STYLE 'path', USE_SSL false)",
+            [o["AWS_ACCESS_KEY_ID"], o["AWS_SECRET_ACCESS_KEY"], endpoint],
+        )
+    where = f" WHERE dt = DATE '{dt}'" if dt is not None else ""
+    try:
+        rel = con.sql(f"SELECT * FROM delta_scan('{uri}'){where}")
+        cols = rel.columns
+        return [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
+    finally:
+        con.close()
+
+
+def snapshot_date(store: Any, name: str) -> str | None:
+    """The date ``published/<name>/snapshot`` holds: its last commit's ``cdr.dt``."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = f"{root_uri(store)}/published/{name}/snapshot"
+    try:
+        t = DeltaTable(uri, storage_options=_options(uri))
+    except TableNotFoundError:
+        return None
+    dt: str | None = t.history(1)[0].get("cdr.dt")
+    return dt
+
+
+def run_rows(store: Any, dt: date | str, status: str = "published") -> list[dict[str, Any]]:
+    """The ``runs`` rows of ``dt`` with ``status``, oldest first."""
+    return [r for r in runs(store) if str(r["dt"]) == str(dt) and r["status"] == status]
+
+
+def as_of(store: Any, path: str, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Table ``path`` as ``run`` left it: the version its ``runs`` row names (time travel)."""
+    return table(store, path, version=run["versions"][path]) or []
+
+
+def log(store: Any, table_name: str, kind: str, dt: date | str) -> list[dict[str, Any]]:
+    """A published dated log (``conflicts``, ``quarantine``, ...) of ``dt``."""
+    return rows(store, f"published/{table_name}/{kind}", dt)
+
+
+def cdc_log(store: Any, table_name: str, dt: date | str) -> list[dict[str, Any]]:
+    return rows(store, f"published/cdc/{table_name}/log", dt)
