@@ -141,9 +141,9 @@ PARAMS = {
     ),
 }
 
-# One asset per table, named by its pointer's URI (Airflow wants names and URIs unique
+# One asset per table, named by its snapshot table's URI (Airflow wants names and URIs unique
 # together, so a name of its own would clash when the store moves).
-ASSETS = [Asset(f"{config.store}/published/{t}/_latest.json") for t in config.tables]
+ASSETS = [Asset(f"{config.store}/published/{t}/snapshot") for t in config.tables]
 
 
 @dag(

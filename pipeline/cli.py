@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         _run_options(stage)
         if name in ("run", "ingest"):
             _plan_options(stage)
+    v = sub.add_parser(
+        "vacuum",
+        help="remove the published tables' files that no version within --retain-days needs",
+    )
+    v.add_argument("--config", required=True, type=Path)
+    v.add_argument("--store", help="override the config's store")
+    v.add_argument("--retain-days", type=int, required=True, metavar="N")
+    v.add_argument("--dry-run", action="store_true", help="list the files; remove nothing")
     u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
     u.add_argument("--config", required=True, type=Path)
     u.add_argument("--store", help="override the config's store")
@@ -341,6 +349,22 @@ def _cmd_unlock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_vacuum(args: argparse.Namespace) -> int:
+    from pipeline.store import open_store
+    from pipeline.vacuum import vacuum
+
+    config = _load(args)
+    assert config.store
+    res = vacuum(open_store(config.store), args.retain_days, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    lines = [f"{verb} {res.files} file(s) from {config.store}/published"]
+    lines += [f"  {path}: {len(keys)}" for path, keys in res.removed.items()]
+    _emit(
+        args, {"removed": res.removed, "kept": res.kept, "dry_run": args.dry_run}, "\n".join(lines)
+    )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import demo
 
@@ -357,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_demo(args)
         if args.command == "unlock":
             return _cmd_unlock(args)
+        if args.command == "vacuum":
+            return _cmd_vacuum(args)
         return _cmd_stage(args)
     except ConfigError as e:
         _fail(args, e, 2)

@@ -481,7 +481,7 @@ def _stage_start(
         }
         st.start = f"the state of {run.dt} (run {run.run_id}, {staged.rows} rows)"
     elif not runs and (pointer := prior.legacy_prior(store, tname, ctx.dt)) is not None:
-        staged = prior.stage_legacy_state(store, pointer, dest)
+        staged = prior.stage_legacy_state(store, tname, pointer, dest)
         log.warning(
             "ingest %s: %s has no runs table; starting from the earlier layout's state of %s "
             "(run %s, %d rows), once: this run publishes in the Delta layout",

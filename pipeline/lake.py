@@ -249,8 +249,11 @@ class Lake:
                 )
         except OSError as e:  # how delta-rs reports a commit the store refused
             raise StoreError(f"{self.uri(path)}: the Delta commit failed ({e})") from None
-        version = self.version(path)
-        assert version is not None
+        if table is None:
+            version = 0  # the commit that created the table
+        else:
+            table.update_incremental()  # the new commits only, not the whole log again
+            version = int(table.version())
         log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(files), rows)
         return Commit(path, version, len(files), rows)
 

@@ -159,21 +159,33 @@ def legacy_prior(store: Store, table: str, dt: date) -> dict[str, Any] | None:
     return pointer
 
 
-def stage_legacy_state(store: Store, pointer: dict[str, Any], dest: Path) -> Staged:
-    """The state an earlier-layout pointer names, whole, checked against its row count."""
+def stage_legacy_state(store: Store, table: str, pointer: dict[str, Any], dest: Path) -> Staged:
+    """The state an earlier-layout pointer names, whole: no file, an unreadable file or a
+    row count other than the one its run recorded stops the run, naming it."""
+    where = (
+        f"table {table!r}: the prior state of {pointer['dt']} (run {pointer['run_id']}, "
+        "earlier layout)"
+    )
+    fix = f"restore it, or rerun {pointer['dt']}"
+    keys = [k for k in store.list(pointer["state"]) if k.endswith(".parquet")]
+    if not keys:
+        raise PriorStateError(f"{where} has no files at {store.uri}/{pointer['state']}: {fix}")
     out = Staged()
     dest.mkdir(parents=True, exist_ok=True)
-    for key in store.list(pointer["state"]):
-        if key.endswith(".parquet"):
-            local = dest / posixpath.basename(key)
-            store.download(key, local)
-            out.files.append(str(local))
+    for key in keys:
+        local = dest / posixpath.basename(key)
+        store.download(key, local)
+        try:
             out.rows += pq.ParquetFile(local).metadata.num_rows
-    where = f"{store.uri}/{pointer['state']}: the prior state of {pointer['dt']} (earlier layout)"
-    if not out.files:
-        raise PriorStateError(f"{where} has no files")
-    if pointer.get("state_rows") is not None and out.rows != pointer["state_rows"]:
+        except Exception as e:  # pyarrow raises several types for a damaged footer
+            raise PriorStateError(
+                f"{where}: {store.uri}/{key} is unreadable ({e}): {fix}"
+            ) from None
+        out.files.append(str(local))
+    expected = pointer.get("state_rows")  # absent in pointers published before it was kept
+    if expected is not None and out.rows != expected:
         raise PriorStateError(
-            f"{where} has {out.rows} rows, its run published {pointer['state_rows']}"
+            f"{where} has {out.rows} rows in {len(keys)} file(s) at "
+            f"{store.uri}/{pointer['state']}, but its run published {expected}: {fix}"
         )
     return out

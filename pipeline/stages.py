@@ -83,7 +83,10 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
         ingest_exports(config, store, ctx, opts.allow_missing_exports)
     except BaseException:
         if not ctx.dry_run:  # nothing of the run reached the store but its runs row
-            _record_stopped(store, ctx)
+            try:
+                _record_stopped(store, ctx)
+            except Exception as e:  # the ingest error is the one to report
+                log.warning("ingest: could not record the stopped run %s: %s", ctx.run_id, e)
             lease.release(store, ctx.run_id)
         raise
     return ctx

@@ -49,6 +49,9 @@ class FaultyProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out as two writes: without TCP_NODELAY each response
+            # waits for the client's delayed ACK (about 40 ms a request)
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -9,10 +9,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import scenarios as S
 import sources as src
 import yaml
 
@@ -419,7 +419,7 @@ def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
         },
     )
     assert _run(tmp_path, root) == 0
-    q = S.read_parquet_dir(root / f"published/items/quarantine/dt={DT}")
+    q = P.log(root, "items", "quarantine", DT)
     details = sorted(r["detail"] for r in q)
     assert all(r["reason"] == "malformed" for r in q)
     assert len(q) == 6, details
@@ -440,7 +440,5 @@ def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
     # 10 records; the insert of id 1, exported by pg1 (wal2json) and pg3 (DMS), is one event
     assert t["events"] == 10 and t["distinct_events"] == 9
     assert not t["conflicts"].get("insert_exists")
-    snap = S.read_parquet_dir(
-        root / json.loads((root / "published/items/_latest.json").read_text())["snapshot"]
-    )
+    snap = P.snapshot(root, "items")
     assert {r["id"]: r["name"] for r in snap} == {1: "pg2's", 2: "b"}

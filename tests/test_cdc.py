@@ -16,13 +16,14 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+import published as P
 import pytest
 import yaml
-from cdc_consumer import Consumer, micros, read_log, time_order
+from cdc_consumer import Consumer, micros, time_order
 from pyspark.sql import functions as F
 from test_tokens import cassandra_bytes, driver_token, random_value
 
-from pipeline.cdc import read_generations, stream_id_column, timeuuid
+from pipeline.cdc import generations, stream_id_column, timeuuid
 from pipeline.cli import main
 from pipeline.config import parse_config
 from pipeline.context import to_micros
@@ -74,8 +75,9 @@ def _run(cfg: Path, d: date, work: Path) -> None:
 
 
 def _snapshot(root: Path, table: str, d: date) -> list[dict[str, Any]]:
-    pointer = json.loads((root / f"published/{table}/_runs/dt={d}.json").read_text())
-    return read_log(root / pointer["snapshot"])
+    """The snapshot as the run of ``d`` published it (the version its runs row names)."""
+    (run,) = P.run_rows(root, d)
+    return P.as_of(root, f"published/{table}/snapshot", run)
 
 
 def _jsonl(folder: Path) -> list[dict[str, Any]]:
@@ -104,10 +106,10 @@ def two_days(tmp_path_factory) -> dict[str, Any]:
     generate(config, store, D1, GenerateOptions(events=900, base_rows=40, late_rate=0.0, seed=3))
     generate(config, store, D2, GenerateOptions(events=900, late_rate=0.25, seed=4))
     _run(cfg1, D1, tmp / "work")
-    day1_logs = {t: read_log(root / f"published/cdc/{t}/log/dt={D1}") for t in CONFIG["tables"]}
+    day1_logs = {t: P.cdc_log(root, t, D1) for t in CONFIG["tables"]}
     _run(cfg2, D2, tmp / "work")
-    logs = {t: read_log(root / f"published/cdc/{t}/log/dt={D2}") for t in CONFIG["tables"]}
-    gens = read_generations(root / "published/cdc/cdc_generation_descriptions")
+    logs = {t: P.cdc_log(root, t, D2) for t in CONFIG["tables"]}
+    gens = generations(P.rows(root, "published/cdc/cdc_generation_descriptions"))
     report = json.loads((root / f"published/reports/dt={D2}/run_report.json").read_text())
     snapshots = {t: {d: _snapshot(root, t, d) for d in (D1, D2)} for t in CONFIG["tables"]}
     _run(cfg2, D2, tmp / "rerun")  # the same date again: new run= folders
@@ -115,9 +117,9 @@ def two_days(tmp_path_factory) -> dict[str, Any]:
         "root": root,
         "day1": day1_logs,
         "day2": logs,
-        "rerun": {t: read_log(root / f"published/cdc/{t}/log/dt={D2}") for t in CONFIG["tables"]},
+        "rerun": {t: P.cdc_log(root, t, D2) for t in CONFIG["tables"]},
         "gens": gens,
-        "gens_after_rerun": read_generations(root / "published/cdc/cdc_generation_descriptions"),
+        "gens_after_rerun": generations(P.rows(root, "published/cdc/cdc_generation_descriptions")),
         "report": report,
         "snapshots": snapshots,
         "base": {t: _jsonl(root / f"base/table={t}") for t in CONFIG["tables"]},

@@ -15,8 +15,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import published as P
 import pytest
-import scenarios as S
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from test_scenarios import run_scenario
@@ -172,9 +172,8 @@ def _exports(rnd: random.Random, evs: list[CellEvent]) -> dict[str, Any]:
 
 
 def _spark_rows(root: Path, d: date) -> tuple[dict, list[dict], dict[str, str]]:
-    latest = json.loads((root / "published/t/_latest.json").read_text())
-    snap = {(r["k"],): r for r in S.read_parquet_dir(root / latest["snapshot"])}
-    conflicts = S.read_parquet_dir(root / f"published/t/conflicts/dt={d}")
+    snap = {(r["k"],): r for r in P.snapshot(root, "t")}
+    conflicts = P.log(root, "t", "conflicts", d)
     return snap, conflicts, {}
 
 

@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+import published as P
 import pytest
 import yaml
 from airflow_env import REPO
@@ -72,7 +73,7 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
     ]
     outlets = dag.get_task("publish").outlets
     assert {a.uri for a in outlets} == {
-        f"file:///data/cdr/published/{t}/_latest.json" for t in ("products", "orders", "accounts")
+        f"file:///data/cdr/published/{t}/snapshot" for t in ("products", "orders", "accounts")
     }
     assert "Data Docs" in {link.name for link in dag.get_task("validate").operator_extra_links}
     assert all(t.on_failure_callback for t in dag.tasks)
@@ -177,8 +178,7 @@ def test_dag_test_runs_the_whole_chain_against_s3(
     assert not s3_store.exists("published/_lock")  # finish released the run's lease
     tables = ("products", "orders", "accounts")
     for table in tables:
-        pointer = json.loads(s3_store.read_bytes(f"published/{table}/_latest.json"))
-        assert pointer["dt"] == "2026-11-21" and pointer["rows"] > 0
+        assert P.snapshot_date(s3_store, table) == "2026-11-21"
     got = {t: snapshot_rows(s3_store, t) for t in tables}
     assert all(got.values())
     assert got == cdr_run_snapshots(s3_store, "2026-11-21", tmp_path, tables)
@@ -210,7 +210,7 @@ def test_a_failed_gate_fails_the_validate_task(
         "finish": "success",
     }, states
     assert not s3_store.exists("published/_lock")  # a failed run does not keep the store
-    assert not s3_store.exists("published/orders/_latest.json")
+    assert P.snapshot_date(s3_store, "orders") is None
     assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
     run_id = _xcom(run, "plan", "return_value")["run_id"]
     report = json.loads(s3_store.read_bytes(layout.run_report(date(2026, 11, 21), run_id)))
@@ -218,6 +218,7 @@ def test_a_failed_gate_fails_the_validate_task(
     assert any("convergence." in f for f in report["failures"])
     assert s3_store.exists(report["validation"]["data_docs"])
     assert s3_store.list(f"published/_failed/run={run_id}")  # its logs, apart
+    assert [(r["run_id"], r["status"]) for r in P.runs(s3_store)] == [(run_id, "failed")]
     assert not s3_store.list("published/orders/conflicts")  # no published run's logs
     link = f"/cdr/docs/2026-11-21/{run_id}/index.html"
     assert _xcom(run, "validate", "_link_DataDocsLink") == link
@@ -237,7 +238,7 @@ def test_a_dry_run_of_one_table_publishes_nothing(
     conf = {"tables": ["orders"], "dry_run": True, "date": "2026-11-21"}
     _, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, conf=conf)
     assert states["validate"] == "success" and states["publish"] == "skipped", states
-    assert not [k for k in s3_store.list("published") if k.endswith("_latest.json")]
+    assert s3_store.list("published") == []  # a dry run writes nothing to the store
     assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
     ctx = RunContext.load(tmp_path / "work", datetime(2026, 11, 21).date())
     assert ctx.tables == ("orders",) and ctx.dry_run

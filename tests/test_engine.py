@@ -11,7 +11,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import published as P
 import pytest
 import scenarios as S
 import yaml
@@ -172,7 +172,7 @@ def _json(row: dict | None) -> str | None:
 
 def published(store: Path, d: str) -> dict:
     """The same, read from what ``cdr run`` published for date ``d``."""
-    rows = S.read_parquet_dir(store / f"published/t/conflicts/dt={d}")
+    rows = P.log(store, "t", "conflicts", d)
     conflicts = Counter(
         (
             r["key"],
@@ -196,7 +196,7 @@ def published(store: Path, d: str) -> dict:
             _json(json.loads(r["replica_row"])) if r["replica_row"] else None,
             _json(json.loads(r["converged_row"])) if r["converged_row"] else None,
         )
-        for r in S.read_parquet_dir(store / f"published/t/divergence/dt={d}")
+        for r in P.log(store, "t", "divergence", d)
     }
     return {"conflicts": conflicts, "not_applied": not_applied, "divergence": divergence}
 
@@ -276,19 +276,18 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark):
         assert got["divergence"] == ref["divergence"], d
     assert ref2["conflicts"] and ref2["not_applied"]  # the case meets conflicts
 
-    pointer = json.loads((store / "published/t/_latest.json").read_text())
-    got_state = {}
-    for f in (store / pointer["state"]).glob("*.parquet"):
-        for r in pq.read_table(f).to_pylist():
-            got_state[(r["id"],)] = (
-                r["_deleted"],
-                r["v"] if not r["_deleted"] else None,
-                r["n"] if not r["_deleted"] else None,
-                r["_ts"],
-                r["_origin"],
-                r["_event_id"],
-                r["_deleted_at"],
-            )
+    got_state = {
+        (r["id"],): (
+            r["_deleted"],
+            r["v"] if not r["_deleted"] else None,
+            r["n"] if not r["_deleted"] else None,
+            r["_ts"],
+            r["_origin"],
+            r["_event_id"],
+            r["_deleted_at"],
+        )
+        for r in P.rows(store, "published/t/state", D2)
+    }
     assert got_state == state_rows(ref2["state"])
 
     report = json.loads((store / f"published/reports/dt={D2}/run_report.json").read_text())

@@ -11,7 +11,7 @@ import gzip
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import published as P
 import scenarios as S
 import yaml
 
@@ -74,8 +74,7 @@ def _run(cfg: Path, tmp: Path, d: str, run_id: str) -> int:
 
 
 def _balance(store: Path) -> int:
-    pointer = json.loads((store / "published/accounts/_latest.json").read_text())
-    (row,) = S.read_parquet_dir(store / pointer["snapshot"])
+    (row,) = P.snapshot(store, "accounts")
     return row["balance"]
 
 
@@ -89,7 +88,7 @@ def test_an_event_exported_again_the_next_night_is_resolved_once(tmp_path: Path,
     cfg = _setup(tmp_path)
     store = tmp_path / "store"
     assert _run(cfg, tmp_path, D1, "n1") == 0
-    ledger = S.read_parquet_dir(store / f"published/accounts/ledger/dt={D1}")
+    ledger = P.log(store, "accounts", "ledger", D1)
     assert sorted((r["event_id"], r["fate"], r["run_id"]) for r in ledger) == [
         ("A-1", "applied", "n1"),
         ("A-2", "applied", "n1"),
@@ -99,17 +98,16 @@ def test_an_event_exported_again_the_next_night_is_resolved_once(tmp_path: Path,
     t = _report(store, D2)
     assert t["duplicates"] == 2 and t["applied"] == 1 and t["distinct_events"] == 2
     assert t["replicas"]["A"] == {"records": 3, "framing": 0, "duplicate": 2, "applied": 1}
-    conflicts = S.read_parquet_dir(store / f"published/accounts/conflicts/dt={D2}")
+    conflicts = P.log(store, "accounts", "conflicts", D2)
     assert "A-2" not in {c["remote_event_id"] for c in conflicts}
-    ledger2 = S.read_parquet_dir(store / f"published/accounts/ledger/dt={D2}")
+    ledger2 = P.log(store, "accounts", "ledger", D2)
     assert [r["event_id"] for r in ledger2] == ["A-3"]  # a duplicate is not final again
 
     # a rerun of the first night resolves its events again (its own partition is not
     # read) and replaces that partition
     assert _run(cfg, tmp_path, D1, "n1-again") == 0
     assert _report(store, D1)["duplicates"] == 0
-    files = list((store / f"published/accounts/ledger/dt={D1}").glob("*.parquet"))
-    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    rows = P.log(store, "accounts", "ledger", D1)
     assert sorted((r["event_id"], r["run_id"]) for r in rows) == [
         ("A-1", "n1-again"),
         ("A-2", "n1-again"),
@@ -122,20 +120,24 @@ def test_the_window_is_the_gc_grace_before_the_date_without_the_date(tmp_path: P
     before the window is older than the grace, and quarantined as stale anyway."""
     from datetime import date, timedelta
 
-    from pipeline.exports import _stage_ledger, ledger_window
+    import pyarrow as pa
+
+    from pipeline.lake import Lake
+    from pipeline.prior import ledger_window, stage_ledger
     from pipeline.store import FileStore
 
     d = date(2026, 11, 21)
     assert ledger_window(d, 864000) == (d - timedelta(days=10), d)
     assert ledger_window(d, 3600) == (d, d)  # under a day: no earlier date
     store = FileStore(tmp_path / "store")
+    lake = Lake(store)
     for back in (11, 10, 1, 0, -1):
         day = d - timedelta(days=back)
-        store.write_bytes(f"published/t/ledger/dt={day}/part-0.parquet", b"x")
-    store.write_bytes("published/t/ledger/dt=garbage/part-0.parquet", b"x")
-    staged = _stage_ledger(store, "t", d, 864000, tmp_path / "staged")
+        rows = pa.table({"event_id": [f"e{back}"], "fate": ["applied"]})
+        lake.write("published/t/ledger", rows, {"run_id": "r"}, dt=day, work=tmp_path / "w")
+    staged = stage_ledger(store, lake, "t", d, 864000, tmp_path / "staged")
     assert staged == ["2026-11-11", "2026-11-20"]
-    got = sorted(p.parent.name for p in (tmp_path / "staged/t/ledger").rglob("*.parquet"))
+    got = sorted(p.parent.name for p in (tmp_path / "staged").rglob("*.parquet"))
     assert got == ["dt=2026-11-11", "dt=2026-11-20"]
 
 

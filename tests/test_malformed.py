@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import scenarios as S
+import published as P
 import yaml
 
 from pipeline.cli import main
@@ -115,7 +115,7 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
         ]
     )
     assert rc == 0
-    q = S.read_parquet_dir(store / "published/t/quarantine/dt=2026-11-21")
+    q = P.log(store, "t", "quarantine", "2026-11-21")
     details = {r["detail"] for r in q}
     for name, (_rec, want) in BAD.items():
         assert any(want in d for d in details), (name, want, sorted(details))
@@ -128,9 +128,7 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
     )
     assert len(q) == len(lines) - 1  # every record but the good one, each kept whole
     assert {r["event"] for r in q} >= {"{not json"}
-    snap = S.read_parquet_dir(
-        store / json.loads((store / "published/t/_latest.json").read_text())["snapshot"]
-    )
+    snap = P.snapshot(store, "t")
     assert [r["id"] for r in snap] == [1]
     report = json.loads((store / "published/reports/dt=2026-11-21/run_report.json").read_text())
     t = report["tables"]["t"]

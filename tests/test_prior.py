@@ -83,5 +83,7 @@ def test_the_ledger_window_is_the_grace_period_before_the_date(file_store, tmp_p
         d = D1 - timedelta(days=back)
         lake.commit(path, [parquet(tmp_path, f"l{back}", 1, back)], SCHEMA, {"run_id": "r"}, dt=d)
     staged = stage_ledger(file_store, lake, "t", D1, 10 * 86_400, tmp_path / "stage")
-    days = sorted(r["id"] for f in staged.files for r in pq.read_table(f).to_pylist())
+    assert staged == [(D1 - timedelta(days=b)).isoformat() for b in range(10, 0, -1)]
+    files = (tmp_path / "stage").rglob("*.parquet")
+    days = sorted(r["id"] for f in files for r in pq.read_table(f).to_pylist())
     assert days == list(range(1, 11))  # [D1 - 10 days, D1): not D1 itself

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import published as P
 import pytest
 import scenarios as S
 import yaml
@@ -256,7 +257,7 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
         )
         == 0
     )
-    rows = S.read_parquet_dir(tmp / "store/published/t/divergence/dt=2026-11-21")
+    rows = P.log(tmp / "store", "t", "divergence", "2026-11-21")
     got = {(r["replica"], json.loads(r["key"])["id"]) for r in rows}
     # the converged winner is the first insert in canonical order (skip keeps it); the
     # replica that applied the other insert first diverges

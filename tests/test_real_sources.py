@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pg_replicas as pgr
-import pyarrow as pa
-import pyarrow.parquet as pq
+import published as P
 import pytest
 import sources as src
 import yaml
@@ -260,14 +259,6 @@ def run_pipeline(tmp_path: Path, store: Store, system_ids: dict[str, int], table
     return main(["run", "--config", str(tmp_path / "cdr.yaml"), "--date", dt, "--work-dir", work])
 
 
-def read_dir(store: Store, prefix: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for key in store.list(prefix):
-        if key.endswith(".parquet"):
-            rows += pq.read_table(pa.BufferReader(store.read_bytes(key))).to_pylist()
-    return rows
-
-
 def norm(table: str, row: dict[str, Any]) -> tuple:
     out = []
     for c, t in TABLES[table]["columns"].items():
@@ -286,8 +277,7 @@ def check_run(
     """The converged snapshot is the SQL's, key by key (with each row's commit time);
     the orphans are the SQL's; returns the run report."""
     for t in tables:
-        latest = json.loads(store.read_bytes(f"published/{t}/_latest.json"))
-        snap = read_dir(store, latest["snapshot"])
+        snap = P.snapshot(store, t)
         key = TABLES[t]["key"][0]
         got = {r[key]: norm(t, r) for r in snap}
         expect = {k: norm(t, r) for k, r in want[t].items()}
@@ -298,7 +288,7 @@ def check_run(
     live_products = set(want["products"])
     orphans = {k for k, r in want["orders"].items() if r["product_no"] not in live_products}
     assert 500 in orphans  # the one made on purpose
-    published = read_dir(store, f"published/orders/orphans/dt={dt}")
+    published = P.log(store, "orders", "orphans", dt)
     assert {json.loads(r["key"])["order_id"] for r in published} == orphans
     report = json.loads(store.read_bytes(f"published/reports/dt={dt}/run_report.json"))
     assert report["tables"]["orders"]["orphans"] == len(orphans)
@@ -309,7 +299,7 @@ def check_run(
 
 
 def conflicts(store: Store, dt: str, table: str) -> list[dict[str, Any]]:
-    return read_dir(store, f"published/{table}/conflicts/dt={dt}")
+    return P.log(store, table, "conflicts", dt)
 
 
 def test_wal2json_exports_of_three_real_servers(tmp_path: Path, s3_store: Store, sources):

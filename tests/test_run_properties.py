@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import published as P
 import scenarios as S
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings
@@ -159,23 +160,22 @@ def run(tmp: Path, ex: dict[str, Any]) -> Path:
 
 
 def outputs(store: Path) -> dict[str, Any]:
-    pointer = json.loads((store / "published/t/_latest.json").read_text())
     # a quarantined record is kept whole, with its seq, which the other order renumbers
     drop = {"run_id", "dt", "event"}
 
-    def rows(path: Path) -> Counter[str]:
+    def rows(got: list[dict[str, Any]]) -> Counter[str]:
         return Counter(
             json.dumps({k: v for k, v in r.items() if k not in drop}, sort_keys=True, default=str)
-            for r in S.read_parquet_dir(path)
+            for r in got
         )
 
     report = json.loads((store / f"published/reports/dt={DATE}/run_report.json").read_text())
     counts = {k: v for k, v in report["tables"]["t"].items() if k not in ("divergent_keys",)}
     return {
-        "snapshot": rows(store / pointer["snapshot"]),
-        "state": rows(store / pointer["state"]),
-        "conflicts": rows(store / f"published/t/conflicts/dt={DATE}"),
-        "quarantine": rows(store / f"published/t/quarantine/dt={DATE}"),
+        "snapshot": rows(P.snapshot(store, "t")),
+        "state": rows(P.log(store, "t", "state", DATE)),
+        "conflicts": rows(P.log(store, "t", "conflicts", DATE)),
+        "quarantine": rows(P.log(store, "t", "quarantine", DATE)),
         "counts": counts,
     }
 
@@ -186,13 +186,13 @@ def check_accounting(store: Path, night: dict[str, Any], ex: dict[str, Any]) -> 
     ids = {e["event_id"] for e in night["events"]}
     distinct = len(ids) + len(night["no_id"])
     assert t["distinct_events"] == distinct
-    quarantined = S.read_parquet_dir(store / f"published/t/quarantine/dt={DATE}")
+    quarantined = P.log(store, "t", "quarantine", DATE)
     got_q = Counter((q["event_id"], q["reason"]) for q in quarantined)
     want_q = Counter(night["quarantined"].items()) + Counter(
         {(None, "malformed"): len(night["no_id"])}
     )
     assert got_q == want_q
-    conflicts = S.read_parquet_dir(store / f"published/t/conflicts/dt={DATE}")
+    conflicts = P.log(store, "t", "conflicts", DATE)
     assert {c["remote_event_id"] for c in conflicts} <= ids - set(night["quarantined"])
     not_applied = {
         c["remote_event_id"] for c in conflicts if c["outcome"] in ("discarded", "skipped")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import published as P
 import scenarios as S
 import yaml
 
@@ -65,7 +66,7 @@ def test_snapshot_differences_are_reported_with_repairs(tmp_path: Path, spark):
     cfg = setup(tmp_path, "warn", SUB)
     assert run(cfg, tmp_path) == 0
     store = tmp_path / "store"
-    rows = S.read_parquet_dir(store / f"published/t/divergence/dt={D}")
+    rows = P.log(store, "t", "divergence", D)
     snap = {json.loads(r["key"])["id"]: r for r in rows if r["source"] == "snapshot"}
     assert {r["replica"] for r in snap.values()} == {"sub"}
     assert set(snap) == {1, 2, 9}
@@ -90,13 +91,13 @@ def test_snapshot_differences_are_reported_with_repairs(tmp_path: Path, spark):
 def test_a_differing_snapshot_fails_the_run_under_on_divergence_fail(tmp_path: Path, spark):
     cfg = setup(tmp_path, "fail", SUB)
     assert run(cfg, tmp_path) == 1
-    assert not (tmp_path / "store/published/t/_latest.json").exists()
+    assert P.snapshot_date(tmp_path / "store", "t") is None
 
 
 def test_equal_snapshots_pass_under_on_divergence_fail(tmp_path: Path, spark):
     cfg = setup(tmp_path, "fail", [{"id": k, "v": f"v{k}"} for k in (3, 2, 1)])
     assert run(cfg, tmp_path) == 0
-    rows = S.read_parquet_dir(tmp_path / f"store/published/t/divergence/dt={D}")
+    rows = P.log(tmp_path / "store", "t", "divergence", D)
     assert rows == []
 
 

@@ -8,6 +8,7 @@ import json
 from datetime import date
 from pathlib import Path
 
+import published as P
 import pytest
 import yaml
 from fold_helpers import make_config
@@ -87,11 +88,13 @@ def test_stage_commands_refuse_an_edited_config_and_a_stale_verdict(tmp_path: Pa
     assert main(["resolve", *argv]) == 0  # a new resolve after the validation
     assert main(["publish", *argv]) == 1
     assert "are for another resolve" in capsys.readouterr().err
-    assert not (store / "published/t/_latest.json").exists()  # nothing of it published
+    assert P.snapshot_date(store, "t") is None and P.runs(store) == []  # nothing published
     assert (store / "published/_lock").exists()  # the run holds the store throughout
     assert main(["validate", *argv]) == 0
     assert main(["publish", *argv]) == 0
-    assert (store / "published/t/_latest.json").exists()
+    assert P.snapshot_date(store, "t") == D and [r["status"] for r in P.runs(store)] == [
+        "published"
+    ]
     assert not (store / "published/_lock").exists()  # published: the store is free
 
 
@@ -115,6 +118,10 @@ def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, 
     work = tmp_path / "work"
     assert {p.name for p in work.iterdir()} == {"run=night-a", "run=look"}  # one each
     assert main(["finish", *argv, *a]) == 0 and not lock.exists()
+    # a run that stopped before publish is in the runs table, as failed
+    assert [(r["run_id"], r["status"]) for r in P.runs(tmp_path / "store")] == [
+        ("night-a", "failed")
+    ]
     assert main(["ingest", *argv, *b]) == 0 and json.loads(lock.read_text())["run_id"] == "night-b"
     # the date's earlier real run is over (b holds the lease): its folder goes; the dry
     # run's stays until the next dry run of the date
@@ -126,28 +133,29 @@ def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, 
 
 
 def test_a_run_id_that_was_published_is_refused(tmp_path: Path, spark, capsys):
-    """A new run under a published run's id would overwrite its folders, the live snapshot
-    among them: ingest refuses it and leaves the store free; the snapshot is intact."""
+    """A new run under a finished run's id would be taken for it (its runs row, its
+    commits, its report): ingest refuses it and leaves the store free; nothing moves."""
     cfg = setup(tmp_path, "warn", SUB)
     store = tmp_path / "store"
     argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
     assert main(["run", *argv, "--run-id", "night-1", "--no-data-docs"]) == 0
-    snapshot = store / "published/t/snapshot/run=night-1"
-    before = {p: p.read_bytes() for p in snapshot.rglob("*") if p.is_file()}
-    assert before
+    log = store / "published/t/snapshot/_delta_log"
+    before = sorted(p.name for p in log.iterdir())
     capsys.readouterr()
     assert main(["run", *argv, "--run-id", "night-1", "--no-data-docs"]) == 1
     err = capsys.readouterr().err
-    assert "run id night-1 was published already" in err and "snapshot/run=night-1" in err
-    assert {p: p.read_bytes() for p in snapshot.rglob("*") if p.is_file()} == before
+    assert "run id night-1 has run already (published, 2026-11-21" in err, err
+    assert sorted(p.name for p in log.iterdir()) == before
+    assert [r["run_id"] for r in P.runs(store)] == ["night-1"]
     assert not (store / "published/_lock").exists()
     assert main(["run", *argv, "--run-id", "night-2", "--no-data-docs"]) == 0
 
 
 def test_a_failed_rerun_leaves_the_published_run_of_its_date(tmp_path: Path, spark, capsys):
     """A rerun of a published date that fails its gate writes only its own report and
-    logs (``reports/dt=D/run=<id>/``, ``_failed/run=<id>/``): every file the published run
-    wrote, its dated logs and the date's report among them, stays as it was."""
+    logs (``reports/dt=D/run=<id>/``, ``_failed/run=<id>/``) and its ``runs`` row (new
+    files of that table only): every file the published run wrote, its tables and the
+    date's report among them, stays as it was."""
     cfg = setup(tmp_path, "warn", SUB)  # sub's snapshot differs: a warning, published
     store = tmp_path / "store/published"
     argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
@@ -164,7 +172,12 @@ def test_a_failed_rerun_leaves_the_published_run_of_its_date(tmp_path: Path, spa
     assert main(["run", *argv, "--run-id", "bad", "--no-data-docs"]) == 1
     after = files()
     own = {k for k in after if k.startswith(("_failed/run=bad/", f"reports/dt={D}/run=bad/"))}
+    own |= {k for k in after if k.startswith("runs/") and k not in before}
     assert {k: v for k, v in after.items() if k not in own} == before
+    assert [(r["run_id"], r["status"]) for r in P.runs(store.parent)] == [
+        ("good", "published"),
+        ("bad", "failed"),
+    ]
     assert any(k.startswith("_failed/run=bad/t/divergence/") for k in own)
     failed = json.loads(after[f"reports/dt={D}/run=bad/run_report.json"])
     assert failed["status"] == "failed" and failed["run_id"] == "bad"

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import published as P
 import pytest
 import scenarios as S
 from fold_helpers import make_config
@@ -332,7 +333,7 @@ def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
     s, got, failed = ran["s"], ran["got"], ran["failed"]
     assert failed and got["snapshot"] == {}
     root = ran["root"] / "store"
-    assert not (root / "published/orders/_latest.json").exists()
+    assert P.snapshot_date(root, "orders") is None
     assert not (root / f"published/reports/dt={s['date']}/run_report.json").exists()
     report = date_report(root, s["date"])  # the failed run's own, under run=<id>/
     assert report is not None and report["status"] == "failed"

@@ -1,0 +1,115 @@
+"""``cdr vacuum --retain-days N`` (formats.md "Outputs"): remove the data files of the
+published Delta tables that no version a reader may still ask for needs.
+
+A file stays if it belongs to
+- the latest version of its table,
+- any version committed within the last N days, or the version that was current N days
+  ago (time travel to any moment of the window),
+- any version a retained ``runs`` row names: a row finished within the window, and the
+  latest published run of every date (the state a backfill of the next date starts from).
+
+Everything else under a table's folder goes: files of versions replaced before the window
+(an older run of a rerun date), and files no commit ever registered (an attempt that
+failed before its commit). Vacuum holds the store's lease while it works, so that no run
+is committing files it would take for strays. The Delta logs are left whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+
+from pipeline import layout, lease
+from pipeline.lake import Lake
+from pipeline.runs_table import RunRow, read_runs
+from pipeline.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VacuumResult:
+    removed: dict[str, list[str]] = field(default_factory=dict)  # table path -> keys
+    kept: dict[str, int] = field(default_factory=dict)  # table path -> data files kept
+
+    @property
+    def files(self) -> int:
+        return sum(len(v) for v in self.removed.values())
+
+
+def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
+    """The ``runs`` rows whose versions stay readable: finished within the window, or the
+    latest published run of its date."""
+    latest: dict[object, RunRow] = {}
+    for r in runs:  # oldest first: the last one of a date wins
+        if r.published:
+            latest[r.dt] = r
+    chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
+    chosen.update({r.run_id: r for r in latest.values()})
+    return list(chosen.values())
+
+
+def table_paths(store: Store) -> list[str]:
+    keys = store.list(layout.PUBLISHED)
+    return sorted({k.split("/_delta_log/")[0] for k in keys if "/_delta_log/" in k})
+
+
+def _files(table: object) -> set[str]:
+    actions = pa.table(table.get_add_actions(flatten=True))  # type: ignore[attr-defined]
+    return set(actions.column("path").to_pylist())
+
+
+def vacuum(
+    store: Store, retain_days: int, now: datetime | None = None, dry_run: bool = False
+) -> VacuumResult:
+    if retain_days < 0:
+        raise ValueError("--retain-days must be 0 or more")
+    now = now or datetime.now(UTC)
+    horizon = now - timedelta(days=retain_days)
+    holder = f"vacuum-{now.strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}-{os.getpid()}"
+    lease.acquire(store, holder, lease.SECONDS)
+    try:
+        lake = Lake(store)
+        named: dict[str, set[int]] = {}
+        for row in retained_rows(read_runs(lake), horizon):
+            for path, version in row.versions.items():
+                named.setdefault(path, set()).add(int(version))
+        result = VacuumResult()
+        for path in table_paths(store):
+            table = lake.table(path)
+            if table is None:
+                continue
+            versions = {int(table.version())} | named.get(path, set())
+            recent = [
+                int(h["version"])
+                for h in table.history()
+                if h.get("timestamp", 0) / 1000 >= horizon.timestamp()
+            ]
+            if recent and min(recent) > 0:
+                recent.append(min(recent) - 1)  # the version current at the horizon
+            versions |= set(recent)
+            needed: set[str] = set()
+            for v in versions:
+                at = lake.table(path, v)
+                if at is not None:
+                    needed |= _files(at)
+            data = [
+                k
+                for k in store.list(path)
+                if k.startswith(f"{path}/") and "/_delta_log/" not in k and k.endswith(".parquet")
+            ]
+            stale = [k for k in data if k[len(path) + 1 :] not in needed]
+            result.kept[path] = len(data) - len(stale)
+            if stale:
+                result.removed[path] = stale
+                log.info("vacuum %s: %d file(s) no retained version needs", path, len(stale))
+                if not dry_run:
+                    store.delete(stale)
+        return result
+    finally:
+        lease.release(store, holder)

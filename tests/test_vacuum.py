@@ -1,0 +1,81 @@
+"""``cdr vacuum --retain-days N``: the files of versions no reader may still ask for go;
+the latest version, the window's versions and every version a retained ``runs`` row names
+stay, so the tables and the runs' time travel read the same after it. No Spark: tables
+committed with ``pipeline.lake``, read back with ``deltalake``."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import published as P
+import pyarrow as pa
+import pytest
+
+from pipeline import layout
+from pipeline.errors import LockedError
+from pipeline.lake import Lake
+from pipeline.runs_table import RunRow, append
+from pipeline.vacuum import vacuum
+
+D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
+STATE = layout.table_path("t", layout.STATE)
+SNAPSHOT = layout.table_path("t", layout.SNAPSHOT)
+
+
+def _run(lake: Lake, tmp: Path, run_id: str, dt: date, ids: list[int]) -> RunRow:
+    """A run of ``dt`` that commits its state partition and the snapshot (replaced
+    whole), then its runs row."""
+    c = lake.write(STATE, pa.table({"id": ids}), {"run_id": run_id}, dt=dt, work=tmp)
+    s = lake.write(SNAPSHOT, pa.table({"id": ids}), {"run_id": run_id}, work=tmp)
+    t = datetime.now(UTC)
+    row = RunRow(run_id, dt, "published", t, t, None, "c" * 64,
+                 counts={"tables": {"t": {"state_rows": len(ids)}}},
+                 versions={STATE: c.version, SNAPSHOT: s.version})  # fmt: skip
+    append(lake, row, tmp)
+    return row
+
+
+def _ids(store, path: str, run: RunRow | None = None) -> list[int]:
+    """The table's ids now, or at the version ``run``'s row names."""
+    if run is None:
+        return sorted(r["id"] for r in P.rows(store, path))
+    (row,) = [r for r in P.runs(store) if r["run_id"] == run.run_id]
+    return sorted(r["id"] for r in P.as_of(store, path, row))
+
+
+def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Path):
+    lake = Lake(file_store)
+    first = _run(lake, tmp_path, "d1", D1, [1, 2])
+    _run(lake, tmp_path, "d2-first", D2, [3])
+    latest = _run(lake, tmp_path, "d2-again", D2, [4, 5])  # a rerun replaces D2's partition
+    stray = f"{STATE}/dt={D2}/crashed-attempt-00000.parquet"  # never committed
+    file_store.write_bytes(stray, b"PAR1")
+    files = lambda: sorted(k for k in file_store.list(STATE) if "_delta_log" not in k)  # noqa: E731
+    before = files()
+    assert len(before) == 4
+
+    kept = vacuum(file_store, retain_days=7)  # everything is within the week
+    assert kept.files == 1 and kept.removed == {STATE: [stray]}  # only the stray goes
+    assert len(files()) == 3
+
+    later = datetime.now(UTC) + timedelta(days=30)  # a month on: only retained rows count
+    res = vacuum(file_store, retain_days=7, now=later, dry_run=True)
+    (gone,) = res.removed[STATE]  # the first run of D2: replaced, and no row keeps it
+    assert gone.startswith(f"{STATE}/dt={D2}/d2-first-"), gone
+    assert len(files()) == 3  # a dry run removes nothing
+    res = vacuum(file_store, retain_days=7, now=later)
+    assert len(files()) == 2 and res.files == 2  # d2-first's state and snapshot files
+    assert _ids(file_store, STATE) == [1, 2, 4, 5]  # the latest version reads whole
+    assert _ids(file_store, STATE, latest) == [1, 2, 4, 5]  # and the run's pinned one
+    # the snapshot D1's run published was replaced since, but D1's row keeps its version
+    assert _ids(file_store, SNAPSHOT, first) == [1, 2]
+    assert _ids(file_store, SNAPSHOT) == [4, 5]
+
+
+def test_vacuum_waits_for_no_run(file_store, tmp_path: Path):
+    from pipeline import lease
+
+    lease.acquire(file_store, "night", lease.SECONDS)
+    with pytest.raises(LockedError, match="night"):
+        vacuum(file_store, retain_days=7)
