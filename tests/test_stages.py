@@ -96,6 +96,10 @@ def test_stage_commands_refuse_an_edited_config_and_a_stale_verdict(tmp_path: Pa
         "published"
     ]
     assert not (store / "published/_lock").exists()  # published: the store is free
+    versions = sorted(p.name for p in (store / "published/t/state/_delta_log").iterdir())
+    assert main(["publish", *argv]) == 0  # a retry after it went through: nothing again
+    assert len(P.runs(store)) == 1 and not (store / "published/_lock").exists()
+    assert sorted(p.name for p in (store / "published/t/state/_delta_log").iterdir()) == versions
 
 
 def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, capsys):
