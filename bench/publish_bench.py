@@ -95,7 +95,7 @@ def bench(n: int, rounds: int = 2) -> None:
         pub = [timed(publish) for _ in range(rounds)]
         whole = times["ingest"] + times["resolve"] + times["validate"] + min(pub)
         print(
-            f"| {n:,} | {min(base):.1f} | {min(pub):.1f} | {min(pub) / min(base):.2f}x "
+            f"| {n:,} | {min(base):.2f} | {min(pub):.2f} | {min(pub) / min(base):.3f}x "
             f"| {100 * min(pub) / whole:.1f}% of {whole:.0f} s "
             f"(ingest {times['ingest']:.0f}, resolve {times['resolve']:.0f}, "
             f"validate {times['validate']:.0f}) |",
