@@ -191,8 +191,11 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     if done:  # a retry after the runs row went in (the task died before it said so)
         lease.release(store, ctx.run_id)
         log.info("publish: run %s is recorded as %s already", ctx.run_id, done[-1].status)
-        if not done[-1].published:
-            raise GateError("; ".join(verdict.failures))
+        if not done[-1].published:  # its gate failed, or it stopped before publish
+            raise GateError(
+                "; ".join(verdict.failures)
+                or f"run {ctx.run_id} is recorded as failed already: start a new run"
+            )
         return dict(json.loads(store.read_bytes(layout.run_report(ctx.dt, ctx.run_id))))
     tables = list(config.tables)
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
