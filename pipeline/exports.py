@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -45,6 +45,10 @@ from pipeline.config import Config
 from pipeline.context import RunContext
 from pipeline.errors import ExportError, StoreError
 from pipeline.store import Store
+
+if TYPE_CHECKING:
+    from pipeline.lake import Lake
+    from pipeline.runs_table import RunRow
 
 log = logging.getLogger(__name__)
 
@@ -457,8 +461,8 @@ def _manifest_digest(store: Store, folder: str) -> dict[str, str]:
 def _stage_start(
     config: Config,
     store: Store,
-    lake: Any,
-    runs: list[Any],
+    lake: Lake,
+    runs: list[RunRow],
     ctx: RunContext,
     tname: str,
     st: StagedTable,

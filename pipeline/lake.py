@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -113,6 +112,15 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+def add_actions(table: Any, dt: date | None = None) -> list[dict[str, Any]]:
+    """The add actions (``path``, ``num_records``, ``partition.dt``, ...) of a loaded table
+    version: the files a reader of that version reads (of partition ``dt``)."""
+    actions: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    if dt is not None:
+        return [a for a in actions if a.get(f"partition.{DT}") == dt]
+    return actions
+
+
 def parquet_files(folder: Path) -> list[Path]:
     """The data files Spark (or pyarrow) wrote in ``folder``, without its markers."""
     if not folder.is_dir():
@@ -131,11 +139,6 @@ class Lake:
         """The table's URI for delta-rs (a local path on ``file://``)."""
         local = self.store.local_path(path)
         return str(local) if local is not None else f"{self.store.uri}/{path}"
-
-    def exists(self, path: str) -> bool:
-        return self.store.exists(f"{path}/_delta_log/00000000000000000000.json") or bool(
-            self.store.list(f"{path}/_delta_log")
-        )
 
     def table(self, path: str, version: int | None = None) -> Any:
         """The table at ``version`` (default: its latest), or None if it does not exist."""
@@ -299,10 +302,3 @@ class Lake:
 def _commit_info(meta: dict[str, Any]) -> dict[str, Any]:
     """The run's id, date and verdict, as commit info values (strings)."""
     return {"cdr." + k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
-
-
-def table_key(uri: str) -> str:
-    """``s3://b/p/published/t/state`` or a local path -> ``published/t/state``."""
-    p = urlparse(uri).path if "://" in uri else uri
-    i = p.find("published/")
-    return p[i:] if i >= 0 else p

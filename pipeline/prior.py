@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline import layout
 from pipeline.errors import PriorStateError, StoreError
-from pipeline.lake import DT, Lake
+from pipeline.lake import DT, Lake, add_actions
 from pipeline.runs_table import RunRow
 from pipeline.store import Store
 
@@ -37,16 +37,6 @@ class Staged:
 
     files: list[str] = field(default_factory=list)
     rows: int = 0
-
-
-def _actions(table: Any, dt: date | None = None, since: date | None = None) -> list[dict]:
-    """The add actions of a table version (of one partition, or of ``[since, dt)``)."""
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-    if dt is not None and since is None:
-        return [a for a in actions if a.get(f"partition.{DT}") == dt]
-    if since is not None:
-        return [a for a in actions if since <= a[f"partition.{DT}"] < (dt or date.max)]
-    return actions
 
 
 def _stage(store: Store, path: str, actions: list[dict], dest: Path) -> Staged:
@@ -93,7 +83,7 @@ def stage_state(store: Store, lake: Lake, run: RunRow, table: str, dest: Path) -
             f"{where}: version {version} of {path} was committed by {committed_by!r}"
         )
     expected = int(run.tables().get(table, {}).get("state_rows", -1))
-    actions = _actions(t, run.dt)
+    actions = add_actions(t, run.dt)
     found = sum(int(a["num_records"]) for a in actions)
     if expected >= 0 and found != expected:
         raise PriorStateError(f"{where}: the Delta log lists {found} rows, the runs row {expected}")
@@ -120,7 +110,7 @@ def stage_ledger(
         return []
     first, end = ledger_window(dt, gc_grace_seconds)
     by_date: dict[date, list[dict]] = {}
-    for a in _actions(t):
+    for a in add_actions(t):
         d = a[f"partition.{DT}"]
         if first <= d < end:
             by_date.setdefault(d, []).append(a)
@@ -136,7 +126,7 @@ def stage_table(store: Store, lake: Lake, path: str, dest: Path) -> int:
     """A whole small table at its latest version (the CDC generations a run starts
     from), into ``dest``; returns its row count (0 when there is no such table)."""
     t = lake.table(path)
-    return 0 if t is None else _stage(store, path, _actions(t), dest).rows
+    return 0 if t is None else _stage(store, path, add_actions(t), dest).rows
 
 
 # ---------------------------------------------------------------------- the earlier layout

@@ -187,7 +187,8 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     verdict = load_verdict(ctx, summary)
     lease.acquire(store, ctx.run_id, lease.SECONDS)  # still this run's, renewed
     lake = Lake(store)
-    done = [r for r in read_runs(lake) if r.run_id == ctx.run_id]
+    runs = read_runs(lake)
+    done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
         lease.release(store, ctx.run_id)
         log.info("publish: run %s is recorded as %s already", ctx.run_id, done[-1].status)
@@ -207,7 +208,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
         versions = publish_failed(lake, ctx.resolved, tables, ctx.dt, meta)
     else:
         versions = publish_tables(
-            lake, ctx.resolved, tables, ctx.dt, meta, config.cdc.enabled, read_runs(lake)
+            lake, ctx.resolved, tables, ctx.dt, meta, config.cdc.enabled, runs
         )
     report["versions"] = versions
     body = json.dumps(report, indent=2).encode()

@@ -22,10 +22,8 @@ import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-import pyarrow as pa
-
 from pipeline import layout, lease
-from pipeline.lake import Lake
+from pipeline.lake import Lake, add_actions
 from pipeline.runs_table import RunRow, read_runs
 from pipeline.store import Store
 
@@ -57,11 +55,6 @@ def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
 def table_paths(store: Store) -> list[str]:
     keys = store.list(layout.PUBLISHED)
     return sorted({k.split("/_delta_log/")[0] for k in keys if "/_delta_log/" in k})
-
-
-def _files(table: object) -> set[str]:
-    actions = pa.table(table.get_add_actions(flatten=True))  # type: ignore[attr-defined]
-    return set(actions.column("path").to_pylist())
 
 
 def vacuum(
@@ -97,7 +90,7 @@ def vacuum(
             for v in versions:
                 at = lake.table(path, v)
                 if at is not None:
-                    needed |= _files(at)
+                    needed |= {a["path"] for a in add_actions(at)}
             data = [
                 k
                 for k in store.list(path)
