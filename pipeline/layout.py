@@ -8,6 +8,8 @@ MANIFEST = "_manifest.json"
 PUBLISHED = "published"
 #: the writer's lease (``pipeline.lease``)
 LOCK = f"{PUBLISHED}/_lock"
+#: one marker per expired lease taken over (pipeline.lease)
+LOCK_TAKEOVER = f"{PUBLISHED}/_lock.takeover"
 #: one row per run, published or not; committed last (``pipeline.runs_table``)
 RUNS = f"{PUBLISHED}/runs"
 

@@ -6,12 +6,15 @@ lease, created with a conditional put (S3 ``If-None-Match: *``, an exclusive cre
   Airflow retries re-enter it and renew it. Resolve and validate work in the run's work
   folder only (under spark-submit, without the store's credentials).
 - Another run fails at once, naming the holder; or, when the lease has expired, takes
-  it over and says so in the log.
+  it over and says so in the log. Of runs that find the same expired lease at once,
+  one takes it over: the one that creates its takeover marker,
+  ``published/_lock.takeover/<digest of the expired lease>`` (a conditional put too).
 - The run's last step releases it, published or failed; ``cdr unlock`` breaks it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,7 +23,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
 from pipeline import layout
-from pipeline.errors import LockedError
+from pipeline.errors import LockedError, StoreError
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -51,16 +54,30 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def holder(store: Store) -> Lease | None:
-    """The lease as it stands, or None when the store is free."""
-    if not store.exists(layout.LOCK):
-        return None
+def _read(store: Store) -> bytes | None:
+    """The lease's bytes, or None when the store is free (even if it was freed between
+    two requests)."""
     try:
-        return Lease(**json.loads(store.read_bytes(layout.LOCK)))
+        return store.read_bytes(layout.LOCK)
+    except StoreError:
+        if store.exists(layout.LOCK):
+            raise
+        return None
+
+
+def _parse(store: Store, raw: bytes) -> Lease:
+    try:
+        return Lease(**json.loads(raw))
     except (ValueError, TypeError) as e:
         raise LockedError(
             f"{store.uri}/{layout.LOCK} is not a lease ({e}); `cdr unlock` removes it"
         ) from None
+
+
+def holder(store: Store) -> Lease | None:
+    """The lease as it stands, or None when the store is free."""
+    raw = _read(store)
+    return None if raw is None else _parse(store, raw)
 
 
 def _new(run_id: str, seconds: int, acquired: str | None = None) -> Lease:
@@ -86,9 +103,10 @@ def acquire(store: Store, run_id: str, seconds: int) -> Lease:
         if store.create(layout.LOCK, _body(lease)):
             log.info("lease: %s holds %s/%s", run_id, store.uri, layout.LOCK)
             return lease
-        current = holder(store)
-        if current is None:
+        raw = _read(store)
+        if raw is None:
             continue  # released in between: try again
+        current = _parse(store, raw)
         if current.run_id == run_id:  # a later stage, or a retry, of the same run
             renewed = _new(run_id, seconds, current.acquired_at)
             store.write_bytes(layout.LOCK, _body(renewed))
@@ -98,8 +116,16 @@ def acquire(store: Store, run_id: str, seconds: int) -> Lease:
                 f"the store {store.uri} is being written by {current.describe()}; "
                 "wait for it, or run `cdr unlock` if that run is gone"
             )
+        marker = f"{layout.LOCK_TAKEOVER}/{hashlib.sha256(raw).hexdigest()[:32]}"
+        if not store.create(marker, _body(lease)):
+            raise LockedError(
+                f"the lease of {current.describe()} has expired, and another run is "
+                f"taking the store {store.uri} over; try again later"
+            )
         log.warning("lease: taking over the expired lease of %s", current.describe())
-        store.delete([layout.LOCK])  # then race for the create, like everyone else
+        if _read(store) == raw:  # not released and retaken meanwhile
+            store.delete([layout.LOCK])
+        # then race for the create, like everyone else (a run that found the store free)
     raise LockedError(f"could not take the lease {store.uri}/{layout.LOCK}: it keeps changing")
 
 

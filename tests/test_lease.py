@@ -73,3 +73,33 @@ def test_of_runs_racing_for_a_free_store_exactly_one_wins(store):
         t.join()
     assert len(won) == 1 and len(refused) == 5
     assert lease.holder(store).run_id == won[0]
+
+
+def test_of_runs_racing_for_an_expired_lease_exactly_one_takes_it_over(store):
+    """Each round: six runs find the same expired lease at once. Exactly one takes it
+    over; a takeover never deletes the lease another run has just taken."""
+    for round_ in range(4):
+        lease.unlock(store)
+        lease.acquire(store, f"gone-{round_}", 600)
+        held = json.loads(store.read_bytes(layout.LOCK))
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        store.write_bytes(
+            layout.LOCK, json.dumps({**held, "expires_at": past.isoformat()}).encode()
+        )
+        won, refused = [], []
+        start = threading.Barrier(6)
+
+        def race(i: int) -> None:
+            start.wait()
+            try:
+                won.append(lease.acquire(store, f"run-{round_}-{i}", 600).run_id)
+            except LockedError:
+                refused.append(i)
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1 and len(refused) == 5, (round_, won)
+        assert lease.holder(store).run_id == won[0]
