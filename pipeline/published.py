@@ -34,7 +34,9 @@ def _commit(lake: Lake, src: Path, path: str, meta: dict[str, Any], dt: date | N
     if not files and lake.table(path) is None:
         return None
     schema = pq.read_schema(files[0]) if files else None
-    return lake.commit(path, files, schema, meta, dt=dt).version
+    version = lake.commit(path, files, schema, meta, dt=dt).version
+    log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
+    return version
 
 
 def publish_failed(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,16 @@ def log(store: Any, table_name: str, kind: str, dt: date | str) -> list[dict[str
 
 def cdc_log(store: Any, table_name: str, dt: date | str) -> list[dict[str, Any]]:
     return rows(store, f"published/cdc/{table_name}/log", dt)
+
+
+def all_tables(store: Any, run_ids: tuple[str, ...] = ()) -> dict[str, Counter[str]]:
+    """Every Delta table under ``published/`` but ``runs``, at its latest version, as a
+    multiset of rows; ``run_ids`` are written as ``<run>`` (to compare runs by content)."""
+    keys = [k for k in store.list("published") if "/_delta_log/" in k]
+    out = {}
+    for path in sorted({k.split("/_delta_log/")[0] for k in keys} - {"published/runs"}):
+        texts = [json.dumps(r, sort_keys=True, default=str) for r in rows(store, path)]
+        for run_id in run_ids:
+            texts = [t.replace(run_id, "<run>") for t in texts]
+        out[path] = Counter(texts)
+    return out

@@ -55,22 +55,28 @@ def test_unlock_breaks_the_lease_and_a_garbled_one_is_named(store):
         lease.acquire(store, "run-a", 600)
 
 
-def test_of_runs_racing_for_a_free_store_exactly_one_wins(store):
+def _race(store, names: list[str]) -> tuple[list[str], list[str]]:
+    """The runs ``names`` acquire the lease at the same moment: (who won, who was refused)."""
     won, refused = [], []
-    start = threading.Barrier(6)
+    start = threading.Barrier(len(names))
 
-    def race(i: int) -> None:
+    def race(name: str) -> None:
         start.wait()
         try:
-            won.append(lease.acquire(store, f"run-{i}", 600).run_id)
+            won.append(lease.acquire(store, name, 600).run_id)
         except LockedError:
-            refused.append(i)
+            refused.append(name)
 
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    threads = [threading.Thread(target=race, args=(n,)) for n in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return won, refused
+
+
+def test_of_runs_racing_for_a_free_store_exactly_one_wins(store):
+    won, refused = _race(store, [f"run-{i}" for i in range(6)])
     assert len(won) == 1 and len(refused) == 5
     assert lease.holder(store).run_id == won[0]
 
@@ -86,20 +92,6 @@ def test_of_runs_racing_for_an_expired_lease_exactly_one_takes_it_over(store):
         store.write_bytes(
             layout.LOCK, json.dumps({**held, "expires_at": past.isoformat()}).encode()
         )
-        won, refused = [], []
-        start = threading.Barrier(6)
-
-        def race(i: int) -> None:
-            start.wait()
-            try:
-                won.append(lease.acquire(store, f"run-{round_}-{i}", 600).run_id)
-            except LockedError:
-                refused.append(i)
-
-        threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        won, refused = _race(store, [f"run-{round_}-{i}" for i in range(6)])
         assert len(won) == 1 and len(refused) == 5, (round_, won)
         assert lease.holder(store).run_id == won[0]

@@ -20,21 +20,11 @@ import scenarios as S
 import yaml
 from faults import faulty_proxy
 
-from pipeline import layout
 from pipeline.cli import main
 from pipeline.s3server import restore_env, use_endpoint
 from pipeline.store import open_store
 
 SCENARIO = "future_timestamp"  # conflicts and a quarantine
-
-
-def _tables(store) -> dict[str, Counter[str]]:
-    """Every Delta table but ``runs`` at its latest version, as a multiset of rows."""
-    keys = [k for k in store.list("published") if "/_delta_log/" in k]
-    out = {}
-    for path in sorted({k.split("/_delta_log/")[0] for k in keys} - {layout.RUNS}):
-        out[path] = Counter(json.dumps(r, sort_keys=True, default=str) for r in P.rows(store, path))
-    return out
 
 
 def _etags(bucket: str) -> dict[str, str]:
@@ -87,12 +77,12 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
             for stage in ("resolve", "validate"):
                 assert main([stage, *argv]) == 0
             saved = _save(bucket)
-            before, runs_before = _tables(store), P.runs(store)
+            before, runs_before = P.all_tables(store), P.runs(store)
             (prev,) = runs_before
 
             proxy.arm(None)
             assert main(["publish", *argv]) == 0  # uninterrupted: how many PUTs, what result
-            puts, after = proxy.puts, _tables(store)
+            puts, after = proxy.puts, P.all_tables(store)
             assert puts >= 10 and after != before
             assert [r["run_id"] for r in P.runs(store)] == [prev["run_id"], "night"]
 
@@ -101,7 +91,7 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
                 proxy.arm(k)
                 assert main(["publish", *argv]) == 1, k
                 proxy.arm(None)
-                got = _tables(store)
+                got = P.all_tables(store)
                 for path in set(got) | set(after):
                     assert got.get(path) in (before.get(path), after[path]), (k, path)
                 assert P.runs(store) == runs_before, k  # no row: the run is not visible
@@ -112,7 +102,7 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
                     )
                     assert rows == before[path], (k, path)
             assert main(["publish", *argv]) == 0  # the retry of the last failure
-            assert _tables(store) == after
+            assert P.all_tables(store) == after
             assert [r["run_id"] for r in P.runs(store)] == [prev["run_id"], "night"]
         finally:
             restore_env(previous)
