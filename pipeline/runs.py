@@ -1,4 +1,4 @@
-"""What the published run reports say, for people: per run and table, the conflicts by
+"""What the published runs say, for people: per run and table, the conflicts by
 type and outcome, quarantined events, divergent keys and orphans, as rows and as a page
 (the Airflow plugin's view, ``plugins/cdr_plugin.py``). Pure: a store in, data or HTML out.
 """
@@ -12,28 +12,43 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import layout
+from pipeline.lake import Lake
+from pipeline.runs_table import RunRow, read_runs
 from pipeline.store import Store
 
 _DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
-_RUN_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run=[^/]+/run_report\.json$")
 
 
 def list_reports(store: Store) -> list[dict[str, Any]]:
-    """One report per date, newest date first: the run published for the date, or, for
-    a date that no run published, its latest failed run."""
-    keys = store.list(layout.reports_root())
-    chosen: dict[str, dict[str, Any]] = {}
-    for k in keys:
-        if m := _DATE_REPORT_RE.search(k):
-            chosen[m.group(1)] = json.loads(store.read_bytes(k))
-    failed: dict[str, dict[str, Any]] = {}
-    for k in keys:
-        if (m := _RUN_REPORT_RE.search(k)) and m.group(1) not in chosen:
-            report = json.loads(store.read_bytes(k))
-            seen = failed.get(m.group(1))
-            if seen is None or report.get("started", "") > seen.get("started", ""):
-                failed[m.group(1)] = report
-    return sorted({**failed, **chosen}.values(), key=lambda r: r["dt"], reverse=True)
+    """One report per date, newest date first, chosen by the ``runs`` table (a run is
+    visible once its row is in): the run published last for the date, or, for a date
+    that no run published, its latest failed run. Each is that run's own report; a run
+    that stopped before it wrote one shows as its row says. Dates of a store published
+    by the earlier layout (no ``runs`` row) show their report copy."""
+    chosen: dict[str, RunRow] = {}
+    for row in read_runs(Lake(store)):  # oldest first: a later row of a date wins
+        seen = chosen.get(row.dt.isoformat())
+        if seen is None or row.published or not seen.published:
+            chosen[row.dt.isoformat()] = row
+    reports = {dt: _report_of(store, row) for dt, row in chosen.items()}
+    for k in store.list(layout.reports_root()):
+        if (m := _DATE_REPORT_RE.search(k)) and m.group(1) not in reports:
+            reports[m.group(1)] = json.loads(store.read_bytes(k))
+    return sorted(reports.values(), key=lambda r: r["dt"], reverse=True)
+
+
+def _report_of(store: Store, row: RunRow) -> dict[str, Any]:
+    key = layout.run_report(row.dt, row.run_id)
+    if store.exists(key):
+        return dict(json.loads(store.read_bytes(key)))
+    return {  # stopped before publish (an error, a kill): no report, only its row
+        "run_id": row.run_id,
+        "dt": row.dt.isoformat(),
+        "status": row.status,
+        "started": row.started_at.isoformat(),
+        "failures": row.verdict.get("failures") or ["the run stopped before it published"],
+        "tables": row.tables(),
+    }
 
 
 @dataclass(frozen=True)

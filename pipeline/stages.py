@@ -213,12 +213,12 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     report["versions"] = versions
     body = json.dumps(report, indent=2).encode()
     store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
-    if verdict.passed:
-        store.write_bytes(layout.date_report(ctx.dt), body)  # the date's published run
     row = run_row(
         ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
     )
-    record_run(lake, row, ctx.work / "commit")  # last: the run is now visible as a whole
+    record_run(lake, row, ctx.work / "commit")  # the run is now visible as a whole
+    if verdict.passed:  # a copy at a fixed place, for people: the date's published run
+        store.write_bytes(layout.date_report(ctx.dt), body)
     # The store is free for the next run. A publish that failed on the way keeps the
     # lease for its retry; ``finish`` releases it in the end.
     lease.release(store, ctx.run_id)

@@ -2,8 +2,8 @@
 Docs link.
 
 - ``/cdr/``: per run (date) and table, conflicts by type and outcome with a chart,
-  quarantined events, divergent keys and orphans, read from the published run reports
-  (``pipeline.runs``); listed in the UI's Browse menu as "Conflicts".
+  quarantined events, divergent keys and orphans, of the runs the ``runs`` table
+  records, from their reports (``pipeline.runs``); listed in the UI's Browse menu as "Conflicts".
 - ``/cdr/docs/<D>/<run id>/...``: the Data Docs of a run of date D, served from the store.
 - ``/cdr/api/runs``: the same numbers as JSON.
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import date
 from pathlib import Path
 
 import pytest
 import yaml
 
+from pipeline.lake import Lake
+from pipeline.published import run_row
 from pipeline.runs import list_reports, render_page, table_runs
+from pipeline.runs_table import append
 from pipeline.store import FileStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,12 +33,24 @@ def _report(dt: str, status: str = "published", run: str = "r", **tables) -> dic
     }
 
 
-def _put(s: FileStore, report: dict) -> None:
-    """As publish writes it: each run's own report; a published one's copy for its date."""
+def _put(s: FileStore, report: dict, work: Path) -> None:
+    """As publish writes it: the run's own report, its ``runs`` row, and a published
+    run's copy for its date."""
     body = json.dumps(report).encode()
     s.write_bytes(
         f"published/reports/dt={report['dt']}/run={report['run_id']}/run_report.json", body
     )
+    row = run_row(
+        report["run_id"],
+        date.fromisoformat(report["dt"]),
+        report["status"],
+        report["started"],
+        None,
+        None,
+        report,
+        {},
+    )
+    append(Lake(s), row, work)
     if report["status"] == "published":
         s.write_bytes(f"published/reports/dt={report['dt']}/run_report.json", body)
 
@@ -57,13 +73,14 @@ ORDERS = {
 @pytest.fixture
 def store(tmp_path: Path) -> FileStore:
     s = FileStore(tmp_path / "store")
+    work = tmp_path / "work"
     for r in (
         _report("2026-11-20", products={"distinct_events": 3, "applied": 3}),
         _report("2026-11-20", "failed", run="rerun", products={}),  # a later failed rerun
         _report("2026-11-21", "failed", run="a", orders={}),
         _report("2026-11-21", "failed", run="bb", orders=ORDERS, **{"<b>x</b>": {}}),
     ):
-        _put(s, r)
+        _put(s, r, work)
     docs = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs/index.html"
     s.write_bytes(docs, b"<h1>docs")
     s.write_bytes("published/secret.json", b"{}")
@@ -83,6 +100,28 @@ def test_reports_newest_first_and_the_numbers_per_table(store):
     assert orders.by_outcome() == {"converted_to_update": 5, "applied": 1, "skipped": 2}
     assert orders.divergent_keys == {"us-east": 3, "eu-west": 0, "eu-west (snapshot)": 4}
     assert orders.divergent_total == 7 and orders.orphans == 1
+
+
+def test_a_run_is_shown_once_its_runs_row_is_in(store, tmp_path: Path):
+    """A report with no ``runs`` row (a run killed before its last commit) is not shown;
+    a run that stopped before it wrote a report shows as its row says; a date of the
+    earlier layout (a report copy, no runs table) still shows."""
+    killed = _report("2026-11-22", products={"distinct_events": 9, "applied": 9})
+    store.write_bytes(
+        f"published/reports/dt=2026-11-22/run={killed['run_id']}/run_report.json",
+        json.dumps(killed).encode(),
+    )
+    assert [r["dt"] for r in list_reports(store)] == ["2026-11-21", "2026-11-20"]
+    row = run_row("stopped", date(2026, 11, 22), "failed", "", None, None, None, {})
+    append(Lake(store), row, tmp_path / "work")
+    (stopped, *_) = list_reports(store)
+    assert stopped["run_id"] == "stopped" and stopped["tables"] == {}
+    assert stopped["failures"] == ["the run stopped before it published"]
+
+    legacy = FileStore(tmp_path / "legacy")
+    old = _report("2026-11-19", products={"distinct_events": 1, "applied": 1})
+    legacy.write_bytes("published/reports/dt=2026-11-19/run_report.json", json.dumps(old).encode())
+    assert [r["run_id"] for r in list_reports(legacy)] == [old["run_id"]]
 
 
 def test_the_page_shows_one_run_with_its_chart_and_links(store):
