@@ -86,6 +86,12 @@ def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | N
     return max(mine, key=lambda r: (r.dt, r.finished_at), default=None)
 
 
+def latest_of_date(rows: list[RunRow], dt: date) -> str | None:
+    """The run id published last for ``dt``."""
+    mine = [r for r in rows if r.published and r.dt == dt]
+    return max(mine, key=lambda r: r.finished_at).run_id if mine else None
+
+
 def latest_date(rows: list[RunRow], table: str) -> date | None:
     """The newest date published for ``table``: its ``snapshot`` holds that date."""
     dates = [r.dt for r in rows if r.published and table in r.tables()]

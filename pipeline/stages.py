@@ -28,7 +28,7 @@ from pipeline.published import (
     record_run,
     run_row,
 )
-from pipeline.runs_table import read_runs
+from pipeline.runs_table import latest_of_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
 
 if TYPE_CHECKING:
@@ -197,7 +197,10 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
                 "; ".join(verdict.failures)
                 or f"run {ctx.run_id} is recorded as failed already: start a new run"
             )
-        return dict(json.loads(store.read_bytes(layout.run_report(ctx.dt, ctx.run_id))))
+        body = store.read_bytes(layout.run_report(ctx.dt, ctx.run_id))
+        if latest_of_date(runs, ctx.dt) == ctx.run_id:  # the copy may not have gone in
+            store.write_bytes(layout.date_report(ctx.dt), body)
+        return dict(json.loads(body))
     tables = list(config.tables)
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
     replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt, ctx.run_id))
@@ -217,7 +220,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
         ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
     )
     record_run(lake, row, ctx.work / "commit")  # the run is now visible as a whole
-    if verdict.passed:  # a copy at a fixed place, for people: the date's published run
+    if verdict.passed:  # a copy at a fixed place, for people (its retry writes it too)
         store.write_bytes(layout.date_report(ctx.dt), body)
     # The store is free for the next run. A publish that failed on the way keeps the
     # lease for its retry; ``finish`` releases it in the end.
