@@ -101,7 +101,17 @@ def validation_dir(dt: date, run_id: str) -> str:
     return f"{run_dir(dt, run_id)}/validation"
 
 
+FAILED = f"{PUBLISHED}/_failed"
+
+
 def failed_output(run_id: str, table: str, kind: str) -> str:
     """A log (``conflicts``, ``quarantine``, ...) of a run that did not publish, as its
     own Delta table: apart from the published runs' dated logs, which it never replaces."""
-    return f"{PUBLISHED}/_failed/run={run_id}/{table}/{kind}"
+    return f"{FAILED}/run={run_id}/{table}/{kind}"
+
+
+def failed_run_of(path: str) -> str | None:
+    """The run id of a :func:`failed_output` table path (None for any other table)."""
+    if not path.startswith(f"{FAILED}/run="):
+        return None
+    return path[len(f"{FAILED}/run=") :].split("/", 1)[0]

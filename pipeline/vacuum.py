@@ -10,8 +10,11 @@ A file stays if it belongs to
 
 Everything else under a table's folder goes: files of versions replaced before the window
 (an older run of a rerun date), and files no commit ever registered (an attempt that
-failed before its commit). Vacuum holds the store's lease while it works, so that no run
-is committing files it would take for strays. The Delta logs are left whole.
+failed before its commit). The logs of a failed run (``_failed/run=<id>/``) go whole,
+Delta log included, once their last commit is older than the window and no retained row
+is that run's (a failed run past the window, or one killed before its row went in).
+Vacuum holds the store's lease while it works, so that no run is committing files it
+would take for strays. The Delta logs are left whole.
 """
 
 from __future__ import annotations
@@ -69,13 +72,26 @@ def vacuum(
     try:
         lake = Lake(store)
         named: dict[str, set[int]] = {}
-        for row in retained_rows(read_runs(lake), horizon):
+        retained = retained_rows(read_runs(lake), horizon)
+        keep_logs_of = {r.run_id for r in retained}
+        for row in retained:
             for path, version in row.versions.items():
                 named.setdefault(path, set()).add(int(version))
         result = VacuumResult()
         for path in table_paths(store):
             table = lake.table(path)
             if table is None:
+                continue
+            failed_run = layout.failed_run_of(path)
+            if (
+                failed_run is not None
+                and failed_run not in keep_logs_of
+                and table.history(1)[0]["timestamp"] / 1000 < horizon.timestamp()
+            ):
+                result.removed[path] = store.list(path)
+                log.info("vacuum %s: the logs of failed run %s", path, failed_run)
+                if not dry_run:
+                    store.delete(result.removed[path])
                 continue
             versions = {int(table.version())} | named.get(path, set())
             recent = [

@@ -79,3 +79,27 @@ def test_vacuum_waits_for_no_run(file_store, tmp_path: Path):
     lease.acquire(file_store, "night", lease.SECONDS)
     with pytest.raises(LockedError, match="night"):
         vacuum(file_store, retain_days=7)
+
+
+def test_vacuum_removes_the_logs_of_failed_runs_past_the_window(file_store, tmp_path: Path):
+    """A failed run's own tables (``_failed/run=<id>/``) go whole once its row has left
+    the window, and so do those of a run killed before its row went in; a failed run
+    within the window keeps them."""
+    lake = Lake(file_store)
+    _run(lake, tmp_path, "d1", D1, [1])
+    for run_id in ("old-failure", "killed", "new-failure"):
+        path = layout.failed_output(run_id, "t", "conflicts")
+        lake.write(path, pa.table({"id": [9]}), {"run_id": run_id}, dt=D2, work=tmp_path)
+    t = datetime.now(UTC)
+    for run_id, finished in (("old-failure", t), ("new-failure", t + timedelta(days=20))):
+        row = RunRow(run_id, D2, "failed", finished, finished, None, "c" * 64)
+        append(lake, row, tmp_path)
+    later = t + timedelta(days=30)
+    res = vacuum(file_store, retain_days=14, now=later)
+    gone = {p for p in res.removed if p.startswith("published/_failed/")}
+    assert gone == {layout.failed_output(r, "t", "conflicts") for r in ("old-failure", "killed")}
+    assert not file_store.list("published/_failed/run=old-failure")
+    assert not file_store.list("published/_failed/run=killed")
+    path = layout.failed_output("new-failure", "t", "conflicts")
+    assert [r["id"] for r in P.rows(file_store, path)] == [9]
+    assert _ids(file_store, STATE) == [1] and _ids(file_store, SNAPSHOT) == [1]
