@@ -93,6 +93,8 @@ def bench(n: int, rounds: int = 2) -> None:
             stages.publish(config, ctx)
 
         pub = [timed(publish) for _ in range(rounds)]
+        # a validated run: every output committed, not only a failed run's logs
+        assert (store_dir / f"published/{table}/snapshot/_delta_log").is_dir()
         whole = times["ingest"] + times["resolve"] + times["validate"] + min(pub)
         print(
             f"| {n:,} | {min(base):.2f} | {min(pub):.2f} | {min(pub) / min(base):.3f}x "
