@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 #: took longer; if another run has taken the store over by then, that run's publish
 #: stops (LockedError) instead of writing
 SECONDS = 4 * 3600
+#: how long a takeover of an expired lease may take before the next run may take over
+#: instead (it takes milliseconds: a run killed in the middle of one leaves it unfinished)
+TAKEOVER_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,30 @@ def acquire(store: Store, run_id: str, seconds: int) -> Lease:
                 f"the store {store.uri} is being written by {current.describe()}; "
                 "wait for it, or run `cdr unlock` if that run is gone"
             )
-        marker = f"{layout.LOCK_TAKEOVER}/{hashlib.sha256(raw).hexdigest()[:32]}"
-        if not store.create(marker, _body(lease)):
-            raise LockedError(
-                f"the lease of {current.describe()} has expired, and another run is "
-                f"taking the store {store.uri} over; try again later"
-            )
+        _take_over(store, raw, current, lease)
         log.warning("lease: taking over the expired lease of %s", current.describe())
         if _read(store) == raw:  # not released and retaken meanwhile
             store.delete([layout.LOCK])
         # then race for the create, like everyone else (a run that found the store free)
     raise LockedError(f"could not take the lease {store.uri}/{layout.LOCK}: it keeps changing")
+
+
+def _take_over(store: Store, raw: bytes, expired: Lease, mine: Lease) -> None:
+    """Win the takeover of the expired lease ``raw``, or raise :class:`LockedError`: the
+    winner is the run whose conditional put of the marker succeeds. A marker whose taker
+    did not finish within ``TAKEOVER_SECONDS`` (killed between the marker and the lease)
+    is abandoned: the next marker in the chain, named after both, decides again."""
+    key = hashlib.sha256(raw).hexdigest()[:32]
+    while not store.create(f"{layout.LOCK_TAKEOVER}/{key}", _body(mine)):
+        marker = store.read_bytes(f"{layout.LOCK_TAKEOVER}/{key}")
+        taker = _parse(store, marker)
+        started = datetime.fromisoformat(taker.acquired_at)
+        if _now() - started < timedelta(seconds=TAKEOVER_SECONDS):
+            raise LockedError(
+                f"the lease of {expired.describe()} has expired, and {taker.describe()} "
+                f"is taking the store {store.uri} over; wait for it, or run `cdr unlock`"
+            )
+        key = hashlib.sha256(raw + marker).hexdigest()[:32]
 
 
 def check(store: Store, run_id: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline import layout
 from pipeline.lake import Lake
-from pipeline.runs_table import RunRow, read_runs
+from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store
 
 _DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
@@ -25,12 +25,10 @@ def list_reports(store: Store) -> list[dict[str, Any]]:
     that no run published, its latest failed run. Each is that run's own report; a run
     that stopped before it wrote one shows as its row says. Dates of a store published
     by the earlier layout (no ``runs`` row) show their report copy."""
-    chosen: dict[str, RunRow] = {}
-    for row in read_runs(Lake(store)):  # oldest first: a later row of a date wins
-        seen = chosen.get(row.dt.isoformat())
-        if seen is None or row.published or not seen.published:
-            chosen[row.dt.isoformat()] = row
-    reports = {dt: _report_of(store, row) for dt, row in chosen.items()}
+    rows = read_runs(Lake(store))
+    chosen = {r.dt: r for r in rows}  # the last run of each date...
+    chosen.update(published_by_date(rows))  # ...unless one of them published
+    reports = {dt.isoformat(): _report_of(store, row) for dt, row in chosen.items()}
     for k in store.list(layout.reports_root()):
         if (m := _DATE_REPORT_RE.search(k)) and m.group(1) not in reports:
             reports[m.group(1)] = json.loads(store.read_bytes(k))

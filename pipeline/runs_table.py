@@ -86,10 +86,14 @@ def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | N
     return max(mine, key=lambda r: (r.dt, r.finished_at), default=None)
 
 
-def latest_of_date(rows: list[RunRow], dt: date) -> str | None:
-    """The run id published last for ``dt``."""
-    mine = [r for r in rows if r.published and r.dt == dt]
-    return max(mine, key=lambda r: r.finished_at).run_id if mine else None
+def published_by_date(rows: list[RunRow]) -> dict[date, RunRow]:
+    """Each date's run published last (by finish time, then run id, as ``read_runs``
+    orders them): the run whose report, snapshot version and state the date stands for."""
+    out: dict[date, RunRow] = {}
+    for r in sorted(rows, key=lambda r: (r.finished_at, r.run_id)):
+        if r.published:
+            out[r.dt] = r
+    return out
 
 
 def latest_date(rows: list[RunRow], table: str) -> date | None:

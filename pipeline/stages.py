@@ -28,7 +28,7 @@ from pipeline.published import (
     record_run,
     run_row,
 )
-from pipeline.runs_table import latest_of_date, read_runs
+from pipeline.runs_table import published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
 
 if TYPE_CHECKING:
@@ -190,16 +190,18 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     runs = read_runs(lake)
     done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
-        lease.release(store, ctx.run_id)
         log.info("publish: run %s is recorded as %s already", ctx.run_id, done[-1].status)
         if not done[-1].published:  # its gate failed, or it stopped before publish
+            lease.release(store, ctx.run_id)
             raise GateError(
                 "; ".join(verdict.failures)
                 or f"run {ctx.run_id} is recorded as failed already: start a new run"
             )
         body = store.read_bytes(layout.run_report(ctx.dt, ctx.run_id))
-        if latest_of_date(runs, ctx.dt) == ctx.run_id:  # the copy may not have gone in
+        latest = published_by_date(runs).get(ctx.dt)
+        if latest is not None and latest.run_id == ctx.run_id:  # the copy may be missing
             store.write_bytes(layout.date_report(ctx.dt), body)
+        lease.release(store, ctx.run_id)
         return dict(json.loads(body))
     tables = list(config.tables)
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
@@ -219,6 +221,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     row = run_row(
         ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
     )
+    lease.check(store, ctx.run_id)  # not taken over while it committed
     record_run(lake, row, ctx.work / "commit")  # the run is now visible as a whole
     if verdict.passed:  # a copy at a fixed place, for people (its retry writes it too)
         store.write_bytes(layout.date_report(ctx.dt), body)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from pipeline import layout, lease
 from pipeline.lake import Lake, add_actions
-from pipeline.runs_table import RunRow, read_runs
+from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -46,12 +46,8 @@ class VacuumResult:
 def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
     """The ``runs`` rows whose versions stay readable: finished within the window, or the
     latest published run of its date."""
-    latest: dict[object, RunRow] = {}
-    for r in runs:  # oldest first: the last one of a date wins
-        if r.published:
-            latest[r.dt] = r
     chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
-    chosen.update({r.run_id: r for r in latest.values()})
+    chosen.update({r.run_id: r for r in published_by_date(runs).values()})
     return list(chosen.values())
 
 
@@ -88,7 +84,12 @@ def vacuum(
                 and failed_run not in keep_logs_of
                 and table.history(1)[0]["timestamp"] / 1000 < horizon.timestamp()
             ):
-                result.removed[path] = store.list(path)
+                # data files first, then the log from its newest version down: a vacuum
+                # stopped halfway leaves a table that still reads, or strays it removes
+                keys = store.list(path)
+                data = sorted(k for k in keys if "/_delta_log/" not in k)
+                logs = sorted((k for k in keys if "/_delta_log/" in k), reverse=True)
+                result.removed[path] = data + logs
                 log.info("vacuum %s: the logs of failed run %s", path, failed_run)
                 if not dry_run:
                     store.delete(result.removed[path])

@@ -1,4 +1,7 @@
-"""A loopback HTTP proxy in front of the S3 server that fails writes on demand: from the
+"""Faults for the publish tests. ``killed_at``: a ``cdr`` command in its own process,
+SIGKILLed when its log reaches a given line.
+
+A loopback HTTP proxy in front of the S3 server that fails writes on demand: from the
 N-th PUT on, every PUT (an upload, a Delta commit, the lease) gets ``403 AccessDenied``,
 an error no client retries, as if the writer lost its credentials or its machine
 mid-publish. Reads and deletes go through. Both boto3 and delta-rs reach S3 through it
@@ -8,11 +11,41 @@ makes it."""
 from __future__ import annotations
 
 import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
+
+#: seeds of the commit-phase kills: one in CI, more with CDR_CRASH_SEEDS=1,2,3,...
+SEEDS = [int(s) for s in os.environ.get("CDR_CRASH_SEEDS", "1").split(",")]
+
+
+def killed_at(argv: list[str], pattern: str, nth: int) -> list[str]:
+    """Run ``cdr argv`` in its own process and SIGKILL it as soon as the ``nth`` line of
+    its log matching ``pattern`` appears; returns its log up to there."""
+    cmd = [sys.executable, "-m", "pipeline.cli", *argv]
+    env = {**os.environ, "CDR_SHUFFLE_PARTITIONS": "2"}
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    assert p.stderr is not None
+    lines, seen = [], 0
+    for line in p.stderr:
+        lines.append(line)
+        if re.search(pattern, line):
+            seen += 1
+            if seen == nth:
+                p.send_signal(signal.SIGKILL)
+                break
+    p.stderr.close()
+    code = p.wait()
+    assert code == -signal.SIGKILL, (code, "".join(lines))
+    return lines
+
 
 _DENIED = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'

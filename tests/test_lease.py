@@ -95,3 +95,25 @@ def test_of_runs_racing_for_an_expired_lease_exactly_one_takes_it_over(store):
         won, refused = _race(store, [f"run-{round_}-{i}" for i in range(6)])
         assert len(won) == 1 and len(refused) == 5, (round_, won)
         assert lease.holder(store).run_id == won[0]
+
+
+def test_a_takeover_left_unfinished_is_taken_over_after_a_minute(store):
+    """A run killed between its takeover marker and the lease: for a minute the others
+    are refused naming it, then the next run takes the store over."""
+    import hashlib
+
+    lease.acquire(store, "gone", 600)
+    held = json.loads(store.read_bytes(layout.LOCK))
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    raw = json.dumps({**held, "expires_at": past.isoformat()}).encode()
+    store.write_bytes(layout.LOCK, raw)
+    marker = f"{layout.LOCK_TAKEOVER}/{hashlib.sha256(raw).hexdigest()[:32]}"
+    taker = {**held, "run_id": "killed-taker", "acquired_at": datetime.now(UTC).isoformat()}
+    store.write_bytes(marker, json.dumps(taker).encode())
+    with pytest.raises(LockedError, match=r"run killed-taker on .* is taking the store"):
+        lease.acquire(store, "next", 600)
+    a_minute_ago = datetime.now(UTC) - timedelta(seconds=lease.TAKEOVER_SECONDS + 1)
+    taker["acquired_at"] = a_minute_ago.isoformat()
+    store.write_bytes(marker, json.dumps(taker).encode())
+    assert lease.acquire(store, "next", 600).run_id == "next"
+    assert lease.holder(store).run_id == "next"

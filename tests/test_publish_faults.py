@@ -5,11 +5,14 @@ partition to replace. After each failure every table reads, with ``deltalake``, 
 the previous run or as after the new one, never a mix; the ``runs`` table names the
 previous run only (or, after the last commit, the new run with every table as after it),
 and the versions it names still give the previous run's rows; and the retry of the same
-publish converges to the uninterrupted result, the date's report copy included."""
+publish converges to the uninterrupted result, the date's report copy included. The same
+holds for the publish process SIGKILLed after its k-th commit (a few seeds), where no
+error handler runs."""
 
 from __future__ import annotations
 
 import json
+import random
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -19,7 +22,7 @@ import published as P
 import pytest
 import scenarios as S
 import yaml
-from faults import faulty_proxy
+from faults import SEEDS, faulty_proxy, killed_at
 
 from pipeline.cli import main
 from pipeline.s3server import restore_env, use_endpoint
@@ -87,25 +90,33 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
             assert puts >= 10 and after != before
             assert [r["run_id"] for r in P.runs(store)] == [prev["run_id"], "night"]
 
-            for k in range(1, puts + 1):
-                _restore(bucket, saved)
-                proxy.arm(k)
-                assert main(["publish", *argv]) == 1, k
-                proxy.arm(None)
+            def whole_runs(where: object, may_be_whole: bool) -> None:
                 got = P.all_tables(store)
                 for path in set(got) | set(after):
-                    assert got.get(path) in (before.get(path), after[path]), (k, path)
+                    assert got.get(path) in (before.get(path), after[path]), (where, path)
                 runs_now = P.runs(store)
                 if runs_now != runs_before:  # failed after its last commit: whole, visible
-                    assert [r["run_id"] for r in runs_now] == [prev["run_id"], "night"], k
-                    assert got == after and k == puts, k
-                    continue
+                    assert [r["run_id"] for r in runs_now] == [prev["run_id"], "night"], where
+                    assert got == after and may_be_whole, where
+                    return
                 for path in prev["versions"]:  # the previous run's view, by time travel
                     rows = Counter(
                         json.dumps(r, sort_keys=True, default=str)
                         for r in P.as_of(store, path, prev)
                     )
-                    assert rows == before[path], (k, path)
+                    assert rows == before[path], (where, path)
+
+            for seed in SEEDS:  # the publish process killed after its k-th commit
+                _restore(bucket, saved)
+                k = random.Random(seed).randint(1, len(after) // 2)
+                killed_at(["publish", *argv], r"commit published/", k)
+                whole_runs(f"killed after commit {k}", False)
+            for k in range(1, puts + 1):
+                _restore(bucket, saved)
+                proxy.arm(k)
+                assert main(["publish", *argv]) == 1, k
+                proxy.arm(None)
+                whole_runs(k, k == puts)
             assert main(["publish", *argv]) == 0  # the retry of the last failure
             assert P.all_tables(store) == after
             copy = store.read_bytes(f"published/reports/dt={s['date']}/run_report.json")

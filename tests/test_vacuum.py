@@ -94,6 +94,8 @@ def test_vacuum_removes_the_logs_of_failed_runs_past_the_window(file_store, tmp_
     for run_id, finished in (("old-failure", t), ("new-failure", t + timedelta(days=20))):
         row = RunRow(run_id, D2, "failed", finished, finished, None, "c" * 64)
         append(lake, row, tmp_path)
+    now = vacuum(file_store, retain_days=14, now=t + timedelta(seconds=1))
+    assert not [p for p in now.removed if p.startswith("published/_failed/")]  # all recent
     later = t + timedelta(days=30)
     res = vacuum(file_store, retain_days=14, now=later)
     gone = {p for p in res.removed if p.startswith("published/_failed/")}
