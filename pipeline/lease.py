@@ -145,6 +145,12 @@ def _take_over(store: Store, raw: bytes, expired: Lease, mine: Lease) -> None:
         key = hashlib.sha256(raw + marker).hexdigest()[:32]
 
 
+def takeovers(store: Store) -> list[tuple[str, Lease]]:
+    """The takeover markers (key, the lease of the run that took over), a record of each
+    takeover; ``cdr vacuum`` removes those older than its window."""
+    return [(k, _parse(store, store.read_bytes(k))) for k in store.list(layout.LOCK_TAKEOVER)]
+
+
 def check(store: Store, run_id: str) -> None:
     """Raise unless ``run_id`` holds the lease (a stage about to write)."""
     current = holder(store)

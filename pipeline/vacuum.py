@@ -13,8 +13,9 @@ Everything else under a table's folder goes: files of versions replaced before t
 failed before its commit). The logs of a failed run (``_failed/run=<id>/``) go whole,
 Delta log included, once their last commit is older than the window and no retained row
 is that run's (a failed run past the window, or one killed before its row went in).
-Vacuum holds the store's lease while it works, so that no run is committing files it
-would take for strays. The Delta logs are left whole.
+Takeover markers of the lease older than the window go too. Vacuum holds the store's
+lease while it works, so that no run is committing files it would take for strays. The
+published tables' Delta logs are left whole.
 """
 
 from __future__ import annotations
@@ -120,6 +121,15 @@ def vacuum(
                 log.info("vacuum %s: %d file(s) no retained version needs", path, len(stale))
                 if not dry_run:
                     store.delete(stale)
+        old = [
+            key
+            for key, taker in lease.takeovers(store)
+            if datetime.fromisoformat(taker.acquired_at) < horizon
+        ]
+        if old:  # markers of takeovers long done (vacuum holds the lease: none is current)
+            result.removed[layout.LOCK_TAKEOVER] = old
+            if not dry_run:
+                store.delete(old)
         return result
     finally:
         lease.release(store, holder)

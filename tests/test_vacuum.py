@@ -105,3 +105,19 @@ def test_vacuum_removes_the_logs_of_failed_runs_past_the_window(file_store, tmp_
     path = layout.failed_output("new-failure", "t", "conflicts")
     assert [r["id"] for r in P.rows(file_store, path)] == [9]
     assert _ids(file_store, STATE) == [1] and _ids(file_store, SNAPSHOT) == [1]
+
+
+def test_vacuum_removes_takeover_markers_past_the_window(file_store):
+    """The markers of lease takeovers stay as a record for the window, then go."""
+    from pipeline import lease
+
+    for run_id in ("gone-a", "gone-b"):  # each expires and is taken over
+        lease.acquire(file_store, run_id, 0)
+    lease.acquire(file_store, "last", 600)
+    lease.release(file_store, "last")
+    assert len(lease.takeovers(file_store)) == 2
+    assert vacuum(file_store, retain_days=7).removed == {}
+    later = datetime.now(UTC) + timedelta(days=8)
+    res = vacuum(file_store, retain_days=7, now=later)
+    assert len(res.removed[layout.LOCK_TAKEOVER]) == 2
+    assert lease.takeovers(file_store) == []
