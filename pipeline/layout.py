@@ -112,6 +112,5 @@ def failed_output(run_id: str, table: str, kind: str) -> str:
 
 def failed_run_of(path: str) -> str | None:
     """The run id of a :func:`failed_output` table path (None for any other table)."""
-    if not path.startswith(f"{FAILED}/run="):
-        return None
-    return path[len(f"{FAILED}/run=") :].split("/", 1)[0]
+    prefix = f"{FAILED}/run="
+    return path.removeprefix(prefix).split("/", 1)[0] if path.startswith(prefix) else None

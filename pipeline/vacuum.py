@@ -25,6 +25,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pipeline import layout, lease
 from pipeline.lake import Lake, add_actions
@@ -57,6 +58,49 @@ def table_paths(store: Store) -> list[str]:
     return sorted({k.split("/_delta_log/")[0] for k in keys if "/_delta_log/" in k})
 
 
+def _failed_run_table(
+    store: Store, path: str, table: Any, keep: set[str], horizon: datetime
+) -> list[str]:
+    """All the keys of ``path`` if it is the log of a failed run that no retained row
+    keeps and that was last committed before the window; else none. Data files first,
+    then the Delta log from its newest version down: a vacuum stopped halfway leaves a
+    table that still reads, or strays the next vacuum removes."""
+    run_id = layout.failed_run_of(path)
+    if run_id is None or run_id in keep:
+        return []
+    if table.history(1)[0]["timestamp"] / 1000 >= horizon.timestamp():
+        return []
+    keys = store.list(path)
+    data = sorted(k for k in keys if "/_delta_log/" not in k)
+    return data + sorted((k for k in keys if "/_delta_log/" in k), reverse=True)
+
+
+def _stale_files(
+    lake: Lake, path: str, table: Any, named: set[int], horizon: datetime
+) -> tuple[int, list[str]]:
+    """(data files of ``path``, those that no version to keep needs)."""
+    versions = {int(table.version())} | named
+    recent = [
+        int(h["version"])
+        for h in table.history()
+        if h.get("timestamp", 0) / 1000 >= horizon.timestamp()
+    ]
+    if recent and min(recent) > 0:
+        recent.append(min(recent) - 1)  # the version current at the horizon
+    versions |= set(recent)
+    needed: set[str] = set()
+    for v in versions:
+        at = lake.table(path, v)
+        if at is not None:
+            needed |= {a["path"] for a in add_actions(at)}
+    data = [
+        k
+        for k in lake.store.list(path)
+        if k.startswith(f"{path}/") and "/_delta_log/" not in k and k.endswith(".parquet")
+    ]
+    return len(data), [k for k in data if k[len(path) + 1 :] not in needed]
+
+
 def vacuum(
     store: Store, retain_days: int, now: datetime | None = None, dry_run: bool = False
 ) -> VacuumResult:
@@ -70,57 +114,27 @@ def vacuum(
         lake = Lake(store)
         named: dict[str, set[int]] = {}
         retained = retained_rows(read_runs(lake), horizon)
-        keep_logs_of = {r.run_id for r in retained}
         for row in retained:
             for path, version in row.versions.items():
                 named.setdefault(path, set()).add(int(version))
+        keep_logs_of = {r.run_id for r in retained}
         result = VacuumResult()
         for path in table_paths(store):
             table = lake.table(path)
             if table is None:
                 continue
-            failed_run = layout.failed_run_of(path)
-            if (
-                failed_run is not None
-                and failed_run not in keep_logs_of
-                and table.history(1)[0]["timestamp"] / 1000 < horizon.timestamp()
-            ):
-                # data files first, then the log from its newest version down: a vacuum
-                # stopped halfway leaves a table that still reads, or strays it removes
-                keys = store.list(path)
-                data = sorted(k for k in keys if "/_delta_log/" not in k)
-                logs = sorted((k for k in keys if "/_delta_log/" in k), reverse=True)
-                result.removed[path] = data + logs
-                log.info("vacuum %s: the logs of failed run %s", path, failed_run)
+            gone = _failed_run_table(store, path, table, keep_logs_of, horizon)
+            if gone:
+                log.info("vacuum %s: the logs of a failed run past the window", path)
+            else:
+                count, gone = _stale_files(lake, path, table, named.get(path, set()), horizon)
+                result.kept[path] = count - len(gone)
+                if gone:
+                    log.info("vacuum %s: %d file(s) no retained version needs", path, len(gone))
+            if gone:
+                result.removed[path] = gone
                 if not dry_run:
-                    store.delete(result.removed[path])
-                continue
-            versions = {int(table.version())} | named.get(path, set())
-            recent = [
-                int(h["version"])
-                for h in table.history()
-                if h.get("timestamp", 0) / 1000 >= horizon.timestamp()
-            ]
-            if recent and min(recent) > 0:
-                recent.append(min(recent) - 1)  # the version current at the horizon
-            versions |= set(recent)
-            needed: set[str] = set()
-            for v in versions:
-                at = lake.table(path, v)
-                if at is not None:
-                    needed |= {a["path"] for a in add_actions(at)}
-            data = [
-                k
-                for k in store.list(path)
-                if k.startswith(f"{path}/") and "/_delta_log/" not in k and k.endswith(".parquet")
-            ]
-            stale = [k for k in data if k[len(path) + 1 :] not in needed]
-            result.kept[path] = len(data) - len(stale)
-            if stale:
-                result.removed[path] = stale
-                log.info("vacuum %s: %d file(s) no retained version needs", path, len(stale))
-                if not dry_run:
-                    store.delete(stale)
+                    store.delete(gone)
         old = [
             key
             for key, taker in lease.takeovers(store)

@@ -11,6 +11,7 @@ makes it."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import signal
@@ -19,8 +20,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlparse
+
+from pipeline import layout
 
 #: seeds of the commit-phase kills: one in CI, more with CDR_CRASH_SEEDS=1,2,3,...
 SEEDS = [int(s) for s in os.environ.get("CDR_CRASH_SEEDS", "1").split(",")]
@@ -45,6 +50,15 @@ def killed_at(argv: list[str], pattern: str, nth: int) -> list[str]:
     code = p.wait()
     assert code == -signal.SIGKILL, (code, "".join(lines))
     return lines
+
+
+def expire_lease(store: Any) -> bytes:
+    """Make the store's lease one that has expired (its run gone for hours); its bytes."""
+    held = json.loads(store.read_bytes(layout.LOCK))
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    raw = json.dumps({**held, "expires_at": past.isoformat()}).encode()
+    store.write_bytes(layout.LOCK, raw)
+    return raw
 
 
 _DENIED = (

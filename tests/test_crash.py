@@ -18,14 +18,13 @@ import json
 import random
 import shutil
 from collections import Counter
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import published as P
 import pytest
 import scenarios as S
 import yaml
-from faults import SEEDS, killed_at
+from faults import SEEDS, expire_lease, killed_at
 
 from pipeline import layout
 from pipeline.cli import main
@@ -39,12 +38,6 @@ def _last_commit_by(table: Path) -> str:
     from deltalake import DeltaTable
 
     return str(DeltaTable(str(table)).history(1)[0]["cdr.run_id"])
-
-
-def _expire_lease(store) -> None:
-    held = json.loads(store.read_bytes(layout.LOCK))
-    past = datetime.now(UTC) - timedelta(seconds=1)
-    store.write_bytes(layout.LOCK, json.dumps({**held, "expires_at": past.isoformat()}).encode())
 
 
 @pytest.mark.timeout(900)
@@ -89,7 +82,7 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
     killed.append("run-k-ingest")
     killed_at(["run", *argv, "--run-id", "run-k-ingest"], r"ingest \S+/t: ", rng.randint(1, 2))
     whole_runs("ingest")
-    _expire_lease(store)  # the next run takes it over
+    expire_lease(store)  # the next run takes it over
     killed.append("run-k-resolve")
     resolving = rng.choice([r"resolve t \.\.\.", r"resolve t: \d+ events", r"cdc t: "])
     killed_at(["run", *argv, "--run-id", "run-k-resolve"], resolving, 1)

@@ -8,6 +8,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from faults import expire_lease
 
 from pipeline import layout, lease
 from pipeline.errors import LockedError
@@ -36,9 +37,7 @@ def test_one_run_holds_the_lease_and_another_is_refused(store):
 
 def test_an_expired_lease_is_taken_over(store, caplog):
     lease.acquire(store, "run-a", 600)
-    held = json.loads(store.read_bytes(layout.LOCK))
-    past = datetime.now(UTC) - timedelta(seconds=1)
-    store.write_bytes(layout.LOCK, json.dumps({**held, "expires_at": past.isoformat()}).encode())
+    expire_lease(store)
     with caplog.at_level("WARNING", logger="pipeline.lease"):
         assert lease.acquire(store, "run-b", 600).run_id == "run-b"
     assert "taking over the expired lease of run run-a" in caplog.text
@@ -87,11 +86,7 @@ def test_of_runs_racing_for_an_expired_lease_exactly_one_takes_it_over(store):
     for round_ in range(4):
         lease.unlock(store)
         lease.acquire(store, f"gone-{round_}", 600)
-        held = json.loads(store.read_bytes(layout.LOCK))
-        past = datetime.now(UTC) - timedelta(seconds=1)
-        store.write_bytes(
-            layout.LOCK, json.dumps({**held, "expires_at": past.isoformat()}).encode()
-        )
+        expire_lease(store)
         won, refused = _race(store, [f"run-{round_}-{i}" for i in range(6)])
         assert len(won) == 1 and len(refused) == 5, (round_, won)
         assert lease.holder(store).run_id == won[0]
@@ -103,10 +98,8 @@ def test_a_takeover_left_unfinished_is_taken_over_after_a_minute(store):
     import hashlib
 
     lease.acquire(store, "gone", 600)
-    held = json.loads(store.read_bytes(layout.LOCK))
-    past = datetime.now(UTC) - timedelta(seconds=1)
-    raw = json.dumps({**held, "expires_at": past.isoformat()}).encode()
-    store.write_bytes(layout.LOCK, raw)
+    raw = expire_lease(store)
+    held = json.loads(raw)
     marker = f"{layout.LOCK_TAKEOVER}/{hashlib.sha256(raw).hexdigest()[:32]}"
     taker = {**held, "run_id": "killed-taker", "acquired_at": datetime.now(UTC).isoformat()}
     store.write_bytes(marker, json.dumps(taker).encode())
