@@ -31,13 +31,13 @@ from airflow.sdk import Asset, Param, dag, task
 from cdr_links import DataDocsLink, aws_env_from_connection
 
 from pipeline.config import load_config
+from pipeline.jobs import ENTRY
 
 DAGS = Path(__file__).resolve().parent
 CONFIG = os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml"))
 WORK_DIR = os.environ.get(
     "CDR_WORK_DIR", str(Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "cdr-work")
 )
-ENTRY = str(DAGS.parent / "pipeline" / "jobs" / "spark_entry.py")
 PLAN = "ti.xcom_pull(task_ids='plan')"
 DATE = "{{ " + PLAN + "['date'] }}"
 RUN_ID = "{{ " + PLAN + "['run_id'] }}"
@@ -218,7 +218,7 @@ def replica_cdr():
 
     spark = {
         "conn_id": "spark_default",
-        "application": ENTRY,
+        "application": str(ENTRY),
         "conf": {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"},
     }
     resolve = SparkSubmitOperator(

@@ -42,8 +42,6 @@ from pipeline.config import Kind, Table
 from pipeline.errors import ExportError
 from pipeline.schema import event_ts_micros
 
-ADAPTED = ("wal2json", "debezium", "dms")
-
 #: lines that are not records: wal2json's transaction framing, Kafka's tombstones. They
 #: are counted (the manifest's ``rows``) but staged as nothing (formats.md "Adapters")
 FRAMING: dict[str, re.Pattern[bytes]] = {

@@ -247,20 +247,6 @@ def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataF
     return out.select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
 
 
-def log_columns(table: Table) -> list[str]:
-    """The columns of a table's log, in order (cdc.md "The log")."""
-    return [
-        "cdc$stream_id",
-        "cdc$time",
-        "cdc$batch_seq_no",
-        "cdc$operation",
-        "cdc$ttl",
-        "cdc$end_of_batch",
-        *table.column_names,
-        *[f"cdc$deleted_{c}" for c in table.value_columns],
-    ]
-
-
 def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfig) -> DataFrame:
     """The log rows of ``changes`` (``schema.change_schema``), in canonical order."""
     by_instant = Window.partitionBy("ts", "rank").orderBy("event_id")

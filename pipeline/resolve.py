@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 #: table (``pipeline.lake``), not a column of the files
 RUN_COLUMNS = ["run_id", "table"]
 CONFLICT_COLUMNS = [*RUN_COLUMNS, *CONFLICT_FIELDS]
-QUARANTINE_COLUMNS = [*RUN_COLUMNS, "replica", "event_id", "reason", "detail", "event"]
 DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's full copy)
     *RUN_COLUMNS,
     "source",
@@ -52,7 +51,6 @@ DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's
     "converged_row",
     "repair",
 ]
-ORPHAN_COLUMNS = [*RUN_COLUMNS, "key", "reference", "event_id"]
 LEDGER_COLUMNS = [*RUN_COLUMNS, "event_id", "fate"]
 #: the fates after which an event is never resolved again (the ledger's); a quarantined
 #: event is not final: it is resolved again if it comes again

@@ -191,9 +191,6 @@ class RowFold:
             self.state[key] = v
             self._index(key, v)
 
-    def _key_of(self, values: Mapping[str, Any]) -> Key:
-        return tuple(values[c] for c in self._key_cols)
-
     def key_dict(self, key: Key) -> dict[str, Any]:
         return dict(zip(self._key_cols, key, strict=True))
 

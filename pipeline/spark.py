@@ -59,7 +59,3 @@ def get_spark(master: str | None = None, app: str = "cdr") -> SparkSession:
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def shuffle_partitions(spark: SparkSession) -> int:
-    return int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
