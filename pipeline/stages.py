@@ -250,10 +250,11 @@ def run(
 ) -> dict[str, Any]:
     """``cdr run``: every stage in one process with one Spark session."""
     from pipeline.spark import get_spark
+    from pipeline.suites import GX_MODULES
 
     ctx = ingest(config, dt, opts)
     try:
-        spark = spark or get_spark(opts.master)
+        spark = spark or get_spark(opts.master, preload=GX_MODULES)
         summary = resolve(config, ctx, spark)
         verdict = validate(config, ctx, spark)
         if ctx.dry_run:

@@ -38,6 +38,13 @@ EXPECTATIONS_DIR = Path(
 #: the suites, in the order they run and are reported
 SUITES = ("snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
 GATES = ("always", "on_divergence", "on_fk_violation")
+#: what :class:`Project` imports: about 4 s, so a process that validates imports it while
+#: its JVM starts (``pipeline.spark.get_spark(preload=...)``)
+GX_MODULES = (
+    "great_expectations",
+    "great_expectations.core.run_identifier",
+    "great_expectations.data_context.types.base",
+)
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 _WHOLE = re.compile(r"^\$\{(\w+)\}$")
 

@@ -187,3 +187,17 @@ def test_a_failed_rerun_leaves_the_published_run_of_its_date(tmp_path: Path, spa
     assert failed["status"] == "failed" and failed["run_id"] == "bad"
     assert json.loads(after[f"reports/dt={D}/run_report.json"])["run_id"] == "good"
     assert not (store / "_lock").exists()
+
+
+def test_get_spark_imports_the_preloaded_modules_and_survives_a_broken_one(spark):
+    """The modules a validating process needs are imported while the JVM starts; one
+    that cannot be imported is left to the caller's own import, which names it."""
+    import sys
+
+    from pipeline.spark import get_spark
+
+    sys.modules.pop("xml.dom.minidom", None)
+    assert get_spark(preload=("no_such_module_of_cdr", "xml.dom.minidom")) is spark
+    assert "xml.dom.minidom" not in sys.modules  # the loader stopped at the broken one
+    assert get_spark(preload=("xml.dom.minidom",)) is spark
+    assert "xml.dom.minidom" in sys.modules
