@@ -188,3 +188,18 @@ PRESETS: dict[Preset, PresetRule] = {
 def allowed_resolvers(conflict: ConflictType) -> list[str]:
     """The configurable resolvers of a type, sorted, for error messages and docs."""
     return sorted(r.value for r in ALLOWED[conflict])
+
+
+def resolver_table() -> str:
+    """The README's table of §4-§5, rendered from :data:`ALLOWED` and :data:`PRESETS`
+    (``tests/test_policy.py`` compares it with the README)."""
+    row_presets = [p for p in Preset if PRESETS[p].granularity is Granularity.ROW]
+    lines = [
+        "| conflict type | " + " | ".join(f"`{p}` default" for p in row_presets) + " | allowed |",
+        "|---|" + "---|" * len(row_presets) + "---|",
+    ]
+    for t in ConflictType:
+        defaults = " | ".join(f"`{PRESETS[p].resolvers[t]}`" for p in row_presets)
+        allowed = ", ".join(f"`{r}`" for r in allowed_resolvers(t))
+        lines.append(f"| `{t}` | {defaults} | {allowed} |")
+    return "\n".join(lines) + "\n"

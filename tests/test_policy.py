@@ -145,3 +145,15 @@ def test_delete_wins_decides_every_row_type(ctype, later: bool):
         assert res.state[event.key].deleted  # a delete is never undone
     else:
         _check_state(ctype, want, dict(state), res.state, event)
+
+
+def test_the_readme_resolver_table_is_the_policy_table():
+    """The README's table of resolvers is rendered from ``pipeline.policy``: edit the
+    table there, then paste ``policy.resolver_table()`` between the markers."""
+    from pathlib import Path
+
+    from pipeline.policy import resolver_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shown = readme.split("<!-- resolvers:begin -->\n")[1].split("<!-- resolvers:end -->")[0]
+    assert shown == resolver_table()
