@@ -13,7 +13,7 @@ error.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +139,46 @@ def _wins_earliest(e: Event, loc: Version) -> bool:
     if e.ts != loc.ts:
         return e.ts < loc.ts
     return (e.rank, e.event_id) > (loc.rank, loc.event_id or "")
+
+
+Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log shows
+
+
+def _latest(e: Event, loc: Version, win: Outcome) -> Decision:
+    if _wins_latest(e, loc):
+        return win, "remote (ts, tie_rank) is later"
+    return _O.DISCARDED, "local (ts, tie_rank) is later"
+
+
+def _earliest(e: Event, loc: Version, win: Outcome) -> Decision:
+    if _wins_earliest(e, loc):
+        return win, "remote (ts, tie_rank) is earlier"
+    return _O.DISCARDED, "local (ts, tie_rank) is earlier"
+
+
+def _delete_wins(e: Event, loc: Version, win: Outcome) -> Decision:
+    """§5, the Informix table against a live row or a tombstone."""
+    newer = e.position() > loc.position() if e.ts == loc.ts else e.ts > loc.ts
+    if e.op == "DELETE":
+        if e.ts == loc.ts and not newer:
+            return _O.DISCARDED, "equal ts: the tie-break winner's row stands"
+        return win, "a delete always wins"
+    if newer:
+        return win, "remote is newer"
+    return _O.DISCARDED, "local is newer" if e.ts != loc.ts else "equal ts: tie-break"
+
+
+#: §4-§5: how each resolver decides a conflict against a local version (insert_exists,
+#: update_differ, delete_differ, pkey_exists); the types without a local version to weigh
+#: (update_missing, delete_missing, the column and unique conflicts) decide in their step
+DECIDE: dict[Resolver, Callable[[Event, Version, Outcome], Decision]] = {
+    _R.LATEST_TIMESTAMP_WINS: _latest,
+    _R.EARLIEST_TIMESTAMP_WINS: _earliest,
+    _R.APPLY: lambda e, loc, win: (win, "apply: remote always applied"),
+    _R.SKIP: lambda e, loc, win: (_O.SKIPPED, "skip: local row kept"),
+    _R.ERROR: lambda e, loc, win: (_O.ERRORED, "error: the run stops on this conflict"),
+    _R.DELETE_WINS: _delete_wins,
+}
 
 
 #: one state transition of a key: (key, version before, version after)
@@ -274,39 +314,14 @@ class RowFold:
     def _decide(
         self, t: ConflictType, e: Event, loc: Version, win: Outcome
     ) -> tuple[Outcome, Resolver, str]:
-        """A timestamp/apply/skip/error resolver on a conflict against a local version."""
+        """The type's resolver (:data:`DECIDE`) on a conflict against a local version;
+        ``win`` is the outcome when the remote event wins."""
         r = self._resolver(t)
-        if r is _R.LATEST_TIMESTAMP_WINS:
-            if _wins_latest(e, loc):
-                return win, r, "remote (ts, tie_rank) is later"
-            return _O.DISCARDED, r, "local (ts, tie_rank) is later"
-        if r is _R.EARLIEST_TIMESTAMP_WINS:
-            if _wins_earliest(e, loc):
-                return win, r, "remote (ts, tie_rank) is earlier"
-            return _O.DISCARDED, r, "local (ts, tie_rank) is earlier"
-        if r is _R.APPLY:
-            return win, r, "apply: remote always applied"
-        if r is _R.SKIP:
-            return _O.SKIPPED, r, "skip: local row kept"
-        if r is _R.ERROR:
-            return _O.ERRORED, r, "error: the run stops on this conflict"
-        if r is _R.DELETE_WINS:
-            return self._decide_delete_wins(t, e, loc, win)
-        raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
-
-    def _decide_delete_wins(
-        self, t: ConflictType, e: Event, loc: Version, win: Outcome
-    ) -> tuple[Outcome, Resolver, str]:
-        """§5, the Informix table against a live row or a tombstone."""
-        r = _R.DELETE_WINS
-        newer = e.position() > loc.position() if e.ts == loc.ts else e.ts > loc.ts
-        if e.op == "DELETE":
-            if e.ts == loc.ts and not newer:
-                return _O.DISCARDED, r, "equal ts: the tie-break winner's row stands"
-            return win, r, "a delete always wins"
-        if newer:
-            return win, r, "remote is newer"
-        return _O.DISCARDED, r, "local is newer" if e.ts != loc.ts else "equal ts: tie-break"
+        decide = DECIDE.get(r)
+        if decide is None:
+            raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
+        out, why = decide(e, loc, win)
+        return out, r, why
 
     # ------------------------------------------------------------------ the step
 

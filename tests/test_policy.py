@@ -157,3 +157,22 @@ def test_the_readme_resolver_table_is_the_policy_table():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     shown = readme.split("<!-- resolvers:begin -->\n")[1].split("<!-- resolvers:end -->")[0]
     assert shown == resolver_table()
+
+
+def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table():
+    """The fold dispatches insert_exists, update_differ, delete_differ and pkey_exists
+    through ``rowfold.DECIDE``: every resolver a config may give them, or a row preset
+    gives them by default, has its entry there."""
+    from pipeline.policy import Granularity
+    from pipeline.rowfold import DECIDE
+
+    versus_local = (
+        ConflictType.INSERT_EXISTS,
+        ConflictType.UPDATE_DIFFER,
+        ConflictType.DELETE_DIFFER,
+        ConflictType.PKEY_EXISTS,
+    )
+    row_presets = [r for r in PRESETS.values() if r.granularity is Granularity.ROW]
+    for t in versus_local:
+        given = ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
+        assert given - set(DECIDE) == set(), t
