@@ -28,7 +28,7 @@ from pipeline.published import (
     record_run,
     run_row,
 )
-from pipeline.runs_table import published_by_date, read_runs
+from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
 
 if TYPE_CHECKING:
@@ -190,19 +190,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     runs = read_runs(lake)
     done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
-        log.info("publish: run %s is recorded as %s already", ctx.run_id, done[-1].status)
-        if not done[-1].published:  # its gate failed, or it stopped before publish
-            lease.release(store, ctx.run_id)
-            raise GateError(
-                "; ".join(verdict.failures)
-                or f"run {ctx.run_id} is recorded as failed already: start a new run"
-            )
-        body = store.read_bytes(layout.run_report(ctx.dt, ctx.run_id))
-        latest = published_by_date(runs).get(ctx.dt)
-        if latest is not None and latest.run_id == ctx.run_id:  # the copy may be missing
-            store.write_bytes(layout.date_report(ctx.dt), body)
-        lease.release(store, ctx.run_id)
-        return dict(json.loads(body))
+        return _published_already(store, ctx, done[-1], runs, verdict)
     tables = list(config.tables)
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
     replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt, ctx.run_id))
@@ -231,6 +219,25 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     if not verdict.passed:
         raise GateError("; ".join(verdict.failures))
     return report
+
+
+def _published_already(
+    store: Store, ctx: RunContext, row: RunRow, runs: list[RunRow], verdict: Verdict
+) -> dict[str, Any]:
+    """The retry of a publish whose ``runs`` row went in: its report, or its failure."""
+    log.info("publish: run %s is recorded as %s already", ctx.run_id, row.status)
+    if not row.published:  # its gate failed, or it stopped before publish
+        lease.release(store, ctx.run_id)
+        raise GateError(
+            "; ".join(verdict.failures)
+            or f"run {ctx.run_id} is recorded as failed already: start a new run"
+        )
+    body = store.read_bytes(layout.run_report(ctx.dt, ctx.run_id))
+    latest = published_by_date(runs).get(ctx.dt)
+    if latest is not None and latest.run_id == ctx.run_id:  # the copy may be missing
+        store.write_bytes(layout.date_report(ctx.dt), body)
+    lease.release(store, ctx.run_id)
+    return dict(json.loads(body))
 
 
 def _record_stopped(store: Store, ctx: RunContext) -> None:

@@ -162,37 +162,8 @@ def validate_stage(
     if (ctx.work / "gx").exists():  # a rerun of this stage starts a new project
         shutil.rmtree(ctx.work / "gx")
     project = Project(ctx.work, ctx.validation / "data_docs", ctx.run_id)
-    frames = Frames(spark, config, ctx, summary)
     try:
-        for name in SUITES:
-            template = load_template(name)
-            gate = template["meta"]["gate"]
-            if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
-                continue
-            for t, table in config.tables.items():
-                if summary["tables"][t]["stopped"]:
-                    continue  # §12: the run stopped on this table; nothing to publish
-                suite = render_suite(template, table)
-                if not suite["expectations"]:
-                    continue
-                started = time.monotonic()
-                checks = project.validate(frames.batch(template["meta"]["batch"], table), suite)
-                ok = all(c.success for c in checks)
-                verdict.suites[suite["name"]] = {
-                    "success": ok,
-                    "gate": gate,
-                    "checks": [asdict(c) for c in checks],
-                }
-                for c in checks:
-                    if not c.success:
-                        target = verdict.failures if _fails_run(gate, config) else verdict.warnings
-                        target.append(message(t, c))
-                log.info(
-                    "validate %s: %s (%.1fs)",
-                    suite["name"],
-                    "passed" if ok else "FAILED",
-                    time.monotonic() - started,
-                )
+        _run_suites(project, Frames(spark, config, ctx, summary), config, summary, verdict)
     finally:
         spark.catalog.clearCache()
     if ctx.data_docs:
@@ -215,6 +186,41 @@ def validate_stage(
         )
     )
     return verdict
+
+
+def _run_suites(
+    project: Project, frames: Frames, config: Config, summary: dict[str, Any], verdict: Verdict
+) -> None:
+    """Every suite of every table the run did not stop on, into ``verdict``."""
+    for name in SUITES:
+        template = load_template(name)
+        gate = template["meta"]["gate"]
+        if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
+            continue
+        for t, table in config.tables.items():
+            if summary["tables"][t]["stopped"]:
+                continue  # §12: the run stopped on this table; nothing to publish
+            suite = render_suite(template, table)
+            if not suite["expectations"]:
+                continue
+            started = time.monotonic()
+            checks = project.validate(frames.batch(template["meta"]["batch"], table), suite)
+            ok = all(c.success for c in checks)
+            verdict.suites[suite["name"]] = {
+                "success": ok,
+                "gate": gate,
+                "checks": [asdict(c) for c in checks],
+            }
+            for c in checks:
+                if not c.success:
+                    target = verdict.failures if _fails_run(gate, config) else verdict.warnings
+                    target.append(message(t, c))
+            log.info(
+                "validate %s: %s (%.1fs)",
+                suite["name"],
+                "passed" if ok else "FAILED",
+                time.monotonic() - started,
+            )
 
 
 def load_verdict(ctx: RunContext, summary: dict[str, Any] | None = None) -> Verdict:

@@ -108,8 +108,6 @@ LONG = {
     "pipeline/resolve.py:check_foreign_keys": 96,
     "pipeline/rowfold.py:RowFold._update": 92,
     "pipeline/runs.py:render_page": 67,
-    "pipeline/stages.py:publish": 63,
-    "pipeline/validation.py:validate_stage": 63,
 }
 
 
