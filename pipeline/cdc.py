@@ -40,6 +40,7 @@ from pipeline.config import CdcConfig, Config, Table
 from pipeline.context import RunContext
 from pipeline.policy import CDC_POST_IMAGE, CDC_PRE_IMAGE, ChangeKind
 from pipeline.schema import change_schema, row_struct_type
+from pipeline.spark import read_output
 from pipeline.streams import Generation, Generations, StreamId, Topology, next_generations
 from pipeline.tokens import serialize_key, tokens
 
@@ -227,7 +228,7 @@ def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataF
     """Rows the foreign-key quarantine moved out of the table, as row deletes."""
     if not path.is_dir() or not any(path.glob("*.parquet")):
         return None
-    rows = spark.read.parquet(str(path))
+    rows = read_output(spark, path)
     key = F.struct(*[F.col(c) for c in table.key])
     row = F.struct(*[F.col(c) for c in table.column_names])
     none = F.lit(None).cast(row_struct_type(table))

@@ -34,6 +34,7 @@ from pipeline.exports import StagedTable, load_inputs
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import snapshot_columns
 from pipeline.snapshots import snapshot_divergence
+from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,7 @@ def check_foreign_keys(
 ) -> None:
     """§10: orphans after resolution; with ``quarantine`` they leave state and snapshot,
     repeatedly, until none is left. Writes ``orphans`` and the final ``state``."""
-    states = {t: spark.read.parquet(str(ctx.resolved / t / "state_pre")) for t in config.tables}
+    states = {t: read_output(spark, ctx.resolved / t / "state_pre") for t in config.tables}
     quarantine = config.on_fk_violation is FkPolicy.QUARANTINE
     skip = any(s["stopped"] for s in summary["tables"].values())
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
@@ -382,7 +383,7 @@ def check_foreign_keys(
             shutil.rmtree(out / "state_pre")
         else:
             (out / "state_pre").rename(out / "state")
-        state = spark.read.parquet(str(out / "state"))
+        state = read_output(spark, out / "state")
         live = state.where(~F.col("_deleted")).select(*snapshot_columns(table))
         _write(live, out / "snapshot")
         summary["tables"][t]["rows"] = _parquet_rows(out / "snapshot")
@@ -404,7 +405,7 @@ def compare_snapshots(
         if not inputs[t].snapshots or summary["tables"][t]["stopped"]:
             continue  # §12: nothing is compared after an error
         out = ctx.resolved / t
-        converged = spark.read.parquet(str(out / "snapshot"))
+        converged = read_output(spark, out / "snapshot")
         for replica in inputs[t].snapshots:
             label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
             mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 log = logging.getLogger(__name__)
@@ -88,3 +89,23 @@ def _session(b: Any, master: str | None) -> SparkSession:
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: where Spark keeps a DataFrame's schema in the Parquet files it writes
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def read_output(spark: SparkSession, folder: Path) -> DataFrame:
+    """A Parquet folder this run's Spark wrote, on a path the driver can read, with the
+    schema Spark stored in its first file's footer (read on the driver): Spark's own
+    schema inference would be a Spark job per read. A folder without that footer key
+    (not written by Spark) is inferred as usual."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import StructType
+
+    first = min(folder.glob("*.parquet"), default=None)
+    stored = None if first is None else (pq.read_schema(first).metadata or {}).get(SPARK_SCHEMA_KEY)
+    if stored is None:
+        return spark.read.parquet(str(folder))
+    schema = StructType.fromJson(json.loads(stored))
+    return spark.read.schema(schema).parquet(str(folder))

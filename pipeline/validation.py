@@ -33,6 +33,7 @@ from pipeline.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.datadocs import bundle
 from pipeline.errors import StageError
+from pipeline.spark import read_output
 from pipeline.suites import SUITES, Check, Project, load_template, render_suite
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def message(table: str, c: Check) -> str:
 
 
 def _read(spark: SparkSession, path: Path) -> DataFrame:
-    return spark.read.parquet(str(path))
+    return read_output(spark, path)
 
 
 class Frames:

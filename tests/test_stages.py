@@ -201,3 +201,28 @@ def test_get_spark_imports_the_preloaded_modules_and_survives_a_broken_one(spark
     assert "xml.dom.minidom" not in sys.modules  # the loader stopped at the broken one
     assert get_spark(preload=("xml.dom.minidom",)) is spark
     assert "xml.dom.minidom" in sys.modules
+
+
+def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path: Path):
+    """The run's own outputs are read with the schema Spark wrote in their footers: the
+    same schema as Spark's inference, and no Spark job to get it. A folder that Spark did
+    not write is inferred as usual."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.spark import read_output
+
+    schema = "k bigint, v decimal(10,2), at timestamp, m map<string,int>, s struct<a:binary>"
+    spark.createDataFrame([], schema).write.parquet(str(tmp_path / "out"))
+    sc = spark.sparkContext
+    sc.setJobGroup("read_output", "read_output")
+    try:
+        got = read_output(spark, tmp_path / "out")
+        assert sc.statusTracker().getJobIdsForGroup("read_output") == []
+        assert got.schema == spark.read.parquet(str(tmp_path / "out")).schema
+        assert len(sc.statusTracker().getJobIdsForGroup("read_output")) == 1  # the check can fail
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    (tmp_path / "arrow").mkdir()
+    pq.write_table(pa.table({"k": [1, 2]}), tmp_path / "arrow" / "part-0.parquet")
+    assert read_output(spark, tmp_path / "arrow").collect() == [(1,), (2,)]
