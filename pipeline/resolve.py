@@ -216,30 +216,32 @@ def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
     return t.group_by(list(cols)).aggregate([([], "count_all")]).to_pylist()
 
 
-def _table_counts(
-    table: Table, out: Path, staged: StagedTable, stopped: dict[str, Any] | None
-) -> dict[str, Any]:
-    fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
-    # an event counts once; a record without an event id counts as one event; an event
-    # counts as a duplicate only when all its records are (an earlier night resolved it)
+def _events_by_fate(fates: pa.Table) -> dict[str, int]:
+    """Distinct events per fate: an event counts once; a record without an event id counts
+    as one event; an event counts as a duplicate only when all its records are (an
+    earlier night resolved it)."""
     with_id = fates.filter(pc.is_valid(fates["event_id"]))
     events = with_id.group_by(["event_id", "fate"]).aggregate([])
     is_dup = pc.equal(events["fate"], DUPLICATE)
     resolved = events.filter(pc.invert(is_dup))
+    resolved_ids = resolved["event_id"].combine_chunks()
     only_dup = events.filter(
-        pc.and_(
-            is_dup,
-            pc.invert(
-                pc.is_in(events["event_id"], value_set=resolved["event_id"].combine_chunks())
-            ),
-        )
+        pc.and_(is_dup, pc.invert(pc.is_in(events["event_id"], value_set=resolved_ids)))
     )
     by_fate = {r["fate"]: r["count_all"] for r in _counts(resolved, "fate")}
     if only_dup.num_rows:
         by_fate[DUPLICATE] = only_dup.num_rows
-    duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
     for r in _counts(fates.filter(pc.is_null(fates["event_id"])), "fate"):
         by_fate[r["fate"]] = by_fate.get(r["fate"], 0) + r["count_all"]
+    return by_fate
+
+
+def _table_counts(
+    table: Table, out: Path, staged: StagedTable, stopped: dict[str, Any] | None
+) -> dict[str, Any]:
+    fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
+    by_fate = _events_by_fate(fates)
+    duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
     per_replica: dict[str, dict[str, int]] = {
         r: {"records": e.records, "framing": e.framing} for r, e in staged.exports.items()
     }
