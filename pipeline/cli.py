@@ -251,7 +251,6 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         )
     else:
         from pipeline.spark import get_spark
-        from pipeline.suites import GX_MODULES
 
         ctx = RunContext.load(opts.work_dir, args.date, opts.run_id)
         if args.command == "resolve":
@@ -261,8 +260,9 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             stages.finish(config, ctx)
             _emit(args, {"run_id": ctx.run_id}, f"finished run {ctx.run_id} of {args.date}")
         elif args.command == "validate":
-            spark = get_spark(opts.master, preload=GX_MODULES)
-            verdict = stages.validate(config, ctx, spark)
+            from pipeline.suites import GX_MODULES  # only validate needs GX
+
+            verdict = stages.validate(config, ctx, get_spark(opts.master, preload=GX_MODULES))
             if ctx.data_docs:
                 docs = ctx.validation / "data_docs" / "index.html"
                 print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)
