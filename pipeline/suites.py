@@ -8,10 +8,17 @@ whether it needs the CDC log. An expectation whose ``meta.for_each`` names a lis
 (``column``, ``not_null_column``, ``unique_constraint``, ``foreign_key``) is repeated for
 each of its items. :func:`render_suite` fills it in from the config.
 
-Every check that finds rows is a SQL expectation (``unexpected_rows_expectation``), run by
-Spark against the batch and the run's temporary views (``cdr_<what>_<table>``): it scales
-(joins and aggregations stay in Spark) and its result names the offending keys (GX keeps
-200 at most).
+A suite is either a *schema* suite (GX expectations on the Spark DataFrame itself: its
+columns and their types, read from its schema without a Spark job) or a *row* suite: every
+expectation is a SQL check (``unexpected_rows_expectation``) whose query finds the
+offending rows of the batch, joining the run's temporary views (``cdr_<what>_<table>``)
+where it needs to. GX runs each such check as two Spark jobs (a count, then a collect of
+the rows), 72 jobs and 10 s for a three-table run, so :meth:`Project.validate_all` runs
+every row check of the run in ONE Spark query (:func:`find_rows`: joins and aggregations
+stay in Spark; it keeps the count and the first 200 rows of each check) and GX judges the
+counts: each check becomes ``expect_column_max_to_be_between(<check>, 0, 0)`` on a
+one-row pandas batch of the counts, with the check's query and description in its
+``meta``, its result in the GX validation store and its page in the Data Docs.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.config import Table
 from pipeline.schema import spark_type
@@ -36,7 +44,7 @@ EXPECTATIONS_DIR = Path(
     os.environ.get("CDR_EXPECTATIONS_DIR", Path(__file__).resolve().parent.parent / "expectations")
 )
 #: the suites, in the order they run and are reported
-SUITES = ("snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
+SUITES = ("schema", "snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
 GATES = ("always", "on_divergence", "on_fk_violation")
 #: what :class:`Project` imports: about 4 s, so a process that validates imports it while
 #: its JVM starts (``pipeline.spark.get_spark(preload=...)``)
@@ -136,6 +144,70 @@ def load_template(name: str) -> dict[str, Any]:
     return template
 
 
+ROW_CHECK = "unexpected_rows_expectation"
+#: offending rows kept per row check (as GX keeps), of which a result keeps five
+KEPT_ROWS = 200
+
+
+def is_row_suite(suite: dict[str, Any]) -> bool:
+    return any(e["type"] == ROW_CHECK for e in suite["expectations"])
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one row check found: how many rows, and the first :data:`KEPT_ROWS` of them
+    (in the order of their JSON text, so that a rerun names the same ones)."""
+
+    count: int
+    rows: list[dict[str, Any]]
+
+
+def find_rows(spark: SparkSession, queries: list[str]) -> list[Found]:
+    """Run the row checks' ``queries`` as one Spark query: each query's rows as JSON,
+    tagged with the query's number, counted and numbered per query by a window; the first
+    :data:`KEPT_ROWS` of each come back to the driver, never the whole of a large one."""
+    if not queries:
+        return []
+    union = " UNION ALL ".join(
+        f"SELECT {i} AS check_no, to_json(struct(*)) AS row FROM ({sql})"
+        for i, sql in enumerate(queries)
+    )
+    numbered = (
+        "SELECT check_no, row, count(*) OVER (PARTITION BY check_no) AS found, "
+        f"row_number() OVER (PARTITION BY check_no ORDER BY row) AS n FROM ({union})"
+    )
+    got = spark.sql(f"SELECT check_no, n, row, found FROM ({numbered}) WHERE n <= {KEPT_ROWS}")
+    found = [Found(0, []) for _ in queries]
+    for r in sorted(got.collect(), key=lambda r: (r.check_no, r.n)):
+        found[r.check_no].rows.append(json.loads(r.row))
+        found[r.check_no] = Found(r.found, found[r.check_no].rows)
+    return found
+
+
+def judged_suite(suite: dict[str, Any]) -> dict[str, Any]:
+    """The GX suite that judges a row suite's counts: one column per check, whose value
+    (the number of rows the check found) must be 0."""
+    expectations = []
+    for i, e in enumerate(suite["expectations"]):
+        kwargs = e["kwargs"]
+        expectations.append(
+            {
+                "type": "expect_column_max_to_be_between",
+                "kwargs": {"column": count_column(i, e), "min_value": 0, "max_value": 0},
+                "description": kwargs.get("description"),
+                "meta": {
+                    **e.get("meta", {}),
+                    "unexpected_rows_query": kwargs["unexpected_rows_query"],
+                },
+            }
+        )
+    return {**suite, "expectations": expectations}
+
+
+def count_column(i: int, expectation: dict[str, Any]) -> str:
+    return f"{i:02d}_{expectation['meta']['check']}"
+
+
 @dataclass(frozen=True)
 class Check:
     """One expectation's result, as the gate and the run report read it."""
@@ -176,29 +248,69 @@ class Project:
         }
         self.context.add_data_docs_site(site_name=self.SITE, site_config=site)  # type: ignore[arg-type]
         # persist=False: GX would otherwise cache every validated DataFrame for good
-        self.source = self.context.data_sources.add_spark(name="cdr", persist=False)
-
-    def _suite(self, suite: dict[str, Any]) -> Any:
-        """Write the rendered suite to the project's expectation store, then load it."""
-        self.context.suites.add_or_update(self.gx.ExpectationSuite(**suite))
-        return self.context.suites.get(suite["name"])
-
-    def _batch(self, name: str) -> Any:
-        """The whole-DataFrame batch definition of asset ``name`` (made on first use)."""
-        if name not in self.source.get_asset_names():
-            self.source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
-        return self.source.get_asset(name).get_batch_definition("all")
+        self.spark = self.context.data_sources.add_spark(name="cdr", persist=False)
+        self.counts = self.context.data_sources.add_pandas(name="cdr_row_checks")
 
     def validate(self, df: DataFrame, suite: dict[str, Any]) -> list[Check]:
         """Validate ``df`` with ``suite``; the result is stored for the Data Docs."""
+        return self.validate_all([(df, suite)])[0]
+
+    def validate_all(self, batches: list[tuple[DataFrame, dict[str, Any]]]) -> list[list[Check]]:
+        """Validate each ``(df, suite)``: the row checks of all of them in one Spark query,
+        then each suite in GX; the checks of each suite, in its order."""
+        if not batches:
+            return []
+        spark = batches[0][0].sparkSession
+        views, queries = [], []
+        for b, (df, suite) in enumerate(batches):
+            if is_row_suite(suite):
+                views.append(f"cdr_batch_{b}")
+                df.createOrReplaceTempView(views[-1])
+                queries += [
+                    e["kwargs"]["unexpected_rows_query"].replace("{batch}", views[-1])
+                    for e in suite["expectations"]
+                ]
+        try:
+            found = iter(find_rows(spark, queries))
+        finally:
+            for view in views:
+                spark.catalog.dropTempView(view)
+        return [
+            self._judge(suite, [next(found) for _ in suite["expectations"]])
+            if is_row_suite(suite)
+            else self._run(self.spark, suite, df)
+            for df, suite in batches
+        ]
+
+    def _judge(self, suite: dict[str, Any], found: list[Found]) -> list[Check]:
+        """GX's verdict on what a row suite's checks found (their counts)."""
+        counts = pd.DataFrame(
+            {
+                count_column(i, e): [f.count]
+                for i, (e, f) in enumerate(zip(suite["expectations"], found, strict=True))
+            }
+        )
+        checks = self._run(self.counts, judged_suite(suite), counts)
+        return [
+            replace(c, expectation=ROW_CHECK, sample=f.rows[:5])
+            for c, f in zip(checks, found, strict=True)
+        ]
+
+    def _run(self, source: Any, suite: dict[str, Any], data: Any) -> list[Check]:
+        """Run ``suite`` in GX on ``data`` (a batch of ``source``): its stored result."""
         name = suite["name"].replace(".", "_")
-        gx_suite = self._suite(suite)
-        batch = self._batch(name)
+        self.context.suites.add_or_update(self.gx.ExpectationSuite(**suite))
+        if name not in source.get_asset_names():
+            source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
         vd = self.context.validation_definitions.add_or_update(
-            self.gx.ValidationDefinition(name=f"vd_{name}", data=batch, suite=gx_suite)
+            self.gx.ValidationDefinition(
+                name=f"vd_{name}",
+                data=source.get_asset(name).get_batch_definition("all"),
+                suite=self.context.suites.get(suite["name"]),
+            )
         )
         result = vd.run(
-            batch_parameters={"dataframe": df}, result_format="COMPLETE", run_id=self.run_id
+            batch_parameters={"dataframe": data}, result_format="COMPLETE", run_id=self.run_id
         )
         checks = []
         for r in result.results:
@@ -214,7 +326,7 @@ class Project:
                     expectation=cfg.type,
                     description=str(cfg.description or meta.get("description") or ""),
                     success=bool(r.success),
-                    observed=res.get("observed_value"),
+                    observed=_plain(res.get("observed_value")),
                     sample=json.loads(json.dumps(sample[:5], default=str)),
                 )
             )
@@ -222,3 +334,8 @@ class Project:
 
     def build_docs(self) -> None:
         self.context.build_data_docs(site_names=[self.SITE])
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar of GX's pandas results as the Python value it holds."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, list) else value

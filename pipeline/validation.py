@@ -192,36 +192,42 @@ def validate_stage(
 def _run_suites(
     project: Project, frames: Frames, config: Config, summary: dict[str, Any], verdict: Verdict
 ) -> None:
-    """Every suite of every table the run did not stop on, into ``verdict``."""
+    """Every suite of every table the run did not stop on, into ``verdict``: their row
+    checks in one Spark query (``Project.validate_all``)."""
+    started = time.monotonic()
+    batches, gates = [], []
     for name in SUITES:
         template = load_template(name)
-        gate = template["meta"]["gate"]
         if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
             continue
         for t, table in config.tables.items():
             if summary["tables"][t]["stopped"]:
                 continue  # §12: the run stopped on this table; nothing to publish
             suite = render_suite(template, table)
-            if not suite["expectations"]:
-                continue
-            started = time.monotonic()
-            checks = project.validate(frames.batch(template["meta"]["batch"], table), suite)
-            ok = all(c.success for c in checks)
-            verdict.suites[suite["name"]] = {
-                "success": ok,
-                "gate": gate,
-                "checks": [asdict(c) for c in checks],
-            }
-            for c in checks:
-                if not c.success:
-                    target = verdict.failures if _fails_run(gate, config) else verdict.warnings
-                    target.append(message(t, c))
-            log.info(
-                "validate %s: %s (%.1fs)",
-                suite["name"],
-                "passed" if ok else "FAILED",
-                time.monotonic() - started,
-            )
+            if suite["expectations"]:
+                batches.append((frames.batch(template["meta"]["batch"], table), suite))
+                gates.append((t, template["meta"]["gate"]))
+    for (_, suite), (t, gate), checks in zip(
+        batches, gates, project.validate_all(batches), strict=True
+    ):
+        ok = all(c.success for c in checks)
+        verdict.suites[suite["name"]] = {
+            "success": ok,
+            "gate": gate,
+            "checks": [asdict(c) for c in checks],
+        }
+        for c in checks:
+            if not c.success:
+                target = verdict.failures if _fails_run(gate, config) else verdict.warnings
+                target.append(message(t, c))
+        if not ok:
+            log.info("validate %s: FAILED", suite["name"])
+    log.info(
+        "validate: %d suites, %d failed (%.1fs)",
+        len(batches),
+        sum(not s["success"] for s in verdict.suites.values()),
+        time.monotonic() - started,
+    )
 
 
 def load_verdict(ctx: RunContext, summary: dict[str, Any] | None = None) -> Verdict:

@@ -22,7 +22,15 @@ from test_scenarios import run_scenario, scenario_run
 
 from pipeline.config import parse_config
 from pipeline.replay import replay_differences
-from pipeline.suites import EXPECTATIONS_DIR, SUITES, Project, load_template, render_suite
+from pipeline.suites import (
+    EXPECTATIONS_DIR,
+    KEPT_ROWS,
+    SUITES,
+    Project,
+    find_rows,
+    load_template,
+    render_suite,
+)
 from pipeline.validation import Verdict, _fails_run, gate_from_summary, message
 
 REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
@@ -88,8 +96,9 @@ def test_templates_are_valid_and_render_every_placeholder():
     )
 
 
-def test_the_snapshot_suite_passes_on_a_good_snapshot(project, spark):
-    assert all(run(project, spark, "snapshot", GOOD, SNAPSHOT, **VIEWS).values())
+@pytest.mark.parametrize("suite", ["schema", "snapshot"])
+def test_the_snapshot_suites_pass_on_a_good_snapshot(project, spark, suite):
+    assert all(run(project, spark, suite, GOOD, SNAPSHOT, **VIEWS).values())
 
 
 @pytest.mark.parametrize(
@@ -110,7 +119,8 @@ def test_the_snapshot_suite_passes_on_a_good_snapshot(project, spark):
     ],
 )
 def test_each_snapshot_check_fails_on_a_bad_snapshot(project, spark, rows, schema, check):
-    assert run(project, spark, "snapshot", rows, schema, **VIEWS)[check] is False
+    suite = "schema" if check in ("columns", "value_type") else "snapshot"
+    assert run(project, spark, suite, rows, schema, **VIEWS)[check] is False
 
 
 def test_foreign_keys(project, spark):
@@ -230,6 +240,50 @@ def test_cdc_replay(project, spark):
     checks = project.validate(lost, suite)
     assert [c.success for c in checks] == [False]
     assert checks[0].sample[0]["key"] == '{"order_id":2}'
+
+
+def test_row_checks_count_exactly_and_keep_the_first_rows(spark):
+    """All the row checks in one query: each count is exact, each keeps its first
+    KEPT_ROWS rows in the order of their JSON text, an empty one finds nothing."""
+    found = find_rows(
+        spark,
+        [
+            "SELECT id FROM range(500) WHERE id % 2 = 0",
+            "SELECT id FROM range(3) WHERE id > 5",
+            "SELECT 'x' AS a, CAST(1.50 AS DECIMAL(4,2)) AS d",
+        ],
+    )
+    assert [f.count for f in found] == [250, 0, 1]
+    assert len(found[0].rows) == KEPT_ROWS
+    assert found[0].rows[:3] == [{"id": 0}, {"id": 100}, {"id": 102}]  # text order
+    assert found[1].rows == [] and found[2].rows == [{"a": "x", "d": 1.5}]
+    assert find_rows(spark, []) == []
+
+
+def test_a_row_suite_is_judged_by_gx_on_the_counts(project, spark):
+    """The result GX stores for a row suite: each check's count as its observed value,
+    the check's own type and description, and its rows as the sample."""
+    orphans = [(103, 2, 6, 100, "pub"), (104, 3, 7, 100, "pub"), (1, 10, 5, 100, "pub")]
+    for name, (rows, schema) in VIEWS.items():
+        spark.createDataFrame(rows, schema).createOrReplaceTempView(name)
+    snapshot = render_suite(load_template("snapshot"), ORDERS)
+    fks = render_suite(load_template("foreign_keys"), ORDERS)
+    bad = spark.createDataFrame(orphans, SNAPSHOT)
+    good, (orphan,) = project.validate_all(
+        [(spark.createDataFrame(GOOD, SNAPSHOT), snapshot), (bad, fks)]
+    )
+    assert all(c.success for c in good) and len(good) == len(snapshot["expectations"])
+    assert (orphan.success, orphan.observed, orphan.expectation) == (
+        False,
+        2,
+        "unexpected_rows_expectation",
+    )
+    assert (
+        orphan.description
+        == "every row of orders with product_no set has a live parent in products"
+    )
+    assert orphan.sample == [{"order_id": 103, "product_no": 2}, {"order_id": 104, "product_no": 3}]
+    assert not any(v.name.startswith("cdr_batch_") for v in spark.catalog.listTables())
 
 
 # ---------------------------------------------------------------------- the gate
