@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
@@ -46,6 +47,10 @@ EXPECTATIONS_DIR = Path(
 #: the suites, in the order they run and are reported
 SUITES = ("schema", "snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
 GATES = ("always", "on_divergence", "on_fk_violation")
+#: the SQL checks, which run together (:func:`find_rows`)
+ROW_CHECK = "unexpected_rows_expectation"
+#: offending rows kept per row check (as GX keeps), of which a result keeps five
+KEPT_ROWS = 200
 #: what :class:`Project` imports: about 4 s, so a process that validates imports it while
 #: its JVM starts (``pipeline.spark.get_spark(preload=...)``)
 GX_MODULES = (
@@ -141,12 +146,13 @@ def load_template(name: str) -> dict[str, Any]:
     meta = template.get("meta", {})
     if meta.get("gate") not in GATES or "batch" not in meta:
         raise ValueError(f"expectations/{name}.json: meta needs a batch and a gate in {GATES}")
+    kinds = {e["type"] == ROW_CHECK for e in template["expectations"]}
+    if len(kinds) > 1:
+        raise ValueError(
+            f"expectations/{name}.json: a suite's expectations are all {ROW_CHECK} or none "
+            "(the row checks run together in one Spark query: put the others in another suite)"
+        )
     return template
-
-
-ROW_CHECK = "unexpected_rows_expectation"
-#: offending rows kept per row check (as GX keeps), of which a result keeps five
-KEPT_ROWS = 200
 
 
 def is_row_suite(suite: dict[str, Any]) -> bool:
@@ -177,11 +183,12 @@ def find_rows(spark: SparkSession, queries: list[str]) -> list[Found]:
         f"row_number() OVER (PARTITION BY check_no ORDER BY row) AS n FROM ({union})"
     )
     got = spark.sql(f"SELECT check_no, n, row, found FROM ({numbered}) WHERE n <= {KEPT_ROWS}")
-    found = [Found(0, []) for _ in queries]
+    counts: dict[int, int] = {}
+    rows: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(queries))}
     for r in sorted(got.collect(), key=lambda r: (r.check_no, r.n)):
-        found[r.check_no].rows.append(json.loads(r.row))
-        found[r.check_no] = Found(r.found, found[r.check_no].rows)
-    return found
+        counts[r.check_no] = r.found
+        rows[r.check_no].append(json.loads(r.row))
+    return [Found(counts.get(i, 0), rows[i]) for i in range(len(queries))]
 
 
 def judged_suite(suite: dict[str, Any]) -> dict[str, Any]:
@@ -338,4 +345,4 @@ class Project:
 
 def _plain(value: Any) -> Any:
     """A numpy scalar of GX's pandas results as the Python value it holds."""
-    return value.item() if hasattr(value, "item") and not isinstance(value, list) else value
+    return value.item() if isinstance(value, np.generic) else value

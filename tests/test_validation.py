@@ -96,6 +96,19 @@ def test_templates_are_valid_and_render_every_placeholder():
     )
 
 
+def test_a_template_mixing_row_checks_with_other_expectations_is_refused(tmp_path, monkeypatch):
+    """Row checks run together in one Spark query and other expectations on the frame
+    itself, so one suite holds one kind."""
+    import pipeline.suites as suites
+
+    mixed = load_template("schema")
+    mixed["expectations"] += load_template("snapshot")["expectations"]
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    monkeypatch.setattr(suites, "EXPECTATIONS_DIR", tmp_path)
+    with pytest.raises(ValueError, match=r"mixed\.json: a suite's expectations are all"):
+        load_template("mixed")
+
+
 @pytest.mark.parametrize("suite", ["schema", "snapshot"])
 def test_the_snapshot_suites_pass_on_a_good_snapshot(project, spark, suite):
     assert all(run(project, spark, suite, GOOD, SNAPSHOT, **VIEWS).values())
