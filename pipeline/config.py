@@ -465,81 +465,12 @@ def _resolve_table(
             columns.append(Column(col, parse_column_type(text)))
         except ValueError as e:
             p.add(f"{at}.columns.{col}", str(e))
-    names = set(t.columns)
-
-    def check_cols(path: str, cols: list[str]) -> None:
-        for i, c in enumerate(cols):
-            if c not in names:
-                p.add(f"{path}[{i}]", f"no column {c!r} in {at}.columns")
-
-    if not t.key:
-        p.add(f"{at}.key", "a table needs a key: conflict detection matches rows by key")
-    check_cols(f"{at}.key", t.key)
-    if len(set(t.key)) != len(t.key):
-        p.add(f"{at}.key", "a column is listed twice")
-    check_cols(f"{at}.not_null", t.not_null)
-    check_cols(f"{at}.delta", t.delta)
-    for i, u in enumerate(t.unique):
-        if not u:
-            p.add(f"{at}.unique[{i}]", "an empty unique constraint")
-        check_cols(f"{at}.unique[{i}]", u)
     ctypes = {c.name: c.type for c in columns}
-    for d in t.delta:
-        if d in t.key:
-            p.add(f"{at}.delta", f"key column {d!r} cannot be a delta column")
-        elif d in ctypes and ctypes[d].kind not in NUMERIC_KINDS:
-            p.add(f"{at}.delta", f"delta column {d!r} must be numeric, not {ctypes[d]}")
-    for i, fk in enumerate(t.foreign_keys):
-        fat = f"{at}.foreign_keys[{i}]"
-        check_cols(f"{fat}.columns", fk.columns)
-        parent = tables.get(fk.references)
-        if parent is None:
-            p.add(f"{fat}.references", f"no table {fk.references!r}")
-        elif len(parent.key) != len(fk.columns):
-            p.add(
-                f"{fat}.columns",
-                f"{len(fk.columns)} column(s) cannot reference the {len(parent.key)}-column "
-                f"key of {fk.references!r}",
-            )
-    col_defaults: dict[str, Any] = {}
-    for col, value in t.defaults.items():
-        if col not in ctypes:
-            p.add(f"{at}.defaults.{col}", f"no column {col!r} in {at}.columns")
-            continue
-        try:
-            col_defaults[col] = coerce_value(ctypes[col], value)
-        except (ValueError, TypeError) as e:
-            p.add(f"{at}.defaults.{col}", f"{e} (column type {ctypes[col]})")
-
+    _check_constraints(at, t, ctypes, tables, p)
+    col_defaults = _column_defaults(at, t, ctypes, p)
     preset = t.policy or defaults.policy
     rule = PRESETS[preset]
-    granularity = rule.granularity
-    if granularity is Granularity.CELL:
-        for field, present in (
-            ("unique", bool(t.unique)),
-            ("delta", bool(t.delta)),
-            ("resolvers", t.resolvers is not None),
-        ):
-            if present:
-                p.add(f"{at}.{field}", f"not allowed on a {preset.value} (cell-granularity) table")
-    if t.scope is Scope.TRANSACTION and preset is not Preset.DELETE_WINS:
-        p.add(f"{at}.scope", "scope 'transaction' needs policy 'delete_wins'")
-
-    resolvers = dict(rule.resolvers)
-    if granularity is Granularity.ROW:
-        layered = [("defaults.resolvers", defaults.resolvers)]
-        if t.resolvers is not None:
-            layered.append((f"{at}.resolvers", t.resolvers))
-        for path, overrides in layered:
-            for ctype, res in overrides.items():
-                if res not in ALLOWED[ctype]:
-                    p.add(
-                        f"{path}.{ctype.value}",
-                        f"resolver {res.value!r} is not allowed for {ctype.value}; "
-                        f"allowed: {', '.join(allowed_resolvers(ctype))}",
-                    )
-                else:
-                    resolvers[ctype] = res
+    resolvers = _resolvers(at, t, defaults, p)
     if len(columns) != len(t.columns) or not t.key:
         return None
     return Table(
@@ -560,8 +491,104 @@ def _resolve_table(
         tie_break=t.tie_break or defaults.tie_break or rule.tie_break,
         detection=t.detection or defaults.detection or Detection.ORIGIN,
         scope=t.scope,
-        granularity=granularity,
+        granularity=rule.granularity,
     )
+
+
+def _check_constraints(
+    at: str,
+    t: TableModel,
+    ctypes: Mapping[str, ColumnType],
+    tables: Mapping[str, TableModel],
+    p: _Problems,
+) -> None:
+    """The key, ``not_null``, ``unique``, ``delta`` and foreign-key columns of table ``at``
+    name its columns; a delta column is numeric; a foreign key matches its parent's key."""
+
+    def check_cols(path: str, cols: list[str]) -> None:
+        for i, c in enumerate(cols):
+            if c not in t.columns:
+                p.add(f"{path}[{i}]", f"no column {c!r} in {at}.columns")
+
+    if not t.key:
+        p.add(f"{at}.key", "a table needs a key: conflict detection matches rows by key")
+    check_cols(f"{at}.key", t.key)
+    if len(set(t.key)) != len(t.key):
+        p.add(f"{at}.key", "a column is listed twice")
+    check_cols(f"{at}.not_null", t.not_null)
+    check_cols(f"{at}.delta", t.delta)
+    for i, u in enumerate(t.unique):
+        if not u:
+            p.add(f"{at}.unique[{i}]", "an empty unique constraint")
+        check_cols(f"{at}.unique[{i}]", u)
+    for d in t.delta:
+        if d in t.key:
+            p.add(f"{at}.delta", f"key column {d!r} cannot be a delta column")
+        elif d in ctypes and ctypes[d].kind not in NUMERIC_KINDS:
+            p.add(f"{at}.delta", f"delta column {d!r} must be numeric, not {ctypes[d]}")
+    for i, fk in enumerate(t.foreign_keys):
+        fat = f"{at}.foreign_keys[{i}]"
+        check_cols(f"{fat}.columns", fk.columns)
+        parent = tables.get(fk.references)
+        if parent is None:
+            p.add(f"{fat}.references", f"no table {fk.references!r}")
+        elif len(parent.key) != len(fk.columns):
+            p.add(
+                f"{fat}.columns",
+                f"{len(fk.columns)} column(s) cannot reference the {len(parent.key)}-column "
+                f"key of {fk.references!r}",
+            )
+
+
+def _column_defaults(
+    at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p: _Problems
+) -> dict[str, Any]:
+    """The table's ``defaults``, each coerced to its column's type."""
+    col_defaults: dict[str, Any] = {}
+    for col, value in t.defaults.items():
+        if col not in ctypes:
+            p.add(f"{at}.defaults.{col}", f"no column {col!r} in {at}.columns")
+            continue
+        try:
+            col_defaults[col] = coerce_value(ctypes[col], value)
+        except (ValueError, TypeError) as e:
+            p.add(f"{at}.defaults.{col}", f"{e} (column type {ctypes[col]})")
+    return col_defaults
+
+
+def _resolvers(
+    at: str, t: TableModel, defaults: DefaultsModel, p: _Problems
+) -> dict[ConflictType, Resolver]:
+    """The table's resolver per conflict type: its policy's, then ``defaults.resolvers``,
+    then its own ``resolvers`` (row tables only), each one allowed for its conflict type."""
+    preset = t.policy or defaults.policy
+    rule = PRESETS[preset]
+    if rule.granularity is Granularity.CELL:
+        for field, present in (
+            ("unique", bool(t.unique)),
+            ("delta", bool(t.delta)),
+            ("resolvers", t.resolvers is not None),
+        ):
+            if present:
+                p.add(f"{at}.{field}", f"not allowed on a {preset.value} (cell-granularity) table")
+    if t.scope is Scope.TRANSACTION and preset is not Preset.DELETE_WINS:
+        p.add(f"{at}.scope", "scope 'transaction' needs policy 'delete_wins'")
+    resolvers = dict(rule.resolvers)
+    if rule.granularity is Granularity.ROW:
+        layered = [("defaults.resolvers", defaults.resolvers)]
+        if t.resolvers is not None:
+            layered.append((f"{at}.resolvers", t.resolvers))
+        for path, overrides in layered:
+            for ctype, res in overrides.items():
+                if res not in ALLOWED[ctype]:
+                    p.add(
+                        f"{path}.{ctype.value}",
+                        f"resolver {res.value!r} is not allowed for {ctype.value}; "
+                        f"allowed: {', '.join(allowed_resolvers(ctype))}",
+                    )
+                else:
+                    resolvers[ctype] = res
+    return resolvers
 
 
 def _resolve(m: ConfigModel, p: _Problems) -> Config:
@@ -580,40 +607,11 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         resolved = _resolve_table(name, t, m.defaults, m.tables, p)
         if resolved is not None:
             tables[name] = resolved
-    for name, tb in tables.items():
-        for i, fk in enumerate(tb.foreign_keys):
-            parent = tables.get(fk.references)
-            if parent is None or len(parent.key) != len(fk.columns):
-                continue
-            for col, pk in zip(fk.columns, parent.key, strict=True):
-                if col in tb.column_names and tb.column(col).type != parent.column(pk).type:
-                    p.add(
-                        f"tables.{name}.foreign_keys[{i}].columns",
-                        f"{col!r} is {tb.column(col).type} but {fk.references}.{pk} is "
-                        f"{parent.column(pk).type}",
-                    )
-    c = m.cdc
-    ranges = len(c.token_ring) if c.token_ring is not None else (c.vnodes or 16)
-    if ranges * c.shards > CDC_MAX_STREAMS:
-        p.add(
-            "cdc",
-            f"{ranges} token ranges x {c.shards} shards = {ranges * c.shards} streams; a "
-            f"generation holds at most {CDC_MAX_STREAMS}",
-        )
+    _check_foreign_key_types(tables, p)
     if (cron := _cron_problem(m.schedule)) is not None:
         p.add("schedule", cron)
-    if c.enabled and len(m.replicas) > CDC_MAX_REPLICAS:
-        p.add("replicas", f"the CDC log orders at most {CDC_MAX_REPLICAS} replicas")
-    if c.vnodes is not None and c.token_ring is not None:
-        p.add("cdc", "give either vnodes or token_ring, not both")
-    if c.token_ring is not None:
-        ring = c.token_ring
-        if not ring:
-            p.add("cdc.token_ring", "an empty ring")
-        if sorted(set(ring)) != ring:
-            p.add("cdc.token_ring", "range-end tokens must be sorted and distinct")
-        if any(not -(2**63) <= t < 2**63 for t in ring):
-            p.add("cdc.token_ring", "tokens are signed 64-bit integers")
+    _check_cdc(m, p)
+    c = m.cdc
     return Config(
         store=m.store,
         replicas=tuple(Replica(r.id, r.system_id) for r in m.replicas),
@@ -637,6 +635,47 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
             postimage=c.postimage,
         ),
     )
+
+
+def _check_foreign_key_types(tables: Mapping[str, Table], p: _Problems) -> None:
+    """Each foreign-key column has the type of the parent's key column it references."""
+    for name, tb in tables.items():
+        for i, fk in enumerate(tb.foreign_keys):
+            parent = tables.get(fk.references)
+            if parent is None or len(parent.key) != len(fk.columns):
+                continue
+            for col, pk in zip(fk.columns, parent.key, strict=True):
+                if col in tb.column_names and tb.column(col).type != parent.column(pk).type:
+                    p.add(
+                        f"tables.{name}.foreign_keys[{i}].columns",
+                        f"{col!r} is {tb.column(col).type} but {fk.references}.{pk} is "
+                        f"{parent.column(pk).type}",
+                    )
+
+
+def _check_cdc(m: ConfigModel, p: _Problems) -> None:
+    """The CDC log's streams fit a generation, its replicas fit its ordering, and its
+    token ring is well formed."""
+    c = m.cdc
+    ranges = len(c.token_ring) if c.token_ring is not None else (c.vnodes or 16)
+    if ranges * c.shards > CDC_MAX_STREAMS:
+        p.add(
+            "cdc",
+            f"{ranges} token ranges x {c.shards} shards = {ranges * c.shards} streams; a "
+            f"generation holds at most {CDC_MAX_STREAMS}",
+        )
+    if c.enabled and len(m.replicas) > CDC_MAX_REPLICAS:
+        p.add("replicas", f"the CDC log orders at most {CDC_MAX_REPLICAS} replicas")
+    if c.vnodes is not None and c.token_ring is not None:
+        p.add("cdc", "give either vnodes or token_ring, not both")
+    if c.token_ring is not None:
+        ring = c.token_ring
+        if not ring:
+            p.add("cdc.token_ring", "an empty ring")
+        if sorted(set(ring)) != ring:
+            p.add("cdc.token_ring", "range-end tokens must be sorted and distinct")
+        if any(not -(2**63) <= t < 2**63 for t in ring):
+            p.add("cdc.token_ring", "tokens are signed 64-bit integers")
 
 
 def parse_config(data: Any, source: str = "cdr.yaml") -> Config:
