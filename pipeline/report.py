@@ -23,62 +23,17 @@ def _table(rows: list[list[str]]) -> list[str]:
     return out
 
 
+#: the columns of the counts table, one row per table
+COUNTS = [
+    *("table", "events", "distinct", "applied", "discarded", "quarantined", "conflicts"),
+    *("divergent", "orphans", "rows"),
+]
+
+
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"run {report['run_id']} for {report['dt']}: {report['status'].upper()}", ""]
-    rows = [
-        [
-            "table",
-            "events",
-            "distinct",
-            "applied",
-            "discarded",
-            "quarantined",
-            "conflicts",
-            "divergent",
-            "orphans",
-            "rows",
-        ]
-    ]
-    for t, s in report["tables"].items():
-        rows.append(
-            [
-                t,
-                str(s["events"]),
-                str(s["distinct_events"]),
-                str(s["applied"]),
-                str(s["discarded"] + s.get("errored", 0)),
-                str(sum(s["quarantined"].values())),
-                str(sum(sum(o.values()) for o in s["conflicts"].values())),
-                str(sum(s["divergent_keys"].values())),
-                str(s["orphans"]),
-                str(s.get("rows", "-")),
-            ]
-        )
-    lines += _table(rows)
-    crow = [["table", "conflict type", "outcome", "count"]]
-    for t, s in report["tables"].items():
-        for ctype, outcomes in sorted(s["conflicts"].items()):
-            for outcome, n in sorted(outcomes.items()):
-                crow.append([t, ctype, outcome, str(n)])
-    if len(crow) > 1:
-        lines += ["", "conflicts by type and outcome:", *_table(crow)]
-    qrow = [["table", "quarantine reason", "count"]]
-    for t, s in report["tables"].items():
-        for reason, n in sorted(s["quarantined"].items()):
-            qrow.append([t, reason, str(n)])
-    if len(qrow) > 1:
-        lines += ["", "quarantined:", *_table(qrow)]
-    dups = [[t, str(s["duplicates"])] for t, s in report["tables"].items() if s.get("duplicates")]
-    if dups:
-        lines += ["", "duplicates (resolved on an earlier night, not again):"]
-        lines += _table([["table", "events"], *dups])
-    drow = [["table", "replica", "perspective", "snapshot"]]
-    for t, s in report["tables"].items():
-        per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})
-        for replica in sorted(set(per) | {r for r, n in snap.items() if n}):
-            drow.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
-    if len(drow) > 1:
-        lines += ["", "divergent keys by replica:", *_table(drow)]
+    lines += _table([COUNTS, *(_counts(t, s) for t, s in report["tables"].items())])
+    lines += _breakdowns(report["tables"])
     suites = report.get("validation", {}).get("suites", {})
     if suites:
         failed = sorted(name for name, ok in suites.items() if not ok)
@@ -95,8 +50,60 @@ def format_report(report: dict[str, Any]) -> str:
             f"CDC log rows: {rows_by_table}; generation of {micros_to_iso(cdc['generation'])} "
             f"({cdc['streams']} streams{', new' if cdc['new_generation'] else ''})",
         ]
-    for w in report.get("warnings", []):
-        lines.append(f"warning: {w}")
-    for f in report.get("failures", []):
-        lines.append(f"FAILED: {f}")
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    lines += [f"FAILED: {f}" for f in report.get("failures", [])]
     return "\n".join(lines)
+
+
+def _counts(t: str, s: dict[str, Any]) -> list[str]:
+    """One table's row of :data:`COUNTS` (an ``error`` resolver's events count as
+    discarded)."""
+    return [
+        t,
+        str(s["events"]),
+        str(s["distinct_events"]),
+        str(s["applied"]),
+        str(s["discarded"] + s.get("errored", 0)),
+        str(sum(s["quarantined"].values())),
+        str(sum(sum(o.values()) for o in s["conflicts"].values())),
+        str(sum(s["divergent_keys"].values())),
+        str(s["orphans"]),
+        str(s.get("rows", "-")),
+    ]
+
+
+def _breakdowns(tables: dict[str, Any]) -> list[str]:
+    """Conflicts by type and outcome, quarantine reasons, duplicates and divergent keys by
+    replica: each section only when it has a row."""
+    conflicts = [
+        [t, ctype, outcome, str(n)]
+        for t, s in tables.items()
+        for ctype, outcomes in sorted(s["conflicts"].items())
+        for outcome, n in sorted(outcomes.items())
+    ]
+    quarantined = [
+        [t, reason, str(n)]
+        for t, s in tables.items()
+        for reason, n in sorted(s["quarantined"].items())
+    ]
+    duplicates = [[t, str(s["duplicates"])] for t, s in tables.items() if s.get("duplicates")]
+    divergent = []
+    for t, s in tables.items():
+        per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})
+        for replica in sorted(set(per) | {r for r, n in snap.items() if n}):
+            divergent.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
+    sections = [
+        (
+            "conflicts by type and outcome:",
+            ["table", "conflict type", "outcome", "count"],
+            conflicts,
+        ),
+        ("quarantined:", ["table", "quarantine reason", "count"], quarantined),
+        ("duplicates (resolved on an earlier night, not again):", ["table", "events"], duplicates),
+        ("divergent keys by replica:", ["table", "replica", "perspective", "snapshot"], divergent),
+    ]
+    lines: list[str] = []
+    for title, header, rows in sections:
+        if rows:
+            lines += ["", title, *_table([header, *rows])]
+    return lines
