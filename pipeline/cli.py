@@ -138,7 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
     u.add_argument("--config", required=True, type=Path)
     u.add_argument("--store", help="override the config's store")
-    g = sub.add_parser("generate", help="write seeded synthetic exports to the store")
+    _generate_options(
+        sub.add_parser("generate", help="write seeded synthetic exports to the store")
+    )
+    _demo_options(
+        sub.add_parser("demo", help="embedded S3 server + generated exports + a full run")
+    )
+    return parser
+
+
+def _generate_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--config", required=True, type=Path)
     g.add_argument("--date", required=True, type=_date)
     g.add_argument("--store")
@@ -168,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     g.add_argument("--files", type=int, default=1, help="files per export")
     g.add_argument("--seed", type=int, default=1)
-    d = sub.add_parser("demo", help="embedded S3 server + generated exports + a full run")
+
+
+def _demo_options(d: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--dir",
         type=Path,
@@ -182,7 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the S3 server running after the run, until Ctrl-C",
     )
-    return parser
 
 
 def _load(args: argparse.Namespace) -> Any:

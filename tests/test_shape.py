@@ -94,7 +94,6 @@ LONG = {
     "pipeline/cells.py:_conflict_columns": 90,
     "pipeline/cells.py:_resolve_keys": 113,
     "pipeline/cells.py:resolve_cells": 95,
-    "pipeline/cli.py:build_parser": 73,
     "pipeline/engine.py:resolve_rows": 115,
     "pipeline/events.py:type_copies": 176,
     "pipeline/exports.py:_stage_dms_csv": 64,
