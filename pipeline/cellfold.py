@@ -326,6 +326,12 @@ class CellConflict:
 TYPE_BY_OP = {"INSERT": "insert_exists", "UPDATE": "update_differ", "DELETE": "delete_differ"}
 
 
+def _met(x: Cell | Tombstone | None, e: CellEvent) -> bool:
+    """``x`` is a version of another event than ``e``, as late as ``e`` or later: ``e``
+    meets it (a conflict)."""
+    return x is not None and x.ts >= e.ts and x.event_id != e.event_id
+
+
 class CellFold:
     """Applies events in the canonical order to a table's state, logging conflicts; the
     final state equals the merge of every write in any order (the property tests)."""
@@ -354,6 +360,27 @@ class CellFold:
         assert e.key is not None
         row = self.rows.get(e.key, CellRow())
         cells, marker, tomb = e.writes(self.now_us)
+        met, local, won_any = self._meet_cells(e, row, cells, marker)
+        if tomb is not None:
+            won_any = self._meet_tombstone(e, row, tomb, met, local)
+        if met:
+            lts, lorigin = max(local, key=lambda x: (x[0], x[1] or ""))
+            outcome = "applied" if won_any else "discarded"
+            self.conflicts.append(
+                CellConflict(e.key, TYPE_BY_OP[e.op], outcome, e.event_id, lts, lorigin, tuple(met))
+            )
+        self.fates[e.event_id] = (
+            "applied" if won_any or not (cells or marker or tomb) else "discarded"
+        )
+        new = merge_rows(row, CellRow(cells, marker, tomb), self.types)
+        self.rows[e.key] = shadow(new, self.table_tomb)
+
+    def _meet_cells(
+        self, e: CellEvent, row: CellRow, cells: dict[str, Cell], marker: Cell | None
+    ) -> tuple[list[tuple[str, bool, str]], list[tuple[int, str | None]], bool]:
+        """Each cell (and the row marker) ``e`` writes against the row's: which it met (a
+        version of another event as late or later, or a tombstone shadowing it) and
+        whether it won; the (ts, origin) of what it met; whether any cell won."""
         tt = self.table_tomb.ts if self.table_tomb else None
         limit = max(
             (x for x in (tt, row.tomb.ts if row.tomb else None) if x is not None), default=None
@@ -361,10 +388,6 @@ class CellFold:
         met: list[tuple[str, bool, str]] = []
         local: list[tuple[int, str | None]] = []
         won_any = False
-
-        def other(x: Cell | Tombstone | None) -> bool:
-            return x is not None and x.ts >= e.ts and x.event_id != e.event_id
-
         slots: list[tuple[str, Cell, Cell | None, ColumnType | None]] = [
             (c, cells[c], row.cells.get(c), self.types[c]) for c in self.types if c in cells
         ]
@@ -379,41 +402,34 @@ class CellFold:
             else:
                 sign, why = cell_order(w, cur, ct)
                 won = sign > 0
-            if other(cur) or (limit is not None and limit >= w.ts):
+            if _met(cur, e) or (limit is not None and limit >= w.ts):
                 met.append((name, won, why))
-                if other(cur):
+                if _met(cur, e):
                     local.append((cur.ts, cur.origin))  # type: ignore[union-attr]
             won_any |= won
-        if tomb is not None:
-            current = [*row.cells.values(), row.marker, row.tomb]
-            hits = [x for x in current if other(x)]
-            beaten = (tt is not None and tt >= tomb.ts) or (
-                row.tomb is not None and row.tomb.order_key() >= tomb.order_key()
-            )
-            won_any = not beaten
-            if hits or (tt is not None and tt >= tomb.ts):
-                met.append(("_row_tombstone", not beaten, "" if not beaten else SHADOWED))
-                local += [(x.ts, x.origin) for x in hits if x is not None]
-                if tt is not None and tt >= tomb.ts:
-                    local.append((tt, self.table_tomb.origin))  # type: ignore[union-attr]
-        if met:
-            lts, lorigin = max(local, key=lambda x: (x[0], x[1] or ""))
-            self.conflicts.append(
-                CellConflict(
-                    e.key,
-                    TYPE_BY_OP[e.op],
-                    "applied" if won_any else "discarded",
-                    e.event_id,
-                    lts,
-                    lorigin,
-                    tuple(met),
-                )
-            )
-        self.fates[e.event_id] = (
-            "applied" if won_any or not (cells or marker or tomb) else "discarded"
+        return met, local, won_any
+
+    def _meet_tombstone(
+        self,
+        e: CellEvent,
+        row: CellRow,
+        tomb: Tombstone,
+        met: list[tuple[str, bool, str]],
+        local: list[tuple[int, str | None]],
+    ) -> bool:
+        """The row tombstone ``e`` writes against the row and the table's tombstone: adds
+        what it met to ``met`` and ``local``; whether it won."""
+        tt = self.table_tomb.ts if self.table_tomb else None
+        hits = [x for x in (*row.cells.values(), row.marker, row.tomb) if _met(x, e)]
+        beaten = (tt is not None and tt >= tomb.ts) or (
+            row.tomb is not None and row.tomb.order_key() >= tomb.order_key()
         )
-        new = merge_rows(row, CellRow(cells, marker, tomb), self.types)
-        self.rows[e.key] = shadow(new, self.table_tomb)
+        if hits or (tt is not None and tt >= tomb.ts):
+            met.append(("_row_tombstone", not beaten, "" if not beaten else SHADOWED))
+            local += [(x.ts, x.origin) for x in hits if x is not None]
+            if tt is not None and tt >= tomb.ts:
+                local.append((tt, self.table_tomb.origin))  # type: ignore[union-attr]
+        return not beaten
 
     def _shadow_origin(self, row: CellRow) -> str | None:
         tombs = [t for t in (row.tomb, self.table_tomb) if t is not None]

@@ -88,7 +88,6 @@ LONG = {
     "pipeline/adapters.py:debezium": 139,
     "pipeline/adapters.py:dms": 65,
     "pipeline/cdc.py:build_log": 69,
-    "pipeline/cellfold.py:CellFold.apply": 70,
     "pipeline/cells.py:_prior_writes": 84,
     "pipeline/cells.py:_final_state": 119,
     "pipeline/cells.py:_conflict_columns": 90,
