@@ -482,75 +482,7 @@ class RowFold:
         target = e.new_key if e.new_key is not None and e.new_key != e.key else key
         loc = self.state.get(key)
         if loc is None or loc.deleted:
-            t = _C.UPDATE_MISSING if loc is None else _C.UPDATE_DELETED
-            r = self._resolver(t)
-            full = self._full_row(e, target)
-            local = () if loc is None else (loc,)
-            if r is _R.DELETE_WINS:
-                why = (
-                    "an update never creates a row"
-                    if loc is None
-                    else "an update never undoes a delete"
-                )
-                log.append(self._conflict(key, t, r, _O.DISCARDED, e, local, why))
-                return self._done(e, False, log)
-            if r is _R.LATEST_TIMESTAMP_WINS:
-                assert loc is not None  # only allowed for update_deleted
-                if not _wins_latest(e, loc):
-                    log.append(
-                        self._conflict(key, t, r, _O.DISCARDED, e, local, "the delete is later")
-                    )
-                    return self._done(e, False, log)
-                if full is None:
-                    log.append(
-                        self._conflict(
-                            key,
-                            t,
-                            r,
-                            _O.SKIPPED,
-                            e,
-                            local,
-                            "remote is later but the full row cannot be built",
-                        )
-                    )
-                    return self._done(e, False, log)
-                log.append(
-                    self._conflict(
-                        key,
-                        t,
-                        r,
-                        _O.CONVERTED_TO_INSERT,
-                        e,
-                        local,
-                        "remote is later than the delete",
-                    )
-                )
-            elif r in (_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR):
-                if full is None:
-                    out = _O.SKIPPED if r is _R.APPLY_OR_SKIP else _O.ERRORED
-                    log.append(
-                        self._conflict(
-                            key, t, r, out, e, local, "the full row cannot be built from the event"
-                        )
-                    )
-                    return self._done(e, False, log)
-                log.append(
-                    self._conflict(
-                        key,
-                        t,
-                        r,
-                        _O.CONVERTED_TO_INSERT,
-                        e,
-                        local,
-                        "the event carries the full row",
-                    )
-                )
-            else:
-                out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
-                log.append(self._conflict(key, t, r, out, e, local, f"{r.value}"))
-                return self._done(e, False, log)
-            assert full is not None
-            return self._finish(e, target, full, log, key if target != key else None)
+            return self._update_absent(e, key, target, loc, log)
         if self._differs(e, loc, use_before=True):
             out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
             log.append(
@@ -568,6 +500,46 @@ class RowFold:
                 return self._done(e, False, log)
         values = self._merge(loc.values, e, target)
         return self._finish(e, target, values, log, key if target != key else None)
+
+    def _update_absent(
+        self, e: Event, key: Key, target: Key, loc: Version | None, log: list[Conflict]
+    ) -> Applied:
+        """An UPDATE of a row that is not there (``update_missing``) or deleted
+        (``update_deleted``): its resolver decides."""
+        t = _C.UPDATE_MISSING if loc is None else _C.UPDATE_DELETED
+        r = self._resolver(t)
+        full = self._full_row(e, target)
+        local = () if loc is None else (loc,)
+
+        def note(out: Outcome, why: str) -> None:
+            log.append(self._conflict(key, t, r, out, e, local, why))
+
+        if r is _R.DELETE_WINS:
+            note(
+                _O.DISCARDED,
+                "an update never " + ("creates a row" if loc is None else "undoes a delete"),
+            )
+            return self._done(e, False, log)
+        if r is _R.LATEST_TIMESTAMP_WINS:
+            assert loc is not None  # only allowed for update_deleted
+            if not _wins_latest(e, loc):
+                note(_O.DISCARDED, "the delete is later")
+                return self._done(e, False, log)
+            if full is None:
+                note(_O.SKIPPED, "remote is later but the full row cannot be built")
+                return self._done(e, False, log)
+            note(_O.CONVERTED_TO_INSERT, "remote is later than the delete")
+        elif r in (_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR):
+            if full is None:
+                out = _O.SKIPPED if r is _R.APPLY_OR_SKIP else _O.ERRORED
+                note(out, "the full row cannot be built from the event")
+                return self._done(e, False, log)
+            note(_O.CONVERTED_TO_INSERT, "the event carries the full row")
+        else:
+            note(_O.SKIPPED if r is _R.SKIP else _O.ERRORED, f"{r.value}")
+            return self._done(e, False, log)
+        assert full is not None
+        return self._finish(e, target, full, log, key if target != key else None)
 
     # -------------------------------------------------------------- DELETE
 

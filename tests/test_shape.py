@@ -100,7 +100,6 @@ LONG = {
     "pipeline/generate.py:generate": 77,
     "pipeline/lake.py:Lake.commit": 79,
     "pipeline/resolve.py:check_foreign_keys": 96,
-    "pipeline/rowfold.py:RowFold._update": 92,
     "pipeline/runs.py:render_page": 67,
 }
 
