@@ -200,73 +200,20 @@ def _write_export(
 
 def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> dict[str, Any]:
     """Write one day of exports for every configured table (parents first)."""
-    day0 = to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
-    replicas = list(config.replica_ids)
     per_table = max(1, opts.events // max(1, len(config.tables)))
-    order = _parents_first(config)
     keys_of: dict[str, list[dict[str, Any]]] = {}
     stats: dict[str, Any] = {"records": 0, "tables": {}}
-    for name in order:
+    for name in _parents_first(config):
         table = config.tables[name]
         rng = random.Random(f"{opts.seed}-{name}")
         g = _TableGen(config, table, rng, keys_of)
-        cell = table.granularity is Granularity.CELL
-        distinct = max(1, per_table // len(replicas))
         base_n = opts.base_rows or 0
         if base_n:
             base_rows = [g.row(n) for n in range(base_n)]
             _write_export(store, layout.base_dir(name), base_rows, "jsonl", 1, {"table": name})
-        # keys touched: E = K * (1 + 2.5 c); contended keys get 2-5 events
-        k_touched = max(1, int(distinct / (1 + 2.5 * opts.conflict_rate)))
-        events: list[_Ev] = []
-        live: list[dict[str, Any]] = []
-        seq_no = {r: 0 for r in replicas}
-        next_new = base_n
-        for _k in range(k_touched):
-            existing = base_n > 0 and rng.random() < 0.5
-            n = rng.randrange(base_n) if existing else next_new
-            if not existing:
-                next_new += 1
-            full = g.row(n) if existing else {}
-            contended = rng.random() < opts.conflict_rate
-            count = rng.randint(2, 5) if contended else 1
-            late = rng.random() < opts.late_rate
-            t = (
-                (day0 - rng.randint(1, 3_600_000_000))
-                if late
-                else day0 + rng.randint(0, DAY_US - 3 * MAX_DELAY_US * 5)
-            )
-            alive = existing
-            for j in range(count):
-                origin = rng.choice(replicas)
-                seq_no[origin] += 1
-                eid = f"{origin}-{name}-{dt:%Y%m%d}-{seq_no[origin]}"  # unique across dates
-                key = g.key(n)
-                race = j == 1 and not existing and events[-1].op == "INSERT" and rng.random() < 0.3
-                if race:  # an insert race: another replica inserts the same new key
-                    ev = _Ev("INSERT", key, t, origin, eid, after=g.row(n, j))
-                elif not alive:
-                    full = g.row(n, j)
-                    ev = _Ev("INSERT", key, t, origin, eid, after=dict(full))
-                    alive = True
-                elif rng.random() < opts.delete_rate:
-                    ev = _Ev("DELETE", key, t, origin, eid)
-                    alive = False
-                else:
-                    after, before = g.change(full)
-                    ev = _Ev("UPDATE", key, t, origin, eid, after=after, before=before or None)
-                if cell and rng.random() < 0.1:  # a Scylla/Cassandra write with a TTL
-                    ev.ttl = rng.choice([3600, 7 * 86400])
-                nullable = [c for c in ev.after or {} if c not in table.not_null]
-                if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
-                    ev.after[rng.choice(nullable)] = None  # type: ignore[index]
-                events.append(ev)
-                # the next change of a contended key is concurrent: within the delay window
-                t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
-            if alive:
-                live.append(g.key(n))
+        events, live, k_touched = _day_events(g, dt, opts, per_table)
         keys_of[name] = live + [g.key(n) for n in range(base_n)]
-        n_records = _write_day(store, name, dt, events, replicas, rng, opts)
+        n_records = _write_day(store, name, dt, events, g.replicas, rng, opts)
         stats["records"] += n_records
         stats["tables"][name] = {
             "events": len(events),
@@ -275,6 +222,68 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
             "base_rows": base_n,
         }
     return stats
+
+
+def _day_events(
+    g: _TableGen, dt: date, opts: GenerateOptions, per_table: int
+) -> tuple[list[_Ev], list[dict[str, Any]], int]:
+    """One table's events of the day, from ``g``'s seeded generator; the keys live at its
+    end; how many keys it touched."""
+    day0 = to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
+    rng, table, replicas, name = g.rng, g.t, g.replicas, g.t.name
+    cell = table.granularity is Granularity.CELL
+    distinct = max(1, per_table // len(replicas))
+    base_n = opts.base_rows or 0
+    # keys touched: E = K * (1 + 2.5 c); contended keys get 2-5 events
+    k_touched = max(1, int(distinct / (1 + 2.5 * opts.conflict_rate)))
+    events: list[_Ev] = []
+    live: list[dict[str, Any]] = []
+    seq_no = {r: 0 for r in replicas}
+    next_new = base_n
+    for _k in range(k_touched):
+        existing = base_n > 0 and rng.random() < 0.5
+        n = rng.randrange(base_n) if existing else next_new
+        if not existing:
+            next_new += 1
+        full = g.row(n) if existing else {}
+        contended = rng.random() < opts.conflict_rate
+        count = rng.randint(2, 5) if contended else 1
+        late = rng.random() < opts.late_rate
+        t = (
+            (day0 - rng.randint(1, 3_600_000_000))
+            if late
+            else day0 + rng.randint(0, DAY_US - 3 * MAX_DELAY_US * 5)
+        )
+        alive = existing
+        for j in range(count):
+            origin = rng.choice(replicas)
+            seq_no[origin] += 1
+            eid = f"{origin}-{name}-{dt:%Y%m%d}-{seq_no[origin]}"  # unique across dates
+            key = g.key(n)
+            race = j == 1 and not existing and events[-1].op == "INSERT" and rng.random() < 0.3
+            if race:  # an insert race: another replica inserts the same new key
+                ev = _Ev("INSERT", key, t, origin, eid, after=g.row(n, j))
+            elif not alive:
+                full = g.row(n, j)
+                ev = _Ev("INSERT", key, t, origin, eid, after=dict(full))
+                alive = True
+            elif rng.random() < opts.delete_rate:
+                ev = _Ev("DELETE", key, t, origin, eid)
+                alive = False
+            else:
+                after, before = g.change(full)
+                ev = _Ev("UPDATE", key, t, origin, eid, after=after, before=before or None)
+            if cell and rng.random() < 0.1:  # a Scylla/Cassandra write with a TTL
+                ev.ttl = rng.choice([3600, 7 * 86400])
+            nullable = [c for c in ev.after or {} if c not in table.not_null]
+            if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
+                ev.after[rng.choice(nullable)] = None  # type: ignore[index]
+            events.append(ev)
+            # the next change of a contended key is concurrent: within the delay window
+            t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
+        if alive:
+            live.append(g.key(n))
+    return events, live, k_touched
 
 
 def _write_day(
