@@ -220,8 +220,7 @@ def _run_suites(
             if not c.success:
                 target = verdict.failures if _fails_run(gate, config) else verdict.warnings
                 target.append(message(t, c))
-        if not ok:
-            log.info("validate %s: FAILED", suite["name"])
+        log.info("validate %s: %s", suite["name"], "passed" if ok else "FAILED")
     log.info(
         "validate: %d suites, %d failed (%.1fs)",
         len(batches),
