@@ -49,8 +49,10 @@ SUITES = ("schema", "snapshot", "foreign_keys", "convergence", "accounting", "cd
 GATES = ("always", "on_divergence", "on_fk_violation")
 #: the SQL checks, which run together (:func:`find_rows`)
 ROW_CHECK = "unexpected_rows_expectation"
-#: offending rows kept per row check (as GX keeps), of which a result keeps five
+#: offending rows kept per row check (as GX keeps)
 KEPT_ROWS = 200
+#: offending rows a check's result keeps (``results.json``, the run report)
+RESULT_ROWS = 5
 #: what :class:`Project` imports: about 4 s, so a process that validates imports it while
 #: its JVM starts (``pipeline.spark.get_spark(preload=...)``)
 GX_MODULES = (
@@ -299,7 +301,7 @@ class Project:
         )
         checks = self._run(self.counts, judged_suite(suite), counts)
         return [
-            replace(c, expectation=ROW_CHECK, sample=f.rows[:5])
+            replace(c, expectation=ROW_CHECK, sample=f.rows[:RESULT_ROWS])
             for c, f in zip(checks, found, strict=True)
         ]
 
@@ -334,7 +336,7 @@ class Project:
                     description=str(cfg.description or meta.get("description") or ""),
                     success=bool(r.success),
                     observed=_plain(res.get("observed_value")),
-                    sample=json.loads(json.dumps(sample[:5], default=str)),
+                    sample=json.loads(json.dumps(sample[:RESULT_ROWS], default=str)),
                 )
             )
         return checks

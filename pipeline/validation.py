@@ -195,7 +195,7 @@ def _run_suites(
     """Every suite of every table the run did not stop on, into ``verdict``: their row
     checks in one Spark query (``Project.validate_all``)."""
     started = time.monotonic()
-    batches, gates = [], []
+    runs: list[tuple[str, str, tuple[DataFrame, dict[str, Any]]]] = []  # table, gate, batch
     for name in SUITES:
         template = load_template(name)
         if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
@@ -205,11 +205,10 @@ def _run_suites(
                 continue  # §12: the run stopped on this table; nothing to publish
             suite = render_suite(template, table)
             if suite["expectations"]:
-                batches.append((frames.batch(template["meta"]["batch"], table), suite))
-                gates.append((t, template["meta"]["gate"]))
-    for (_, suite), (t, gate), checks in zip(
-        batches, gates, project.validate_all(batches), strict=True
-    ):
+                batch = (frames.batch(template["meta"]["batch"], table), suite)
+                runs.append((t, template["meta"]["gate"], batch))
+    results = project.validate_all([batch for _, _, batch in runs])
+    for (t, gate, (_, suite)), checks in zip(runs, results, strict=True):
         ok = all(c.success for c in checks)
         verdict.suites[suite["name"]] = {
             "success": ok,
@@ -223,7 +222,7 @@ def _run_suites(
         log.info("validate %s: %s", suite["name"], "passed" if ok else "FAILED")
     log.info(
         "validate: %d suites, %d failed (%.1fs)",
-        len(batches),
+        len(runs),
         sum(not s["success"] for s in verdict.suites.values()),
         time.monotonic() - started,
     )
