@@ -46,6 +46,7 @@ PHASES = [
     (stages, "ingest", "ingest"),
     (stages, "resolve", "resolve (rest)"),
     (events, "read_records", "read exports"),
+    (events, "parse_once", "parse once (light fields, written)"),
     (events, "type_copies", "parse and type"),
     (resolve, "set_duplicates_aside", "ledger dedupe"),
     (engine, "classify", "classify"),

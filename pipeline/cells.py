@@ -46,7 +46,7 @@ from pipeline.engine import (
     settle_disputes,
     special_copies,
 )
-from pipeline.events import copy_refs, type_copies
+from pipeline.events import type_copies
 from pipeline.policy import ChangeKind, Resolver
 from pipeline.rowfold import Event
 from pipeline.schema import change_schema, spark_type, state_schema
@@ -886,16 +886,16 @@ def resolve_cells(
     spark: SparkSession,
     config: Config,
     table: Table,
-    records: DataFrame,
+    refs: DataFrame,
     prior: DataFrame,
     now_us: int,
     dt: date,
 ) -> Resolved:
-    """Resolve one cell-granularity table. ``records``: the staged exports
-    (``read_records``); ``prior``: the state the run starts from (not yet purged)."""
+    """Resolve one cell-granularity table. ``refs``: the light copies of the staged
+    exports (``events.copy_refs``); ``prior``: the state the run starts from (not yet
+    purged)."""
     del dt
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
-    refs = copy_refs(records, table, config)
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
     truncs, special_fates, special_quarantine = special_copies(
         type_copies(refs.where(special), table, config, now_us, F.lit(True))

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
-from pipeline.events import copy_refs, type_copies
+from pipeline.events import type_copies
 from pipeline.foldrun import GroupFolder, make_fold_function, output_schema
 from pipeline.policy import ChangeKind, ConflictType, Detection, Resolver, Scope
 from pipeline.rowfold import Event, FoldSpec
@@ -559,15 +559,14 @@ def resolve_rows(
     spark: SparkSession,
     config: Config,
     table: Table,
-    records: DataFrame,
+    refs: DataFrame,
     prior: DataFrame,
     now_us: int,
     dt: date,
 ) -> Resolved:
-    """Resolve one row-granularity table: ``records`` are the staged exports
-    (``read_records``), ``prior`` the state the run starts from (already purged)."""
-    tx = table.scope is Scope.TRANSACTION
-    refs = copy_refs(records, table, config, values=bool(table.unique), tx=tx)
+    """Resolve one row-granularity table: ``refs`` are the light copies of the staged
+    exports (``events.copy_refs``), ``prior`` the state the run starts from (already
+    purged)."""
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
     small = refs.where(special)
     truncs, special_fates, special_quarantine = special_copies(

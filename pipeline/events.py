@@ -4,11 +4,13 @@ semantics.md §3, §12). Spark built-ins only; no shuffle here.
 
 - :func:`read_records` reads a table's staged JSONL and Parquet exports into one shape:
   ``replica, file, line, raw``.
-- :func:`typed_copies` types each copy by the table's schema and adds ``reason`` and
-  ``detail``, the first guard that matches in the order of §12. Every copy is kept:
-  deduplication by ``event_id`` happens in the engine's one shuffle by key, where the
-  copies of an event meet (§12: the origin's own copy wins, else the first replica in
-  config order: the ``pref`` column).
+- :func:`copy_refs` parses what the shuffle by key needs of each copy, once per run
+  (:func:`parse_once` writes it to the run's work folder).
+- :func:`type_copies` types the copy that stands for its event by the table's schema and
+  adds ``reason`` and ``detail``, the first guard that matches in the order of §12.
+  Every copy is kept: deduplication by ``event_id`` happens in the engine's one shuffle
+  by key, where the copies of an event meet (§12: the origin's own copy wins, else the
+  first replica in config order: the ``pref`` column).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pyspark.sql import types as T
 
 from pipeline import adapters
 from pipeline.config import Config, Table
-from pipeline.policy import Granularity, QuarantineReason
+from pipeline.policy import Granularity, QuarantineReason, Scope
 from pipeline.schema import event_ts_micros, typed
 
 if TYPE_CHECKING:
@@ -159,14 +161,15 @@ def _value_checks(table: Table, field: str, m: Column, prefix: str) -> list[tupl
 LIGHT_FIELDS = ("event_id", "op", "origin", "seq")
 
 
-def copy_refs(
-    records: DataFrame, table: Table, config: Config, *, values: bool = False, tx: bool = False
-) -> DataFrame:
+def copy_refs(records: DataFrame, table: Table, config: Config) -> DataFrame:
     """The first, light pass over every copy: what the shuffle by key needs (formats.md
     record fields ``event_id, op, origin, seq``, and the typed ``key``; ``new_key`` too).
-    ``values`` adds the unique-constraint columns of ``after`` (``v_<col>``) and ``tx``
-    adds ``txid`` and ``ts``, for the steps that couple keys or admit transactions. A copy
-    whose key does not parse gets a null ``key``: the full typing says why."""
+    A table with unique constraints also gets their columns of ``after`` (``v_<col>``) and
+    ``after_keys``, to couple keys that may share a value; a ``scope: transaction`` table
+    gets ``txid`` and ``ts``, to admit transactions. A copy whose key does not parse gets a
+    null ``key``: the full typing says why. ``raw`` passes through, for the full typing."""
+    values = bool(table.unique)
+    tx = table.scope is Scope.TRANSACTION
     fields = [T.StructField(n, T.StringType()) for n in LIGHT_FIELDS]
     fields += [T.StructField("key", TEXT_MAP), T.StructField("new_key", TEXT_MAP)]
     if values:
@@ -213,6 +216,17 @@ def copy_refs(
     return df.select(*cols)
 
 
+def parse_once(spark: SparkSession, copies: DataFrame, path: Path) -> DataFrame:
+    """``copies`` (:func:`copy_refs`) written to ``path`` and read back: the engines read
+    them three or four times (the TRUNCATEs and records without an id, the keys coupled by
+    a key change or a unique value, the shuffle by key), and Spark would parse the JSON of
+    every record again each time, in every filter that reads a field of it."""
+    from pipeline.spark import read_output
+
+    copies.write.mode("overwrite").parquet(str(path))
+    return read_output(spark, path)
+
+
 #: what the full typing adds to a copy
 TYPED_COLUMNS = (
     "op",
@@ -231,14 +245,6 @@ TYPED_COLUMNS = (
     "reason",
     "detail",
 )
-
-
-def typed_copies(records: DataFrame, table: Table, config: Config, now_us: int) -> DataFrame:
-    """Every copy fully typed (small sets: TRUNCATEs, records without an event id; and
-    tests). Columns: ``replica, file, line, event_id, seq, pref, key, raw`` and
-    :data:`TYPED_COLUMNS`."""
-    refs = copy_refs(records, table, config).drop("op", "origin", "new_key")
-    return type_copies(refs, table, config, now_us, F.lit(True))
 
 
 def type_copies(

@@ -29,7 +29,7 @@ from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.engine import CONFLICT_FIELDS, position, purge, resolve_rows
-from pipeline.events import read_records
+from pipeline.events import copy_refs, parse_once, read_records
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import snapshot_columns
@@ -59,6 +59,9 @@ FINAL_FATES = ("applied", "discarded")
 #: the fate of a record whose event a run in the ledger window resolved already, or of a
 #: replica's second record of one event in one night
 DUPLICATE = "duplicate"
+#: the light copies of a table's records (``events.parse_once``), removed once its outputs
+#: are written
+COPIES = "copies"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
@@ -79,16 +82,17 @@ def resolve_table(
 ) -> dict[str, Any]:
     out = ctx.resolved / table.name
     records = read_records(spark, ctx.staged / table.name, table, staged.exports)
+    copies = parse_once(spark, copy_refs(records, table, config), out / COPIES)
     ledger = ctx.staged / table.name / "ledger"
-    records, duplicates = set_duplicates_aside(
-        spark, records, [ledger / f"dt={d}" for d in staged.ledger]
+    copies, duplicates = set_duplicates_aside(
+        spark, copies, [ledger / f"dt={d}" for d in staged.ledger]
     )
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
-        res = resolve_cells(spark, config, table, records, prior, ctx.now_us, ctx.dt)
+        res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
-        res = resolve_rows(spark, config, table, records, prior, ctx.now_us, ctx.dt)
+        res = resolve_rows(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
     fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
     res = replace(res, fates=repeats_as_duplicates(fates))
 
@@ -118,26 +122,24 @@ def resolve_table(
     if res.changes is not None:
         _write(res.changes, out / "changes")
     _write_ledger(out, ctx, table.name)
+    shutil.rmtree(out / COPIES)  # every output that reads them is written
     return _table_counts(table, out, staged, stopped)
 
 
 def set_duplicates_aside(
-    spark: SparkSession, records: DataFrame, ledger: list[Path]
+    spark: SparkSession, copies: DataFrame, ledger: list[Path]
 ) -> tuple[DataFrame, DataFrame | None]:
-    """The records whose event an earlier night already resolved (its id is in one of
-    the ledger partitions ingest staged) are not resolved again: they get the fate
-    ``duplicate``."""
+    """The copies whose event an earlier night already resolved (its id is in one of the
+    ledger partitions ingest staged) are not resolved again: they get the fate
+    ``duplicate``. ``copies``: ``events.copy_refs``."""
     files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
     if not files:
-        return records, None
-    seen = spark.read.parquet(*files).select(F.col("event_id").alias("_eid")).distinct()
-    tagged = records.withColumn("_eid", F.get_json_object("raw", "$.event_id"))
+        return copies, None
+    seen = spark.read.parquet(*files).select("event_id").distinct()
     # no broadcast hint: ten nights of a busy table's ids are too many for one
-    again = tagged.join(seen, "_eid", "left_semi")
-    rest = tagged.join(seen, "_eid", "left_anti").drop("_eid")
-    return rest, again.select(
-        F.col("_eid").alias("event_id"), "replica", F.lit(DUPLICATE).alias("fate")
-    )
+    again = copies.join(seen, "event_id", "left_semi")
+    rest = copies.join(seen, "event_id", "left_anti")
+    return rest, again.select("event_id", "replica", F.lit(DUPLICATE).alias("fate"))
 
 
 def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
