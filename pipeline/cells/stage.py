@@ -1,0 +1,243 @@
+"""The stage of a cell table: the one shuffle by key and its two windows, then the
+resolved outputs (the package docstring has the design)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import date
+from functools import reduce
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from pipeline.cells.changes import event_change, truncate_changes, truncate_slots
+from pipeline.cells.conflicts import conflict_columns
+from pipeline.cells.state import final_state, purge_cells, table_tombstone, table_tombstone_row
+from pipeline.cells.writes import event_writes, prior_writes, value_columns
+from pipeline.config import Config, Table
+from pipeline.engine import (
+    CONFLICT_FIELDS,
+    Resolved,
+    key_struct,
+    rank_map,
+    settle_disputes,
+    special_copies,
+)
+from pipeline.events import type_copies
+from pipeline.rowfold import Event
+from pipeline.schema import change_schema
+
+log = logging.getLogger(__name__)
+
+
+def _resolve_keys(
+    main: DataFrame,
+    state_rows: DataFrame,
+    config: Config,
+    table: Table,
+    truncs: Sequence[Event],
+    tt_prior: dict | None,
+    tt: dict | None,
+    now_us: int,
+    capture: bool,
+) -> DataFrame:
+    """The one shuffle by key and its two windows (module docstring). One row per copy
+    and per state row, with the structs ``state`` (at a key's last row), ``conflict``,
+    ``fate`` and ``quarantine`` where they apply, and ``chosen_id``; with ``capture``,
+    ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
+    last row) for the CDC log."""
+    events = main.select(
+        "key",
+        F.lit(1).alias("is_event"),
+        "event_id",
+        "replica",
+        "file",
+        "line",
+        "raw",
+        "seq",
+        "pref",
+    )
+    items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
+
+    # 1. the copy that stands for each event (§12), typed and guarded
+    w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
+    df = items.withColumn("rn", F.row_number().over(w_ev))
+    chosen = (F.col("is_event") == 1) & (F.col("rn") == 1)
+    df = type_copies(df, table, config, now_us, chosen)
+    df = df.select(
+        "*",
+        F.first("reason").over(w_ev).alias("ev_reason"),
+        F.first("ts").over(w_ev).alias("c_ts"),
+        F.first("rank").over(w_ev).alias("c_rank"),
+    )
+    df = df.withColumn("good", chosen & F.col("ev_reason").isNull())
+
+    # 2. every slot's writes, and their maxima before each row in the canonical order
+    is_state = F.col("is_event") == 0
+    names = [c for c, _ in value_columns(table)] + ["_marker", "_tomb"]
+    ranks = rank_map(config, table)
+    writes = [
+        F.when(is_state, s).otherwise(e).alias(f"w_{n}")
+        for s, e, n in zip(
+            prior_writes(table, ranks), event_writes(table, now_us), names, strict=True
+        )
+    ]
+    df = df.select("*", *writes)
+    w = Window.partitionBy("key").orderBy("is_event", "c_ts", "c_rank", "event_id", "rn")
+    before = w.rowsBetween(Window.unboundedPreceding, -1)
+    df = df.select(
+        "*",
+        *[F.max(f"w_{n}").over(before).alias(f"p_{n}") for n in names],
+        F.lead(F.lit(1)).over(w).isNull().alias("last"),
+    )
+    df = df.select(
+        "*",
+        *[F.greatest(f"p_{n}", f"w_{n}").alias(f"f_{n}") for n in names],
+        *conflict_columns(table, truncs, tt_prior),
+    )
+    # the fate of a copy is its event's: the standing copy comes first among them
+    fate_here = F.when(
+        F.col("good"), F.when(F.col("won"), F.lit("applied")).otherwise(F.lit("discarded"))
+    )
+    upto = w.rowsBetween(Window.unboundedPreceding, 0)
+    df = df.withColumn(
+        "fate",
+        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined")).otherwise(
+            F.last(fate_here, ignorenulls=True).over(upto)
+        ),
+    )
+    state_cols, exists = final_state(table, now_us, tt)
+    conflict = F.struct(
+        F.col("key_json").alias("key"),
+        "conflict_type",
+        "resolver",
+        "outcome",
+        "local_ts",
+        "local_origin",
+        "local_row",
+        F.col("event_id").alias("remote_event_id"),
+        F.col("ts").alias("remote_ts"),
+        F.col("origin").alias("remote_origin"),
+        "remote_row",
+        F.col("conflict_reason").alias("reason"),
+        F.col("rank").alias("pos_rank"),
+        F.lit(0).alias("pos_idx"),
+    )
+    quarantined = chosen & F.col("ev_reason").isNotNull()
+    changes = []
+    if capture:
+        applied = F.col("good") & F.col("won")
+        changes.append(F.when(applied, event_change(table, truncs, tt_prior)).alias("change"))
+        if truncs:
+            df = df.select("*", *truncate_slots(table, truncs))
+            changes.append(
+                F.when(F.col("last"), truncate_changes(table, truncs, tt_prior)).alias("tchanges")
+            )
+    return df.select(
+        F.when(F.col("last") & exists, F.struct(*state_cols)).alias("state"),
+        F.when(F.col("good") & F.col("conflict"), conflict).alias("conflict"),
+        F.when(F.col("is_event") == 1, F.struct("event_id", "replica", "fate")).alias("fate"),
+        F.when(quarantined, F.struct("replica", "event_id", "reason", "detail", "raw")).alias(
+            "quarantine"
+        ),
+        F.when(chosen, F.col("event_id")).alias("chosen_id"),
+        *changes,
+    )
+
+
+def resolve_cells(
+    spark: SparkSession,
+    config: Config,
+    table: Table,
+    refs: DataFrame,
+    prior: DataFrame,
+    now_us: int,
+    dt: date,
+) -> Resolved:
+    """Resolve one cell-granularity table. ``refs``: the light copies of the staged
+    exports (``events.copy_refs``); ``prior``: the state the run starts from (not yet
+    purged)."""
+    del dt
+    prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
+    special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
+    truncs, special_fates, special_quarantine = special_copies(
+        type_copies(refs.where(special), table, config, now_us, F.lit(True))
+    )
+    has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
+    tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()
+    tt_prior = table_tombstone(tt_rows, [], now_us)
+    tt = table_tombstone(tt_rows, truncs, now_us)
+
+    main = refs.where(~F.coalesce(special, F.lit(False)))
+    state_rows = prior.where(has_key).select(
+        key_struct(table).alias("key"),
+        F.lit(0).alias("is_event"),
+        F.struct(*table.column_names).alias("row"),
+        "_ts",
+        "_origin",
+        "_event_id",
+        "_cells",
+        "_marker",
+        "_tomb",
+    )
+    capture = config.cdc.enabled
+    out = _resolve_keys(
+        main, state_rows, config, table, truncs, tt_prior, tt, now_us, capture
+    ).persist()
+    disputed = [
+        r.chosen_id
+        for r in out.where(F.col("chosen_id").isNotNull())
+        .groupBy("chosen_id")
+        .count()
+        .where(F.col("count") > 1)
+        .select("chosen_id")
+        .collect()
+    ]
+    if disputed:  # rare: copies of one event under different keys (see engine.py)
+        log.warning(
+            "table %s: %d event(s) have copies under different keys; the winning copy's "
+            "key is used",
+            table.name,
+            len(disputed),
+        )
+        out.unpersist()
+        main = settle_disputes(main, disputed)
+        out = _resolve_keys(main, state_rows, config, table, truncs, tt_prior, tt, now_us, capture)
+        out = out.persist()
+
+    state = out.where(F.col("state").isNotNull()).select("state.*")
+    if tt is not None:
+        state = state.unionByName(table_tombstone_row(spark, table, tt))
+    conflicts = (
+        out.where(F.col("conflict").isNotNull())
+        .select("conflict.*")
+        .select(*CONFLICT_FIELDS, "pos_rank", "pos_idx")
+    )
+    fates = out.where(F.col("fate").isNotNull()).select("fate.*")
+    if special_fates:
+        fates = fates.unionByName(
+            spark.createDataFrame(special_fates, "event_id string, replica string, fate string")
+        )
+    quarantine = out.where(F.col("quarantine").isNotNull()).select("quarantine.*")
+    if special_quarantine:
+        quarantine = quarantine.unionByName(
+            spark.createDataFrame(
+                special_quarantine,
+                "replica string, event_id string, reason string, detail string, raw string",
+            )
+        )
+    divergence = spark.createDataFrame(
+        [], "replica string, key string, replica_row string, converged_row string, repair string"
+    )  # §9: a cell table converges in every replica's order (tests/test_cells.py)
+    changes = None
+    if capture:
+        schema = change_schema(table)
+        changes = out.where(F.col("change").isNotNull()).select(
+            F.col("change").cast(schema).alias("c")
+        )
+        if truncs:
+            truncated = out.select(F.explode("tchanges").alias("c"))
+            changes = changes.unionByName(truncated.select(F.col("c").cast(schema).alias("c")))
+        changes = changes.select("c.*")
+    return Resolved(state, conflicts, divergence, fates, quarantine, list(truncs), changes)
