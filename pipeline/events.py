@@ -254,58 +254,80 @@ def type_copies(
     where ``chosen`` (the copy that stands for its event); other rows get nulls. ``df``
     needs ``replica, raw, event_id, seq``; its other columns pass through, and ``raw`` is
     kept only for a copy that is quarantined."""
-    cols = table.column_names
-    ranks = config.tie_ranks(table.tie_break)
-    rank_map = F.create_map(*[x for r, i in ranks.items() for x in (F.lit(r), F.lit(i))])
-    # 1. one JSON parse into the record's shape. Spark fills a field of the wrong shape (or
-    #    every field, for text that is not JSON) with null; such a record is parsed again,
-    #    field by field, so that its quarantine says precisely what is wrong
-    parsed, top = F.col("p"), F.col("top")
     passthrough = [c for c in df.columns if c not in TYPED_COLUMNS]
-    df = df.select(*passthrough, chosen.alias("_chosen")).withColumn(
-        "p", F.when(F.col("_chosen"), F.from_json("raw", RECORD, _PARSE))
+    df = _parse(df.select(*passthrough, chosen.alias("_chosen")), table)
+    rank_map = F.create_map(
+        *[x for r, i in config.tie_ranks(table.tie_break).items() for x in (F.lit(r), F.lit(i))]
     )
-    misfit = parsed["_corrupt"].isNotNull()
-    df = df.withColumn("top", F.when(F.col("_chosen") & misfit, F.from_json("raw", TEXT_MAP)))
-    df = df.withColumn("_json", F.col("_chosen") & (~misfit | top.isNotNull()))
-
-    def field(name: str) -> Column:
-        return F.coalesce(parsed[name], top[name])
-
-    def given(name: str) -> Column:
-        return parsed[name].isNotNull() | top[name].isNotNull()
-
-    def obj(name: str) -> Column:
-        return F.when(top.isNull(), parsed[name]).otherwise(F.from_json(top[name], TEXT_MAP))
-
-    def typed_of(m: Column, names: tuple[str, ...], prefix: str) -> list[Column]:
-        return [typed(m[n], table.column(n).type).alias(f"{prefix}{n}") for n in names]
-
-    df = df.select(
+    malformed = _record_checks(rank_map) + _row_checks(table)
+    guards = _guards(table, config, now_us, malformed)
+    reason = F.coalesce(*[F.when(d.isNotNull(), F.lit(r.value)) for r, d in guards])
+    detail = F.coalesce(*[d for _r, d in guards])
+    with_reason = df.select(
         "*",
-        field("op").alias("op"),
-        field("origin").alias("origin"),
-        field("txid").alias("txid"),
-        field("ts").alias("ts_text"),
-        event_ts_micros(field("ts")).alias("ts"),
-        field("seq").alias("seq_text"),
-        field("ttl").alias("ttl_text"),
-        field("expiry").alias("expiry_text"),
-        *[obj(n).alias(f"{n}_m") for n in _OBJECT_FIELDS],
+        F.when(F.col("_chosen"), reason).alias("reason"),
+        F.when(F.col("_chosen"), detail).alias("detail"),
+    )
+    return _finish(with_reason, table, rank_map, passthrough)
+
+
+# what the parse gives: ``p`` the record in its shape, ``top`` its top-level fields as text
+# when a field does not fit that shape (columns are built in a session, not at import)
+
+
+def _field(name: str) -> Column:
+    return F.coalesce(F.col("p")[name], F.col("top")[name])
+
+
+def _given(name: str) -> Column:
+    return F.col("p")[name].isNotNull() | F.col("top")[name].isNotNull()
+
+
+def _obj(name: str) -> Column:
+    top = F.col("top")
+    return F.when(top.isNull(), F.col("p")[name]).otherwise(F.from_json(top[name], TEXT_MAP))
+
+
+def _parse(df: DataFrame, table: Table) -> DataFrame:
+    """1. one JSON parse of each chosen copy into the record's shape. Spark fills a field
+    of the wrong shape (or every field, for text that is not JSON) with null; such a record
+    is parsed again, field by field, so that its quarantine says precisely what is wrong.
+    Adds the record's fields, its objects as text maps (``<field>_m``) and every value
+    typed by the table's schema (``k_``, ``nk_``, ``a_``, ``b_`` + column)."""
+    chosen = F.col("_chosen")
+    df = df.withColumn("p", F.when(chosen, F.from_json("raw", RECORD, _PARSE)))
+    misfit = F.col("p")["_corrupt"].isNotNull()
+    df = df.withColumn("top", F.when(chosen & misfit, F.from_json("raw", TEXT_MAP)))
+    df = df.withColumn("_json", chosen & (~misfit | F.col("top").isNotNull()))
+
+    def typed_of(m: str, names: tuple[str, ...], prefix: str) -> list[Column]:
+        return [typed(F.col(m)[n], table.column(n).type).alias(f"{prefix}{n}") for n in names]
+
+    return df.select(
+        "*",
+        _field("op").alias("op"),
+        _field("origin").alias("origin"),
+        _field("txid").alias("txid"),
+        _field("ts").alias("ts_text"),
+        event_ts_micros(_field("ts")).alias("ts"),
+        _field("seq").alias("seq_text"),
+        _field("ttl").alias("ttl_text"),
+        _field("expiry").alias("expiry_text"),
+        *[_obj(n).alias(f"{n}_m") for n in _OBJECT_FIELDS],
     ).select(
         "*",
-        *typed_of(F.col("key_m"), table.key, "k_"),
-        *typed_of(F.col("new_key_m"), table.key, "nk_"),
-        *typed_of(F.col("after_m"), cols, "a_"),
-        *typed_of(F.col("before_m"), cols, "b_"),
+        *typed_of("key_m", table.key, "k_"),
+        *typed_of("new_key_m", table.key, "nk_"),
+        *typed_of("after_m", table.column_names, "a_"),
+        *typed_of("before_m", table.column_names, "b_"),
     )
 
-    # 2. the guards, in the order of §12
-    key_m, nk_m, after_m, before_m = (F.col(f"{n}_m") for n in _OBJECT_FIELDS)
+
+def _record_checks(rank_map: Column) -> list[tuple[Column, Column]]:
+    """2. the guards, in the order of §12: the record's own fields first."""
     op = F.col("op")
-    row_op = op.isin("INSERT", "UPDATE", "DELETE")
-    malformed: list[tuple[Column, Column]] = [
-        (field("_malformed").isNotNull(), field("_malformed")),
+    return [
+        (_field("_malformed").isNotNull(), _field("_malformed")),
         (~F.col("_json"), F.lit("not a JSON object")),
         (F.col("event_id").isNull(), F.lit("no event_id")),
         (~op.isin(*OPS) | op.isNull(), F.concat(F.lit("unknown op "), _quote(op))),
@@ -330,37 +352,50 @@ def type_copies(
             F.col("seq").isNull(),
             F.concat(F.lit("seq "), _quote(F.col("seq_text")), F.lit(" is not an integer")),
         ),
-        (row_op & ~given("key"), F.lit("no key")),
+    ]
+
+
+def _row_checks(table: Table) -> list[tuple[Column, Column]]:
+    """Then the key, the new key and the row images, typed by the table's schema."""
+    key_m, nk_m, after_m, before_m = (F.col(f"{n}_m") for n in _OBJECT_FIELDS)
+    op = F.col("op")
+    row_op = op.isin("INSERT", "UPDATE", "DELETE")
+    checks = [
+        (row_op & ~_given("key"), F.lit("no key")),
         (row_op & key_m.isNull(), F.lit("key is not a JSON object")),
     ]
-    malformed += [(row_op & c, d) for c, d in _key_checks(table, "key", key_m, "k_")]
-    malformed += [
+    checks += [(row_op & c, d) for c, d in _key_checks(table, "key", key_m, "k_")]
+    checks += [
         (
-            (op != "UPDATE") & given("new_key"),
+            (op != "UPDATE") & _given("new_key"),
             F.concat(F.lit("new_key on "), _quote(op), F.lit(" (only an UPDATE changes a key)")),
         ),
-        (given("new_key") & nk_m.isNull(), F.lit("new_key is not a JSON object")),
+        (_given("new_key") & nk_m.isNull(), F.lit("new_key is not a JSON object")),
     ]
-    malformed += [(nk_m.isNotNull() & c, d) for c, d in _key_checks(table, "new_key", nk_m, "nk_")]
+    checks += [(nk_m.isNotNull() & c, d) for c, d in _key_checks(table, "new_key", nk_m, "nk_")]
     cell = table.granularity is Granularity.CELL
     if cell:  # §12 "Cell tables": every column is a cell; an INSERT may write the key only
-        malformed += _cell_checks(table, given, after_m, before_m)
-    malformed += [
-        ((op == "INSERT") & ~given("after") & F.lit(not cell), F.lit("INSERT without after")),
-        (given("after") & after_m.isNull(), F.lit("after is not a JSON object")),
-        (given("before") & before_m.isNull(), F.lit("before is not a JSON object")),
+        checks += _cell_checks(table, _given, after_m, before_m)
+    checks += [
+        ((op == "INSERT") & ~_given("after") & F.lit(not cell), F.lit("INSERT without after")),
+        (_given("after") & after_m.isNull(), F.lit("after is not a JSON object")),
+        (_given("before") & before_m.isNull(), F.lit("before is not a JSON object")),
     ]
-    malformed += [
-        ((op != "DELETE") & c, d) for c, d in _value_checks(table, "after", after_m, "a_")
-    ]
-    malformed += _value_checks(table, "before", before_m, "b_")
+    checks += [((op != "DELETE") & c, d) for c, d in _value_checks(table, "after", after_m, "a_")]
+    checks += _value_checks(table, "before", before_m, "b_")
+    return checks + _value_rules(table)
+
+
+def _value_rules(table: Table) -> list[tuple[Column, Column]]:
+    """Then the values against the key and the column rules (NOT NULL, delta)."""
+    key_m, nk_m, after_m = F.col("key_m"), F.col("new_key_m"), F.col("after_m")
+    writes = F.col("op").isin("INSERT", "UPDATE")
+    checks = []
     for c in table.key:
         target = F.coalesce(F.col(f"nk_{c}"), F.col(f"k_{c}"))
-        malformed.append(
+        checks.append(
             (
-                op.isin("INSERT", "UPDATE")
-                & F.map_contains_key(after_m, c)
-                & (F.col(f"a_{c}") != target),
+                writes & F.map_contains_key(after_m, c) & (F.col(f"a_{c}") != target),
                 F.concat(
                     F.lit(f"after.{c} = "),
                     _quote(after_m[c]),
@@ -371,19 +406,28 @@ def type_copies(
         )
     for c in sorted(table.not_null | table.delta):
         what = "a delta column" if c in table.delta else "a NOT NULL column"
-        malformed.append(
+        checks.append(
             (
-                op.isin("INSERT", "UPDATE") & F.map_contains_key(after_m, c) & after_m[c].isNull(),
+                writes & F.map_contains_key(after_m, c) & after_m[c].isNull(),
                 F.lit(f"after.{c} is null in {what}"),
             )
         )
+    return checks
+
+
+def _guards(
+    table: Table, config: Config, now_us: int, malformed: list[tuple[Column, Column]]
+) -> list[tuple[QuarantineReason, Column]]:
+    """Each quarantine reason with its detail (null when it does not apply), in the order
+    of §12: the first that applies is the copy's reason."""
     skew = config.max_clock_skew_seconds * 1_000_000
     grace = config.gc_grace_seconds * 1_000_000
+    after_m, before_m = F.col("after_m"), F.col("before_m")
     no_old = [
-        (op == "UPDATE") & F.map_contains_key(after_m, c) & before_m[c].isNull()
+        (F.col("op") == "UPDATE") & F.map_contains_key(after_m, c) & before_m[c].isNull()
         for c in sorted(table.delta)
     ]
-    guards = [
+    return [
         (QuarantineReason.MALFORMED, _first(malformed)),
         (
             QuarantineReason.FUTURE_TIMESTAMP,
@@ -415,14 +459,6 @@ def type_copies(
             else F.lit(None).cast("string"),
         ),
     ]
-    reason = F.coalesce(*[F.when(d.isNotNull(), F.lit(r.value)) for r, d in guards])
-    detail = F.coalesce(*[d for _r, d in guards])
-    with_reason = df.select(
-        "*",
-        F.when(F.col("_chosen"), reason).alias("reason"),
-        F.when(F.col("_chosen"), detail).alias("detail"),
-    )
-    return _finish(with_reason, table, rank_map, passthrough)
 
 
 def _int_text(c: Column) -> Column:

@@ -94,7 +94,6 @@ LONG = {
     "pipeline/cells/stage.py:_resolve_keys": 113,
     "pipeline/cells/stage.py:resolve_cells": 95,
     "pipeline/engine.py:resolve_rows": 115,
-    "pipeline/events.py:type_copies": 176,
     "pipeline/exports.py:_stage_dms_csv": 64,
     "pipeline/exports.py:ingest": 71,
     "pipeline/lake.py:Lake.commit": 79,
