@@ -36,57 +36,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
 from pipeline.events import type_copies
-from pipeline.foldrun import GroupFolder, make_fold_function, output_schema
+from pipeline.foldrun import GroupFolder, make_fold_function
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE_FIELDS, FOLD_INPUT, POSITION, fold_output
 from pipeline.policy import ChangeKind, ConflictType, Detection, Resolver, Scope
 from pipeline.rowfold import Event, FoldSpec
 from pipeline.schema import change_schema, row_struct_type, state_schema
 
 log = logging.getLogger(__name__)
-
-#: what the Python fold reads of each row (everything else stays in the JVM)
-FOLD_INPUT = [
-    "key",
-    "is_event",
-    "ts",
-    "rank",
-    "event_id",
-    "op",
-    "origin",
-    "new_key",
-    "after",
-    "after_has",
-    "before",
-    "before_has",
-    "extra_cols",
-    "txid",
-    "rejected",
-    "replica",
-    "seq",
-    "pref",
-    "rn",
-    "row",
-    "s_ts",
-    "s_rank",
-    "s_origin",
-    "s_deleted",
-    "s_deleted_at",
-]
-
-#: the conflict log's columns after ``run_id, dt, table`` (formats.md)
-CONFLICT_FIELDS = (
-    "key",
-    "conflict_type",
-    "resolver",
-    "outcome",
-    "local_ts",
-    "local_origin",
-    "local_row",
-    "remote_event_id",
-    "remote_ts",
-    "remote_origin",
-    "remote_row",
-    "reason",
-)
 
 
 @dataclass(frozen=True)
@@ -504,7 +460,7 @@ def untouched_changes(df: DataFrame, table: Table, truncates: list[Event]) -> Da
 
 def run_fold(df: DataFrame, folder: GroupFolder, single_group: bool) -> DataFrame:
     """Fold the rows in ``df`` (all rows of each of its keys) with ``mapInArrow``."""
-    schema = output_schema(folder.table)
+    schema = fold_output(folder.table)
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     order = ["is_event", "event_id", "pref", "replica"]
     df = df.select(*FOLD_INPUT)
@@ -655,9 +611,7 @@ def resolve_rows(
         "pos_rank",
         "pos_idx",
     )
-    divergence = folded.where(F.col("kind") == "divergence").select(
-        "replica", "key", "replica_row", "converged_row", "repair"
-    )
+    divergence = folded.where(F.col("kind") == "divergence").select(*DIVERGENCE_FIELDS)
     changes = None
     if trace:
         parts = [
@@ -691,5 +645,5 @@ def folded_changes(folded: DataFrame, table: Table) -> DataFrame:
     )
 
 
-def position(c: Iterable[str] = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")) -> Column:
+def position(c: Iterable[str] = POSITION) -> Column:
     return F.struct(*[F.col(x) for x in c])

@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 
 from pipeline import adapters
 from pipeline.config import Config, Table
+from pipeline.frames import LIGHT_FIELDS, TYPED_COLUMNS
 from pipeline.policy import Granularity, QuarantineReason, Scope
 from pipeline.schema import event_ts_micros, typed
 
@@ -158,9 +159,6 @@ def _value_checks(table: Table, field: str, m: Column, prefix: str) -> list[tupl
     ]
 
 
-LIGHT_FIELDS = ("event_id", "op", "origin", "seq")
-
-
 def copy_refs(records: DataFrame, table: Table, config: Config) -> DataFrame:
     """The first, light pass over every copy: what the shuffle by key needs (formats.md
     record fields ``event_id, op, origin, seq``, and the typed ``key``; ``new_key`` too).
@@ -225,26 +223,6 @@ def parse_once(spark: SparkSession, copies: DataFrame, path: Path) -> DataFrame:
 
     copies.write.mode("overwrite").parquet(str(path))
     return read_output(spark, path)
-
-
-#: what the full typing adds to a copy
-TYPED_COLUMNS = (
-    "op",
-    "origin",
-    "rank",
-    "txid",
-    "ts",
-    "new_key",
-    "after",
-    "after_has",
-    "before",
-    "before_has",
-    "extra_cols",
-    "ttl",
-    "expiry",
-    "reason",
-    "detail",
-)
 
 
 def type_copies(

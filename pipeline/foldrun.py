@@ -19,7 +19,6 @@ from datetime import date
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import types as T
 
 from pipeline.config import Table
 from pipeline.jsonvalues import dumps
@@ -37,49 +36,8 @@ from pipeline.rowfold import (
     reader_view,
     replica_order,
 )
-from pipeline.schema import row_struct_type
 
 _BATCH = 4096
-
-
-def output_schema(table: Table) -> T.StructType:
-    s, L, Int, B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
-    fields = [
-        ("kind", s),
-        ("row", row_struct_type(table)),
-        ("_ts", L),
-        ("_origin", s),
-        ("_event_id", s),
-        ("_deleted", B),
-        ("_deleted_at", L),
-        ("key", s),
-        ("conflict_type", s),
-        ("resolver", s),
-        ("outcome", s),
-        ("local_ts", L),
-        ("local_origin", s),
-        ("local_row", s),
-        ("remote_event_id", s),
-        ("remote_ts", L),
-        ("remote_origin", s),
-        ("remote_row", s),
-        ("reason", s),
-        ("pos_rank", Int),
-        ("pos_idx", Int),
-        ("event_id", s),
-        ("fate", s),
-        ("replica", s),
-        ("replica_row", s),
-        ("converged_row", s),
-        ("repair", s),
-        # a change: remote_event_id, remote_ts, pos_rank, pos_idx (its place among the
-        # event's changes), ``row`` (the key and the values written), and these
-        ("change", s),
-        ("cols", T.ArrayType(s)),
-        ("pre", row_struct_type(table)),
-        ("post", row_struct_type(table)),
-    ]
-    return T.StructType([T.StructField(n, t) for n, t in fields])
 
 
 def event_from_row(

@@ -28,9 +28,10 @@ from pyspark.sql.window import Window
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
-from pipeline.engine import CONFLICT_FIELDS, position, purge, resolve_rows
+from pipeline.engine import position, purge, resolve_rows
 from pipeline.events import copy_refs, parse_once, read_records
 from pipeline.exports import StagedTable, load_inputs
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE_FIELDS, LEDGER_COLUMNS, POSITION
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import snapshot_columns
 from pipeline.snapshots import snapshot_divergence
@@ -39,20 +40,6 @@ from pipeline.state import read_base, read_prior
 
 log = logging.getLogger(__name__)
 
-#: the columns every log row starts with; its ``dt`` is the partition of the published Delta
-#: table (``pipeline.lake``), not a column of the files
-RUN_COLUMNS = ["run_id", "table"]
-CONFLICT_COLUMNS = [*RUN_COLUMNS, *CONFLICT_FIELDS]
-DIVERGENCE_COLUMNS = [  # source: "perspective" (§9) or "snapshot" (a replica's full copy)
-    *RUN_COLUMNS,
-    "source",
-    "replica",
-    "key",
-    "replica_row",
-    "converged_row",
-    "repair",
-]
-LEDGER_COLUMNS = [*RUN_COLUMNS, "event_id", "fate"]
 #: the fates after which an event is never resolved again (the ledger's); a quarantined
 #: event is not final: it is resolved again if it comes again
 FINAL_FATES = ("applied", "discarded")
@@ -65,7 +52,7 @@ COPIES = "copies"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
-    """:data:`RUN_COLUMNS`."""
+    """``frames.RUN_COLUMNS``."""
     return [F.lit(ctx.run_id).alias("run_id"), F.lit(table).alias("table")]
 
 
@@ -113,7 +100,7 @@ def resolve_table(
     divergence = res.divergence.select(
         *_run_cols(ctx, table.name),
         F.lit("perspective").alias("source"),
-        *DIVERGENCE_COLUMNS[len(RUN_COLUMNS) + 1 :],
+        *DIVERGENCE_FIELDS,
     )
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
@@ -175,12 +162,7 @@ def _write_conflicts(
 ) -> dict[str, Any] | None:
     """Write the conflict log in canonical order; after an ``error`` only up to it (§12).
     Returns the errored conflict, if any."""
-    errored = (
-        conflicts.where(F.col("outcome") == "errored")
-        .orderBy("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
-        .limit(1)
-        .collect()
-    )
+    errored = conflicts.where(F.col("outcome") == "errored").orderBy(*POSITION).limit(1).collect()
     stopped = None
     if errored:
         e = errored[0]
@@ -197,8 +179,8 @@ def _write_conflicts(
         conflicts = conflicts.where(position() <= cut)
     _write(
         conflicts.coalesce(1)
-        .sortWithinPartitions("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
-        .select(*_run_cols(ctx, table.name), *CONFLICT_COLUMNS[len(RUN_COLUMNS) :]),
+        .sortWithinPartitions(*POSITION)
+        .select(*_run_cols(ctx, table.name), *CONFLICT_FIELDS),
         out / "conflicts",
     )
     return stopped
@@ -419,7 +401,7 @@ def compare_snapshots(
                 diff.select(
                     *_run_cols(ctx, t),
                     F.lit("snapshot").alias("source"),
-                    *DIVERGENCE_COLUMNS[len(RUN_COLUMNS) + 1 :],
+                    *DIVERGENCE_FIELDS,
                 ),
                 path,
             )

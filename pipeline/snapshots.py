@@ -18,20 +18,13 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Table
 from pipeline.foldrun import repair_record
+from pipeline.frames import DIVERGENCE
 from pipeline.jsonvalues import dumps
 from pipeline.rowfold import Version
-
-DIVERGENCE_SCHEMA = T.StructType(
-    [
-        T.StructField(n, T.StringType())
-        for n in ("replica", "key", "replica_row", "converged_row", "repair")
-    ]
-)
 
 
 def snapshot_divergence(
@@ -60,7 +53,7 @@ def snapshot_divergence(
     )
     rows = joined.where(differs).select("conv", "mine")
     key_cols = table.key
-    arrow_schema = to_arrow_schema(DIVERGENCE_SCHEMA)
+    arrow_schema = to_arrow_schema(DIVERGENCE)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -84,4 +77,4 @@ def snapshot_divergence(
                 )
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
-    return rows.mapInArrow(run, DIVERGENCE_SCHEMA)
+    return rows.mapInArrow(run, DIVERGENCE)

@@ -17,7 +17,6 @@ from pipeline.cells.state import final_state, purge_cells, table_tombstone, tabl
 from pipeline.cells.writes import event_writes, prior_writes, value_columns
 from pipeline.config import Config, Table
 from pipeline.engine import (
-    CONFLICT_FIELDS,
     Resolved,
     key_struct,
     rank_map,
@@ -25,6 +24,7 @@ from pipeline.engine import (
     special_copies,
 )
 from pipeline.events import type_copies
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE
 from pipeline.rowfold import Event
 from pipeline.schema import change_schema
 
@@ -228,7 +228,7 @@ def resolve_cells(
             )
         )
     divergence = spark.createDataFrame(
-        [], "replica string, key string, replica_row string, converged_row string, repair string"
+        [], DIVERGENCE
     )  # §9: a cell table converges in every replica's order (tests/test_cells.py)
     changes = None
     if capture:
