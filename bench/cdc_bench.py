@@ -45,20 +45,20 @@ def bench(n: int, root: Path, spark) -> dict:
     config, ctx, stats = staged_input({**CONFIG, "cdc": CDC}, n, root)
     off = dataclasses.replace(config, cdc=dataclasses.replace(config.cdc, enabled=False))
 
-    summary: dict = {}
+    summaries: list = []
     resolve_off = measure(lambda: resolve_stage(spark, off, ctx))
-    resolve_on = measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
+    resolve_on = measure(lambda: summaries.append(resolve_stage(spark, config, ctx)))
     cdc: dict = {}
-    cdc_run = measure(lambda: cdc.update(cdc_stage(spark, config, ctx, summary)))
-    summary["cdc"] = cdc
+    cdc_run = measure(lambda: cdc.update(cdc_stage(spark, config, ctx, summaries[0])))
+    summary = dataclasses.replace(summaries[0], cdc=cdc)
     verdict: list = []
     validate_run = measure(lambda: verdict.append(validate_stage(spark, config, ctx, summary)))
-    tbl = summary["tables"]["items"]
+    tbl = summary.tables["items"]
     shutil.rmtree(root / f"store-{n}")
     return {
         "records": stats["records"],
-        "distinct_events": tbl["distinct_events"],
-        "applied": tbl["applied"],
+        "distinct_events": tbl.distinct_events,
+        "applied": tbl.applied,
         "log_rows": cdc["tables"]["items"]["log_rows"],
         "resolve_off_s": round(resolve_off[0], 1),
         "resolve_s": round(resolve_on[0], 1),

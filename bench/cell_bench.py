@@ -53,23 +53,23 @@ def bench(n: int, root: Path, spark, rounds: int) -> dict:
     from pipeline.resolve import resolve_stage
 
     results: dict[str, list[tuple[float, int]]] = {"baseline": [], "resolve": []}
-    summary: dict = {}
+    summaries: list = []  # each round's RunSummary
     for _ in range(rounds):
         results["baseline"].append(
             measure(lambda: baseline(spark, ctx.staged, root / "base-out", "sessions"))
         )
         results["resolve"].append(
-            measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
+            measure(lambda: summaries.append(resolve_stage(spark, config, ctx)))
         )
     best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
-    tbl = summary["tables"]["sessions"]
+    tbl = summaries[-1].tables["sessions"]
     records = stats["records"]
     shutil.rmtree(root / f"store-{n}")
     return {
         "records": records,
-        "distinct_events": tbl["distinct_events"],
-        "conflicts": sum(sum(o.values()) for o in tbl["conflicts"].values()),
-        "discarded": tbl["discarded"],
+        "distinct_events": tbl.distinct_events,
+        "conflicts": sum(sum(o.values()) for o in tbl.conflicts.values()),
+        "discarded": tbl.discarded,
         "baseline_s": [round(x[0], 1) for x in results["baseline"]],
         "resolve_s": [round(x[0], 1) for x in results["resolve"]],
         "resolve_events_per_s": round(records / best["resolve"][0]),

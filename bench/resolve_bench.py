@@ -153,20 +153,20 @@ def bench(
     from pipeline.resolve import resolve_stage
 
     results: dict[str, list[tuple[float, int]]] = {"baseline": [], "resolve": []}
-    summary = {}
+    summaries: list = []  # each round's RunSummary
     for _ in range(rounds):
         results["baseline"].append(measure(lambda: baseline(spark, ctx.staged, root / "base-out")))
         results["resolve"].append(
-            measure(lambda: summary.update(resolve_stage(spark, config, ctx)))
+            measure(lambda: summaries.append(resolve_stage(spark, config, ctx)))
         )
     best = {k: min(v, key=lambda x: x[0]) for k, v in results.items()}
     records = stats["records"]
-    tbl = summary["tables"]["items"]
+    tbl = summaries[-1].tables["items"]
     out = {
         "records": records,
-        "distinct_events": tbl["distinct_events"],
-        "conflicts": sum(sum(o.values()) for o in tbl["conflicts"].values()),
-        "divergent_keys": sum(tbl["divergent_keys"].values()),
+        "distinct_events": tbl.distinct_events,
+        "conflicts": sum(sum(o.values()) for o in tbl.conflicts.values()),
+        "divergent_keys": sum(tbl.divergent_keys.values()),
         "generate_s": round(stats["generate_s"], 1),
         "ingest_s": round(stats["ingest_s"], 1),
         "baseline_s": [round(x[0], 1) for x in results["baseline"]],

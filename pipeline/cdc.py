@@ -42,6 +42,7 @@ from pipeline.policy import CDC_POST_IMAGE, CDC_PRE_IMAGE, ChangeKind
 from pipeline.schema import change_schema, row_struct_type
 from pipeline.spark import read_output
 from pipeline.streams import Generation, Generations, StreamId, Topology, next_generations
+from pipeline.summary import RunSummary
 from pipeline.tokens import serialize_key, tokens
 
 log = logging.getLogger(__name__)
@@ -324,7 +325,7 @@ def _parquet_rows(path: Path) -> int:
 
 
 def cdc_stage(
-    spark: SparkSession, config: Config, ctx: RunContext, summary: dict[str, Any]
+    spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
 ) -> dict[str, Any]:
     """Decide the generations, then write every table's log and the description tables
     to ``resolved/cdc/``. Returns the run report's ``cdc`` section."""
@@ -339,7 +340,7 @@ def cdc_stage(
     removed_at = ctx.now_us + config.max_clock_skew_seconds * 1_000_000
     tables: dict[str, Any] = {}
     for name, table in config.tables.items():
-        if summary["tables"][name].get("stopped"):
+        if summary.stopped(name):
             continue  # an error resolver stopped the table: nothing is published
         src = ctx.resolved / name
         changes = spark.read.schema(change_schema(table)).parquet(str(src / "changes"))

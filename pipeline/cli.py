@@ -265,7 +265,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         ctx = RunContext.load(opts.work_dir, args.date, opts.run_id)
         if args.command == "resolve":
             summary = stages.resolve(config, ctx, get_spark(opts.master))
-            _emit(args, summary, f"resolved {args.date}: {ctx.resolved}")
+            _emit(args, summary.to_dict(), f"resolved {args.date}: {ctx.resolved}")
         elif args.command == "finish":
             stages.finish(config, ctx)
             _emit(args, {"run_id": ctx.run_id}, f"finished run {ctx.run_id} of {args.date}")

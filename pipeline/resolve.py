@@ -9,7 +9,6 @@ report. Gates (divergence, FK, error resolvers) are decided by the validate stag
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import uuid
@@ -37,6 +36,7 @@ from pipeline.schema import snapshot_columns
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
+from pipeline.summary import RunSummary, Stopped, TableSummary
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _write(df: DataFrame, path: Path, mode: str = "overwrite") -> None:
 
 def resolve_table(
     spark: SparkSession, config: Config, table: Table, ctx: RunContext, staged: StagedTable
-) -> dict[str, Any]:
+) -> TableSummary:
     out = ctx.resolved / table.name
     records = read_records(spark, ctx.staged / table.name, table, staged.exports)
     copies = parse_once(spark, copy_refs(records, table, config), out / COPIES)
@@ -159,20 +159,14 @@ def _write_ledger(out: Path, ctx: RunContext, table: str) -> None:
 
 def _write_conflicts(
     conflicts: DataFrame, ctx: RunContext, table: Table, out: Path
-) -> dict[str, Any] | None:
+) -> Stopped | None:
     """Write the conflict log in canonical order; after an ``error`` only up to it (§12).
     Returns the errored conflict, if any."""
     errored = conflicts.where(F.col("outcome") == "errored").orderBy(*POSITION).limit(1).collect()
     stopped = None
     if errored:
         e = errored[0]
-        stopped = {
-            "table": table.name,
-            "key": e.key,
-            "conflict_type": e.conflict_type,
-            "event_id": e.remote_event_id,
-            "reason": e.reason,
-        }
+        stopped = Stopped(table.name, e.key, e.conflict_type, e.remote_event_id, e.reason)
         cut = F.struct(
             F.lit(e.remote_ts), F.lit(e.pos_rank), F.lit(e.remote_event_id), F.lit(e.pos_idx)
         )
@@ -221,8 +215,8 @@ def _events_by_fate(fates: pa.Table) -> dict[str, int]:
 
 
 def _table_counts(
-    table: Table, out: Path, staged: StagedTable, stopped: dict[str, Any] | None
-) -> dict[str, Any]:
+    table: Table, out: Path, staged: StagedTable, stopped: Stopped | None
+) -> TableSummary:
     fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
     by_fate = _events_by_fate(fates)
     duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
@@ -244,27 +238,25 @@ def _table_counts(
         r["replica"]: r["count_all"]
         for r in _counts(_local_table(out / "divergence", ["replica"]), "replica")
     }
-    return {
-        "policy": table.preset.value,
-        "events": sum(e.records for e in staged.exports.values()),
-        "distinct_events": sum(by_fate.values()),
-        "applied": by_fate.get("applied", 0),
-        "discarded": by_fate.get("discarded", 0),
-        "duplicates": duplicate_records,  # records: of earlier nights' events, or repeats
-        "errored": by_fate.get("errored", 0),
-        "not_reached": by_fate.get("not_reached", 0),
-        "quarantined": quarantined,
-        "conflicts": conflicts,
-        "divergent_keys": divergent,
-        "replicas": per_replica,
-        "missing_exports": staged.missing,
-        "prior": staged.prior["dt"]
-        if staged.prior
-        else ("base" if staged.base_rows is not None else None),
-        "start": staged.start,  # what the table started from, in words
-        "stopped": stopped,
-        "orphans": 0,
-    }
+    base = "base" if staged.base_rows is not None else None
+    return TableSummary(
+        policy=table.preset.value,
+        events=sum(e.records for e in staged.exports.values()),
+        distinct_events=sum(by_fate.values()),
+        applied=by_fate.get("applied", 0),
+        discarded=by_fate.get("discarded", 0),
+        duplicates=duplicate_records,
+        errored=by_fate.get("errored", 0),
+        not_reached=by_fate.get("not_reached", 0),
+        quarantined=quarantined,
+        conflicts=conflicts,
+        divergent_keys=divergent,
+        replicas=per_replica,
+        missing_exports=staged.missing,
+        prior=staged.prior["dt"] if staged.prior else base,
+        start=staged.start,
+        stopped=stopped,
+    )
 
 
 def _parquet_rows(path: Path) -> int:
@@ -279,32 +271,48 @@ def _key_json(cols: list[str]) -> Column:
 
 
 def check_foreign_keys(
-    spark: SparkSession, config: Config, ctx: RunContext, summary: dict[str, Any]
-) -> None:
+    spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
+) -> RunSummary:
     """§10: orphans after resolution; with ``quarantine`` they leave state and snapshot,
-    repeatedly, until none is left. Writes ``orphans`` and the final ``state``."""
+    repeatedly, until none is left. Writes ``orphans``, the final ``state`` and the
+    ``snapshot`` of every table; returns the summary with their counts."""
     states = {t: read_output(spark, ctx.resolved / t / "state_pre") for t in config.tables}
-    quarantine = config.on_fk_violation is FkPolicy.QUARANTINE
-    skip = any(s["stopped"] for s in summary["tables"].values())
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     removed: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
-    changed = set()
+    if not any(s.stopped for s in summary.tables.values()):  # §12: not checked after an error
+        states, found, removed = _find_orphans(config, states)
+    for t in config.tables:
+        counts = _write_fk_outputs(spark, config, ctx, t, states[t], found[t], removed[t])
+        if counts.get("orphans") and config.on_fk_violation is FkPolicy.QUARANTINE:
+            fk = {QuarantineReason.FK_VIOLATION.value: counts["orphans"]}
+            counts["quarantined"] = {**summary.tables[t].quarantined, **fk}
+        summary = summary.with_table(t, **counts)
+    return summary
+
+
+def _find_orphans(
+    config: Config, states: dict[str, DataFrame]
+) -> tuple[dict[str, DataFrame], dict[str, list[DataFrame]], dict[str, list[DataFrame]]]:
+    """Every foreign key's orphans, round after round while a quarantine removes rows (a
+    removed parent can orphan its children). Returns the states after the quarantine, the
+    orphans found and the rows removed, per table."""
+    states = dict(states)
+    quarantine = config.on_fk_violation is FkPolicy.QUARANTINE
+    found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
+    removed: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     for _round in range(100):
         new_orphans = False
         for child_name, child in config.tables.items():
-            if skip:
-                break
             for fk in child.foreign_keys:
                 parent = config.tables[fk.references]
                 live_child = states[child_name].where(~F.col("_deleted"))
                 for c in fk.columns:
                     live_child = live_child.where(F.col(c).isNotNull())
+                pairs = list(zip(fk.columns, parent.key, strict=True))
                 parents = (
                     states[parent.name]
                     .where(~F.col("_deleted"))
-                    .select(
-                        *[F.col(pk).alias(c) for c, pk in zip(fk.columns, parent.key, strict=True)]
-                    )
+                    .select(*[F.col(pk).alias(c) for c, pk in pairs])
                     .distinct()
                 )
                 orphans = live_child.join(parents, list(fk.columns), "left_anti").persist()
@@ -313,7 +321,7 @@ def check_foreign_keys(
                 ref = F.to_json(
                     F.struct(
                         F.lit(parent.name).alias("references"),
-                        *[F.col(c).alias(pk) for c, pk in zip(fk.columns, parent.key, strict=True)],
+                        *[F.col(c).alias(pk) for c, pk in pairs],
                     )
                 )
                 found[child_name].append(
@@ -330,50 +338,59 @@ def check_foreign_keys(
                     states[child_name] = states[child_name].join(
                         orphans.select(*child.key), list(child.key), "left_anti"
                     )
-                    changed.add(child_name)
                     new_orphans = True
         if not new_orphans:
             break
-    for t, table in config.tables.items():
-        out = ctx.resolved / t
-        parts = found[t]
-        found_t: DataFrame | None = reduce(DataFrame.unionByName, parts) if parts else None
-        if found_t is not None:
-            unique_orphans = found_t.dropDuplicates(["key"]).persist()
+    return states, found, removed
+
+
+def _write_fk_outputs(
+    spark: SparkSession,
+    config: Config,
+    ctx: RunContext,
+    t: str,
+    state: DataFrame,
+    found: list[DataFrame],
+    removed: list[DataFrame],
+) -> dict[str, Any]:
+    """One table's orphans (and their quarantine), the rows the quarantine removed (for
+    the CDC log), its final state and its snapshot. Returns their counts."""
+    table = config.tables[t]
+    out = ctx.resolved / t
+    counts: dict[str, Any] = {}
+    if found:
+        unique_orphans = reduce(DataFrame.unionByName, found).dropDuplicates(["key"]).persist()
+        _write(
+            unique_orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
+            out / "orphans",
+        )
+        counts["orphans"] = _parquet_rows(out / "orphans")
+        if config.on_fk_violation is FkPolicy.QUARANTINE:
             _write(
-                unique_orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
-                out / "orphans",
+                unique_orphans.select(
+                    *_run_cols(ctx, t),
+                    F.col("origin").alias("replica"),
+                    "event_id",
+                    F.lit(QuarantineReason.FK_VIOLATION.value).alias("reason"),
+                    F.concat(F.lit("no live parent for "), F.col("reference")).alias("detail"),
+                    F.col("row").alias("event"),
+                ),
+                out / "quarantine",
+                mode="append",
             )
-            summary["tables"][t]["orphans"] = _parquet_rows(out / "orphans")
-            if quarantine:
-                _write(
-                    unique_orphans.select(
-                        *_run_cols(ctx, t),
-                        F.col("origin").alias("replica"),
-                        "event_id",
-                        F.lit(QuarantineReason.FK_VIOLATION.value).alias("reason"),
-                        F.concat(F.lit("no live parent for "), F.col("reference")).alias("detail"),
-                        F.col("row").alias("event"),
-                    ),
-                    out / "quarantine",
-                    mode="append",
-                )
-                summary["tables"][t]["quarantined"][QuarantineReason.FK_VIOLATION.value] = summary[
-                    "tables"
-                ][t]["orphans"]
-        if removed[t] and config.cdc.enabled:  # the CDC log records them as row deletes
-            gone = reduce(DataFrame.unionByName, removed[t]).dropDuplicates(list(table.key))
-            _write(gone, out / "fk_removed")
-        if t in changed:
-            _write(states[t], out / "state")
-            shutil.rmtree(out / "state_pre")
-        else:
-            (out / "state_pre").rename(out / "state")
-        state = read_output(spark, out / "state")
-        live = state.where(~F.col("_deleted")).select(*snapshot_columns(table))
-        _write(live, out / "snapshot")
-        summary["tables"][t]["rows"] = _parquet_rows(out / "snapshot")
-        summary["tables"][t]["state_rows"] = _parquet_rows(out / "state")  # the next run checks it
+    if removed and config.cdc.enabled:  # the CDC log records them as row deletes
+        gone = reduce(DataFrame.unionByName, removed).dropDuplicates(list(table.key))
+        _write(gone, out / "fk_removed")
+    if removed:
+        _write(state, out / "state")
+        shutil.rmtree(out / "state_pre")
+    else:
+        (out / "state_pre").rename(out / "state")
+    live = read_output(spark, out / "state").where(~F.col("_deleted"))
+    _write(live.select(*snapshot_columns(table)), out / "snapshot")
+    counts["rows"] = _parquet_rows(out / "snapshot")
+    counts["state_rows"] = _parquet_rows(out / "state")  # the next run checks it
+    return counts
 
 
 def compare_snapshots(
@@ -381,81 +398,73 @@ def compare_snapshots(
     config: Config,
     ctx: RunContext,
     inputs: dict[str, StagedTable],
-    summary: dict[str, Any],
-) -> None:
+    summary: RunSummary,
+) -> RunSummary:
     """§9 against what the replicas hold: each replica snapshot export of the date is
-    compared with the converged snapshot; differences are appended to the divergence."""
+    compared with the converged snapshot; differences are appended to the divergence.
+    Returns the summary with the divergent keys per replica."""
     for t, table in config.tables.items():
         counts: dict[str, int] = {}
-        summary["tables"][t]["snapshot_divergent_keys"] = counts
-        if not inputs[t].snapshots or summary["tables"][t]["stopped"]:
-            continue  # §12: nothing is compared after an error
-        out = ctx.resolved / t
-        converged = read_output(spark, out / "snapshot")
-        for replica in inputs[t].snapshots:
-            label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
-            mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)
-            diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us)
-            path = out / f"snapshot_divergence={replica}"
-            _write(
-                diff.select(
-                    *_run_cols(ctx, t),
-                    F.lit("snapshot").alias("source"),
-                    *DIVERGENCE_FIELDS,
-                ),
-                path,
-            )
-            counts[replica] = _parquet_rows(path)
-            (out / "divergence").mkdir(exist_ok=True)
-            for f in path.glob("*.parquet"):  # published with the rest of the divergence
-                f.rename(out / "divergence" / f"snapshot-{replica}-{f.name}")
-            shutil.rmtree(path)
+        if inputs[t].snapshots and not summary.stopped(t):  # §12: not compared after an error
+            out = ctx.resolved / t
+            converged = read_output(spark, out / "snapshot")
+            for replica in inputs[t].snapshots:
+                label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
+                mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)
+                diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us)
+                path = out / f"snapshot_divergence={replica}"
+                _write(
+                    diff.select(
+                        *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_FIELDS
+                    ),
+                    path,
+                )
+                counts[replica] = _parquet_rows(path)
+                (out / "divergence").mkdir(exist_ok=True)
+                for f in path.glob("*.parquet"):  # published with the rest of the divergence
+                    f.rename(out / "divergence" / f"snapshot-{replica}-{f.name}")
+                shutil.rmtree(path)
+        summary = summary.with_table(t, snapshot_divergent_keys=counts)
+    return summary
 
 
-def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> dict[str, Any]:
+def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSummary:
     inputs = load_inputs(ctx)
     if ctx.resolved.exists():
         shutil.rmtree(ctx.resolved)
-    summary: dict[str, Any] = {
-        "run_id": ctx.run_id,
-        "resolve_id": uuid.uuid4().hex,  # this resolve's output: a verdict names the one it saw
-        "dt": ctx.dt.isoformat(),
-        "now_us": ctx.now_us,
-        "tables": {},
-    }
+    tables: dict[str, TableSummary] = {}
     for name, table in config.tables.items():
         log.info("resolve %s ...", name)
         try:
-            summary["tables"][name] = resolve_table(spark, config, table, ctx, inputs[name])
+            tables[name] = t = resolve_table(spark, config, table, ctx, inputs[name])
         finally:
             spark.catalog.clearCache()  # a table's persisted fold output is written by now
-        t = summary["tables"][name]
         log.info(
             "resolve %s: %d events, %d applied, %d discarded, %d quarantined",
             name,
-            t["distinct_events"],
-            t["applied"],
-            t["discarded"],
-            sum(t["quarantined"].values()),
+            t.distinct_events,
+            t.applied,
+            t.discarded,
+            sum(t.quarantined.values()),
         )
+    summary = RunSummary(ctx.run_id, uuid.uuid4().hex, ctx.dt.isoformat(), ctx.now_us, tables)
     try:
-        check_foreign_keys(spark, config, ctx, summary)
-        compare_snapshots(spark, config, ctx, inputs, summary)
+        summary = check_foreign_keys(spark, config, ctx, summary)
+        summary = compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
     save_summary(ctx, summary)
     return summary
 
 
-def save_summary(ctx: RunContext, summary: dict[str, Any]) -> None:
-    (ctx.resolved / "summary.json").write_text(json.dumps(summary, indent=2))
+def save_summary(ctx: RunContext, summary: RunSummary) -> None:
+    (ctx.resolved / "summary.json").write_text(summary.to_json())
 
 
-def load_summary(ctx: RunContext) -> dict[str, Any]:
+def load_summary(ctx: RunContext) -> RunSummary:
     p = ctx.resolved / "summary.json"
     if not p.exists():
         from pipeline.errors import StageError
 
         raise StageError(f"no resolved run for {ctx.dt}: run `cdr resolve` first")
-    summary: dict[str, Any] = json.loads(p.read_text())
-    return summary
+    return RunSummary.from_json(p.read_text())

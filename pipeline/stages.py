@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from pipeline.published import (
 )
 from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
+from pipeline.summary import RunSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,7 +120,7 @@ def _clear_work(work_dir: Path, ctx: RunContext) -> None:
         shutil.rmtree(ctx.work)
 
 
-def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, Any]:
+def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Resolve the run's events, then (``cdc.enabled``) write the CDC log: both on Spark,
     in one job (the DAG's resolve task)."""
     from pipeline.resolve import resolve_stage, save_summary
@@ -129,7 +130,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> dict[str, A
     if config.cdc.enabled:
         from pipeline.cdc import cdc_stage
 
-        summary["cdc"] = cdc_stage(spark, config, ctx, summary)
+        summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
         save_summary(ctx, summary)
     return summary
 
@@ -146,7 +147,7 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
 
 
 def run_report(
-    config: Config, ctx: RunContext, summary: dict[str, Any], verdict: Verdict, status: str
+    config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, status: str
 ) -> dict[str, Any]:
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     return {
@@ -158,13 +159,13 @@ def run_report(
         "status": status,  # published | failed | dry_run
         "failures": verdict.failures,
         "warnings": verdict.warnings,
-        "tables": summary["tables"],
+        "tables": summary.table_dicts(),
         "validation": {
             "results": f"{validation}/results.json",
             "data_docs": f"{validation}/data_docs/index.html" if ctx.data_docs else None,
             "suites": {name: s["success"] for name, s in verdict.suites.items()},
         },
-        **({"cdc": summary["cdc"]} if "cdc" in summary else {}),
+        **({"cdc": summary.cdc} if summary.cdc is not None else {}),
     }
 
 

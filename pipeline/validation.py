@@ -35,6 +35,7 @@ from pipeline.datadocs import bundle
 from pipeline.errors import StageError
 from pipeline.spark import read_output
 from pipeline.suites import SUITES, Check, Project, load_template, render_suite
+from pipeline.summary import RunSummary
 
 log = logging.getLogger(__name__)
 SAMPLE = 3  # offending rows named in a failure message
@@ -53,17 +54,17 @@ class Verdict:
         return not self.failures
 
 
-def gate_from_summary(config: Config, summary: dict[str, Any], verdict: Verdict) -> None:
+def gate_from_summary(config: Config, summary: RunSummary, verdict: Verdict) -> None:
     """What the resolve stage already decided: a table stopped by an ``error`` resolver;
     a topology change the CDC log could not apply."""
-    if summary.get("cdc", {}).get("warning"):
-        verdict.warnings.append(summary["cdc"]["warning"])
-    for t, s in summary["tables"].items():
-        if s["stopped"]:
-            st = s["stopped"]
+    if summary.cdc and summary.cdc.get("warning"):
+        verdict.warnings.append(summary.cdc["warning"])
+    for t, s in summary.tables.items():
+        if s.stopped:
+            st = s.stopped
             verdict.failures.append(
-                f"table {t}: {st['conflict_type']} on key {st['key']} (event {st['event_id']}) "
-                f"has resolver error: {st['reason']}"
+                f"table {t}: {st.conflict_type} on key {st.key} (event {st.event_id}) "
+                f"has resolver error: {st.reason}"
             )
 
 
@@ -93,7 +94,7 @@ def _read(spark: SparkSession, path: Path) -> DataFrame:
 class Frames:
     """The DataFrames the suites validate, and the views their queries join with."""
 
-    def __init__(self, spark: SparkSession, config: Config, ctx: RunContext, summary: dict):
+    def __init__(self, spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary):
         self.spark, self.ctx = spark, ctx
         self.cdc_gens: list[Any] = []
         if config.cdc.enabled:
@@ -110,9 +111,7 @@ class Frames:
             _read(spark, out / "snapshot").createOrReplaceTempView(f"cdr_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
-            records = [
-                (r, int(v.get("records", 0))) for r, v in summary["tables"][t]["replicas"].items()
-            ]
+            records = [(r, int(v.get("records", 0))) for r, v in summary.tables[t].replicas.items()]
             spark.createDataFrame(records, "replica string, records long").createOrReplaceTempView(
                 f"cdr_records_{t}"
             )
@@ -154,7 +153,7 @@ class Frames:
 
 
 def validate_stage(
-    spark: SparkSession, config: Config, ctx: RunContext, summary: dict[str, Any]
+    spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
 ) -> Verdict:
     verdict = Verdict()
     gate_from_summary(config, summary, verdict)
@@ -175,7 +174,7 @@ def validate_stage(
         json.dumps(
             {
                 "run_id": ctx.run_id,
-                "resolve_id": summary.get("resolve_id"),
+                "resolve_id": summary.resolve_id,
                 "passed": verdict.passed,
                 "failures": verdict.failures,
                 "warnings": verdict.warnings,
@@ -190,7 +189,7 @@ def validate_stage(
 
 
 def _run_suites(
-    project: Project, frames: Frames, config: Config, summary: dict[str, Any], verdict: Verdict
+    project: Project, frames: Frames, config: Config, summary: RunSummary, verdict: Verdict
 ) -> None:
     """Every suite of every table the run did not stop on, into ``verdict``: their row
     checks in one Spark query (``Project.validate_all``)."""
@@ -201,7 +200,7 @@ def _run_suites(
         if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
             continue
         for t, table in config.tables.items():
-            if summary["tables"][t]["stopped"]:
+            if summary.stopped(t):
                 continue  # §12: the run stopped on this table; nothing to publish
             suite = render_suite(template, table)
             if suite["expectations"]:
@@ -228,18 +227,18 @@ def _run_suites(
     )
 
 
-def load_verdict(ctx: RunContext, summary: dict[str, Any] | None = None) -> Verdict:
+def load_verdict(ctx: RunContext, summary: RunSummary | None = None) -> Verdict:
     """The run's verdict; with ``summary`` (what publish is about to publish), refused
     unless it was reached on that very resolve of this run: never a stale verdict."""
     if not ctx.results.exists():
         raise StageError(f"the run of {ctx.dt} has not been validated: run `cdr validate` first")
     d = json.loads(ctx.results.read_text())
     if summary is not None and (
-        d.get("run_id") != ctx.run_id or d.get("resolve_id") != summary.get("resolve_id")
+        d.get("run_id") != ctx.run_id or d.get("resolve_id") != summary.resolve_id
     ):
         raise StageError(
             f"the validation results of {ctx.dt} ({ctx.results}) are for another resolve "
             f"(run {d.get('run_id')}, resolve {d.get('resolve_id')}) than the one to publish "
-            f"(run {ctx.run_id}, resolve {summary.get('resolve_id')}): run `cdr validate` again"
+            f"(run {ctx.run_id}, resolve {summary.resolve_id}): run `cdr validate` again"
         )
     return Verdict(d["failures"], d["warnings"], d["suites"])

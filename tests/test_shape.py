@@ -97,7 +97,6 @@ LONG = {
     "pipeline/exports.py:_stage_dms_csv": 64,
     "pipeline/exports.py:ingest": 71,
     "pipeline/lake.py:Lake.commit": 79,
-    "pipeline/resolve.py:check_foreign_keys": 96,
     "pipeline/runs.py:render_page": 67,
 }
 

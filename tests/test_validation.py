@@ -31,6 +31,7 @@ from pipeline.suites import (
     load_template,
     render_suite,
 )
+from pipeline.summary import RunSummary, Stopped, TableSummary
 from pipeline.validation import Verdict, _fails_run, gate_from_summary, message
 
 REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
@@ -310,9 +311,9 @@ def test_gates_follow_the_config():
     assert _fails_run("on_fk_violation", make_config(on_fk_violation="quarantine"))
     assert _fails_run("always", warn)
     v = Verdict()
-    stop = {"conflict_type": "insert_exists", "key": '{"id":1}', "event_id": "e1", "reason": "r"}
-    summary = {"dt": "2026-11-21", "tables": {"t": {"stopped": stop}}}
-    gate_from_summary(make_config(), summary, v)
+    stop = Stopped("t", '{"id":1}', "insert_exists", "e1", "r")
+    tables = {"t": TableSummary(stopped=stop), "u": TableSummary()}
+    gate_from_summary(make_config(), RunSummary("r", "x", "2026-11-21", 0, tables), v)
     assert len(v.failures) == 1 and "e1" in v.failures[0]
 
 
