@@ -17,6 +17,7 @@ from test_snapshots import SUB, D, setup
 from pipeline.cli import main
 from pipeline.context import RunContext
 from pipeline.errors import StageError
+from pipeline.summary import RunSummary
 from pipeline.validation import load_verdict
 
 
@@ -64,12 +65,13 @@ def test_a_verdict_of_another_resolve_is_refused(tmp_path: Path):
     ctx.validation.mkdir(parents=True)
     verdict = {"run_id": "r1", "resolve_id": "a", "failures": [], "warnings": [], "suites": {}}
     ctx.results.write_text(json.dumps(verdict))
-    assert load_verdict(ctx, {"resolve_id": "a"}).passed
+    resolved = {x: RunSummary("r1", x, "2026-11-21", 0, {}) for x in "ab"}
+    assert load_verdict(ctx, resolved["a"]).passed
     with pytest.raises(StageError, match=r"are for another resolve .* run `cdr validate` again"):
-        load_verdict(ctx, {"resolve_id": "b"})
+        load_verdict(ctx, resolved["b"])
     ctx.results.write_text(json.dumps({**verdict, "run_id": "r0"}))
     with pytest.raises(StageError, match=r"\(run r0, resolve a\)"):
-        load_verdict(ctx, {"resolve_id": "a"})
+        load_verdict(ctx, resolved["a"])
 
 
 def test_stage_commands_refuse_an_edited_config_and_a_stale_verdict(tmp_path: Path, spark, capsys):
