@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 SAMPLE = 3  # offending rows named in a failure message
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
     """The run's gate: ``failures`` stop the publish; ``warnings`` are reported."""
 
@@ -53,19 +53,26 @@ class Verdict:
     def passed(self) -> bool:
         return not self.failures
 
+    def __add__(self, other: Verdict) -> Verdict:
+        """Both verdicts' findings, this one's first."""
+        return Verdict(
+            self.failures + other.failures,
+            self.warnings + other.warnings,
+            {**self.suites, **other.suites},
+        )
 
-def gate_from_summary(config: Config, summary: RunSummary, verdict: Verdict) -> None:
+
+def gate_from_summary(summary: RunSummary) -> Verdict:
     """What the resolve stage already decided: a table stopped by an ``error`` resolver;
     a topology change the CDC log could not apply."""
-    if summary.cdc and summary.cdc.get("warning"):
-        verdict.warnings.append(summary.cdc["warning"])
-    for t, s in summary.tables.items():
-        if s.stopped:
-            st = s.stopped
-            verdict.failures.append(
-                f"table {t}: {st.conflict_type} on key {st.key} (event {st.event_id}) "
-                f"has resolver error: {st.reason}"
-            )
+    warnings = [summary.cdc["warning"]] if summary.cdc and summary.cdc.get("warning") else []
+    failures = [
+        f"table {t}: {st.conflict_type} on key {st.key} (event {st.event_id}) "
+        f"has resolver error: {st.reason}"
+        for t, st in ((t, s.stopped) for t, s in summary.tables.items())
+        if st is not None
+    ]
+    return Verdict(failures, warnings)
 
 
 def _fails_run(gate: str, config: Config) -> bool:
@@ -155,15 +162,14 @@ class Frames:
 def validate_stage(
     spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
 ) -> Verdict:
-    verdict = Verdict()
-    gate_from_summary(config, summary, verdict)
+    verdict = gate_from_summary(summary)
     if ctx.validation.exists():
         shutil.rmtree(ctx.validation)
     if (ctx.work / "gx").exists():  # a rerun of this stage starts a new project
         shutil.rmtree(ctx.work / "gx")
     project = Project(ctx.work, ctx.validation / "data_docs", ctx.run_id)
     try:
-        _run_suites(project, Frames(spark, config, ctx, summary), config, summary, verdict)
+        verdict += _run_suites(project, Frames(spark, config, ctx, summary), config, summary)
     finally:
         spark.catalog.clearCache()
     if ctx.data_docs:
@@ -188,10 +194,8 @@ def validate_stage(
     return verdict
 
 
-def _run_suites(
-    project: Project, frames: Frames, config: Config, summary: RunSummary, verdict: Verdict
-) -> None:
-    """Every suite of every table the run did not stop on, into ``verdict``: their row
+def _run_suites(project: Project, frames: Frames, config: Config, summary: RunSummary) -> Verdict:
+    """Every suite of every table the run did not stop on, and their verdict: their row
     checks in one Spark query (``Project.validate_all``)."""
     started = time.monotonic()
     runs: list[tuple[str, str, tuple[DataFrame, dict[str, Any]]]] = []  # table, gate, batch
@@ -207,6 +211,7 @@ def _run_suites(
                 batch = (frames.batch(template["meta"]["batch"], table), suite)
                 runs.append((t, template["meta"]["gate"], batch))
     results = project.validate_all([batch for _, _, batch in runs])
+    verdict = Verdict()
     for (t, gate, (_, suite)), checks in zip(runs, results, strict=True):
         ok = all(c.success for c in checks)
         verdict.suites[suite["name"]] = {
@@ -225,6 +230,7 @@ def _run_suites(
         sum(not s["success"] for s in verdict.suites.values()),
         time.monotonic() - started,
     )
+    return verdict
 
 
 def load_verdict(ctx: RunContext, summary: RunSummary | None = None) -> Verdict:

@@ -310,11 +310,15 @@ def test_gates_follow_the_config():
     assert not _fails_run("on_fk_violation", warn)
     assert _fails_run("on_fk_violation", make_config(on_fk_violation="quarantine"))
     assert _fails_run("always", warn)
-    v = Verdict()
     stop = Stopped("t", '{"id":1}', "insert_exists", "e1", "r")
     tables = {"t": TableSummary(stopped=stop), "u": TableSummary()}
-    gate_from_summary(make_config(), RunSummary("r", "x", "2026-11-21", 0, tables), v)
-    assert len(v.failures) == 1 and "e1" in v.failures[0]
+    cdc = {"warning": "the topology change waits"}
+    v = gate_from_summary(RunSummary("r", "x", "2026-11-21", 0, tables, cdc))
+    assert len(v.failures) == 1 and "e1" in v.failures[0] and not v.passed
+    assert v.warnings == ["the topology change waits"]
+    both = v + Verdict(["f2"], ["w2"], {"s": {"success": False}})
+    assert (both.failures[1:], both.warnings[1:], list(both.suites)) == (["f2"], ["w2"], ["s"])
+    assert len(v.failures) == 1  # the sum is a new verdict
 
 
 def test_a_failure_names_the_suite_the_check_the_table_and_keys(project, spark):
