@@ -524,18 +524,86 @@ def resolve_rows(
     exports (``events.copy_refs``), ``prior`` the state the run starts from (already
     purged)."""
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
-    small = refs.where(special)
     truncs, special_fates, special_quarantine = special_copies(
-        type_copies(small, table, config, now_us, F.lit(True))
+        type_copies(refs.where(special), table, config, now_us, F.lit(True))
     )
-    main = refs.where(~F.coalesce(special, F.lit(False)))
-    main = admit_transactions(main, prior, config, table)
+    main = admit_transactions(refs.where(~F.coalesce(special, F.lit(False))), prior, config, table)
+    df = _classified(main, prior, config, table, bool(truncs), now_us)
+
+    is_event = F.col("is_event") == 1
+    fast = df.where("fast")
+    untouched = df.where(~is_event & (F.col("n_ev") == 0) & ~F.col("coupled"))
+    to_fold = df.where(
+        ~F.col("key_fast")
+        & ((F.col("n_ev") > 0) | F.col("coupled"))
+        & (~is_event | F.col("ev_reason").isNull())
+    )
+    trace = config.cdc.enabled
+    folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt, trace)
+    folded = (
+        run_fold(to_fold.where(~F.col("coupled")), folder, False)
+        .unionByName(run_fold(to_fold.where("coupled"), folder, True))
+        .persist()
+    )
+
+    state = (
+        fast_state(fast, table, now_us)
+        .unionByName(untouched_state(untouched, table, truncs, now_us))
+        .unionByName(folded_state(folded, table))
+    )
+    fates, quarantine = with_special_copies(
+        spark, *_fates_and_quarantine(df, folded), special_fates, special_quarantine
+    )
+    conflicts = folded.where(F.col("kind") == "conflict").select(
+        *CONFLICT_FIELDS, "pos_rank", "pos_idx"
+    )
+    divergence = folded.where(F.col("kind") == "divergence").select(*DIVERGENCE_FIELDS)
+    changes = _changes(fast, untouched, folded, table, truncs) if trace else None
+    return Resolved(state, conflicts, divergence, fates, quarantine, truncs, changes)
+
+
+def folded_state(folded: DataFrame, table: Table) -> DataFrame:
+    """The new state rows the Python fold returned."""
+    return folded.where(F.col("kind") == "state").select(
+        *[F.col(f"row.{c}").alias(c) for c in table.column_names],
+        "_ts",
+        "_origin",
+        "_event_id",
+        "_deleted",
+        "_deleted_at",
+    )
+
+
+def _fates_and_quarantine(df: DataFrame, folded: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The fate of every copy (a fast key's and a quarantined copy's from the
+    classification, the others' from the fold) and the quarantined events' chosen copies."""
+    is_event = F.col("is_event") == 1
+    copy_fates = df.where(is_event & (F.col("ev_reason").isNotNull() | F.col("key_fast"))).select(
+        "event_id",
+        "replica",
+        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined"))
+        .otherwise(F.lit("applied"))
+        .alias("fate"),
+    )
+    fates = copy_fates.unionByName(
+        folded.where(F.col("kind") == "outcome").select("event_id", "replica", "fate")
+    )
+    quarantine = df.where(is_event & (F.col("rn") == 1) & F.col("ev_reason").isNotNull()).select(
+        "replica", "event_id", "reason", "detail", "raw"
+    )
+    return fates, quarantine
+
+
+def _classified(
+    main: DataFrame, prior: DataFrame, config: Config, table: Table, truncated: bool, now_us: int
+) -> DataFrame:
+    """``classify`` over the run's copies, persisted; if some event's copies sit under
+    different keys, they are moved to their winner's key and classified again."""
     coupled = coupled_keys(main, prior, table)
     if coupled is not None:
         coupled = coupled.cache()  # small; computed once, then broadcast
-
     df = classify(
-        build_items(main, prior, config, table), coupled, bool(truncs), table, config, now_us
+        build_items(main, prior, config, table), coupled, truncated, table, config, now_us
     ).persist()
     disputed = cross_key_disputes(df)
     if disputed:  # rare: move every copy of those events to their winner's key, and redo
@@ -548,57 +616,24 @@ def resolve_rows(
         df.unpersist()
         main = settle_disputes(main, disputed)
         df = classify(
-            build_items(main, prior, config, table), coupled, bool(truncs), table, config, now_us
+            build_items(main, prior, config, table), coupled, truncated, table, config, now_us
         ).persist()
+    return df
 
-    is_event = F.col("is_event") == 1
-    fast = df.where("fast")
-    untouched = df.where(~is_event & (F.col("n_ev") == 0) & ~F.col("coupled"))
-    to_fold = df.where(
-        ~F.col("key_fast")
-        & ((F.col("n_ev") > 0) | F.col("coupled"))
-        & (~is_event | F.col("ev_reason").isNull())
-    )
 
-    trace = config.cdc.enabled
-    folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt, trace)
-    folded = (
-        run_fold(to_fold.where(~F.col("coupled")), folder, False)
-        .unionByName(run_fold(to_fold.where("coupled"), folder, True))
-        .persist()
-    )
-
-    state = (
-        fast_state(fast, table, now_us)
-        .unionByName(untouched_state(untouched, table, truncs, now_us))
-        .unionByName(
-            folded.where(F.col("kind") == "state").select(
-                *[F.col(f"row.{c}").alias(c) for c in table.column_names],
-                "_ts",
-                "_origin",
-                "_event_id",
-                "_deleted",
-                "_deleted_at",
-            )
-        )
-    )
-    copy_fates = df.where(is_event & (F.col("ev_reason").isNotNull() | F.col("key_fast"))).select(
-        "event_id",
-        "replica",
-        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined"))
-        .otherwise(F.lit("applied"))
-        .alias("fate"),
-    )
-    fates = copy_fates.unionByName(
-        folded.where(F.col("kind") == "outcome").select("event_id", "replica", "fate")
-    )
+def with_special_copies(
+    spark: SparkSession,
+    fates: DataFrame,
+    quarantine: DataFrame,
+    special_fates: list[tuple],
+    special_quarantine: list[tuple],
+) -> tuple[DataFrame, DataFrame]:
+    """The fates and the quarantine of the main copies, with those of the special ones
+    (``special_copies``: TRUNCATEs and records without an event id), for both engines."""
     if special_fates:
         fates = fates.unionByName(
             spark.createDataFrame(special_fates, "event_id string, replica string, fate string")
         )
-    quarantine = df.where(is_event & (F.col("rn") == 1) & F.col("ev_reason").isNotNull()).select(
-        "replica", "event_id", "reason", "detail", "raw"
-    )
     if special_quarantine:
         quarantine = quarantine.unionByName(
             spark.createDataFrame(
@@ -606,23 +641,21 @@ def resolve_rows(
                 "replica string, event_id string, reason string, detail string, raw string",
             )
         )
-    conflicts = folded.where(F.col("kind") == "conflict").select(
-        *CONFLICT_FIELDS,
-        "pos_rank",
-        "pos_idx",
-    )
-    divergence = folded.where(F.col("kind") == "divergence").select(*DIVERGENCE_FIELDS)
-    changes = None
-    if trace:
-        parts = [
-            fast_changes(fast, table),
-            untouched_changes(untouched, table, truncs),
-            folded_changes(folded, table),
-        ]
-        schema = change_schema(table)
-        typed = [p.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]) for p in parts]
-        changes = reduce(DataFrame.unionByName, typed)
-    return Resolved(state, conflicts, divergence, fates, quarantine, truncs, changes)
+    return fates, quarantine
+
+
+def _changes(
+    fast: DataFrame, untouched: DataFrame, folded: DataFrame, table: Table, truncs: list[Event]
+) -> DataFrame:
+    """What every applied event changed (the CDC log's input), in ``change_schema``."""
+    parts = [
+        fast_changes(fast, table),
+        untouched_changes(untouched, table, truncs),
+        folded_changes(folded, table),
+    ]
+    schema = change_schema(table)
+    typed = [p.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]) for p in parts]
+    return reduce(DataFrame.unionByName, typed)
 
 
 def folded_changes(folded: DataFrame, table: Table) -> DataFrame:

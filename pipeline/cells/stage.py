@@ -4,7 +4,7 @@ resolved outputs (the package docstring has the design)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from functools import reduce
 
@@ -22,6 +22,7 @@ from pipeline.engine import (
     rank_map,
     settle_disputes,
     special_copies,
+    with_special_copies,
 )
 from pipeline.events import type_copies
 from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE
@@ -170,7 +171,40 @@ def resolve_cells(
     tt = table_tombstone(tt_rows, truncs, now_us)
 
     main = refs.where(~F.coalesce(special, F.lit(False)))
-    state_rows = prior.where(has_key).select(
+    state_rows = _state_rows(prior.where(has_key), table)
+    capture = config.cdc.enabled
+    out = _settled(
+        main,
+        table,
+        lambda m: _resolve_keys(
+            m, state_rows, config, table, truncs, tt_prior, tt, now_us, capture
+        ),
+    )
+
+    state = out.where(F.col("state").isNotNull()).select("state.*")
+    if tt is not None:
+        state = state.unionByName(table_tombstone_row(spark, table, tt))
+    conflicts = (
+        out.where(F.col("conflict").isNotNull())
+        .select("conflict.*")
+        .select(*CONFLICT_FIELDS, "pos_rank", "pos_idx")
+    )
+    fates, quarantine = with_special_copies(
+        spark,
+        out.where(F.col("fate").isNotNull()).select("fate.*"),
+        out.where(F.col("quarantine").isNotNull()).select("quarantine.*"),
+        special_fates,
+        special_quarantine,
+    )
+    # §9: a cell table converges in every replica's order (tests/test_cells.py)
+    divergence = spark.createDataFrame([], DIVERGENCE)
+    changes = _changes(out, table, bool(truncs)) if capture else None
+    return Resolved(state, conflicts, divergence, fates, quarantine, list(truncs), changes)
+
+
+def _state_rows(prior: DataFrame, table: Table) -> DataFrame:
+    """The prior state's rows of the table's keys, in the shape of the shuffle's items."""
+    return prior.select(
         key_struct(table).alias("key"),
         F.lit(0).alias("is_event"),
         F.struct(*table.column_names).alias("row"),
@@ -181,10 +215,12 @@ def resolve_cells(
         "_marker",
         "_tomb",
     )
-    capture = config.cdc.enabled
-    out = _resolve_keys(
-        main, state_rows, config, table, truncs, tt_prior, tt, now_us, capture
-    ).persist()
+
+
+def _settled(main: DataFrame, table: Table, resolve: Callable[[DataFrame], DataFrame]) -> DataFrame:
+    """``resolve(main)``, persisted; if some event's copies sit under different keys, they
+    are moved to their winner's key and resolved again (rare; see ``engine``)."""
+    out = resolve(main).persist()
     disputed = [
         r.chosen_id
         for r in out.where(F.col("chosen_id").isNotNull())
@@ -194,7 +230,7 @@ def resolve_cells(
         .select("chosen_id")
         .collect()
     ]
-    if disputed:  # rare: copies of one event under different keys (see engine.py)
+    if disputed:
         log.warning(
             "table %s: %d event(s) have copies under different keys; the winning copy's "
             "key is used",
@@ -202,42 +238,16 @@ def resolve_cells(
             len(disputed),
         )
         out.unpersist()
-        main = settle_disputes(main, disputed)
-        out = _resolve_keys(main, state_rows, config, table, truncs, tt_prior, tt, now_us, capture)
-        out = out.persist()
+        out = resolve(settle_disputes(main, disputed)).persist()
+    return out
 
-    state = out.where(F.col("state").isNotNull()).select("state.*")
-    if tt is not None:
-        state = state.unionByName(table_tombstone_row(spark, table, tt))
-    conflicts = (
-        out.where(F.col("conflict").isNotNull())
-        .select("conflict.*")
-        .select(*CONFLICT_FIELDS, "pos_rank", "pos_idx")
-    )
-    fates = out.where(F.col("fate").isNotNull()).select("fate.*")
-    if special_fates:
-        fates = fates.unionByName(
-            spark.createDataFrame(special_fates, "event_id string, replica string, fate string")
-        )
-    quarantine = out.where(F.col("quarantine").isNotNull()).select("quarantine.*")
-    if special_quarantine:
-        quarantine = quarantine.unionByName(
-            spark.createDataFrame(
-                special_quarantine,
-                "replica string, event_id string, reason string, detail string, raw string",
-            )
-        )
-    divergence = spark.createDataFrame(
-        [], DIVERGENCE
-    )  # §9: a cell table converges in every replica's order (tests/test_cells.py)
-    changes = None
-    if capture:
-        schema = change_schema(table)
-        changes = out.where(F.col("change").isNotNull()).select(
-            F.col("change").cast(schema).alias("c")
-        )
-        if truncs:
-            truncated = out.select(F.explode("tchanges").alias("c"))
-            changes = changes.unionByName(truncated.select(F.col("c").cast(schema).alias("c")))
-        changes = changes.select("c.*")
-    return Resolved(state, conflicts, divergence, fates, quarantine, list(truncs), changes)
+
+def _changes(out: DataFrame, table: Table, truncated: bool) -> DataFrame:
+    """What every applied event changed, and the TRUNCATEs' partition deletes (the CDC
+    log's input), in ``change_schema``."""
+    schema = change_schema(table)
+    changes = out.where(F.col("change").isNotNull()).select(F.col("change").cast(schema).alias("c"))
+    if truncated:
+        truncs = out.select(F.explode("tchanges").alias("c"))
+        changes = changes.unionByName(truncs.select(F.col("c").cast(schema).alias("c")))
+    return changes.select("c.*")
