@@ -91,7 +91,6 @@ LONG = {
     "pipeline/cells/writes.py:prior_writes": 84,
     "pipeline/cells/state.py:final_state": 119,
     "pipeline/cells/conflicts.py:conflict_columns": 90,
-    "pipeline/cells/stage.py:_resolve_keys": 113,
     "pipeline/exports.py:_stage_dms_csv": 64,
     "pipeline/exports.py:ingest": 71,
     "pipeline/lake.py:Lake.commit": 79,

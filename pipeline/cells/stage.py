@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from datetime import date
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.window import WindowSpec
 
 from pipeline.cells.changes import event_change, truncate_changes, truncate_slots
 from pipeline.cells.conflicts import conflict_columns
@@ -48,6 +49,26 @@ def _resolve_keys(
     ``fate`` and ``quarantine`` where they apply, and ``chosen_id``; with ``capture``,
     ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
     last row) for the CDC log."""
+    df = _chosen_copies(main, state_rows, config, table, now_us)
+    df = _slot_maxima(df, config, table, truncs, tt_prior, now_us)
+    return _outputs(df, table, truncs, tt_prior, tt, now_us, capture)
+
+
+def _chosen() -> Column:
+    """The copy that stands for its event (§12)."""
+    return (F.col("is_event") == 1) & (F.col("rn") == 1)
+
+
+def _canonical() -> WindowSpec:
+    """A key's rows in the canonical order, its prior state row first."""
+    return Window.partitionBy("key").orderBy("is_event", "c_ts", "c_rank", "event_id", "rn")
+
+
+def _chosen_copies(
+    main: DataFrame, state_rows: DataFrame, config: Config, table: Table, now_us: int
+) -> DataFrame:
+    """1. the copy that stands for each event (§12), typed and guarded: every copy gets
+    its event's reason (``ev_reason``), time and rank (``c_ts``, ``c_rank``)."""
     events = main.select(
         "key",
         F.lit(1).alias("is_event"),
@@ -60,21 +81,28 @@ def _resolve_keys(
         "pref",
     )
     items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
-
-    # 1. the copy that stands for each event (§12), typed and guarded
     w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
     df = items.withColumn("rn", F.row_number().over(w_ev))
-    chosen = (F.col("is_event") == 1) & (F.col("rn") == 1)
-    df = type_copies(df, table, config, now_us, chosen)
+    df = type_copies(df, table, config, now_us, _chosen())
     df = df.select(
         "*",
         F.first("reason").over(w_ev).alias("ev_reason"),
         F.first("ts").over(w_ev).alias("c_ts"),
         F.first("rank").over(w_ev).alias("c_rank"),
     )
-    df = df.withColumn("good", chosen & F.col("ev_reason").isNull())
+    return df.withColumn("good", _chosen() & F.col("ev_reason").isNull())
 
-    # 2. every slot's writes, and their maxima before each row in the canonical order
+
+def _slot_maxima(
+    df: DataFrame,
+    config: Config,
+    table: Table,
+    truncs: Sequence[Event],
+    tt_prior: dict | None,
+    now_us: int,
+) -> DataFrame:
+    """2. every slot's writes, and their maxima before each row in the canonical order;
+    the conflict columns and the fate of every copy."""
     is_state = F.col("is_event") == 0
     names = [c for c, _ in value_columns(table)] + ["_marker", "_tomb"]
     ranks = rank_map(config, table)
@@ -85,7 +113,7 @@ def _resolve_keys(
         )
     ]
     df = df.select("*", *writes)
-    w = Window.partitionBy("key").orderBy("is_event", "c_ts", "c_rank", "event_id", "rn")
+    w = _canonical()
     before = w.rowsBetween(Window.unboundedPreceding, -1)
     df = df.select(
         "*",
@@ -102,12 +130,24 @@ def _resolve_keys(
         F.col("good"), F.when(F.col("won"), F.lit("applied")).otherwise(F.lit("discarded"))
     )
     upto = w.rowsBetween(Window.unboundedPreceding, 0)
-    df = df.withColumn(
+    return df.withColumn(
         "fate",
         F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined")).otherwise(
             F.last(fate_here, ignorenulls=True).over(upto)
         ),
     )
+
+
+def _outputs(
+    df: DataFrame,
+    table: Table,
+    truncs: Sequence[Event],
+    tt_prior: dict | None,
+    tt: dict | None,
+    now_us: int,
+    capture: bool,
+) -> DataFrame:
+    """3. the structs of the outputs, where they apply (``_resolve_keys``)."""
     state_cols, exists = final_state(table, now_us, tt)
     conflict = F.struct(
         F.col("key_json").alias("key"),
@@ -125,7 +165,7 @@ def _resolve_keys(
         F.col("rank").alias("pos_rank"),
         F.lit(0).alias("pos_idx"),
     )
-    quarantined = chosen & F.col("ev_reason").isNotNull()
+    quarantined = _chosen() & F.col("ev_reason").isNotNull()
     changes = []
     if capture:
         applied = F.col("good") & F.col("won")
@@ -142,7 +182,7 @@ def _resolve_keys(
         F.when(quarantined, F.struct("replica", "event_id", "reason", "detail", "raw")).alias(
             "quarantine"
         ),
-        F.when(chosen, F.col("event_id")).alias("chosen_id"),
+        F.when(_chosen(), F.col("event_id")).alias("chosen_id"),
         *changes,
     )
 
