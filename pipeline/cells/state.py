@@ -4,6 +4,7 @@ tombstone of a TRUNCATE, and the new state row from the maxima of its slots."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
@@ -67,125 +68,109 @@ def purge_cells(prior: DataFrame, table: Table, now_us: int, grace_s: int) -> Da
     return out.where(anything).select(*prior.columns)
 
 
+@dataclass(frozen=True)
+class _Horizon:
+    """What survives at a key's last row: a write newer than the row tombstone kept and
+    the table tombstone (``limit``), alive at the run's clock (``now_s``)."""
+
+    limit: Column
+    now_s: int
+
+    def kept(self, x: Column) -> Column:
+        return x.isNotNull() & F.coalesce(x["ts"] > self.limit, F.lit(True))
+
+    def unexpired(self, x: Column) -> Column:
+        return x["ttl"].isNull() | F.coalesce(x["expiry_s"] > self.now_s, F.lit(False))
+
+    def live(self, x: Column) -> Column:
+        return self.kept(x) & ~x["dead"] & self.unexpired(x)
+
+
 def final_state(table: Table, now_us: int, tt: dict | None) -> tuple[list[Column], Column]:
     """The state row from the slots' maxima ``f_*`` at a key's last row; and whether the
     key keeps a state row at all."""
-    now_s = now_us // 1_000_000
     tt_ts = F.lit(tt["ts"] if tt else None).cast("long")
     tomb = F.col("f__tomb")
     tomb_kept = tomb.isNotNull() & F.coalesce(tomb["ts"] > tt_ts, F.lit(True))
-    limit = F.greatest(F.when(tomb_kept, tomb["ts"]), tt_ts)
-
-    def kept(x: Column) -> Column:
-        return x.isNotNull() & F.coalesce(x["ts"] > limit, F.lit(True))
-
-    def live(x: Column) -> Column:
-        return (
-            kept(x)
-            & ~x["dead"]
-            & (x["ttl"].isNull() | F.coalesce(x["expiry_s"] > now_s, F.lit(False)))
-        )
-
-    cols = value_columns(table)
-    cells = {c: F.col(f"f_{c}") for c, _ in cols}
+    h = _Horizon(F.greatest(F.when(tomb_kept, tomb["ts"]), tt_ts), now_us // 1_000_000)
+    cells = {c: F.col(f"f_{c}") for c, _ in value_columns(table)}
     marker = F.col("f__marker")
-    marker_live = kept(marker) & (
-        marker["ttl"].isNull() | F.coalesce(marker["expiry_s"] > now_s, F.lit(False))
+    by_name = {
+        **{c: F.col(f"key.{c}") for c in table.key},
+        **{c: F.when(h.live(x), x["value"]) for c, x in cells.items()},
+        **_row_meta(cells, marker, tomb, tomb_kept, h),
+        "_cells": F.struct(*[_stored_cell(x, h).alias(c) for c, x in cells.items()]),
+        "_marker": F.when(
+            h.kept(marker),
+            F.struct(*[marker[n].alias(n) for n in ("ts", "ttl")], _expiry(marker), *_by(marker)),
+        ),
+        "_tomb": F.when(
+            tomb_kept, F.struct(*[tomb[n].alias(n) for n in ("ts", "deleted_at")], *_by(tomb))
+        ),
+    }
+    exists = (
+        reduce(lambda a, b: a | b, [h.kept(x) for x in cells.values()], h.kept(marker)) | tomb_kept
     )
-    lives = [live(x) for x in cells.values()]
+    schema = state_schema(table)
+    return [by_name[f.name].cast(f.dataType).alias(f.name) for f in schema.fields], exists
+
+
+def _by(x: Column) -> list[Column]:
+    return [x["origin"].alias("origin"), x["event_id"].alias("event_id")]
+
+
+def _expiry(x: Column) -> Column:
+    return x["expiry_s"].alias("expiry")
+
+
+def _stored_cell(x: Column, h: _Horizon) -> Column:
+    """A cell as the state keeps it: as written, even once expired or deleted."""
+    return F.when(
+        h.kept(x),
+        F.struct(
+            x["value"].alias("value"),
+            x["ts"].alias("ts"),
+            x["ttl"].alias("ttl"),
+            _expiry(x),
+            x["dead"].alias("dead"),
+            F.when(x["dead"], x["deleted_at"]).alias("deleted_at"),
+            *_by(x),
+        ),
+    )
+
+
+def _row_meta(
+    cells: dict[str, Column], marker: Column, tomb: Column, tomb_kept: Column, h: _Horizon
+) -> dict[str, Column]:
+    """``_ts, _origin, _event_id`` of the row's last live write, and whether and when it
+    was deleted (the latest deletion, expiry or tombstone) when nothing of it lives."""
+    marker_live = h.kept(marker) & h.unexpired(marker)
+    lives = [h.live(x) for x in cells.values()]
     row_live = reduce(lambda a, b: a | b, lives, marker_live)
 
     def last_write(x: Column, ok: Column) -> Column:
-        return F.when(
-            ok,
-            F.struct(
-                x["ts"].alias("ts"),
-                x["is_event"].alias("is_event"),
-                x["rank"].alias("rank"),
-                x["event_id"].alias("event_id"),
-                x["origin"].alias("origin"),
-            ),
-        )
+        fields = ("ts", "is_event", "rank", "event_id", "origin")
+        return F.when(ok, F.struct(*[x[n].alias(n) for n in fields]))
 
     latest = greatest(
         [last_write(x, ok) for x, ok in zip(cells.values(), lives, strict=True)]
         + [last_write(marker, marker_live)]
     )
-    deletions = [F.when(kept(x) & x["dead"], x["deleted_at"]) for x in cells.values()]
+    deletions = [F.when(h.kept(x) & x["dead"], x["deleted_at"]) for x in cells.values()]
     deletions += [
-        F.when(kept(x) & ~x["dead"] & x["ttl"].isNotNull(), (x["expiry_s"] - x["ttl"]) * 1_000_000)
+        F.when(
+            h.kept(x) & ~x["dead"] & x["ttl"].isNotNull(), (x["expiry_s"] - x["ttl"]) * 1_000_000
+        )
         for x in cells.values()
     ]
     deletions.append(F.when(tomb_kept, tomb["deleted_at"]))
-    values = []
-    for c, _ct in cols:
-        x = cells[c]
-        values.append(F.when(live(x), x["value"]).alias(c))
-    schema = state_schema(table)
-
-    def stored(c: str, x: Column) -> Column:
-        return F.when(
-            kept(x),
-            F.struct(
-                x["value"].alias("value"),
-                x["ts"].alias("ts"),
-                x["ttl"].alias("ttl"),
-                x["expiry_s"].alias("expiry"),
-                x["dead"].alias("dead"),
-                F.when(x["dead"], x["deleted_at"]).alias("deleted_at"),
-                x["origin"].alias("origin"),
-                x["event_id"].alias("event_id"),
-            ),
-        ).alias(c)
-
-    by_name = dict(zip([c for c, _ in cols], values, strict=True))
-    out = []
-    for f in schema.fields:
-        if f.name in table.key:
-            out.append(F.col(f"key.{f.name}").alias(f.name))
-        elif f.name in by_name:
-            out.append(by_name[f.name])
-        elif f.name == "_ts":
-            out.append(F.when(row_live, latest["ts"]).alias("_ts"))
-        elif f.name == "_origin":
-            out.append(F.when(row_live, latest["origin"]).alias("_origin"))
-        elif f.name == "_event_id":
-            out.append(F.when(row_live, latest["event_id"]).alias("_event_id"))
-        elif f.name == "_deleted":
-            out.append((~row_live).alias("_deleted"))
-        elif f.name == "_deleted_at":
-            out.append(F.when(~row_live, greatest(deletions)).alias("_deleted_at"))
-        elif f.name == "_cells":
-            out.append(F.struct(*[stored(c, cells[c]) for c, _ in cols]).alias("_cells"))
-        elif f.name == "_marker":
-            out.append(
-                F.when(
-                    kept(marker),
-                    F.struct(
-                        marker["ts"].alias("ts"),
-                        marker["ttl"].alias("ttl"),
-                        marker["expiry_s"].alias("expiry"),
-                        marker["origin"].alias("origin"),
-                        marker["event_id"].alias("event_id"),
-                    ),
-                ).alias("_marker")
-            )
-        elif f.name == "_tomb":
-            out.append(
-                F.when(
-                    tomb_kept,
-                    F.struct(
-                        tomb["ts"].alias("ts"),
-                        tomb["deleted_at"].alias("deleted_at"),
-                        tomb["origin"].alias("origin"),
-                        tomb["event_id"].alias("event_id"),
-                    ),
-                ).alias("_tomb")
-            )
-    exists = reduce(lambda a, b: a | b, [kept(x) for x in cells.values()], kept(marker)) | tomb_kept
-    return [
-        c.cast(f.dataType).alias(f.name) for c, f in zip(out, schema.fields, strict=True)
-    ], exists
+    return {
+        "_ts": F.when(row_live, latest["ts"]),
+        "_origin": F.when(row_live, latest["origin"]),
+        "_event_id": F.when(row_live, latest["event_id"]),
+        "_deleted": ~row_live,
+        "_deleted_at": F.when(~row_live, greatest(deletions)),
+    }
 
 
 def table_tombstone_row(spark: SparkSession, table: Table, tt: dict) -> DataFrame:
