@@ -81,87 +81,80 @@ def _tomb_struct(
 def prior_writes(table: Table, ranks: Column) -> list[Column]:
     """The prior state row's slots. A row without cell metadata (a base snapshot row, or
     state written by a row-granularity policy) is cells and a marker written at ``_ts``."""
+    cells = [_prior_cell(c, ct, ranks).alias(f"w_{c}") for c, ct in value_columns(table)]
+    return [*cells, _prior_marker(ranks).alias("w__marker"), _prior_tomb(ranks).alias("w__tomb")]
+
+
+def _as_written(value: Column | None) -> Column:
+    """A base row's cell (its ``value``) or, given ``None``, its marker: written at
+    ``_ts`` by ``_origin``, without a ttl, not deleted."""
+    no_long = F.lit(None).cast("long")
+    when = [F.col("_ts").alias("ts"), no_long.alias("ttl"), no_long.alias("expiry")]
+    by = [F.col("_origin").alias("origin"), F.col("_event_id").alias("event_id")]
+    if value is None:
+        return F.struct(*when, *by)
+    dead = [F.lit(False).alias("dead"), no_long.alias("deleted_at")]
+    return F.struct(value.alias("value"), *when, *dead, *by)
+
+
+def _prior_cell(c: str, ct: ColumnType, ranks: Column) -> Column:
     base = F.col("_cells").isNull()
-    origin, ts, eid = F.col("_origin"), F.col("_ts"), F.col("_event_id")
-    out = []
-    for c, ct in value_columns(table):
-        src = F.when(
-            base,
-            F.when(
-                F.col(f"row.{c}").isNotNull(),
-                F.struct(
-                    F.col(f"row.{c}").alias("value"),
-                    ts.alias("ts"),
-                    F.lit(None).cast("long").alias("ttl"),
-                    F.lit(None).cast("long").alias("expiry"),
-                    F.lit(False).alias("dead"),
-                    F.lit(None).cast("long").alias("deleted_at"),
-                    origin.alias("origin"),
-                    eid.alias("event_id"),
-                ),
-            ),
-        ).otherwise(F.col(f"_cells.{c}"))
-        out.append(
-            F.when(
-                src.isNotNull(),
-                _cell_struct(
-                    src["ts"],
-                    src["dead"],
-                    src["deleted_at"],
-                    src["ttl"],
-                    src["expiry"],
-                    src["value"],
-                    0,
-                    F.coalesce(ranks[src["origin"]], F.lit(-1)),
-                    src["event_id"],
-                    src["origin"],
-                    ct,
-                ),
-            ).alias(f"w_{c}")
-        )
-    m = F.when(
-        base,
-        F.struct(
-            ts.alias("ts"),
-            F.lit(None).cast("long").alias("ttl"),
-            F.lit(None).cast("long").alias("expiry"),
-            origin.alias("origin"),
-            eid.alias("event_id"),
+    value = F.col(f"row.{c}")
+    src = F.when(base, F.when(value.isNotNull(), _as_written(value))).otherwise(
+        F.col(f"_cells.{c}")
+    )
+    return F.when(
+        src.isNotNull(),
+        _cell_struct(
+            src["ts"],
+            src["dead"],
+            src["deleted_at"],
+            src["ttl"],
+            src["expiry"],
+            src["value"],
+            0,
+            F.coalesce(ranks[src["origin"]], F.lit(-1)),
+            src["event_id"],
+            src["origin"],
+            ct,
         ),
-    ).otherwise(F.col("_marker"))
-    out.append(
-        F.when(
-            m.isNotNull(),
-            _cell_struct(
-                m["ts"],
-                F.lit(False),
-                F.lit(None).cast("long"),
-                m["ttl"],
-                m["expiry"],
-                F.lit(None),
-                0,
-                F.coalesce(ranks[m["origin"]], F.lit(-1)),
-                m["event_id"],
-                m["origin"],
-                None,
-            ),
-        ).alias("w__marker")
     )
+
+
+def _prior_marker(ranks: Column) -> Column:
+    base = F.col("_cells").isNull()
+    m = F.when(base, _as_written(None)).otherwise(F.col("_marker"))
+    return F.when(
+        m.isNotNull(),
+        _cell_struct(
+            m["ts"],
+            F.lit(False),
+            F.lit(None).cast("long"),
+            m["ttl"],
+            m["expiry"],
+            F.lit(None),
+            0,
+            F.coalesce(ranks[m["origin"]], F.lit(-1)),
+            m["event_id"],
+            m["origin"],
+            None,
+        ),
+    )
+
+
+def _prior_tomb(ranks: Column) -> Column:
     t = F.col("_tomb")
-    out.append(
-        F.when(
-            t.isNotNull(),
-            _tomb_struct(
-                t["ts"],
-                t["deleted_at"],
-                0,
-                F.coalesce(ranks[t["origin"]], F.lit(-1)),
-                t["event_id"],
-                t["origin"],
-            ),
-        ).alias("w__tomb")
+    return F.when(
+        t.isNotNull(),
+        _tomb_struct(
+            t["ts"],
+            t["deleted_at"],
+            0,
+            F.coalesce(ranks[t["origin"]], F.lit(-1)),
+            t["event_id"],
+            t["origin"],
+        ),
     )
-    return out
 
 
 def event_writes(table: Table, now_us: int) -> list[Column]:
