@@ -4,6 +4,7 @@ equal or later write of another event, with the columns of its conflict-log row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from functools import reduce
 
 from pyspark.sql import Column
@@ -69,93 +70,108 @@ def _render(x: Column, has_value: bool) -> Column:
     return F.struct(*fields)
 
 
+def _other(p: Column) -> Column:
+    """An equal or later write (``p``: a slot's maximum before this row) of another event."""
+    ts, eid = F.col("ts"), F.col("event_id")
+    return F.coalesce((p["ts"] >= ts) & ~p["event_id"].eqNullSafe(eid), F.lit(False))
+
+
+@dataclass(frozen=True)
+class _Findings:
+    """Per slot of an event row: whether it met another write (``met``), whether it won,
+    the reason, the local writes it met, and the local and remote cells as logged."""
+
+    met: tuple[Column, ...] = ()
+    won: tuple[Column, ...] = ()
+    reasons: tuple[Column, ...] = ()
+    local: tuple[Column, ...] = ()
+    local_row: tuple[Column, ...] = ()
+    remote_row: tuple[Column, ...] = ()
+
+    def __add__(self, other: _Findings) -> _Findings:
+        return _Findings(
+            *[getattr(self, x.name) + getattr(other, x.name) for x in fields(_Findings)]
+        )
+
+
 def conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -> list[Column]:
     """For every event row: ``conflict`` (one of its writes met an equal or later write
     of another event, or a tombstone shadowed it), ``won`` (one of its writes won), which
     of its slots won (``won_<slot>``), and the conflict log's fields (§12 "Cell tables")."""
-    ts, eid = F.col("ts"), F.col("event_id")
     tt = table_tomb_at_event(truncs, tt_prior)
     ptomb = F.col("p__tomb")
     shadow = greatest([F.when(ptomb.isNotNull(), _ts_origin(ptomb["ts"], ptomb["origin"])), tt])
-    shadowed = F.coalesce(shadow["ts"] >= ts, F.lit(False))
-
-    def other(p: Column) -> Column:
-        return F.coalesce((p["ts"] >= ts) & ~p["event_id"].eqNullSafe(eid), F.lit(False))
-
+    shadowed = F.coalesce(shadow["ts"] >= F.col("ts"), F.lit(False))
     slots = [(c, True) for c, _ in value_columns(table)] + [("_marker", False)]
-    met, won, reasons, local, local_row, remote_row = [], [], [], [], [], []
-    for name, has_value in slots:
-        w, p = F.col(f"w_{name}"), F.col(f"p_{name}")
-        written = w.isNotNull()
-        m = written & (other(p) | shadowed)
-        wn = written & ~shadowed & (p.isNull() | (w > p))
-        met.append(m)
-        won.append(wn)
-        label = "row marker" if name == "_marker" else name
-        why = F.when(shadowed, F.lit(SHADOWED)).otherwise(_why(w, p, has_value))
-        reasons.append(
-            F.when(
-                m,
-                F.concat(
-                    F.lit(f"{label}: "),
-                    F.when(wn, F.lit("won")).otherwise(F.lit("lost")),
-                    F.lit(" ("),
-                    why,
-                    F.lit(")"),
-                ),
-            )
-        )
-        local.append(F.when(m & other(p), _ts_origin(p["ts"], p["origin"])))
-        local_row.append(F.when(m & p.isNotNull(), _render(p, has_value)).alias(name))
-        remote_row.append(F.when(written, _render(w, has_value)).alias(name))
-    local.append(F.when(shadowed & reduce(lambda a, b: a | b, met), shadow))
+    f = sum((_slot_findings(name, has_value, shadowed) for name, has_value in slots), _Findings())
+    f += _Findings(local=(F.when(shadowed & reduce(lambda a, b: a | b, f.met), shadow),))
+    f += _tombstone_findings([n for n, _ in slots], tt)
+    is_delete = F.col("w__tomb").isNotNull()
 
-    # a DELETE: its row tombstone meets every equal or later write of the key
-    wt = F.col("w__tomb")
-    is_delete = wt.isNotNull()
-    hits = [other(F.col(f"p_{n}")) for n, _ in slots] + [other(ptomb)]
-    tt_hit = F.coalesce(tt["ts"] >= ts, F.lit(False))
-    beaten = tt_hit | F.coalesce(ptomb >= wt, F.lit(False))
-    met_t = is_delete & (reduce(lambda a, b: a | b, hits) | tt_hit)
-    met.append(met_t)
-    won.append(is_delete & ~beaten)
-    reasons.append(
-        F.when(
-            met_t,
-            F.when(beaten, F.lit("row tombstone: lost (an equal or later tombstone)")).otherwise(
-                F.lit("row tombstone: won (writes newer than it survive)")
-            ),
-        )
-    )
-    for n, _ in slots:
-        p = F.col(f"p_{n}")
-        local.append(F.when(is_delete & other(p), _ts_origin(p["ts"], p["origin"])))
-    local.append(F.when(is_delete & other(ptomb), _ts_origin(ptomb["ts"], ptomb["origin"])))
-    local.append(F.when(met_t & tt_hit, tt))
-    local_row.append(
-        F.when(met_t & ptomb.isNotNull(), F.struct(ptomb["ts"].alias("ts"))).alias("_row_tombstone")
-    )
-    remote_row.append(F.when(is_delete, F.struct(wt["ts"].alias("ts"))).alias("_row_tombstone"))
-
-    any_met = reduce(lambda a, b: a | b, met)
-    any_won = reduce(lambda a, b: a | b, won)
+    any_met = reduce(lambda a, b: a | b, f.met)
+    any_won = reduce(lambda a, b: a | b, f.won)
     any_write = reduce(
         lambda a, b: a | b, [F.col(f"w_{n}").isNotNull() for n, _ in slots], is_delete
     )
-    loc = greatest(local)
-    op = F.col("op")
-    ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])[op]
+    loc = greatest(list(f.local))
+    ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])
     return [
-        *[w.alias(f"won_{n}") for (n, _), w in zip(slots, won, strict=False)],
+        *[w.alias(f"won_{n}") for (n, _), w in zip(slots, f.won, strict=False)],
         any_met.alias("conflict"),
         (any_won | ~any_write).alias("won"),
         F.to_json(F.col("key")).alias("key_json"),
-        ctype.alias("conflict_type"),
+        ctype[F.col("op")].alias("conflict_type"),
         F.lit(Resolver.SCYLLA.value).alias("resolver"),
         F.when(any_won, F.lit("applied")).otherwise(F.lit("discarded")).alias("outcome"),
         loc["ts"].alias("local_ts"),
         loc["o"].alias("local_origin"),
-        F.to_json(F.struct(*local_row)).alias("local_row"),
-        F.to_json(F.struct(*remote_row)).alias("remote_row"),
-        F.concat_ws("; ", *reasons).alias("conflict_reason"),
+        F.to_json(F.struct(*f.local_row)).alias("local_row"),
+        F.to_json(F.struct(*f.remote_row)).alias("remote_row"),
+        F.concat_ws("; ", *f.reasons).alias("conflict_reason"),
     ]
+
+
+def _slot_findings(name: str, has_value: bool, shadowed: Column) -> _Findings:
+    """A cell's or the row marker's write against the slot's maximum before it."""
+    w, p = F.col(f"w_{name}"), F.col(f"p_{name}")
+    written = w.isNotNull()
+    m = written & (_other(p) | shadowed)
+    wn = written & ~shadowed & (p.isNull() | (w > p))
+    label = "row marker" if name == "_marker" else name
+    why = F.when(shadowed, F.lit(SHADOWED)).otherwise(_why(w, p, has_value))
+    outcome = F.when(wn, F.lit("won")).otherwise(F.lit("lost"))
+    return _Findings(
+        met=(m,),
+        won=(wn,),
+        reasons=(F.when(m, F.concat(F.lit(f"{label}: "), outcome, F.lit(" ("), why, F.lit(")"))),),
+        local=(F.when(m & _other(p), _ts_origin(p["ts"], p["origin"])),),
+        local_row=(F.when(m & p.isNotNull(), _render(p, has_value)).alias(name),),
+        remote_row=(F.when(written, _render(w, has_value)).alias(name),),
+    )
+
+
+def _tombstone_findings(slots: list[str], tt: Column) -> _Findings:
+    """A DELETE: its row tombstone meets every equal or later write of the key."""
+    wt, ptomb = F.col("w__tomb"), F.col("p__tomb")
+    is_delete = wt.isNotNull()
+    hits = [_other(F.col(f"p_{n}")) for n in slots] + [_other(ptomb)]
+    tt_hit = F.coalesce(tt["ts"] >= F.col("ts"), F.lit(False))
+    beaten = tt_hit | F.coalesce(ptomb >= wt, F.lit(False))
+    met_t = is_delete & (reduce(lambda a, b: a | b, hits) | tt_hit)
+    reason = F.when(beaten, F.lit("row tombstone: lost (an equal or later tombstone)")).otherwise(
+        F.lit("row tombstone: won (writes newer than it survive)")
+    )
+    met_slots = [F.col(f"p_{n}") for n in slots] + [ptomb]
+    local = [F.when(is_delete & _other(p), _ts_origin(p["ts"], p["origin"])) for p in met_slots]
+    return _Findings(
+        met=(met_t,),
+        won=(is_delete & ~beaten,),
+        reasons=(F.when(met_t, reason),),
+        local=(*local, F.when(met_t & tt_hit, tt)),
+        local_row=(
+            F.when(met_t & ptomb.isNotNull(), F.struct(ptomb["ts"].alias("ts"))).alias(
+                "_row_tombstone"
+            ),
+        ),
+        remote_row=(F.when(is_delete, F.struct(wt["ts"].alias("ts"))).alias("_row_tombstone"),),
+    )
