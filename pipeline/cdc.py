@@ -249,18 +249,9 @@ def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataF
     return out.select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
 
 
-def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfig) -> DataFrame:
-    """The log rows of ``changes`` (``schema.change_schema``), in canonical order."""
-    by_instant = Window.partitionBy("ts", "rank").orderBy("event_id")
-    df = changes.select(
-        "*",
-        (F.dense_rank().over(by_instant) - 1).alias("ordinal"),
-        stream_id_column(table, gens).alias("stream"),
-    )
-    too_many = F.raise_error(F.lit("cdc: too many events of one origin at one microsecond"))
-    df = df.withColumn(
-        "ordinal", F.when(F.col("ordinal") < 2**ORDINAL_BITS, F.col("ordinal")).otherwise(too_many)
-    )
+def _entries(table: Table, cdc: CdcConfig) -> list[Column]:
+    """The log entries of one change: its pre-image (``sub`` 0), the change itself (1) and
+    its post-image (2), as the config asks; an image is there when the row was."""
     codes = F.create_map(*[x for k in ChangeKind for x in (F.lit(k.value), F.lit(k.code))])
     row_t = row_struct_type(table)
     no_cols = F.lit(None).cast("array<string>")
@@ -281,6 +272,22 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
     if cdc.postimage:
         post = entry(F.lit(CDC_POST_IMAGE), 2, F.col("post"), no_cols, F.lit(None))
         entries.append(F.when(F.col("post").isNotNull(), post))
+    return entries
+
+
+def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfig) -> DataFrame:
+    """The log rows of ``changes`` (``schema.change_schema``), in canonical order."""
+    by_instant = Window.partitionBy("ts", "rank").orderBy("event_id")
+    df = changes.select(
+        "*",
+        (F.dense_rank().over(by_instant) - 1).alias("ordinal"),
+        stream_id_column(table, gens).alias("stream"),
+    )
+    too_many = F.raise_error(F.lit("cdc: too many events of one origin at one microsecond"))
+    df = df.withColumn(
+        "ordinal", F.when(F.col("ordinal") < 2**ORDINAL_BITS, F.col("ordinal")).otherwise(too_many)
+    )
+    entries = _entries(table, cdc)
     rows = df.select(
         "event_id",
         "ts",

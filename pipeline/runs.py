@@ -180,19 +180,29 @@ def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -
         return _page("Conflicts", body)
     report = next((r for r in reports if r["dt"] == dt), reports[0])
     rows = table_runs(report)
+    failures = "".join(f"<li>{_e(f)}</li>" for f in report.get("failures", []))
+    fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
+    body = _head(report, reports, docs_href) + fail_html + _per_table(rows) + _detail(rows)
+    return _page(f"Conflicts {report['dt']}", body)
+
+
+def _head(report: dict[str, Any], reports: list[dict[str, Any]], docs_href: str) -> str:
+    """The run's date and status, its Data Docs, and the links to the other runs."""
     nav = " ".join(
         f'<a href="?dt={_e(r["dt"])}" class="{_e(r.get("status"))}">{_e(r["dt"])}</a>'
         for r in reports
     )
     status = report.get("status", "")
-    head = (
+    return (
         f"<h1>Run of {_e(report['dt'])} <span class='{_e(status)}'>{_e(status)}</span></h1>"
         f"<p class='muted'>run {_e(report.get('run_id'))} · "
         f"<a href='{_e(docs_href.format(dt=report['dt'], run_id=report.get('run_id')))}'>"
         "Data Docs</a></p>"
         f"<nav>runs: {nav}</nav>"
     )
-    failures = "".join(f"<li>{_e(f)}</li>" for f in report.get("failures", []))
+
+
+def _per_table(rows: list[TableRun]) -> str:
     summary = [
         "<h2>Per table</h2><table id='tables'><tr><th>table</th><th>events</th><th>applied</th>"
         "<th>discarded</th><th>conflicts</th><th>quarantined</th><th>divergent keys</th>"
@@ -206,6 +216,12 @@ def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -
             f"<td class=n>{r.orphans}</td></tr>"
         )
     summary.append("</table>")
+    return "".join(summary)
+
+
+def _detail(rows: list[TableRun]) -> str:
+    """The conflicts by type and outcome (a chart and a table), then what was quarantined
+    and which keys diverged."""
     detail = ["<h2>Conflicts by type and outcome</h2>", _chart(rows)]
     detail.append(
         "<table id='conflicts'><tr><th>table</th><th>conflict type</th><th>outcome</th>"
@@ -236,8 +252,7 @@ def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -
                 f"<tr><td>{_e(r.table)}</td><td>orphans</td><td class=n>{r.orphans}</td></tr>"
             )
     detail.append("</table>")
-    fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
-    return _page(f"Conflicts {report['dt']}", head + fail_html + "".join(summary + detail))
+    return "".join(detail)
 
 
 def _page(title: str, body: str) -> str:

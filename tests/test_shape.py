@@ -87,11 +87,9 @@ LONG = {
     "pipeline/adapters.py:wal2json": 90,
     "pipeline/adapters.py:debezium": 139,
     "pipeline/adapters.py:dms": 65,
-    "pipeline/cdc.py:build_log": 69,
     "pipeline/exports.py:_stage_dms_csv": 64,
     "pipeline/exports.py:ingest": 71,
     "pipeline/lake.py:Lake.commit": 79,
-    "pipeline/runs.py:render_page": 67,
 }
 
 
