@@ -37,7 +37,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pipeline.config import Config, Table
 from pipeline.events import type_copies
 from pipeline.foldrun import GroupFolder, make_fold_function
-from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE_FIELDS, FOLD_INPUT, POSITION, fold_output
+from pipeline.frames import (
+    CONFLICT_FIELDS,
+    DIVERGENCE_FIELDS,
+    FOLD_INPUT,
+    POSITION,
+    SHUFFLED_COPY,
+    fold_output,
+)
 from pipeline.policy import ChangeKind, ConflictType, Detection, Resolver, Scope
 from pipeline.rowfold import Event, FoldSpec
 from pipeline.schema import change_schema, row_struct_type, state_schema
@@ -159,18 +166,7 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
 def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table) -> DataFrame:
     """Event copies and prior state rows in one frame, by ``key``: ``is_event``,
     ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
-    ev = copies.select(
-        "key",
-        F.lit(1).alias("is_event"),
-        "event_id",
-        "replica",
-        "file",
-        "line",
-        "raw",
-        "seq",
-        "pref",
-        "rejected",
-    )
+    ev = copies.select("key", F.lit(1).alias("is_event"), *SHUFFLED_COPY, "rejected")
     st = prior.select(
         key_struct(table).alias("key"),
         F.lit(0).alias("is_event"),

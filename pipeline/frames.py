@@ -38,6 +38,9 @@ TYPED_COLUMNS = (
     "detail",
 )
 
+#: what the shuffle by key carries of each copy, after ``key`` and ``is_event`` (both engines)
+SHUFFLED_COPY = ("event_id", "replica", "file", "line", "raw", "seq", "pref")
+
 # ---------------------------------------------------------------------- the Python fold
 
 #: what the Python fold reads of each row (everything else stays in the JVM)

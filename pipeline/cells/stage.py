@@ -26,7 +26,7 @@ from pipeline.engine import (
     with_special_copies,
 )
 from pipeline.events import type_copies
-from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE, SHUFFLED_COPY
 from pipeline.rowfold import Event
 from pipeline.schema import change_schema
 
@@ -69,17 +69,7 @@ def _chosen_copies(
 ) -> DataFrame:
     """1. the copy that stands for each event (§12), typed and guarded: every copy gets
     its event's reason (``ev_reason``), time and rank (``c_ts``, ``c_rank``)."""
-    events = main.select(
-        "key",
-        F.lit(1).alias("is_event"),
-        "event_id",
-        "replica",
-        "file",
-        "line",
-        "raw",
-        "seq",
-        "pref",
-    )
+    events = main.select("key", F.lit(1).alias("is_event"), *SHUFFLED_COPY)
     items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
     w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
     df = items.withColumn("rn", F.row_number().over(w_ev))
