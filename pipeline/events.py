@@ -29,6 +29,7 @@ from pipeline.config import Config, Table
 from pipeline.frames import LIGHT_FIELDS, TYPED_COLUMNS
 from pipeline.policy import Granularity, QuarantineReason, Scope
 from pipeline.schema import event_ts_micros, typed
+from pipeline.spark import read_output
 
 if TYPE_CHECKING:
     from pipeline.exports import StagedExport
@@ -219,8 +220,6 @@ def parse_once(spark: SparkSession, copies: DataFrame, path: Path) -> DataFrame:
     them three or four times (the TRUNCATEs and records without an id, the keys coupled by
     a key change or a unique value, the shuffle by key), and Spark would parse the JSON of
     every record again each time, in every filter that reads a field of it."""
-    from pipeline.spark import read_output
-
     copies.write.mode("overwrite").parquet(str(path))
     return read_output(spark, path)
 

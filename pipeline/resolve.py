@@ -30,7 +30,13 @@ from pipeline.context import RunContext
 from pipeline.engine import position, purge, resolve_rows
 from pipeline.events import copy_refs, parse_once, read_records
 from pipeline.exports import StagedTable, load_inputs
-from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE_FIELDS, LEDGER_COLUMNS, POSITION
+from pipeline.frames import (
+    CONFLICT_FIELDS,
+    DIVERGENCE_FIELDS,
+    LEDGER_COLUMNS,
+    POSITION,
+    RUN_COLUMNS,
+)
 from pipeline.policy import Granularity, QuarantineReason
 from pipeline.schema import snapshot_columns
 from pipeline.snapshots import snapshot_divergence
@@ -52,8 +58,8 @@ COPIES = "copies"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
-    """``frames.RUN_COLUMNS``."""
-    return [F.lit(ctx.run_id).alias("run_id"), F.lit(table).alias("table")]
+    """``frames.RUN_COLUMNS``: this run's id and the table."""
+    return [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
 
 
 def _write(df: DataFrame, path: Path, mode: str = "overwrite") -> None:
