@@ -468,11 +468,35 @@ def run_fold(df: DataFrame, folder: GroupFolder, single_group: bool) -> DataFram
     return stream.mapInArrow(fn, schema)
 
 
-def special_copies(typed: DataFrame) -> tuple[list[Event], list[tuple], list[tuple]]:
-    """The run's TRUNCATEs and the records without an event id: few, fully typed, settled
-    on the driver. Returns the good TRUNCATE events, the fate of every copy
-    ``(event_id, replica, fate)`` and the quarantined ones
-    ``(replica, event_id, reason, detail, raw)``."""
+@dataclass(frozen=True)
+class Specials:
+    """The run's TRUNCATEs and its records without an event id, settled on the driver:
+    the good TRUNCATE events, the fate of every copy ``(event_id, replica, fate)`` and the
+    quarantined ones ``(replica, event_id, reason, detail, raw)``."""
+
+    truncates: list[Event]
+    fates: list[tuple]
+    quarantined: list[tuple]
+
+
+def split_special(
+    refs: DataFrame, table: Table, config: Config, now_us: int
+) -> tuple[DataFrame, Specials]:
+    """The copies both engines resolve by key, and the special ones settled
+    (``special_copies``). Most nights have none: one job over the light copies spares
+    typing them (plans of every column and guard). It collects one field of each special
+    copy, which ``special_copies`` collects whole anyway (a ``limit`` would take a job per
+    partition it finds empty)."""
+    special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
+    main = refs.where(~F.coalesce(special, F.lit(False)))
+    if not refs.where(special).select("replica").collect():
+        return main, Specials([], [], [])
+    typed = type_copies(refs.where(special), table, config, now_us, F.lit(True))
+    return main, special_copies(typed)
+
+
+def special_copies(typed: DataFrame) -> Specials:
+    """The special copies (``split_special``), fully typed, settled on the driver."""
     rows = typed.select(
         "event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail", "raw"
     ).collect()
@@ -504,7 +528,7 @@ def special_copies(typed: DataFrame) -> tuple[list[Event], list[tuple], list[tup
                     seqs={r.replica: r.seq for r in copies},
                 )
             )
-    return events, fates, quarantined
+    return Specials(events, fates, quarantined)
 
 
 def resolve_rows(
@@ -519,11 +543,9 @@ def resolve_rows(
     """Resolve one row-granularity table: ``refs`` are the light copies of the staged
     exports (``events.copy_refs``), ``prior`` the state the run starts from (already
     purged)."""
-    special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
-    truncs, special_fates, special_quarantine = special_copies(
-        type_copies(refs.where(special), table, config, now_us, F.lit(True))
-    )
-    main = admit_transactions(refs.where(~F.coalesce(special, F.lit(False))), prior, config, table)
+    main, specials = split_special(refs, table, config, now_us)
+    truncs = specials.truncates
+    main = admit_transactions(main, prior, config, table)
     df = _classified(main, prior, config, table, bool(truncs), now_us)
 
     is_event = F.col("is_event") == 1
@@ -547,9 +569,7 @@ def resolve_rows(
         .unionByName(untouched_state(untouched, table, truncs, now_us))
         .unionByName(folded_state(folded, table))
     )
-    fates, quarantine = with_special_copies(
-        spark, *_fates_and_quarantine(df, folded), special_fates, special_quarantine
-    )
+    fates, quarantine = with_special_copies(spark, *_fates_and_quarantine(df, folded), specials)
     conflicts = folded.where(F.col("kind") == "conflict").select(
         *CONFLICT_FIELDS, "pos_rank", "pos_idx"
     )
@@ -621,19 +641,18 @@ def with_special_copies(
     spark: SparkSession,
     fates: DataFrame,
     quarantine: DataFrame,
-    special_fates: list[tuple],
-    special_quarantine: list[tuple],
+    specials: Specials,
 ) -> tuple[DataFrame, DataFrame]:
     """The fates and the quarantine of the main copies, with those of the special ones
-    (``special_copies``: TRUNCATEs and records without an event id), for both engines."""
-    if special_fates:
+    (``split_special``: TRUNCATEs and records without an event id), for both engines."""
+    if specials.fates:
         fates = fates.unionByName(
-            spark.createDataFrame(special_fates, "event_id string, replica string, fate string")
+            spark.createDataFrame(specials.fates, "event_id string, replica string, fate string")
         )
-    if special_quarantine:
+    if specials.quarantined:
         quarantine = quarantine.unionByName(
             spark.createDataFrame(
-                special_quarantine,
+                specials.quarantined,
                 "replica string, event_id string, reason string, detail string, raw string",
             )
         )

@@ -22,7 +22,7 @@ from pipeline.engine import (
     key_struct,
     rank_map,
     settle_disputes,
-    special_copies,
+    split_special,
     with_special_copies,
 )
 from pipeline.events import type_copies
@@ -191,16 +191,13 @@ def resolve_cells(
     purged)."""
     del dt
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
-    special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
-    truncs, special_fates, special_quarantine = special_copies(
-        type_copies(refs.where(special), table, config, now_us, F.lit(True))
-    )
+    main, specials = split_special(refs, table, config, now_us)
+    truncs = specials.truncates
     has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
     tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()
     tt_prior = table_tombstone(tt_rows, [], now_us)
     tt = table_tombstone(tt_rows, truncs, now_us)
 
-    main = refs.where(~F.coalesce(special, F.lit(False)))
     state_rows = _state_rows(prior.where(has_key), table)
     capture = config.cdc.enabled
     out = _settled(
@@ -223,8 +220,7 @@ def resolve_cells(
         spark,
         out.where(F.col("fate").isNotNull()).select("fate.*"),
         out.where(F.col("quarantine").isNotNull()).select("quarantine.*"),
-        special_fates,
-        special_quarantine,
+        specials,
     )
     # §9: a cell table converges in every replica's order (tests/test_cells.py)
     divergence = spark.createDataFrame([], DIVERGENCE)
