@@ -348,6 +348,7 @@ def _run(tmp_path: Path, store_root: Path) -> int:
             DT,
             "--work-dir",
             str(tmp_path / "work"),
+            "--no-data-docs",
         ]
     )
 

@@ -70,7 +70,19 @@ def _write_config(path: Path, store: Path, cdc: dict[str, Any]) -> Path:
 
 def _run(cfg: Path, d: date, work: Path) -> None:
     assert (
-        main(["run", "--config", str(cfg), "--date", d.isoformat(), "--work-dir", str(work)]) == 0
+        main(
+            [
+                "run",
+                "--config",
+                str(cfg),
+                "--date",
+                d.isoformat(),
+                "--work-dir",
+                str(work),
+                "--no-data-docs",
+            ]
+        )
+        == 0
     )
 
 

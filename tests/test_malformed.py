@@ -112,6 +112,7 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
             "--work-dir",
             str(tmp_path / "work"),
             "--allow-missing-exports",
+            "--no-data-docs",
         ]
     )
     assert rc == 0

@@ -253,6 +253,7 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
                 "2026-11-21",
                 "--work-dir",
                 str(tmp / "work"),
+                "--no-data-docs",
             ]
         )
         == 0

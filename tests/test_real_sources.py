@@ -256,7 +256,8 @@ def run_pipeline(tmp_path: Path, store: Store, system_ids: dict[str, int], table
     }
     (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     work = str(tmp_path / "work")
-    return main(["run", "--config", str(tmp_path / "cdr.yaml"), "--date", dt, "--work-dir", work])
+    args = ["--date", dt, "--work-dir", work, "--no-data-docs"]
+    return main(["run", "--config", str(tmp_path / "cdr.yaml"), *args])
 
 
 def norm(table: str, row: dict[str, Any]) -> tuple:

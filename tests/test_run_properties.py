@@ -155,7 +155,7 @@ def run(tmp: Path, ex: dict[str, Any]) -> Path:
     S.write_exports(store, DATE, ex)
     (tmp / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
     args = ["run", "--config", str(tmp / "cdr.yaml"), "--date", DATE, "--now", NOW]
-    assert main([*args, "--work-dir", str(tmp / "work")]) == 0
+    assert main([*args, "--work-dir", str(tmp / "work"), "--no-data-docs"]) == 0
     return store
 
 
