@@ -153,8 +153,10 @@ def profile(n: int, events_dir: Path) -> None:
 
 if __name__ == "__main__":
     events_dir = Path(tempfile.mkdtemp(prefix="phase-profile-events-"))
+    # settings to try come in PYSPARK_SUBMIT_ARGS too: "--conf k=v pyspark-shell"
+    tried = os.environ.get("PYSPARK_SUBMIT_ARGS", "").replace("pyspark-shell", "")
     os.environ["PYSPARK_SUBMIT_ARGS"] = (  # read when the JVM starts, in get_spark()
-        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false "
+        f"{tried} --conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false "
         f"--conf spark.eventLog.dir={events_dir.as_uri()} "
         "pyspark-shell"
     )
@@ -162,4 +164,5 @@ if __name__ == "__main__":
     _instrument()
     for size in [int(a) for a in sys.argv[1:]] or [3, 3, 1_000_000]:
         profile(size, events_dir)
+    get_spark().stop()  # the event log is closed before its folder goes
     shutil.rmtree(events_dir, ignore_errors=True)
