@@ -90,6 +90,14 @@ class StagedTable:
     manifests: list[dict[str, str]] = field(default_factory=list)  # key, sha256 (runs row)
     start: str = ""  # what the run starts from, for the report
 
+    @property
+    def records(self) -> int:
+        """How much resolve reads: the export records, the state it starts from and the
+        replicas' full copies (what sizes the run's Spark settings)."""
+        prior = (self.prior or {}).get("state_rows", 0)
+        exported = sum(e.rows for e in self.exports.values())
+        return exported + prior + (self.base_rows or 0) + sum(self.snapshots.values())
+
 
 def safe_relpath(path: Any, where: str) -> str:
     """The manifest's file path, normalised; refuses anything outside the export folder."""

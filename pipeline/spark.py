@@ -91,6 +91,29 @@ def _session(b: Any, master: str | None) -> SparkSession:
     return spark
 
 
+#: below this many records read (``exports.StagedTable.records``), a run's Spark plans
+#: are interpreted, not compiled: compiling them (Janino) costs more than it saves on
+#: small inputs (bench/RESULTS.md, "Interpreted plans for small runs")
+CODEGEN_MIN_RECORDS = 50_000
+CODEGEN_MODES = ("auto", "on", "off")
+
+
+def fit_codegen(spark: SparkSession, records: int) -> bool:
+    """Compile the run's plans to Java (Spark's default) or interpret them, by the run's
+    size; ``CDR_CODEGEN`` (``auto``, ``on``, ``off``) overrides. Both are Spark's own
+    evaluation of the same plans, with the same results. Returns whether compiled."""
+    mode = os.environ.get("CDR_CODEGEN", "auto")
+    if mode not in CODEGEN_MODES:
+        from pipeline.errors import StageError
+
+        raise StageError(f"CDR_CODEGEN={mode!r}: use one of {', '.join(CODEGEN_MODES)}")
+    compiled = mode == "on" or (mode == "auto" and records >= CODEGEN_MIN_RECORDS)
+    spark.conf.set("spark.sql.codegen.wholeStage", str(compiled).lower())
+    spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK" if compiled else "NO_CODEGEN")
+    log.info("spark: %d records, plans %s", records, "compiled" if compiled else "interpreted")
+    return compiled
+
+
 #: where Spark keeps a DataFrame's schema in the Parquet files it writes
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 

@@ -120,12 +120,21 @@ def _clear_work(work_dir: Path, ctx: RunContext) -> None:
         shutil.rmtree(ctx.work)
 
 
+def fit_spark(spark: SparkSession, ctx: RunContext) -> None:
+    """Settings that depend on the run's size, from what ingest staged."""
+    from pipeline.exports import load_inputs
+    from pipeline.spark import fit_codegen
+
+    fit_codegen(spark, sum(s.records for s in load_inputs(ctx).values()))
+
+
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Resolve the run's events, then (``cdc.enabled``) write the CDC log: both on Spark,
     in one job (the DAG's resolve task)."""
     from pipeline.resolve import resolve_stage, save_summary
 
     config = ctx.config(config)
+    fit_spark(spark, ctx)
     summary = resolve_stage(spark, config, ctx)
     if config.cdc.enabled:
         from pipeline.cdc import cdc_stage
@@ -140,6 +149,7 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
     from pipeline.validation import validate_stage
 
     config = ctx.config(config)
+    fit_spark(spark, ctx)
     verdict = validate_stage(spark, config, ctx, load_summary(ctx))
     for w in verdict.warnings:
         log.warning("validate: %s", w)

@@ -177,7 +177,9 @@ def _spark_rows(root: Path, d: date) -> tuple[dict, list[dict], dict[str, str]]:
     return snap, conflicts, {}
 
 
-def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark):
+def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeypatch):
+    # compiled plans, as a large run has them (the shared scenarios run small: interpreted)
+    monkeypatch.setenv("CDR_CODEGEN", "on")
     rnd = random.Random(20261122)
     cfg = {
         "replicas": REPLICAS,
@@ -213,6 +215,7 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark):
     }
     got, failed = run_scenario(s, tmp_path)
     assert not failed
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
 
     # the reference: base rows are cells and a marker written at _ts
     types = {c: ct for c, ct in ((c.name, c.type) for c in table.columns) if c != "k"}

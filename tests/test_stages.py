@@ -228,3 +228,39 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
     (tmp_path / "arrow").mkdir()
     pq.write_table(pa.table({"k": [1, 2]}), tmp_path / "arrow" / "part-0.parquet")
     assert read_output(spark, tmp_path / "arrow").collect() == [(1,), (2,)]
+
+
+def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypatch):
+    from pipeline.exports import StagedExport, StagedTable
+    from pipeline.spark import CODEGEN_MIN_RECORDS, fit_codegen
+
+    def mode() -> tuple[str, str]:
+        conf = spark.conf
+        return conf.get("spark.sql.codegen.wholeStage"), conf.get("spark.sql.codegen.factoryMode")
+
+    monkeypatch.delenv("CDR_CODEGEN", raising=False)
+    try:
+        assert not fit_codegen(spark, CODEGEN_MIN_RECORDS - 1)
+        assert mode() == ("false", "NO_CODEGEN")
+        assert fit_codegen(spark, CODEGEN_MIN_RECORDS)
+        assert mode() == ("true", "FALLBACK")
+        monkeypatch.setenv("CDR_CODEGEN", "off")
+        assert not fit_codegen(spark, 10 * CODEGEN_MIN_RECORDS)
+        assert mode() == ("false", "NO_CODEGEN")
+        monkeypatch.setenv("CDR_CODEGEN", "on")
+        assert fit_codegen(spark, 0)
+        assert mode() == ("true", "FALLBACK")
+        monkeypatch.setenv("CDR_CODEGEN", "fast")
+        with pytest.raises(StageError, match=r"CDR_CODEGEN='fast': use one of auto, on, off"):
+            fit_codegen(spark, 0)
+    finally:
+        monkeypatch.delenv("CDR_CODEGEN")
+        fit_codegen(spark, 0)
+    # what sizes a run: its export records, the state it starts from, the full copies
+    staged = StagedTable(
+        {r: StagedExport(r, "jsonl", n, []) for r, n in (("a", 5), ("b", 7))},
+        base_rows=11,
+        prior={"dt": "2026-11-20", "run_id": "r", "state_rows": 13},
+        snapshots={"a": 17},
+    )
+    assert staged.records == 5 + 7 + 11 + 13 + 17
