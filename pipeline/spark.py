@@ -73,6 +73,9 @@ def _session(b: Any, master: str | None) -> SparkSession:
         "spark.sql.shuffle.partitions": partitions,
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         "spark.sql.ansi.enabled": "true",
+        # PySpark's DataFrame debugging records the Python call site of every Column
+        # function, with four Py4J round trips each: most of the driver's Python time
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.sql.parquet.compression.codec": "zstd",

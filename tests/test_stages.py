@@ -264,3 +264,11 @@ def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypa
         snapshots={"a": 17},
     )
     assert staged.records == 5 + 7 + 11 + 13 + 17
+
+
+def test_the_session_records_no_python_call_sites(spark):
+    """PySpark's DataFrame debugging costs four Py4J round trips per Column function: off."""
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert not is_debugging_enabled()
