@@ -21,13 +21,16 @@ import uuid
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import StoreError
 from pipeline.store import Store
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +199,6 @@ class Lake:
         (``"append"``); without it, ``overwrite`` replaces the whole table. ``schema`` is
         the files' schema (None without files: the table's own); a dated table adds ``dt``
         (a date) to it."""
-        from deltalake import CommitProperties, Schema
-        from deltalake.transaction import AddAction, create_table_with_add_actions
-
         table = self.table(path)
         if schema is None:
             if table is None:
@@ -206,50 +206,10 @@ class Lake:
             schema = pa.schema(table.schema().to_arrow())
             if dt is not None:
                 schema = schema.remove(schema.get_field_index(DT))
-        partition_by = [DT] if dt is not None else None
         full = schema.append(pa.field(DT, pa.date32())) if dt is not None else schema
-        folder = f"{DT}={dt.isoformat()}/" if dt is not None else ""
-        batch = uuid.uuid4().hex[:12]  # a new name per attempt: never overwrite a live file
-        actions, rows = [], 0
-        for i, f in enumerate(files):
-            rel = f"{folder}{meta.get('run_id', 'run')}-{batch}-{i:05d}.parquet"
-            n, stats = _stats(f)
-            self._put(f, path, rel)
-            rows += n
-            actions.append(
-                AddAction(
-                    rel,
-                    f.stat().st_size,
-                    {DT: dt.isoformat()} if dt is not None else {},
-                    int(f.stat().st_mtime * 1000),
-                    True,
-                    stats,
-                )
-            )
-        props = CommitProperties(custom_metadata=_commit_info(meta))
+        actions, rows = self._put_files(path, files, meta, dt)
         try:
-            if table is None:
-                create_table_with_add_actions(
-                    self.uri(path),
-                    Schema.from_arrow(full),
-                    actions,
-                    "append" if mode == "append" else "overwrite",
-                    partition_by=partition_by,
-                    storage_options=self.options,
-                    commit_properties=props,
-                )
-            else:
-                filters = (
-                    [(DT, "=", dt.isoformat())] if dt is not None and mode == "overwrite" else None
-                )
-                table.create_write_transaction(
-                    actions,
-                    mode,
-                    full,
-                    partition_by=partition_by,
-                    partition_filters=filters,
-                    commit_properties=props,
-                )
+            self._transaction(path, table, full, actions, meta, dt, mode)
         except OSError as e:  # how delta-rs reports a commit the store refused
             raise StoreError(f"{self.uri(path)}: the Delta commit failed ({e})") from None
         if table is None:
@@ -259,6 +219,64 @@ class Lake:
             version = int(table.version())
         log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(files), rows)
         return Commit(path, version, len(files), rows)
+
+    def _put_files(
+        self, path: str, files: list[Path], meta: dict[str, Any], dt: date | None
+    ) -> tuple[list[Any], int]:
+        """Upload the files under new names (never over a live file) and describe each
+        for the commit: its add action, with its statistics; and the rows they hold."""
+        from deltalake.transaction import AddAction
+
+        folder = f"{DT}={dt.isoformat()}/" if dt is not None else ""
+        batch = uuid.uuid4().hex[:12]  # a new name per attempt
+        partition = {DT: dt.isoformat()} if dt is not None else {}
+        actions, rows = [], 0
+        for i, f in enumerate(files):
+            rel = f"{folder}{meta.get('run_id', 'run')}-{batch}-{i:05d}.parquet"
+            n, stats = _stats(f)
+            self._put(f, path, rel)
+            rows += n
+            size, mtime = f.stat().st_size, int(f.stat().st_mtime * 1000)
+            actions.append(AddAction(rel, size, partition, mtime, True, stats))
+        return actions, rows
+
+    def _transaction(
+        self,
+        path: str,
+        table: DeltaTable | None,
+        full: pa.Schema,
+        actions: list[Any],
+        meta: dict[str, Any],
+        dt: date | None,
+        mode: str,
+    ) -> None:
+        """One commit of the add actions: the table's first, or a new version that
+        replaces the ``dt`` partition (or the table) or appends to it."""
+        from deltalake import CommitProperties, Schema
+        from deltalake.transaction import create_table_with_add_actions
+
+        partition_by = [DT] if dt is not None else None
+        props = CommitProperties(custom_metadata=_commit_info(meta))
+        if table is None:
+            create_table_with_add_actions(
+                self.uri(path),
+                Schema.from_arrow(full),
+                actions,
+                "append" if mode == "append" else "overwrite",
+                partition_by=partition_by,
+                storage_options=self.options,
+                commit_properties=props,
+            )
+            return
+        filters = [(DT, "=", dt.isoformat())] if dt is not None and mode == "overwrite" else None
+        table.create_write_transaction(
+            actions,
+            mode,
+            full,
+            partition_by=partition_by,
+            partition_filters=filters,
+            commit_properties=props,
+        )
 
     def write(
         self,

@@ -89,7 +89,6 @@ LONG = {
     "pipeline/adapters.py:dms": 65,
     "pipeline/exports.py:_stage_dms_csv": 64,
     "pipeline/exports.py:ingest": 71,
-    "pipeline/lake.py:Lake.commit": 79,
 }
 
 
