@@ -397,55 +397,20 @@ def ingest(
     lake = Lake(store)
     runs = read_runs(lake)
     out: dict[str, StagedTable] = {}
-    missing_all: list[str] = []
     gaps: list[str] = []
     for tname in config.tables:
-        st = StagedTable()
-        for rep in config.replica_ids:
-            folder = layout.export_dir(rep, tname, ctx.dt)
-            if not _find_export(store, folder, f"replica {rep!r}, table {tname!r}"):
-                st.missing.append(rep)
-                missing_all.append(f"replica {rep!r} table {tname!r}")
-                continue
-            manifest = read_manifest(
-                store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
-            )
-            st.manifests.append(_manifest_digest(store, folder))
-            dest = ctx.staged / tname / f"replica={rep}"
-            staged = st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
-            framing = f" and {staged.framing} framing line(s)" if staged.framing else ""
-            log.info(
-                "ingest %s/%s: %d %s record(s)%s from %d file(s)",
-                rep,
-                tname,
-                staged.records,
-                staged.format,
-                framing,
-                len(manifest["files"]),
-            )
-        for rep in config.replica_ids:  # optional full copies, compared after the resolve
-            folder = layout.replica_snapshot_dir(rep, tname, ctx.dt)
-            if _find_export(store, folder, f"snapshot of replica {rep!r}, table {tname!r}"):
-                manifest = read_manifest(
-                    store,
-                    folder,
-                    {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()},
-                    ROW_FORMATS,
-                )
-                st.manifests.append(_manifest_digest(store, folder))
-                dest = ctx.staged / tname / f"snapshot={rep}"
-                st.snapshots[rep] = stage_export(store, folder, manifest, dest, rep).rows
-                log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
+        st = out[tname] = _stage_exports(config, store, ctx, tname)
+        _stage_snapshots(config, store, ctx, tname, st)
         _stage_start(config, store, lake, runs, ctx, tname, st, gaps)
         st.ledger = prior.stage_ledger(
             store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
         )
-        out[tname] = st
     if gaps:
         raise ExportError(
             f"cannot run {ctx.dt}: {'; '.join(gaps)}. Each date starts from the state of the "
             "date before it: run (or rerun) those dates first, in order"
         )
+    missing_all = [f"replica {r!r} table {t!r}" for t, st in out.items() for r in st.missing]
     if missing_all and not (allow_missing or config.allow_missing_exports):
         raise ExportError(
             f"no export for {ctx.dt}: {', '.join(missing_all)} (looked for "
@@ -457,6 +422,52 @@ def ingest(
         prior.stage_table(store, lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
     save_inputs(ctx, out)
     return out
+
+
+def _stage_exports(config: Config, store: Store, ctx: RunContext, tname: str) -> StagedTable:
+    """Each replica's export of the table for the run's date (a missing one is noted)."""
+    st = StagedTable()
+    for rep in config.replica_ids:
+        folder = layout.export_dir(rep, tname, ctx.dt)
+        if not _find_export(store, folder, f"replica {rep!r}, table {tname!r}"):
+            st.missing.append(rep)
+            continue
+        manifest = read_manifest(
+            store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
+        )
+        st.manifests.append(_manifest_digest(store, folder))
+        dest = ctx.staged / tname / f"replica={rep}"
+        staged = st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
+        framing = f" and {staged.framing} framing line(s)" if staged.framing else ""
+        log.info(
+            "ingest %s/%s: %d %s record(s)%s from %d file(s)",
+            rep,
+            tname,
+            staged.records,
+            staged.format,
+            framing,
+            len(manifest["files"]),
+        )
+    return st
+
+
+def _stage_snapshots(
+    config: Config, store: Store, ctx: RunContext, tname: str, st: StagedTable
+) -> None:
+    """The replicas' optional full copies of the table, compared after the resolve."""
+    for rep in config.replica_ids:
+        folder = layout.replica_snapshot_dir(rep, tname, ctx.dt)
+        if _find_export(store, folder, f"snapshot of replica {rep!r}, table {tname!r}"):
+            manifest = read_manifest(
+                store,
+                folder,
+                {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()},
+                ROW_FORMATS,
+            )
+            st.manifests.append(_manifest_digest(store, folder))
+            dest = ctx.staged / tname / f"snapshot={rep}"
+            st.snapshots[rep] = stage_export(store, folder, manifest, dest, rep).rows
+            log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
 
 
 def _manifest_digest(store: Store, folder: str) -> dict[str, str]:

@@ -88,7 +88,6 @@ LONG = {
     "pipeline/adapters.py:debezium": 139,
     "pipeline/adapters.py:dms": 65,
     "pipeline/exports.py:_stage_dms_csv": 64,
-    "pipeline/exports.py:ingest": 71,
 }
 
 
