@@ -272,20 +272,7 @@ def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) ->
         t = pcsv.read_csv(src, read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, OSError) as e:
         raise ExportError(f"{name}: not a readable CSV file ({e})") from None
-    # pyarrow gives rejected records in order, but not their line numbers: walk the lines
-    lines = src.read_bytes().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    good, rejected, j = [], [], 0
-    for number in range(2 if header else 1, len(lines) + 1):
-        text = lines[number - 1].rstrip(b"\r").decode("utf-8", "replace")
-        if j < len(bad) and text == bad[j][0]:
-            rejected.append(number)
-            j += 1
-        else:
-            good.append(number)
-    if len(good) != t.num_rows or j != len(bad):
-        raise ExportError(f"{name}: a value holds a line break; DMS CSV is one record per line")
+    good, rejected = _line_numbers(src, header, [b[0] for b in bad], t.num_rows, name)
     t = t.append_column("_line", pa.array(good, pa.int64()))
     if bad:
         extra = pa.table(
@@ -299,6 +286,27 @@ def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) ->
     dest.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, dest)
     return t.num_rows
+
+
+def _line_numbers(
+    src: Path, header: bool, bad: list[str], parsed: int, name: str
+) -> tuple[list[int], list[int]]:
+    """The line numbers of the parsed records and of the rejected ones (``bad``, their
+    texts in order): pyarrow gives rejected records in order, but not their lines."""
+    lines = src.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    good, rejected, j = [], [], 0
+    for number in range(2 if header else 1, len(lines) + 1):
+        text = lines[number - 1].rstrip(b"\r").decode("utf-8", "replace")
+        if j < len(bad) and text == bad[j]:
+            rejected.append(number)
+            j += 1
+        else:
+            good.append(number)
+    if len(good) != parsed or j != len(bad):
+        raise ExportError(f"{name}: a value holds a line break; DMS CSV is one record per line")
+    return good, rejected
 
 
 def stage_export(

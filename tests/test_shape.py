@@ -87,7 +87,6 @@ LONG = {
     "pipeline/adapters.py:wal2json": 90,
     "pipeline/adapters.py:debezium": 139,
     "pipeline/adapters.py:dms": 65,
-    "pipeline/exports.py:_stage_dms_csv": 64,
 }
 
 
