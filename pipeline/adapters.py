@@ -430,70 +430,13 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     """Debezium change events as an S3 sink writes them: one envelope per line, plain or
     wrapped as ``{"schema": …, "payload": …}`` (Kafka Connect's JsonConverter)."""
     del options
-    v = F.try_parse_json("raw")
-    wrapped = (
-        F.try_variant_get(v, "$.payload", "variant").isNotNull()
-        & F.try_variant_get(v, "$.schema", "variant").isNotNull()
-    )
-    payload = F.when(wrapped, F.try_variant_get(v, "$.payload", "variant")).otherwise(v)
-    df = _file_parts(raw).select(
-        "*",
-        v.alias("v"),
-        F.try_variant_get(payload, "$", _DBZ).alias("p"),
-        F.when(wrapped, F.try_variant_get(v, "$.schema.fields", _DBZ_SCHEMA)).alias("sf"),
-    )
-    # the logical type and scale of each configured column, from the envelope's schema
-    # (before and after share the row's schema)
-    rows = F.filter(F.col("sf"), lambda f: f["field"].isin("after", "before"))[0]["fields"]
-    logical = F.map_from_entries(
-        F.transform(
-            rows,
-            lambda f: F.struct(
-                f["field"],
-                F.struct(f["name"].alias("name"), f["parameters"]["scale"].alias("scale")),
-            ),
-        )
-    )
-    df = df.withColumn("lt", F.when(F.col("sf").isNotNull(), logical))
     decimals = [c.name for c in table.columns if c.type.kind is Kind.DECIMAL]
+    df = _dbz_envelopes(raw, decimals)
     df = df.select(
         "*",
-        *[
-            F.when(
-                F.col("lt")[c]["name"] == _DECIMAL, _decimal_unscaled(_text(F.col(f"p.{part}")[c]))
-            ).alias(f"dec_{part}_{c}")
-            for c in decimals
-            for part in ("after", "before")
-        ],
+        _dbz_text_map(table, "after", decimals).alias("a_m"),
+        _dbz_text_map(table, "before", decimals).alias("b_m"),
     )
-
-    def text_map(part: str) -> Column:
-        m = F.col(f"p.{part}")
-        entries = [
-            F.when(
-                F.map_contains_key(m, col.name),
-                F.struct(
-                    F.lit(col.name).alias("k"),
-                    _dbz_value(
-                        table,
-                        col.name,
-                        m[col.name],
-                        F.col("lt")[col.name]["name"],
-                        F.col("lt")[col.name]["scale"],
-                        F.col(f"dec_{part}_{col.name}") if col.name in decimals else F.lit(None),
-                    ).alias("v"),
-                ),
-            )
-            for col in table.columns
-        ]
-        known = F.filter(F.array(*entries), lambda e: e.isNotNull())
-        extra = F.transform(
-            F.filter(F.map_keys(m), lambda k: ~k.isin(*table.column_names)),
-            lambda k: F.struct(k.alias("k"), _text(m[k]).alias("v")),
-        )
-        return F.when(m.isNotNull(), F.map_from_entries(F.concat(known, extra)))
-
-    df = df.select("*", text_map("after").alias("a_m"), text_map("before").alias("b_m"))
     op = F.col("p.op")
     after, before = F.col("a_m"), F.col("b_m")
     old_key = F.when(_has_key(table, before), _key_map(table, before))
@@ -504,37 +447,6 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     ns_to_us = F.floor(src["ts_ns"].cast("decimal(20,0)") / 1000).cast("bigint")
     ts_us = F.coalesce(src["ts_us"], ns_to_us, src["ts_ms"] * 1000)
     seq = F.coalesce(src["lsn"], _line_order(F.col("fileno"), F.col("line")))
-    # a Decimal too long to decode reads as null: the record is malformed, not changed
-    oversized = [
-        (F.col("lt")[c]["name"] == _DECIMAL)
-        & _text(F.col(f"p.{part}")[c]).isNotNull()
-        & F.col(f"dec_{part}_{c}").isNull()
-        for c in decimals
-        for part in ("after", "before")
-    ]
-    problem = _first_problem(
-        [
-            (v.isNull(), "not JSON"),
-            (F.col("p").isNull() | op.isNull(), "not a Debezium change event envelope"),
-            (op == "m", "a Debezium message event (op m), not a row change"),
-            (
-                ~op.isin("c", "r", "u", "d", "t"),
-                F.concat(F.lit("unknown op '"), op, F.lit("'")),
-            ),
-            _table_check(table, src["schema"], src["table"], f"table {table.name}"),
-            (ts_us.isNull(), "no source.ts_ms, ts_us or ts_ns (the commit time)"),
-            (op.isin("c", "r", "u") & F.col("p.after").isNull(), "no after"),
-            ((op == "d") & old_key.isNull(), "no before key"),
-            *[
-                (
-                    o,
-                    "a Decimal that is not the base64 of at most 8 bytes (for longer values, "
-                    "use decimal.handling.mode=string)",
-                )
-                for o in oversized
-            ],
-        ]
-    )
     return canonical(
         df.select(
             "replica",
@@ -542,7 +454,7 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
             "line",
             "fileno",
             F.col("raw").alias("source"),
-            problem.alias("problem"),
+            _dbz_problem(table, decimals, ts_us, old_key).alias("problem"),
             F.when(op.isin("c", "r"), "INSERT")
             .when(op == "u", "UPDATE")
             .when(op == "d", "DELETE")
@@ -564,6 +476,112 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
         ),
         "debezium",
         table,
+    )
+
+
+def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
+    """Each line parsed: ``v`` (the JSON), ``p`` (the envelope's payload), ``sf`` (the
+    schema's fields, when wrapped), ``lt`` (each column's logical type and scale: before
+    and after share the row's schema) and ``dec_<part>_<column>`` (the unscaled value of
+    each decimal column given as Debezium's base64 bytes)."""
+    v = F.try_parse_json("raw")
+    wrapped = (
+        F.try_variant_get(v, "$.payload", "variant").isNotNull()
+        & F.try_variant_get(v, "$.schema", "variant").isNotNull()
+    )
+    payload = F.when(wrapped, F.try_variant_get(v, "$.payload", "variant")).otherwise(v)
+    df = _file_parts(raw).select(
+        "*",
+        v.alias("v"),
+        F.try_variant_get(payload, "$", _DBZ).alias("p"),
+        F.when(wrapped, F.try_variant_get(v, "$.schema.fields", _DBZ_SCHEMA)).alias("sf"),
+    )
+    rows = F.filter(F.col("sf"), lambda f: f["field"].isin("after", "before"))[0]["fields"]
+    logical = F.map_from_entries(
+        F.transform(
+            rows,
+            lambda f: F.struct(
+                f["field"],
+                F.struct(f["name"].alias("name"), f["parameters"]["scale"].alias("scale")),
+            ),
+        )
+    )
+    df = df.withColumn("lt", F.when(F.col("sf").isNotNull(), logical))
+    return df.select(
+        "*",
+        *[
+            F.when(
+                F.col("lt")[c]["name"] == _DECIMAL, _decimal_unscaled(_text(F.col(f"p.{part}")[c]))
+            ).alias(f"dec_{part}_{c}")
+            for c in decimals
+            for part in ("after", "before")
+        ],
+    )
+
+
+def _dbz_text_map(table: Table, part: str, decimals: list[str]) -> Column:
+    """The envelope's ``before`` or ``after`` as a map of canonical texts: the table's
+    columns by their logical types, any other field as its JSON text."""
+    m = F.col(f"p.{part}")
+    entries = [
+        F.when(
+            F.map_contains_key(m, col.name),
+            F.struct(
+                F.lit(col.name).alias("k"),
+                _dbz_value(
+                    table,
+                    col.name,
+                    m[col.name],
+                    F.col("lt")[col.name]["name"],
+                    F.col("lt")[col.name]["scale"],
+                    F.col(f"dec_{part}_{col.name}") if col.name in decimals else F.lit(None),
+                ).alias("v"),
+            ),
+        )
+        for col in table.columns
+    ]
+    known = F.filter(F.array(*entries), lambda e: e.isNotNull())
+    extra = F.transform(
+        F.filter(F.map_keys(m), lambda k: ~k.isin(*table.column_names)),
+        lambda k: F.struct(k.alias("k"), _text(m[k]).alias("v")),
+    )
+    return F.when(m.isNotNull(), F.map_from_entries(F.concat(known, extra)))
+
+
+def _dbz_problem(table: Table, decimals: list[str], ts_us: Column, old_key: Column) -> Column:
+    """Why a line is no change event the run can apply (null if it is one)."""
+    op = F.col("p.op")
+    src = F.col("p.source")
+    # a Decimal too long to decode reads as null: the record is malformed, not changed
+    oversized = [
+        (F.col("lt")[c]["name"] == _DECIMAL)
+        & _text(F.col(f"p.{part}")[c]).isNotNull()
+        & F.col(f"dec_{part}_{c}").isNull()
+        for c in decimals
+        for part in ("after", "before")
+    ]
+    return _first_problem(
+        [
+            (F.col("v").isNull(), "not JSON"),
+            (F.col("p").isNull() | op.isNull(), "not a Debezium change event envelope"),
+            (op == "m", "a Debezium message event (op m), not a row change"),
+            (
+                ~op.isin("c", "r", "u", "d", "t"),
+                F.concat(F.lit("unknown op '"), op, F.lit("'")),
+            ),
+            _table_check(table, src["schema"], src["table"], f"table {table.name}"),
+            (ts_us.isNull(), "no source.ts_ms, ts_us or ts_ns (the commit time)"),
+            (op.isin("c", "r", "u") & F.col("p.after").isNull(), "no after"),
+            ((op == "d") & old_key.isNull(), "no before key"),
+            *[
+                (
+                    o,
+                    "a Decimal that is not the base64 of at most 8 bytes (for longer values, "
+                    "use decimal.handling.mode=string)",
+                )
+                for o in oversized
+            ],
+        ]
     )
 
 

@@ -85,7 +85,6 @@ MAX_LINES = 60
 LONG = {
     "dags/replica_cdr.py:replica_cdr": 106,  # the DAG's body: its tasks are nested in it
     "pipeline/adapters.py:wal2json": 90,
-    "pipeline/adapters.py:debezium": 139,
     "pipeline/adapters.py:dms": 65,
 }
 
