@@ -284,47 +284,12 @@ def wal2json(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
         "*", text_map(F.col("p.columns")).alias("c_m"), text_map(F.col("p.identity")).alias("i_m")
     )
     cols, ident = F.col("c_m"), F.col("i_m")
-    origins = options.get("origins", {})
-    origin_map = (
-        F.create_map(*[x for k, r in origins.items() for x in (F.lit(k), F.lit(r))])
-        if origins
-        else F.create_map().cast("map<string,string>")
-    )
-    local = F.col("p.origin").isNull() | (F.col("p.origin") == "0")
-    origin = F.when(local, F.col("replica")).otherwise(origin_map[F.col("p.origin")])
+    origin = _w2j_origin(options.get("origins", {}))
     old_key = F.when(_has_key(table, ident), _key_map(table, ident))
     new_key = _key_map(table, cols)
     key = F.when(act == "I", new_key).otherwise(F.coalesce(old_key, new_key))
     changed = (act == "U") & old_key.isNotNull() & (F.to_json(old_key) != F.to_json(new_key))
-    problem = _first_problem(
-        [
-            (v.isNull(), "not JSON"),
-            (p.isNull() | act.isNull(), "not a wal2json format-2 action"),
-            (act == "M", "a logical decoding message (action M), not a row change"),
-            (act.isin("B", "C"), "transaction framing (action B or C), not a row change"),
-            (
-                ~act.isin("I", "U", "D", "T"),
-                F.concat(F.lit("unknown action '"), act, F.lit("'")),
-            ),
-            _table_check(table, F.col("p.schema"), F.col("p.table"), f"table {table.name}"),
-            (
-                origin.isNull(),
-                F.concat(
-                    F.lit("replication origin "),
-                    F.col("p.origin"),
-                    F.lit(" is not mapped to a replica (the manifest's options.origins)"),
-                ),
-            ),
-            (F.col("p.xid").isNull(), "no xid (export with include-xids)"),
-            (F.col("p.lsn").isNull(), "no lsn (export with include-lsn)"),
-            (
-                _lsn(F.col("p.lsn")).isNull(),
-                F.concat(F.lit("lsn '"), F.col("p.lsn"), F.lit("' is not X/Y")),
-            ),
-            (act.isin("I", "U") & cols.isNull(), "no columns"),
-            ((act == "D") & ident.isNull(), "no identity (old key)"),
-        ]
-    )
+    problem = _w2j_problem(table, origin)
     is_row = act.isin("I", "U", "D")
     return canonical(
         df.select(
@@ -350,6 +315,52 @@ def wal2json(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
         ),
         "wal2json",
         table,
+    )
+
+
+def _w2j_origin(origins: Mapping[str, str]) -> Column:
+    """The replica an action came from: the exporting replica for a local change, else
+    the one its replication origin maps to (the manifest's ``options.origins``)."""
+    origin_map = (
+        F.create_map(*[x for k, r in origins.items() for x in (F.lit(k), F.lit(r))])
+        if origins
+        else F.create_map().cast("map<string,string>")
+    )
+    local = F.col("p.origin").isNull() | (F.col("p.origin") == "0")
+    return F.when(local, F.col("replica")).otherwise(origin_map[F.col("p.origin")])
+
+
+def _w2j_problem(table: Table, origin: Column) -> Column:
+    """Why a line is no row change the run can apply (null if it is one)."""
+    act = F.col("p.action")
+    return _first_problem(
+        [
+            (F.col("v").isNull(), "not JSON"),
+            (F.col("p").isNull() | act.isNull(), "not a wal2json format-2 action"),
+            (act == "M", "a logical decoding message (action M), not a row change"),
+            (act.isin("B", "C"), "transaction framing (action B or C), not a row change"),
+            (
+                ~act.isin("I", "U", "D", "T"),
+                F.concat(F.lit("unknown action '"), act, F.lit("'")),
+            ),
+            _table_check(table, F.col("p.schema"), F.col("p.table"), f"table {table.name}"),
+            (
+                origin.isNull(),
+                F.concat(
+                    F.lit("replication origin "),
+                    F.col("p.origin"),
+                    F.lit(" is not mapped to a replica (the manifest's options.origins)"),
+                ),
+            ),
+            (F.col("p.xid").isNull(), "no xid (export with include-xids)"),
+            (F.col("p.lsn").isNull(), "no lsn (export with include-lsn)"),
+            (
+                _lsn(F.col("p.lsn")).isNull(),
+                F.concat(F.lit("lsn '"), F.col("p.lsn"), F.lit("' is not X/Y")),
+            ),
+            (act.isin("I", "U") & F.col("c_m").isNull(), "no columns"),
+            ((act == "D") & F.col("i_m").isNull(), "no identity (old key)"),
+        ]
     )
 
 
