@@ -636,6 +636,30 @@ def read_dms(
     return out
 
 
+def _dms_source_and_problem(
+    rows: DataFrame, table: Table, row: Column, op: Column, ts: Column, ts_col: str
+) -> tuple[Column, Column]:
+    """The record as exported (a rejected CSV line's text, else its fields as JSON) and
+    why it is no change the run can apply (null if it is one)."""
+    record = [c for c in rows.columns if c not in ("fileno", "line", "_bad", "_bad_reason")]
+    bad = F.col("_bad") if "_bad" in rows.columns else F.lit(None).cast("string")
+    why = F.col("_bad_reason") if "_bad" in rows.columns else F.lit(None).cast("string")
+    source = F.coalesce(bad, F.to_json(F.struct(*[F.col(f"`{c}`") for c in record])))
+    problem = _first_problem(
+        [
+            (bad.isNotNull(), F.concat(F.lit("not a CSV record of this export: "), why)),
+            (op.isNull(), "no Op column value"),
+            (~op.isin("I", "U", "D"), F.concat(F.lit("Op '"), op, F.lit("' is not I, U or D"))),
+            (
+                ts.isNull(),
+                f"no commit timestamp in column {ts_col!r} (options.timestamp_column)",
+            ),
+            (~_has_key(table, row), "a key column is missing"),
+        ]
+    )
+    return source, problem
+
+
 def dms(
     rows: DataFrame, replica: str, files: list[str], table: Table, options: Mapping[str, Any]
 ) -> DataFrame:
@@ -665,22 +689,7 @@ def dms(
     file_of = F.create_map(*[x for i, f in enumerate(files) for x in (F.lit(i), F.lit(f))])
     origin_col = options.get("origin_column")
     txid_col = options.get("txid_column")
-    record = [c for c in rows.columns if c not in ("fileno", "line", "_bad", "_bad_reason")]
-    bad = F.col("_bad") if "_bad" in rows.columns else F.lit(None).cast("string")
-    why = F.col("_bad_reason") if "_bad" in rows.columns else F.lit(None).cast("string")
-    source = F.coalesce(bad, F.to_json(F.struct(*[F.col(f"`{c}`") for c in record])))
-    problem = _first_problem(
-        [
-            (bad.isNotNull(), F.concat(F.lit("not a CSV record of this export: "), why)),
-            (op.isNull(), "no Op column value"),
-            (~op.isin("I", "U", "D"), F.concat(F.lit("Op '"), op, F.lit("' is not I, U or D"))),
-            (
-                ts.isNull(),
-                f"no commit timestamp in column {ts_col!r} (options.timestamp_column)",
-            ),
-            (~_has_key(table, row), "a key column is missing"),
-        ]
-    )
+    source, problem = _dms_source_and_problem(rows, table, row, op, ts, ts_col)
     df = rows.select(
         F.lit(replica).alias("replica"),
         F.coalesce(file_of[F.col("fileno")], F.col("fileno").cast("string")).alias("file"),
