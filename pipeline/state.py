@@ -26,24 +26,31 @@ def empty_state(spark: SparkSession, table: Table) -> DataFrame:
     return spark.createDataFrame([], state_schema(table))
 
 
-def read_prior(spark: SparkSession, staged_table: Path, table: Table) -> DataFrame:
+def read_prior(
+    spark: SparkSession, staged_table: Path, table: Table, check: bool = True
+) -> DataFrame:
+    """The state the run starts from. ``check=False``: a base snapshot that this run's
+    resolve already checked is not checked again (a Spark job spared)."""
     prior = staged_table / "prior"
     if prior.is_dir() and any(prior.glob("*.parquet")):
         return spark.read.schema(state_schema(table)).parquet(str(prior))
     base = staged_table / "base"
     if base.is_dir():
-        return read_base(spark, base, table)
+        return read_base(spark, base, table, check=check)
     return empty_state(spark, table)
 
 
-def read_base(spark: SparkSession, base: Path, table: Table, label: str | None = None) -> DataFrame:
+def read_base(
+    spark: SparkSession, base: Path, table: Table, label: str | None = None, check: bool = True
+) -> DataFrame:
     """Rows of the table's columns (optional ``_ts``, ``_origin``) staged from a base
-    snapshot or a replica's snapshot export (``label`` names it in errors)."""
+    snapshot or a replica's snapshot export (``label`` names it in errors; ``check``:
+    stop at the first row that does not fit, one Spark job)."""
     label = label or f"base/table={table.name}"
     parts: list[DataFrame] = []
     jsonl = sorted(str(p) for p in base.glob("jsonl/*.parquet"))
     if jsonl:
-        parts.append(_base_from_json(spark.read.parquet(*jsonl), table, label))
+        parts.append(_base_from_json(spark.read.parquet(*jsonl), table, label, check))
     pq_files = sorted(str(p) for p in base.glob("parquet/*.parquet"))
     if pq_files:
         df = spark.read.parquet(*pq_files)
@@ -53,32 +60,20 @@ def read_base(spark: SparkSession, base: Path, table: Table, label: str | None =
             F.lit(None).cast("bigint").alias("line"),
             F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
         )
-        parts.append(_base_from_json(raw, table, label))
+        parts.append(_base_from_json(raw, table, label, check))
     if not parts:
         return empty_state(spark, table)
     return reduce(DataFrame.unionByName, parts)
 
 
-def _base_from_json(raw: DataFrame, table: Table, label: str) -> DataFrame:
+def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> DataFrame:
     m = F.from_json("raw", TEXT_MAP)
     schema = state_schema(table)
     df = raw.withColumn("m", m)
     cols = [typed(F.col("m")[c.name], c.type).alias(c.name) for c in table.columns]
-    bad_cond = F.col("m").isNull()
-    for c in table.columns:
-        v = F.col("m")[c.name]
-        bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())
-        if c.name in table.not_null:
-            bad_cond = bad_cond | v.isNull()
     ts_text = F.col("m")["_ts"]
-    bad_cond = bad_cond | (ts_text.isNotNull() & ts_text.try_cast(T.LongType()).isNull())
-    bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
-    if bad:
-        b = bad[0]
-        where = f"{label}/{b.file}" + (f", line {b.line}" if b.line else "")
-        raise ExportError(
-            f"{where}: a row does not fit the table's schema (types, NOT NULL, key): {b.raw[:200]}"
-        )
+    if check:
+        _refuse_misfits(df, table, label)
     rows = df.select(
         *cols,
         F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias("_ts"),
@@ -96,3 +91,22 @@ def _base_from_json(raw: DataFrame, table: Table, label: str) -> DataFrame:
             for f in schema.fields
         ]
     )
+
+
+def _refuse_misfits(df: DataFrame, table: Table, label: str) -> None:
+    """Stop at the first row (``m``: its text values) that does not fit the schema."""
+    bad_cond = F.col("m").isNull()
+    for c in table.columns:
+        v = F.col("m")[c.name]
+        bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())
+        if c.name in table.not_null:
+            bad_cond = bad_cond | v.isNull()
+    ts_text = F.col("m")["_ts"]
+    bad_cond = bad_cond | (ts_text.isNotNull() & ts_text.try_cast(T.LongType()).isNull())
+    bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
+    if bad:
+        b = bad[0]
+        where = f"{label}/{b.file}" + (f", line {b.line}" if b.line else "")
+        raise ExportError(
+            f"{where}: a row does not fit the table's schema (types, NOT NULL, key): {b.raw[:200]}"
+        )

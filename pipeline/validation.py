@@ -133,7 +133,8 @@ class Frames:
             from pipeline.replay import replay_differences
             from pipeline.state import read_prior
 
-            prior = read_prior(self.spark, self.ctx.staged / table.name, table)
+            # the run's resolve read (and checked) the same staged state
+            prior = read_prior(self.spark, self.ctx.staged / table.name, table, check=False)
             return replay_differences(
                 prior, self._log(table), self.batch("snapshot", table), table, self.ctx.now_us
             )
