@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,10 +112,30 @@ def fit_codegen(spark: SparkSession, records: int) -> bool:
 
         raise StageError(f"CDR_CODEGEN={mode!r}: use one of {', '.join(CODEGEN_MODES)}")
     compiled = mode == "on" or (mode == "auto" and records >= CODEGEN_MIN_RECORDS)
-    spark.conf.set("spark.sql.codegen.wholeStage", str(compiled).lower())
-    spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK" if compiled else "NO_CODEGEN")
+    spark.conf.set(_WHOLE_STAGE, str(compiled).lower())
+    spark.conf.set(_FACTORY_MODE, "FALLBACK" if compiled else "NO_CODEGEN")
     log.info("spark: %d records, plans %s", records, "compiled" if compiled else "interpreted")
     return compiled
+
+
+_WHOLE_STAGE = "spark.sql.codegen.wholeStage"
+_FACTORY_MODE = "spark.sql.codegen.factoryMode"
+
+
+@contextmanager
+def sized(spark: SparkSession, records: int) -> Iterator[bool]:
+    """:func:`fit_codegen` for one stage; the session's own settings come back after it
+    (interpreted mode is for the run's plans only: some of Spark's own APIs, such as
+    ``spark.catalog.listTables()``, fail to decode their results without codegen)."""
+    before = {k: spark.conf.get(k) for k in (_WHOLE_STAGE, _FACTORY_MODE)}
+    try:
+        yield fit_codegen(spark, records)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 #: where Spark keeps a DataFrame's schema in the Parquet files it writes

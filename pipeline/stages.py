@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -120,12 +121,13 @@ def _clear_work(work_dir: Path, ctx: RunContext) -> None:
         shutil.rmtree(ctx.work)
 
 
-def fit_spark(spark: SparkSession, ctx: RunContext) -> None:
-    """Settings that depend on the run's size, from what ingest staged."""
+def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bool]:
+    """The Spark settings that depend on the run's size (what ingest staged), for one
+    stage."""
     from pipeline.exports import load_inputs
-    from pipeline.spark import fit_codegen
+    from pipeline.spark import sized
 
-    fit_codegen(spark, sum(s.records for s in load_inputs(ctx).values()))
+    return sized(spark, sum(s.records for s in load_inputs(ctx).values()))
 
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
@@ -134,13 +136,13 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     from pipeline.resolve import resolve_stage, save_summary
 
     config = ctx.config(config)
-    fit_spark(spark, ctx)
-    summary = resolve_stage(spark, config, ctx)
-    if config.cdc.enabled:
-        from pipeline.cdc import cdc_stage
+    with sized_for(spark, ctx):
+        summary = resolve_stage(spark, config, ctx)
+        if config.cdc.enabled:
+            from pipeline.cdc import cdc_stage
 
-        summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
-        save_summary(ctx, summary)
+            summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
+            save_summary(ctx, summary)
     return summary
 
 
@@ -149,8 +151,8 @@ def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
     from pipeline.validation import validate_stage
 
     config = ctx.config(config)
-    fit_spark(spark, ctx)
-    verdict = validate_stage(spark, config, ctx, load_summary(ctx))
+    with sized_for(spark, ctx):
+        verdict = validate_stage(spark, config, ctx, load_summary(ctx))
     for w in verdict.warnings:
         log.warning("validate: %s", w)
     return verdict

@@ -19,6 +19,7 @@ import published as P
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from test_engine import codegen_modes
 from test_scenarios import run_scenario
 
 from pipeline.cellfold import Cell, CellEvent, CellFold, CellRow, purge, serialize
@@ -180,6 +181,7 @@ def _spark_rows(root: Path, d: date) -> tuple[dict, list[dict], dict[str, str]]:
 def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeypatch):
     # compiled plans, as a large run has them (the shared scenarios run small: interpreted)
     monkeypatch.setenv("CDR_CODEGEN", "on")
+    modes = codegen_modes(monkeypatch)
     rnd = random.Random(20261122)
     cfg = {
         "replicas": REPLICAS,
@@ -215,7 +217,7 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeyp
     }
     got, failed = run_scenario(s, tmp_path)
     assert not failed
-    assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+    assert modes and all(modes), modes
 
     # the reference: base rows are cells and a marker written at _ts
     types = {c: ct for c, ct in ((c.name, c.type) for c in table.columns) if c != "k"}

@@ -135,3 +135,22 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
     t = report["tables"]["t"]
     assert t["replicas"]["pub"]["records"] == len(lines)
     assert t["replicas"]["pub"]["applied"] + t["replicas"]["pub"]["quarantined"] == len(lines)
+
+
+def test_a_base_row_that_does_not_fit_stops_the_run_naming_its_line(tmp_path: Path, spark, capsys):
+    """The base snapshot is the operator's input, not replicated data: a row that does
+    not fit the schema stops the run (formats.md ``base/``), naming the file and line, and
+    nothing is published."""
+    import scenarios as S
+
+    store = tmp_path / "store"
+    row = {"id": 1, "v": "a", "n": 1, "d": "2026-01-01", "x": 1.5}
+    S.write_jsonl(store / "base/table=t", [row, {**row, "id": 2, "n": "two"}], {"table": "t"})
+    S.write_exports(store, "2026-11-21", {"pub": {"t": [good(3)]}, "sub": {"t": []}})
+    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", "2026-11-21"]
+    rc = main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "base/table=t/part-0000.jsonl, line 2: a row does not fit the table's schema" in err
+    assert P.snapshot_date(store, "t") is None

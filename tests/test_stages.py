@@ -232,13 +232,17 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
 
 def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypatch):
     from pipeline.exports import StagedExport, StagedTable
-    from pipeline.spark import CODEGEN_MIN_RECORDS, fit_codegen
+    from pipeline.spark import CODEGEN_MIN_RECORDS, fit_codegen, sized
 
     def mode() -> tuple[str, str]:
         conf = spark.conf
         return conf.get("spark.sql.codegen.wholeStage"), conf.get("spark.sql.codegen.factoryMode")
 
     monkeypatch.delenv("CDR_CODEGEN", raising=False)
+    default = mode()
+    with sized(spark, 3) as compiled:  # one stage's settings; the session's come back
+        assert not compiled and mode() == ("false", "NO_CODEGEN")
+    assert mode() == default == ("true", "FALLBACK")
     try:
         assert not fit_codegen(spark, CODEGEN_MIN_RECORDS - 1)
         assert mode() == ("false", "NO_CODEGEN")
@@ -255,7 +259,8 @@ def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypa
             fit_codegen(spark, 0)
     finally:
         monkeypatch.delenv("CDR_CODEGEN")
-        fit_codegen(spark, 0)
+        spark.conf.set("spark.sql.codegen.wholeStage", default[0])
+        spark.conf.set("spark.sql.codegen.factoryMode", default[1])
     # what sizes a run: its export records, the state it starts from, the full copies
     staged = StagedTable(
         {r: StagedExport(r, "jsonl", n, []) for r, n in (("a", 5), ("b", 7))},
