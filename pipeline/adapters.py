@@ -176,6 +176,10 @@ def _line_order(fileno: Column, line: Column) -> Column:
     return fileno * (1 << 32) + line
 
 
+#: where each canonical record came from (``_file_parts``), first in every adapter's output
+_LINE_COLUMNS = ("replica", "file", "line", "fileno")
+
+
 def _first_problem(checks: list[tuple[Column, str | Column]]) -> Column:
     return F.coalesce(
         *[F.when(cond, F.lit(msg) if isinstance(msg, str) else msg) for cond, msg in checks]
@@ -293,10 +297,7 @@ def wal2json(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     is_row = act.isin("I", "U", "D")
     return canonical(
         df.select(
-            "replica",
-            "file",
-            "line",
-            "fileno",
+            *_LINE_COLUMNS,
             F.col("raw").alias("source"),
             problem.alias("problem"),
             F.when(act == "I", "INSERT")
@@ -460,10 +461,7 @@ def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFr
     seq = F.coalesce(src["lsn"], _line_order(F.col("fileno"), F.col("line")))
     return canonical(
         df.select(
-            "replica",
-            "file",
-            "line",
-            "fileno",
+            *_LINE_COLUMNS,
             F.col("raw").alias("source"),
             _dbz_problem(table, decimals, ts_us, old_key).alias("problem"),
             F.when(op.isin("c", "r"), "INSERT")

@@ -100,6 +100,8 @@ def _session(b: Any, master: str | None) -> SparkSession:
 #: small inputs (bench/RESULTS.md, "Interpreted plans for small runs")
 CODEGEN_MIN_RECORDS = 50_000
 CODEGEN_MODES = ("auto", "on", "off")
+_WHOLE_STAGE = "spark.sql.codegen.wholeStage"
+_FACTORY_MODE = "spark.sql.codegen.factoryMode"
 
 
 def fit_codegen(spark: SparkSession, records: int) -> bool:
@@ -116,10 +118,6 @@ def fit_codegen(spark: SparkSession, records: int) -> bool:
     spark.conf.set(_FACTORY_MODE, "FALLBACK" if compiled else "NO_CODEGEN")
     log.info("spark: %d records, plans %s", records, "compiled" if compiled else "interpreted")
     return compiled
-
-
-_WHOLE_STAGE = "spark.sql.codegen.wholeStage"
-_FACTORY_MODE = "spark.sql.codegen.factoryMode"
 
 
 @contextmanager
