@@ -615,9 +615,7 @@ def _classified(
 ) -> DataFrame:
     """``classify`` over the run's copies, persisted; if some event's copies sit under
     different keys, they are moved to their winner's key and classified again."""
-    coupled = coupled_keys(main, prior, table)
-    if coupled is not None:
-        coupled = coupled.cache()  # small; computed once, then broadcast
+    coupled = on_the_driver(coupled_keys(main, prior, table))
     df = classify(
         build_items(main, prior, config, table), coupled, truncated, table, config, now_us
     ).persist()
@@ -635,6 +633,20 @@ def _classified(
             build_items(main, prior, config, table), coupled, truncated, table, config, now_us
         ).persist()
     return df
+
+
+def on_the_driver(keys: DataFrame | None) -> DataFrame | None:
+    """The coupled keys, computed once and brought to the driver (a broadcast join brings
+    them there anyway); None when no key is coupled, as on most nights. Their plan reads the
+    copies a second time: inside the persisted classification's plan, it kept Spark from
+    matching that plan in the unions of the outputs, which then classified every copy
+    again (tests/test_plans.py)."""
+    if keys is None:
+        return None
+    found = keys.toArrow()
+    if not found.num_rows:
+        return None
+    return keys.sparkSession.createDataFrame(found, keys.schema)
 
 
 def with_special_copies(
