@@ -146,6 +146,110 @@ PARAMS = {
 ASSETS = [Asset(f"{config.store}/published/{t}/snapshot") for t in config.tables]
 
 
+@task(retries=0)
+def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any]:
+    """The run's date, options and pipeline run id, checked against the config. The id
+    is the DAG run's with this task's try: retries of later tasks re-enter the run
+    (and its lease); clearing the whole DAG run starts a new run."""
+    from pipeline.context import safe_run_id
+
+    when = logical_date or dag_run.run_after
+    day = params["date"] or (when - timedelta(days=1)).date().isoformat()
+    tables = params["tables"] or None
+    selected = config.select(tables, params["on_divergence"])  # raises on unknown names
+    log.info(
+        "plan: date %s, tables %s, dry run %s",
+        day,
+        ", ".join(selected.tables),
+        params["dry_run"],
+    )
+    return {
+        "run_id": safe_run_id(f"{day}_{dag_run.run_id}.{ti.try_number}"),
+        "date": day,
+        "tables": ",".join(tables) if tables else "",
+        "dry_run": bool(params["dry_run"]),
+        "on_divergence": params["on_divergence"] or "",
+    }
+
+
+@task.sensor(
+    mode="reschedule",
+    poke_interval=config.wait_for_exports.poke_interval_seconds,
+    timeout=config.wait_for_exports.timeout_minutes * 60,
+    retries=0,
+)
+def wait_for_exports(p: dict[str, Any]):
+    """Until every replica's manifest of the date is in the store, for every table."""
+    from airflow.sdk import PokeReturnValue
+
+    aws_env_from_connection()
+    missing = _missing_manifests(p)
+    if missing:
+        log.info("waiting for %d manifest(s), e.g. %s", len(missing), missing[0])
+    return PokeReturnValue(is_done=not missing)
+
+
+@task
+def ingest(p: dict[str, Any]) -> str:
+    """Stage the exports; returns the pipeline's run id (publish checks it)."""
+    aws_env_from_connection()
+    extra = ["--tables", p["tables"]] if p["tables"] else []
+    extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
+    extra += ["--dry-run"] if p["dry_run"] else []
+    _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
+    return p["run_id"]
+
+
+SPARK_CONF = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
+
+
+def spark_stage(command: str, **kwargs: Any) -> SparkSubmitOperator:
+    """A stage that runs under spark-submit (``cdr <command>`` in the Spark driver)."""
+    return SparkSubmitOperator(
+        task_id=command,
+        name=f"cdr-{command}",
+        conn_id="spark_default",
+        application=str(ENTRY),
+        application_args=[command, *STAGE_ARGS],
+        conf=SPARK_CONF,
+        **kwargs,
+    )
+
+
+# all_done: a failed gate still publishes the run's logs, report and Data Docs
+@task(trigger_rule="all_done", outlets=ASSETS)
+def publish(p: dict[str, Any], ti=None) -> None:
+    """Publish what this run validated; skip when it got no verdict (the failure is
+    upstream) or is a dry run."""
+    from airflow.exceptions import AirflowSkipException
+
+    if p["dry_run"]:
+        raise AirflowSkipException("dry run: nothing is published")
+    ingested = ti.xcom_pull(task_ids="ingest")
+    if ingested is None:
+        raise AirflowSkipException(f"this run did not ingest {p['date']}: nothing to publish")
+    if not _run_context(p).results.exists():
+        raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
+    aws_env_from_connection()
+    _cli("publish", p["date"], "--run-id", p["run_id"])
+
+
+@task(trigger_rule="all_done", retries=3)
+def finish(p: dict[str, Any]) -> None:
+    """The run's last step, whatever happened before: release the store's lease (a
+    failed run must not keep the next night out)."""
+    from airflow.exceptions import AirflowSkipException
+
+    from pipeline.errors import StageError
+
+    try:
+        _run_context(p)
+    except StageError:
+        raise AirflowSkipException(f"this run did not ingest {p['date']}: no lease") from None
+    aws_env_from_connection()
+    _cli("finish", p["date"], "--run-id", p["run_id"])
+
+
 @dag(
     dag_id="replica_cdr",
     schedule=config.schedule,
@@ -165,110 +269,10 @@ ASSETS = [Asset(f"{config.store}/published/{t}/snapshot") for t in config.tables
     tags=["cdr"],
 )
 def replica_cdr():
-    @task(retries=0)
-    def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any]:
-        """The run's date, options and pipeline run id, checked against the config. The id
-        is the DAG run's with this task's try: retries of later tasks re-enter the run
-        (and its lease); clearing the whole DAG run starts a new run."""
-        from pipeline.context import safe_run_id
-
-        when = logical_date or dag_run.run_after
-        day = params["date"] or (when - timedelta(days=1)).date().isoformat()
-        tables = params["tables"] or None
-        selected = config.select(tables, params["on_divergence"])  # raises on unknown names
-        log.info(
-            "plan: date %s, tables %s, dry run %s",
-            day,
-            ", ".join(selected.tables),
-            params["dry_run"],
-        )
-        return {
-            "run_id": safe_run_id(f"{day}_{dag_run.run_id}.{ti.try_number}"),
-            "date": day,
-            "tables": ",".join(tables) if tables else "",
-            "dry_run": bool(params["dry_run"]),
-            "on_divergence": params["on_divergence"] or "",
-        }
-
-    @task.sensor(
-        mode="reschedule",
-        poke_interval=config.wait_for_exports.poke_interval_seconds,
-        timeout=config.wait_for_exports.timeout_minutes * 60,
-        retries=0,
-    )
-    def wait_for_exports(p: dict[str, Any]):
-        """Until every replica's manifest of the date is in the store, for every table."""
-        from airflow.sdk import PokeReturnValue
-
-        aws_env_from_connection()
-        missing = _missing_manifests(p)
-        if missing:
-            log.info("waiting for %d manifest(s), e.g. %s", len(missing), missing[0])
-        return PokeReturnValue(is_done=not missing)
-
-    @task
-    def ingest(p: dict[str, Any]) -> str:
-        """Stage the exports; returns the pipeline's run id (publish checks it)."""
-        aws_env_from_connection()
-        extra = ["--tables", p["tables"]] if p["tables"] else []
-        extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
-        extra += ["--dry-run"] if p["dry_run"] else []
-        _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
-        return p["run_id"]
-
-    spark = {
-        "conn_id": "spark_default",
-        "application": str(ENTRY),
-        "conf": {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"},
-    }
-    resolve = SparkSubmitOperator(
-        task_id="resolve",
-        name="cdr-resolve",
-        application_args=["resolve", *STAGE_ARGS],
-        **spark,
-    )
-    validate = SparkSubmitOperator(
-        task_id="validate",
-        name="cdr-validate",
-        application_args=["validate", *STAGE_ARGS],
-        retries=0,  # a failed gate fails the same way again
-        **spark,
-    )
-    validate.operator_extra_links = (*validate.operator_extra_links, DataDocsLink())
-
-    # all_done: a failed gate still publishes the run's logs, report and Data Docs
-    @task(trigger_rule="all_done", outlets=ASSETS)
-    def publish(p: dict[str, Any], ti=None) -> None:
-        """Publish what this run validated; skip when it got no verdict (the failure is
-        upstream) or is a dry run."""
-        from airflow.exceptions import AirflowSkipException
-
-        if p["dry_run"]:
-            raise AirflowSkipException("dry run: nothing is published")
-        ingested = ti.xcom_pull(task_ids="ingest")
-        if ingested is None:
-            raise AirflowSkipException(f"this run did not ingest {p['date']}: nothing to publish")
-        if not _run_context(p).results.exists():
-            raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
-        aws_env_from_connection()
-        _cli("publish", p["date"], "--run-id", p["run_id"])
-
-    @task(trigger_rule="all_done", retries=3)
-    def finish(p: dict[str, Any]) -> None:
-        """The run's last step, whatever happened before: release the store's lease (a
-        failed run must not keep the next night out)."""
-        from airflow.exceptions import AirflowSkipException
-
-        from pipeline.errors import StageError
-
-        try:
-            _run_context(p)
-        except StageError:
-            raise AirflowSkipException(f"this run did not ingest {p['date']}: no lease") from None
-        aws_env_from_connection()
-        _cli("finish", p["date"], "--run-id", p["run_id"])
-
     p = plan()
+    resolve = spark_stage("resolve")
+    validate = spark_stage("validate", retries=0)  # a failed gate fails the same way again
+    validate.operator_extra_links = (*validate.operator_extra_links, DataDocsLink())
     wait_for_exports(p) >> ingest(p) >> resolve >> validate >> publish(p) >> finish(p)
 
 

@@ -81,10 +81,9 @@ def test_the_check_sees_an_import_inside_a_function():
 
 
 MAX_LINES = 60
-#: functions longer than MAX_LINES today, with their length: a ratchet
-LONG = {
-    "dags/replica_cdr.py:replica_cdr": 106,  # the DAG's body: its tasks are nested in it
-}
+#: functions longer than MAX_LINES today, with their length: a ratchet (empty now; a
+#: function that must be longer is listed here with its length and the reason)
+LONG: dict[str, int] = {}
 
 
 def function_lengths(path: Path) -> dict[str, int]:
