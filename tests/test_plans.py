@@ -1,10 +1,11 @@
 """What the resolve stage's plans read: each output a table's fold gives (state, conflict
 log, quarantine, divergence, fates, changes) is written from the persisted classification
 and fold output, never by computing them again. Spark matches a persisted DataFrame by
-its plan; a union of two DataFrames derived from one whose plan holds the same relation
-twice (the unique-value coupling and the transaction admission read the copies a second
-time) silently stopped matching, and each write ran the classification again: a 3-event
-run of a table with a unique constraint took 35 Spark jobs to write its outputs."""
+its plan; a union of two DataFrames derived from one whose plan read the copies a second
+time (the unique-value coupling did) silently stopped matching, and each write ran the
+classification again: a 3-event run of a table with a unique constraint took 35 Spark
+jobs to write its outputs. The other shapes here passed before the fix; they guard
+against the same miss."""
 
 from __future__ import annotations
 
