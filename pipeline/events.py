@@ -23,13 +23,19 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from pipeline import adapters
 from pipeline.config import Config, Table
+from pipeline.exports import RAW_SCHEMA
 from pipeline.frames import LIGHT_FIELDS, TYPED_COLUMNS
 from pipeline.policy import Granularity, QuarantineReason, Scope
 from pipeline.schema import event_ts_micros, typed
 from pipeline.spark import read_output
+
+#: the staged lines of an export (``exports.RAW_SCHEMA``): read with it, not inferred (a
+#: Spark job per read)
+RAW_RECORD = from_arrow_schema(RAW_SCHEMA)
 
 if TYPE_CHECKING:
     from pipeline.exports import StagedExport
@@ -64,12 +70,12 @@ def read_records(
 
         fmt = export.format
         if fmt == "jsonl" and staged("jsonl"):
-            parts.append(spark.read.parquet(*staged("jsonl")))
+            parts.append(read_staged(spark, staged("jsonl")))
         elif fmt == "parquet" and staged("parquet"):
             parts.append(_parquet_as_raw(spark, staged("parquet"), rep))
         elif fmt in ("wal2json", "debezium") and staged(fmt):
             adapt = adapters.wal2json if fmt == "wal2json" else adapters.debezium
-            df = adapt(spark.read.parquet(*staged(fmt)), table, export.options)
+            df = adapt(read_staged(spark, staged(fmt)), table, export.options)
             parts.append(_materialized(spark, df, rep_dir / "canonical"))
         elif fmt == "dms":
             rows = adapters.read_dms(spark, staged("dms/csv"), staged("dms/parquet"))
@@ -77,16 +83,20 @@ def read_records(
                 df = adapters.dms(rows, rep, export.files, table, export.options)
                 parts.append(_materialized(spark, df, rep_dir / "canonical"))
     if not parts:
-        schema = "replica string, file string, line bigint, raw string"
-        return spark.createDataFrame([], schema)
+        return spark.createDataFrame([], RAW_RECORD)
     return reduce(DataFrame.unionByName, parts)
+
+
+def read_staged(spark: SparkSession, files: list[str]) -> DataFrame:
+    """Lines of exports as ``exports.stage_jsonl`` staged them."""
+    return spark.read.schema(RAW_RECORD).parquet(*files)
 
 
 def _materialized(spark: SparkSession, df: DataFrame, path: Path) -> DataFrame:
     """An adapter's canonical records, written once beside the staged export: the resolve
     reads its records several times, and the mapping (a parse and a window) runs once."""
     df.write.mode("overwrite").parquet(str(path))
-    return spark.read.parquet(str(path))
+    return read_output(spark, path)
 
 
 def _parquet_as_raw(spark: SparkSession, files: list[str], replica: str) -> DataFrame:
@@ -114,8 +124,12 @@ def _lits(values: tuple[str, ...] | list[str]) -> Column:
     return F.array(*[F.lit(v) for v in values]) if values else F.array().cast("array<string>")
 
 
-def _quote(c: Column) -> Column:
-    return F.concat(F.lit("'"), F.coalesce(c, F.lit("null")), F.lit("'"))
+def _says(*parts: str | Column) -> Column:
+    """A guard's message: the text parts as they are, each Column a value in quotes
+    ('null' when it has none). One ``format_string`` instead of a ``concat`` of literals:
+    each Column function is a call from Python to the JVM, and the guards build hundreds."""
+    text = "".join("'%s'" if isinstance(p, Column) else p.replace("%", "%%") for p in parts)
+    return F.format_string(text, *[p for p in parts if isinstance(p, Column)])
 
 
 def _first(checks: list[tuple[Column, Column]]) -> Column:
@@ -140,9 +154,7 @@ def _key_checks(table: Table, field: str, m: Column, prefix: str) -> list[tuple[
         checks.append(
             (
                 F.col(f"{prefix}{c}").isNull(),
-                F.concat(
-                    F.lit(f"{field}.{c}: "), _quote(m[c]), F.lit(f" is not {table.column(c).type}")
-                ),
+                _says(f"{field}.{c}: ", m[c], f" is not {table.column(c).type}"),
             )
         )
     return checks
@@ -152,9 +164,7 @@ def _value_checks(table: Table, field: str, m: Column, prefix: str) -> list[tupl
     return [
         (
             m[col.name].isNotNull() & F.col(f"{prefix}{col.name}").isNull(),
-            F.concat(
-                F.lit(f"{field}.{col.name}: "), _quote(m[col.name]), F.lit(f" is not {col.type}")
-            ),
+            _says(f"{field}.{col.name}: ", m[col.name], f" is not {col.type}"),
         )
         for col in table.columns
     ]
@@ -307,27 +317,25 @@ def _record_checks(rank_map: Column) -> list[tuple[Column, Column]]:
         (_field("_malformed").isNotNull(), _field("_malformed")),
         (~F.col("_json"), F.lit("not a JSON object")),
         (F.col("event_id").isNull(), F.lit("no event_id")),
-        (~op.isin(*OPS) | op.isNull(), F.concat(F.lit("unknown op "), _quote(op))),
+        (~op.isin(*OPS) | op.isNull(), _says("unknown op ", op)),
         (F.col("origin").isNull(), F.lit("no origin")),
         (
             rank_map[F.col("origin")].isNull(),
-            F.concat(
-                F.lit("origin "), _quote(F.col("origin")), F.lit(" is not a configured replica")
-            ),
+            _says("origin ", F.col("origin"), " is not a configured replica"),
         ),
         (F.col("ts_text").isNull(), F.lit("no ts")),
         (
             F.col("ts").isNull(),
-            F.concat(
-                F.lit("ts "),
-                _quote(F.col("ts_text")),
-                F.lit(" is neither µs since the epoch nor RFC 3339 with a UTC offset"),
+            _says(
+                "ts ",
+                F.col("ts_text"),
+                " is neither µs since the epoch nor RFC 3339 with a UTC offset",
             ),
         ),
         (F.col("seq_text").isNull(), F.lit("no seq")),
         (
             F.col("seq").isNull(),
-            F.concat(F.lit("seq "), _quote(F.col("seq_text")), F.lit(" is not an integer")),
+            _says("seq ", F.col("seq_text"), " is not an integer"),
         ),
     ]
 
@@ -345,7 +353,7 @@ def _row_checks(table: Table) -> list[tuple[Column, Column]]:
     checks += [
         (
             (op != "UPDATE") & _given("new_key"),
-            F.concat(F.lit("new_key on "), _quote(op), F.lit(" (only an UPDATE changes a key)")),
+            _says("new_key on ", op, " (only an UPDATE changes a key)"),
         ),
         (_given("new_key") & nk_m.isNull(), F.lit("new_key is not a JSON object")),
     ]
@@ -373,11 +381,11 @@ def _value_rules(table: Table) -> list[tuple[Column, Column]]:
         checks.append(
             (
                 writes & F.map_contains_key(after_m, c) & (F.col(f"a_{c}") != target),
-                F.concat(
-                    F.lit(f"after.{c} = "),
-                    _quote(after_m[c]),
-                    F.lit(" contradicts the key "),
-                    _quote(F.coalesce(nk_m[c], key_m[c])),
+                _says(
+                    f"after.{c} = ",
+                    after_m[c],
+                    " contradicts the key ",
+                    F.coalesce(nk_m[c], key_m[c]),
                 ),
             )
         )
@@ -469,11 +477,11 @@ def _cell_checks(
         ),
         (
             ttl.isNotNull() & ~F.coalesce(_int_text(ttl) <= MAX_TTL, F.lit(False)),
-            F.concat(F.lit("ttl "), _quote(ttl), F.lit(f" is not whole seconds 0..{MAX_TTL}")),
+            _says("ttl ", ttl, f" is not whole seconds 0..{MAX_TTL}"),
         ),
         (
             expiry.isNotNull() & _int_text(expiry).isNull(),
-            F.concat(F.lit("expiry "), _quote(expiry), F.lit(" is not whole seconds")),
+            _says("expiry ", expiry, " is not whole seconds"),
         ),
         (
             expiry.isNotNull() & F.coalesce(_int_text(ttl), F.lit(0)).__eq__(0),

@@ -134,3 +134,5 @@ def fold_output(table: Table) -> T.StructType:
 #: table (``pipeline.lake``), not a column of the files
 RUN_COLUMNS = ("run_id", "table")
 LEDGER_COLUMNS = (*RUN_COLUMNS, "event_id", "fate")
+#: how Spark reads the ledger's files (text columns, as ``resolve`` writes them)
+LEDGER_SCHEMA = T.StructType([T.StructField(c, _S) for c in LEDGER_COLUMNS])

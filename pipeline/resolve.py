@@ -34,6 +34,7 @@ from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
     LEDGER_COLUMNS,
+    LEDGER_SCHEMA,
     POSITION,
     RUN_COLUMNS,
 )
@@ -128,7 +129,7 @@ def set_duplicates_aside(
     files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
     if not files:
         return copies, None
-    seen = spark.read.parquet(*files).select("event_id").distinct()
+    seen = spark.read.schema(LEDGER_SCHEMA).parquet(*files).select("event_id").distinct()
     # no broadcast hint: ten nights of a busy table's ids are too many for one
     again = copies.join(seen, "event_id", "left_semi")
     rest = copies.join(seen, "event_id", "left_anti")

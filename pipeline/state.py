@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 
 from pipeline.config import Table
 from pipeline.errors import ExportError
-from pipeline.events import TEXT_MAP
+from pipeline.events import TEXT_MAP, read_staged
 from pipeline.schema import state_schema, typed
 
 
@@ -50,7 +50,7 @@ def read_base(
     parts: list[DataFrame] = []
     jsonl = sorted(str(p) for p in base.glob("jsonl/*.parquet"))
     if jsonl:
-        parts.append(_base_from_json(spark.read.parquet(*jsonl), table, label, check))
+        parts.append(_base_from_json(read_staged(spark, jsonl), table, label, check))
     pq_files = sorted(str(p) for p in base.glob("parquet/*.parquet"))
     if pq_files:
         df = spark.read.parquet(*pq_files)

@@ -43,6 +43,8 @@ BAD = {
     "not-json": ("{not json", "not a JSON object"),
     "no-id": (good(2, event_id=None), "no event_id"),
     "op": (good(3, op="UPSERT"), "unknown op 'UPSERT'"),
+    "op-null": (good(16, op=None), "unknown op 'null'"),
+    "seq-text": (good(17, seq="x7"), "seq 'x7' is not an integer"),
     "origin": (good(4, origin="elsewhere"), "origin 'elsewhere' is not a configured replica"),
     "ts-no-offset": (good(5, ts="2026-11-21T10:00:00"), "RFC 3339 with a UTC offset"),
     "no-key": ({k: v for k, v in good(6).items() if k != "key"}, "no key"),

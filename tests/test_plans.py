@@ -61,3 +61,34 @@ def test_the_fold_outputs_are_written_from_the_persisted_fold(
     fold_outputs = {"state_pre", "conflicts", "quarantine", "divergence", "fates"}
     assert fold_outputs <= set(written), written
     assert {k: v for k, v in written.items() if k in fold_outputs and v} == {}
+
+
+def test_the_staged_exports_and_the_ledger_are_read_without_a_spark_job(
+    tmp_path: Path, spark, monkeypatch
+):
+    """Ingest stages every export with a known schema (``exports.RAW_SCHEMA``), and Spark
+    wrote the ledger's files: reading them names the schema instead of inferring it,
+    which would take a Spark job per read (three per table and run)."""
+    sc = spark.sparkContext
+    jobs: dict[str, list[int]] = {}
+
+    def in_a_group(fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            group = f"{fn.__name__}-{len(jobs)}"
+            sc.setJobGroup(group, group)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+                jobs[group] = list(sc.statusTracker().getJobIdsForGroup(group))
+
+        return wrapped
+
+    monkeypatch.setattr(resolve, "read_records", in_a_group(resolve.read_records))
+    monkeypatch.setattr(resolve, "set_duplicates_aside", in_a_group(resolve.set_duplicates_aside))
+    s = json.loads((S.SCENARIOS / "dw_row_local_newer.json").read_text())
+    assert s.get("history"), "a scenario of two nights: the second reads the first's ledger"
+    run_scenario(s, tmp_path)
+    assert sum(g.startswith("read_records") for g in jobs) == 2, jobs
+    assert sum(g.startswith("set_duplicates_aside") for g in jobs) == 2, jobs
+    assert {g: ids for g, ids in jobs.items() if ids} == {}
