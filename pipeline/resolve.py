@@ -38,7 +38,7 @@ from pipeline.frames import (
     POSITION,
     RUN_COLUMNS,
 )
-from pipeline.policy import Granularity, QuarantineReason
+from pipeline.policy import Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
@@ -91,7 +91,9 @@ def resolve_table(
     res = replace(res, fates=repeats_as_duplicates(fates))
 
     _write(res.state, out / "state_pre")
-    stopped = _write_conflicts(res.conflicts, ctx, table, out)
+    _write(res.fates, out / "fates")
+    fates = _local_table(out / "fates", ["event_id", "replica", "fate"])  # counted on the driver
+    stopped = _write_conflicts(res.conflicts, ctx, table, out, _stops(fates))
     _write(
         res.quarantine.select(
             *_run_cols(ctx, table.name),
@@ -112,12 +114,11 @@ def resolve_table(
     if stopped is not None:
         divergence = divergence.limit(0)  # §12: not checked after an error
     _write(divergence, out / "divergence")
-    _write(res.fates, out / "fates")
     if res.changes is not None:
         _write(res.changes, out / "changes")
-    _write_ledger(out, ctx, table.name)
+    _write_ledger(fates, out, ctx, table.name)
     shutil.rmtree(out / COPIES)  # every output that reads them is written
-    return _table_counts(table, out, staged, stopped)
+    return _table_counts(table, out, fates, staged, stopped)
 
 
 def set_duplicates_aside(
@@ -144,10 +145,9 @@ def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
 
 
-def _write_ledger(out: Path, ctx: RunContext, table: str) -> None:
-    """The ids of the events that reached a final fate (applied or discarded), read from
-    the fates: published with the run, read by the next nights' runs."""
-    fates = _local_table(out / "fates", ["event_id", "fate"])
+def _write_ledger(fates: pa.Table, out: Path, ctx: RunContext, table: str) -> None:
+    """The ids of the events that reached a final fate (applied or discarded), from the
+    fates: published with the run, read by the next nights' runs."""
     final = fates.filter(
         pc.and_(pc.is_valid(fates["event_id"]), pc.is_in(fates["fate"], pa.array(FINAL_FATES)))
     )
@@ -164,12 +164,20 @@ def _write_ledger(out: Path, ctx: RunContext, table: str) -> None:
     pq.write_table(ledger, out / "ledger" / "part-00000.parquet", compression="zstd")
 
 
+def _stops(fates: pa.Table) -> bool:
+    """Whether the converged fold stopped on an ``error`` (§12): the event of the errored
+    conflict has the fate ``errored``. Known from the written fates, so that the runs that
+    did not stop (nearly all) spare the Spark job that finds the conflict."""
+    return bool(pc.any(pc.equal(fates["fate"], Outcome.ERRORED.value)).as_py())
+
+
 def _write_conflicts(
-    conflicts: DataFrame, ctx: RunContext, table: Table, out: Path
+    conflicts: DataFrame, ctx: RunContext, table: Table, out: Path, stops: bool
 ) -> Stopped | None:
     """Write the conflict log in canonical order; after an ``error`` only up to it (§12).
-    Returns the errored conflict, if any."""
-    errored = conflicts.where(F.col("outcome") == "errored").orderBy(*POSITION).limit(1).collect()
+    Returns the errored conflict, if any (``stops``: the fold stopped on one)."""
+    is_errored = F.col("outcome") == Outcome.ERRORED.value
+    errored = conflicts.where(is_errored).orderBy(*POSITION).limit(1).collect() if stops else []
     stopped = None
     if errored:
         e = errored[0]
@@ -222,9 +230,8 @@ def _events_by_fate(fates: pa.Table) -> dict[str, int]:
 
 
 def _table_counts(
-    table: Table, out: Path, staged: StagedTable, stopped: Stopped | None
+    table: Table, out: Path, fates: pa.Table, staged: StagedTable, stopped: Stopped | None
 ) -> TableSummary:
-    fates = _local_table(out / "fates", ["event_id", "replica", "fate"])
     by_fate = _events_by_fate(fates)
     duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
     per_replica: dict[str, dict[str, int]] = {

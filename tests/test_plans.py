@@ -92,3 +92,42 @@ def test_the_staged_exports_and_the_ledger_are_read_without_a_spark_job(
     assert sum(g.startswith("read_records") for g in jobs) == 2, jobs
     assert sum(g.startswith("set_duplicates_aside") for g in jobs) == 2, jobs
     assert {g: ids for g, ids in jobs.items() if ids} == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "stops"), [("pg_update_differ_error", True), ("pg_update_differ_apply", False)]
+)
+def test_the_errored_conflict_is_looked_for_only_when_the_fold_stopped(
+    name: str, stops: bool, tmp_path: Path, spark, monkeypatch
+):
+    """A run stops at an ``error`` conflict (§12); finding it is a Spark job, which the
+    runs that did not stop (the fates say so) do not pay: the conflict log's write is then
+    the only Spark work of ``_write_conflicts``."""
+    sc = spark.sparkContext
+    groups: list[str] = []
+    write = resolve._write
+
+    def writing(df: Any, path: Path, mode: str = "overwrite") -> None:
+        outer = sc.getLocalProperty("spark.jobGroup.id")
+        sc.setJobGroup("write", "write")
+        try:
+            write(df, path, mode)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", outer)
+
+    def looking(*args: Any, **kwargs: Any) -> Any:
+        groups.append(f"conflicts-{len(groups)}")
+        sc.setJobGroup(groups[-1], groups[-1])
+        try:
+            return conflicts(*args, **kwargs)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+
+    conflicts = resolve._write_conflicts
+    monkeypatch.setattr(resolve, "_write", writing)
+    monkeypatch.setattr(resolve, "_write_conflicts", looking)
+    s = json.loads((S.SCENARIOS / f"{name}.json").read_text())
+    _, failed = run_scenario(s, tmp_path)
+    assert failed is stops
+    jobs = [list(sc.statusTracker().getJobIdsForGroup(g)) for g in groups]
+    assert groups and all(bool(ids) is stops for ids in jobs), jobs
