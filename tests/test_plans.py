@@ -10,6 +10,7 @@ against the same miss."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def test_the_staged_exports_and_the_ledger_are_read_without_a_spark_job(
 
     def in_a_group(fn: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            group = f"{fn.__name__}-{len(jobs)}"
+            group = f"{fn.__name__}-{uuid.uuid4()}"  # Spark keeps the groups of earlier tests
             sc.setJobGroup(group, group)
             try:
                 return fn(*args, **kwargs)
@@ -116,7 +117,7 @@ def test_the_errored_conflict_is_looked_for_only_when_the_fold_stopped(
             sc.setLocalProperty("spark.jobGroup.id", outer)
 
     def looking(*args: Any, **kwargs: Any) -> Any:
-        groups.append(f"conflicts-{len(groups)}")
+        groups.append(f"conflicts-{uuid.uuid4()}")  # Spark keeps the groups of earlier tests
         sc.setJobGroup(groups[-1], groups[-1])
         try:
             return conflicts(*args, **kwargs)
