@@ -64,29 +64,33 @@ def test_the_fold_outputs_are_written_from_the_persisted_fold(
     assert {k: v for k, v in written.items() if k in fold_outputs and v} == {}
 
 
+def in_a_group(spark: Any, fn: Any, jobs: dict[str, list[int]]) -> Any:
+    """``fn`` run in a Spark job group of its own; ``jobs`` gets the ids of the Spark jobs
+    each call started."""
+    sc = spark.sparkContext
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        group = f"{fn.__name__}-{uuid.uuid4()}"  # Spark keeps the groups of earlier tests
+        sc.setJobGroup(group, group)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            jobs[group] = list(sc.statusTracker().getJobIdsForGroup(group))
+
+    return wrapped
+
+
 def test_the_staged_exports_and_the_ledger_are_read_without_a_spark_job(
     tmp_path: Path, spark, monkeypatch
 ):
-    """Ingest stages every export with a known schema (``exports.RAW_SCHEMA``), and Spark
-    wrote the ledger's files: reading them names the schema instead of inferring it,
-    which would take a Spark job per read (three per table and run)."""
-    sc = spark.sparkContext
+    """Ingest stages every export with a known schema (``exports.RAW_SCHEMA``), and the
+    ledger's files have one too (``frames.LEDGER_SCHEMA``): reading them names the schema
+    instead of inferring it, which would take a Spark job per read (three per table and
+    run)."""
     jobs: dict[str, list[int]] = {}
-
-    def in_a_group(fn: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            group = f"{fn.__name__}-{uuid.uuid4()}"  # Spark keeps the groups of earlier tests
-            sc.setJobGroup(group, group)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                sc.setLocalProperty("spark.jobGroup.id", None)
-                jobs[group] = list(sc.statusTracker().getJobIdsForGroup(group))
-
-        return wrapped
-
-    monkeypatch.setattr(resolve, "read_records", in_a_group(resolve.read_records))
-    monkeypatch.setattr(resolve, "set_duplicates_aside", in_a_group(resolve.set_duplicates_aside))
+    for name in ("read_records", "set_duplicates_aside"):
+        monkeypatch.setattr(resolve, name, in_a_group(spark, getattr(resolve, name), jobs))
     s = json.loads((S.SCENARIOS / "dw_row_local_newer.json").read_text())
     assert s.get("history"), "a scenario of two nights: the second reads the first's ledger"
     run_scenario(s, tmp_path)
@@ -105,7 +109,7 @@ def test_the_errored_conflict_is_looked_for_only_when_the_fold_stopped(
     runs that did not stop (the fates say so) do not pay: the conflict log's write is then
     the only Spark work of ``_write_conflicts``."""
     sc = spark.sparkContext
-    groups: list[str] = []
+    jobs: dict[str, list[int]] = {}
     write = resolve._write
 
     def writing(df: Any, path: Path, mode: str = "overwrite") -> None:
@@ -116,19 +120,11 @@ def test_the_errored_conflict_is_looked_for_only_when_the_fold_stopped(
         finally:
             sc.setLocalProperty("spark.jobGroup.id", outer)
 
-    def looking(*args: Any, **kwargs: Any) -> Any:
-        groups.append(f"conflicts-{uuid.uuid4()}")  # Spark keeps the groups of earlier tests
-        sc.setJobGroup(groups[-1], groups[-1])
-        try:
-            return conflicts(*args, **kwargs)
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-
-    conflicts = resolve._write_conflicts
     monkeypatch.setattr(resolve, "_write", writing)
-    monkeypatch.setattr(resolve, "_write_conflicts", looking)
+    monkeypatch.setattr(
+        resolve, "_write_conflicts", in_a_group(spark, resolve._write_conflicts, jobs)
+    )
     s = json.loads((S.SCENARIOS / f"{name}.json").read_text())
     _, failed = run_scenario(s, tmp_path)
     assert failed is stops
-    jobs = [list(sc.statusTracker().getJobIdsForGroup(g)) for g in groups]
-    assert groups and all(bool(ids) is stops for ids in jobs), jobs
+    assert jobs and all(bool(ids) is stops for ids in jobs.values()), jobs
