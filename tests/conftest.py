@@ -15,6 +15,21 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "2")
 os.environ.setdefault("CDR_DRIVER_MEMORY", "2g")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
+#: modules whose tests are independent of each other and many: spread over the workers
+SPREAD = {"test_scenarios"}
+
+
+def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:
+    """How ``make test`` shares the suite between its two workers (pytest-xdist,
+    ``--dist loadgroup --no-loadscope-reorder``): a module's tests stay on one worker, so
+    that its module fixtures (the Airflow services, the CDC runs) start once, except the
+    modules in ``SPREAD``; and the long end-to-end modules (``slow``, ``airflow``) go
+    first, so that neither worker is left alone with one at the end."""
+    for item in items:
+        if item.module.__name__ not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda i: not (i.get_closest_marker("slow") or i.get_closest_marker("airflow")))
+
 
 @pytest.fixture(scope="session")
 def spark():
