@@ -60,7 +60,7 @@ demo: $(STAMP) $(ASSETS)
 # between them: tests/conftest.py. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(ASSETS) browser compose-tool postgres lint typecheck
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The pipeline on exports of three real PostgreSQL servers (wal2json), and the same changes
 # as Debezium and DMS write them.
