@@ -32,7 +32,7 @@ from resolve_bench import CONFIG, D, measure, staged_input
 
 from pipeline.config import parse_config
 from pipeline.context import RunContext, resolve_now
-from pipeline.exports import ingest
+from pipeline.exports import fetch, ingest
 from pipeline.store import open_store
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
@@ -142,7 +142,7 @@ def convert(src_dir: Path, dest_root: Path, fmt: str) -> Path:
 def bench(n: int, root: Path, spark) -> dict[str, Any]:
     from pipeline.resolve import resolve_stage
 
-    config, ctx, stats = staged_input(CONFIG, n, root)
+    config, ctx, stats = staged_input(CONFIG, n, root, spark)
     runs = {"jsonl": (config, ctx)}
     for fmt in ("wal2json", "debezium", "dms"):
         store_dir = convert(root / f"store-{n}", root, fmt)
@@ -150,6 +150,7 @@ def bench(n: int, root: Path, spark) -> dict[str, Any]:
         c = RunContext.create(root / f"work-{fmt}", D, resolve_now(D, None), f"bench-{fmt}")
         c.save()
         ingest(cfg, open_store(store_dir.as_uri()), c, allow_missing=False)
+        fetch(spark, c)
         runs[fmt] = (cfg, c)
     seconds: dict[str, list[float]] = {k: [] for k in runs}
     summaries: dict[str, dict] = {}

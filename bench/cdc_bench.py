@@ -42,7 +42,7 @@ def bench(n: int, root: Path, spark) -> dict:
     from pipeline.resolve import resolve_stage
     from pipeline.validation import validate_stage
 
-    config, ctx, stats = staged_input({**CONFIG, "cdc": CDC}, n, root)
+    config, ctx, stats = staged_input({**CONFIG, "cdc": CDC}, n, root, spark)
     off = dataclasses.replace(config, cdc=dataclasses.replace(config.cdc, enabled=False))
 
     summaries: list = []

@@ -48,7 +48,7 @@ CONFIG = {
 
 
 def bench(n: int, root: Path, spark, rounds: int) -> dict:
-    config, ctx, stats = staged_input(CONFIG, n, root)
+    config, ctx, stats = staged_input(CONFIG, n, root, spark)
 
     from pipeline.resolve import resolve_stage
 

@@ -32,7 +32,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import yaml
 
-from pipeline import cdc, engine, events, resolve, stages, suites, validation
+from pipeline import cdc, engine, events, exports, resolve, stages, suites, validation
 from pipeline.config import parse_config
 from pipeline.generate import GenerateOptions, generate
 from pipeline.spark import get_spark
@@ -45,6 +45,7 @@ from resolve_bench import CONFIG, D
 PHASES = [
     (stages, "ingest", "ingest"),
     (stages, "resolve", "resolve (rest)"),
+    (exports, "fetch", "fetch exports (Spark tasks)"),
     (events, "read_records", "read exports"),
     (events, "parse_once", "parse once (light fields, written)"),
     (events, "type_copies", "parse and type"),

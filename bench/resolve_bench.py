@@ -38,7 +38,7 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
 from pipeline.config import Config, parse_config
 from pipeline.context import RunContext, resolve_now
-from pipeline.exports import ingest
+from pipeline.exports import fetch, ingest
 from pipeline.generate import GenerateOptions, generate
 from pipeline.store import open_store
 
@@ -124,10 +124,10 @@ def measure(fn) -> tuple[float, int]:
         return time.perf_counter() - t, mem.peak
 
 
-def staged_input(cfg: dict, n: int, root: Path) -> tuple[Config, RunContext, dict]:
+def staged_input(cfg: dict, n: int, root: Path, spark) -> tuple[Config, RunContext, dict]:
     """The input every benchmark runs on: ``cdr generate`` of N records of ``cfg`` (20% of
-    keys contended) into a file store under ``root``, then ingested. The stats also hold
-    the seconds of both steps; the store is ``root/store-N``."""
+    keys contended) into a file store under ``root``, then ingested and fetched (staged).
+    The stats also hold the seconds of both steps; the store is ``root/store-N``."""
     store_dir = root / f"store-{n}"
     store_dir.mkdir(parents=True)
     config = parse_config({**cfg, "store": store_dir.as_uri()})
@@ -141,6 +141,7 @@ def staged_input(cfg: dict, n: int, root: Path) -> tuple[Config, RunContext, dic
     ctx.save()
     t = time.perf_counter()
     ingest(config, store, ctx, allow_missing=False)
+    fetch(spark, ctx)
     stats["ingest_s"] = time.perf_counter() - t
     return config, ctx, stats
 
@@ -148,7 +149,7 @@ def staged_input(cfg: dict, n: int, root: Path) -> tuple[Config, RunContext, dic
 def bench(
     n: int, root: Path, spark, rounds: int = int(os.environ.get("BENCH_ROUNDS", "2"))
 ) -> dict:
-    config, ctx, stats = staged_input(CONFIG, n, root)
+    config, ctx, stats = staged_input(CONFIG, n, root, spark)
 
     from pipeline.resolve import resolve_stage
 

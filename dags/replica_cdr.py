@@ -203,9 +203,18 @@ def ingest(p: dict[str, Any]) -> str:
 SPARK_CONF = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
 
 
+class SparkStage(SparkSubmitOperator):
+    """spark-submit with the ``aws_default`` connection in its environment: the resolve
+    stage's Spark tasks fetch the exports from the store."""
+
+    def execute(self, context: Any) -> Any:
+        aws_env_from_connection()
+        return super().execute(context)
+
+
 def spark_stage(command: str, **kwargs: Any) -> SparkSubmitOperator:
     """A stage that runs under spark-submit (``cdr <command>`` in the Spark driver)."""
-    return SparkSubmitOperator(
+    return SparkStage(
         task_id=command,
         name=f"cdr-{command}",
         conn_id="spark_default",

@@ -1,5 +1,6 @@
-"""Ingest: find each configured replica's export for the date through its manifest, verify
-it, and stage it on local disk for Spark (formats.md "The manifest").
+"""Ingest: find each configured replica's export for the date through its manifest, check
+it, and plan its files; ``fetch`` (the resolve stage's first Spark job) fetches, verifies
+and stages them in Spark tasks (formats.md "The manifest").
 
 Guarantees:
 - an export is read only through its ``_manifest.json``; files beside it are ignored, but
@@ -10,14 +11,17 @@ Guarantees:
 - a missing export of a configured replica fails the ingest, naming it, unless
   ``allow_missing_exports`` is set (then the replica counts as having exported nothing).
 
+Where the bytes go: ingest reads manifests only. Each file is downloaded by a Spark task
+(boto3 in the task), checked, and staged in the run's work folder, which the driver and
+the executors must share (local disk under ``local[*]``; a shared mount on a cluster).
 JSONL (also gzipped), and the line formats of the adapters (wal2json, Debezium), are staged
 as Parquet rows ``(replica, file, line, raw)`` so that Spark reads them in parallel and the
 quarantine can name the file and line of a bad record; lines that are not records
 (wal2json's transaction framing, Kafka tombstones) are counted as ``framing`` and not
-staged. Parquet exports are staged as they are. DMS CSV files are parsed here (pyarrow,
-every column as text, null kept apart from the empty string) and staged as Parquet with
-their record numbers; a CSV record with the wrong number of fields is staged as a
-malformed record, with its text. See ``pipeline.adapters`` for the mapping itself.
+staged. Parquet exports are staged as they are. DMS CSV files are parsed in the task
+(pyarrow, every column as text, null kept apart from the empty string) and staged as
+Parquet with their record numbers; a CSV record with the wrong number of fields is staged
+as a malformed record, with its text. See ``pipeline.adapters`` for the mapping itself.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import gzip
 import hashlib
 import json
 import logging
+import os
 import posixpath
 import re
 import zlib
@@ -47,6 +52,8 @@ from pipeline.errors import ExportError, StoreError
 from pipeline.store import Store
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from pipeline.lake import Lake
     from pipeline.runs_table import RunRow
 
@@ -59,6 +66,10 @@ RAW_SCHEMA = pa.schema(
     [("replica", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("raw", pa.string())]
 )
 _CHUNK = 32 << 20
+#: in the run's ``staged`` folder: the files ingest planned to fetch, and the mark that
+#: ``fetch`` staged them all
+PLAN = "fetch.json"
+FETCHED = "fetched.json"
 
 
 @dataclass
@@ -309,48 +320,108 @@ def _line_numbers(
     return good, rejected
 
 
-def stage_export(
-    store: Store, folder: str, manifest: dict[str, Any], dest: Path, replica: str
-) -> StagedExport:
-    """Download, verify and stage every file of one export."""
+@dataclass(frozen=True)
+class FileTask:
+    """One file of an export, to fetch, check and stage in a Spark task (``fetch``).
+    Planned by ingest from the manifest; ``dest`` is in the run's work folder, which the
+    driver and the executors share."""
+
+    store: str  # the store's URI
+    key: str  # the file's key in the store
+    entry: str  # its path in the manifest
+    sha256: str
+    rows: int
+    format: str
+    options: dict[str, Any]
+    dest: str  # the staged file
+    replica: str
+    table: str
+    kind: str  # "export" (its framing lines count), "snapshot" or "base"
+
+    @property
+    def name(self) -> str:
+        return f"{self.store}/{self.key}"
+
+
+def plan_export(
+    store: Store,
+    folder: str,
+    manifest: dict[str, Any],
+    dest: Path,
+    replica: str,
+    table: str,
+    kind: str = "export",
+) -> tuple[StagedExport, list[FileTask]]:
+    """What an export holds by its manifest, and a task per file to fetch it."""
     fmt = manifest["format"]
     options = manifest.get("options", {})
-    staged_files, total, framing = [], 0, 0
+    tasks = []
     for i, entry in enumerate(manifest["files"]):
-        key = f"{folder}/{entry['path']}"
-        name = f"{store.uri}/{key}"
-        local = dest / "download" / entry["path"]
+        # DMS: CSV or Parquet, which the task finds out (dms/csv or dms/parquet)
+        target = dest / fmt / f"part-{i:05d}.parquet"
+        tasks.append(
+            FileTask(
+                store.uri,
+                f"{folder}/{entry['path']}",
+                entry["path"],
+                entry["sha256"].lower(),
+                entry["rows"],
+                fmt,
+                options,
+                str(target),
+                replica,
+                table,
+                kind,
+            )
+        )
+    rows = sum(t.rows for t in tasks)
+    files = [t.entry for t in tasks]
+    return StagedExport(replica, fmt, rows, files, manifest.get("watermark"), 0, options), tasks
+
+
+def fetch_file(task: FileTask) -> tuple[int, str | None]:
+    """Download, verify and stage one file (in a Spark task: any machine whose disk the
+    work folder is on). Returns (framing lines, None), or (0, the error naming the file):
+    an error is the driver's to raise, with the file's name, not a task's traceback."""
+    from pipeline.store import open_store
+
+    dest = Path(task.dest)
+    local = dest.parent / f".{dest.name}.download"
+    try:
         try:
-            store.download(key, local)
+            open_store(task.store).download(task.key, local)
         except StoreError as e:
-            raise ExportError(f"{name}: listed in the manifest but cannot be read ({e})") from None
-        digest = _sha256(local)
-        if digest != entry["sha256"].lower():
             raise ExportError(
-                f"{name}: sha256 mismatch (manifest {entry['sha256']}, file {digest})"
-            )
-        part = f"part-{i:05d}.parquet"
-        if fmt == "parquet" or (fmt == "dms" and _is_parquet(local)):
-            rows = _parquet_rows(local, name)
-            target = dest / ("parquet" if fmt == "parquet" else "dms/parquet") / part
-            target.parent.mkdir(parents=True, exist_ok=True)
-            local.replace(target)
-        elif fmt == "dms":
-            rows = _stage_dms_csv(local, dest / "dms" / "csv" / part, name, options)
-            local.unlink()
-        else:
-            rows, skipped = stage_jsonl(
-                local, dest / fmt / part, replica, entry["path"], FRAMING.get(fmt)
-            )
-            framing += skipped
-            local.unlink()
-        if rows != entry["rows"]:
-            raise ExportError(f"{name}: {rows} rows, but the manifest says {entry['rows']}")
-        staged_files.append(entry["path"])
-        total += rows
-    return StagedExport(
-        replica, fmt, total, staged_files, manifest.get("watermark"), framing, options
-    )
+                f"{task.name}: listed in the manifest but cannot be read ({e})"
+            ) from None
+        return _check_and_stage(task, local, dest), None
+    except ExportError as e:
+        return 0, str(e)
+    finally:
+        local.unlink(missing_ok=True)
+
+
+def _check_and_stage(task: FileTask, local: Path, dest: Path) -> int:
+    """The downloaded file checked against its manifest entry and staged; returns its
+    framing lines."""
+    digest = _sha256(local)
+    if digest != task.sha256:
+        raise ExportError(f"{task.name}: sha256 mismatch (manifest {task.sha256}, file {digest})")
+    framing = 0
+    if task.format == "parquet" or (task.format == "dms" and _is_parquet(local)):
+        rows = _parquet_rows(local, task.name)
+        if task.format == "dms":
+            dest = dest.parent / "parquet" / dest.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        local.replace(dest)
+    elif task.format == "dms":
+        rows = _stage_dms_csv(local, dest.parent / "csv" / dest.name, task.name, task.options)
+    else:
+        framing_re = FRAMING.get(task.format)
+        rows, framing = stage_jsonl(local, dest, task.replica, task.entry, framing_re)
+    if rows != task.rows:
+        raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
+    return framing
 
 
 def _is_parquet(path: Path) -> bool:
@@ -406,10 +477,11 @@ def ingest(
     runs = read_runs(lake)
     out: dict[str, StagedTable] = {}
     gaps: list[str] = []
+    tasks: list[FileTask] = []
     for tname in config.tables:
-        st = out[tname] = _stage_exports(config, store, ctx, tname)
-        _stage_snapshots(config, store, ctx, tname, st)
-        _stage_start(config, store, lake, runs, ctx, tname, st, gaps)
+        st = out[tname] = _stage_exports(config, store, ctx, tname, tasks)
+        _stage_snapshots(config, store, ctx, tname, st, tasks)
+        _stage_start(config, store, lake, runs, ctx, tname, st, gaps, tasks)
         st.ledger = prior.stage_ledger(
             store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
         )
@@ -429,10 +501,13 @@ def ingest(
         name = "cdc_generation_descriptions"
         prior.stage_table(store, lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
     save_inputs(ctx, out)
+    save_plan(ctx, tasks)
     return out
 
 
-def _stage_exports(config: Config, store: Store, ctx: RunContext, tname: str) -> StagedTable:
+def _stage_exports(
+    config: Config, store: Store, ctx: RunContext, tname: str, tasks: list[FileTask]
+) -> StagedTable:
     """Each replica's export of the table for the run's date (a missing one is noted)."""
     st = StagedTable()
     for rep in config.replica_ids:
@@ -445,22 +520,27 @@ def _stage_exports(config: Config, store: Store, ctx: RunContext, tname: str) ->
         )
         st.manifests.append(_manifest_digest(store, folder))
         dest = ctx.staged / tname / f"replica={rep}"
-        staged = st.exports[rep] = stage_export(store, folder, manifest, dest, rep)
-        framing = f" and {staged.framing} framing line(s)" if staged.framing else ""
+        staged, files = plan_export(store, folder, manifest, dest, rep, tname)
+        st.exports[rep] = staged
+        tasks += files
         log.info(
-            "ingest %s/%s: %d %s record(s)%s from %d file(s)",
+            "ingest %s/%s: %d %s line(s) in %d file(s)",
             rep,
             tname,
-            staged.records,
+            staged.rows,
             staged.format,
-            framing,
-            len(manifest["files"]),
+            len(files),
         )
     return st
 
 
 def _stage_snapshots(
-    config: Config, store: Store, ctx: RunContext, tname: str, st: StagedTable
+    config: Config,
+    store: Store,
+    ctx: RunContext,
+    tname: str,
+    st: StagedTable,
+    tasks: list[FileTask],
 ) -> None:
     """The replicas' optional full copies of the table, compared after the resolve."""
     for rep in config.replica_ids:
@@ -474,7 +554,9 @@ def _stage_snapshots(
             )
             st.manifests.append(_manifest_digest(store, folder))
             dest = ctx.staged / tname / f"snapshot={rep}"
-            st.snapshots[rep] = stage_export(store, folder, manifest, dest, rep).rows
+            snapshot, files = plan_export(store, folder, manifest, dest, rep, tname, "snapshot")
+            st.snapshots[rep] = snapshot.rows
+            tasks += files
             log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
 
 
@@ -494,6 +576,7 @@ def _stage_start(
     tname: str,
     st: StagedTable,
     gaps: list[str],
+    tasks: list[FileTask],
 ) -> None:
     """What the table starts from (formats.md "Backfills"): the state published for the
     latest date before the run's, checked against that run's ``runs`` row; on a store of
@@ -527,9 +610,11 @@ def _stage_start(
     elif _find_export(store, layout.base_dir(tname), "base snapshot"):
         manifest = read_manifest(store, layout.base_dir(tname), {"table": tname}, ROW_FORMATS)
         st.manifests.append(_manifest_digest(store, layout.base_dir(tname)))
-        staged_base = stage_export(
-            store, layout.base_dir(tname), manifest, ctx.staged / tname / "base", "base"
+        dest = ctx.staged / tname / "base"
+        staged_base, files = plan_export(
+            store, layout.base_dir(tname), manifest, dest, "base", tname, "base"
         )
+        tasks += files
         st.base_rows = staged_base.rows
         st.start = f"base/ ({staged_base.rows} rows): no published run had this table"
         log.info("ingest base/%s: %d rows", tname, staged_base.rows)
@@ -568,6 +653,51 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
             s.get("start", ""),
         )
     return out
+
+
+def save_plan(ctx: RunContext, tasks: list[FileTask]) -> None:
+    (ctx.staged / PLAN).write_text(json.dumps([asdict(t) for t in tasks], indent=1))
+
+
+def fetch(spark: SparkSession, ctx: RunContext) -> None:
+    """Fetch, check and stage every file ingest planned, one Spark task per file (boto3
+    in the task, the file's bytes never on the driver), then count the framing lines
+    into ``inputs.json``. Any file's error stops the run, naming the file (the first, in
+    the manifests' order). Once per run: a retry of the resolve stage finds them staged."""
+    done = ctx.staged / FETCHED
+    if done.exists():
+        return
+    tasks = [FileTask(**t) for t in json.loads((ctx.staged / PLAN).read_text())]
+    results = fetch_files(spark, tasks) if tasks else []
+    errors = [error for _, error in results if error]
+    if errors:
+        more = f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""
+        raise ExportError(errors[0] + more)
+    inputs = load_inputs(ctx)
+    for st in inputs.values():
+        for export in st.exports.values():
+            export.framing = 0
+    for t, (framing, _) in zip(tasks, results, strict=True):
+        if t.kind == "export":
+            inputs[t.table].exports[t.replica].framing += framing
+    save_inputs(ctx, inputs)
+    done.write_text(json.dumps({"files": len(tasks)}))
+    log.info("fetch: %d file(s) checked and staged in Spark tasks", len(tasks))
+
+
+def fetch_files(spark: SparkSession, tasks: list[FileTask]) -> list[tuple[int, str | None]]:
+    """``fetch_file`` of each task in a Spark task of its own, results in the tasks' order.
+    The driver's boto3 settings (``AWS_*``: endpoint, region, credentials) go with the
+    tasks: an executor's environment is not the driver's."""
+    settings = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    payload = [asdict(t) for t in tasks]
+    rdd = spark.sparkContext.parallelize(payload, len(payload))
+    return rdd.map(lambda t: _fetch_in_task(t, settings)).collect()
+
+
+def _fetch_in_task(task: dict[str, Any], settings: dict[str, str]) -> tuple[int, str | None]:
+    os.environ.update(settings)
+    return fetch_file(FileTask(**task))
 
 
 def dt_of(pointer: dict[str, Any]) -> date:

@@ -131,11 +131,14 @@ def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bo
 
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
-    """Resolve the run's events, then (``cdc.enabled``) write the CDC log: both on Spark,
-    in one job (the DAG's resolve task)."""
+    """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
+    (``cdc.enabled``) write the CDC log: all on Spark, in one job (the DAG's resolve
+    task)."""
+    from pipeline.exports import fetch
     from pipeline.resolve import resolve_stage, save_summary
 
     config = ctx.config(config)
+    fetch(spark, ctx)
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if config.cdc.enabled:

@@ -3,8 +3,9 @@
 ``s3://BUCKET/PREFIX`` goes through boto3 (endpoint, region and credentials from the usual
 boto3 sources: ``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, profiles); ``file:///PATH``
 is a local folder. Keys are always relative to the store's root and use ``/``.
-Spark never reads the store directly (pip's pyspark has no ``s3a://``): stages move data
-between the store and a local work folder with these methods.
+Spark never reads the store through Hadoop (pip's pyspark has no ``s3a://``): these
+methods move data between the store and the run's work folder, in the stages (manifests,
+the published tables) and in Spark tasks (the export files, ``exports.fetch``).
 """
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ def load_config_for(tmp_path: Path, tables: dict[str, Any]):
 
 
 def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
-    from pipeline.exports import stage_export
+    from pipeline.exports import fetch_files, plan_export
 
     store = open_store((tmp_path / "store").as_uri())
     cfg = config(tmp_path, store.uri)
@@ -288,7 +288,8 @@ def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
     )
     folder = f"exports/replica=pg1/table=items/dt={DT}"
     manifest = read_manifest(store, folder, {})
-    staged = stage_export(store, folder, manifest, tmp_path / "staged", "pg1")
+    staged, tasks = plan_export(store, folder, manifest, tmp_path / "staged", "pg1", "items")
+    assert fetch_files(spark, tasks) == [(0, None), (0, None)]
     assert staged.records == 5
     rows = adapters.read_dms(
         spark,

@@ -1,5 +1,7 @@
 """Ingest against a real S3 HTTP server on loopback: manifests, checksums, row counts,
-path escapes, truncated files, missing exports (formats.md "The manifest")."""
+path escapes, truncated files, missing exports (formats.md "The manifest"). Ingest reads
+the manifests; the files are fetched, checked and staged by ``exports.fetch`` in Spark
+tasks (the resolve stage's first job)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from fold_helpers import make_config
 
 from pipeline.context import RunContext
 from pipeline.errors import ExportError
-from pipeline.exports import ingest, load_inputs, safe_relpath
+from pipeline.exports import fetch, ingest, load_inputs, safe_relpath
 
 D = date(2026, 11, 21)
 
@@ -91,13 +93,50 @@ def ctx(tmp_path):
     return RunContext.create(tmp_path / "work", D, 0, "r1")
 
 
-def test_ingest_from_s3_stages_every_export(s3_store, ctx):
+def ingest_and_fetch(store, ctx, spark):
+    staged = ingest(make_config(), store, ctx, allow_missing=False)
+    fetch(spark, ctx)
+    return staged
+
+
+def test_ingest_from_s3_stages_every_export(s3_store, ctx, spark):
     put_export(s3_store, "pub", "t", [rec("pub-1"), "\n", rec("pub-2", seq=2)], gz=True)
     put_export(s3_store, "sub", "t", [rec("pub-1")])
-    staged = ingest(make_config(), s3_store, ctx, allow_missing=False)
+    staged = ingest_and_fetch(s3_store, ctx, spark)
     assert {r: e.rows for r, e in staged["t"].exports.items()} == {"pub": 2, "sub": 1}
     assert load_inputs(ctx)["t"].exports["pub"].rows == 2
     assert list((ctx.staged / "t" / "replica=pub" / "jsonl").glob("*.parquet"))
+
+
+def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, spark, monkeypatch):
+    """A Spark task per file downloads, checks and stages it (boto3 in the task): the
+    driver reads the manifests only. A download in the driver's process fails this test;
+    the tasks run in Spark's Python workers, which the patch does not reach."""
+    import uuid
+
+    from pipeline.store import S3Store
+
+    def no_download(self, key, dest):
+        raise AssertionError(f"the driver downloaded {key}")
+
+    monkeypatch.setattr(S3Store, "download", no_download)
+    put_export(s3_store, "pub", "t", [rec("pub-1"), rec("pub-2", seq=2)])
+    put_export(s3_store, "sub", "t", [rec("pub-1")])
+    ingest(make_config(), s3_store, ctx, allow_missing=False)
+    sc = spark.sparkContext
+    group = f"fetch-{uuid.uuid4()}"
+    sc.setJobGroup(group, group)
+    try:
+        fetch(spark, ctx)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    [job] = sc.statusTracker().getJobIdsForGroup(group)
+    [stage] = sc.statusTracker().getJobInfo(job).stageIds
+    assert sc.statusTracker().getStageInfo(stage).numTasks == 2  # one per file
+    staged = sorted(ctx.staged.glob("t/replica=*/jsonl/*.parquet"))
+    assert [p.parent.parent.name for p in staged] == ["replica=pub", "replica=sub"]
+    fetch(spark, ctx)  # a retry of the resolve stage: staged already, no job
+    assert sc.statusTracker().getJobIdsForGroup(group) == [job]
 
 
 def test_missing_export_names_the_replica_unless_allowed(s3_store, ctx):
@@ -138,7 +177,7 @@ def test_files_without_a_manifest_are_an_error(s3_store, ctx):
         ingest(make_config(), s3_store, ctx, allow_missing=True)
 
 
-def test_checksum_mismatch_names_the_file(s3_store, ctx):
+def test_checksum_mismatch_names_the_file(s3_store, ctx, spark):
     folder, entry = put_export(s3_store, "pub", "t", [rec("pub-1")])
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     s3_store.write_bytes(f"{folder}/{entry['path']}", rec("pub-9").encode())
@@ -147,10 +186,10 @@ def test_checksum_mismatch_names_the_file(s3_store, ctx):
         match=r"replica=pub/table=t/dt=2026-11-21/part-0.jsonl: "
         r"sha256 mismatch",
     ):
-        ingest(make_config(), s3_store, ctx, allow_missing=False)
+        ingest_and_fetch(s3_store, ctx, spark)
 
 
-def test_row_count_mismatch_names_the_file(s3_store, ctx):
+def test_row_count_mismatch_names_the_file(s3_store, ctx, spark):
     folder, entry = put_export(s3_store, "pub", "t", [rec("pub-1")])
     entry["rows"] = 5
     manifest = json.loads(s3_store.read_bytes(f"{folder}/_manifest.json"))
@@ -158,10 +197,10 @@ def test_row_count_mismatch_names_the_file(s3_store, ctx):
     s3_store.write_bytes(f"{folder}/_manifest.json", json.dumps(manifest).encode())
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     with pytest.raises(ExportError, match=r"part-0.jsonl: 1 rows, but the manifest says 5"):
-        ingest(make_config(), s3_store, ctx, allow_missing=False)
+        ingest_and_fetch(s3_store, ctx, spark)
 
 
-def test_truncated_gzip_names_the_file(s3_store, ctx):
+def test_truncated_gzip_names_the_file(s3_store, ctx, spark):
     data = gzip.compress(("".join(rec(f"pub-{i}", seq=i) for i in range(200))).encode())
     cut = data[: len(data) // 2]
     folder = f"exports/replica=pub/table=t/dt={D}"
@@ -186,7 +225,7 @@ def test_truncated_gzip_names_the_file(s3_store, ctx):
     )
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     with pytest.raises(ExportError, match=r"part-0.jsonl.gz: cannot be read to its end"):
-        ingest(make_config(), s3_store, ctx, allow_missing=False)
+        ingest_and_fetch(s3_store, ctx, spark)
 
 
 @pytest.mark.parametrize(
