@@ -55,12 +55,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP) $(ASSETS)
 	$(BIN)/cdr demo
 
-# Two workers (pytest-xdist): a run waits on subprocesses, servers and Spark's scheduling
-# much of the time, and one worker kept 0.7 of the 2 cores busy. How the tests are shared
-# between them: tests/conftest.py. TEST_WORKERS=0 runs the suite in this process.
-TEST_WORKERS ?= 2
 test: $(STAMP) $(ASSETS) browser compose-tool postgres lint typecheck
-	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The pipeline on exports of three real PostgreSQL servers (wal2json), and the same changes
 # as Debezium and DMS write them.

@@ -7,7 +7,6 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import deltalake  # noqa: F401  (loaded before duckdb, or the process aborts at exit)
 import pytest
@@ -15,37 +14,6 @@ import pytest
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "2")
 os.environ.setdefault("CDR_DRIVER_MEMORY", "2g")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-
-#: how ``make test`` shares the suite between its two workers (pytest-xdist): each module
-#: on one worker, so that its module fixtures start once, except the modules in SPREAD,
-#: whose tests are many and independent; the modules in TOGETHER on the same worker. The
-#: Airflow tests are together: their spark-submit tasks and services wait a lot, which
-#: the other worker fills with the in-process Spark tests (two Airflows at once only slow
-#: each other down).
-SPREAD = {"tests/test_scenarios.py"}
-TOGETHER = {"tests/test_airflow_services.py": "airflow", "tests/test_dag.py": "airflow"}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """The scheduler of ``make test`` (``-n 2 --no-loadscope-reorder``): xdist's
-    ``loadscope`` with the scopes above (xdist's ``xdist_group`` marks do not reach its
-    scheduler under pytest 9)."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Scopes(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return nodeid if path in SPREAD else TOGETHER.get(path, path)
-
-    return Scopes(config, log)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The Airflow tests first, then the other long ones (``slow``), so that neither
-    worker is left alone with a long module at the end."""
-    items.sort(
-        key=lambda i: (not i.get_closest_marker("airflow"), not i.get_closest_marker("slow"))
-    )
 
 
 @pytest.fixture(scope="session")
