@@ -607,13 +607,11 @@ def _stage_start(
         )
         st.prior = {"dt": pointer["dt"], "run_id": pointer["run_id"], "state_rows": staged.rows}
         st.start = f"the state of {pointer['dt']} in the earlier layout (run {pointer['run_id']})"
-    elif _find_export(store, layout.base_dir(tname), "base snapshot"):
-        manifest = read_manifest(store, layout.base_dir(tname), {"table": tname}, ROW_FORMATS)
-        st.manifests.append(_manifest_digest(store, layout.base_dir(tname)))
+    elif _find_export(store, base := layout.base_dir(tname), "base snapshot"):
+        manifest = read_manifest(store, base, {"table": tname}, ROW_FORMATS)
+        st.manifests.append(_manifest_digest(store, base))
         dest = ctx.staged / tname / "base"
-        staged_base, files = plan_export(
-            store, layout.base_dir(tname), manifest, dest, "base", tname, "base"
-        )
+        staged_base, files = plan_export(store, base, manifest, dest, "base", tname, "base")
         tasks += files
         st.base_rows = staged_base.rows
         st.start = f"base/ ({staged_base.rows} rows): no published run had this table"
