@@ -49,7 +49,7 @@ from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
 from pipeline.errors import ExportError, StoreError
-from pipeline.store import Store
+from pipeline.store import Store, open_store
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -383,8 +383,6 @@ def fetch_file(task: FileTask) -> tuple[int, str | None]:
     """Download, verify and stage one file (in a Spark task: any machine whose disk the
     work folder is on). Returns (framing lines, None), or (0, the error naming the file):
     an error is the driver's to raise, with the file's name, not a task's traceback."""
-    from pipeline.store import open_store
-
     dest = Path(task.dest)
     local = dest.parent / f".{dest.name}.download"
     try:
