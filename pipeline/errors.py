@@ -25,6 +25,10 @@ class StoreError(CdrError):
     """The store cannot be read or written (bad URI, missing bucket, permissions)."""
 
 
+class NotFoundError(StoreError):
+    """The key is not in the store (at the moment it was read)."""
+
+
 class ExportError(CdrError):
     """An export cannot be trusted: missing manifest, checksum or row-count mismatch,
     path escaping the export folder, unreadable file. Nothing is published."""

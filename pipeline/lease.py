@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
 from pipeline import layout
-from pipeline.errors import LockedError, StoreError
+from pipeline.errors import LockedError, NotFoundError
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,12 @@ def _now() -> datetime:
 
 
 def _read(store: Store) -> bytes | None:
-    """The lease's bytes, or None when the store is free (even if it was freed between
-    two requests)."""
+    """The lease's bytes, or None when the store was free at the moment of the read (a
+    caller that wants the lease tries to create it again: it may have been taken again
+    since)."""
     try:
         return store.read_bytes(layout.LOCK)
-    except StoreError:
-        if store.exists(layout.LOCK):
-            raise
+    except NotFoundError:
         return None
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from pipeline.errors import StoreError
+from pipeline.errors import NotFoundError, StoreError
 
 
 class Store(Protocol):
@@ -63,7 +63,7 @@ class FileStore:
         try:
             return self._p(key).read_bytes()
         except FileNotFoundError:
-            raise StoreError(f"{self.uri}/{key}: not found") from None
+            raise NotFoundError(f"{self.uri}/{key}: not found") from None
 
     def write_bytes(self, key: str, data: bytes) -> None:
         p = self._p(key)
@@ -100,7 +100,7 @@ class FileStore:
         try:
             shutil.copyfile(self._p(key), dest)
         except FileNotFoundError:
-            raise StoreError(f"{self.uri}/{key}: not found") from None
+            raise NotFoundError(f"{self.uri}/{key}: not found") from None
 
     def upload(self, src: Path, key: str) -> None:
         p = self._p(key)
@@ -165,7 +165,7 @@ class S3Store:
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code")
             if code in ("404", "NoSuchKey"):
-                raise StoreError(f"s3://{self.bucket}/{self._k(key)}: not found") from None
+                raise NotFoundError(f"s3://{self.bucket}/{self._k(key)}: not found") from None
             raise self._fail(key, e) from None
 
     def write_bytes(self, key: str, data: bytes) -> None:

@@ -110,3 +110,29 @@ def test_a_takeover_left_unfinished_is_taken_over_after_a_minute(store):
     store.write_bytes(marker, json.dumps(taker).encode())
     assert lease.acquire(store, "next", 600).run_id == "next"
     assert lease.holder(store).run_id == "next"
+
+
+class _RetakenBetweenRequests:
+    """A store whose lease is released and taken again by another run between this run's
+    failed create and its read: the read finds nothing, and then the lease exists."""
+
+    def __init__(self, store):
+        self._store, self._missed = store, False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def read_bytes(self, key: str) -> bytes:
+        if key == layout.LOCK and not self._missed:
+            self._missed = True
+            return self._store.read_bytes(f"{key}.gone")  # the store's own "not found"
+        return self._store.read_bytes(key)
+
+
+def test_a_lease_released_and_retaken_between_two_requests_refuses_the_run(store):
+    """The race the six-run test found on S3: a run whose read of the lease misses it
+    (released a moment before) while another run takes it again is refused naming the
+    new holder, not stopped by a store error."""
+    lease.acquire(store, "run-a", 600)
+    with pytest.raises(LockedError, match="run-a"):
+        lease.acquire(_RetakenBetweenRequests(store), "run-b", 600)
