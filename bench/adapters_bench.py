@@ -150,7 +150,7 @@ def bench(n: int, root: Path, spark) -> dict[str, Any]:
         c = RunContext.create(root / f"work-{fmt}", D, resolve_now(D, None), f"bench-{fmt}")
         c.save()
         ingest(cfg, open_store(store_dir.as_uri()), c, allow_missing=False)
-        fetch(spark, c)
+        fetch(spark, cfg, c)
         runs[fmt] = (cfg, c)
     seconds: dict[str, list[float]] = {k: [] for k in runs}
     summaries: dict[str, dict] = {}

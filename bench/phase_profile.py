@@ -32,7 +32,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import yaml
 
-from pipeline import cdc, engine, events, exports, resolve, stages, suites, validation
+from pipeline import cdc, copies, engine, exports, resolve, stages, suites, validation
 from pipeline.config import parse_config
 from pipeline.generate import GenerateOptions, generate
 from pipeline.spark import get_spark
@@ -45,10 +45,8 @@ from resolve_bench import CONFIG, D
 PHASES = [
     (stages, "ingest", "ingest"),
     (stages, "resolve", "resolve (rest)"),
-    (exports, "fetch", "fetch exports (Spark tasks)"),
-    (events, "read_records", "read exports"),
-    (events, "parse_once", "parse once (light fields, written)"),
-    (events, "type_copies", "parse and type"),
+    (exports, "fetch", "fetch and type exports (Spark tasks)"),
+    (copies, "read_copies", "read copies"),
     (resolve, "set_duplicates_aside", "ledger dedupe"),
     (engine, "classify", "classify"),
     (engine, "cross_key_disputes", "cross-key disputes"),

@@ -2,8 +2,9 @@
 wal2json, Debezium envelopes and AWS DMS change files, each mapped on Spark, with
 built-ins only, to the canonical event record that the rest of the pipeline reads.
 
-Every adapter returns the shape of :func:`pipeline.events.read_records`: ``replica, file,
-line, raw`` with ``raw`` the canonical record as JSON text. A record the adapter cannot
+Every adapter returns the records of a staged export: ``replica, file, line, raw`` with
+``raw`` the canonical record as JSON text, which ``pipeline.copies`` types like any JSONL
+export's line. A record the adapter cannot
 map becomes ``{"_malformed": <reason>, "_source": <the record as exported>}``: the
 first guard quarantines it as ``malformed`` with that reason, and the quarantine keeps
 the record as it was exported.

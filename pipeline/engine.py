@@ -35,14 +35,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
-from pipeline.events import type_copies
 from pipeline.foldrun import GroupFolder, make_fold_function
 from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
     FOLD_INPUT,
     POSITION,
-    SHUFFLED_COPY,
     fold_output,
 )
 from pipeline.policy import ChangeKind, ConflictType, Detection, Resolver, Scope
@@ -85,8 +83,8 @@ def admit_transactions(
 ) -> DataFrame:
     """§5/§12 ``scope: transaction``: a transaction ``(origin, txid)`` is admitted only
     when its time (its latest event ts) beats, tie-break included, every key it touches
-    in the state the run started from. ``events`` are the light copies (``copy_refs`` with
-    ``tx``). Adds ``rejected``."""
+    in the state the run started from. ``events`` are the typed copies
+    (``frames.copy_schema``). Adds ``rejected``."""
     if table.scope is not Scope.TRANSACTION:
         return events.withColumn("rejected", F.lit(False))
     ranks = rank_map(config, table)
@@ -122,7 +120,7 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
     key that may share a unique value with another key at some point of the run (a safe
     over-approximation: each key's possible values come from its prior row and its
     events; keys touched by key changes pool their values, since rows move between them).
-    ``events`` are the light copies (``copy_refs`` with ``values``)."""
+    ``events`` are the typed copies (``frames.copy_schema``)."""
     events = events.where(F.col("key").isNotNull())
     moves = events.where(F.col("new_key").isNotNull())
     moved = moves.select("key").union(moves.select(F.col("new_key").alias("key"))).distinct()
@@ -133,10 +131,11 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
     live = prior.where(~F.col("_deleted")).select(
         key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in unique_cols]
     )
+    names = table.column_names
     writes = events.where(F.col("op").isin("INSERT", "UPDATE")).select(
         F.coalesce("new_key", "key").alias("key"),
         *[
-            F.when(F.array_contains("after_keys", c), F.col(f"v_{c}")).alias(f"v_{c}")
+            F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}")).alias(f"v_{c}")
             for c in unique_cols
         ],
     )
@@ -166,7 +165,7 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
 def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table) -> DataFrame:
     """Event copies and prior state rows in one frame, by ``key``: ``is_event``,
     ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
-    ev = copies.select("key", F.lit(1).alias("is_event"), *SHUFFLED_COPY, "rejected")
+    ev = copies.select(F.lit(1).alias("is_event"), *copies.columns)
     st = prior.select(
         key_struct(table).alias("key"),
         F.lit(0).alias("is_event"),
@@ -229,14 +228,13 @@ def classify(
     now_us: int,
 ) -> DataFrame:
     """The one shuffle, by key. Per copy: ``rn`` (1 for the copy that stands for its event:
-    §12, the origin's own copy, else the first replica in config order), the full typing of
-    that copy (``type_copies``) and ``ev_reason`` (why the event is quarantined); per key:
-    ``n_ev`` (good events), the local row ``l_*``, ``coupled``, ``fast``, ``key_fast``."""
+    §12, the origin's own copy, else the first replica in config order) and ``ev_reason``
+    (why the event is quarantined: its standing copy's guard); per key: ``n_ev`` (good
+    events), the local row ``l_*``, ``coupled``, ``fast``, ``key_fast``."""
     w_key = Window.partitionBy("key")
     w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
     is_state = F.col("is_event") == 0
     df = items.withColumn("rn", F.row_number().over(w_ev))
-    df = type_copies(df, table, config, now_us, (F.col("is_event") == 1) & (F.col("rn") == 1))
     df = df.withColumn("ev_reason", F.first("reason").over(w_ev))
     good = (F.col("is_event") == 1) & (F.col("rn") == 1) & F.col("ev_reason").isNull()
     df = (
@@ -479,24 +477,16 @@ class Specials:
     quarantined: list[tuple]
 
 
-def split_special(
-    refs: DataFrame, table: Table, config: Config, now_us: int
-) -> tuple[DataFrame, Specials]:
-    """The copies both engines resolve by key, and the special ones settled
-    (``special_copies``). Most nights have none: one job over the light copies spares
-    typing them (plans of every column and guard). It collects one field of each special
-    copy, which ``special_copies`` collects whole anyway (a ``limit`` would take a job per
-    partition it finds empty)."""
+def split_special(copies: DataFrame) -> tuple[DataFrame, Specials]:
+    """The copies both engines resolve by key, and the special ones (TRUNCATEs, records
+    without an event id) settled on the driver (one job; most nights have none)."""
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
-    main = refs.where(~F.coalesce(special, F.lit(False)))
-    if not refs.where(special).select("replica").collect():
-        return main, Specials([], [], [])
-    typed = type_copies(refs.where(special), table, config, now_us, F.lit(True))
-    return main, special_copies(typed)
+    main = copies.where(~F.coalesce(special, F.lit(False)))
+    return main, special_copies(copies.where(special))
 
 
 def special_copies(typed: DataFrame) -> Specials:
-    """The special copies (``split_special``), fully typed, settled on the driver."""
+    """The special copies (``split_special``), settled on the driver."""
     rows = typed.select(
         "event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail", "raw"
     ).collect()
@@ -540,10 +530,10 @@ def resolve_rows(
     now_us: int,
     dt: date,
 ) -> Resolved:
-    """Resolve one row-granularity table: ``refs`` are the light copies of the staged
-    exports (``events.copy_refs``), ``prior`` the state the run starts from (already
+    """Resolve one row-granularity table: ``refs`` are the typed copies of the staged
+    exports (``frames.copy_schema``), ``prior`` the state the run starts from (already
     purged)."""
-    main, specials = split_special(refs, table, config, now_us)
+    main, specials = split_special(refs)
     truncs = specials.truncates
     main = admit_transactions(main, prior, config, table)
     df = _classified(main, prior, config, table, bool(truncs), now_us)

@@ -48,7 +48,9 @@ from pipeline import layout, prior
 from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
+from pipeline.copies import COPIES, CopyWriter, parquet_records
 from pipeline.errors import ExportError, StoreError
+from pipeline.guards import TypingSpec
 from pipeline.store import Store, open_store
 
 if TYPE_CHECKING:
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 FORMATS = ("jsonl", "parquet", "debezium", "wal2json", "dms")
 #: a replica's full copy and the base snapshot are rows of the table, not changes
 ROW_FORMATS = ("jsonl", "parquet")
+#: the formats whose records are typed where a file is fetched (the adapters' formats are
+#: mapped on Spark first: ``pipeline.copies``)
+TYPED_FORMATS = ("jsonl", "parquet")
 RAW_SCHEMA = pa.schema(
     [("replica", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("raw", pa.string())]
 )
@@ -357,8 +362,10 @@ def plan_export(
     options = manifest.get("options", {})
     tasks = []
     for i, entry in enumerate(manifest["files"]):
-        # DMS: CSV or Parquet, which the task finds out (dms/csv or dms/parquet)
-        target = dest / fmt / f"part-{i:05d}.parquet"
+        # an export's records are typed in the task (copies/); DMS: CSV or Parquet, which
+        # the task finds out (dms/csv or dms/parquet)
+        typed = kind == "export" and fmt in TYPED_FORMATS
+        target = dest / (COPIES if typed else fmt) / f"part-{i:05d}.parquet"
         tasks.append(
             FileTask(
                 store.uri,
@@ -379,10 +386,11 @@ def plan_export(
     return StagedExport(replica, fmt, rows, files, manifest.get("watermark"), 0, options), tasks
 
 
-def fetch_file(task: FileTask) -> tuple[int, str | None]:
+def fetch_file(task: FileTask, spec: TypingSpec | None = None) -> tuple[int, str | None]:
     """Download, verify and stage one file (in a Spark task: any machine whose disk the
-    work folder is on). Returns (framing lines, None), or (0, the error naming the file):
-    an error is the driver's to raise, with the file's name, not a task's traceback."""
+    work folder is on); an export's records are typed there (``spec``, ``pipeline.copies``).
+    Returns (framing lines, None), or (0, the error naming the file): an error is the
+    driver's to raise, with the file's name, not a task's traceback."""
     dest = Path(task.dest)
     local = dest.parent / f".{dest.name}.download"
     try:
@@ -392,21 +400,24 @@ def fetch_file(task: FileTask) -> tuple[int, str | None]:
             raise ExportError(
                 f"{task.name}: listed in the manifest but cannot be read ({e})"
             ) from None
-        return _check_and_stage(task, local, dest), None
+        return _check_and_stage(task, local, dest, spec), None
     except ExportError as e:
         return 0, str(e)
     finally:
         local.unlink(missing_ok=True)
 
 
-def _check_and_stage(task: FileTask, local: Path, dest: Path) -> int:
+def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec | None) -> int:
     """The downloaded file checked against its manifest entry and staged; returns its
     framing lines."""
     digest = _sha256(local)
     if digest != task.sha256:
         raise ExportError(f"{task.name}: sha256 mismatch (manifest {task.sha256}, file {digest})")
     framing = 0
-    if task.format == "parquet" or (task.format == "dms" and _is_parquet(local)):
+    if task.kind == "export" and task.format in TYPED_FORMATS:
+        assert spec is not None, f"{task.name}: an export is typed where it is fetched"
+        rows = _stage_copies(task, local, dest, spec)
+    elif task.format == "parquet" or (task.format == "dms" and _is_parquet(local)):
         rows = _parquet_rows(local, task.name)
         if task.format == "dms":
             dest = dest.parent / "parquet" / dest.name
@@ -420,6 +431,22 @@ def _check_and_stage(task: FileTask, local: Path, dest: Path) -> int:
     if rows != task.rows:
         raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
     return framing
+
+
+def _stage_copies(task: FileTask, local: Path, dest: Path, spec: TypingSpec) -> int:
+    """An export's records typed and written as copies (``pipeline.copies``); returns its
+    rows (JSONL: its non-blank lines)."""
+    with CopyWriter(dest, spec, task.replica, task.entry) as out:
+        if task.format == "parquet":
+            rows = _parquet_rows(local, task.name)
+            for number, fields, text in parquet_records(local):
+                out.record(number, fields, text)
+            return rows
+        for first, lines in _line_chunks(local, task.name):
+            for i, ln in enumerate(lines):
+                if ln.strip():
+                    out.line(first + i, ln.rstrip(b"\r").decode("utf-8", "replace"))
+        return out.count
 
 
 def _is_parquet(path: Path) -> bool:
@@ -655,16 +682,20 @@ def save_plan(ctx: RunContext, tasks: list[FileTask]) -> None:
     (ctx.staged / PLAN).write_text(json.dumps([asdict(t) for t in tasks], indent=1))
 
 
-def fetch(spark: SparkSession, ctx: RunContext) -> None:
+def fetch(spark: SparkSession, config: Config, ctx: RunContext) -> None:
     """Fetch, check and stage every file ingest planned, one Spark task per file (boto3
-    in the task, the file's bytes never on the driver), then count the framing lines
-    into ``inputs.json``. Any file's error stops the run, naming the file (the first, in
-    the manifests' order). Once per run: a retry of the resolve stage finds them staged."""
+    in the task, the file's bytes never on the driver; an export's records typed there),
+    then count the framing lines into ``inputs.json``. Any file's error stops the run,
+    naming the file (the first, in the manifests' order). Once per run: a retry of the
+    resolve stage finds them staged."""
     done = ctx.staged / FETCHED
     if done.exists():
         return
     tasks = [FileTask(**t) for t in json.loads((ctx.staged / PLAN).read_text())]
-    results = fetch_files(spark, tasks) if tasks else []
+    specs = {
+        t: TypingSpec.of(config, config.tables[t], ctx.now_us) for t in {x.table for x in tasks}
+    }
+    results = fetch_files(spark, tasks, specs) if tasks else []
     errors = [error for _, error in results if error]
     if errors:
         more = f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""
@@ -681,19 +712,23 @@ def fetch(spark: SparkSession, ctx: RunContext) -> None:
     log.info("fetch: %d file(s) checked and staged in Spark tasks", len(tasks))
 
 
-def fetch_files(spark: SparkSession, tasks: list[FileTask]) -> list[tuple[int, str | None]]:
+def fetch_files(
+    spark: SparkSession, tasks: list[FileTask], specs: dict[str, TypingSpec]
+) -> list[tuple[int, str | None]]:
     """``fetch_file`` of each task in a Spark task of its own, results in the tasks' order.
     The driver's boto3 settings (``AWS_*``: endpoint, region, credentials) go with the
     tasks: an executor's environment is not the driver's."""
     settings = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     payload = [asdict(t) for t in tasks]
     rdd = spark.sparkContext.parallelize(payload, len(payload))
-    return rdd.map(lambda t: _fetch_in_task(t, settings)).collect()
+    return rdd.map(lambda t: _fetch_in_task(t, settings, specs.get(t["table"]))).collect()
 
 
-def _fetch_in_task(task: dict[str, Any], settings: dict[str, str]) -> tuple[int, str | None]:
+def _fetch_in_task(
+    task: dict[str, Any], settings: dict[str, str], spec: TypingSpec | None
+) -> tuple[int, str | None]:
     os.environ.update(settings)
-    return fetch_file(FileTask(**task))
+    return fetch_file(FileTask(**task), spec)
 
 
 def dt_of(pointer: dict[str, Any]) -> date:

@@ -10,16 +10,55 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from pipeline.config import Table
-from pipeline.schema import row_struct_type
+from pipeline.schema import key_struct_type, row_struct_type
 
 _S, _L, _I, _B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
 
 # ---------------------------------------------------------------------- copies of events
 
-#: the fields of every copy that the shuffle by key needs, read as text (``copy_refs``)
-LIGHT_FIELDS = ("event_id", "op", "origin", "seq")
+#: where a copy comes from: the exporting replica, the export's file and its line (or row)
+COPY_SOURCE = ("replica", "file", "line")
 
-#: what the full typing adds to the copy that stands for its event (``type_copies``)
+
+def copy_schema(table: Table) -> T.StructType:
+    """A typed copy of an event: one record of one export, read and guarded once, where the
+    export is fetched (``pipeline.guards.type_copy``; ``pipeline.copies`` writes them).
+    ``pref`` orders the copies of one event (§12 "Duplicates"); ``rank`` is the origin's
+    tie rank; ``after_has``/``before_has`` say which of the table's columns each image
+    holds; ``reason``/``detail`` the guard that quarantines it (null: none); ``raw`` the
+    record as exported, kept for a quarantined copy only."""
+    key, row = key_struct_type(table), row_struct_type(table)
+    flags, names = T.ArrayType(_B), T.ArrayType(_S)
+    fields = [
+        ("replica", _S),
+        ("file", _S),
+        ("line", _L),
+        ("event_id", _S),
+        ("op", _S),
+        ("origin", _S),
+        ("seq", _L),
+        ("pref", _I),
+        ("rank", _I),
+        ("txid", _S),
+        ("ts", _L),
+        ("key", key),
+        ("new_key", key),
+        ("after", row),
+        ("after_has", flags),
+        ("before", row),
+        ("before_has", flags),
+        ("extra_cols", names),
+        ("ttl", _L),
+        ("expiry", _L),
+        ("reason", _S),
+        ("detail", _S),
+        ("raw", _S),
+    ]
+    return T.StructType([T.StructField(n, t) for n, t in fields])
+
+
+#: what the typing read of a copy (``guards.type_copy``); the cell engine keeps it for the
+#: copy that stands for its event only
 TYPED_COLUMNS = (
     "op",
     "origin",
@@ -37,9 +76,6 @@ TYPED_COLUMNS = (
     "reason",
     "detail",
 )
-
-#: what the shuffle by key carries of each copy, after ``key`` and ``is_event`` (both engines)
-SHUFFLED_COPY = ("event_id", "replica", "file", "line", "raw", "seq", "pref")
 
 # ---------------------------------------------------------------------- the Python fold
 

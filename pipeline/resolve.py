@@ -1,10 +1,11 @@
 """The resolve stage: staged exports in, the run's results out, in the work folder.
 
-Per table: parse, dedupe, type and guard the events (``pipeline.events``), resolve them
-against the prior state (``pipeline.engine``), then check foreign keys across tables
-(semantics.md §10). Writes ``resolved/<table>/{state,snapshot,conflicts,quarantine,
-divergence,orphans,fates,ledger}`` and ``resolved/summary.json`` with the counts of the run
-report. Gates (divergence, FK, error resolvers) are decided by the validate stage.
+Per table: read the typed copies of its exports (``pipeline.copies``), dedupe them and
+resolve the events against the prior state (``pipeline.engine``, ``pipeline.cells``), then
+check foreign keys across tables (semantics.md §10). Writes ``resolved/<table>/{state,
+snapshot,conflicts,quarantine,divergence,orphans,fates,ledger}`` and
+``resolved/summary.json`` with the counts of the run report. Gates (divergence, FK,
+error resolvers) are decided by the validate stage.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pyspark.sql.window import Window
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
+from pipeline.copies import read_copies
 from pipeline.engine import position, purge, resolve_rows
-from pipeline.events import copy_refs, parse_once, read_records
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.frames import (
     CONFLICT_FIELDS,
@@ -53,9 +54,6 @@ FINAL_FATES = ("applied", "discarded")
 #: the fate of a record whose event a run in the ledger window resolved already, or of a
 #: replica's second record of one event in one night
 DUPLICATE = "duplicate"
-#: the light copies of a table's records (``events.parse_once``), removed once its outputs
-#: are written
-COPIES = "copies"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
@@ -75,8 +73,7 @@ def resolve_table(
     spark: SparkSession, config: Config, table: Table, ctx: RunContext, staged: StagedTable
 ) -> TableSummary:
     out = ctx.resolved / table.name
-    records = read_records(spark, ctx.staged / table.name, table, staged.exports)
-    copies = parse_once(spark, copy_refs(records, table, config), out / COPIES)
+    copies = read_copies(spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us)
     ledger = ctx.staged / table.name / "ledger"
     copies, duplicates = set_duplicates_aside(
         spark, copies, [ledger / f"dt={d}" for d in staged.ledger]
@@ -117,7 +114,6 @@ def resolve_table(
     if res.changes is not None:
         _write(res.changes, out / "changes")
     _write_ledger(fates, out, ctx, table.name)
-    shutil.rmtree(out / COPIES)  # every output that reads them is written
     return _table_counts(table, out, fates, staged, stopped)
 
 
@@ -126,7 +122,7 @@ def set_duplicates_aside(
 ) -> tuple[DataFrame, DataFrame | None]:
     """The copies whose event an earlier night already resolved (its id is in one of the
     ledger partitions ingest staged) are not resolved again: they get the fate
-    ``duplicate``. ``copies``: ``events.copy_refs``."""
+    ``duplicate``. ``copies``: ``frames.copy_schema``."""
     files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
     if not files:
         return copies, None

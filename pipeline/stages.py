@@ -138,7 +138,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     from pipeline.resolve import resolve_stage, save_summary
 
     config = ctx.config(config)
-    fetch(spark, ctx)
+    fetch(spark, config, ctx)
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if config.cdc.enabled:

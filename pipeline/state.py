@@ -15,11 +15,22 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from pipeline.config import Table
 from pipeline.errors import ExportError
-from pipeline.events import TEXT_MAP, read_staged
+from pipeline.exports import RAW_SCHEMA
 from pipeline.schema import state_schema, typed
+
+#: the staged lines of a row export (``exports.RAW_SCHEMA``): read with it, not inferred (a
+#: Spark job per read)
+RAW_RECORD = from_arrow_schema(RAW_SCHEMA)
+TEXT_MAP = T.MapType(T.StringType(), T.StringType())
+
+
+def read_staged(spark: SparkSession, files: list[str]) -> DataFrame:
+    """Lines as ``exports.stage_jsonl`` staged them (``replica, file, line, raw``)."""
+    return spark.read.schema(RAW_RECORD).parquet(*files)
 
 
 def empty_state(spark: SparkSession, table: Table) -> DataFrame:

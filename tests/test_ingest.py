@@ -95,7 +95,7 @@ def ctx(tmp_path):
 
 def ingest_and_fetch(store, ctx, spark):
     staged = ingest(make_config(), store, ctx, allow_missing=False)
-    fetch(spark, ctx)
+    fetch(spark, make_config(), ctx)
     return staged
 
 
@@ -105,7 +105,7 @@ def test_ingest_from_s3_stages_every_export(s3_store, ctx, spark):
     staged = ingest_and_fetch(s3_store, ctx, spark)
     assert {r: e.rows for r, e in staged["t"].exports.items()} == {"pub": 2, "sub": 1}
     assert load_inputs(ctx)["t"].exports["pub"].rows == 2
-    assert list((ctx.staged / "t" / "replica=pub" / "jsonl").glob("*.parquet"))
+    assert list((ctx.staged / "t" / "replica=pub" / "copies").glob("*.parquet"))
 
 
 def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, spark, monkeypatch):
@@ -127,15 +127,15 @@ def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, s
     group = f"fetch-{uuid.uuid4()}"
     sc.setJobGroup(group, group)
     try:
-        fetch(spark, ctx)
+        fetch(spark, make_config(), ctx)
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
     [job] = sc.statusTracker().getJobIdsForGroup(group)
     [stage] = sc.statusTracker().getJobInfo(job).stageIds
     assert sc.statusTracker().getStageInfo(stage).numTasks == 2  # one per file
-    staged = sorted(ctx.staged.glob("t/replica=*/jsonl/*.parquet"))
+    staged = sorted(ctx.staged.glob("t/replica=*/copies/*.parquet"))
     assert [p.parent.parent.name for p in staged] == ["replica=pub", "replica=sub"]
-    fetch(spark, ctx)  # a retry of the resolve stage: staged already, no job
+    fetch(spark, make_config(), ctx)  # a retry of the resolve stage: staged already, no job
     assert sc.statusTracker().getJobIdsForGroup(group) == [job]
 
 

@@ -81,20 +81,20 @@ def in_a_group(spark: Any, fn: Any, jobs: dict[str, list[int]]) -> Any:
     return wrapped
 
 
-def test_the_staged_exports_and_the_ledger_are_read_without_a_spark_job(
+def test_the_typed_copies_and_the_ledger_are_read_without_a_spark_job(
     tmp_path: Path, spark, monkeypatch
 ):
-    """Ingest stages every export with a known schema (``exports.RAW_SCHEMA``), and the
-    ledger's files have one too (``frames.LEDGER_SCHEMA``): reading them names the schema
-    instead of inferring it, which would take a Spark job per read (three per table and
-    run)."""
+    """The fetch types every record of an export into copies of one known schema
+    (``frames.copy_schema``), and the ledger's files have one too (``frames.LEDGER_SCHEMA``):
+    reading them names the schema instead of inferring it, which would take a Spark job
+    per read (three per table and run)."""
     jobs: dict[str, list[int]] = {}
-    for name in ("read_records", "set_duplicates_aside"):
+    for name in ("read_copies", "set_duplicates_aside"):
         monkeypatch.setattr(resolve, name, in_a_group(spark, getattr(resolve, name), jobs))
     s = json.loads((S.SCENARIOS / "dw_row_local_newer.json").read_text())
     assert s.get("history"), "a scenario of two nights: the second reads the first's ledger"
     run_scenario(s, tmp_path)
-    assert sum(g.startswith("read_records") for g in jobs) == 2, jobs
+    assert sum(g.startswith("read_copies") for g in jobs) == 2, jobs
     assert sum(g.startswith("set_duplicates_aside") for g in jobs) == 2, jobs
     assert {g: ids for g, ids in jobs.items() if ids} == {}
 

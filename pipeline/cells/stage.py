@@ -25,8 +25,7 @@ from pipeline.engine import (
     split_special,
     with_special_copies,
 )
-from pipeline.events import type_copies
-from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE, SHUFFLED_COPY
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE, TYPED_COLUMNS
 from pipeline.rowfold import Event
 from pipeline.schema import change_schema
 
@@ -49,7 +48,7 @@ def _resolve_keys(
     ``fate`` and ``quarantine`` where they apply, and ``chosen_id``; with ``capture``,
     ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
     last row) for the CDC log."""
-    df = _chosen_copies(main, state_rows, config, table, now_us)
+    df = _chosen_copies(main, state_rows)
     df = _slot_maxima(df, config, table, truncs, tt_prior, now_us)
     return _outputs(df, table, truncs, tt_prior, tt, now_us, capture)
 
@@ -64,16 +63,17 @@ def _canonical() -> WindowSpec:
     return Window.partitionBy("key").orderBy("is_event", "c_ts", "c_rank", "event_id", "rn")
 
 
-def _chosen_copies(
-    main: DataFrame, state_rows: DataFrame, config: Config, table: Table, now_us: int
-) -> DataFrame:
-    """1. the copy that stands for each event (§12), typed and guarded: every copy gets
-    its event's reason (``ev_reason``), time and rank (``c_ts``, ``c_rank``)."""
-    events = main.select("key", F.lit(1).alias("is_event"), *SHUFFLED_COPY)
+def _chosen_copies(main: DataFrame, state_rows: DataFrame) -> DataFrame:
+    """1. the copy that stands for each event (§12): every copy gets its event's reason
+    (``ev_reason``), time and rank (``c_ts``, ``c_rank``); only the standing copy keeps
+    what the typing read (the others count for their replica's order and accounting)."""
+    events = main.select(F.lit(1).alias("is_event"), *main.columns)
     items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
     w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
     df = items.withColumn("rn", F.row_number().over(w_ev))
-    df = type_copies(df, table, config, now_us, _chosen())
+    df = df.select(
+        *[F.when(_chosen(), F.col(c)).alias(c) if c in TYPED_COLUMNS else c for c in df.columns]
+    )
     df = df.select(
         "*",
         F.first("reason").over(w_ev).alias("ev_reason"),
@@ -186,12 +186,12 @@ def resolve_cells(
     now_us: int,
     dt: date,
 ) -> Resolved:
-    """Resolve one cell-granularity table. ``refs``: the light copies of the staged
-    exports (``events.copy_refs``); ``prior``: the state the run starts from (not yet
+    """Resolve one cell-granularity table. ``refs``: the typed copies of the staged
+    exports (``frames.copy_schema``); ``prior``: the state the run starts from (not yet
     purged)."""
     del dt
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
-    main, specials = split_special(refs, table, config, now_us)
+    main, specials = split_special(refs)
     truncs = specials.truncates
     has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
     tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()

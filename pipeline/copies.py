@@ -1,0 +1,193 @@
+"""The typed copies of a table's events: every record of every export, read and guarded
+once (``pipeline.guards``) and written as Parquet with one explicit schema
+(``frames.copy_schema``), in ``staged/<table>/replica=<id>/copies/``.
+
+Where they are written: a JSONL or canonical Parquet export is typed in the Spark task
+that fetches the file (``exports.fetch``); the formats an adapter maps (wal2json, Debezium,
+DMS) are mapped on Spark, and their canonical records typed in Arrow batches of the same
+function (:func:`type_adapted`), written once per run. The resolve stage reads them with
+their schema (:func:`read_copies`): nothing parses a record twice, and no Spark plan holds a
+JSON parse or a type's cast.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.frames import copy_schema
+from pipeline.guards import JsonNumber, TypingSpec, column_readers, text_of, type_copy, type_line
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.config import Config, Table
+    from pipeline.exports import StagedExport
+
+#: a replica's typed copies, under its staged folder
+COPIES = "copies"
+_BATCH = 8192
+
+
+def arrow_schema(table: Table) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(copy_schema(table), timezone="UTC")
+
+
+class CopyWriter:
+    """Typed copies of one file, written in batches to one Parquet file."""
+
+    def __init__(self, dest: Path, spec: TypingSpec, replica: str, file: str):
+        self.spec, self.replica, self.file = spec, replica, file
+        self.readers = column_readers(spec.table)
+        self.schema = arrow_schema(spec.table)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = pq.ParquetWriter(dest, self.schema)
+        self._rows: list[dict[str, Any]] = []
+        self.count = 0
+
+    def line(self, number: int | None, text: str) -> None:
+        self._add(number, type_line(text, self.spec, self.readers, self.replica))
+
+    def record(self, number: int | None, fields: dict[str, Any] | None, source: str) -> None:
+        self._add(number, type_copy(fields, source, self.spec, self.readers, self.replica))
+
+    def _add(self, number: int | None, copy: dict[str, Any]) -> None:
+        copy["replica"], copy["file"], copy["line"] = self.replica, self.file, number
+        self._rows.append(copy)
+        self.count += 1
+        if len(self._rows) >= _BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=self.schema))
+            self._rows = []
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+    def __enter__(self) -> CopyWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- canonical Parquet
+
+
+def _json_value(v: Any) -> Any:
+    """A Parquet value as the JSON value it stands for (a number keeps its digits)."""
+    if v is None or isinstance(v, bool | str):
+        return v
+    if isinstance(v, int | float):
+        return JsonNumber(repr(v) if isinstance(v, float) else str(v))
+    if isinstance(v, Decimal):
+        return JsonNumber(format(v, "f"))
+    if isinstance(v, datetime):
+        return v.isoformat().replace("+00:00", "Z") + ("" if v.tzinfo else "Z")
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode()
+    if isinstance(v, Mapping):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_value(x) for x in v]
+    return str(v)
+
+
+def parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any], str]]:
+    """A canonical Parquet export's rows: (row number, the record as JSON values, its
+    JSON text). ``key``, ``new_key``, ``after`` and ``before`` may be structs or JSON text
+    (the typing reads either)."""
+    f = pq.ParquetFile(path)
+    number = 0
+    for batch in f.iter_batches(batch_size=_BATCH):
+        for row in batch.to_pylist():
+            number += 1
+            fields = {k: _json_value(v) for k, v in row.items()}
+            yield number, fields, text_of(fields) or ""
+
+
+# ---------------------------------------------------------------------- adapted records
+
+
+def type_adapted(
+    spec: TypingSpec,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For ``mapInArrow``: an adapter's canonical records (``replica, file, line, raw``)
+    as typed copies."""
+    schema = arrow_schema(spec.table)
+    readers = column_readers(spec.table)
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            rows = []
+            for r in batch.to_pylist():
+                copy = type_line(r["raw"], spec, readers, r["replica"])
+                copy["replica"], copy["file"], copy["line"] = r["replica"], r["file"], r["line"]
+                rows.append(copy)
+            yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+    return run
+
+
+def _adapted(
+    spark: SparkSession, rep_dir: Path, export: StagedExport, spec: TypingSpec
+) -> DataFrame | None:
+    """An adapter's export mapped to canonical records (Spark), or None when it is empty."""
+    from pipeline import adapters
+    from pipeline.state import read_staged
+
+    def staged(kind: str) -> list[str]:
+        return sorted(str(p) for p in (rep_dir / kind).glob("*.parquet"))
+
+    table, fmt = spec.table, export.format
+    if fmt in ("wal2json", "debezium"):
+        if not staged(fmt):
+            return None
+        adapt = adapters.wal2json if fmt == "wal2json" else adapters.debezium
+        return adapt(read_staged(spark, staged(fmt)), table, export.options)
+    rows = adapters.read_dms(spark, staged("dms/csv"), staged("dms/parquet"))
+    if rows is None:
+        return None
+    return adapters.dms(rows, export.replica, export.files, table, export.options)
+
+
+def read_copies(
+    spark: SparkSession,
+    config: Config,
+    table: Table,
+    table_dir: Path,
+    exports: Mapping[str, StagedExport],
+    now_us: int,
+) -> DataFrame:
+    """Every typed copy of the table's exports. An adapter's export is mapped and typed the
+    first time (one Spark job, written beside the others)."""
+    schema = copy_schema(table)
+    spec = TypingSpec.of(config, table, now_us)
+    files: list[str] = []
+    for rep, export in exports.items():
+        rep_dir = table_dir / f"replica={rep}"
+        if export.format not in ("jsonl", "parquet") and not (rep_dir / COPIES).is_dir():
+            adapted = _adapted(spark, rep_dir, export, spec)
+            if adapted is not None:
+                typed = adapted.select("replica", "file", "line", "raw").mapInArrow(
+                    type_adapted(spec), schema
+                )
+                typed.write.mode("overwrite").parquet(str(rep_dir / COPIES))
+        files += sorted(str(p) for p in (rep_dir / COPIES).glob("*.parquet"))
+    if not files:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*files)
