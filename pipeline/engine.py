@@ -1,51 +1,57 @@
-"""Row-granularity resolution on Spark (semantics.md §2-§5, §7-§9, §12).
+"""Row-granularity resolution (semantics.md §2-§5, §7-§9, §12): the Spark side of the row
+engine, and the parts of the run both engines share (the special copies, the disputes).
 
-Design for scale: one shuffle by key brings each key's prior state row and every copy of
-its events together; the copies of an event are deduplicated there (§12: the origin's own
-copy wins, else the first replica in config order), so that no shuffle by ``event_id`` is
-needed (copies that disagree on their content are settled first, by a narrow aggregation).
-Then every key falls into one of three paths:
+One Spark job per table (:func:`fold`): one shuffle by key brings each key's prior state
+row and every copy of its events together, sorted, and a Python task per partition folds
+them with ``pipeline.rowfold`` (through ``mapInArrow``: notes/performance.md) and writes
+the outputs itself (``pipeline.foldrun``). The copies of an event meet under their key,
+where the first in the order of §12 stands for it (the origin's own copy, else the first
+replica in config order): no shuffle by ``event_id``. A key no event touches keeps its
+row without a Python object per row. What the fold cannot see from one key is settled
+before it, on Spark or on the driver:
 
-- **untouched**: no event; the state row passes through (a TRUNCATE of the run applies
-  to it with a column expression);
-- **fast**: exactly one event that no rule could make a conflict (an INSERT onto an
-  absent key, an UPDATE or DELETE of a live row last written by the same origin and not
-  newer, no column drift, no coupling). Done with Spark column expressions: the large
-  majority of keys never reach Python. A single event converges in every replica's order,
-  so it never diverges either;
-- **fold**: everything else, folded in Python by ``pipeline.rowfold`` through
-  ``mapInArrow`` over the key-sorted stream (no per-key ``applyInPandas``: see
-  notes/performance.md). Keys *coupled* by a key change or by a shared unique value are
-  folded together as one group, since their rules read each other's rows.
+- the run's TRUNCATEs and its records without an event id (:func:`split_special`);
+- the events an earlier night resolved (their ids in the ledger: ``seen``);
+- the transactions ``scope: transaction`` rejects (:func:`admit_transactions`);
+- the keys *coupled* by a key change or by a shared unique value (:func:`coupled_keys`):
+  folded together as one group, since their rules read each other's rows;
+- and after it, the events whose copies sat under different keys (rare: moved to their
+  winner's key, and folded again).
 
-``tests/test_engine.py`` checks the fast path against the Python fold on generated events.
+``tests/test_engine.py`` holds the published results to the pure fold on generated data.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
-from pipeline.foldrun import GroupFolder, make_fold_function
-from pipeline.frames import (
-    CONFLICT_FIELDS,
-    DIVERGENCE_FIELDS,
-    FOLD_INPUT,
-    POSITION,
-    fold_output,
+from pipeline.foldrun import (
+    DUPLICATE,
+    QUARANTINED,
+    TASK_COLUMNS,
+    FoldJob,
+    fold_function,
+    write_parquet,
 )
-from pipeline.policy import ChangeKind, ConflictType, Detection, Resolver, Scope
+from pipeline.frames import FOLD_INPUT, LEDGER_SCHEMA, POSITION, fold_outputs
+from pipeline.policy import Scope
 from pipeline.rowfold import Event, FoldSpec
-from pipeline.schema import change_schema, row_struct_type, state_schema
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +121,24 @@ def admit_transactions(
     )
 
 
-def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame | None:
-    """Keys whose fold must see other keys' rows: both ends of every key change, and every
-    key that may share a unique value with another key at some point of the run (a safe
+def coupled_keys(
+    events: DataFrame, prior: DataFrame, table: Table, moved_keys: list[Any]
+) -> DataFrame | None:
+    """Keys whose fold must see other keys' rows: both ends of every key change
+    (``moved_keys``, found on the driver by :func:`split_special`), and every key that may
+    share a unique value with another key at some point of the run (a safe
     over-approximation: each key's possible values come from its prior row and its
     events; keys touched by key changes pool their values, since rows move between them).
-    ``events`` are the typed copies (``frames.copy_schema``)."""
-    events = events.where(F.col("key").isNotNull())
-    moves = events.where(F.col("new_key").isNotNull())
-    moved = moves.select("key").union(moves.select(F.col("new_key").alias("key"))).distinct()
+    ``events`` are the typed copies (``frames.copy_schema``). None when no key is coupled;
+    only a table with unique constraints pays a Spark job for it."""
+    spark = events.sparkSession
+    key_type = events.schema["key"].dataType
+    moved = spark.createDataFrame(
+        [(k,) for k in moved_keys], T.StructType([T.StructField("key", key_type)])
+    )
     if not table.unique:
-        return moved
+        return moved if moved_keys else None
+    events = events.where(F.col("key").isNotNull())
     moved_flag = moved.withColumn("moved", F.lit(True))
     unique_cols = sorted({c for u in table.unique for c in u})
     live = prior.where(~F.col("_deleted")).select(
@@ -159,13 +172,15 @@ def coupled_keys(events: DataFrame, prior: DataFrame, table: Table) -> DataFrame
         shared_units.append(shared)
     units = reduce(DataFrame.union, shared_units).distinct()
     by_unit = values.select("unit", "key").distinct().join(units, "unit").select("key")
-    return by_unit.union(moved).distinct()
+    return on_the_driver(by_unit.union(moved).distinct())
 
 
 def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table) -> DataFrame:
     """Event copies and prior state rows in one frame, by ``key``: ``is_event``,
     ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
     ev = copies.select(F.lit(1).alias("is_event"), *copies.columns)
+    if "seen" not in copies.columns:
+        ev = ev.withColumn("seen", F.lit(False))
     st = prior.select(
         key_struct(table).alias("key"),
         F.lit(0).alias("is_event"),
@@ -178,109 +193,6 @@ def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Tabl
         F.col("_deleted_at").alias("s_deleted_at"),
     )
     return ev.unionByName(st, allowMissingColumns=True)
-
-
-def fast_predicate(table: Table) -> Column:
-    """True when the key's only event cannot meet a conflict (§3), given the local row
-    ``l_*``; mirrors ``RowFold`` exactly (tests/test_engine.py)."""
-    op = F.col("op")
-    l_exists = F.col("l_exists")
-    l_live = l_exists & ~F.col("l_deleted")
-    same_origin = F.col("l_origin").isNull() | (F.col("l_origin") == F.col("origin"))
-    not_newer = F.col("l_ts") <= F.col("ts")
-    no_drift = F.size("extra_cols") == 0
-    names = table.column_names
-    has_all = reduce(
-        lambda a, b: a & b,
-        [F.col("after_has")[names.index(c)] for c in table.value_columns],
-        F.lit(True),
-    )
-    tomb_ok = table.resolvers[ConflictType.INSERT_EXISTS] is not Resolver.DELETE_WINS
-    insert = (op == "INSERT") & no_drift & has_all & (~l_exists | (F.col("l_deleted") & tomb_ok))
-    no_image = (
-        ~reduce(
-            lambda a, b: a | b,
-            [F.col("before_has")[names.index(c)] for c in names if c not in table.delta],
-            F.lit(False),
-        )
-        if table.detection is Detection.BEFORE_IMAGE
-        else F.lit(True)
-    )
-    update = (
-        (op == "UPDATE")
-        & F.col("new_key").isNull()
-        & no_drift
-        & l_live
-        & same_origin
-        & not_newer
-        & no_image
-    )
-    delete = (op == "DELETE") & l_live & same_origin & not_newer
-    return ~F.col("rejected") & (insert | update | delete)
-
-
-def classify(
-    items: DataFrame,
-    coupled: DataFrame | None,
-    has_truncate: bool,
-    table: Table,
-    config: Config,
-    now_us: int,
-) -> DataFrame:
-    """The one shuffle, by key. Per copy: ``rn`` (1 for the copy that stands for its event:
-    §12, the origin's own copy, else the first replica in config order) and ``ev_reason``
-    (why the event is quarantined: its standing copy's guard); per key: ``n_ev`` (good
-    events), the local row ``l_*``, ``coupled``, ``fast``, ``key_fast``."""
-    w_key = Window.partitionBy("key")
-    w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
-    is_state = F.col("is_event") == 0
-    df = items.withColumn("rn", F.row_number().over(w_ev))
-    df = df.withColumn("ev_reason", F.first("reason").over(w_ev))
-    good = (F.col("is_event") == 1) & (F.col("rn") == 1) & F.col("ev_reason").isNull()
-    df = (
-        df.select(
-            "*",
-            F.sum(good.cast("int")).over(w_key).alias("n_ev"),
-            # a key has at most one state row: its fields, spread to the key's events
-            F.max(F.when(is_state, F.lit(True))).over(w_key).alias("l_exists_"),
-            F.max("s_ts").over(w_key).alias("l_ts"),
-            F.first("s_origin", ignorenulls=True).over(w_key).alias("l_origin"),
-            F.max("s_deleted").over(w_key).alias("l_deleted"),
-            F.first("row", ignorenulls=True).over(w_key).alias("l_row"),
-        )
-        .withColumn("l_exists", F.coalesce("l_exists_", F.lit(False)))
-        .drop("l_exists_")
-    )
-    if coupled is not None:
-        df = df.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
-        df = df.withColumn("coupled", F.coalesce("coupled", F.lit(False)))
-    else:
-        df = df.withColumn("coupled", F.lit(False))
-    fast = (
-        good
-        & (F.col("n_ev") == 1)
-        & ~F.col("coupled")
-        & F.lit(not has_truncate)
-        & fast_predicate(table)
-    )
-    df = df.withColumn("fast", F.coalesce(fast, F.lit(False)))
-    return df.withColumn("key_fast", F.max(F.col("fast").cast("int")).over(w_key) == 1).withColumn(
-        "l_row", F.when(F.col("fast"), F.col("l_row"))
-    )
-
-
-def cross_key_disputes(classified: DataFrame) -> list[str]:
-    """Events whose copies sit under different keys (or some under a key that does not
-    parse): their copies never met in one key group, so each group chose its own copy."""
-    chosen = classified.where((F.col("is_event") == 1) & (F.col("rn") == 1))
-    rows = (
-        chosen.groupBy("event_id")
-        .agg(F.count(F.lit(1)).alias("n"))
-        .where(F.col("n") > 1)
-        .select("event_id")
-        .collect()
-    )
-    return [r.event_id for r in rows]
 
 
 def settle_disputes(copies: DataFrame, ids: list[str]) -> DataFrame:
@@ -311,185 +223,41 @@ def settle_disputes(copies: DataFrame, ids: list[str]) -> DataFrame:
     )
 
 
-def _num(c: Column) -> Column:
-    return F.coalesce(c, F.lit(0))
-
-
-def fast_row(table: Table) -> list[Column]:
-    """The new row (the table's columns) of each fast event, with column expressions
-    (§2-§4, §8)."""
-    op = F.col("op")
-    cols = []
-    for i, c in enumerate(table.columns):
-        n = c.name
-        written = F.col("after_has")[i]
-        if n in table.key:
-            v = F.col(f"key.{n}")
-        elif n in table.delta:
-            delta = F.col(f"after.{n}") - F.col(f"before.{n}")
-            v = (
-                F.when(op == "INSERT", F.col(f"after.{n}"))
-                .when(written, _num(F.col(f"l_row.{n}")) + delta)
-                .otherwise(F.col(f"l_row.{n}"))
-            )
-        else:
-            v = (
-                F.when(op == "INSERT", F.col(f"after.{n}"))
-                .when(written, F.col(f"after.{n}"))
-                .otherwise(F.col(f"l_row.{n}"))
-            )
-        if n not in table.key:
-            v = F.when(op != "DELETE", v)
-        cols.append(v.cast(state_schema(table)[n].dataType).alias(n))
-    return cols
-
-
-def fast_state(df: DataFrame, table: Table, now_us: int) -> DataFrame:
-    """The new state row of each fast event."""
-    deleted = F.col("op") == "DELETE"
-    return df.select(
-        *fast_row(table),
-        F.col("ts").alias("_ts"),
-        F.col("origin").alias("_origin"),
-        F.col("event_id").alias("_event_id"),
-        deleted.alias("_deleted"),
-        F.when(deleted, F.lit(now_us)).alias("_deleted_at"),
-    )
-
-
-def fast_changes(df: DataFrame, table: Table) -> DataFrame:
-    """The change each fast event made (``rowfold.visible_changes``): a fast INSERT
-    creates its row, a fast UPDATE writes its columns on a live row, a fast DELETE
-    removes a live row."""
-    op = F.col("op")
-    names = table.column_names
-    written = {c: (op == "INSERT") | F.col("after_has")[names.index(c)] for c in names}
-    new = df.select("*", F.struct(*fast_row(table)).alias("new"))
-    values = F.struct(
-        *[
-            (F.col(f"new.{c}") if c in table.key else F.when(written[c], F.col(f"new.{c}"))).alias(
-                c
-            )
-            for c in names
-        ]
-    )
-    cols = F.filter(
-        F.array(*[F.when(written[c], F.lit(c)) for c in table.value_columns]),
-        lambda x: x.isNotNull(),
-    )
-    kind = (
-        F.when(op == "INSERT", F.lit(ChangeKind.INSERT.value))
-        .when(op == "UPDATE", F.lit(ChangeKind.UPDATE.value))
-        .otherwise(F.lit(ChangeKind.ROW_DELETE.value))
-    )
-    return new.select(
-        "event_id",
-        "ts",
-        "rank",
-        F.lit(0).alias("idx"),
-        kind.alias("kind"),
-        "key",
-        F.when(op != "DELETE", values).alias("values"),
-        F.when(op != "DELETE", cols).otherwise(F.array().cast("array<string>")).alias("cols"),
-        F.lit(None).cast("long").alias("ttl"),
-        F.when(F.col("l_exists") & ~F.col("l_deleted"), F.col("l_row")).alias("pre"),
-        F.when(op != "DELETE", F.col("new")).alias("post"),
-    )
-
-
-def _first_truncate(
-    truncates: list[Event], value: Callable[[Event], Any], default: Column
-) -> Column:
-    """Of the run's TRUNCATEs, the first in canonical order that covers the state row
-    (live, not newer than it): ``value`` of it, else ``default``."""
-    ts, deleted = F.col("s_ts"), F.col("s_deleted")
-    expr: Column | None = None
-    for t in sorted(truncates, key=Event.position):
-        cond = ~deleted & (ts <= t.ts)
-        expr = F.when(cond, F.lit(value(t))) if expr is None else expr.when(cond, F.lit(value(t)))
-    return default if expr is None else expr.otherwise(default)
-
-
-def _truncated(truncates: list[Event]) -> Column:
-    if not truncates:
-        return F.lit(False)
-    return ~F.col("s_deleted") & (F.col("s_ts") <= max(t.ts for t in truncates))
-
-
-def untouched_state(df: DataFrame, table: Table, truncates: list[Event], now_us: int) -> DataFrame:
-    """State rows no event touched; a TRUNCATE of the run tombstones the live ones that
-    are not newer than it (§12), the earliest such TRUNCATE making the tombstone."""
-    ts, deleted = F.col("s_ts"), F.col("s_deleted")
-    hit = _truncated(truncates)
-    return df.select(
-        *[
-            (F.col(f"row.{c}") if c in table.key else F.when(~hit, F.col(f"row.{c}"))).alias(c)
-            for c in table.column_names
-        ],
-        _first_truncate(truncates, lambda t: t.ts, ts).alias("_ts"),
-        _first_truncate(truncates, lambda t: t.origin, F.col("s_origin")).alias("_origin"),
-        _first_truncate(truncates, lambda t: t.event_id, F.col("event_id")).alias("_event_id"),
-        (hit | deleted).alias("_deleted"),
-        F.when(hit, F.lit(now_us)).otherwise(F.col("s_deleted_at")).alias("_deleted_at"),
-    )
-
-
-def untouched_changes(df: DataFrame, table: Table, truncates: list[Event]) -> DataFrame:
-    """The live rows a TRUNCATE removed, as partition deletes of that TRUNCATE."""
-    none = F.lit(None)
-    return df.where(_truncated(truncates)).select(
-        _first_truncate(truncates, lambda t: t.event_id, none.cast("string")).alias("event_id"),
-        _first_truncate(truncates, lambda t: t.ts, none.cast("long")).alias("ts"),
-        _first_truncate(truncates, lambda t: t.rank, none.cast("int")).alias("rank"),
-        F.lit(0).alias("idx"),
-        F.lit(ChangeKind.PARTITION_DELETE.value).alias("kind"),
-        "key",
-        F.lit(None).cast(row_struct_type(table)).alias("values"),
-        F.array().cast("array<string>").alias("cols"),
-        F.lit(None).cast("long").alias("ttl"),
-        F.col("row").alias("pre"),
-        F.lit(None).cast(row_struct_type(table)).alias("post"),
-    )
-
-
-def run_fold(df: DataFrame, folder: GroupFolder, single_group: bool) -> DataFrame:
-    """Fold the rows in ``df`` (all rows of each of its keys) with ``mapInArrow``."""
-    schema = fold_output(folder.table)
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    order = ["is_event", "event_id", "pref", "replica"]
-    df = df.select(*FOLD_INPUT)
-    if single_group:
-        stream = df.repartition(1).sortWithinPartitions(*order)
-    else:  # already partitioned by key by classify's windows
-        stream = df.sortWithinPartitions("key", *order)
-    fn = make_fold_function(folder, single_group, arrow_schema)
-    return stream.mapInArrow(fn, schema)
-
-
 @dataclass(frozen=True)
 class Specials:
     """The run's TRUNCATEs and its records without an event id, settled on the driver:
     the good TRUNCATE events, the fate of every copy ``(event_id, replica, fate)`` and the
-    quarantined ones ``(replica, event_id, reason, detail, raw)``."""
+    quarantined ones ``(replica, event_id, reason, detail, raw)``; and both ends of every
+    key change (``moved``: the keys a key change couples)."""
 
     truncates: list[Event]
     fates: list[tuple]
     quarantined: list[tuple]
+    moved: list[Any]
 
 
 def split_special(copies: DataFrame) -> tuple[DataFrame, Specials]:
     """The copies both engines resolve by key, and the special ones (TRUNCATEs, records
-    without an event id) settled on the driver (one job; most nights have none)."""
+    without an event id) settled on the driver, with the keys of the key changes: one job
+    that brings the few copies of those kinds (most nights have none)."""
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
-    main = copies.where(~F.coalesce(special, F.lit(False)))
-    return main, special_copies(copies.where(special))
+    special = F.coalesce(special, F.lit(False))
+    main = copies.where(~special)
+    fields = ["event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail"]
+    seen = F.col("seen") if "seen" in copies.columns else F.lit(False)
+    rows = (
+        copies.where(special | F.col("new_key").isNotNull())
+        .select(special.alias("special"), *fields, "raw", seen.alias("seen"), "key", "new_key")
+        .collect()
+    )
+    moved = {k for r in rows if not r.special and r.key is not None for k in (r.key, r.new_key)}
+    return main, special_copies([r for r in rows if r.special], list(moved))
 
 
-def special_copies(typed: DataFrame) -> Specials:
-    """The special copies (``split_special``), settled on the driver."""
-    rows = typed.select(
-        "event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail", "raw"
-    ).collect()
+def special_copies(rows: list[Any], moved: list[Any]) -> Specials:
+    """The special copies (``split_special``), settled on the driver: a TRUNCATE that an
+    earlier night resolved (``seen``) is a duplicate, and so is a replica's second copy of
+    one."""
     events: list[Event] = []
     fates: list[tuple] = []
     quarantined: list[tuple] = []
@@ -503,7 +271,13 @@ def special_copies(typed: DataFrame) -> Specials:
     for eid, copies in sorted(by_event.items()):
         copies.sort(key=lambda r: (r.pref, r.replica))
         c = copies[0]
-        fates += [(eid, r.replica, "quarantined" if c.reason else "applied") for r in copies]
+        fate = DUPLICATE if c.seen else QUARANTINED if c.reason else "applied"
+        replicas = [r.replica for r in copies]
+        fates += [
+            (eid, rep, DUPLICATE if rep in replicas[:i] else fate) for i, rep in enumerate(replicas)
+        ]
+        if c.seen:
+            continue
         if c.reason:
             quarantined.append((c.replica, eid, c.reason, c.detail, c.raw))
         else:
@@ -518,98 +292,49 @@ def special_copies(typed: DataFrame) -> Specials:
                     seqs={r.replica: r.seq for r in copies},
                 )
             )
-    return Specials(events, fates, quarantined)
+    return Specials(events, fates, quarantined, moved)
+
+
+@dataclass(frozen=True)
+class RowRun:
+    """Where and when one table's row engine runs: the run's clock, date and id, the
+    table's output folder, and the ledger partitions of the nights before."""
+
+    now_us: int
+    dt: date
+    run_id: str
+    out: Path
+    ledger: list[Path]
 
 
 def resolve_rows(
     spark: SparkSession,
     config: Config,
     table: Table,
-    refs: DataFrame,
+    copies: DataFrame,
     prior: DataFrame,
-    now_us: int,
-    dt: date,
-) -> Resolved:
-    """Resolve one row-granularity table: ``refs`` are the typed copies of the staged
-    exports (``frames.copy_schema``), ``prior`` the state the run starts from (already
-    purged)."""
-    main, specials = split_special(refs)
-    truncs = specials.truncates
+    run: RowRun,
+) -> list[Event]:
+    """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
+    are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
+    run starts from (already purged). Returns the run's TRUNCATEs."""
+    copies = with_seen(copies, run.ledger)
+    main, specials = split_special(copies)
     main = admit_transactions(main, prior, config, table)
-    df = _classified(main, prior, config, table, bool(truncs), now_us)
-
-    is_event = F.col("is_event") == 1
-    fast = df.where("fast")
-    untouched = df.where(~is_event & (F.col("n_ev") == 0) & ~F.col("coupled"))
-    to_fold = df.where(
-        ~F.col("key_fast")
-        & ((F.col("n_ev") > 0) | F.col("coupled"))
-        & (~is_event | F.col("ev_reason").isNull())
+    schemas = fold_outputs(table, config.cdc.enabled)
+    job = FoldJob(
+        FoldSpec(table, run.now_us),
+        config.replica_ids,
+        tuple(specials.truncates),
+        run.dt,
+        run.run_id,
+        str(run.out),
+        config.cdc.enabled,
+        schemas,
     )
-    trace = config.cdc.enabled
-    folder = GroupFolder(FoldSpec(table, now_us), config.replica_ids, truncs, dt, trace)
-    folded = (
-        run_fold(to_fold.where(~F.col("coupled")), folder, False)
-        .unionByName(run_fold(to_fold.where("coupled"), folder, True))
-        .persist()
-    )
-
-    state = (
-        fast_state(fast, table, now_us)
-        .unionByName(untouched_state(untouched, table, truncs, now_us))
-        .unionByName(folded_state(folded, table))
-    )
-    fates, quarantine = with_special_copies(spark, *_fates_and_quarantine(df, folded), specials)
-    conflicts = folded.where(F.col("kind") == "conflict").select(
-        *CONFLICT_FIELDS, "pos_rank", "pos_idx"
-    )
-    divergence = folded.where(F.col("kind") == "divergence").select(*DIVERGENCE_FIELDS)
-    changes = _changes(fast, untouched, folded, table, truncs) if trace else None
-    return Resolved(state, conflicts, divergence, fates, quarantine, truncs, changes)
-
-
-def folded_state(folded: DataFrame, table: Table) -> DataFrame:
-    """The new state rows the Python fold returned."""
-    return folded.where(F.col("kind") == "state").select(
-        *[F.col(f"row.{c}").alias(c) for c in table.column_names],
-        "_ts",
-        "_origin",
-        "_event_id",
-        "_deleted",
-        "_deleted_at",
-    )
-
-
-def _fates_and_quarantine(df: DataFrame, folded: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """The fate of every copy (a fast key's and a quarantined copy's from the
-    classification, the others' from the fold) and the quarantined events' chosen copies."""
-    is_event = F.col("is_event") == 1
-    copy_fates = df.where(is_event & (F.col("ev_reason").isNotNull() | F.col("key_fast"))).select(
-        "event_id",
-        "replica",
-        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined"))
-        .otherwise(F.lit("applied"))
-        .alias("fate"),
-    )
-    fates = copy_fates.unionByName(
-        folded.where(F.col("kind") == "outcome").select("event_id", "replica", "fate")
-    )
-    quarantine = df.where(is_event & (F.col("rn") == 1) & F.col("ev_reason").isNotNull()).select(
-        "replica", "event_id", "reason", "detail", "raw"
-    )
-    return fates, quarantine
-
-
-def _classified(
-    main: DataFrame, prior: DataFrame, config: Config, table: Table, truncated: bool, now_us: int
-) -> DataFrame:
-    """``classify`` over the run's copies, persisted; if some event's copies sit under
-    different keys, they are moved to their winner's key and classified again."""
-    coupled = on_the_driver(coupled_keys(main, prior, table))
-    df = classify(
-        build_items(main, prior, config, table), coupled, truncated, table, config, now_us
-    ).persist()
-    disputed = cross_key_disputes(df)
+    coupled = coupled_keys(main, prior, table, specials.moved)
+    fold(spark, main, prior, config, table, job, coupled)
+    disputed = disputes(run.out / "fates")
     if disputed:  # rare: move every copy of those events to their winner's key, and redo
         log.warning(
             "table %s: %d event(s) have copies under different keys; the winning "
@@ -617,25 +342,121 @@ def _classified(
             table.name,
             len(disputed),
         )
-        df.unpersist()
-        main = settle_disputes(main, disputed)
-        df = classify(
-            build_items(main, prior, config, table), coupled, truncated, table, config, now_us
-        ).persist()
-    return df
+        for kind in schemas:
+            shutil.rmtree(run.out / kind, ignore_errors=True)
+        fold(spark, settle_disputes(main, disputed), prior, config, table, job, coupled)
+    _write_specials(specials, job)
+    for kind, schema in schemas.items():  # an output no task wrote is still there, empty
+        if not any((run.out / kind).glob("*.parquet")):
+            empty = pa.Table.from_pylist([], to_arrow_schema(schema))
+            write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
+    return specials.truncates
+
+
+def with_seen(copies: DataFrame, ledger: list[Path]) -> DataFrame:
+    """``seen``: an earlier night resolved the copy's event (its id is in one of the ledger
+    partitions ingest staged); such a copy is a duplicate."""
+    files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
+    if not files:
+        return copies.withColumn("seen", F.lit(False))
+    spark = copies.sparkSession
+    ids = spark.read.schema(LEDGER_SCHEMA).parquet(*files).select("event_id").distinct()
+    # no broadcast hint: ten nights of a busy table's ids are too many for one
+    flagged = copies.join(ids.withColumn("seen", F.lit(True)), "event_id", "left")
+    return flagged.withColumn("seen", F.coalesce("seen", F.lit(False)))
+
+
+def fold(
+    spark: SparkSession,
+    main: DataFrame,
+    prior: DataFrame,
+    config: Config,
+    table: Table,
+    job: FoldJob,
+    coupled: DataFrame | None,
+) -> None:
+    """The one Spark job of the row engine: every key's prior row and copies meet in its
+    partition, sorted, and each task folds its keys and writes their outputs
+    (``foldrun``); the keys coupled by a key change or a unique value are folded as one
+    group in a task of their own (``coupled``: :func:`coupled_keys`)."""
+    items = build_items(main, prior, config, table)
+    order = ["is_event", "event_id", "pref", "replica"]
+    if coupled is not None:
+        items = items.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
+        is_coupled = F.coalesce(F.col("coupled"), F.lit(False))
+        single = (
+            items.where(is_coupled)
+            .withColumn("has_event", F.lit(True))
+            .repartition(1)
+            .sortWithinPartitions(*order)
+            .select(*FOLD_INPUT)
+            .mapInArrow(fold_function(job, single_group=True), TASK_COLUMNS)
+        )
+        items = items.where(~is_coupled)
+    n = int(spark.conf.get("spark.sql.shuffle.partitions") or "8")
+    has_event = F.max("is_event").over(Window.partitionBy("key")) == 1
+    keyed = (
+        items.repartition(n, "key")
+        .sortWithinPartitions("key", *order)
+        .withColumn("has_event", has_event)
+        .select(*FOLD_INPUT)
+        .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
+    )
+    tasks = keyed if coupled is None else keyed.unionByName(single)
+    tasks.collect()
+
+
+def disputes(fates: Path) -> list[str]:
+    """Events whose copies sit under different keys (or some under a key that does not
+    read): each key's task chose a copy of its own (the fates' ``chosen``)."""
+    t = _local(fates, ["event_id", "chosen"])
+    chosen = t.filter(pc.fill_null(t["chosen"], False))
+    counts = chosen.group_by("event_id").aggregate([([], "count_all")])
+    return sorted(counts.filter(pc.greater(counts["count_all"], 1))["event_id"].to_pylist())
+
+
+def _local(folder: Path, columns: list[str]) -> pa.Table:
+    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+    if not files:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+
+
+def _write_specials(specials: Specials, job: FoldJob) -> None:
+    """The special copies' fates and quarantine (settled on the driver), beside the
+    tasks'."""
+    out = Path(job.out)
+    if specials.fates:
+        rows = [
+            {"event_id": e, "replica": r, "fate": f, "chosen": False} for e, r, f in specials.fates
+        ]
+        schema = job.schemas["fates"]
+        write_parquet(
+            pa.Table.from_pylist(rows, to_arrow_schema(schema)),
+            out / "fates" / "part-special.parquet",
+            schema,
+        )
+    if specials.quarantined:
+        run = {"run_id": job.run_id, "table": job.table.name}
+        names = ("replica", "event_id", "reason", "detail", "event")
+        rows = [{**run, **dict(zip(names, q, strict=True))} for q in specials.quarantined]
+        schema = job.schemas["quarantine"]
+        write_parquet(
+            pa.Table.from_pylist(rows, to_arrow_schema(schema)),
+            out / "quarantine" / "part-special.parquet",
+            schema,
+        )
 
 
 def on_the_driver(keys: DataFrame | None) -> DataFrame | None:
     """The coupled keys, computed once and brought to the driver (a broadcast join brings
-    them there anyway); None when no key is coupled, as on most nights. Their plan reads the
-    copies a second time: inside the persisted classification's plan, it kept Spark from
-    matching that plan in the unions of the outputs, which then classified every copy
-    again (tests/test_plans.py)."""
+    them there anyway); None when no key is coupled, as on most nights."""
     if keys is None:
         return None
-    found = keys.toArrow()
-    if not found.num_rows:
+    found = keys.collect()
+    if not found:
         return None
+    # rows, not Arrow: a local relation, which a broadcast join needs no Spark job to read
     return keys.sparkSession.createDataFrame(found, keys.schema)
 
 
@@ -659,40 +480,6 @@ def with_special_copies(
             )
         )
     return fates, quarantine
-
-
-def _changes(
-    fast: DataFrame, untouched: DataFrame, folded: DataFrame, table: Table, truncs: list[Event]
-) -> DataFrame:
-    """What every applied event changed (the CDC log's input), in ``change_schema``."""
-    parts = [
-        fast_changes(fast, table),
-        untouched_changes(untouched, table, truncs),
-        folded_changes(folded, table),
-    ]
-    schema = change_schema(table)
-    typed = [p.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]) for p in parts]
-    return reduce(DataFrame.unionByName, typed)
-
-
-def folded_changes(folded: DataFrame, table: Table) -> DataFrame:
-    """The changes the Python fold recorded (``foldrun``'s ``change`` rows)."""
-    rows = folded.where(F.col("kind") == "change")
-    return rows.select(
-        F.col("remote_event_id").alias("event_id"),
-        F.col("remote_ts").alias("ts"),
-        F.col("pos_rank").alias("rank"),
-        F.col("pos_idx").alias("idx"),
-        F.col("change").alias("kind"),
-        key_struct(table, "row").alias("key"),
-        F.when(
-            F.col("change").isin(ChangeKind.INSERT.value, ChangeKind.UPDATE.value), F.col("row")
-        ).alias("values"),
-        "cols",
-        F.lit(None).cast("long").alias("ttl"),
-        "pre",
-        "post",
-    )
 
 
 def position(c: Iterable[str] = POSITION) -> Column:

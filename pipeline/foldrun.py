@@ -1,24 +1,40 @@
-"""The Python side of the Spark fold: Arrow batches of a key-sorted stream in, the fold's
-results out (used with ``DataFrame.mapInArrow`` by ``pipeline.engine``).
+"""The Python side of the row engine: one Spark task folds the keys of its partition and
+writes the table's outputs itself (used with ``mapInArrow`` by ``pipeline.engine``).
 
-The input holds, per group of keys, the prior state rows first and then the events, in
-canonical order. Each group is folded once in canonical order (the converged state, with
-its conflict log) and once per replica in that replica's order (its perspective, §9); the
-keys where a perspective differs are reported with a repair mutation.
+The input is a stream sorted by key: each key's prior state row first, then the typed
+copies of its events (``frames.copy_schema``) by event and by their order of preference
+(§12 "Duplicates"). Per key (a *group*; the keys coupled by a key change or a unique
+value come as one group):
 
-Output rows have a ``kind``: ``state`` (the group's final state), ``conflict``,
-``outcome`` (one per event: applied or not), ``divergence``, and, when the CDC log is
-on, ``change`` (what an event did to a row a reader sees, ``rowfold.visible_changes``).
+- a key no event touches keeps its state row: such rows pass through as Arrow columns,
+  without a Python object per row (most of a large table, most nights);
+- of an event's copies, the first stands for it; an event whose standing copy a guard
+  quarantines is quarantined whole; a copy of an event an earlier night resolved
+  (``seen``, from the ledger) and a replica's second copy of one event are duplicates;
+- the other events are folded in canonical order (the converged state, its conflict log,
+  every copy's fate; with the CDC log, every change a reader sees) and once per distinct
+  replica order (its perspective, §9), reporting the keys where it differs with a repair
+  mutation.
+
+Each task writes one Parquet file per output (:data:`OUTPUTS`) into the table's folder of
+the run's work location, which the driver and the executors share, named after the task's
+partition (a retried task replaces its file); the Spark job returns one row per task.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.config import Table
 from pipeline.jsonvalues import dumps
@@ -36,8 +52,32 @@ from pipeline.rowfold import (
     reader_view,
     replica_order,
 )
+from pipeline.spark import SPARK_SCHEMA_KEY
 
-_BATCH = 4096
+#: the fates an event's copies can have besides the fold's (``applied``, ``discarded``,
+#: ``errored``, ``not_reached``)
+QUARANTINED, DUPLICATE = "quarantined", "duplicate"
+#: the outputs a fold task writes, each in a folder of that name
+OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "changes")
+_ROWS = 8192  # rows of an output buffered before they go to its file
+
+
+@dataclass(frozen=True)
+class FoldJob:
+    """What every task of one table's fold needs (it goes to the tasks)."""
+
+    spec: FoldSpec
+    replicas: tuple[str, ...]  # config order: the perspectives'
+    truncates: tuple[Event, ...]  # the run's TRUNCATEs: they touch every key
+    dt: date
+    run_id: str
+    out: str  # the table's folder in the run's work location
+    trace: bool = False  # record the changes (the CDC log's input)
+    schemas: Mapping[str, Any] = field(default_factory=dict)  # output -> Spark StructType
+
+    @property
+    def table(self) -> Table:
+        return self.spec.table
 
 
 def event_from_row(
@@ -76,32 +116,25 @@ def version_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> tuple[Key,
     )
 
 
-class GroupFolder:
-    """Folds one group at a time and renders the output rows."""
+Out = tuple[str, dict[str, Any]]  # an output's name and one of its rows
 
-    def __init__(
-        self,
-        spec: FoldSpec,
-        replicas: tuple[str, ...],
-        truncates: list[Event],
-        dt: date,
-        trace: bool = False,
-    ):
-        self.spec = spec
-        self.trace = trace
-        self.table = spec.table
-        self.key_cols = spec.table.key
-        self.columns = spec.table.column_names
-        self.replicas = replicas
-        self.truncates = truncates
-        self.dt = dt
+
+class GroupFolder:
+    """Folds one group at a time and renders its output rows."""
+
+    def __init__(self, job: FoldJob):
+        self.job = job
+        self.spec = job.spec
+        self.table = job.table
+        self.key_cols = self.table.key
+        self.columns = self.table.column_names
+        self.run = {"run_id": job.run_id, "table": self.table.name}
 
     def key_json(self, key: Key) -> str:
         return dumps(dict(zip(self.key_cols, key, strict=True)))
 
-    def fold(self, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """Fold one group: its state rows, and every copy of its events (the copy with
-        ``rn = 1`` stands for the event; all copies give their replica's ``seq``)."""
+    def fold(self, rows: list[dict[str, Any]]) -> Iterator[Out]:
+        """Fold one group: its state rows and every copy of its events."""
         state: dict[Key, Version] = {}
         copies: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
@@ -111,59 +144,104 @@ class GroupFolder:
                 k, v = version_from_row(r, self.key_cols)
                 state[k] = v
         events: list[Event] = []
-        for group in copies.values():
-            chosen = min(group, key=lambda r: r["rn"])
-            events.append(
-                event_from_row(
-                    chosen, self.key_cols, self.columns, {r["replica"]: r["seq"] for r in group}
-                )
-            )
-        events += self.truncates
-        result = fold_converged(self.spec, state, events, trace=self.trace)
+        for eid, group in copies.items():
+            chosen = group[0]  # the stream's order: the copy that stands for the event
+            if chosen["seen"]:
+                yield from self._fates(eid, [(c, DUPLICATE) for c in group], chosen=False)
+                continue
+            if chosen["reason"] is not None:
+                yield from self._quarantined(eid, group)
+                continue
+            seqs = {c["replica"]: c["seq"] for c in group}
+            events.append(event_from_row(chosen, self.key_cols, self.columns, seqs))
+        events += self.job.truncates
+        result = fold_converged(self.spec, state, events, trace=self.job.trace)
         for k, v in result.state.items():
-            yield self._state_row(k, v)
-        applied = {a.event.event_id: a for a in result.applied}
+            yield "state_pre", self._state_row(k, v)
         for a in result.applied:
             for i, c in enumerate(a.conflicts):
-                yield self._conflict_row(c, i)
+                yield "conflicts", self._conflict_row(c, i)
             for i, ch in enumerate(a.changes):
-                yield self._change_row(a.event, ch, i)
-        for eid, group in copies.items():
-            got = applied.get(eid)
+                yield "changes", self._change_row(a.event, ch, i)
+        outcome = {a.event.event_id: a for a in result.applied}
+        for e in events:
+            if e.op == "TRUNCATE":
+                continue  # its fates are the driver's (``engine.special_copies``)
+            got = outcome.get(e.event_id)
             fate = (
                 "applied"
                 if got and got.applied
                 else ("errored" if got and got.errored else "discarded" if got else "not_reached")
             )
-            for r in group:
-                yield {"kind": "outcome", "event_id": eid, "replica": r["replica"], "fate": fate}
+            yield from self._fates(e.event_id, [(c, fate) for c in copies[e.event_id]])
         if result.stopped is not None:
             return  # §12: after an error, divergence is not checked
-        # a replica that applied the events in the canonical order (or in the same order as
-        # another replica) reaches the same state: fold each distinct order once
+        yield from self._divergence(state, events, result.state)
+
+    def _fates(
+        self, eid: str, fates: list[tuple[dict[str, Any], str]], chosen: bool = True
+    ) -> Iterator[Out]:
+        """One fate per copy; a replica's second copy of the event is a duplicate. The
+        standing copy is marked ``chosen``: an event chosen under two keys is a dispute."""
+        seen: set[str] = set()
+        for i, (c, fate) in enumerate(fates):
+            again = c["replica"] in seen
+            seen.add(c["replica"])
+            yield (
+                "fates",
+                {
+                    "event_id": eid,
+                    "replica": c["replica"],
+                    "fate": DUPLICATE if again else fate,
+                    "chosen": chosen and i == 0,
+                },
+            )
+
+    def _quarantined(self, eid: str, group: list[dict[str, Any]]) -> Iterator[Out]:
+        c = group[0]
+        yield (
+            "quarantine",
+            {
+                **self.run,
+                "replica": c["replica"],
+                "event_id": eid,
+                "reason": c["reason"],
+                "detail": c["detail"],
+                "event": c["raw"],
+            },
+        )
+        yield from self._fates(eid, [(x, QUARANTINED) for x in group])
+
+    def _divergence(
+        self, state: dict[Key, Version], events: list[Event], converged: dict[Key, Version]
+    ) -> Iterator[Out]:
+        """§9: a replica that applied the events in the canonical order (or in the same
+        order as another replica) reaches the same state: each distinct order is folded
+        once; a single event has one order."""
+        if len(events) < 2:
+            return
         seen: dict[tuple[str, ...], dict[Key, Version]] = {
-            tuple(e.event_id for e in canonical(events)): result.state
+            tuple(e.event_id for e in canonical(events)): converged
         }
-        for rep in self.replicas:
+        for rep in self.job.replicas:
             order = replica_order(events, rep)
             ids = tuple(e.event_id for e in order)
             if ids not in seen:
                 seen[ids] = fold_perspective(self.spec, state, order, rep, ordered=True)
             mine = seen[ids]
-            for k in divergent_keys(result.state, mine):
-                yield self._divergence_row(rep, k, mine.get(k), result.state.get(k))
+            for k in divergent_keys(converged, mine):
+                yield "divergence", self._divergence_row(rep, k, mine.get(k), converged.get(k))
 
     def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
         row = {c: v.values.get(c) for c in self.columns}
-        return {
-            "kind": "state",
-            "row": row,
-            "_ts": v.ts,
-            "_origin": v.origin,
-            "_event_id": v.event_id,
-            "_deleted": v.deleted,
-            "_deleted_at": v.deleted_at,
-        }
+        row.update(
+            _ts=v.ts,
+            _origin=v.origin,
+            _event_id=v.event_id,
+            _deleted=v.deleted,
+            _deleted_at=v.deleted_at,
+        )
+        return row
 
     def _change_row(self, e: Event, ch: Change, idx: int) -> dict[str, Any]:
         key = dict(zip(self.key_cols, ch.key, strict=True))
@@ -172,14 +250,15 @@ class GroupFolder:
             return None if values is None else {**values, **key}
 
         return {
-            "kind": "change",
-            "remote_event_id": e.event_id,
-            "remote_ts": e.ts,
-            "pos_rank": e.rank,
-            "pos_idx": idx,
-            "change": ch.kind.value,
-            "row": row(ch.values),
+            "event_id": e.event_id,
+            "ts": e.ts,
+            "rank": e.rank,
+            "idx": idx,
+            "kind": ch.kind.value,
+            "key": key,
+            "values": row(ch.values) if ch.kind.value in ("insert", "update") else None,
             "cols": list(ch.cols),
+            "ttl": None,
             "pre": row(ch.pre),
             "post": row(ch.post),
         }
@@ -208,7 +287,7 @@ class GroupFolder:
             local = dumps([self._local_row(v) for v in c.local])
         e = c.event
         return {
-            "kind": "conflict",
+            **self.run,
             "key": self.key_json(c.key),
             "conflict_type": c.type.value,
             "resolver": c.resolver.value,
@@ -230,18 +309,16 @@ class GroupFolder:
     ) -> dict[str, Any]:
         rv, cv = reader_view(mine), reader_view(conv)
         return {
-            "kind": "divergence",
+            **self.run,
+            "source": "perspective",
             "replica": replica,
             "key": self.key_json(k),
             "replica_row": dumps(rv) if rv is not None else None,
             "converged_row": dumps(cv) if cv is not None else None,
-            "repair": dumps(self.repair(replica, k, rv, conv)),
+            "repair": dumps(
+                repair_record(self.table, replica, k, rv, conv, self.job.dt, self.spec.now_us)
+            ),
         }
-
-    def repair(
-        self, replica: str, k: Key, rv: dict[str, Any] | None, conv: Version | None
-    ) -> dict[str, Any]:
-        return repair_record(self.spec.table, replica, k, rv, conv, self.dt, self.spec.now_us)
 
 
 def repair_record(
@@ -279,34 +356,137 @@ def repair_record(
     return rec
 
 
-def make_fold_function(
-    folder: GroupFolder, single_group: bool, arrow_schema: pa.Schema
+# ---------------------------------------------------------------------- the task's files
+
+
+def arrow_schemas(job: FoldJob) -> dict[str, pa.Schema]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return {k: to_arrow_schema(s, timezone="UTC") for k, s in job.schemas.items()}
+
+
+def write_parquet(table: pa.Table, path: Path, spark_schema: Any) -> None:
+    """``table`` as one Parquet file at ``path``, written whole under a temporary name
+    then renamed (a reader never sees half a file; a retried task replaces it), with the
+    Spark schema in its footer as Spark writes it (``spark.read_output`` then needs no
+    Spark job to read it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {SPARK_SCHEMA_KEY: spark_schema.json().encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+class TaskOutputs:
+    """The rows a task gives each output, written to one file per output at the end."""
+
+    def __init__(self, job: FoldJob, name: str):
+        self.job, self.name = job, name
+        self.arrow = arrow_schemas(job)
+        self.rows: dict[str, list[dict[str, Any]]] = {k: [] for k in self.arrow}
+        self.tables: dict[str, list[pa.Table]] = {k: [] for k in self.arrow}
+        self.counts: dict[str, int] = dict.fromkeys(self.arrow, 0)
+
+    def add(self, kind: str, row: dict[str, Any]) -> None:
+        rows = self.rows[kind]
+        rows.append(row)
+        if len(rows) >= _ROWS and kind != "conflicts":  # the log is sorted whole at the end
+            self._batch(kind)
+
+    def add_table(self, kind: str, table: pa.Table) -> None:
+        self._batch(kind)
+        self.tables[kind].append(table)
+        self.counts[kind] += table.num_rows
+
+    def _batch(self, kind: str) -> None:
+        rows = self.rows[kind]
+        if kind == "conflicts":  # in canonical order (the event's, then its conflicts')
+            rows.sort(key=_position)
+        if rows:
+            self.tables[kind].append(pa.Table.from_pylist(rows, schema=self.arrow[kind]))
+            self.counts[kind] += len(rows)
+            self.rows[kind] = []
+
+    def close(self) -> dict[str, int]:
+        for kind in self.arrow:
+            self._batch(kind)
+            if self.tables[kind]:
+                path = Path(self.job.out) / kind / f"part-{self.name}.parquet"
+                write_parquet(pa.concat_tables(self.tables[kind]), path, self.job.schemas[kind])
+        return self.counts
+
+
+def _position(r: dict[str, Any]) -> tuple[int, int, str, int]:
+    return (r["remote_ts"], r["pos_rank"], r["remote_event_id"], r["pos_idx"])
+
+
+def _passed_through(batch: pa.RecordBatch, job: FoldJob) -> pa.Table:
+    """The state rows of keys no event touches, as state rows: Arrow columns, no Python
+    object per row."""
+    row = batch.column("row")
+    cols = {c: pc.struct_field(row, c) for c in job.table.column_names}
+    cols |= {
+        "_ts": batch.column("s_ts"),
+        "_origin": batch.column("s_origin"),
+        "_event_id": batch.column("event_id"),
+        "_deleted": batch.column("s_deleted"),
+        "_deleted_at": batch.column("s_deleted_at"),
+    }
+    schema = arrow_schemas(job)["state_pre"]
+    return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def fold_function(
+    job: FoldJob, single_group: bool
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function for ``mapInArrow``: rows arrive sorted by group; a group may span
-    batches. ``single_group`` folds the whole partition as one group (coupled keys)."""
-    key_cols = folder.key_cols
+    """The function for ``mapInArrow``: rows arrive sorted by group (``single_group``: the
+    whole partition is one group, the coupled keys); a group may span batches. Writes the
+    partition's outputs and returns one row: the task's name and its rows per output."""
+    key_cols = job.table.key
+    prefix = "c" if single_group else "k"
 
     def group_of(r: dict[str, Any]) -> Any:
-        return None if single_group else tuple(r["key"][c] for c in key_cols)
+        """A copy whose key does not read is quarantined: such copies form the null group."""
+        if single_group or r["key"] is None:
+            return None
+        return tuple(r["key"][c] for c in key_cols)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out: list[dict[str, Any]] = []
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        name = f"{prefix}-{ctx.partitionId() if ctx else 0:05d}"
+        out = TaskOutputs(job, name)
+        folder = GroupFolder(job)
         pending: list[dict[str, Any]] = []
         current: Any = object()
         for batch in batches:
+            if not single_group and not job.truncates:
+                quiet = pc.invert(batch.column("has_event"))
+                if pc.any(quiet).as_py():
+                    out.add_table("state_pre", _passed_through(batch.filter(quiet), job))
+                    batch = batch.filter(batch.column("has_event"))
             for r in batch.to_pylist():
                 g = group_of(r)
                 if pending and g != current:
-                    out.extend(folder.fold(pending))
+                    for kind, row in folder.fold(pending):
+                        out.add(kind, row)
                     pending = []
                 current = g
                 pending.append(r)
-                if len(out) >= _BATCH:
-                    yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
-                    out = []
         if pending:
-            out.extend(folder.fold(pending))
-        if out:
-            yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
+            for kind, row in folder.fold(pending):
+                out.add(kind, row)
+        counts = out.close()
+        yield pa.RecordBatch.from_pylist(
+            [{"task": name, "output": k, "rows": n} for k, n in counts.items()],
+            schema=TASK_RESULT,
+        )
 
     return run
+
+
+#: what each fold task returns: its rows per output
+TASK_RESULT = pa.schema([("task", pa.string()), ("output", pa.string()), ("rows", pa.int64())])
+TASK_COLUMNS = "task string, output string, rows bigint"

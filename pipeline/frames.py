@@ -79,33 +79,39 @@ TYPED_COLUMNS = (
 
 # ---------------------------------------------------------------------- the Python fold
 
-#: what the Python fold reads of each row (everything else stays in the JVM)
+#: what the row engine's Python fold reads of each row of the stream (``foldrun``): a state
+#: row's ``row`` and ``s_*``, a copy's typed fields, ``seen`` (an earlier night resolved its
+#: event), ``rejected`` (its transaction was), and per key ``has_event``
 FOLD_INPUT = (
     "key",
     "is_event",
-    "ts",
-    "rank",
     "event_id",
+    "replica",
+    "seq",
+    "pref",
     "op",
     "origin",
+    "rank",
+    "txid",
+    "ts",
     "new_key",
     "after",
     "after_has",
     "before",
     "before_has",
     "extra_cols",
-    "txid",
+    "reason",
+    "detail",
+    "raw",
+    "seen",
     "rejected",
-    "replica",
-    "seq",
-    "pref",
-    "rn",
     "row",
     "s_ts",
     "s_rank",
     "s_origin",
     "s_deleted",
     "s_deleted_at",
+    "has_event",
 )
 
 #: a conflict-log row, after ``run_id, table`` (formats.md)
@@ -133,35 +139,39 @@ DIVERGENCE_FIELDS = ("replica", "key", "replica_row", "converged_row", "repair")
 DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
 
 
-def fold_output(table: Table) -> T.StructType:
-    """The rows the Python fold returns (``foldrun``): a ``kind`` (state, conflict,
-    outcome, divergence, change) and the fields of each kind, null elsewhere."""
-    row = row_struct_type(table)
-    fields = [
-        ("kind", _S),
-        ("row", row),
-        ("_ts", _L),
-        ("_origin", _S),
-        ("_event_id", _S),
-        ("_deleted", _B),
-        ("_deleted_at", _L),
-        *CONFLICT,
-        ("pos_rank", _I),
-        ("pos_idx", _I),
-        ("event_id", _S),
-        ("fate", _S),
-        ("replica", _S),
-        ("replica_row", _S),
-        ("converged_row", _S),
-        ("repair", _S),
-        # a change: remote_event_id, remote_ts, pos_rank, pos_idx (its place among the
-        # event's changes), ``row`` (the key and the values written), and these
-        ("change", _S),
-        ("cols", T.ArrayType(_S)),
-        ("pre", row),
-        ("post", row),
+#: a copy's fate (``applied``, ``discarded``, ``quarantined``, ``duplicate``, ``errored``,
+#: ``not_reached``); ``chosen``: the copy stood for its event (an event chosen under two
+#: keys had copies under both, and is resolved again under its winner's)
+FATES = T.StructType(
+    [
+        T.StructField("event_id", _S),
+        T.StructField("replica", _S),
+        T.StructField("fate", _S),
+        T.StructField("chosen", _B),
     ]
-    return T.StructType([T.StructField(n, t) for n, t in fields])
+)
+#: the quarantine, after ``run_id, table``: ``event`` is the record as exported
+QUARANTINE_FIELDS = ("replica", "event_id", "reason", "detail", "event")
+
+
+def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
+    """What the row engine's fold tasks write (``foldrun.OUTPUTS``), each output's schema:
+    the state, the fates, and the run's logs as they are published."""
+    from pipeline.schema import change_schema, state_schema
+
+    run = [T.StructField(n, _S) for n in RUN_COLUMNS]
+    out = {
+        "state_pre": state_schema(table),
+        "fates": FATES,
+        "conflicts": T.StructType(run + [T.StructField(n, t) for n, t in CONFLICT]),
+        "quarantine": T.StructType(run + [T.StructField(n, _S) for n in QUARANTINE_FIELDS]),
+        "divergence": T.StructType(
+            run + [T.StructField("source", _S)] + [T.StructField(n, _S) for n in DIVERGENCE_FIELDS]
+        ),
+    }
+    if changes:
+        out["changes"] = change_schema(table)
+    return out
 
 
 # ---------------------------------------------------------------------- the run's logs

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
@@ -289,343 +289,339 @@ def _quote(v: str | None) -> str:
     return "'null'" if v is None else f"'{v}'"
 
 
-@dataclass
-class _Record:
-    """What the guards read of one record: its fields' texts, its objects as text maps,
-    their values read by the table's types."""
-
-    fields: dict[str, Any]
-    op: str | None
-    origin: str | None
-    ts_text: str | None
-    ts: int | None
-    seq_text: str | None
-    seq: int | None
-    objects: dict[str, TextMap | _NotAnObject | None]
-    typed: dict[str, dict[str, Any]]  # object -> column -> value read (None: does not read)
-
-    def given(self, name: str) -> bool:
-        return self.fields.get(name) is not None
-
-    def map(self, name: str) -> TextMap | None:
-        m = self.objects[name]
-        return None if isinstance(m, _NotAnObject) else m
-
-
-def _read_record(fields: dict[str, Any], table: Table, readers: dict[str, Callable]) -> _Record:
-    text = {n: text_of(fields.get(n)) for n in ("op", "origin", "ts", "seq")}
-    objects = {n: object_of(fields.get(n)) for n in _OBJECTS}
-    typed: dict[str, dict[str, Any]] = {}
-    for n in _OBJECTS:
-        m = objects[n]
-        if isinstance(m, dict):
-            typed[n] = {c: _read(readers, c, m.get(c)) for c in table.column_names}
-        else:
-            typed[n] = {}
-    return _Record(
-        fields,
-        text["op"],
-        text["origin"],
-        text["ts"],
-        event_ts_micros(text["ts"]),
-        text["seq"],
-        _LONG_READER(text["seq"]) if text["seq"] is not None else None,
-        objects,
-        typed,
-    )
-
-
-def _read(readers: dict[str, Callable], column: str, text: str | None) -> Any:
-    if text is None or column not in readers:
-        return None
-    return readers[column](text)
-
-
-Check = tuple[bool, str]
-
-
-def _record_checks(r: _Record, spec: TypingSpec, event_id: str | None) -> Iterator[Check]:
-    """The guards, in the order of §12: the record's own fields first."""
-    malformed = text_of(r.fields.get("_malformed"))
-    yield malformed is not None, malformed or ""
-    yield event_id is None, "no event_id"
-    yield r.op not in OPS, f"unknown op {_quote(r.op)}"
-    yield r.origin is None, "no origin"
-    yield r.origin not in spec.ranks, f"origin {_quote(r.origin)} is not a configured replica"
-    yield r.ts_text is None, "no ts"
-    yield (
-        r.ts is None,
-        f"ts {_quote(r.ts_text)} is neither µs since the epoch nor RFC 3339 with a UTC offset",
-    )
-    yield r.seq_text is None, "no seq"
-    yield r.seq is None, f"seq {_quote(r.seq_text)} is not an integer"
-
-
-def _key_checks(r: _Record, table: Table, name: str) -> Iterator[Check]:
-    m = r.map(name)
-    assert m is not None
-    cols = ", ".join(table.key)
-    yield (
-        len(m) != len(table.key) or any(c not in m for c in table.key),
-        f"{name} has columns [{', '.join(sorted(m))}]; the table's key is [{cols}]",
-    )
-    for c in table.key:
-        yield m.get(c) is None, f"{name}.{c} is null"
-        yield (
-            r.typed[name].get(c) is None,
-            f"{name}.{c}: {_quote(m.get(c))} is not {table.column(c).type}",
-        )
-
-
-def _value_checks(r: _Record, table: Table, name: str) -> Iterator[Check]:
-    m = r.map(name) or {}
-    for col in table.columns:
-        yield (
-            m.get(col.name) is not None and r.typed[name].get(col.name) is None,
-            f"{name}.{col.name}: {_quote(m.get(col.name))} is not {col.type}",
-        )
-
-
-def _row_checks(r: _Record, table: Table) -> Iterator[Check]:
-    """Then the key, the new key and the row images, read by the table's types."""
-    row_op = r.op in ROW_OPS
-    yield row_op and not r.given("key"), "no key"
-    yield row_op and r.map("key") is None, "key is not a JSON object"
-    if row_op:
-        yield from _key_checks(r, table, "key")
-    yield (
-        r.op != "UPDATE" and r.given("new_key"),
-        f"new_key on {_quote(r.op)} (only an UPDATE changes a key)",
-    )
-    yield r.given("new_key") and r.map("new_key") is None, "new_key is not a JSON object"
-    if r.map("new_key") is not None:
-        yield from _key_checks(r, table, "new_key")
-    cell = table.granularity is Granularity.CELL
-    if cell:
-        yield from _cell_checks(r, table)
-    yield r.op == "INSERT" and not r.given("after") and not cell, "INSERT without after"
-    yield r.given("after") and r.map("after") is None, "after is not a JSON object"
-    yield r.given("before") and r.map("before") is None, "before is not a JSON object"
-    if r.op != "DELETE":
-        yield from _value_checks(r, table, "after")
-    yield from _value_checks(r, table, "before")
-    yield from _value_rules(r, table)
-
-
-def _value_rules(r: _Record, table: Table) -> Iterator[Check]:
-    """Then the values against the key and the column rules (NOT NULL, delta)."""
-    writes = r.op in ("INSERT", "UPDATE")
-    after = r.map("after")
-    if not writes or after is None:
-        return
-    key, new_key = r.map("key") or {}, r.map("new_key") or {}
-    for c in table.key:
-        value = r.typed["after"].get(c)
-        target = r.typed["new_key"].get(c)
-        if target is None:
-            target = r.typed["key"].get(c)
-        yield (
-            c in after and value is not None and target is not None and value != target,
-            f"after.{c} = {_quote(after.get(c))} contradicts the key "
-            f"{_quote(new_key.get(c) if new_key.get(c) is not None else key.get(c))}",
-        )
-    for c in sorted(table.not_null | table.delta):
-        what = "a delta column" if c in table.delta else "a NOT NULL column"
-        yield c in after and after[c] is None, f"after.{c} is null in {what}"
-
-
 def _whole_seconds(text: str | None) -> int | None:
     return int(text) if text is not None and _SECONDS_RE.match(text) else None
 
 
-def _cell_checks(r: _Record, table: Table) -> Iterator[Check]:
-    """Malformed for a cell table (§12): a ``new_key``, a column the table does not
-    have, a ``ttl`` that is not 0..20 years in whole seconds, an ``expiry`` without a
-    ttl or not in whole seconds."""
-    names = set(table.column_names)
-    unknown: list[str] = []
-    for n in ("after", "before"):
-        for c in r.map(n) or {}:
-            if c not in names and c not in unknown:
-                unknown.append(c)
-    ttl, expiry = text_of(r.fields.get("ttl")), text_of(r.fields.get("expiry"))
-    ttl_s = _whole_seconds(ttl)
-    yield r.given("new_key"), "new_key on a cell-granularity table (a key never changes)"
-    yield (
-        bool(unknown),
-        f"unknown column(s) [{', '.join(sorted(unknown))}] (a cell-granularity table has no "
-        "source_column_extra)",
-    )
-    yield (
-        ttl is not None and not (ttl_s is not None and ttl_s <= MAX_TTL),
-        f"ttl {_quote(ttl)} is not whole seconds 0..{MAX_TTL}",
-    )
-    yield (
-        expiry is not None and _whole_seconds(expiry) is None,
-        f"expiry {_quote(expiry)} is not whole seconds",
-    )
-    yield expiry is not None and not ttl_s, "expiry without a ttl"
+Verdict = tuple[str | None, str | None]  # the reason (a QuarantineReason's value), its detail
 
 
-def guard_checks(
-    r: _Record, spec: TypingSpec, event_id: str | None
-) -> Iterator[tuple[QuarantineReason, bool, str]]:
-    """Each quarantine reason's checks, in the order of §12: the first that matches is the
-    copy's reason."""
-    for hit, detail in _record_checks(r, spec, event_id):
-        yield QuarantineReason.MALFORMED, hit, detail
-    if r.op is None or r.op not in OPS or r.ts is None:  # the rest reads what these gave
-        return
-    for hit, detail in _row_checks(r, spec.table):
-        yield QuarantineReason.MALFORMED, hit, detail
-    skew, grace = spec.max_clock_skew_seconds, spec.gc_grace_seconds
-    yield (
-        QuarantineReason.FUTURE_TIMESTAMP,
-        r.ts > spec.now_us + skew * 1_000_000,
-        f"ts is more than max_clock_skew_seconds={skew} after the run's clock",
-    )
-    yield (
-        QuarantineReason.STALE_BEYOND_GC_GRACE,
-        r.ts < spec.now_us - grace * 1_000_000,
-        f"ts is older than gc_grace_seconds={grace} before the run's clock",
-    )
-    after, before = r.map("after") or {}, r.map("before") or {}
-    yield (
-        QuarantineReason.DELTA_WITHOUT_OLD_VALUE,
-        r.op == "UPDATE" and any(c in after and before.get(c) is None for c in spec.table.delta),
-        "no old value (before) for a changed delta column",
-    )
+class Typer:
+    """Types and guards the records of one table: its names, types and readers worked out
+    once (a task types thousands of records with one)."""
 
+    def __init__(self, spec: TypingSpec):
+        t = spec.table
+        self.spec = spec
+        self.cols = t.column_names
+        self.names = frozenset(self.cols)
+        self.key = t.key
+        self.types = {c.name: str(c.type) for c in t.columns}
+        self.readers = {c.name: reader(c.type) for c in t.columns}
+        self.rules = [
+            (c, "a delta column" if c in t.delta else "a NOT NULL column")
+            for c in sorted(t.not_null | t.delta)
+        ]
+        self.delta = sorted(t.delta)
+        self.cell = t.granularity is Granularity.CELL
+        self.ranks = spec.ranks
+        self.prefs = {r: i for i, r in enumerate(spec.replicas)}
+        self.future = spec.now_us + spec.max_clock_skew_seconds * 1_000_000
+        self.stale = spec.now_us - spec.gc_grace_seconds * 1_000_000
+        self.empty = dict.fromkeys(self.cols)
 
-def _verdict(r: _Record, spec: TypingSpec, event_id: str | None) -> tuple[str | None, str | None]:
-    for reason, hit, detail in guard_checks(r, spec, event_id):
-        if hit:
-            return reason.value, detail
-    return None, None
+    def line(self, line: str, replica: str) -> dict[str, Any]:
+        """A JSONL line as a typed copy; a line that is not a JSON object is malformed."""
+        try:
+            fields = parse_json(line)
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            return self._not_an_object(line, replica)
+        source = line
+        if fields.get("_source") is not None:
+            source = text_of(fields["_source"]) or line  # an adapter's record: as exported
+        return self.record(fields, source, replica)
 
+    def _typed(self, m: TextMap | None) -> dict[str, Any]:
+        """An object's members read by their columns' types (None: absent, null, or not
+        read)."""
+        if m is None:
+            return self.empty
+        readers = self.readers
+        return {c: (None if (v := m.get(c)) is None else readers[c](v)) for c in self.cols}
 
-def _struct(typed: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    return {c: typed.get(c) for c in names}
+    def record(self, fields: dict[str, Any], source: str, replica: str) -> dict[str, Any]:
+        """One exported record (its parsed JSON object) as a typed copy
+        (``frames.copy_schema``): its fields read, its key, row images and TTL typed, and
+        the guard that quarantines it, if any. ``source`` is the text kept for the
+        quarantine (``raw``), when the copy is quarantined."""
+        maps = {}
+        for n in _OBJECTS:
+            m = object_of(fields.get(n))
+            maps[n] = None if isinstance(m, _NotAnObject) else m
+        typed = {n: self._typed(maps[n]) for n in _OBJECTS}
+        op, origin = text_of(fields.get("op")), text_of(fields.get("origin"))
+        ts_text, seq_text = text_of(fields.get("ts")), text_of(fields.get("seq"))
+        ts = event_ts_micros(ts_text)
+        seq = None if seq_text is None else _LONG_READER(seq_text)
+        eid = text_of(fields.get("event_id")) or None
+        reason, detail = self._verdict(
+            fields, maps, typed, eid, op, origin, ts_text, ts, seq_text, seq
+        )
+        after, before = maps["after"], maps["before"]
+        ttl = _whole_seconds(text_of(fields.get("ttl"))) or None  # §6: a ttl of 0 is none
+        expiry = None
+        if ttl is not None:
+            expiry = _whole_seconds(text_of(fields.get("expiry")))
+            if expiry is None and ts is not None:
+                expiry = ts // 1_000_000 + ttl
+        return {
+            "event_id": eid,
+            "op": op,
+            "origin": origin,
+            "seq": seq,
+            "pref": self._pref(replica, origin),
+            "rank": self.ranks.get(origin) if origin is not None else None,
+            "txid": text_of(fields.get("txid")),
+            "ts": ts,
+            "key": self._key(maps["key"], typed["key"]),
+            "new_key": self._key(maps["new_key"], typed["new_key"]),
+            "after": typed["after"],
+            "after_has": [after is not None and c in after for c in self.cols],
+            "before": typed["before"],
+            "before_has": [before is not None and c in before for c in self.cols],
+            "extra_cols": self._unknown(after, before),
+            "ttl": ttl,
+            "expiry": expiry,
+            "reason": reason,
+            "detail": detail,
+            "raw": source if reason is not None else None,
+        }
 
+    def _key(self, m: TextMap | None, typed: dict[str, Any]) -> dict[str, Any] | None:
+        """The typed key (or new key), when every one of its columns reads."""
+        if m is None:
+            return None
+        key = {c: typed[c] for c in self.key}
+        return key if all(v is not None for v in key.values()) else None
 
-def _key_struct(r: _Record, table: Table, name: str) -> dict[str, Any] | None:
-    """The typed key (or new key), when every one of its columns reads."""
-    if r.map(name) is None:
+    def _unknown(self, after: TextMap | None, before: TextMap | None) -> list[str]:
+        """The images' columns the table does not have, first seen first."""
+        extra: list[str] = []
+        for m in (after, before):
+            for c in m or ():
+                if c not in self.names and c not in extra:
+                    extra.append(c)
+        return extra
+
+    def _pref(self, replica: str, origin: str | None) -> int:
+        """§12 "Duplicates": the origin's own copy first (-1), then the replicas in config
+        order."""
+        if origin is not None and replica == origin:
+            return -1
+        return self.prefs.get(replica, len(self.prefs))
+
+    # ------------------------------------------------------------------ the guards
+
+    def _verdict(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        eid: str | None,
+        op: str | None,
+        origin: str | None,
+        ts_text: str | None,
+        ts: int | None,
+        seq_text: str | None,
+        seq: int | None,
+    ) -> Verdict:
+        """The guards of §3 in the order of §12: malformed (the record's own fields, then
+        its key, new key and images), future_timestamp, stale_beyond_gc_grace,
+        delta_without_old_value. The first that matches is the reason."""
+        detail = _record_problem(fields, eid, op, origin, self.ranks, ts_text, ts, seq_text, seq)
+        if detail is None:
+            detail = self._row_problem(fields, maps, typed, op)
+        if detail is not None:
+            return QuarantineReason.MALFORMED.value, detail
+        assert ts is not None
+        spec = self.spec
+        if ts > self.future:
+            skew = spec.max_clock_skew_seconds
+            detail = f"ts is more than max_clock_skew_seconds={skew} after the run's clock"
+            return QuarantineReason.FUTURE_TIMESTAMP.value, detail
+        if ts < self.stale:
+            grace = spec.gc_grace_seconds
+            detail = f"ts is older than gc_grace_seconds={grace} before the run's clock"
+            return QuarantineReason.STALE_BEYOND_GC_GRACE.value, detail
+        after, before = maps["after"] or {}, maps["before"] or {}
+        if op == "UPDATE" and any(c in after and before.get(c) is None for c in self.delta):
+            detail = "no old value (before) for a changed delta column"
+            return QuarantineReason.DELTA_WITHOUT_OLD_VALUE.value, detail
+        return None, None
+
+    def _row_problem(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        op: str | None,
+    ) -> str | None:
+        """The key, the new key and the row images, read by the table's types."""
+        detail = self._keys_problem(fields, maps, typed, op)
+        return detail if detail is not None else self._images_problem(fields, maps, typed, op)
+
+    def _keys_problem(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        op: str | None,
+    ) -> str | None:
+        if op in ROW_OPS:
+            if fields.get("key") is None:
+                return "no key"
+            if maps["key"] is None:
+                return "key is not a JSON object"
+            if (d := self._key_problem(maps["key"], typed["key"], "key")) is not None:
+                return d
+        nk_given = fields.get("new_key") is not None
+        if op != "UPDATE" and nk_given:
+            return f"new_key on {_quote(op)} (only an UPDATE changes a key)"
+        nk = maps["new_key"]
+        if nk_given and nk is None:
+            return "new_key is not a JSON object"
+        if nk is not None and (d := self._key_problem(nk, typed["new_key"], "new_key")):
+            return d
         return None
-    key = _struct(r.typed[name], table.key)
-    return key if all(v is not None for v in key.values()) else None
+
+    def _images_problem(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        op: str | None,
+    ) -> str | None:
+        if self.cell and (d := self._cell_problem(fields, maps)) is not None:
+            return d
+        after, before = maps["after"], maps["before"]
+        if op == "INSERT" and fields.get("after") is None and not self.cell:
+            return "INSERT without after"
+        if fields.get("after") is not None and after is None:
+            return "after is not a JSON object"
+        if fields.get("before") is not None and before is None:
+            return "before is not a JSON object"
+        if op != "DELETE" and after and (d := self._value_problem(after, typed["after"], "after")):
+            return d
+        if before and (d := self._value_problem(before, typed["before"], "before")):
+            return d
+        if op in ("INSERT", "UPDATE") and after is not None:
+            return self._value_rules(maps, typed)
+        return None
+
+    def _key_problem(self, m: TextMap, typed: dict[str, Any], name: str) -> str | None:
+        if len(m) != len(self.key) or any(c not in m for c in self.key):
+            cols = ", ".join(self.key)
+            return f"{name} has columns [{', '.join(sorted(m))}]; the table's key is [{cols}]"
+        for c in self.key:
+            if m.get(c) is None:
+                return f"{name}.{c} is null"
+            if typed[c] is None:
+                return f"{name}.{c}: {_quote(m[c])} is not {self.types[c]}"
+        return None
+
+    def _value_problem(self, m: TextMap, typed: dict[str, Any], name: str) -> str | None:
+        for c in self.cols:
+            if m.get(c) is not None and typed[c] is None:
+                return f"{name}.{c}: {_quote(m[c])} is not {self.types[c]}"
+        return None
+
+    def _value_rules(
+        self, maps: dict[str, TextMap | None], typed: dict[str, dict[str, Any]]
+    ) -> str | None:
+        """The values against the key and the column rules (NOT NULL, delta)."""
+        after = maps["after"] or {}
+        key, new_key = maps["key"] or {}, maps["new_key"] or {}
+        for c in self.key:
+            value, target = typed["after"][c], typed["new_key"][c]
+            if target is None:
+                target = typed["key"][c]
+            if c in after and value is not None and target is not None and value != target:
+                given = new_key.get(c) if new_key.get(c) is not None else key.get(c)
+                return f"after.{c} = {_quote(after.get(c))} contradicts the key {_quote(given)}"
+        for c, what in self.rules:
+            if c in after and after[c] is None:
+                return f"after.{c} is null in {what}"
+        return None
+
+    def _cell_problem(self, fields: dict[str, Any], maps: dict[str, TextMap | None]) -> str | None:
+        """Malformed for a cell table (§12): a ``new_key``, a column the table does not
+        have, a ``ttl`` that is not 0..20 years in whole seconds, an ``expiry`` without a
+        ttl or not in whole seconds."""
+        if fields.get("new_key") is not None:
+            return "new_key on a cell-granularity table (a key never changes)"
+        unknown = self._unknown(maps["after"], maps["before"])
+        if unknown:
+            return (
+                f"unknown column(s) [{', '.join(sorted(unknown))}] (a cell-granularity table "
+                "has no source_column_extra)"
+            )
+        ttl, expiry = text_of(fields.get("ttl")), text_of(fields.get("expiry"))
+        ttl_s = _whole_seconds(ttl)
+        if ttl is not None and not (ttl_s is not None and ttl_s <= MAX_TTL):
+            return f"ttl {_quote(ttl)} is not whole seconds 0..{MAX_TTL}"
+        if expiry is not None and _whole_seconds(expiry) is None:
+            return f"expiry {_quote(expiry)} is not whole seconds"
+        if expiry is not None and not ttl_s:
+            return "expiry without a ttl"
+        return None
+
+    def _not_an_object(self, source: str, replica: str) -> dict[str, Any]:
+        n = len(self.cols)
+        return {
+            "event_id": None,
+            "op": None,
+            "origin": None,
+            "seq": None,
+            "pref": self._pref(replica, None),
+            "rank": None,
+            "txid": None,
+            "ts": None,
+            "key": None,
+            "new_key": None,
+            "after": self.empty,
+            "after_has": [False] * n,
+            "before": self.empty,
+            "before_has": [False] * n,
+            "extra_cols": [],
+            "ttl": None,
+            "expiry": None,
+            "reason": QuarantineReason.MALFORMED.value,
+            "detail": "not a JSON object",
+            "raw": source,
+        }
 
 
-def _extra_columns(r: _Record, table: Table) -> list[str]:
-    names = set(table.column_names)
-    extra: list[str] = []
-    for n in ("after", "before"):
-        for c in r.map(n) or {}:
-            if c not in names and c not in extra:
-                extra.append(c)
-    return extra
-
-
-def type_copy(
-    fields: dict[str, Any] | None,
-    source: str,
-    spec: TypingSpec,
-    readers: dict[str, Callable[[str], Any]],
-    replica: str,
-) -> dict[str, Any]:
-    """One exported record (``fields``: its parsed JSON object, None when it is none)
-    as a typed copy (``frames.copy_schema``): the record's fields read, its key, row
-    images and TTL typed, and the guard that quarantines it, if any. ``source`` is the
-    text kept for the quarantine (``raw``), when the copy is quarantined."""
-    table = spec.table
-    if fields is None:
-        return _not_an_object(source, replica, spec)
-    r = _read_record(fields, table, readers)
-    eid = text_of(fields.get("event_id")) or None
-    reason, detail = _verdict(r, spec, eid)
-    after, before = r.map("after"), r.map("before")
-    cols = table.column_names
-    ttl = _whole_seconds(text_of(fields.get("ttl")))
-    ttl = ttl if ttl else None  # §6: a ttl of 0 is no ttl
-    expiry = None
-    if ttl is not None:
-        expiry = _whole_seconds(text_of(fields.get("expiry")))
-        if expiry is None and r.ts is not None:
-            expiry = r.ts // 1_000_000 + ttl
-    return {
-        "event_id": eid,
-        "op": r.op,
-        "origin": r.origin,
-        "seq": r.seq,
-        "pref": _pref(replica, r.origin, spec),
-        "rank": spec.ranks.get(r.origin) if r.origin is not None else None,
-        "txid": text_of(fields.get("txid")),
-        "ts": r.ts,
-        "key": _key_struct(r, table, "key"),
-        "new_key": _key_struct(r, table, "new_key"),
-        "after": _struct(r.typed["after"], cols),
-        "after_has": [after is not None and c in after for c in cols],
-        "before": _struct(r.typed["before"], cols),
-        "before_has": [before is not None and c in before for c in cols],
-        "extra_cols": _extra_columns(r, table),
-        "ttl": ttl,
-        "expiry": expiry,
-        "reason": reason,
-        "detail": detail,
-        "raw": source if reason is not None else None,
-    }
-
-
-def _pref(replica: str, origin: str | None, spec: TypingSpec) -> int:
-    """§12 "Duplicates": the origin's own copy first (-1), then the replicas in config
-    order."""
-    if origin is not None and replica == origin:
-        return -1
-    return spec.replicas.index(replica) if replica in spec.replicas else len(spec.replicas)
-
-
-def _not_an_object(source: str, replica: str, spec: TypingSpec) -> dict[str, Any]:
-    n = len(spec.table.column_names)
-    none = dict.fromkeys(spec.table.column_names)
-    return {
-        "event_id": None,
-        "op": None,
-        "origin": None,
-        "seq": None,
-        "pref": _pref(replica, None, spec),
-        "rank": None,
-        "txid": None,
-        "ts": None,
-        "key": None,
-        "new_key": None,
-        "after": none,
-        "after_has": [False] * n,
-        "before": dict(none),
-        "before_has": [False] * n,
-        "extra_cols": [],
-        "ttl": None,
-        "expiry": None,
-        "reason": QuarantineReason.MALFORMED.value,
-        "detail": "not a JSON object",
-        "raw": source,
-    }
-
-
-def column_readers(table: Table) -> dict[str, Callable[[str], Any]]:
-    return {c.name: reader(c.type) for c in table.columns}
-
-
-def type_line(
-    line: str, spec: TypingSpec, readers: dict[str, Callable[[str], Any]], replica: str
-) -> dict[str, Any]:
-    """A JSONL line as a typed copy; a line that is not a JSON object is malformed."""
-    try:
-        fields = parse_json(line)
-    except ValueError:
-        fields = None
-    if not isinstance(fields, dict):
-        fields = None
-    source = line
-    if fields is not None and fields.get("_source") is not None:
-        source = text_of(fields["_source"]) or line  # an adapter's record: as exported
-    return type_copy(fields, source, spec, readers, replica)
+def _record_problem(
+    fields: dict[str, Any],
+    eid: str | None,
+    op: str | None,
+    origin: str | None,
+    ranks: Mapping[str, int],
+    ts_text: str | None,
+    ts: int | None,
+    seq_text: str | None,
+    seq: int | None,
+) -> str | None:
+    """The record's own fields, first of the guards (§12)."""
+    malformed = text_of(fields.get("_malformed"))
+    if malformed is not None:
+        return malformed
+    if eid is None:
+        return "no event_id"
+    if op not in OPS:
+        return f"unknown op {_quote(op)}"
+    if origin is None:
+        return "no origin"
+    if origin not in ranks:
+        return f"origin {_quote(origin)} is not a configured replica"
+    if ts_text is None:
+        return "no ts"
+    if ts is None:
+        return f"ts {_quote(ts_text)} is neither µs since the epoch nor RFC 3339 with a UTC offset"
+    if seq_text is None:
+        return "no seq"
+    if seq is None:
+        return f"seq {_quote(seq_text)} is not an integer"
+    return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
-from dataclasses import replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,16 @@ from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.copies import read_copies
-from pipeline.engine import position, purge, resolve_rows
+from pipeline.engine import RowRun, purge, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
+from pipeline.foldrun import DUPLICATE
 from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
     LEDGER_COLUMNS,
     LEDGER_SCHEMA,
     POSITION,
+    QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
 from pipeline.policy import Granularity, Outcome, QuarantineReason
@@ -51,9 +52,6 @@ log = logging.getLogger(__name__)
 #: the fates after which an event is never resolved again (the ledger's); a quarantined
 #: event is not final: it is resolved again if it comes again
 FINAL_FATES = ("applied", "discarded")
-#: the fate of a record whose event a run in the ledger window resolved already, or of a
-#: replica's second record of one event in one night
-DUPLICATE = "duplicate"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
@@ -74,47 +72,54 @@ def resolve_table(
 ) -> TableSummary:
     out = ctx.resolved / table.name
     copies = read_copies(spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us)
-    ledger = ctx.staged / table.name / "ledger"
-    copies, duplicates = set_duplicates_aside(
-        spark, copies, [ledger / f"dt={d}" for d in staged.ledger]
-    )
+    ledger = [ctx.staged / table.name / "ledger" / f"dt={d}" for d in staged.ledger]
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
-        res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
+        _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
-        res = resolve_rows(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
-    fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
-    res = replace(res, fates=repeats_as_duplicates(fates))
-
-    _write(res.state, out / "state_pre")
-    _write(res.fates, out / "fates")
+        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
+        resolve_rows(spark, config, table, copies, prior, run)
     fates = _local_table(out / "fates", ["event_id", "replica", "fate"])  # counted on the driver
-    stopped = _write_conflicts(res.conflicts, ctx, table, out, _stops(fates))
-    _write(
-        res.quarantine.select(
-            *_run_cols(ctx, table.name),
-            "replica",
-            "event_id",
-            "reason",
-            "detail",
-            # a record an adapter could not map is kept as it was exported
-            F.coalesce(F.get_json_object("raw", "$._source"), F.col("raw")).alias("event"),
-        ),
-        out / "quarantine",
-    )
-    divergence = res.divergence.select(
-        *_run_cols(ctx, table.name),
-        F.lit("perspective").alias("source"),
-        *DIVERGENCE_FIELDS,
-    )
-    if stopped is not None:
-        divergence = divergence.limit(0)  # §12: not checked after an error
-    _write(divergence, out / "divergence")
-    if res.changes is not None:
-        _write(res.changes, out / "changes")
+    stopped = _cut_at_error(out, table, config) if _stops(fates) else None
+    if stopped is not None:  # §12: divergence is not checked after an error
+        _empty(out / "divergence")
     _write_ledger(fates, out, ctx, table.name)
     return _table_counts(table, out, fates, staged, stopped)
+
+
+def _resolve_cells(
+    spark: SparkSession,
+    config: Config,
+    table: Table,
+    ctx: RunContext,
+    copies: DataFrame,
+    prior: DataFrame,
+    ledger: list[Path],
+) -> None:
+    """The cell engine's outputs, written by Spark into the table's folder."""
+    out = ctx.resolved / table.name
+    copies, duplicates = set_duplicates_aside(spark, copies, ledger)
+    res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
+    fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
+    _write(res.state, out / "state_pre")
+    _write(repeats_as_duplicates(fates), out / "fates")
+    _write(
+        res.conflicts.coalesce(1)
+        .sortWithinPartitions(*POSITION)
+        .select(*_run_cols(ctx, table.name), *CONFLICT_FIELDS),
+        out / "conflicts",
+    )
+    quarantine = res.quarantine.withColumnRenamed("raw", "event")
+    _write(quarantine.select(*_run_cols(ctx, table.name), *QUARANTINE_FIELDS), out / "quarantine")
+    _write(
+        res.divergence.select(
+            *_run_cols(ctx, table.name), F.lit("perspective").alias("source"), *DIVERGENCE_FIELDS
+        ),
+        out / "divergence",
+    )
+    if res.changes is not None:
+        _write(res.changes, out / "changes")
 
 
 def set_duplicates_aside(
@@ -167,28 +172,33 @@ def _stops(fates: pa.Table) -> bool:
     return bool(pc.any(pc.equal(fates["fate"], Outcome.ERRORED.value)).as_py())
 
 
-def _write_conflicts(
-    conflicts: DataFrame, ctx: RunContext, table: Table, out: Path, stops: bool
-) -> Stopped | None:
-    """Write the conflict log in canonical order; after an ``error`` only up to it (§12).
-    Returns the errored conflict, if any (``stops``: the fold stopped on one)."""
-    is_errored = F.col("outcome") == Outcome.ERRORED.value
-    errored = conflicts.where(is_errored).orderBy(*POSITION).limit(1).collect() if stops else []
-    stopped = None
-    if errored:
-        e = errored[0]
-        stopped = Stopped(table.name, e.key, e.conflict_type, e.remote_event_id, e.reason)
-        cut = F.struct(
-            F.lit(e.remote_ts), F.lit(e.pos_rank), F.lit(e.remote_event_id), F.lit(e.pos_idx)
-        )
-        conflicts = conflicts.where(position() <= cut)
-    _write(
-        conflicts.coalesce(1)
-        .sortWithinPartitions(*POSITION)
-        .select(*_run_cols(ctx, table.name), *CONFLICT_FIELDS),
-        out / "conflicts",
-    )
-    return stopped
+def _cut_at_error(out: Path, table: Table, config: Config) -> Stopped:
+    """§12: the fold stopped at an ``error``; the conflict log keeps the conflicts up to
+    the first errored one in canonical order (every table's key was folded on its own).
+    Returns that conflict."""
+    files = sorted((out / "conflicts").glob("*.parquet"))
+    log_ = pa.concat_tables([pq.read_table(f) for f in files])
+    ranks = config.tie_ranks(table.tie_break)
+
+    def position(r: dict[str, Any]) -> tuple[int, int, str]:
+        return (r["remote_ts"], ranks.get(r["remote_origin"], -1), r["remote_event_id"])
+
+    rows = log_.to_pylist()
+    e = min((r for r in rows if r["outcome"] == Outcome.ERRORED.value), key=position)
+    kept = pa.Table.from_pylist([r for r in rows if position(r) <= position(e)], schema=log_.schema)
+    for f in files:
+        f.unlink()
+    pq.write_table(kept, out / "conflicts" / "part-00000.parquet", compression="zstd")
+    return Stopped(table.name, e["key"], e["conflict_type"], e["remote_event_id"], e["reason"])
+
+
+def _empty(folder: Path) -> None:
+    """The output in ``folder`` with its schema and no rows."""
+    files = sorted(folder.glob("*.parquet"))
+    schema = pq.read_schema(files[0])
+    for f in files:
+        f.unlink()
+    pq.write_table(schema.empty_table(), folder / "part-00000.parquet")
 
 
 def _local_table(path: Path, columns: list[str]) -> pa.Table:

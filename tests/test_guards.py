@@ -16,7 +16,7 @@ import yaml
 
 from pipeline.cli import main
 from pipeline.config import ColumnType, Kind, parse_config
-from pipeline.guards import TypingSpec, column_readers, reader, type_line
+from pipeline.guards import Typer, TypingSpec, reader
 
 INT, BIGINT = ColumnType(Kind.INT), ColumnType(Kind.BIGINT)
 
@@ -90,9 +90,8 @@ NOW = 1795305600000000  # 2026-11-22T00:00:00Z
 def typed(record: dict | str, replica: str = "sub") -> dict:
     config = parse_config(CONFIG)
     table = config.tables["t"]
-    spec = TypingSpec.of(config, table, NOW)
     line = record if isinstance(record, str) else json.dumps(record)
-    return type_line(line, spec, column_readers(table), replica)
+    return Typer(TypingSpec.of(config, table, NOW)).line(line, replica)
 
 
 def rec(**kw) -> dict:

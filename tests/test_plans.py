@@ -1,11 +1,11 @@
-"""What the resolve stage's plans read: each output a table's fold gives (state, conflict
-log, quarantine, divergence, fates, changes) is written from the persisted classification
-and fold output, never by computing them again. Spark matches a persisted DataFrame by
-its plan; a union of two DataFrames derived from one whose plan read the copies a second
-time (the unique-value coupling did) silently stopped matching, and each write ran the
-classification again: a 3-event run of a table with a unique constraint took 35 Spark
-jobs to write its outputs. The other shapes here passed before the fix; they guard
-against the same miss."""
+"""What the resolve stage's plans cost in Spark jobs: the row engine folds a table and
+writes its outputs in one Spark job; reading the typed copies and the ledger names their
+schema (no inference job); finding the error that stopped a run reads files on the driver;
+and each output of the cell engine (state, conflict log, quarantine, divergence, fates,
+changes) is written from its persisted resolution, never by computing it again (Spark
+matches a persisted DataFrame by its plan; a union of two DataFrames derived from one whose
+plan read the copies a second time silently stopped matching, and each write ran the
+resolution again)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import scenarios as S
 from test_scenarios import run_scenario
 
-from pipeline import resolve
+from pipeline import engine, resolve
 
 
 def files_read_again(df: Any) -> set[str]:
@@ -37,16 +37,8 @@ def files_read_again(df: Any) -> set[str]:
     return found & {"LogicalRelation", "DataSourceV2Relation", "HiveTableRelation"}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "pg_multiple_unique_conflicts_apply",  # unique values couple keys
-        "dw_transaction_scope",  # transactions admitted against the state
-        "pg_delta_two_credits",  # delta columns
-        "scylla_rule2_dead_beats_live",  # the cell engine
-    ],
-)
-def test_the_fold_outputs_are_written_from_the_persisted_fold(
+@pytest.mark.parametrize("name", ["scylla_rule2_dead_beats_live"])
+def test_the_cell_outputs_are_written_from_the_persisted_resolution(
     name: str, tmp_path: Path, spark, monkeypatch
 ):
     written: dict[str, set[str]] = {}
@@ -81,6 +73,46 @@ def in_a_group(spark: Any, fn: Any, jobs: dict[str, list[int]]) -> Any:
     return wrapped
 
 
+@pytest.fixture
+def one_job_per_action(spark):
+    """Adaptive execution off: it submits each shuffle's map stage as a Spark job of its
+    own, so that the jobs of one action are counted as one."""
+    key = "spark.sql.adaptive.enabled"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    yield
+    spark.conf.set(key, before)
+
+
+@pytest.mark.parametrize(
+    ("name", "jobs_per_fold"),
+    [
+        ("pg_insert_exists_apply", [1]),
+        ("pg_delta_two_credits", [1]),
+        # copies under different keys: folded again, their winners broadcast
+        ("differing_copies", [1, 2]),
+        # the coupled keys (a frame made on the driver) are broadcast to both branches
+        ("pg_multiple_unique_conflicts_apply", [3]),
+        # the admitted transactions: their times, and the keys they touch, broadcast
+        ("dw_transaction_scope", [4]),
+    ],
+)
+def test_the_row_engine_folds_a_table_in_one_spark_job(
+    name: str, jobs_per_fold: list[int], tmp_path: Path, spark, monkeypatch, one_job_per_action
+):
+    """The fold of a row table is one Spark job: the shuffle by key and the tasks that fold
+    each partition and write every output; nothing computes an output again. A broadcast
+    frame is collected by a job of its own."""
+    jobs: dict[str, list[int]] = {}
+    monkeypatch.setattr(engine, "fold", in_a_group(spark, engine.fold, jobs))
+    path = S.SCENARIOS / f"{name}.json"
+    s = json.loads((path if path.exists() else S.GOLDEN / f"{name}.json").read_text())
+    run_scenario(s, tmp_path)
+    nights = len(s.get("history", [])) + 1
+    row_tables = sum(t.get("policy") != "scylla" for t in s["config"]["tables"].values())
+    assert [len(ids) for ids in jobs.values()] == jobs_per_fold * nights * row_tables, jobs
+
+
 def test_the_typed_copies_and_the_ledger_are_read_without_a_spark_job(
     tmp_path: Path, spark, monkeypatch
 ):
@@ -89,42 +121,28 @@ def test_the_typed_copies_and_the_ledger_are_read_without_a_spark_job(
     reading them names the schema instead of inferring it, which would take a Spark job
     per read (three per table and run)."""
     jobs: dict[str, list[int]] = {}
-    for name in ("read_copies", "set_duplicates_aside"):
-        monkeypatch.setattr(resolve, name, in_a_group(spark, getattr(resolve, name), jobs))
+    monkeypatch.setattr(resolve, "read_copies", in_a_group(spark, resolve.read_copies, jobs))
+    monkeypatch.setattr(engine, "with_seen", in_a_group(spark, engine.with_seen, jobs))
     s = json.loads((S.SCENARIOS / "dw_row_local_newer.json").read_text())
     assert s.get("history"), "a scenario of two nights: the second reads the first's ledger"
     run_scenario(s, tmp_path)
     assert sum(g.startswith("read_copies") for g in jobs) == 2, jobs
-    assert sum(g.startswith("set_duplicates_aside") for g in jobs) == 2, jobs
+    assert sum(g.startswith("with_seen") for g in jobs) == 2, jobs
     assert {g: ids for g, ids in jobs.items() if ids} == {}
 
 
 @pytest.mark.parametrize(
     ("name", "stops"), [("pg_update_differ_error", True), ("pg_update_differ_apply", False)]
 )
-def test_the_errored_conflict_is_looked_for_only_when_the_fold_stopped(
+def test_the_errored_conflict_is_found_on_the_driver_only_when_the_fold_stopped(
     name: str, stops: bool, tmp_path: Path, spark, monkeypatch
 ):
-    """A run stops at an ``error`` conflict (§12); finding it is a Spark job, which the
-    runs that did not stop (the fates say so) do not pay: the conflict log's write is then
-    the only Spark work of ``_write_conflicts``."""
-    sc = spark.sparkContext
+    """A run stops at an ``error`` conflict (§12): the fates say so, and only then is the
+    conflict log read (on the driver, without a Spark job) and cut at the first one."""
     jobs: dict[str, list[int]] = {}
-    write = resolve._write
-
-    def writing(df: Any, path: Path, mode: str = "overwrite") -> None:
-        outer = sc.getLocalProperty("spark.jobGroup.id")
-        sc.setJobGroup("write", "write")
-        try:
-            write(df, path, mode)
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", outer)
-
-    monkeypatch.setattr(resolve, "_write", writing)
-    monkeypatch.setattr(
-        resolve, "_write_conflicts", in_a_group(spark, resolve._write_conflicts, jobs)
-    )
+    monkeypatch.setattr(resolve, "_cut_at_error", in_a_group(spark, resolve._cut_at_error, jobs))
     s = json.loads((S.SCENARIOS / f"{name}.json").read_text())
     _, failed = run_scenario(s, tmp_path)
     assert failed is stops
-    assert jobs and all(bool(ids) is stops for ids in jobs.values()), jobs
+    assert len(jobs) == (1 if stops else 0), jobs
+    assert not any(jobs.values()), jobs
