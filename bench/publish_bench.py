@@ -77,7 +77,7 @@ def bench(n: int, rounds: int = 2) -> None:
         times["ingest"] = timed(ingest)
         assert ctx is not None
         times["resolve"] = timed(lambda: stages.resolve(config, ctx, spark))
-        times["validate"] = timed(lambda: stages.validate(config, ctx, spark))
+        times["validate"] = timed(lambda: stages.validate(config, ctx))
         table = next(iter(config.tables))
         out = ctx.resolved / table
 

@@ -5,8 +5,9 @@ spark-submit). The run for date D is triggered at the config's ``schedule`` (def
 02:00 UTC) on D+1; a run triggered from the UI can name its date, a subset of tables,
 a dry run and an ``on_divergence`` override in the trigger form.
 
-    plan → wait_for_exports (sensor) → ingest → resolve (+ CDC, Spark) → validate (GX,
-    Spark) → publish (one asset per table)
+    plan → wait_for_exports (sensor) → ingest → resolve (Spark: + CDC, + what validation
+    measures) → validate (Great Expectations judges; no JVM) → publish (one asset per
+    table)
 
 Runs are chained: each starts from the state the previous date published, so one runs at
 a time and a task waits for its previous run's success (``depends_on_past``).
@@ -213,7 +214,8 @@ class SparkStage(SparkSubmitOperator):
 
 
 def spark_stage(command: str, **kwargs: Any) -> SparkSubmitOperator:
-    """A stage that runs under spark-submit (``cdr <command>`` in the Spark driver)."""
+    """A stage that runs under spark-submit (``cdr <command>`` in the Spark driver): the
+    run's one Spark application."""
     return SparkStage(
         task_id=command,
         name=f"cdr-{command}",
@@ -223,6 +225,12 @@ def spark_stage(command: str, **kwargs: Any) -> SparkSubmitOperator:
         conf=SPARK_CONF,
         **kwargs,
     )
+
+
+@task(retries=0)  # a failed gate fails the same way again
+def validate(p: dict[str, Any]) -> None:
+    """Great Expectations judges what the resolve task measured: no Spark, no JVM."""
+    _cli("validate", p["date"], "--run-id", p["run_id"])
 
 
 # all_done: a failed gate still publishes the run's logs, report and Data Docs
@@ -279,10 +287,9 @@ def finish(p: dict[str, Any]) -> None:
 )
 def replica_cdr():
     p = plan()
-    resolve = spark_stage("resolve")
-    validate = spark_stage("validate", retries=0)  # a failed gate fails the same way again
-    validate.operator_extra_links = (*validate.operator_extra_links, DataDocsLink())
-    wait_for_exports(p) >> ingest(p) >> resolve >> validate >> publish(p) >> finish(p)
+    judged = validate(p)
+    judged.operator.operator_extra_links = (*judged.operator.operator_extra_links, DataDocsLink())
+    wait_for_exports(p) >> ingest(p) >> spark_stage("resolve") >> judged >> publish(p) >> finish(p)
 
 
 replica_cdr()

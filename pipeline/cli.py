@@ -269,10 +269,8 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         elif args.command == "finish":
             stages.finish(config, ctx)
             _emit(args, {"run_id": ctx.run_id}, f"finished run {ctx.run_id} of {args.date}")
-        elif args.command == "validate":
-            from pipeline.suites import GX_MODULES  # only validate needs GX
-
-            verdict = stages.validate(config, ctx, get_spark(opts.master, preload=GX_MODULES))
+        elif args.command == "validate":  # Spark only for a run resolved without measures
+            verdict = stages.validate(config, ctx, lambda: get_spark(opts.master))
             if ctx.data_docs:
                 docs = ctx.validation / "data_docs" / "index.html"
                 print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)

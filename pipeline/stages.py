@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from datetime import date
@@ -132,10 +133,11 @@ def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bo
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
-    (``cdc.enabled``) write the CDC log: all on Spark, in one job (the DAG's resolve
-    task)."""
+    (``cdc.enabled``) write the CDC log, then measure what validation judges: all the
+    run's Spark work, in one Spark application (the DAG's resolve task)."""
     from pipeline.exports import fetch
     from pipeline.resolve import resolve_stage, save_summary
+    from pipeline.validation import measure_stage
 
     config = ctx.config(config)
     fetch(spark, config, ctx)
@@ -146,16 +148,27 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
 
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
+        measure_stage(spark, config, ctx, summary)
     return summary
 
 
-def validate(config: Config, ctx: RunContext, spark: SparkSession) -> Verdict:
+def validate(
+    config: Config, ctx: RunContext, spark: Callable[[], SparkSession] | None = None
+) -> Verdict:
+    """Judge the resolved run with Great Expectations (no Spark). A run resolved without
+    its measures is measured first, with the session ``spark`` gives."""
     from pipeline.resolve import load_summary
-    from pipeline.validation import validate_stage
+    from pipeline.validation import judge_stage, measure_stage, measured
 
     config = ctx.config(config)
-    with sized_for(spark, ctx):
-        verdict = validate_stage(spark, config, ctx, load_summary(ctx))
+    summary = load_summary(ctx)
+    if not measured(ctx, summary):
+        if spark is None:
+            raise StageError(f"the resolved run of {ctx.dt} has no measures: resolve it again")
+        session = spark()
+        with sized_for(session, ctx):
+            measure_stage(session, config, ctx, summary)
+    verdict = judge_stage(config, ctx, summary)
     for w in verdict.warnings:
         log.warning("validate: %s", w)
     return verdict
@@ -279,7 +292,7 @@ def run(
     try:
         spark = spark or get_spark(opts.master, preload=GX_MODULES)
         summary = resolve(config, ctx, spark)
-        verdict = validate(config, ctx, spark)
+        verdict = validate(config, ctx)
         if ctx.dry_run:
             if not verdict.passed:
                 raise GateError("; ".join(verdict.failures))

@@ -1,5 +1,5 @@
 """Great Expectations suites: version-controlled templates in ``expectations/``, rendered per
-table into a file-backed GX project, validated on Spark, with Data Docs.
+table into a file-backed GX project, measured on Spark, judged by GX, with Data Docs.
 
 A template is a GX suite file with ``${placeholders}`` (the table's name, its key columns,
 the SQL of a join...) and a ``meta`` saying which frame it validates (``batch``), which
@@ -8,17 +8,18 @@ whether it needs the CDC log. An expectation whose ``meta.for_each`` names a lis
 (``column``, ``not_null_column``, ``unique_constraint``, ``foreign_key``) is repeated for
 each of its items. :func:`render_suite` fills it in from the config.
 
-A suite is either a *schema* suite (GX expectations on the Spark DataFrame itself: its
-columns and their types, read from its schema without a Spark job) or a *row* suite: every
-expectation is a SQL check (``unexpected_rows_expectation``) whose query finds the
-offending rows of the batch, joining the run's temporary views (``cdr_<what>_<table>``)
-where it needs to. GX runs each such check as two Spark jobs (a count, then a collect of
-the rows), 72 jobs and 10 s for a three-table run, so :meth:`Project.validate_all` runs
-every row check of the run in ONE Spark query (:func:`find_rows`: joins and aggregations
-stay in Spark; it keeps the count and the first 200 rows of each check) and GX judges the
-counts: each check becomes ``expect_column_max_to_be_between(<check>, 0, 0)`` on a
-one-row pandas batch of the counts, with the check's query and description in its
-``meta``, its result in the GX validation store and its page in the Data Docs.
+A suite is either a *schema* suite (its batch's columns and their types) or a *row*
+suite: every expectation is a SQL check (``unexpected_rows_expectation``) whose query
+finds the offending rows of the batch, joining the run's temporary views
+(``cdr_<what>_<table>``) where it needs to. Spark *measures* (:func:`measure_all`): every
+row check of the run in ONE Spark query (:func:`find_rows`: joins and aggregations stay in
+Spark; it keeps the count and the first 200 rows of each check), a schema suite by its
+batch's schema (no job). GX *judges* what was measured (:meth:`Project.judge`), on pandas
+frames of one row: each row check becomes ``expect_column_max_to_be_between(<check>, 0,
+0)`` over its count, with the check's query and description in its ``meta``; a schema
+suite runs on the column names with their types' names. The results go to the GX
+validation store and the Data Docs. Measuring needs Spark, judging does not: the DAG
+measures in its Spark job and judges in a task of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,72 @@ def find_rows(spark: SparkSession, queries: list[str]) -> list[Found]:
     return [Found(counts.get(i, 0), rows[i]) for i in range(len(queries))]
 
 
+@dataclass(frozen=True)
+class Measure:
+    """What Spark measured of one suite's batch, for GX to judge: what each row check found
+    (a row suite), or the batch's columns with the names of their Spark types (a schema
+    suite: its schema, no Spark job). Plain data: it is saved between the two."""
+
+    found: list[Found] | None = None
+    columns: list[list[str]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Measure:
+        found = d.get("found")
+        return cls([Found(**f) for f in found] if found is not None else None, d.get("columns"))
+
+
+def measure_all(batches: list[tuple[DataFrame, dict[str, Any]]]) -> list[Measure]:
+    """Measure each ``(df, suite)``: the row checks of all of them in ONE Spark query
+    (:func:`find_rows`), a schema suite by its batch's schema."""
+    if not batches:
+        return []
+    spark = batches[0][0].sparkSession
+    views, queries = [], []
+    for b, (df, suite) in enumerate(batches):
+        if is_row_suite(suite):
+            views.append(f"cdr_batch_{b}")
+            df.createOrReplaceTempView(views[-1])
+            queries += [
+                e["kwargs"]["unexpected_rows_query"].replace("{batch}", views[-1])
+                for e in suite["expectations"]
+            ]
+    try:
+        found = iter(find_rows(spark, queries))
+    finally:
+        for view in views:
+            spark.catalog.dropTempView(view)
+    return [
+        Measure(found=[next(found) for _ in suite["expectations"]])
+        if is_row_suite(suite)
+        else Measure(columns=[[f.name, type(f.dataType).__name__] for f in df.schema.fields])
+        for df, suite in batches
+    ]
+
+
+#: the expectation of a column's type, judged on the measured type names
+TYPE_CHECK = "expect_column_values_to_be_of_type"
+
+
+def schema_suite(suite: dict[str, Any]) -> dict[str, Any]:
+    """The GX suite that judges a schema suite on its measured columns: a column's type
+    check becomes ``expect_column_values_to_be_in_set`` of that type's name."""
+    expectations = []
+    for e in suite["expectations"]:
+        if e["type"] == TYPE_CHECK:
+            kwargs = e["kwargs"]
+            e = {
+                **e,
+                "type": "expect_column_values_to_be_in_set",
+                "kwargs": {"column": kwargs["column"], "value_set": [kwargs["type_"]]},
+            }
+        expectations.append(e)
+    return {**suite, "expectations": expectations}
+
+
 def judged_suite(suite: dict[str, Any]) -> dict[str, Any]:
     """The GX suite that judges a row suite's counts: one column per check, whose value
     (the number of rows the check found) must be 0."""
@@ -256,43 +323,27 @@ class Project:
             },
         }
         self.context.add_data_docs_site(site_name=self.SITE, site_config=site)  # type: ignore[arg-type]
-        # persist=False: GX would otherwise cache every validated DataFrame for good
-        self.spark = self.context.data_sources.add_spark(name="cdr", persist=False)
-        self.counts = self.context.data_sources.add_pandas(name="cdr_row_checks")
+        self.counts = self.context.data_sources.add_pandas(name="cdr_measures")
 
     def validate(self, df: DataFrame, suite: dict[str, Any]) -> list[Check]:
         """Validate ``df`` with ``suite``; the result is stored for the Data Docs."""
         return self.validate_all([(df, suite)])[0]
 
     def validate_all(self, batches: list[tuple[DataFrame, dict[str, Any]]]) -> list[list[Check]]:
-        """Validate each ``(df, suite)``: the row checks of all of them in one Spark query,
-        then each suite in GX; the checks of each suite, in its order."""
-        if not batches:
-            return []
-        spark = batches[0][0].sparkSession
-        views, queries = [], []
-        for b, (df, suite) in enumerate(batches):
-            if is_row_suite(suite):
-                views.append(f"cdr_batch_{b}")
-                df.createOrReplaceTempView(views[-1])
-                queries += [
-                    e["kwargs"]["unexpected_rows_query"].replace("{batch}", views[-1])
-                    for e in suite["expectations"]
-                ]
-        try:
-            found = iter(find_rows(spark, queries))
-        finally:
-            for view in views:
-                spark.catalog.dropTempView(view)
-        return [
-            self._judge(suite, [next(found) for _ in suite["expectations"]])
-            if is_row_suite(suite)
-            else self._run(self.spark, suite, df)
-            for df, suite in batches
-        ]
+        """Validate each ``(df, suite)``: Spark measures them all (:func:`measure_all`), GX
+        judges each suite; the checks of each suite, in its order."""
+        measures = measure_all(batches)
+        return [self.judge(suite, m) for (_, suite), m in zip(batches, measures, strict=True)]
 
-    def _judge(self, suite: dict[str, Any], found: list[Found]) -> list[Check]:
-        """GX's verdict on what a row suite's checks found (their counts)."""
+    def judge(self, suite: dict[str, Any], measure: Measure) -> list[Check]:
+        """GX's verdict on what Spark measured of a suite's batch."""
+        if measure.found is not None:
+            return self._judge_rows(suite, measure.found)
+        assert measure.columns is not None
+        return self._judge_schema(suite, measure.columns)
+
+    def _judge_rows(self, suite: dict[str, Any], found: list[Found]) -> list[Check]:
+        """A row suite: its checks' counts, each of which must be 0."""
         counts = pd.DataFrame(
             {
                 count_column(i, e): [f.count]
@@ -304,6 +355,20 @@ class Project:
             replace(c, expectation=ROW_CHECK, sample=f.rows[:RESULT_ROWS])
             for c, f in zip(checks, found, strict=True)
         ]
+
+    def _judge_schema(self, suite: dict[str, Any], columns: list[list[str]]) -> list[Check]:
+        """A schema suite: one row that holds, under each of the batch's columns, the name
+        of its Spark type."""
+        types = {name: type_name for name, type_name in columns}
+        frame = pd.DataFrame({name: [t] for name, t in types.items()})
+        checks = self._run(self.counts, schema_suite(suite), frame)
+        out = []
+        for e, c in zip(suite["expectations"], checks, strict=True):
+            if e["type"] == TYPE_CHECK:  # as GX reports it on the DataFrame itself
+                column = e["kwargs"]["column"]
+                c = replace(c, expectation=TYPE_CHECK, observed=types.get(column))
+            out.append(c)
+        return out
 
     def _run(self, source: Any, suite: dict[str, Any], data: Any) -> list[Check]:
         """Run ``suite`` in GX on ``data`` (a batch of ``source``): its stored result."""

@@ -1,13 +1,16 @@
 """The validate stage: Great Expectations suites on what the run is about to publish, and
 the gate that decides whether it is published (semantics.md §9, §10, §12; cdc.md).
 
-For every table the stage reads the resolve stage's outputs as Spark DataFrames (the
+Two halves. Spark *measures* (:func:`measure_stage`, at the end of the resolve stage's
+Spark job): for every table it reads the resolve stage's outputs as Spark DataFrames (the
 frames a suite validates: ``snapshot``, ``divergence``, ``fates``, ``cdc_log``,
-``cdc_replay``) and registers the ones the suites' queries join with as temporary views
+``cdc_replay``), registers the ones the suites' queries join with as temporary views
 (``cdr_state_<t>``, ``cdr_snapshot_<t>``, ``cdr_records_<t>``, ``cdr_conflicts_<t>``,
-``cdr_quarantine_<t>``, ``cdr_cdc_streams``). Then it runs every suite of ``expectations/``
-(``pipeline.suites``) in one file-backed GX project in the work folder, builds its Data
-Docs and writes ``validation/results.json``.
+``cdr_quarantine_<t>``, ``cdr_cdc_streams``) and measures every suite of ``expectations/``
+(``pipeline.suites``: the row checks in one query), saved as ``resolved/measures.json``.
+GX *judges* (:func:`judge_stage`, no Spark: the DAG's validate task starts no JVM): every
+suite in one file-backed GX project in the work folder, its Data Docs, and
+``validation/results.json``.
 
 The gate: a failed check of a suite gated ``always`` fails the run; ``on_divergence`` and
 ``on_fk_violation`` decide for the ``convergence`` and ``foreign_keys`` suites (``warn``:
@@ -34,7 +37,15 @@ from pipeline.context import RunContext
 from pipeline.datadocs import bundle
 from pipeline.errors import StageError
 from pipeline.spark import read_output
-from pipeline.suites import SUITES, Check, Project, load_template, render_suite
+from pipeline.suites import (
+    SUITES,
+    Check,
+    Measure,
+    Project,
+    load_template,
+    measure_all,
+    render_suite,
+)
 from pipeline.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -159,20 +170,76 @@ class Frames:
 
 # ---------------------------------------------------------------------- the stage
 
+#: what Spark measured for the suites of a resolved run (``measure_stage``), in its
+#: ``resolved`` folder
+MEASURES = "measures.json"
 
-def validate_stage(
+
+def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """Every suite of every table the run did not stop on: (table, gate, batch, suite)."""
+    runs = []
+    for name in SUITES:
+        template = load_template(name)
+        if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
+            continue
+        for t, table in config.tables.items():
+            if summary.stopped(t):
+                continue  # §12: the run stopped on this table; nothing to publish
+            suite = render_suite(template, table)
+            if suite["expectations"]:
+                runs.append((t, template["meta"]["gate"], template["meta"]["batch"], suite))
+    return runs
+
+
+def measure_stage(
     spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
-) -> Verdict:
+) -> None:
+    """Spark's half of validation, at the end of the resolve stage's Spark job: what every
+    suite's batch holds for GX to judge (``suites.measure_all``: the row checks in one
+    query), saved for :func:`judge_stage`."""
+    runs = _suite_runs(config, summary)
+    frames = Frames(spark, config, ctx, summary)
+    try:
+        batches = [(frames.batch(batch, config.tables[t]), suite) for t, _, batch, suite in runs]
+        measures = measure_all(batches)
+    finally:
+        spark.catalog.clearCache()
+    body = {
+        "run_id": ctx.run_id,
+        "resolve_id": summary.resolve_id,
+        "suites": [
+            {"table": t, "gate": gate, "suite": suite, "measure": m.to_dict()}
+            for (t, gate, _, suite), m in zip(runs, measures, strict=True)
+        ],
+    }
+    (ctx.resolved / MEASURES).write_text(json.dumps(body, default=str))
+
+
+def measured(ctx: RunContext, summary: RunSummary) -> bool:
+    """Whether this very resolve of the run was measured (a resolve measures)."""
+    p = ctx.resolved / MEASURES
+    if not p.exists():
+        return False
+    d = json.loads(p.read_text())
+    return d.get("run_id") == ctx.run_id and d.get("resolve_id") == summary.resolve_id
+
+
+def judge_stage(config: Config, ctx: RunContext, summary: RunSummary) -> Verdict:
+    """GX's half of validation, without Spark: every suite judged on what the resolve
+    measured, the Data Docs, and the verdict in ``validation/results.json``."""
+    if not measured(ctx, summary):
+        raise StageError(
+            f"the resolved run of {ctx.dt} has no measures of its own in {ctx.resolved}: "
+            "run `cdr resolve` again"
+        )
+    measures = json.loads((ctx.resolved / MEASURES).read_text())["suites"]
     verdict = gate_from_summary(summary)
     if ctx.validation.exists():
         shutil.rmtree(ctx.validation)
     if (ctx.work / "gx").exists():  # a rerun of this stage starts a new project
         shutil.rmtree(ctx.work / "gx")
     project = Project(ctx.work, ctx.validation / "data_docs", ctx.run_id)
-    try:
-        verdict += _run_suites(project, Frames(spark, config, ctx, summary), config, summary)
-    finally:
-        spark.catalog.clearCache()
+    verdict += _judge(project, measures, config)
     if ctx.data_docs:
         project.build_docs()
         bundle(ctx.validation / "data_docs")  # pages that open without internet
@@ -195,25 +262,22 @@ def validate_stage(
     return verdict
 
 
-def _run_suites(project: Project, frames: Frames, config: Config, summary: RunSummary) -> Verdict:
-    """Every suite of every table the run did not stop on, and their verdict: their row
-    checks in one Spark query (``Project.validate_all``)."""
+def validate_stage(
+    spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
+) -> Verdict:
+    """Measure (Spark) then judge (GX): ``cdr validate`` of a run resolved before measures
+    were part of the resolve, or measured again."""
+    measure_stage(spark, config, ctx, summary)
+    return judge_stage(config, ctx, summary)
+
+
+def _judge(project: Project, measures: list[dict[str, Any]], config: Config) -> Verdict:
+    """Every suite judged by GX, and their verdict."""
     started = time.monotonic()
-    runs: list[tuple[str, str, tuple[DataFrame, dict[str, Any]]]] = []  # table, gate, batch
-    for name in SUITES:
-        template = load_template(name)
-        if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
-            continue
-        for t, table in config.tables.items():
-            if summary.stopped(t):
-                continue  # §12: the run stopped on this table; nothing to publish
-            suite = render_suite(template, table)
-            if suite["expectations"]:
-                batch = (frames.batch(template["meta"]["batch"], table), suite)
-                runs.append((t, template["meta"]["gate"], batch))
-    results = project.validate_all([batch for _, _, batch in runs])
     verdict = Verdict()
-    for (t, gate, (_, suite)), checks in zip(runs, results, strict=True):
+    for m in measures:
+        t, gate, suite = m["table"], m["gate"], m["suite"]
+        checks = project.judge(suite, Measure.from_dict(m["measure"]))
         ok = all(c.success for c in checks)
         verdict.suites[suite["name"]] = {
             "success": ok,
@@ -227,7 +291,7 @@ def _run_suites(project: Project, frames: Frames, config: Config, summary: RunSu
         log.info("validate %s: %s", suite["name"], "passed" if ok else "FAILED")
     log.info(
         "validate: %d suites, %d failed (%.1fs)",
-        len(runs),
+        len(measures),
         sum(not s["success"] for s in verdict.suites.values()),
         time.monotonic() - started,
     )

@@ -1,6 +1,6 @@
 """The DAG under real Airflow: it imports cleanly in a DagBag with the schedule, params,
 sensor, assets and links the config asks for; the trigger form's params are validated;
-``dag.test()`` runs the whole chain (ingest, resolve and validate under spark-submit,
+``dag.test()`` runs the whole chain (ingest, resolve under spark-submit, validate,
 publish) against the S3 server on loopback, with the UI's options (tables, dry run,
 on_divergence override)."""
 

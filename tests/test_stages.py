@@ -104,6 +104,36 @@ def test_stage_commands_refuse_an_edited_config_and_a_stale_verdict(tmp_path: Pa
     assert sorted(p.name for p in (store / "published/t/state/_delta_log").iterdir()) == versions
 
 
+def test_validate_judges_without_spark_what_the_resolve_measured(
+    tmp_path: Path, spark, monkeypatch
+):
+    """The DAG's validate task starts no JVM: ``cdr resolve`` measures what the suites
+    need (one Spark query), and ``cdr validate`` judges it with Great Expectations alone.
+    A run resolved without its measures is measured first, with a Spark session."""
+    import pipeline.spark
+    from pipeline.validation import MEASURES
+
+    cfg = setup(tmp_path, "warn", SUB)
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["ingest", *argv, "--no-data-docs"]) == 0
+    assert main(["resolve", *argv]) == 0
+    sessions: list[str] = []
+
+    def session(*args, **kwargs):
+        sessions.append("started")
+        return spark
+
+    monkeypatch.setattr(pipeline.spark, "get_spark", session)
+    assert main(["validate", *argv]) == 0
+    assert sessions == []
+    ctx = RunContext.load(tmp_path / "work", date.fromisoformat(D))
+    (ctx.resolved / MEASURES).unlink()  # resolved before measures were part of it
+    assert main(["validate", *argv]) == 0
+    assert sessions == ["started"]
+    assert main(["publish", *argv]) == 0
+    assert P.snapshot_date(tmp_path / "store", "t") == D
+
+
 def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, capsys):
     """No Spark: the lease is taken at ingest. Another run, of the same date or another,
     is refused naming the holder; the holder's retry re-enters; finish releases; a dry run
