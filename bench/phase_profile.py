@@ -9,7 +9,7 @@ generated exports of N event records on a ``file://`` store, a whole run: ingest
 resolve, validate (Great Expectations, no Data Docs), publish. The first size pays the
 JVM's warm-up: pass a small size first to see a warm run. Spark is lazy: a phase's
 seconds include the work of the earlier phases whose DataFrames its first action
-computes (``cross-key disputes`` collects the typed and classified events).
+computes (the fold job computes the shuffle of the typed copies).
 
     .venv/bin/python bench/phase_profile.py 3 3 1000000
 """
@@ -32,7 +32,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import yaml
 
-from pipeline import cdc, copies, engine, exports, resolve, stages, suites, validation
+from pipeline import cdc, copies, engine, exports, resolve, stages, validation
 from pipeline.config import parse_config
 from pipeline.generate import GenerateOptions, generate
 from pipeline.spark import get_spark
@@ -58,9 +58,10 @@ PHASES = [
     (resolve, "check_foreign_keys", "foreign keys"),
     (resolve, "compare_snapshots", "snapshot comparison"),
     (cdc, "cdc_stage", "CDC log"),
+    (validation, "measure_stage", "validate: measure (Spark, in the resolve job)"),
     (stages, "validate", "validate (rest)"),
     (validation, "_read", "validate: reads"),
-    (suites.Project, "validate", "validate: GX suites"),
+    (validation, "judge_stage", "validate: judge (GX, no Spark)"),
     (stages, "publish", "publish"),
 ]
 

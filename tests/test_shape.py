@@ -17,8 +17,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pipeline"
-#: the rules of the spec, in plain Python: the fold, the policy tables, the config
-PURE = ("policy", "config", "errors", "rowfold", "cellfold", "jsonvalues", "layout", "streams")
+#: the rules of the spec, in plain Python: the guards, the folds, the policy tables, the config
+PURE = (
+    "policy",
+    "config",
+    "errors",
+    "guards",
+    "rowfold",
+    "cellfold",
+    "jsonvalues",
+    "layout",
+    "streams",
+)
 #: what the rules may not reach: Spark, the object store and the Delta tables, Airflow
 IO = ("pyspark", "boto3", "botocore", "deltalake", "airflow", "great_expectations")
 IO_MODULES = ("pipeline.store", "pipeline.lake", "pipeline.spark")
