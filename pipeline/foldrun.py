@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import Table
 from pipeline.jsonvalues import dumps
+from pipeline.policy import Fate
 from pipeline.rowfold import (
     Change,
     Conflict,
@@ -54,9 +55,6 @@ from pipeline.rowfold import (
 )
 from pipeline.spark import SPARK_SCHEMA_KEY
 
-#: the fates an event's copies can have besides the fold's (``applied``, ``discarded``,
-#: ``errored``, ``not_reached``)
-QUARANTINED, DUPLICATE = "quarantined", "duplicate"
 #: the outputs a fold task writes, each in a folder of that name
 OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "changes")
 _ROWS = 8192  # rows of an output buffered before they go to its file
@@ -147,7 +145,7 @@ class GroupFolder:
         for eid, group in copies.items():
             chosen = group[0]  # the stream's order: the copy that stands for the event
             if chosen["seen"]:
-                yield from self._fates(eid, [(c, DUPLICATE) for c in group], chosen=False)
+                yield from self._fates(eid, [(c, Fate.DUPLICATE) for c in group], chosen=False)
                 continue
             if chosen["reason"] is not None:
                 yield from self._quarantined(eid, group)
@@ -166,20 +164,21 @@ class GroupFolder:
         outcome = {a.event.event_id: a for a in result.applied}
         for e in events:
             if e.op == "TRUNCATE":
-                continue  # its fates are the driver's (``engine.special_copies``)
+                continue  # its fates are the driver's (``shuffle.special_copies``)
             got = outcome.get(e.event_id)
-            fate = (
-                "applied"
-                if got and got.applied
-                else ("errored" if got and got.errored else "discarded" if got else "not_reached")
-            )
+            if got is None:
+                fate = Fate.NOT_REACHED
+            else:
+                fate = (
+                    Fate.APPLIED if got.applied else Fate.ERRORED if got.errored else Fate.DISCARDED
+                )
             yield from self._fates(e.event_id, [(c, fate) for c in copies[e.event_id]])
         if result.stopped is not None:
             return  # §12: after an error, divergence is not checked
         yield from self._divergence(state, events, result.state)
 
     def _fates(
-        self, eid: str, fates: list[tuple[dict[str, Any], str]], chosen: bool = True
+        self, eid: str, fates: list[tuple[dict[str, Any], Fate]], chosen: bool = True
     ) -> Iterator[Out]:
         """One fate per copy; a replica's second copy of the event is a duplicate. The
         standing copy is marked ``chosen``: an event chosen under two keys is a dispute."""
@@ -192,7 +191,7 @@ class GroupFolder:
                 {
                     "event_id": eid,
                     "replica": c["replica"],
-                    "fate": DUPLICATE if again else fate,
+                    "fate": (Fate.DUPLICATE if again else fate).value,
                     "chosen": chosen and i == 0,
                 },
             )
@@ -210,7 +209,7 @@ class GroupFolder:
                 "event": c["raw"],
             },
         )
-        yield from self._fates(eid, [(x, QUARANTINED) for x in group])
+        yield from self._fates(eid, [(x, Fate.QUARANTINED) for x in group])
 
     def _divergence(
         self, state: dict[Key, Version], events: list[Event], converged: dict[Key, Version]

@@ -58,6 +58,26 @@ class Outcome(StrEnum):
         return self in (Outcome.APPLIED, Outcome.CONVERTED_TO_INSERT, Outcome.CONVERTED_TO_UPDATE)
 
 
+class Fate(StrEnum):
+    """What became of one exported copy of an event (semantics.md §11: nothing an export
+    held is lost; the run report's accounting). An event's copies share its fate, but a
+    replica's second copy of one event, and a copy of an event an earlier night resolved,
+    are duplicates."""
+
+    APPLIED = "applied"
+    DISCARDED = "discarded"
+    QUARANTINED = "quarantined"
+    DUPLICATE = "duplicate"
+    ERRORED = "errored"  # the run stopped on it (§12)
+    NOT_REACHED = "not_reached"  # after the event the run stopped on
+
+    @property
+    def final(self) -> bool:
+        """Never resolved again: the ledger's fates (a quarantined event is resolved
+        again if it comes again)."""
+        return self in (Fate.APPLIED, Fate.DISCARDED)
+
+
 class ChangeKind(StrEnum):
     """What an event did to a row as a reader sees it: the delta row of its CDC log entry
     (cdc.md "The log"). ``code`` is Scylla's ``cdc$operation``."""

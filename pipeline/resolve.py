@@ -30,7 +30,6 @@ from pipeline.context import RunContext
 from pipeline.copies import read_copies
 from pipeline.engine import RowRun, purge, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
-from pipeline.foldrun import DUPLICATE
 from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
@@ -40,7 +39,7 @@ from pipeline.frames import (
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
-from pipeline.policy import Granularity, Outcome, QuarantineReason
+from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
@@ -49,9 +48,9 @@ from pipeline.summary import RunSummary, Stopped, TableSummary
 
 log = logging.getLogger(__name__)
 
-#: the fates after which an event is never resolved again (the ledger's); a quarantined
-#: event is not final: it is resolved again if it comes again
-FINAL_FATES = ("applied", "discarded")
+#: the fates after which an event is never resolved again (the ledger's)
+FINAL_FATES = tuple(f.value for f in Fate if f.final)
+DUPLICATE = Fate.DUPLICATE.value
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:

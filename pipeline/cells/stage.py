@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import date
 from functools import reduce
 
@@ -17,19 +18,31 @@ from pipeline.cells.conflicts import conflict_columns
 from pipeline.cells.state import final_state, purge_cells, table_tombstone, table_tombstone_row
 from pipeline.cells.writes import event_writes, prior_writes, value_columns
 from pipeline.config import Config, Table
-from pipeline.engine import (
-    Resolved,
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE, TYPED_COLUMNS
+from pipeline.rowfold import Event
+from pipeline.schema import change_schema
+from pipeline.shuffle import (
     key_struct,
     rank_map,
     settle_disputes,
     split_special,
     with_special_copies,
 )
-from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE, TYPED_COLUMNS
-from pipeline.rowfold import Event
-from pipeline.schema import change_schema
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The results of one cell table, as DataFrames over its persisted resolution."""
+
+    state: DataFrame
+    conflicts: DataFrame
+    divergence: DataFrame
+    fates: DataFrame  # per copy: event_id, replica, fate (applied | discarded | errored | ...)
+    quarantine: DataFrame  # the quarantined events: their chosen copy
+    truncates: list[Event]
+    changes: DataFrame | None = None  # schema.change_schema, when the CDC log is on
 
 
 def _resolve_keys(
