@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.blocks import BlockTyper
 from pipeline.frames import copy_schema
 from pipeline.guards import JsonNumber, Typer, TypingSpec, text_of
 
@@ -65,6 +66,7 @@ class CopyWriter:
     def __init__(self, dest: Path, spec: TypingSpec, replica: str, file: str):
         self.typer, self.replica, self.file = Typer(spec), replica, file
         self.schema = arrow_schema(spec.table)
+        self.blocks = BlockTyper(self.typer, self.schema)
         dest.parent.mkdir(parents=True, exist_ok=True)
         self._writer = pq.ParquetWriter(dest, self.schema)
         self._rows: list[dict[str, Any]] = []
@@ -72,6 +74,17 @@ class CopyWriter:
 
     def line(self, number: int | None, text: str) -> None:
         self._add(number, self.typer.line(text, self.replica))
+
+    def lines(self, numbered: list[tuple[int, bytes]]) -> None:
+        """JSONL lines (line number, text without its end of line): the clean ones typed
+        by blocks (``pipeline.blocks``), the others one by one."""
+        clean, rest = self.blocks.split(numbered, self.replica, self.file)
+        if clean is not None and clean.num_rows:
+            self._flush()
+            self._writer.write_table(clean)
+            self.count += clean.num_rows
+        for number, text in rest:
+            self.line(number, text.decode("utf-8", "replace"))
 
     def record(self, number: int | None, fields: dict[str, Any], source: str) -> None:
         self._add(number, self.typer.record(fields, source, self.replica))

@@ -443,9 +443,7 @@ def _stage_copies(task: FileTask, local: Path, dest: Path, spec: TypingSpec) -> 
                 out.record(number, fields, text)
             return rows
         for first, lines in _line_chunks(local, task.name):
-            for i, ln in enumerate(lines):
-                if ln.strip():
-                    out.line(first + i, ln.rstrip(b"\r").decode("utf-8", "replace"))
+            out.lines([(first + i, ln.rstrip(b"\r")) for i, ln in enumerate(lines) if ln.strip()])
         return out.count
 
 
