@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -257,7 +257,6 @@ def fold(
         is_coupled = F.coalesce(F.col("coupled"), F.lit(False))
         single = (
             items.where(is_coupled)
-            .withColumn("has_event", F.lit(True))
             .repartition(1)
             .sortWithinPartitions(*order)
             .select(*FOLD_INPUT)
@@ -265,11 +264,9 @@ def fold(
         )
         items = items.where(~is_coupled)
     n = int(spark.conf.get("spark.sql.shuffle.partitions") or "8")
-    has_event = F.max("is_event").over(Window.partitionBy("key")) == 1
     keyed = (
         items.repartition(n, "key")
         .sortWithinPartitions("key", *order)
-        .withColumn("has_event", has_event)
         .select(*FOLD_INPUT)
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )

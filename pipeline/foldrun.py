@@ -24,19 +24,22 @@ partition (a retried task replaces its file); the Spark job returns one row per 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config import Table
+from pipeline.groups import find_groups, lone_insert_outputs, lone_inserts, standing_rows
 from pipeline.jsonvalues import dumps
 from pipeline.policy import Fate
 from pipeline.rowfold import (
@@ -439,17 +442,11 @@ def _passed_through(batch: pa.RecordBatch, job: FoldJob) -> pa.Table:
 def fold_function(
     job: FoldJob, single_group: bool
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function for ``mapInArrow``: rows arrive sorted by group (``single_group``: the
-    whole partition is one group, the coupled keys); a group may span batches. Writes the
-    partition's outputs and returns one row: the task's name and its rows per output."""
-    key_cols = job.table.key
+    """The function for ``mapInArrow``: rows arrive sorted by key (``single_group``: the
+    whole partition is one group, the coupled keys); a key's rows may span batches. Writes
+    the partition's outputs and returns one row: the task's name and its rows per
+    output."""
     prefix = "c" if single_group else "k"
-
-    def group_of(r: dict[str, Any]) -> Any:
-        """A copy whose key does not read is quarantined: such copies form the null group."""
-        if single_group or r["key"] is None:
-            return None
-        return tuple(r["key"][c] for c in key_cols)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -457,26 +454,22 @@ def fold_function(
         ctx = TaskContext.get()
         name = f"{prefix}-{ctx.partitionId() if ctx else 0:05d}"
         out = TaskOutputs(job, name)
-        folder = GroupFolder(job)
-        pending: list[dict[str, Any]] = []
-        current: Any = object()
-        for batch in batches:
-            if not single_group and not job.truncates:
-                quiet = pc.invert(batch.column("has_event"))
-                if pc.any(quiet).as_py():
-                    out.add_table("state_pre", _passed_through(batch.filter(quiet), job))
-                    batch = batch.filter(batch.column("has_event"))
-            for r in batch.to_pylist():
-                g = group_of(r)
-                if pending and g != current:
-                    for kind, row in folder.fold(pending):
-                        out.add(kind, row)
-                    pending = []
-                current = g
-                pending.append(r)
-        if pending:
-            for kind, row in folder.fold(pending):
-                out.add(kind, row)
+        stream = _Stream(job, out)
+        if single_group:
+            rows = [r for b in batches for r in b.to_pylist()]
+            if rows:
+                stream.fold_python([rows])
+        else:
+            carry: pa.Table | None = None
+            for batch in batches:
+                t = pa.Table.from_batches([batch])
+                t = (t if carry is None else pa.concat_tables([carry, t])).combine_chunks()
+                cut = int(find_groups(_key(t)).starts[-2])  # the last key may go on
+                if cut:
+                    stream.stretch(t.slice(0, cut))
+                carry = t.slice(cut)
+            if carry is not None and carry.num_rows:
+                stream.stretch(carry)
         counts = out.close()
         yield pa.RecordBatch.from_pylist(
             [{"task": name, "output": k, "rows": n} for k, n in counts.items()],
@@ -484,6 +477,64 @@ def fold_function(
         )
 
     return run
+
+
+def _key(t: pa.Table) -> pa.StructArray:
+    return t.column("key").combine_chunks()
+
+
+#: what the Python fold reads of a copy that does not stand for its event
+_LIGHT = ("is_event", "event_id", "replica", "seq")
+
+
+class _Stream:
+    """A task's stretches of whole key groups, each group to the path it needs
+    (``pipeline.groups``): a quiet state row passes through, a lone insert is written as
+    Arrow columns, the rest is folded in Python."""
+
+    def __init__(self, job: FoldJob, out: TaskOutputs):
+        self.job, self.out = job, out
+        self.folder = GroupFolder(job)
+
+    def stretch(self, t: pa.Table) -> None:
+        groups = find_groups(_key(t))
+        n_groups = len(groups.starts) - 1
+        quiet = np.zeros(n_groups, dtype=bool)
+        lone = np.zeros(n_groups, dtype=bool)
+        if not self.job.truncates:  # a TRUNCATE touches every key
+            quiet = ~groups.any(np.asarray(t.column("is_event")) == 1)
+            lone = lone_inserts(t, groups, self.job.table) & ~quiet
+        if quiet.any():
+            self.out.add_table("state_pre", _passed_through(t.filter(groups.rows(quiet)), self.job))
+        if lone.any():
+            rows = t.filter(groups.rows(lone))
+            outputs = lone_insert_outputs(
+                rows, find_groups(_key(rows)), self.job.table, self.out.arrow
+            )
+            for kind, table in outputs.items():
+                self.out.add_table(kind, table)
+        rest = ~(quiet | lone)
+        if rest.any():
+            self.fold_python(_python_groups(t.filter(groups.rows(rest))))
+
+    def fold_python(self, groups: Iterable[list[dict[str, Any]]]) -> None:
+        for rows in groups:
+            for kind, row in self.folder.fold(rows):
+                self.out.add(kind, row)
+
+
+def _python_groups(t: pa.Table) -> Iterator[list[dict[str, Any]]]:
+    """The groups of ``t`` as rows for :meth:`GroupFolder.fold`: a state row and the copy
+    that stands for each event with every field, the other copies with what the fold
+    reads of them (:data:`_LIGHT`)."""
+    groups = find_groups(_key(t))
+    standing = standing_rows(t, groups)
+    full = iter(t.filter(pa.array(standing)).to_pylist())
+    light = t.select(list(_LIGHT)).to_pylist()
+    rows = [next(full) if s else r for s, r in zip(standing.tolist(), light, strict=True)]
+    starts = groups.starts.tolist()
+    for a, b in itertools.pairwise(starts):
+        yield rows[a:b]
 
 
 #: what each fold task returns: its rows per output

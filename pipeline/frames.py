@@ -81,7 +81,7 @@ TYPED_COLUMNS = (
 
 #: what the row engine's Python fold reads of each row of the stream (``foldrun``): a state
 #: row's ``row`` and ``s_*``, a copy's typed fields, ``seen`` (an earlier night resolved its
-#: event), ``rejected`` (its transaction was), and per key ``has_event``
+#: event), ``rejected`` (its transaction was)
 FOLD_INPUT = (
     "key",
     "is_event",
@@ -111,8 +111,27 @@ FOLD_INPUT = (
     "s_origin",
     "s_deleted",
     "s_deleted_at",
-    "has_event",
 )
+
+
+def fold_input_schema(table: Table) -> T.StructType:
+    """The Spark schema of :data:`FOLD_INPUT` as ``engine.build_items`` makes it: a copy's
+    fields, ``is_event`` (0: a state row), and a state row's ``row`` and ``s_*``."""
+    copy = {f.name: f.dataType for f in copy_schema(table).fields}
+    types = {
+        **copy,
+        "is_event": _I,
+        "seen": _B,
+        "rejected": _B,
+        "row": row_struct_type(table),
+        "s_ts": _L,
+        "s_rank": _I,
+        "s_origin": _S,
+        "s_deleted": _B,
+        "s_deleted_at": _L,
+    }
+    return T.StructType([T.StructField(n, types[n]) for n in FOLD_INPUT])
+
 
 #: a conflict-log row, after ``run_id, table`` (formats.md)
 CONFLICT = (
