@@ -8,45 +8,58 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from json.encoder import encode_basestring as _text  # the C encoder's, with ensure_ascii=False
 from typing import Any
 
 
-class _NotPlain(Exception):
-    pass
-
-
-def _refuse(_v: Any) -> Any:
-    raise _NotPlain
-
-
 def scalar(v: Any) -> str:
+    """A value that is not a container as JSON text."""
+    enc = _SCALARS.get(type(v))
+    if enc is not None:
+        return enc(v)
     if isinstance(v, Decimal):
         return format(v, "f")
     if isinstance(v, datetime):
         if v.tzinfo is None:
             v = v.replace(tzinfo=UTC)
-        return json.dumps(v.astimezone(UTC).isoformat().replace("+00:00", "Z"))
+        return _text(v.astimezone(UTC).isoformat().replace("+00:00", "Z"))
     if isinstance(v, date):
-        return json.dumps(v.isoformat())
+        return _text(v.isoformat())
     if isinstance(v, bytes | bytearray):
-        return json.dumps(base64.b64encode(bytes(v)).decode())
+        return _text(base64.b64encode(bytes(v)).decode())
     return json.dumps(v, ensure_ascii=False)
 
 
-def _slow(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{json.dumps(str(k))}:{_slow(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_slow(v) for v in value) + "]"
-    return scalar(value)
+def _float(v: float) -> str:
+    if v != v:
+        return "NaN"
+    if v in (math.inf, -math.inf):
+        return "Infinity" if v > 0 else "-Infinity"
+    return float.__repr__(v)
+
+
+#: the encoders of the exact types most values have (as Python's JSON encoder writes them)
+_SCALARS: dict[type, Callable[[Any], str]] = {
+    str: _text,
+    int: int.__repr__,
+    bool: lambda v: "true" if v else "false",
+    type(None): lambda v: "null",
+    float: _float,
+    Decimal: lambda v: format(v, "f"),
+}
 
 
 def dumps(value: Any) -> str:
     """A row (mapping), a list of rows, or a scalar, as compact JSON."""
-    try:  # the C encoder, for values of plain JSON types (most rows)
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_refuse)
-    except _NotPlain:
-        return _slow(value)
+    enc = _SCALARS.get(type(value))
+    if enc is not None:
+        return enc(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join([_text(str(k)) + ":" + dumps(v) for k, v in value.items()]) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join([dumps(v) for v in value]) + "]"
+    return scalar(value)
