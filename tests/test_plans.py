@@ -146,3 +146,21 @@ def test_the_errored_conflict_is_found_on_the_driver_only_when_the_fold_stopped(
     assert failed is stops
     assert len(jobs) == (1 if stops else 0), jobs
     assert not any(jobs.values()), jobs
+
+
+def test_a_small_run_takes_at_most_15_spark_jobs_per_table(tmp_path: Path, spark, monkeypatch):
+    """Issue 15: a small run (a few events) takes at most 15 Spark jobs per table, from the
+    fetch to validation's measures. Below ``spark.CODEGEN_MIN_RECORDS`` records its plans
+    are interpreted and adaptive execution is off (it would submit every shuffle's map
+    stage as a job of its own); the session's settings come back after the stage."""
+    from pipeline import stages
+
+    jobs: dict[str, list[int]] = {}
+    monkeypatch.setattr(stages, "resolve", in_a_group(spark, stages.resolve, jobs))
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    s = json.loads((S.SCENARIOS / "pg_update_differ_apply.json").read_text())
+    assert len(s["config"]["tables"]) == 1 and not s.get("history")
+    run_scenario(s, tmp_path)
+    assert len(jobs) == 1
+    assert 0 < len(next(iter(jobs.values()))) <= 15, jobs
+    assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive

@@ -1,0 +1,77 @@
+"""A small run as a user starts it: ``cdr run`` over 3 event records in a new process, JVM
+start included (issue 15: at most 15 s), and its Spark jobs (at most 15 per table).
+
+The exports are ``cdr generate``'s, for the resolve bench's table, on a ``file://`` store;
+each round runs the same date again in a new process (a rerun: the same work), with
+validation on and no Data Docs. It prints each round's wall seconds and the Spark jobs of
+the run's one Spark application (from its event log).
+
+    .venv/bin/python bench/small_run.py            # 3 rounds
+    .venv/bin/python bench/small_run.py 5
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from resolve_bench import CONFIG, D
+
+ROOT = Path(__file__).resolve().parent.parent
+CDR = str(ROOT / ".venv" / "bin" / "cdr")
+
+
+def jobs_in(event_log: Path) -> int:
+    """The Spark jobs an event log records (the run's one application)."""
+    n = 0
+    for f in event_log.rglob("*"):
+        if not f.is_file():
+            continue
+        for line in f.read_text().splitlines():
+            if '"Event":"SparkListenerJobStart"' in line:
+                n += 1
+    return n
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    tmp = Path(tempfile.mkdtemp(prefix="cdr-small-"))
+    cfg = tmp / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": (tmp / "store").as_uri()}))
+    subprocess.run(
+        [CDR, "generate", "--config", str(cfg), "--date", D.isoformat(), "--events", "3"],
+        check=True,
+        capture_output=True,
+    )
+    for i in range(rounds):
+        events = tmp / f"events-{i}"
+        events.mkdir()
+        env = {
+            **os.environ,
+            "PYSPARK_SUBMIT_ARGS": (
+                f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={events} "
+                "--conf spark.eventLog.compress=false "
+                "pyspark-shell"
+            ),
+        }
+        argv = [CDR, "run", "--config", str(cfg), "--date", D.isoformat()]
+        argv += ["--work-dir", str(tmp / "work"), "--no-data-docs"]
+        t = time.perf_counter()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        if done.returncode != 0:
+            print(done.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"cdr run failed ({done.returncode})")
+        print(json.dumps({"round": i, "wall_s": round(wall, 1), "jobs": jobs_in(events)}))
+
+
+if __name__ == "__main__":
+    main()
