@@ -12,6 +12,7 @@ seconds include the work of the earlier phases whose DataFrames its first action
 computes (the fold job computes the shuffle of the typed copies).
 
     .venv/bin/python bench/phase_profile.py 3 3 1000000
+    BENCH_TABLE=cells .venv/bin/python bench/phase_profile.py 1000000   # cell_bench's table
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 import yaml
 
 from pipeline import cdc, copies, engine, exports, resolve, stages, validation
+from pipeline.cells import stage as cell_stage
 from pipeline.config import parse_config
 from pipeline.generate import GenerateOptions, generate
 from pipeline.spark import get_spark
@@ -40,6 +42,9 @@ from pipeline.store import open_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resolve_bench import CONFIG, D
+
+if os.environ.get("BENCH_TABLE") == "cells":
+    from cell_bench import CONFIG
 
 #: (module, function, phase): the phases a run goes through, outermost first
 PHASES = [
@@ -52,6 +57,7 @@ PHASES = [
     (engine, "split_special", "special copies and key changes"),
     (engine, "coupled_keys", "coupled keys"),
     (engine, "fold", "fold and write (one job)"),
+    (cell_stage, "_settled", "cell engine: resolve and persist, disputes"),
     (resolve, "_write", "writes (cell engine, snapshot)"),
     (resolve, "_write_ledger", "ledger"),
     (resolve, "_table_counts", "counts"),
