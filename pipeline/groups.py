@@ -78,11 +78,13 @@ def find_groups(key: pa.StructArray) -> Groups:
 
 
 def _new_events(t: pa.Table, groups: Groups) -> np.ndarray:
-    """Per row: the first of its group, or of its event in its group."""
+    """Per row: the first of its group, or of its event in its group (a state row is not
+    an event, even when it names the event that made it, which a copy may hold again)."""
     n = t.num_rows
     new = np.ones(n, dtype=bool)
     if n > 1:
-        new[1:] = _differs(t.column("event_id").combine_chunks())
+        is_event = np.asarray(t.column("is_event"))
+        new[1:] = _differs(t.column("event_id").combine_chunks()) | (is_event[1:] != is_event[:-1])
     new[groups.starts[:-1]] = True
     return new
 

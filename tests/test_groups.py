@@ -55,6 +55,7 @@ KINDS = [
     "touched_state",
     "insert_over_row",
     "insert_over_tombstone",
+    "exported_again",
     "unreadable_key",
 ]
 
@@ -69,6 +70,8 @@ def _stream(rng: random.Random, typer: Typer, keys: int) -> tuple[list[dict], in
         lone += kind in ("lone", "lone_one_copy")
         if kind in ("quiet_state", "touched_state", "insert_over_row", "insert_over_tombstone"):
             rows.append(_state_row(k, rng, deleted=kind == "insert_over_tombstone"))
+        if kind == "exported_again":  # the row an earlier night's copy of the event made
+            rows.append(_state_row(k, rng, deleted=False, event_id=f"e{k}-0"))
         n_events = rng.randint(2, 3) if kind == "contended" else 1
         for i in range(n_events if kind != "quiet_state" else 0):
             op = "INSERT" if kind != "touched_state" else rng.choice(["UPDATE", "DELETE"])
@@ -114,12 +117,12 @@ def _stream(rng: random.Random, typer: Typer, keys: int) -> tuple[list[dict], in
     return rows, lone
 
 
-def _state_row(k: int, rng: random.Random, deleted: bool) -> dict:
+def _state_row(k: int, rng: random.Random, deleted: bool, event_id: str | None = None) -> dict:
     origin = rng.choice(REPLICAS)
     return {
         "key": {"id": k},
         "is_event": 0,
-        "event_id": f"prior-{k}",
+        "event_id": event_id or f"prior-{k}",
         "row": {"id": k, "v": None if deleted else f"p{k}", "n": None if deleted else 1},
         "s_ts": NOW - 2 * DAY,
         "s_rank": REPLICAS.index(origin),
