@@ -1,11 +1,12 @@
 """The published tables as Delta Lake tables (formats.md "Outputs"), written with delta-rs.
 
-Spark writes each output as Parquet files in the run's work folder; a commit puts those
-files under the table's folder (a copy on ``file://``, an upload on ``s3://``; never a
-read of their rows) and registers them with one Delta commit: add actions with the
+The resolve stage writes each output as Parquet files in the run's work folder, and its
+Spark tasks put them under the folder of their table (``pipeline.uploads``); a commit
+(:meth:`Lake.commit_uploaded`) registers them with one Delta commit: add actions with the
 files' statistics, and, for a dated table, the removal of every file of the date's
-partition (a rerun replaces the date whole). Every commit carries the run id, the date
-and the verdict in its commit info.
+partition (a rerun replaces the date whole). Small tables made on the driver (the
+``runs`` table) are put there by :meth:`Lake.commit` itself. Every commit carries the run
+id, the date and the verdict in its commit info.
 
 Readers take a table at a version; the pipeline's own Spark reads a table through the
 file list of the version it pins (:meth:`Lake.files`), never by listing the folder,
@@ -26,11 +27,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import StoreError
+from pipeline.errors import NotFoundError, StoreError
 from pipeline.store import Store
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
+
+    from pipeline.uploads import Upload
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ def storage_options(uri: str) -> dict[str, str]:
     return opts
 
 
-def _stats(path: Path) -> tuple[int, str]:
+def file_stats(path: Path) -> tuple[int, str]:
     """The file's row count and Delta statistics (numRecords, and min, max and null count
     of the top-level primitive columns), from its Parquet footer alone."""
     meta = pq.ParquetFile(path).metadata
@@ -200,14 +203,93 @@ class Lake:
         the files' schema (None without files: the table's own); a dated table adds ``dt``
         (a date) to it."""
         table = self.table(path)
+        full = self._full_schema(path, table, schema, dt)
+        actions, rows = self._put_files(path, files, meta, dt)
+        return self._commit_actions(path, table, full, actions, rows, meta, dt, mode)
+
+    def commit_uploaded(
+        self,
+        path: str,
+        uploads: list[Upload],
+        schema: pa.Schema | None,
+        meta: dict[str, Any],
+        *,
+        dt: date | None = None,
+    ) -> Commit:
+        """Commit files the resolve stage's tasks put in the run's staging folder
+        (``pipeline.uploads``), replacing the ``dt`` partition (or the table): the store
+        copies each under ``path`` (publish moves no byte of them), then one commit
+        registers them. A table whose latest version is this run's commit of these files
+        (a retried publish) is left as it is; a staged file that is gone stops the commit,
+        naming it."""
+        table = self.table(path)
+        full = self._full_schema(path, table, schema, dt)
+        rows = sum(u.rows for u in uploads)
+        if self._committed_already(path, table, uploads, meta, dt):
+            assert table is not None
+            log.info("commit %s: this run's files are committed already", path)
+            return Commit(path, int(table.version()), len(uploads), rows)
+        from deltalake.transaction import AddAction
+
+        self._copy_in(path, uploads)
+        partition = {DT: dt.isoformat()} if dt is not None else {}
+        actions = [AddAction(u.rel, u.size, partition, u.mtime_ms, True, u.stats) for u in uploads]
+        return self._commit_actions(path, table, full, actions, rows, meta, dt, "overwrite")
+
+    def _copy_in(self, path: str, uploads: list[Upload]) -> None:
+        """The staged files copied under ``path`` by the store (a few at once)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def copy(u: Upload) -> None:
+            try:
+                self.store.copy(u.key, f"{path}/{u.rel}")
+            except NotFoundError:
+                raise StoreError(
+                    f"{self.store.uri}/{u.key}: the file the resolve stage uploaded for "
+                    f"{path} is gone; resolve the run again"
+                ) from None
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(copy, uploads))
+
+    def _full_schema(
+        self, path: str, table: DeltaTable | None, schema: pa.Schema | None, dt: date | None
+    ) -> pa.Schema:
+        """The files' schema (the table's own when None), with ``dt`` for a dated table."""
         if schema is None:
             if table is None:
                 raise ValueError(f"{path}: a new table needs a schema")
             schema = pa.schema(table.schema().to_arrow())
             if dt is not None:
                 schema = schema.remove(schema.get_field_index(DT))
-        full = schema.append(pa.field(DT, pa.date32())) if dt is not None else schema
-        actions, rows = self._put_files(path, files, meta, dt)
+        return schema.append(pa.field(DT, pa.date32())) if dt is not None else schema
+
+    def _committed_already(
+        self,
+        path: str,
+        table: DeltaTable | None,
+        uploads: list[Upload],
+        meta: dict[str, Any],
+        dt: date | None,
+    ) -> bool:
+        if table is None:
+            return False
+        info = self.commit_info(path, int(table.version())) or {}
+        if info.get("cdr.run_id") != meta.get("run_id"):
+            return False
+        return {a["path"] for a in add_actions(table, dt)} == {u.rel for u in uploads}
+
+    def _commit_actions(
+        self,
+        path: str,
+        table: DeltaTable | None,
+        full: pa.Schema,
+        actions: list[Any],
+        rows: int,
+        meta: dict[str, Any],
+        dt: date | None,
+        mode: str,
+    ) -> Commit:
         try:
             self._transaction(path, table, full, actions, meta, dt, mode)
         except OSError as e:  # how delta-rs reports a commit the store refused
@@ -217,8 +299,8 @@ class Lake:
         else:
             table.update_incremental()  # the new commits only, not the whole log again
             version = int(table.version())
-        log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(files), rows)
-        return Commit(path, version, len(files), rows)
+        log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(actions), rows)
+        return Commit(path, version, len(actions), rows)
 
     def _put_files(
         self, path: str, files: list[Path], meta: dict[str, Any], dt: date | None
@@ -233,7 +315,7 @@ class Lake:
         actions, rows = [], 0
         for i, f in enumerate(files):
             rel = f"{folder}{meta.get('run_id', 'run')}-{batch}-{i:05d}.parquet"
-            n, stats = _stats(f)
+            n, stats = file_stats(f)
             self._put(f, path, rel)
             rows += n
             size, mtime = f.stat().st_size, int(f.stat().st_mtime * 1000)

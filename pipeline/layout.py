@@ -101,6 +101,15 @@ def validation_dir(dt: date, run_id: str) -> str:
     return f"{run_dir(dt, run_id)}/validation"
 
 
+#: the output files of runs not yet published, one folder per run (``pipeline.uploads``):
+#: publish copies them into their tables, then removes the run's folder
+STAGING = f"{PUBLISHED}/_staging"
+
+
+def staging_dir(run_id: str) -> str:
+    return f"{STAGING}/run={run_id}"
+
+
 FAILED = f"{PUBLISHED}/_failed"
 
 

@@ -19,76 +19,85 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipeline import layout
+from pipeline.config import Config
 from pipeline.lake import Lake, parquet_files
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
+from pipeline.uploads import Upload, outputs
 
 log = logging.getLogger(__name__)
 
 
-def _commit(lake: Lake, src: Path, path: str, meta: dict[str, Any], dt: date | None) -> int | None:
-    """Commit the Parquet files Spark wrote in ``src`` to table ``path`` (replacing the
-    ``dt`` partition, or the whole table); returns the version. A run that wrote no such
-    output (no foreign keys: no orphans) replaces an earlier run's partition with
-    nothing, and creates no table."""
-    files = parquet_files(src)
-    if not files and lake.table(path) is None:
-        return None
-    schema = pq.read_schema(files[0]) if files else None
-    version = lake.commit(path, files, schema, meta, dt=dt).version
-    log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
-    return version
+class Committer:
+    """Commits the outputs of one run: the files the resolve stage's tasks put in the store
+    (``pipeline.uploads``), or, for a run resolved without them, the files of its
+    ``resolved`` folder, uploaded here."""
+
+    def __init__(
+        self,
+        lake: Lake,
+        resolved: Path,
+        uploads: dict[str, list[Upload]] | None,
+        meta: dict[str, Any],
+    ):
+        self.lake, self.resolved, self.uploads, self.meta = lake, resolved, uploads, meta
+
+    def commit(self, folder: str, path: str, dt: date | None) -> int | None:
+        """Commit the output ``folder`` (relative to ``resolved``) to table ``path``
+        (replacing the ``dt`` partition, or the whole table); returns the version. A run
+        that wrote no such output (no foreign keys: no orphans) replaces an earlier run's
+        partition with nothing, and creates no table."""
+        lake, meta = self.lake, self.meta
+        if self.uploads is None:
+            files = parquet_files(self.resolved / folder)
+            if not files and lake.table(path) is None:
+                return None
+            schema = pq.read_schema(files[0]) if files else None
+            version = lake.commit(path, files, schema, meta, dt=dt).version
+        else:
+            uploads = self.uploads.get(folder, [])
+            if not uploads and lake.table(path) is None:
+                return None
+            schema = uploads[0].arrow_schema() if uploads else None
+            version = lake.commit_uploaded(path, uploads, schema, meta, dt=dt).version
+        log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
+        return version
 
 
-def publish_failed(
-    lake: Lake, resolved: Path, tables: list[str], dt: date, meta: dict[str, Any]
-) -> dict[str, int]:
+def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[str, int]:
     """The logs of a run that failed its gate, for inspection (semantics.md §12 "A failed
     run"), as tables of their own: the date's published logs stay as they are."""
     versions = {}
     for t in tables:
         for kind in layout.LOGS:
-            path = layout.failed_output(meta["run_id"], t, kind)
-            v = _commit(lake, resolved / t / kind, path, meta, dt)
+            path = layout.failed_output(committer.meta["run_id"], t, kind)
+            v = committer.commit(f"{t}/{kind}", path, dt)
             if v is not None:
                 versions[path] = v
     return versions
 
 
 def publish_tables(
-    lake: Lake,
-    resolved: Path,
-    tables: list[str],
-    dt: date,
-    meta: dict[str, Any],
-    cdc: bool,
-    runs: list[RunRow],
+    committer: Committer, config: Config, dt: date, runs: list[RunRow]
 ) -> dict[str, int]:
-    """Commit every output of a validated run; returns table path -> version. The CDC
-    description tables go before the logs (a consumer finds a stream described before it
-    reads it), ``snapshot`` last."""
+    """Commit every output of a validated run (``uploads.outputs``); returns table path ->
+    version. The CDC description tables go before the logs (a consumer finds a stream
+    described before it reads it), the snapshots last, each only if its date is not older
+    than the newest published one (a backfill never moves it back)."""
     versions: dict[str, int] = {}
-
-    def commit(src: Path, path: str, on: date | None) -> None:
-        v = _commit(lake, src, path, meta, on)
+    every = outputs(config)
+    snapshots = [o for o in every if o.path.endswith(f"/{layout.SNAPSHOT}")]
+    for o in [o for o in every if o not in snapshots] + snapshots:
+        if o in snapshots:
+            t = o.folder.split("/")[0]
+            newest = latest_date(runs, t)
+            if newest is not None and newest > dt:
+                log.info(
+                    "publish %s: snapshot stays on %s (this run is for an earlier date)", t, newest
+                )
+                continue
+        v = committer.commit(o.folder, o.path, dt if o.dated else None)
         if v is not None:
-            versions[path] = v
-
-    if cdc:
-        for name in layout.CDC_TABLES:
-            commit(resolved / "cdc" / name, layout.cdc_table_dir(name), None)
-    for t in tables:
-        for kind in layout.DATED:
-            commit(resolved / t / kind, layout.table_path(t, kind), dt)
-        if cdc:
-            commit(resolved / "cdc" / t / "log", layout.cdc_log_path(t), dt)
-    for t in tables:
-        newest = latest_date(runs, t)
-        if newest is not None and newest > dt:
-            log.info(
-                "publish %s: snapshot stays on %s (this run is for an earlier date)", t, newest
-            )
-            continue
-        commit(resolved / t / "snapshot", layout.table_path(t, layout.SNAPSHOT), None)
+            versions[o.path] = v
     return versions
 
 

@@ -23,6 +23,7 @@ from pipeline.errors import GateError, StageError
 from pipeline.exports import ingest as ingest_exports
 from pipeline.lake import Lake
 from pipeline.published import (
+    Committer,
     commit_meta,
     has_row,
     publish_failed,
@@ -33,6 +34,7 @@ from pipeline.published import (
 from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
 from pipeline.summary import RunSummary
+from pipeline.uploads import load_uploads, upload_outputs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,8 +135,9 @@ def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bo
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
-    (``cdc.enabled``) write the CDC log, then measure what validation judges: all the
-    run's Spark work, in one Spark application (the DAG's resolve task)."""
+    (``cdc.enabled``) write the CDC log, then measure what validation judges, then put
+    the output files in the store (Spark tasks): all the run's Spark work, in one Spark
+    application (the DAG's resolve task)."""
     from pipeline.exports import fetch
     from pipeline.resolve import resolve_stage, save_summary
     from pipeline.validation import measure_stage
@@ -149,6 +152,8 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
         measure_stage(spark, config, ctx, summary)
+    if not ctx.dry_run:  # publish commits them; a dry run publishes nothing
+        upload_outputs(spark, config, ctx)
     return summary
 
 
@@ -226,12 +231,11 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     status = "published" if verdict.passed else "failed"
     report = run_report(config, ctx, summary, verdict, status)
     meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")
+    committer = Committer(lake, ctx.resolved, load_uploads(ctx), meta)
     if not verdict.passed:
-        versions = publish_failed(lake, ctx.resolved, tables, ctx.dt, meta)
+        versions = publish_failed(committer, tables, ctx.dt)
     else:
-        versions = publish_tables(
-            lake, ctx.resolved, tables, ctx.dt, meta, config.cdc.enabled, runs
-        )
+        versions = publish_tables(committer, config, ctx.dt, runs)
     report["versions"] = versions
     body = json.dumps(report, indent=2).encode()
     store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
@@ -242,6 +246,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     record_run(lake, row, ctx.work / "commit")  # the run is now visible as a whole
     if verdict.passed:  # a copy at a fixed place, for people (its retry writes it too)
         store.write_bytes(layout.date_report(ctx.dt), body)
+    store.delete_prefix(layout.staging_dir(ctx.run_id))  # committed: copied into the tables
     # The store is free for the next run. A publish that failed on the way keeps the
     # lease for its retry; ``finish`` releases it in the end.
     lease.release(store, ctx.run_id)
@@ -255,6 +260,7 @@ def _published_already(
 ) -> dict[str, Any]:
     """The retry of a publish whose ``runs`` row went in: its report, or its failure."""
     log.info("publish: run %s is recorded as %s already", ctx.run_id, row.status)
+    store.delete_prefix(layout.staging_dir(ctx.run_id))  # if the first attempt left it
     if not row.published:  # its gate failed, or it stopped before publish
         lease.release(store, ctx.run_id)
         raise GateError(

@@ -32,6 +32,7 @@ class Store(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
+    def copy(self, src_key: str, key: str) -> None: ...
     def delete(self, keys: Sequence[str]) -> None: ...
     def delete_prefix(self, prefix: str) -> None: ...
     def local_path(self, key: str) -> Path | None: ...
@@ -108,6 +109,24 @@ class FileStore:
         tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
         try:
             shutil.copyfile(src, tmp)
+            os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def copy(self, src_key: str, key: str) -> None:
+        """An object of the store copied to another key of it: a hard link (no bytes
+        copied; the two names stay whole when one is removed), or a copy across file
+        systems."""
+        src, p = self._p(src_key), self._p(key)
+        if not src.exists():
+            raise NotFoundError(f"{self.uri}/{src_key}: not found")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copyfile(src, tmp)
             os.replace(tmp, p)
         finally:
             tmp.unlink(missing_ok=True)
@@ -223,6 +242,19 @@ class S3Store:
                 str(src), self.bucket, self._k(key), ExtraArgs={"ContentType": content_type}
             )
         except S3UploadFailedError as e:
+            raise self._fail(key, e) from None
+
+    def copy(self, src_key: str, key: str) -> None:
+        """An object of the bucket copied to another key of it, by S3 itself (the bytes go
+        through no client)."""
+        from botocore.exceptions import ClientError
+
+        source = {"Bucket": self.bucket, "Key": self._k(src_key)}
+        try:
+            self.client.copy(source, self.bucket, self._k(key))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise NotFoundError(f"s3://{self.bucket}/{self._k(src_key)}: not found") from None
             raise self._fail(key, e) from None
 
     def delete(self, keys: Sequence[str]) -> None:

@@ -13,9 +13,11 @@ Everything else under a table's folder goes: files of versions replaced before t
 failed before its commit). The logs of a failed run (``_failed/run=<id>/``) go whole,
 Delta log included, once their last commit is older than the window and no retained row
 is that run's (a failed run past the window, or one killed before its row went in).
-Takeover markers of the lease older than the window go too. Vacuum holds the store's
-lease while it works, so that no run is committing files it would take for strays. The
-published tables' Delta logs are left whole.
+Takeover markers of the lease older than the window go too, and the staging folders of
+runs killed before their publish removed them (``published/_staging/``). Vacuum holds the
+store's lease while it works, so that no run is committing files it would take for
+strays (a run resumed after a vacuum took its staged files stops at publish, naming one).
+The published tables' Delta logs are left whole.
 """
 
 from __future__ import annotations
@@ -144,6 +146,11 @@ def vacuum(
             result.removed[layout.LOCK_TAKEOVER] = old
             if not dry_run:
                 store.delete(old)
+        staged = store.list(layout.STAGING)  # vacuum holds the lease: no run is publishing
+        if staged:
+            result.removed[layout.STAGING] = staged
+            if not dry_run:
+                store.delete(staged)
         return result
     finally:
         lease.release(store, holder)

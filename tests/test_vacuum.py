@@ -121,3 +121,15 @@ def test_vacuum_removes_takeover_markers_past_the_window(file_store):
     res = vacuum(file_store, retain_days=7, now=later)
     assert len(res.removed[layout.LOCK_TAKEOVER]) == 2
     assert lease.takeovers(file_store) == []
+
+
+def test_vacuum_removes_the_staging_folders_of_killed_runs(file_store):
+    """A run killed between its resolve stage and the end of its publish leaves its staged
+    output files (``published/_staging/run=<id>/``); vacuum, which no run can be in while
+    it holds the lease, removes them (a dry run lists them)."""
+    key = f"{layout.staging_dir('killed')}/t/state/dt=2026-11-21/killed-0-00000.parquet"
+    file_store.write_bytes(key, b"PAR1")
+    res = vacuum(file_store, retain_days=7, dry_run=True)
+    assert res.removed == {layout.STAGING: [key]} and file_store.exists(key)
+    assert vacuum(file_store, retain_days=7).removed == {layout.STAGING: [key]}
+    assert not file_store.exists(key)
