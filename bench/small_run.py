@@ -17,13 +17,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resolve_bench import CONFIG, D
+from whole_run import timed
 
 ROOT = Path(__file__).resolve().parent.parent
 CDR = str(ROOT / ".venv" / "bin" / "cdr")
@@ -64,12 +64,7 @@ def main() -> None:
         }
         argv = [CDR, "run", "--config", str(cfg), "--date", D.isoformat()]
         argv += ["--work-dir", str(tmp / "work"), "--no-data-docs"]
-        t = time.perf_counter()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t
-        if done.returncode != 0:
-            print(done.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"cdr run failed ({done.returncode})")
+        wall = timed(argv, env)
         print(json.dumps({"round": i, "wall_s": round(wall, 1), "jobs": jobs_in(events)}))
 
 
