@@ -116,7 +116,8 @@ def lone_inserts(t: pa.Table, groups: Groups, table: Table) -> np.ndarray:
     has = at_first("after_has")
     ncols = np.asarray(pc.fill_null(pc.list_value_length(has), 0)) == len(table.columns)
     ok &= ncols & _all_true(has, len(first))
-    # no replica holds two copies: the replicas of a group's rows are distinct
+    # no replica holds two copies: the replicas of a group's rows are distinct (a bit per
+    # replica; past 63 replicas two share a bit, which can only send a group to Python)
     codes = np.asarray(pc.fill_null(pc.index_in(replica, pc.unique(replica)), 0))
     bits = np.left_shift(np.int64(1), codes.astype(np.int64) % 63)
     distinct = np.bitwise_or.reduceat(bits, first)
