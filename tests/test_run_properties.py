@@ -5,7 +5,7 @@ changes, a TRUNCATE now and then, and records the guards quarantine.
 
 - **No event is lost** (semantics.md §11): every distinct event is applied, not applied
   with a conflict-log row, or quarantined with its reason; every record of every export
-  is counted for its replica.
+  is counted for its replica, a record a replica exported twice as a duplicate.
 - **The converged result ignores the order of the exports** (§2): the same events
   exported in other orders (each replica's records shuffled, ``seq`` renumbered, so
   that every perspective changes) publish the same snapshot, state, conflict log and
@@ -137,6 +137,8 @@ def exports(night: dict[str, Any], order_seed: int) -> dict[str, dict[str, list[
                 elif copy["op"] in ("UPDATE", "DELETE") and "new_key" not in copy:
                     copy["key"] = {"id": (copy["key"]["id"] + 1) % 8}  # under another key
             held[r].append(copy)
+            if rnd.random() < 0.05:  # the replica exported it twice: a duplicate record
+                held[r].append(json.loads(json.dumps(copy)))
     held[REPLICAS[0]] += [dict(x) for x in night["no_id"]]
     order = random.Random(order_seed)
     out = {}
@@ -201,9 +203,11 @@ def check_accounting(store: Path, night: dict[str, Any], ex: dict[str, Any]) -> 
     assert t["errored"] == t["not_reached"] == 0
     assert t["applied"] + t["discarded"] + sum(t["quarantined"].values()) == distinct
     for r in REPLICAS:
-        mine = t["replicas"][r]
-        assert mine["records"] == len(ex[r]["t"])
-        fates = ("applied", "discarded", "quarantined")
+        mine, records = t["replicas"][r], ex[r]["t"]
+        assert mine["records"] == len(records)
+        with_id = [c["event_id"] for c in records if "event_id" in c]
+        assert mine.get("duplicate", 0) == len(with_id) - len(set(with_id)), (r, mine)
+        fates = ("applied", "discarded", "quarantined", "duplicate")
         assert mine["records"] == sum(mine.get(f, 0) for f in fates), (r, mine)
 
 
