@@ -1,8 +1,9 @@
 """The Spark engine against the pure-Python fold: generated keys, each with a random prior
 row and one to three events, go through ``cdr run``; the published state must equal what
-``pipeline.rowfold`` computes for the same events. Single-event keys take the engine's
-column-expression path, the rest its mapInArrow fold: this checks that the fast path
-mirrors the rules exactly. Also: nothing an export held is lost (accounting)."""
+``pipeline.rowfold`` computes for the same events. A lone insert onto an absent key
+takes the fold task's Arrow path (``pipeline.groups``), the other keys the Python fold:
+this checks that the Arrow path mirrors the rules exactly. Also: nothing an export held
+is lost (accounting)."""
 
 from __future__ import annotations
 
