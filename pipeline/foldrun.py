@@ -39,7 +39,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config import Table
-from pipeline.groups import find_groups, lone_insert_outputs, lone_inserts, standing_rows
+from pipeline.groups import (
+    Groups,
+    find_groups,
+    lone_insert_outputs,
+    lone_inserts,
+    standing_rows,
+)
 from pipeline.jsonvalues import dumps
 from pipeline.policy import Fate
 from pipeline.rowfold import (
@@ -423,7 +429,7 @@ def _position(r: dict[str, Any]) -> tuple[int, int, str, int]:
     return (r["remote_ts"], r["pos_rank"], r["remote_event_id"], r["pos_idx"])
 
 
-def _passed_through(batch: pa.RecordBatch, job: FoldJob) -> pa.Table:
+def _passed_through(batch: pa.Table, job: FoldJob) -> pa.Table:
     """The state rows of keys no event touches, as state rows: Arrow columns, no Python
     object per row."""
     row = batch.column("row")
@@ -508,14 +514,12 @@ class _Stream:
             self.out.add_table("state_pre", _passed_through(t.filter(groups.rows(quiet)), self.job))
         if lone.any():
             rows = t.filter(groups.rows(lone))
-            outputs = lone_insert_outputs(
-                rows, find_groups(_key(rows)), self.job.table, self.out.arrow
-            )
+            outputs = lone_insert_outputs(rows, groups.select(lone), self.job.table, self.out.arrow)
             for kind, table in outputs.items():
                 self.out.add_table(kind, table)
         rest = ~(quiet | lone)
         if rest.any():
-            self.fold_python(_python_groups(t.filter(groups.rows(rest))))
+            self.fold_python(_python_groups(t.filter(groups.rows(rest)), groups.select(rest)))
 
     def fold_python(self, groups: Iterable[list[dict[str, Any]]]) -> None:
         for rows in groups:
@@ -523,11 +527,10 @@ class _Stream:
                 self.out.add(kind, row)
 
 
-def _python_groups(t: pa.Table) -> Iterator[list[dict[str, Any]]]:
+def _python_groups(t: pa.Table, groups: Groups) -> Iterator[list[dict[str, Any]]]:
     """The groups of ``t`` as rows for :meth:`GroupFolder.fold`: a state row and the copy
     that stands for each event with every field, the other copies with what the fold
     reads of them (:data:`_LIGHT`)."""
-    groups = find_groups(_key(t))
     standing = standing_rows(t, groups)
     full = iter(t.filter(pa.array(standing)).to_pylist())
     light = t.select(list(_LIGHT)).to_pylist()

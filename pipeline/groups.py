@@ -49,10 +49,6 @@ class Groups:
     def sizes(self) -> np.ndarray:
         return np.diff(self.starts)
 
-    def first(self, values: np.ndarray) -> np.ndarray:
-        """Per group: the value of its first row."""
-        return values[self.starts[:-1]]
-
     def any(self, values: np.ndarray) -> np.ndarray:
         """Per group: whether any row has the value."""
         return np.add.reduceat(values.astype(np.int64), self.starts[:-1]) > 0
@@ -60,6 +56,13 @@ class Groups:
     def rows(self, per_group: np.ndarray) -> np.ndarray:
         """A value per group, per row."""
         return per_group[self.of_row]
+
+    def select(self, keep: np.ndarray) -> Groups:
+        """The groups ``keep`` marks, as they stand in the rows they keep
+        (``table.filter(self.rows(keep))``)."""
+        sizes = self.sizes[keep]
+        starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        return Groups(starts, np.repeat(np.arange(len(sizes)), sizes))
 
 
 def find_groups(key: pa.StructArray) -> Groups:
