@@ -112,3 +112,26 @@ def test_an_upload_gone_before_publish_stops_it_naming_the_file(
     assert f"{gone}: the file the resolve stage uploaded" in capsys.readouterr().err
     assert P.runs(s3_store) == []
     assert layout.table_path(t, kind) not in P.all_tables(s3_store)
+
+
+def test_a_run_resolved_without_uploads_is_published_from_its_work_folder(
+    s3_store, tmp_path: Path, spark
+):
+    """A run resolved by a version that did not upload its outputs (no
+    ``resolved/uploads.json``) is still published whole: publish puts the files itself."""
+    s = json.loads((S.SCENARIOS / "future_timestamp.json").read_text())
+    argv = _on_s3(s3_store, s, tmp_path)
+    assert main(["ingest", *argv, "--no-data-docs"]) == 0
+    for stage in ("resolve", "validate"):
+        assert main([stage, *argv]) == 0
+    uploads = next(tmp_path.glob("work/run=night/resolved/uploads.json"))
+    staged = {u["rel"] for files in json.loads(uploads.read_text()).values() for u in files}
+    uploads.unlink()
+    assert main(["publish", *argv]) == 0
+    t = next(iter(s["config"]["tables"]))
+    rows = sorted(P.snapshot(s3_store, t), key=lambda r: r["id"])
+    assert rows == s["expect"]["snapshot"][t]  # the scenario's hand-written result
+    lake = Lake(s3_store)
+    committed = {a["path"] for a in add_actions(lake.table(layout.table_path(t, "state")))}
+    assert committed and not committed & staged  # its own uploads, not the staged files
+    assert [r["status"] for r in P.runs(s3_store)] == ["published"]
