@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := .cdr-assets/datadocs/.fetched
 
-.PHONY: venv demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool postgres
+.PHONY: venv jvm-archive demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool postgres
 
 venv: $(STAMP)
 
@@ -52,18 +52,24 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
 	touch $(STAMP)
 
-demo: $(STAMP) $(ASSETS)
+# The class-data archive of Spark's classes: each new driver JVM starts from it about 5 s
+# faster (pipeline/jvmstart.py). Built once per JDK and Spark, in about a minute.
+jvm-archive: $(STAMP)
+	@$(BIN)/python -c 'import sys; from pipeline.jvmstart import usable_archive; sys.exit(usable_archive() is None)' \
+	  || { echo "building the JVM's class-data archive (about a minute, once)"; $(BIN)/cdr jvm-archive; }
+
+demo: $(STAMP) $(ASSETS) jvm-archive
 	$(BIN)/cdr demo
 
-test: $(STAMP) $(ASSETS) browser compose-tool postgres lint typecheck
+test: $(STAMP) $(ASSETS) jvm-archive browser compose-tool postgres lint typecheck
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The pipeline on exports of three real PostgreSQL servers (wal2json), and the same changes
 # as Debezium and DMS write them.
-test-postgres: $(STAMP) postgres
+test-postgres: $(STAMP) jvm-archive postgres
 	$(BIN)/pytest tests/test_real_sources.py
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) jvm-archive
 	$(BIN)/pytest -m "not slow and not airflow"
 
 lint: $(STAMP)

@@ -3,8 +3,12 @@ start included (issue 15: at most 15 s), and its Spark jobs (at most 15 per tabl
 
 The exports are ``cdr generate``'s, for the resolve bench's table, on a ``file://`` store;
 each round runs the same date again in a new process (a rerun: the same work), with
-validation on and no Data Docs. It prints each round's wall seconds and the Spark jobs of
-the run's one Spark application (from its event log).
+validation on and no Data Docs, once as it starts by default (the class-data archive
+``make`` builds, a small run's JVM options: ``pipeline/jvmstart.py``) and once with
+``CDR_JVM_START=plain``, alternated. It prints each run's wall seconds (to the end of the
+JVM's output) and the CPU seconds the machine spent meanwhile; then the Spark jobs of one
+more run's one Spark application, from its event log (kept out of the timed runs: writing
+it costs a second).
 
     .venv/bin/python bench/small_run.py            # 3 rounds
     .venv/bin/python bench/small_run.py 5
@@ -51,21 +55,30 @@ def main() -> None:
         check=True,
         capture_output=True,
     )
+    argv = [CDR, "run", "--config", str(cfg), "--date", D.isoformat()]
+    argv += ["--work-dir", str(tmp / "work"), "--no-data-docs"]
     for i in range(rounds):
-        events = tmp / f"events-{i}"
-        events.mkdir()
-        env = {
-            **os.environ,
-            "PYSPARK_SUBMIT_ARGS": (
-                f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={events} "
-                "--conf spark.eventLog.compress=false "
-                "pyspark-shell"
-            ),
-        }
-        argv = [CDR, "run", "--config", str(cfg), "--date", D.isoformat()]
-        argv += ["--work-dir", str(tmp / "work"), "--no-data-docs"]
-        wall = timed(argv, env)
-        print(json.dumps({"round": i, "wall_s": round(wall, 1), "jobs": jobs_in(events)}))
+        for start in ("auto", "plain"):
+            busy = busy_seconds()
+            wall = timed(argv, {**os.environ, "CDR_JVM_START": start})
+            cpu = busy_seconds() - busy
+            row = {"round": i, "jvm_start": start, "wall_s": round(wall, 1)}
+            print(json.dumps({**row, "cpu_s": round(cpu, 1)}))
+    events = tmp / "events"
+    events.mkdir()
+    logged = (
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={events} "
+        "--conf spark.eventLog.compress=false pyspark-shell"
+    )
+    timed(argv, {**os.environ, "PYSPARK_SUBMIT_ARGS": logged})
+    print(json.dumps({"spark_jobs": jobs_in(events)}))
+
+
+def busy_seconds() -> float:
+    """The CPU seconds this machine has spent busy since it started (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

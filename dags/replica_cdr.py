@@ -206,10 +206,14 @@ SPARK_CONF = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress
 
 class SparkStage(SparkSubmitOperator):
     """spark-submit with the ``aws_default`` connection in its environment: the resolve
-    stage's Spark tasks fetch the exports from the store."""
+    stage's Spark tasks fetch the exports from the store. The driver starts from the
+    worker's class-data archive, if it has one (``pipeline.jvmstart``)."""
 
     def execute(self, context: Any) -> Any:
+        from pipeline.jvmstart import submit_conf
+
         aws_env_from_connection()
+        self.conf = {**submit_conf(), **(self.conf or {})}
         return super().execute(context)
 
 

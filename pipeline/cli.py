@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_options(
         sub.add_parser("demo", help="embedded S3 server + generated exports + a full run")
     )
+    sub.add_parser(
+        "jvm-archive",
+        help="build the class-data archive that starts Spark's JVM faster (make does it)",
+    )
     return parser
 
 
@@ -264,7 +268,8 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
         ctx = RunContext.load(opts.work_dir, args.date, opts.run_id)
         if args.command == "resolve":
-            summary = stages.resolve(config, ctx, get_spark(opts.master))
+            spark = get_spark(opts.master, small=stages.small_run(ctx))
+            summary = stages.resolve(config, ctx, spark)
             _emit(args, summary.to_dict(), f"resolved {args.date}: {ctx.resolved}")
         elif args.command == "finish":
             stages.finish(config, ctx)
@@ -393,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_unlock(args)
         if args.command == "vacuum":
             return _cmd_vacuum(args)
+        if args.command == "jvm-archive":
+            from pipeline.jvmstart import build
+
+            print(f"class-data archive: {build()}")
+            return 0
         return _cmd_stage(args)
     except ConfigError as e:
         _fail(args, e, 2)

@@ -38,34 +38,62 @@ def _import_all(modules: Sequence[str]) -> None:
 
 
 def get_spark(
-    master: str | None = None, app: str = "cdr", preload: Sequence[str] = ()
+    master: str | None = None,
+    app: str = "cdr",
+    preload: Sequence[str] = (),
+    small: bool = False,
+    dump: Path | None = None,
 ) -> SparkSession:
     """Build (or return) the session with the settings the pipeline relies on.
 
     ``preload``: modules imported in a thread while the JVM starts (Great Expectations
     takes about 4 s to import, the JVM about 6 s to start; side by side they cost the
     longer of the two). PySpark is imported first, so the two threads never import the
-    same modules at once."""
+    same modules at once. ``small``: a small run's JVM; ``dump``: the JVM writes a
+    class-data archive there when it exits (:mod:`pipeline.jvmstart`)."""
     from pyspark.sql import SparkSession
 
     loader = threading.Thread(target=_import_all, args=(preload,), name="cdr-preload")
     loader.start()
     try:
-        return _session(SparkSession.builder.appName(app), master)
+        return _session(SparkSession.builder.appName(app), master, small, dump)
     finally:
         loader.join()
 
 
-def _session(b: Any, master: str | None) -> SparkSession:
+def _session(b: Any, master: str | None, small: bool = False, dump: Path | None = None) -> Any:
+    from pyspark.errors import PySparkRuntimeError
+
+    from pipeline import jvmstart
+
     # Python workers must run the interpreter that has this package and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if not under_spark_submit():
-        b = b.master(master or os.environ.get("CDR_SPARK_MASTER") or "local[*]")
-        b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
-        b = b.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"
-        )
+    if under_spark_submit():
+        return _configured(b)
+    b = b.master(master or os.environ.get("CDR_SPARK_MASTER") or "local[*]")
+    b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
+    archive = None if dump else jvmstart.usable_archive()
+    java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
+    try:
+        options = java + jvmstart.driver_options(small, archive)
+        if dump:
+            options += [f"-XX:ArchiveClassesAtExit={dump}", jvmstart.BUILD_LOG]
+        return _configured(b.config("spark.driver.extraJavaOptions", " ".join(options)))
+    except PySparkRuntimeError:
+        if archive is None:
+            raise
+    # a JVM that cannot map the archive (a file cut short) stops before it starts Spark
+    log.warning(
+        "spark: the JVM did not start with %s; starting it without (remove the "
+        "file, or build it again with cdr jvm-archive)",
+        archive,
+    )
+    options = java + jvmstart.driver_options(small, None)
+    return _configured(b.config("spark.driver.extraJavaOptions", " ".join(options)))
+
+
+def _configured(b: Any) -> SparkSession:
     partitions = os.environ.get("CDR_SHUFFLE_PARTITIONS", "8")
     settings = {
         "spark.sql.session.timeZone": "UTC",  # the run's clock and ts are UTC µs
@@ -78,6 +106,10 @@ def _session(b: Any, master: str | None) -> SparkSession:
         # function, with four Py4J round trips each: most of the driver's Python time
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # The environment Spark gives SQL's Python functions, given to the RDD ones too:
+        # Spark keeps one Python daemon per environment, and each forks its own workers,
+        # which import the pipeline again (a small run: 6 Python processes, 2 with it)
+        "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.sql.parquet.compression.codec": "zstd",
         # Delta readers expect timestamps as INT64 µs, not Spark's legacy INT96

@@ -124,13 +124,25 @@ def _clear_work(work_dir: Path, ctx: RunContext) -> None:
         shutil.rmtree(ctx.work)
 
 
-def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bool]:
-    """The Spark settings that depend on the run's size (what ingest staged), for one
-    stage."""
+def staged_records(ctx: RunContext) -> int:
+    """The run's size: the records ingest staged (what resolve reads)."""
     from pipeline.exports import load_inputs
+
+    return sum(s.records for s in load_inputs(ctx).values())
+
+
+def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bool]:
+    """The Spark settings that depend on the run's size, for one stage."""
     from pipeline.spark import sized
 
-    return sized(spark, sum(s.records for s in load_inputs(ctx).values()))
+    return sized(spark, staged_records(ctx))
+
+
+def small_run(ctx: RunContext) -> bool:
+    """A run small enough for a small run's JVM (:mod:`pipeline.jvmstart`)."""
+    from pipeline.spark import CODEGEN_MIN_RECORDS
+
+    return staged_records(ctx) < CODEGEN_MIN_RECORDS
 
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
@@ -296,7 +308,7 @@ def run(
 
     ctx = ingest(config, dt, opts)
     try:
-        spark = spark or get_spark(opts.master, preload=GX_MODULES)
+        spark = spark or get_spark(opts.master, preload=GX_MODULES, small=small_run(ctx))
         summary = resolve(config, ctx, spark)
         verdict = validate(config, ctx)
         if ctx.dry_run:

@@ -1,0 +1,207 @@
+"""How the driver's JVM starts: a class-data archive, and a small run's options.
+
+A new JVM spends the first seconds of a run loading, verifying and compiling Spark's
+classes: on a 2-core machine a 3-event ``cdr run`` burned about 40 s of CPU in 22 s
+(``bench/RESULTS.md``, "The JVM of a small run"). Two standard HotSpot features take most
+of it away, with the same results:
+
+- **A class-data archive** (dynamic CDS, JEP 350): the classes of a run, parsed and
+  verified once and mapped from a file by later JVMs. ``cdr jvm-archive`` builds it by
+  running a small workload (``make`` does it when it sets up). It belongs to one JDK
+  build and one Spark classpath, so its file name holds their digest: a JVM of another
+  finds none and starts as usual. ``CDR_JVM_ARCHIVE`` names another file, or ``off``.
+- **A small run's options**, below :data:`pipeline.spark.CODEGEN_MIN_RECORDS` records:
+  the JIT's first tier only (C2 compiles cost a short run more than they save) and the
+  serial collector (one thread). A large run keeps the JVM's defaults.
+
+``CDR_JVM_START=plain`` starts the JVM with neither (the bench's baseline). Under
+``spark-submit`` the driver's JVM is already running: the DAG's Spark stages pass the
+archive's options to spark-submit instead (:func:`submit_conf`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_ENV = "CDR_JVM_ARCHIVE"
+START_ENV = "CDR_JVM_START"
+START_MODES = ("auto", "plain")
+#: the JIT's first tier and one GC thread: a small run's JVM
+SMALL_RUN_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+#: JVM warnings to stderr: stdout is the run's report (``--log-format json`` parses it)
+LOG_OPTIONS = ("-Xlog:all=off:stdout", "-Xlog:all=warning:stderr")
+#: the archive's build: the classes it cannot archive (signed jars, generated accessors)
+#: are skipped, one warning each
+BUILD_LOG = "-Xlog:all=warning,cds*=error:stderr"
+
+
+def java_home() -> Path | None:
+    """The JDK ``spark-submit`` runs: ``JAVA_HOME``'s, else the ``java`` on the path."""
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"]).resolve()
+    java = shutil.which("java")
+    return Path(java).resolve().parent.parent if java else None
+
+
+def spark_jars() -> Path:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return Path(_find_spark_home()) / "jars"
+
+
+def digest() -> str:
+    """What an archive is valid for: the JDK build (its ``release`` file, or where it is)
+    and the jars of Spark's classpath (names and sizes)."""
+    h = hashlib.sha256()
+    home = java_home()
+    h.update(str(home).encode())
+    release = home / "release" if home else None
+    if release is not None and release.is_file():
+        h.update(release.read_bytes())
+    for jar in sorted(spark_jars().glob("*.jar")):
+        h.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def archive_path() -> Path | None:
+    """Where this environment's archive is, or None (``CDR_JVM_ARCHIVE=off``)."""
+    chosen = os.environ.get(ARCHIVE_ENV, "")
+    if chosen == "off":
+        return None
+    if chosen:
+        return Path(chosen)
+    return Path(sys.prefix) / "share" / "cdr" / f"jvm-classes-{digest()}.jsa"
+
+
+def start_mode() -> str:
+    from pipeline.errors import StageError
+
+    mode = os.environ.get(START_ENV, "auto")
+    if mode not in START_MODES:
+        raise StageError(f"{START_ENV}={mode!r}: use one of {', '.join(START_MODES)}")
+    return mode
+
+
+def driver_options(small: bool, archive: Path | None) -> list[str]:
+    """The driver JVM's options: the archive's (when given), a small run's."""
+    if start_mode() == "plain":
+        return []
+    options = list(LOG_OPTIONS)
+    if archive is not None:
+        # a damaged archive is then refused (a warning), not mapped; one cut short stops
+        # the JVM (its crash report in the temporary folder, not where the user is)
+        crash = Path(tempfile.gettempdir()) / "cdr-jvm-crash-%p.log"
+        options += [
+            f"-XX:SharedArchiveFile={archive}",
+            "-XX:+VerifySharedSpaces",
+            f"-XX:ErrorFile={crash}",
+        ]
+    if small:
+        options += SMALL_RUN_OPTIONS
+    return options
+
+
+def usable_archive() -> Path | None:
+    """The archive a JVM starting now maps, if it exists."""
+    if start_mode() == "plain":
+        return None
+    path = archive_path()
+    return path if path is not None and path.is_file() else None
+
+
+def submit_conf() -> dict[str, str]:
+    """spark-submit's settings for a driver started on this machine (the DAG's Spark
+    stages, client mode): the archive's options, when it has one."""
+    archive = usable_archive()
+    if archive is None:
+        return {}
+    return {"spark.driver.extraJavaOptions": " ".join(driver_options(False, archive))}
+
+
+#: the archive's workload: the demo's tables (a foreign key, a unique and a delta
+#: column, the CDC log) and a cell table, a few events each
+WORKLOAD_EVENTS = 120
+
+
+def build() -> Path:
+    """``cdr jvm-archive``: run a small workload in a JVM that writes the classes it
+    loaded to an archive when it exits, then put the archive in place (whole, or not at
+    all: a JVM cannot start with a file cut short)."""
+    import tempfile
+
+    from pipeline.errors import StageError
+    from pipeline.spark import get_spark
+
+    target = archive_path()
+    if target is None:
+        raise StageError(f"{ARCHIVE_ENV}=off: no archive to build")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(f".{target.name}.{os.getpid()}.part")
+    part.unlink(missing_ok=True)
+    quiet = logging.getLogger("pipeline")  # the workload's run is not the news
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cdr-jvm-archive-") as tmp:
+            spark = get_spark("local[*]", app="cdr-jvm-archive", small=True, dump=part)
+            try:
+                _workload(spark, Path(tmp))
+            finally:
+                code = stop_jvm(spark)
+        if code != 0 or not part.is_file() or part.stat().st_size == 0:
+            raise StageError(f"the JVM wrote no class-data archive (exit status {code})")
+        os.replace(part, target)
+    finally:
+        quiet.setLevel(level)
+        part.unlink(missing_ok=True)
+    return target
+
+
+def _workload(spark: object, tmp: Path) -> None:
+    from datetime import date
+
+    import yaml
+
+    from pipeline.config import load_config
+    from pipeline.demo import DEMO_CONFIG
+    from pipeline.generate import GenerateOptions, generate
+    from pipeline.stages import RunOptions, run
+    from pipeline.store import open_store
+
+    store = tmp / "store"
+    store.mkdir()
+    tables: dict[str, Any] = {**DEMO_CONFIG["tables"]}  # type: ignore[dict-item]
+    tables["stock"] = {
+        "key": ["sku"],
+        "columns": {"sku": "bigint", "label": "string", "qty": "int"},
+        "policy": "scylla",
+    }
+    path = tmp / "cdr.yaml"
+    path.write_text(yaml.safe_dump({**DEMO_CONFIG, "store": store.as_uri(), "tables": tables}))
+    config = load_config(path)
+    dt = date(2026, 1, 15)
+    generate(config, open_store(store.as_uri()), dt, GenerateOptions(events=WORKLOAD_EVENTS))
+    run(config, dt, RunOptions(work_dir=tmp / "work", data_docs=False), spark)  # type: ignore[arg-type]
+
+
+def stop_jvm(spark: object) -> int:
+    """Stop the session and wait for its JVM to exit (it writes the archive then);
+    returns its exit status."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()  # type: ignore[attr-defined]
+    proc = getattr(gateway, "proc", None)
+    if proc is None:  # a JVM this process did not launch
+        return 0
+    proc.stdin.close()  # the gateway exits at the end of its input
+    return int(proc.wait(timeout=600))
