@@ -5,8 +5,10 @@ The exports are ``cdr generate``'s, for the resolve bench's table, on a ``file:/
 each round runs the same date again in a new process (a rerun: the same work), with
 validation on and no Data Docs, once as it starts by default (the class-data archive
 ``make`` builds, a small run's JVM options: ``pipeline/jvmstart.py``) and once with
-``CDR_JVM_START=plain``, alternated. It prints each run's wall seconds (to the end of the
-JVM's output) and the CPU seconds the machine spent meanwhile; then the Spark jobs of one
+``CDR_JVM_START=plain``, alternated. It prints each run's wall seconds, to the exit of
+the ``cdr`` process (what a shell waits for) and to the end of its output (the JVM, a
+child of the process, exits after it and holds the output open until then), and the CPU
+seconds the machine spent meanwhile; then the Spark jobs of one
 more run's one Spark application, from its event log (kept out of the timed runs: writing
 it costs a second).
 
@@ -21,6 +23,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -60,10 +64,10 @@ def main() -> None:
     for i in range(rounds):
         for start in ("auto", "plain"):
             busy = busy_seconds()
-            wall = timed(argv, {**os.environ, "CDR_JVM_START": start})
+            exited, closed = two_walls(argv, {**os.environ, "CDR_JVM_START": start})
             cpu = busy_seconds() - busy
-            row = {"round": i, "jvm_start": start, "wall_s": round(wall, 1)}
-            print(json.dumps({**row, "cpu_s": round(cpu, 1)}))
+            row = {"round": i, "jvm_start": start, "exit_s": round(exited, 1)}
+            print(json.dumps({**row, "output_closed_s": round(closed, 1), "cpu_s": round(cpu, 1)}))
     events = tmp / "events"
     events.mkdir()
     logged = (
@@ -72,6 +76,23 @@ def main() -> None:
     )
     timed(argv, {**os.environ, "PYSPARK_SUBMIT_ARGS": logged})
     print(json.dumps({"spark_jobs": jobs_in(events)}))
+
+
+def two_walls(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Seconds to the process's exit, and to the end of its output."""
+    t = time.perf_counter()
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert p.stdout is not None
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(p.stdout.read()))  # type: ignore[union-attr]
+    reader.start()
+    p.wait()
+    exited = time.perf_counter() - t
+    reader.join()
+    closed = time.perf_counter() - t
+    if p.returncode != 0:
+        raise SystemExit(f"{argv[:2]} failed ({p.returncode}): {out[0][-3000:].decode()}")
+    return exited, closed
 
 
 def busy_seconds() -> float:

@@ -20,7 +20,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 def spark():
     from pipeline.spark import get_spark
 
-    session = get_spark("local[2]", app="cdr-tests", small=True)  # tiny inputs
+    session = get_spark("local[2]", app="cdr-tests")
     yield session
     session.stop()
 
