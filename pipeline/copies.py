@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.blocks import BlockTyper
 from pipeline.frames import copy_schema
-from pipeline.guards import JsonNumber, Typer, TypingSpec, text_of
+from pipeline.guards import JsonNumber, Typer, TypingSpec, not_utf8, text_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -84,7 +84,14 @@ class CopyWriter:
             self._writer.write_table(clean)
             self.count += clean.num_rows
         for number, text in rest:
-            self.line(number, text.decode("utf-8", "replace"))
+            try:
+                line = text.decode("utf-8")
+            except UnicodeDecodeError as e:  # kept with its bytes escaped, never replaced
+                detail = f"{self.file} line {number}: not valid UTF-8 ({not_utf8(e)})"
+                raw = text.decode("utf-8", "backslashreplace")
+                self._add(number, self.typer.malformed_line(raw, self.replica, detail))
+                continue
+            self.line(number, line)
 
     def record(self, number: int | None, fields: dict[str, Any], source: str) -> None:
         self._add(number, self.typer.record(fields, source, self.replica))

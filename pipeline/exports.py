@@ -50,7 +50,7 @@ from pipeline.config import Config
 from pipeline.context import RunContext
 from pipeline.copies import COPIES, CopyWriter, parquet_records
 from pipeline.errors import ExportError, StoreError
-from pipeline.guards import TypingSpec
+from pipeline.guards import TypingSpec, not_utf8
 from pipeline.store import Store, open_store
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ def read_manifest(
     where = f"{store.uri}/{folder}/{layout.MANIFEST}"
     try:
         data = json.loads(store.read_bytes(f"{folder}/{layout.MANIFEST}"))
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{where}: not UTF-8 ({not_utf8(e)})") from None
     except json.JSONDecodeError as e:
         raise ExportError(f"{where}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

@@ -327,7 +327,7 @@ class Typer:
         except ValueError:
             fields = None
         if not isinstance(fields, dict):
-            return self._not_an_object(line, replica)
+            return self.malformed_line(line, replica, "not a JSON object")
         source = line
         if fields.get("_source") is not None:
             source = text_of(fields["_source"]) or line  # an adapter's record: as exported
@@ -567,7 +567,8 @@ class Typer:
             return "expiry without a ttl"
         return None
 
-    def _not_an_object(self, source: str, replica: str) -> dict[str, Any]:
+    def malformed_line(self, source: str, replica: str, detail: str) -> dict[str, Any]:
+        """A line that is no record (not a JSON object, not UTF-8), kept whole."""
         n = len(self.cols)
         return {
             "event_id": None,
@@ -588,9 +589,14 @@ class Typer:
             "ttl": None,
             "expiry": None,
             "reason": QuarantineReason.MALFORMED.value,
-            "detail": "not a JSON object",
+            "detail": detail,
             "raw": source,
         }
+
+
+def not_utf8(e: UnicodeDecodeError) -> str:
+    """Where bytes stop being UTF-8, for a message."""
+    return f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
 
 
 def _record_problem(
