@@ -54,6 +54,20 @@ class FileStore:
     def _p(self, key: str) -> Path:
         return self.root / key
 
+    def _object(self, key: str) -> Path:
+        """The path of an object to read. A symbolic link on the way from the root is
+        refused: an object of the store is in its folder, and a link inside an export
+        would read what the export does not hold (like a path that escapes it)."""
+        p = self.root
+        for part in key.split("/"):
+            p = p / part
+            if p.is_symlink():
+                raise StoreError(
+                    f"{self.uri}/{p.relative_to(self.root).as_posix()} is a symbolic link: "
+                    "refused, like a path that escapes the store's folder"
+                )
+        return p
+
     def local_path(self, key: str) -> Path | None:
         return self._p(key)
 
@@ -62,7 +76,7 @@ class FileStore:
 
     def read_bytes(self, key: str) -> bytes:
         try:
-            return self._p(key).read_bytes()
+            return self._object(key).read_bytes()
         except FileNotFoundError:
             raise NotFoundError(f"{self.uri}/{key}: not found") from None
 
@@ -99,7 +113,7 @@ class FileStore:
     def download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            shutil.copyfile(self._p(key), dest)
+            shutil.copyfile(self._object(key), dest)
         except FileNotFoundError:
             raise NotFoundError(f"{self.uri}/{key}: not found") from None
 

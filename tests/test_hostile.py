@@ -1,0 +1,154 @@
+"""Hostile and broken export files, through ``cdr run`` (issue 16): each gives a clear
+reason naming the file (and the line, for a record), and nothing else is lost: a bad record
+is quarantined and the run goes on; a bad file stops the run before anything is
+published."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import published as P
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from sources import lines, put_export
+
+from pipeline.cli import main
+from pipeline.store import open_store
+
+D = "2026-11-21"
+CONFIG = {
+    "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
+    "tables": {"t": {"key": ["id"], "columns": {"id": "int", "v": "string"}}},
+    "allow_missing_exports": True,
+}
+FOLDER = f"exports/replica=pub/table=t/dt={D}"
+NOT_UTF8 = b'{"replica": "pub", "table": "t", "format": "jsonl", "files": [], "x": "\xff"}'
+
+
+def record(i: int, v: str = "a") -> dict:
+    return {
+        "op": "INSERT",
+        "key": {"id": i},
+        "after": {"id": i, "v": v},
+        "ts": "2026-11-21T10:00:00Z",
+        "origin": "pub",
+        "event_id": f"pub-{i}",
+        "seq": i,
+    }
+
+
+def cdr_run(tmp_path: Path, store: Path) -> int:
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    return main([*argv, "--no-data-docs"])
+
+
+def nothing_published(store: Path) -> bool:
+    return not (store / "published/t").exists()
+
+
+def test_a_line_that_is_not_utf8_is_quarantined_naming_its_file_and_line(tmp_path: Path, spark):
+    """Tried: the run applied it with U+FFFD in the published row. Its bytes are kept in
+    the quarantine's event, escaped."""
+    store = tmp_path / "store"
+    good, n = lines([record(1), record(2, "caf@"), record(3)])
+    data = good.replace(b"caf@", b"caf\xe9")  # Latin-1, not UTF-8
+    put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
+    assert cdr_run(tmp_path, store) == 0
+    q = P.log(store, "t", "quarantine", D)
+    assert [(r["reason"], r["event_id"]) for r in q] == [("malformed", None)]
+    assert "part-0.jsonl line 2: not valid UTF-8" in q[0]["detail"]
+    assert "caf\\xe9" in q[0]["event"]
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "manifest, says",
+    [
+        (NOT_UTF8, "not UTF-8"),
+        (b"replica: pub\n", "not valid JSON"),
+    ],
+    ids=["not-utf8", "not-json"],
+)
+def test_a_manifest_that_is_not_utf8_json_is_a_one_line_error_naming_it(
+    tmp_path: Path, spark, capsys, manifest: bytes, says: str
+):
+    store = tmp_path / "store"
+    (store / FOLDER).mkdir(parents=True)
+    (store / FOLDER / "_manifest.json").write_bytes(manifest)
+    assert cdr_run(tmp_path, store) == 1
+    err = capsys.readouterr().err
+    assert f"{FOLDER}/_manifest.json: {says}" in err
+    assert "Traceback" not in err
+    assert nothing_published(store)
+
+
+@pytest.mark.parametrize("linked", ["file", "folder"])
+def test_a_symlink_inside_a_file_export_is_refused_naming_it(tmp_path: Path, spark, capsys, linked):
+    """Tried: it was followed and its rows published. A file (or a folder of files) of the
+    export that is a symbolic link is refused like a path that escapes the folder."""
+    store = tmp_path / "store"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data, n = lines([record(1)])
+    (outside / "part-0.jsonl").write_bytes(data)
+    name = "part-0.jsonl" if linked == "file" else "sub/part-0.jsonl"
+    put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {name: (data, n)})
+    target = store / FOLDER / name
+    if linked == "file":
+        target.unlink()
+        target.symlink_to(outside / "part-0.jsonl")
+    else:
+        target.unlink()
+        target.parent.rmdir()
+        target.parent.symlink_to(outside)
+    assert cdr_run(tmp_path, store) == 1
+    err = capsys.readouterr().err
+    link = name if linked == "file" else "sub"
+    assert f"{FOLDER}/{link} is a symbolic link: refused" in err
+    assert nothing_published(store)
+
+
+@pytest.mark.parametrize(
+    "fmt, name, options",
+    [
+        ("jsonl", "part-0.jsonl", None),
+        ("parquet", "part-0.parquet", None),
+        ("debezium", "part-0.json", None),
+        ("wal2json", "part-0.json", None),
+        ("dms", "part-0.csv", {"timestamp_column": "commit_ts"}),
+        ("dms", "part-0.parquet", {"timestamp_column": "commit_ts"}),
+    ],
+)
+def test_a_zero_byte_file_listed_with_no_rows_is_an_empty_file(
+    tmp_path: Path, spark, fmt, name, options
+):
+    """Tried: JSONL passed, Parquet and DMS CSV failed. A file of no bytes that its
+    manifest lists with ``rows: 0`` holds no records, whatever the format; the export's
+    other file is applied."""
+    store = tmp_path / "store"
+    s = open_store(store.as_uri())
+    put_export(s, "pub", "t", D, fmt, {name: (b"", 0)}, options)
+    data, n = lines([record(1)])
+    put_export(s, "sub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
+    assert cdr_run(tmp_path, store) == 0
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1]
+    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
+    assert report["tables"]["t"]["replicas"]["pub"]["records"] == 0
+
+
+def test_a_parquet_file_that_is_cut_short_names_the_file(tmp_path: Path, spark, capsys):
+    """Not a zero-byte file: bytes that are not Parquet stop the run, naming the file."""
+    store = tmp_path / "store"
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), buf)
+    cut = buf.getvalue()[:20]
+    put_export(open_store(store.as_uri()), "pub", "t", D, "parquet", {"part-0.parquet": (cut, 3)})
+    assert cdr_run(tmp_path, store) == 1
+    assert "part-0.parquet" in capsys.readouterr().err
+    assert nothing_published(store)
