@@ -416,8 +416,9 @@ def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec |
     if digest != task.sha256:
         raise ExportError(f"{task.name}: sha256 mismatch (manifest {task.sha256}, file {digest})")
     framing = 0
-    if task.kind == "export" and task.format in TYPED_FORMATS:
-        assert spec is not None, f"{task.name}: an export is typed where it is fetched"
+    if local.stat().st_size == 0:  # no bytes: no records, in every format
+        rows = _stage_copies(task, None, dest, spec) if _typed(task) else 0
+    elif _typed(task):
         rows = _stage_copies(task, local, dest, spec)
     elif task.format == "parquet" or (task.format == "dms" and _is_parquet(local)):
         rows = _parquet_rows(local, task.name)
@@ -435,10 +436,17 @@ def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec |
     return framing
 
 
-def _stage_copies(task: FileTask, local: Path, dest: Path, spec: TypingSpec) -> int:
+def _typed(task: FileTask) -> bool:
+    return task.kind == "export" and task.format in TYPED_FORMATS
+
+
+def _stage_copies(task: FileTask, local: Path | None, dest: Path, spec: TypingSpec | None) -> int:
     """An export's records typed and written as copies (``pipeline.copies``); returns its
-    rows (JSONL: its non-blank lines)."""
+    rows (JSONL: its non-blank lines). ``local`` None: a file of no bytes."""
+    assert spec is not None, f"{task.name}: an export is typed where it is fetched"
     with CopyWriter(dest, spec, task.replica, task.entry) as out:
+        if local is None:
+            return 0
         if task.format == "parquet":
             rows = _parquet_rows(local, task.name)
             for number, fields, text in parquet_records(local):
