@@ -244,6 +244,7 @@ class ConfigModel(_Strict):
     defaults: DefaultsModel = Field(default_factory=DefaultsModel)
     max_clock_skew_seconds: int = Field(default=300, ge=0)
     gc_grace_seconds: int = Field(default=864000, ge=0)
+    max_record_bytes: int = Field(default=16 << 20, gt=0)
     on_divergence: DivergencePolicy = DivergencePolicy.FAIL
     on_fk_violation: FkPolicy = FkPolicy.FAIL
     allow_missing_exports: bool = False
@@ -335,6 +336,7 @@ class Config:
     tables: Mapping[str, Table]
     max_clock_skew_seconds: int
     gc_grace_seconds: int
+    max_record_bytes: int  # a longer line of an export is malformed (not read whole)
     on_divergence: DivergencePolicy
     on_fk_violation: FkPolicy
     allow_missing_exports: bool
@@ -618,6 +620,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         tables=tables,
         max_clock_skew_seconds=m.max_clock_skew_seconds,
         gc_grace_seconds=m.gc_grace_seconds,
+        max_record_bytes=m.max_record_bytes,
         on_divergence=m.on_divergence,
         on_fk_violation=m.on_fk_violation,
         allow_missing_exports=m.allow_missing_exports,

@@ -93,6 +93,15 @@ class CopyWriter:
                 continue
             self.line(number, line)
 
+    def long_line(self, number: int, head: bytes, length: int, limit: int) -> None:
+        """A line over ``max_record_bytes``: malformed, with its first bytes."""
+        detail = (
+            f"{self.file} line {number}: {length} bytes, over max_record_bytes ({limit}); "
+            f"its first {len(head)} bytes are kept"
+        )
+        raw = head.decode("utf-8", "backslashreplace")
+        self._add(number, self.typer.malformed_line(raw, self.replica, detail))
+
     def record(self, number: int | None, fields: dict[str, Any], source: str) -> None:
         self._add(number, self.typer.record(fields, source, self.replica))
 

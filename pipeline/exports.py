@@ -179,19 +179,56 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
-def _line_chunks(path: Path, name: str) -> Iterator[tuple[int, list[bytes]]]:
-    """(first line number, lines) in chunks; a truncated or corrupt gzip names the file."""
+class LongLine(bytes):
+    """The first bytes of a line longer than ``max_record_bytes``, and its ``length``: the
+    rest of it was skipped as it was read."""
+
+    length: int
+
+
+#: the bytes of a long line kept for its quarantine row
+LONG_LINE_KEPT = 1024
+
+
+def _long(head: bytes, length: int) -> LongLine:
+    line = LongLine(head[:LONG_LINE_KEPT])
+    line.length = length
+    return line
+
+
+def _line_chunks(
+    path: Path, name: str, limit: int | None = None, chunk_size: int = _CHUNK
+) -> Iterator[tuple[int, list[bytes]]]:
+    """(first line number, lines) in chunks; a truncated or corrupt gzip names the file.
+    A line longer than ``limit`` comes as a :class:`LongLine`, without being held whole:
+    the reader holds at most ``limit`` bytes of a line and one chunk."""
     opener = gzip.open if _is_gzip(path) else open
     line_no = 1
     try:
         with opener(path, "rb") as f:
             rest = b""
-            while chunk := f.read(_CHUNK):
+            head, length = b"", -1  # a long line whose end is not read yet (length >= 0)
+            while chunk := f.read(chunk_size):
+                if length >= 0:
+                    end = chunk.find(b"\n")
+                    part = chunk if end < 0 else chunk[:end]
+                    head += part[: LONG_LINE_KEPT - len(head)]
+                    length += len(part)
+                    if end < 0:
+                        continue
+                    yield line_no, [_long(head, length)]
+                    line_no, length, chunk = line_no + 1, -1, chunk[end + 1 :]
                 lines = (rest + chunk).split(b"\n")
                 rest = lines.pop()
+                if limit is not None:
+                    lines = [ln if len(ln) <= limit else _long(ln, len(ln)) for ln in lines]
+                    if len(rest) > limit:
+                        head, length, rest = rest[:LONG_LINE_KEPT], len(rest), b""
                 yield line_no, lines
                 line_no += len(lines)
-            if rest:
+            if length >= 0:
+                yield line_no, [_long(head, length)]
+            elif rest:
                 yield line_no, [rest]
     except (EOFError, OSError, zlib.error) as e:
         raise ExportError(
@@ -452,8 +489,15 @@ def _stage_copies(task: FileTask, local: Path | None, dest: Path, spec: TypingSp
             for number, fields, text in parquet_records(local):
                 out.record(number, fields, text)
             return rows
-        for first, lines in _line_chunks(local, task.name):
-            out.lines([(first + i, ln.rstrip(b"\r")) for i, ln in enumerate(lines) if ln.strip()])
+        limit = spec.max_record_bytes
+        for first, lines in _line_chunks(local, task.name, limit):
+            numbered = []
+            for i, ln in enumerate(lines):
+                if isinstance(ln, LongLine):
+                    out.long_line(first + i, ln, ln.length, limit)
+                elif ln.strip():
+                    numbered.append((first + i, ln.rstrip(b"\r")))
+            out.lines(numbered)
         return out.count
 
 

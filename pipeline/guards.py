@@ -272,6 +272,7 @@ class TypingSpec:
     now_us: int
     max_clock_skew_seconds: int
     gc_grace_seconds: int
+    max_record_bytes: int
 
     @classmethod
     def of(cls, config: Config, table: Table, now_us: int) -> TypingSpec:
@@ -282,6 +283,7 @@ class TypingSpec:
             now_us,
             config.max_clock_skew_seconds,
             config.gc_grace_seconds,
+            config.max_record_bytes,
         )
 
 

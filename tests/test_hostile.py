@@ -152,3 +152,58 @@ def test_a_parquet_file_that_is_cut_short_names_the_file(tmp_path: Path, spark, 
     assert cdr_run(tmp_path, store) == 1
     assert "part-0.parquet" in capsys.readouterr().err
     assert nothing_published(store)
+
+
+def test_a_line_over_max_record_bytes_is_quarantined_without_being_read_whole(
+    tmp_path: Path, spark
+):
+    """A line longer than ``max_record_bytes`` is malformed: its first bytes are kept in
+    the quarantine, the rest is skipped as it is read (the task holds at most the limit
+    and one read chunk of it), and the lines after it are records as usual."""
+    store = tmp_path / "store"
+    huge = json.dumps(record(2, "x" * 3_000_000)).encode()  # longer than a read chunk
+    data = b"\n".join([json.dumps(record(1)).encode(), huge, json.dumps(record(3)).encode()])
+    put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, 3)})
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "max_record_bytes": 1000}))
+    argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main([*argv, "--no-data-docs"]) == 0
+    q = P.log(store, "t", "quarantine", D)
+    assert [r["reason"] for r in q] == ["malformed"]
+    assert f"part-0.jsonl line 2: {len(huge)} bytes, over max_record_bytes (1000)" in q[0]["detail"]
+    assert q[0]["event"].startswith('{"op": "INSERT"') and len(q[0]["event"]) < 2000
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
+
+
+def test_max_record_bytes_must_be_a_positive_count(tmp_path: Path):
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": "file:///x", "max_record_bytes": 0}))
+    with pytest.raises(ConfigError, match="max_record_bytes"):
+        load_config(cfg)
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": "file:///x"}))
+    assert load_config(cfg).max_record_bytes == 16 << 20
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+def test_a_long_line_is_skipped_across_chunks(tmp_path: Path, chunk: int):
+    """The reader behind the limit: a long line spread over many chunks comes as its first
+    bytes and its length, and the line numbers after it stay right, whatever the chunks."""
+    from pipeline.exports import LongLine, _line_chunks
+
+    long = b"{" + b"y" * 500 + b"}"
+    f = tmp_path / "part.jsonl"
+    f.write_bytes(b"\n".join([b"a", long, b"bb", long]))
+    got = [
+        (first + i, ln)
+        for first, ls in _line_chunks(f, "part", 100, chunk)
+        for i, ln in enumerate(ls)
+    ]
+    assert [(n, bytes(ln)) for n, ln in got if not isinstance(ln, LongLine)] == [
+        (1, b"a"),
+        (3, b"bb"),
+    ]
+    longs = [(n, ln.length, bytes(ln)) for n, ln in got if isinstance(ln, LongLine)]
+    assert longs == [(2, len(long), long[:1024]), (4, len(long), long[:1024])]
