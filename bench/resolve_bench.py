@@ -14,6 +14,7 @@ tree (driver, JVM, Python workers), and the ratio resolve / baseline. Machines h
 shared and noisy: read the ratio, not the seconds.
 
     .venv/bin/python bench/resolve_bench.py            # N = 1M and 4M
+    BENCH_RESOLVERS=timestamps .venv/bin/python bench/resolve_bench.py 4000000
     .venv/bin/python bench/resolve_bench.py 200000     # one size
     BENCH_ROUNDS=1 .venv/bin/python bench/resolve_bench.py 4000000
 """
@@ -63,6 +64,10 @@ CONFIG = {
         }
     },
 }
+if os.environ.get("BENCH_RESOLVERS") == "timestamps":
+    # every resolver that can be timestamp-based is (the postgres preset's update_deleted
+    # is skip); update_missing and delete_missing have no timestamp-based resolver (§4)
+    CONFIG["tables"]["items"]["resolvers"] = {"update_deleted": "latest_timestamp_wins"}  # type: ignore[index]
 
 
 class PeakMemory:
