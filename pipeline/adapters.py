@@ -337,6 +337,7 @@ def _w2j_problem(table: Table, origin: Column) -> Column:
     act = F.col("p.action")
     return _first_problem(
         [
+            (F.col("bad").isNotNull(), F.col("bad")),
             (F.col("v").isNull(), "not JSON"),
             (F.col("p").isNull() | act.isNull(), "not a wal2json format-2 action"),
             (act == "M", "a logical decoding message (action M), not a row change"),
@@ -572,6 +573,7 @@ def _dbz_problem(table: Table, decimals: list[str], ts_us: Column, old_key: Colu
     ]
     return _first_problem(
         [
+            (F.col("bad").isNotNull(), F.col("bad")),
             (F.col("v").isNull(), "not JSON"),
             (F.col("p").isNull() | op.isNull(), "not a Debezium change event envelope"),
             (op == "m", "a Debezium message event (op m), not a row change"),

@@ -67,8 +67,16 @@ ROW_FORMATS = ("jsonl", "parquet")
 #: the formats whose records are typed where a file is fetched (the adapters' formats are
 #: mapped on Spark first: ``pipeline.copies``)
 TYPED_FORMATS = ("jsonl", "parquet")
+#: a staged line of an adapter's export or a JSONL snapshot: ``bad`` says why the line is
+#: no text (not UTF-8: ``raw`` then holds its bytes escaped), else null
 RAW_SCHEMA = pa.schema(
-    [("replica", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("raw", pa.string())]
+    [
+        ("replica", pa.string()),
+        ("file", pa.string()),
+        ("line", pa.int64()),
+        ("raw", pa.string()),
+        ("bad", pa.string()),
+    ]
 )
 _CHUNK = 32 << 20
 #: in the run's ``staged`` folder: the files ingest planned to fetch, and the mark that
@@ -236,12 +244,22 @@ def _line_chunks(
         ) from None
 
 
-def _as_strings(lines: list[bytes]) -> pa.Array:
+def _as_strings(lines: list[bytes]) -> tuple[pa.Array, pa.Array]:
+    """The lines as text, and why each is not (null: it is)."""
     arr = pa.array(lines, pa.binary())
     try:
-        return arr.cast(pa.string())
-    except pa.ArrowInvalid:  # not UTF-8: keep the line readable, it will be quarantined
-        return pa.array([b.decode("utf-8", "replace") for b in lines], pa.string())
+        return arr.cast(pa.string()), pa.nulls(len(lines), pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: kept with its bytes escaped, never replaced
+        texts: list[str] = []
+        bad: list[str | None] = []
+        for b in lines:
+            try:
+                texts.append(b.decode("utf-8"))
+                bad.append(None)
+            except UnicodeDecodeError as e:
+                texts.append(b.decode("utf-8", "backslashreplace"))
+                bad.append(f"not valid UTF-8 ({not_utf8(e)})")
+        return pa.array(texts, pa.string()), pa.array(bad, pa.string())
 
 
 def stage_jsonl(
@@ -262,13 +280,15 @@ def stage_jsonl(
             if not keep:
                 continue
             n = len(keep)
+            texts, bad = _as_strings([k[1] for k in keep])
             w.write_table(
                 pa.table(
                     [
                         pa.array([replica] * n, pa.string()),
                         pa.array([name] * n, pa.string()),
                         pa.array([k[0] for k in keep], pa.int64()),
-                        _as_strings([k[1] for k in keep]),
+                        texts,
+                        bad,
                     ],
                     schema=RAW_SCHEMA,
                 )

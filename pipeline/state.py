@@ -107,6 +107,8 @@ def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> Da
 def _refuse_misfits(df: DataFrame, table: Table, label: str) -> None:
     """Stop at the first row (``m``: its text values) that does not fit the schema."""
     bad_cond = F.col("m").isNull()
+    if "bad" in df.columns:  # a line that is not UTF-8
+        bad_cond = bad_cond | F.col("bad").isNotNull()
     for c in table.columns:
         v = F.col("m")[c.name]
         bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())

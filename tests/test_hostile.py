@@ -207,3 +207,26 @@ def test_a_long_line_is_skipped_across_chunks(tmp_path: Path, chunk: int):
     ]
     longs = [(n, ln.length, bytes(ln)) for n, ln in got if isinstance(ln, LongLine)]
     assert longs == [(2, len(long), long[:1024]), (4, len(long), long[:1024])]
+
+
+def test_a_debezium_line_that_is_not_utf8_is_quarantined_naming_its_line(tmp_path: Path, spark):
+    """The adapters' formats too: the line is staged with its bytes escaped and the
+    reason, and the adapter quarantines it (it was applied with U+FFFD)."""
+    from sources import Change, Debezium
+
+    store = tmp_path / "store"
+    dbz = Debezium("t", ["id"], {"id": "int", "v": "string"}, schema=False)
+    ts = 1795255200000000
+    changes = [
+        Change("t", "I", None, {"id": i, "v": v}, ts + i, 700 + i, 10 + i)
+        for i, v in ((1, "a"), (2, "caf@"), (3, "c"))
+    ]
+    good, n = lines(dbz.records(changes))
+    data = good.replace(b"caf@", b"caf\xe9")
+    put_export(open_store(store.as_uri()), "pub", "t", D, "debezium", {"part-0.json": (data, n)})
+    assert cdr_run(tmp_path, store) == 0
+    q = P.log(store, "t", "quarantine", D)
+    assert [r["reason"] for r in q] == ["malformed"]
+    assert "part-0.json:2: not valid UTF-8 (byte 0xe9" in q[0]["detail"], q[0]["detail"]
+    assert "caf\\xe9" in q[0]["event"]
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
