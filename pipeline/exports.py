@@ -312,9 +312,9 @@ def _csv_header(src: Path, delimiter: str) -> list[str]:
 
 def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) -> int:
     """A DMS CSV file as text columns plus ``_line``; a record with the wrong number of
-    fields is staged with its text in ``_bad`` and the problem in ``_bad_reason``.
-    Returns the number of records. DMS writes one record per line, so lines are records
-    (a blank line is a malformed one)."""
+    fields, or not UTF-8, is staged with its text in ``_bad`` and the problem in
+    ``_bad_reason``. Returns the number of records. DMS writes one record per line, so
+    lines are records (a blank line is a malformed one)."""
     bad: list[tuple[str, str]] = []
 
     def invalid(row: Any) -> str:
@@ -337,17 +337,10 @@ def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) ->
         ignore_empty_lines=False,
         invalid_row_handler=invalid,
     )
-    convert = pcsv.ConvertOptions(
-        column_types={c: pa.string() for c in names},
-        null_values=[options.get("null_value", "")],
-        strings_can_be_null=True,
-        quoted_strings_can_be_null=False,
-    )
-    try:
-        t = pcsv.read_csv(src, read_options=read, parse_options=parse, convert_options=convert)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise ExportError(f"{name}: not a readable CSV file ({e})") from None
+    t, not_text = _read_csv(src, name, read, parse, options.get("null_value", ""), bad)
     good, rejected = _line_numbers(src, header, [b[0] for b in bad], t.num_rows, name)
+    if not_text:
+        t, good = _set_aside(src, t, good, not_text, bad, rejected)
     t = t.append_column("_line", pa.array(good, pa.int64()))
     if bad:
         extra = pa.table(
@@ -361,6 +354,72 @@ def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) ->
     dest.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, dest)
     return t.num_rows
+
+
+def _read_csv(
+    src: Path,
+    name: str,
+    read: pcsv.ReadOptions,
+    parse: pcsv.ParseOptions,
+    null: str,
+    bad: list[tuple[str, str]],
+) -> tuple[pa.Table, dict[int, str]]:
+    """The CSV's records as text; a file with bytes that are not UTF-8 is read again as
+    bytes, and the records (by place) that hold them are returned with why."""
+
+    def read_as(kind: pa.DataType) -> pa.Table:
+        convert = pcsv.ConvertOptions(
+            column_types={c: kind for c in read.column_names},
+            null_values=[null],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        )
+        return pcsv.read_csv(src, read_options=read, parse_options=parse, convert_options=convert)
+
+    try:
+        try:
+            return read_as(pa.string()), {}
+        except pa.ArrowInvalid as e:
+            if "invalid UTF8" not in str(e):
+                raise
+        bad.clear()  # the rows it rejected come again
+        t = read_as(pa.binary())
+        return t, _not_text(t)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ExportError(f"{name}: not a readable CSV file ({e})") from None
+
+
+def _set_aside(
+    src: Path,
+    t: pa.Table,
+    good: list[int],
+    not_text: dict[int, str],
+    bad: list[tuple[str, str]],
+    rejected: list[int],
+) -> tuple[pa.Table, list[int]]:
+    """The records that are not UTF-8 moved from ``t`` (bytes) to ``bad`` (their lines'
+    text, escaped); returns the rest as text and their line numbers."""
+    lines = src.read_bytes().split(b"\n")
+    for i, why in not_text.items():
+        bad.append((lines[good[i] - 1].rstrip(b"\r").decode("utf-8", "backslashreplace"), why))
+        rejected.append(good[i])
+    keep = [i not in not_text for i in range(t.num_rows)]
+    text = pa.schema([(c, pa.string()) for c in t.column_names])
+    return t.filter(pa.array(keep)).cast(text), [g for g, k in zip(good, keep, strict=True) if k]
+
+
+def _not_text(t: pa.Table) -> dict[int, str]:
+    """The records (by place) of a CSV read as bytes that are not UTF-8, and why."""
+    out: dict[int, str] = {}
+    for name in t.column_names:
+        for i, v in enumerate(t.column(name).to_pylist()):
+            if v is None or i in out:
+                continue
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError as e:
+                out[i] = f"not valid UTF-8 (column {name}: {not_utf8(e)})"
+    return dict(sorted(out.items()))
 
 
 def _line_numbers(

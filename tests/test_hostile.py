@@ -230,3 +230,26 @@ def test_a_debezium_line_that_is_not_utf8_is_quarantined_naming_its_line(tmp_pat
     assert "part-0.json:2: not valid UTF-8 (byte 0xe9" in q[0]["detail"], q[0]["detail"]
     assert "caf\\xe9" in q[0]["event"]
     assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
+
+
+def test_a_dms_csv_record_that_is_not_utf8_is_quarantined_naming_its_line(tmp_path: Path, spark):
+    """DMS CSV too: the record is quarantined with its bytes escaped; the file's other
+    records are applied (it stopped the run as an unreadable CSV file)."""
+    store = tmp_path / "store"
+    data = (
+        b"Op,commit_ts,id,v\n"
+        b"I,2026-11-21 10:00:00.000001,1,a\n"
+        b"I,2026-11-21 10:00:00.000002,2,caf\xe9\n"
+        b"I,2026-11-21 10:00:00.000003,3,c\n"
+    )
+    s = open_store(store.as_uri())
+    put_export(s, "pub", "t", D, "dms", {"LOAD.csv": (data, 3)}, {"timestamp_column": "commit_ts"})
+    assert cdr_run(tmp_path, store) == 0
+    q = P.log(store, "t", "quarantine", D)
+    assert [r["reason"] for r in q] == ["malformed"]
+    assert (
+        "LOAD.csv:3: not a CSV record of this export: not valid UTF-8 (column v: byte 0xe9"
+        in q[0]["detail"]
+    )
+    assert "caf\\xe9" in q[0]["event"]
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
