@@ -44,7 +44,14 @@ from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
 from pipeline.frames import FOLD_INPUT, LEDGER_SCHEMA, fold_outputs
 from pipeline.policy import Scope
 from pipeline.rowfold import Event, FoldSpec
-from pipeline.shuffle import Specials, key_struct, rank_map, settle_disputes, split_special
+from pipeline.shuffle import (
+    Specials,
+    key_struct,
+    rank_map,
+    settle_disputes,
+    split_special,
+    standing_order,
+)
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +258,7 @@ def fold(
     (``foldrun``); the keys coupled by a key change or a unique value are folded as one
     group in a task of their own (``coupled``: :func:`coupled_keys`)."""
     items = build_items(main, prior, config, table)
-    order = ["is_event", "event_id", "pref", "replica"]
+    order = [F.col("is_event"), F.col("event_id"), *standing_order()]
     if coupled is not None:
         items = items.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
         is_coupled = F.coalesce(F.col("coupled"), F.lit(False))
@@ -266,7 +273,7 @@ def fold(
     n = int(spark.conf.get("spark.sql.shuffle.partitions") or "8")
     keyed = (
         items.repartition(n, "key")
-        .sortWithinPartitions("key", *order)
+        .sortWithinPartitions(F.col("key"), *order)
         .select(*FOLD_INPUT)
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )

@@ -28,12 +28,25 @@ def key_struct(table: Table, row: str | None = None) -> Column:
     return F.struct(*[F.col(f"{row}.{c}" if row else c).alias(c) for c in table.key])
 
 
+def standing_order() -> list[Column]:
+    """§12 "Duplicates": the order of an event's copies, the first stands: the origin's
+    own copy, else the first replica in config order; of one replica's copies (which
+    should not differ), the highest ``seq`` of its export, then the last file and line."""
+    return [
+        F.col("pref"),
+        F.col("replica"),
+        F.desc_nulls_last("seq"),
+        F.desc_nulls_last("file"),
+        F.desc_nulls_last("line"),
+    ]
+
+
 def settle_disputes(copies: DataFrame, ids: list[str]) -> DataFrame:
     """§12 "Duplicates" across keys: the winning copy (the origin's own, else the first
     replica in config order) gives its key and record to every copy of the event, so that
     they meet in one key group, where the winner stands for the event and the others still
     count for their replica's order and accounting. Rare: the winners are broadcast."""
-    w = Window.partitionBy("event_id").orderBy("pref", "replica")
+    w = Window.partitionBy("event_id").orderBy(*standing_order())
     moved = [
         c for c in copies.columns if c not in ("event_id", "replica", "file", "line", "seq", "pref")
     ]

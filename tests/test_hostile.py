@@ -253,3 +253,22 @@ def test_a_dms_csv_record_that_is_not_utf8_is_quarantined_naming_its_line(tmp_pa
     )
     assert "caf\\xe9" in q[0]["event"]
     assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
+
+
+@pytest.mark.parametrize("later_first", [False, True])
+def test_copies_of_one_event_that_differ_in_one_export_the_highest_seq_stands(
+    tmp_path: Path, spark, later_first: bool
+):
+    """Two copies of one event in one replica's export, with different values: the copy
+    with the highest ``seq`` of that export stands, wherever it is in the file (the choice
+    was the sort's)."""
+    store = tmp_path / "store"
+    old = {**record(1, "old"), "seq": 1}
+    new = {**record(1, "new"), "seq": 5}
+    data, n = lines([new, old] if later_first else [old, new])
+    put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
+    assert cdr_run(tmp_path, store) == 0
+    assert [(r["id"], r["v"]) for r in P.snapshot(store, "t")] == [(1, "new")]
+    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
+    pub = report["tables"]["t"]["replicas"]["pub"]
+    assert (pub["applied"], pub["duplicate"]) == (1, 1)

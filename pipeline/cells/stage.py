@@ -26,6 +26,7 @@ from pipeline.shuffle import (
     rank_map,
     settle_disputes,
     split_special,
+    standing_order,
     with_special_copies,
 )
 
@@ -82,7 +83,7 @@ def _chosen_copies(main: DataFrame, state_rows: DataFrame) -> DataFrame:
     what the typing read (the others count for their replica's order and accounting)."""
     events = main.select(F.lit(1).alias("is_event"), *main.columns)
     items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
-    w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy("pref", "replica")
+    w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy(*standing_order())
     df = items.withColumn("rn", F.row_number().over(w_ev))
     df = df.select(
         *[F.when(_chosen(), F.col(c)).alias(c) if c in TYPED_COLUMNS else c for c in df.columns]
