@@ -136,8 +136,6 @@ def build() -> Path:
     """``cdr jvm-archive``: run a small workload in a JVM that writes the classes it
     loaded to an archive when it exits, then put the archive in place (whole, or not at
     all: a JVM cannot start with a file cut short)."""
-    import tempfile
-
     from pipeline.errors import StageError
     from pipeline.spark import get_spark
 
