@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.blocks import BlockTyper
 from pipeline.frames import copy_schema
-from pipeline.guards import JsonNumber, Typer, TypingSpec, not_utf8, text_of
+from pipeline.guards import JsonNumber, LongLine, Typer, TypingSpec, long_line, not_utf8, text_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -93,12 +93,9 @@ class CopyWriter:
                 continue
             self.line(number, line)
 
-    def long_line(self, number: int, head: bytes, length: int, limit: int) -> None:
+    def long_line(self, number: int, head: LongLine, limit: int | None) -> None:
         """A line over ``max_record_bytes``: malformed, with its first bytes."""
-        detail = (
-            f"{self.file} line {number}: {length} bytes, over max_record_bytes ({limit}); "
-            f"its first {len(head)} bytes are kept"
-        )
+        detail = f"{self.file} line {number}: {long_line(head, limit)}"
         raw = head.decode("utf-8", "backslashreplace")
         self._add(number, self.typer.malformed_line(raw, self.replica, detail))
 

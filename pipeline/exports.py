@@ -50,7 +50,7 @@ from pipeline.config import Config
 from pipeline.context import RunContext
 from pipeline.copies import COPIES, CopyWriter, parquet_records
 from pipeline.errors import ExportError, StoreError
-from pipeline.guards import TypingSpec, not_utf8
+from pipeline.guards import LONG_LINE_KEPT, LongLine, TypingSpec, long_line, not_utf8
 from pipeline.store import Store, open_store
 
 if TYPE_CHECKING:
@@ -187,17 +187,6 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
-class LongLine(bytes):
-    """The first bytes of a line longer than ``max_record_bytes``, and its ``length``: the
-    rest of it was skipped as it was read."""
-
-    length: int
-
-
-#: the bytes of a long line kept for its quarantine row
-LONG_LINE_KEPT = 1024
-
-
 def _long(head: bytes, length: int) -> LongLine:
     line = LongLine(head[:LONG_LINE_KEPT])
     line.length = length
@@ -244,34 +233,48 @@ def _line_chunks(
         ) from None
 
 
-def _as_strings(lines: list[bytes]) -> tuple[pa.Array, pa.Array]:
+def _as_strings(lines: list[bytes], limit: int | None) -> tuple[pa.Array, pa.Array]:
     """The lines as text, and why each is not (null: it is)."""
-    arr = pa.array(lines, pa.binary())
-    try:
-        return arr.cast(pa.string()), pa.nulls(len(lines), pa.string())
-    except pa.ArrowInvalid:  # not UTF-8: kept with its bytes escaped, never replaced
-        texts: list[str] = []
-        bad: list[str | None] = []
-        for b in lines:
-            try:
-                texts.append(b.decode("utf-8"))
-                bad.append(None)
-            except UnicodeDecodeError as e:
-                texts.append(b.decode("utf-8", "backslashreplace"))
-                bad.append(f"not valid UTF-8 ({not_utf8(e)})")
-        return pa.array(texts, pa.string()), pa.array(bad, pa.string())
+    if not any(isinstance(b, LongLine) for b in lines):
+        try:
+            return pa.array(lines, pa.binary()).cast(pa.string()), pa.nulls(len(lines), pa.string())
+        except pa.ArrowInvalid:
+            pass
+    texts: list[str] = []
+    bad: list[str | None] = []
+    for b in lines:  # not UTF-8, or too long: kept with its bytes escaped, never replaced
+        texts.append(b.decode("utf-8", "backslashreplace"))
+        if isinstance(b, LongLine):
+            bad.append(long_line(b, limit))
+            continue
+        try:
+            b.decode("utf-8")
+            bad.append(None)
+        except UnicodeDecodeError as e:
+            bad.append(f"not valid UTF-8 ({not_utf8(e)})")
+    return pa.array(texts, pa.string()), pa.array(bad, pa.string())
 
 
 def stage_jsonl(
-    src: Path, dest: Path, replica: str, name: str, framing: re.Pattern[bytes] | None = None
+    src: Path,
+    dest: Path,
+    replica: str,
+    name: str,
+    framing: re.Pattern[bytes] | None = None,
+    limit: int | None = None,
 ) -> tuple[int, int]:
     """Write the file's non-blank lines as raw rows, but those that match ``framing``;
-    return (non-blank lines, framing lines)."""
+    return (non-blank lines, framing lines). A line over ``limit`` bytes is staged with
+    its first bytes and the reason (``bad``)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     rows = skipped = 0
     with pq.ParquetWriter(dest, RAW_SCHEMA) as w:
-        for first, lines in _line_chunks(src, name):
-            keep = [(first + i, ln.rstrip(b"\r")) for i, ln in enumerate(lines) if ln.strip()]
+        for first, lines in _line_chunks(src, name, limit):
+            keep = [
+                (first + i, ln if isinstance(ln, LongLine) else ln.rstrip(b"\r"))
+                for i, ln in enumerate(lines)
+                if ln.strip()
+            ]
             rows += len(keep)
             if framing is not None:
                 records = [k for k in keep if not framing.match(k[1])]
@@ -280,7 +283,7 @@ def stage_jsonl(
             if not keep:
                 continue
             n = len(keep)
-            texts, bad = _as_strings([k[1] for k in keep])
+            texts, bad = _as_strings([k[1] for k in keep], limit)
             w.write_table(
                 pa.table(
                     [
@@ -460,6 +463,7 @@ class FileTask:
     replica: str
     table: str
     kind: str  # "export" (its framing lines count), "snapshot" or "base"
+    max_record_bytes: int | None = None  # a longer line is malformed, not read whole
 
     @property
     def name(self) -> str:
@@ -474,6 +478,7 @@ def plan_export(
     replica: str,
     table: str,
     kind: str = "export",
+    max_record_bytes: int | None = None,
 ) -> tuple[StagedExport, list[FileTask]]:
     """What an export holds by its manifest, and a task per file to fetch it."""
     fmt = manifest["format"]
@@ -497,6 +502,7 @@ def plan_export(
                 replica,
                 table,
                 kind,
+                max_record_bytes,
             )
         )
     rows = sum(t.rows for t in tasks)
@@ -546,7 +552,9 @@ def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec |
         rows = _stage_dms_csv(local, dest.parent / "csv" / dest.name, task.name, task.options)
     else:
         framing_re = FRAMING.get(task.format)
-        rows, framing = stage_jsonl(local, dest, task.replica, task.entry, framing_re)
+        rows, framing = stage_jsonl(
+            local, dest, task.replica, task.entry, framing_re, task.max_record_bytes
+        )
     if rows != task.rows:
         raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
     return framing
@@ -568,12 +576,12 @@ def _stage_copies(task: FileTask, local: Path | None, dest: Path, spec: TypingSp
             for number, fields, text in parquet_records(local):
                 out.record(number, fields, text)
             return rows
-        limit = spec.max_record_bytes
+        limit = task.max_record_bytes
         for first, lines in _line_chunks(local, task.name, limit):
             numbered = []
             for i, ln in enumerate(lines):
                 if isinstance(ln, LongLine):
-                    out.long_line(first + i, ln, ln.length, limit)
+                    out.long_line(first + i, ln, limit)
                 elif ln.strip():
                     numbered.append((first + i, ln.rstrip(b"\r")))
             out.lines(numbered)
@@ -676,7 +684,8 @@ def _stage_exports(
         )
         st.manifests.append(_manifest_digest(store, folder))
         dest = ctx.staged / tname / f"replica={rep}"
-        staged, files = plan_export(store, folder, manifest, dest, rep, tname)
+        limit = config.max_record_bytes
+        staged, files = plan_export(store, folder, manifest, dest, rep, tname, "export", limit)
         st.exports[rep] = staged
         tasks += files
         log.info(
@@ -710,7 +719,9 @@ def _stage_snapshots(
             )
             st.manifests.append(_manifest_digest(store, folder))
             dest = ctx.staged / tname / f"snapshot={rep}"
-            snapshot, files = plan_export(store, folder, manifest, dest, rep, tname, "snapshot")
+            snapshot, files = plan_export(
+                store, folder, manifest, dest, rep, tname, "snapshot", config.max_record_bytes
+            )
             st.snapshots[rep] = snapshot.rows
             tasks += files
             log.info("ingest %s/%s: snapshot of %d rows", rep, tname, st.snapshots[rep])
@@ -744,11 +755,7 @@ def _stage_start(
     run = latest_published(runs, tname, ctx.dt)
     if run is not None:
         staged = prior.stage_state(store, lake, run, tname, dest)
-        st.prior = {
-            "dt": run.dt.isoformat(),
-            "run_id": run.run_id,
-            "state_rows": staged.rows,
-        }
+        st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": staged.rows}
         st.start = f"the state of {run.dt} (run {run.run_id}, {staged.rows} rows)"
     elif not runs and (pointer := prior.legacy_prior(store, tname, ctx.dt)) is not None:
         staged = prior.stage_legacy_state(store, tname, pointer, dest)
@@ -767,7 +774,9 @@ def _stage_start(
         manifest = read_manifest(store, base, {"table": tname}, ROW_FORMATS)
         st.manifests.append(_manifest_digest(store, base))
         dest = ctx.staged / tname / "base"
-        staged_base, files = plan_export(store, base, manifest, dest, "base", tname, "base")
+        staged_base, files = plan_export(
+            store, base, manifest, dest, "base", tname, "base", config.max_record_bytes
+        )
         tasks += files
         st.base_rows = staged_base.rows
         st.start = f"base/ ({staged_base.rows} rows): no published run had this table"

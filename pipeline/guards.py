@@ -272,7 +272,6 @@ class TypingSpec:
     now_us: int
     max_clock_skew_seconds: int
     gc_grace_seconds: int
-    max_record_bytes: int
 
     @classmethod
     def of(cls, config: Config, table: Table, now_us: int) -> TypingSpec:
@@ -283,7 +282,6 @@ class TypingSpec:
             now_us,
             config.max_clock_skew_seconds,
             config.gc_grace_seconds,
-            config.max_record_bytes,
         )
 
 
@@ -594,6 +592,25 @@ class Typer:
             "detail": detail,
             "raw": source,
         }
+
+
+class LongLine(bytes):
+    """The first bytes of a line longer than ``max_record_bytes``, and its ``length``: the
+    rest of it was skipped as it was read (``exports._line_chunks``)."""
+
+    length: int
+
+
+#: the bytes of a long line kept for its quarantine row
+LONG_LINE_KEPT = 1024
+
+
+def long_line(head: LongLine, limit: int | None) -> str:
+    """Why a long line is no record."""
+    return (
+        f"{head.length} bytes, over max_record_bytes ({limit}); "
+        f"its first {len(head)} bytes are kept"
+    )
 
 
 def not_utf8(e: UnicodeDecodeError) -> str:

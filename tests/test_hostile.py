@@ -191,7 +191,8 @@ def test_max_record_bytes_must_be_a_positive_count(tmp_path: Path):
 def test_a_long_line_is_skipped_across_chunks(tmp_path: Path, chunk: int):
     """The reader behind the limit: a long line spread over many chunks comes as its first
     bytes and its length, and the line numbers after it stay right, whatever the chunks."""
-    from pipeline.exports import LongLine, _line_chunks
+    from pipeline.exports import _line_chunks
+    from pipeline.guards import LongLine
 
     long = b"{" + b"y" * 500 + b"}"
     f = tmp_path / "part.jsonl"
@@ -272,3 +273,28 @@ def test_copies_of_one_event_that_differ_in_one_export_the_highest_seq_stands(
     report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
     pub = report["tables"]["t"]["replicas"]["pub"]
     assert (pub["applied"], pub["duplicate"]) == (1, 1)
+
+
+def test_a_debezium_line_over_max_record_bytes_is_quarantined_naming_its_line(
+    tmp_path: Path, spark
+):
+    """The adapters' lines have the limit too: staged with their first bytes and the
+    reason, and quarantined by the adapter."""
+    from sources import Change, Debezium
+
+    store = tmp_path / "store"
+    dbz = Debezium("t", ["id"], {"id": "int", "v": "string"}, schema=False)
+    ts = 1795255200000000
+    rows = ((1, "a"), (2, "x" * 5000), (3, "c"))
+    changes = [Change("t", "I", None, {"id": i, "v": v}, ts + i, 700 + i, 10 + i) for i, v in rows]
+    data, n = lines(dbz.records(changes))
+    put_export(open_store(store.as_uri()), "pub", "t", D, "debezium", {"part-0.json": (data, n)})
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "max_record_bytes": 1000}))
+    argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main([*argv, "--no-data-docs"]) == 0
+    q = P.log(store, "t", "quarantine", D)
+    assert [r["reason"] for r in q] == ["malformed"]
+    assert "part-0.json:2: " in q[0]["detail"] and "over max_record_bytes (1000)" in q[0]["detail"]
+    assert len(q[0]["event"]) <= 1024
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
