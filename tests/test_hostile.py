@@ -41,11 +41,25 @@ def record(i: int, v: str = "a") -> dict:
     }
 
 
-def cdr_run(tmp_path: Path, store: Path) -> int:
+def cdr_run(tmp_path: Path, store: Path, **settings: object) -> int:
+    """``cdr run`` of the date over ``store``, with ``CONFIG`` and ``settings``."""
     cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), **settings}))
     argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
     return main([*argv, "--no-data-docs"])
+
+
+def debezium_lines(second: str) -> tuple[bytes, int]:
+    """Three Debezium inserts of ``t`` (ids 1-3), the second with ``v = second``."""
+    from sources import Change, Debezium
+
+    dbz = Debezium("t", ["id"], {"id": "int", "v": "string"}, schema=False)
+    ts = 1795255200000000
+    changes = [
+        Change("t", "I", None, {"id": i, "v": v}, ts + i, 700 + i, 10 + i)
+        for i, v in ((1, "a"), (2, second), (3, "c"))
+    ]
+    return lines(dbz.records(changes))
 
 
 def nothing_published(store: Path) -> bool:
@@ -164,10 +178,7 @@ def test_a_line_over_max_record_bytes_is_quarantined_without_being_read_whole(
     huge = json.dumps(record(2, "x" * 3_000_000)).encode()  # longer than a read chunk
     data = b"\n".join([json.dumps(record(1)).encode(), huge, json.dumps(record(3)).encode()])
     put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, 3)})
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "max_record_bytes": 1000}))
-    argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
-    assert main([*argv, "--no-data-docs"]) == 0
+    assert cdr_run(tmp_path, store, max_record_bytes=1000) == 0
     q = P.log(store, "t", "quarantine", D)
     assert [r["reason"] for r in q] == ["malformed"]
     assert f"part-0.jsonl line 2: {len(huge)} bytes, over max_record_bytes (1000)" in q[0]["detail"]
@@ -213,16 +224,8 @@ def test_a_long_line_is_skipped_across_chunks(tmp_path: Path, chunk: int):
 def test_a_debezium_line_that_is_not_utf8_is_quarantined_naming_its_line(tmp_path: Path, spark):
     """The adapters' formats too: the line is staged with its bytes escaped and the
     reason, and the adapter quarantines it (it was applied with U+FFFD)."""
-    from sources import Change, Debezium
-
     store = tmp_path / "store"
-    dbz = Debezium("t", ["id"], {"id": "int", "v": "string"}, schema=False)
-    ts = 1795255200000000
-    changes = [
-        Change("t", "I", None, {"id": i, "v": v}, ts + i, 700 + i, 10 + i)
-        for i, v in ((1, "a"), (2, "caf@"), (3, "c"))
-    ]
-    good, n = lines(dbz.records(changes))
+    good, n = debezium_lines("caf@")
     data = good.replace(b"caf@", b"caf\xe9")
     put_export(open_store(store.as_uri()), "pub", "t", D, "debezium", {"part-0.json": (data, n)})
     assert cdr_run(tmp_path, store) == 0
@@ -280,19 +283,10 @@ def test_a_debezium_line_over_max_record_bytes_is_quarantined_naming_its_line(
 ):
     """The adapters' lines have the limit too: staged with their first bytes and the
     reason, and quarantined by the adapter."""
-    from sources import Change, Debezium
-
     store = tmp_path / "store"
-    dbz = Debezium("t", ["id"], {"id": "int", "v": "string"}, schema=False)
-    ts = 1795255200000000
-    rows = ((1, "a"), (2, "x" * 5000), (3, "c"))
-    changes = [Change("t", "I", None, {"id": i, "v": v}, ts + i, 700 + i, 10 + i) for i, v in rows]
-    data, n = lines(dbz.records(changes))
+    data, n = debezium_lines("x" * 5000)
     put_export(open_store(store.as_uri()), "pub", "t", D, "debezium", {"part-0.json": (data, n)})
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "max_record_bytes": 1000}))
-    argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
-    assert main([*argv, "--no-data-docs"]) == 0
+    assert cdr_run(tmp_path, store, max_record_bytes=1000) == 0
     q = P.log(store, "t", "quarantine", D)
     assert [r["reason"] for r in q] == ["malformed"]
     assert "part-0.json:2: " in q[0]["detail"] and "over max_record_bytes (1000)" in q[0]["detail"]
