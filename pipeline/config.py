@@ -7,6 +7,7 @@ downstream reads raw dicts: stages take a :class:`Config`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,19 @@ class ColumnType:
             return f"decimal({self.precision},{self.scale})"
         return self.kind.value
 
+    def fits(self, value: int | float | Decimal) -> bool:
+        """Whether a number is in this numeric type's range (a 32- or 64-bit integer, a
+        finite double, a decimal with at most ``precision - scale`` integer digits)."""
+        k = self.kind
+        if k in (Kind.INT, Kind.BIGINT):
+            bits = 31 if k is Kind.INT else 63
+            return -(2**bits) <= value < 2**bits
+        if k is Kind.DOUBLE:
+            return math.isfinite(value)
+        if k is Kind.DECIMAL:
+            return abs(value) < 10 ** (self.precision - self.scale)
+        raise TypeError(f"{self} is not numeric")
+
 
 def parse_column_type(text: str) -> ColumnType:
     """``int`` ... ``decimal(p,s)``; raises ValueError naming the allowed types."""
@@ -92,8 +106,7 @@ def coerce_value(ctype: ColumnType, value: Any) -> Any:
     if k in (Kind.INT, Kind.BIGINT):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{value!r} is not an integer")
-        bits = 31 if k is Kind.INT else 63
-        if not -(2**bits) <= value < 2**bits:
+        if not ctype.fits(value):
             raise ValueError(f"{value} does not fit {k.value}")
         return value
     if k is Kind.DOUBLE:

@@ -41,7 +41,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
 from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
-from pipeline.frames import FOLD_INPUT, LEDGER_SCHEMA, fold_outputs
+from pipeline.frames import LEDGER_SCHEMA, fold_input, fold_outputs
 from pipeline.policy import Scope
 from pipeline.rowfold import Event, FoldSpec
 from pipeline.shuffle import (
@@ -266,7 +266,7 @@ def fold(
             items.where(is_coupled)
             .repartition(1)
             .sortWithinPartitions(*order)
-            .select(*FOLD_INPUT)
+            .select(*fold_input(table))
             .mapInArrow(fold_function(job, single_group=True), TASK_COLUMNS)
         )
         items = items.where(~is_coupled)
@@ -274,7 +274,7 @@ def fold(
     keyed = (
         items.repartition(n, "key")
         .sortWithinPartitions(F.col("key"), *order)
-        .select(*FOLD_INPUT)
+        .select(*fold_input(table))
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )
     tasks = keyed if coupled is None else keyed.unionByName(single)

@@ -29,7 +29,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,9 @@ from pipeline.groups import (
     standing_rows,
 )
 from pipeline.jsonvalues import dumps
-from pipeline.policy import Fate
+from pipeline.policy import Fate, QuarantineReason
 from pipeline.rowfold import (
+    Applied,
     Change,
     Conflict,
     Event,
@@ -171,10 +172,26 @@ class GroupFolder:
             for i, ch in enumerate(a.changes):
                 yield "changes", self._change_row(a.event, ch, i)
         outcome = {a.event.event_id: a for a in result.applied}
+        yield from self._event_fates(events, copies, outcome)
+        if result.stopped is not None:
+            return  # §12: after an error, divergence is not checked
+        kept = [e for e in events if not getattr(outcome.get(e.event_id), "quarantined", None)]
+        yield from self._divergence(state, kept, result.state)
+
+    def _event_fates(
+        self,
+        events: list[Event],
+        copies: Mapping[str, list[dict[str, Any]]],
+        outcome: Mapping[str, Applied],
+    ) -> Iterator[Out]:
+        """The fate of every copy of the folded events (the fold may quarantine one)."""
         for e in events:
             if e.op == "TRUNCATE":
                 continue  # its fates are the driver's (``shuffle.special_copies``)
             got = outcome.get(e.event_id)
+            if got is not None and got.quarantined is not None:
+                yield from self._quarantined(e.event_id, copies[e.event_id], got)
+                continue
             if got is None:
                 fate = Fate.NOT_REACHED
             else:
@@ -182,9 +199,6 @@ class GroupFolder:
                     Fate.APPLIED if got.applied else Fate.ERRORED if got.errored else Fate.DISCARDED
                 )
             yield from self._fates(e.event_id, [(c, fate) for c in copies[e.event_id]])
-        if result.stopped is not None:
-            return  # §12: after an error, divergence is not checked
-        yield from self._divergence(state, events, result.state)
 
     def _fates(
         self, eid: str, fates: list[tuple[dict[str, Any], Fate]], chosen: bool = True
@@ -205,17 +219,27 @@ class GroupFolder:
                 },
             )
 
-    def _quarantined(self, eid: str, group: list[dict[str, Any]]) -> Iterator[Out]:
+    def _quarantined(
+        self, eid: str, group: list[dict[str, Any]], fold: Applied | None = None
+    ) -> Iterator[Out]:
+        """The event quarantined whole: by its standing copy's guard (its record as
+        exported), or by the fold (``fold``: a delta overflow; the event as it was read,
+        with the file and line of its standing copy)."""
         c = group[0]
+        reason, detail, event = c["reason"], c["detail"], c["raw"]
+        if fold is not None:
+            reason = QuarantineReason.DELTA_OVERFLOW.value
+            detail = f"{c['file']} line {c['line']}: {fold.quarantined}"
+            event = dumps(self._event_row(fold.event, c["seq"]))
         yield (
             "quarantine",
             {
                 **self.run,
                 "replica": c["replica"],
                 "event_id": eid,
-                "reason": c["reason"],
-                "detail": c["detail"],
-                "event": c["raw"],
+                "reason": reason,
+                "detail": detail,
+                "event": event,
             },
         )
         yield from self._fates(eid, [(x, Fate.QUARANTINED) for x in group])
@@ -270,6 +294,12 @@ class GroupFolder:
             "pre": row(ch.pre),
             "post": row(ch.post),
         }
+
+    def _event_row(self, e: Event, seq: int) -> dict[str, Any]:
+        """An event as the fold read it, in the canonical record's shape (formats.md)."""
+        ts = datetime.fromtimestamp(e.ts / 1e6, UTC) if e.ts else None
+        meta = {"ts": ts, "origin": e.origin, "event_id": e.event_id, "seq": seq}
+        return {**self._remote_row(e), **meta}
 
     def _remote_row(self, e: Event) -> dict[str, Any]:
         out: dict[str, Any] = {"op": e.op}

@@ -114,8 +114,15 @@ FOLD_INPUT = (
 )
 
 
+def fold_input(table: Table) -> tuple[str, ...]:
+    """:data:`FOLD_INPUT`, and a copy's ``file`` and ``line`` for a table with delta
+    columns: the fold quarantines an event whose delta would overflow, naming its line
+    (the other tables do not carry them through the shuffle)."""
+    return (*FOLD_INPUT, "file", "line") if table.delta else FOLD_INPUT
+
+
 def fold_input_schema(table: Table) -> T.StructType:
-    """The Spark schema of :data:`FOLD_INPUT` as ``engine.build_items`` makes it: a copy's
+    """The Spark schema of :func:`fold_input` as ``engine.build_items`` makes it: a copy's
     fields, ``is_event`` (0: a state row), and a state row's ``row`` and ``s_*``."""
     copy = {f.name: f.dataType for f in copy_schema(table).fields}
     types = {
@@ -130,7 +137,7 @@ def fold_input_schema(table: Table) -> T.StructType:
         "s_deleted": _B,
         "s_deleted_at": _L,
     }
-    return T.StructType([T.StructField(n, types[n]) for n in FOLD_INPUT])
+    return T.StructType([T.StructField(n, types[n]) for n in fold_input(table)])
 
 
 #: a conflict-log row, after ``run_id, table`` (formats.md)

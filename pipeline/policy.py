@@ -103,13 +103,15 @@ CDC_POST_IMAGE = 9
 
 
 class QuarantineReason(StrEnum):
-    """semantics.md §3 guards, in the order they are checked (§12), plus FK quarantine."""
+    """semantics.md §3 guards, in the order they are checked (§12), plus FK quarantine and
+    the fold's delta overflow."""
 
     MALFORMED = "malformed"
     FUTURE_TIMESTAMP = "future_timestamp"
     STALE_BEYOND_GC_GRACE = "stale_beyond_gc_grace"
     DELTA_WITHOUT_OLD_VALUE = "delta_without_old_value"
     FK_VIOLATION = "fk_violation"
+    DELTA_OVERFLOW = "delta_overflow"  # the fold's: a delta past its column's range (§8)
 
 
 class Preset(StrEnum):

@@ -14,11 +14,18 @@ error.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.config import Table
-from pipeline.policy import ChangeKind, ConflictType, Detection, Outcome, Resolver
+from pipeline.config import ColumnType, Table
+from pipeline.policy import (
+    ChangeKind,
+    ConflictType,
+    Detection,
+    Outcome,
+    QuarantineReason,
+    Resolver,
+)
 
 Key = tuple[Any, ...]
 
@@ -107,6 +114,17 @@ class Applied:
     conflicts: tuple[Conflict, ...]
     errored: bool = False
     changes: tuple[Change, ...] = ()
+    quarantined: str | None = None  # why the fold quarantined it (:class:`DeltaOverflow`)
+
+
+class DeltaOverflow(Exception):
+    """An event's delta would take a delta column past its type's range (§8): the event
+    is quarantined whole, before it changed anything."""
+
+    reason = QuarantineReason.DELTA_OVERFLOW
+
+    def __init__(self, column: str, ctype: ColumnType, value: Any):
+        super().__init__(f"the delta of column {column!r} would make it {value}, past {ctype}")
 
 
 class RunStopped(Exception):
@@ -202,6 +220,7 @@ class RowFold:
         self.trace: list[Transition] | None = [] if trace else None
         self._key_cols = self.table.key
         self._all_cols = self.table.column_names
+        self._delta_types = {c: self.table.column(c).type for c in self.table.delta}
         self._indexes: list[dict[tuple[Any, ...], set[Key]]] = [{} for _ in self.table.unique]
         for k, v in state.items():
             self._index(k, v)
@@ -286,11 +305,20 @@ class RowFold:
         row = dict(local)
         for c, v in e.after.items():
             if c in self.table.delta:
-                row[c] = _num(row.get(c)) + (v - e.before[c])
+                row[c] = self._plus_delta(row.get(c), e, c)
             else:
                 row[c] = v
         row.update(self.key_dict(key))
         return row
+
+    def _plus_delta(self, local: Any, e: Event, c: str) -> Any:
+        """The local value (null counts as 0) plus the event's ``new - old`` of delta column
+        ``c``; :class:`DeltaOverflow` past the column's range."""
+        value = _num(local) + (e.after[c] - e.before[c])
+        ctype = self._delta_types[c]
+        if not ctype.fits(value):
+            raise DeltaOverflow(c, ctype, value)
+        return value
 
     def _add_delta(self, key: Key, e: Event) -> None:
         """§8: an UPDATE whose row lost (discarded or skipped) still adds its delta to the
@@ -303,7 +331,7 @@ class RowFold:
             return
         values = dict(loc.values)
         for c in changed:
-            values[c] = _num(values.get(c)) + (e.after[c] - e.before[c])
+            values[c] = self._plus_delta(values.get(c), e, c)
         self._set(key, Version(values, loc.ts, loc.origin, loc.event_id, loc.rank))
 
     def _live(self, values: dict[str, Any], e: Event) -> Version:
@@ -328,7 +356,14 @@ class RowFold:
     def apply(self, e: Event) -> Applied:
         """Apply one event; returns its conflicts. In the converged fold an ``errored``
         conflict raises :class:`RunStopped` (after logging); in a perspective the event is
-        simply not applied."""
+        simply not applied. An event whose delta would overflow changes nothing and is
+        quarantined, without its conflicts."""
+        try:
+            return self._apply(e)
+        except DeltaOverflow as overflow:
+            return Applied(e, False, (), quarantined=str(overflow))
+
+    def _apply(self, e: Event) -> Applied:
         if e.op == "TRUNCATE":
             self._truncate(e)
             return Applied(e, True, ())
@@ -692,8 +727,7 @@ def fold_converged(
             results.append(Applied(e, False, stop.log, errored=True))
             return FoldResult(f.state, results, stop.conflict)
         if f.trace is not None:
-            changes = visible_changes(e, f.trace, spec.table, a.applied)
-            a = Applied(a.event, a.applied, a.conflicts, a.errored, changes)
+            a = replace(a, changes=visible_changes(e, f.trace, spec.table, a.applied))
             f.trace.clear()
         results.append(a)
     return FoldResult(f.state, results, None)

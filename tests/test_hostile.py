@@ -292,3 +292,44 @@ def test_a_debezium_line_over_max_record_bytes_is_quarantined_naming_its_line(
     assert "part-0.json:2: " in q[0]["detail"] and "over max_record_bytes (1000)" in q[0]["detail"]
     assert len(q[0]["event"]) <= 1024
     assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
+
+
+BIG = 2**63 - 1
+
+
+def update(n: int, origin: str, old: int, new: int, minute: int) -> dict:
+    return {
+        "op": "UPDATE",
+        "key": {"id": 1},
+        "before": {"bal": old},
+        "after": {"bal": new, "v": f"by-{origin}-{n}"},
+        "ts": f"2026-11-21T10:{minute:02d}:00Z",
+        "origin": origin,
+        "event_id": f"{origin}-{n}",
+        "seq": n,
+    }
+
+
+def test_a_delta_past_the_columns_range_is_quarantined_naming_the_column(tmp_path: Path, spark):
+    """Tried: a bigint balance pushed past 2^63-1 failed the whole run. The event whose
+    delta would overflow is quarantined whole (its other columns are not written either),
+    with a reason naming the column; the later events still apply."""
+    store = tmp_path / "store"
+    base = {**record(1), "after": {"id": 1, "v": "a", "bal": BIG - 10}}
+    pub = [base, update(2, "pub", BIG - 10, BIG - 1, 2), update(3, "pub", BIG - 1, BIG - 4, 3)]
+    sub = [update(1, "sub", BIG - 10, BIG - 5, 1)]
+    s = open_store(store.as_uri())
+    for rep, recs in (("pub", pub), ("sub", sub)):
+        data, n = lines(recs)
+        put_export(s, rep, "t", D, "jsonl", {"part-0.jsonl": (data, n)})
+    table = {"key": ["id"], "columns": {"id": "int", "v": "string", "bal": "bigint"}}
+    assert cdr_run(tmp_path, store, tables={"t": {**table, "delta": ["bal"]}}) == 0
+    q = P.log(store, "t", "quarantine", D)
+    assert [(r["event_id"], r["reason"]) for r in q] == [("pub-2", "delta_overflow")]
+    assert "part-0.jsonl line 2: the delta of column 'bal'" in q[0]["detail"]
+    assert q[0]["detail"].endswith(f"would make it {BIG + 4}, past bigint")
+    assert json.loads(q[0]["event"])["after"] == {"bal": BIG - 1, "v": "by-pub-2"}
+    # +5 by sub, pub-2's +9 quarantined, pub-3's -3 applied (and its v)
+    assert [(r["v"], r["bal"]) for r in P.snapshot(store, "t")] == [("by-pub-3", BIG - 8)]
+    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
+    assert report["tables"]["t"]["quarantined"] == {"delta_overflow": 1}

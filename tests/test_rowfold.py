@@ -236,6 +236,52 @@ def test_losing_update_still_adds_its_delta():
     assert res.state[(1,)].origin == "pub"
 
 
+@pytest.mark.parametrize("winner", ["remote", "local"])
+def test_a_delta_past_an_int_columns_range_quarantines_the_event_and_changes_nothing(winner):
+    """§8 with the column's range: whether the UPDATE wins (its delta merged) or loses
+    (only its delta added), a sum past 2^31-1 quarantines it before it changed anything;
+    a perspective that meets the same overflow does not apply it either."""
+    rule = "latest_timestamp_wins" if winner == "remote" else "earliest_timestamp_wins"
+    sp = spec({**DELTA, "resolvers": {"update_differ": rule}})
+    top = 2**31 - 1
+    state = dict([live(1, "a", T0 - H, "pub", n=top - 5)])
+    events = [
+        ev("UPDATE", 1, T0, "pub", "pub-1", {"n": top - 4}, {"n": top - 5}),
+        ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": top, "v": "b"}, {"n": top - 5, "v": "a"}),
+    ]
+    res = fold(sp, state, events)
+    over = res.applied[1]
+    assert (over.applied, over.conflicts) == (False, ())
+    assert over.quarantined == f"the delta of column 'n' would make it {top + 1}, past int"
+    assert res.state[(1,)].values == {"id": 1, "v": "a", "n": top - 4}
+    assert fold_perspective(sp, state, events, "sub").get((1,)).values["n"] == top - 4
+
+
+@pytest.mark.parametrize(
+    ("ctype", "start", "step", "fits"),
+    [
+        ("bigint", 2**63 - 2, 1, True),
+        ("bigint", 2**63 - 2, 2, False),
+        ("bigint", -(2**63) + 1, -1, True),
+        ("bigint", -(2**63) + 1, -2, False),
+        ("double", 1e308, 1e308, False),
+        ("decimal(5,2)", "999.00", "0.99", True),
+        ("decimal(5,2)", "999.00", "1.00", False),
+    ],
+)
+def test_a_delta_column_keeps_its_types_range(ctype, start, step, fits):
+    from decimal import Decimal
+
+    conv = Decimal if ctype.startswith("decimal") else (lambda x: x)
+    a, d = conv(start), conv(step)
+    sp = spec({"columns": {"id": "int", "v": "string", "n": ctype}, "delta": ["n"]})
+    state = dict([live(1, "a", T0 - H, "pub", n=a)])
+    res = fold(sp, state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"n": a + d}, {"n": a})])
+    assert res.applied[0].applied is fits
+    assert (res.applied[0].quarantined is None) is fits
+    assert res.state[(1,)].values["n"] == (a + d if fits else a)
+
+
 def test_insert_sets_delta_absolutely():
     res = fold(spec(DELTA), {}, [ev("INSERT", 1, T0, "pub", "pub-1", {"id": 1, "v": "a", "n": 7})])
     assert res.state[(1,)].values["n"] == 7
