@@ -13,18 +13,21 @@ JSON parse or a type's cast.
 from __future__ import annotations
 
 import base64
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.blocks import BlockTyper
 from pipeline.frames import copy_schema
 from pipeline.guards import JsonNumber, LongLine, Typer, TypingSpec, long_line, not_utf8, text_of
+from pipeline.jsonvalues import dumps
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -233,3 +236,69 @@ def read_copies(
     if not files:
         return spark.createDataFrame([], schema)
     return spark.read.schema(schema).parquet(*files)
+
+
+# ---------------------------------------------------------------- copies that differ
+
+#: the ``differing_copies`` log (``layout.LOGS``): every copy of an event that one replica's
+#: export holds more than once in different versions; ``standing`` marks the one that
+#: stood (``shuffle.standing_order``), ``record`` is the copy as it was read
+DIFFERING_FIELDS = ("replica", "event_id", "file", "line", "seq", "standing", "record")
+_S, _L = pa.string(), pa.int64()
+DIFFERING_SCHEMA = pa.schema(
+    [(n, _S) for n in ("run_id", "table", "replica", "event_id", "file")]
+    + [("line", _L), ("seq", _L), ("standing", pa.bool_()), ("record", _S)]
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def copy_record(r: Mapping[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    """A typed copy (``frames.copy_schema``, as a dict) as a canonical record (formats.md),
+    for an operator to read: the images hold the columns the record gave."""
+    out: dict[str, Any] = {"op": r["op"], "key": r["key"]}
+    if r["new_key"] is not None:
+        out["new_key"] = r["new_key"]
+    for image in ("after", "before"):
+        values = r[image] or {}
+        given = {
+            c: values[c] for c, has in zip(columns, r[f"{image}_has"] or (), strict=False) if has
+        }
+        if given:
+            out[image] = given
+    ts = None if r["ts"] is None else _EPOCH + timedelta(microseconds=r["ts"])
+    out.update(ts=ts, origin=r["origin"], event_id=r["event_id"], seq=r["seq"])
+    if r["txid"] is not None:
+        out["txid"] = r["txid"]
+    return out
+
+
+def differing_copies(
+    spark: SparkSession, copies: DataFrame, fates: pa.Table, table: Table
+) -> list[dict[str, Any]]:
+    """The copies of every event that one replica's export holds more than once in
+    different versions (issue 16), the standing one first. Read only when some replica
+    holds an event twice (its fates say so): the copies of those events alone."""
+    from pyspark.sql import functions as F
+
+    from pipeline.shuffle import standing_order
+
+    counts = fates.group_by(["event_id", "replica"]).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts["count_all"], 1)).select(["event_id", "replica"])
+    if repeated.num_rows == 0:
+        return []
+    wanted = F.broadcast(spark.createDataFrame(repeated.to_pandas()))
+    picked = copies.join(wanted, ["event_id", "replica"], "left_semi")
+    rows = picked.orderBy("event_id", *standing_order()).toArrow().to_pylist()
+    out: list[dict[str, Any]] = []
+    for _, group in itertools.groupby(rows, key=lambda r: (r["event_id"], r["replica"])):
+        copies_of = list(group)
+        records = [
+            r["raw"] if r["reason"] is not None else dumps(copy_record(r, table.column_names))
+            for r in copies_of
+        ]
+        if len(set(records)) > 1:
+            out += [
+                {**{f: r[f] for f in DIFFERING_FIELDS[:5]}, "standing": i == 0, "record": rec}
+                for i, (r, rec) in enumerate(zip(copies_of, records, strict=True))
+            ]
+    return out

@@ -29,7 +29,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config import Table
+from pipeline.copies import copy_record
 from pipeline.groups import (
     Groups,
     find_groups,
@@ -230,7 +231,7 @@ class GroupFolder:
         if fold is not None:
             reason = QuarantineReason.DELTA_OVERFLOW.value
             detail = f"{c['file']} line {c['line']}: {fold.quarantined}"
-            event = dumps(self._event_row(fold.event, c["seq"]))
+            event = dumps(copy_record(c, self.columns))
         yield (
             "quarantine",
             {
@@ -294,12 +295,6 @@ class GroupFolder:
             "pre": row(ch.pre),
             "post": row(ch.post),
         }
-
-    def _event_row(self, e: Event, seq: int) -> dict[str, Any]:
-        """An event as the fold read it, in the canonical record's shape (formats.md)."""
-        ts = datetime.fromtimestamp(e.ts / 1e6, UTC) if e.ts else None
-        meta = {"ts": ts, "origin": e.origin, "event_id": e.event_id, "seq": seq}
-        return {**self._remote_row(e), **meta}
 
     def _remote_row(self, e: Event) -> dict[str, Any]:
         out: dict[str, Any] = {"op": e.op}

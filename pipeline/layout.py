@@ -35,7 +35,8 @@ def base_dir(table: str) -> str:
 SNAPSHOT = "snapshot"
 STATE = "state"
 LEDGER = "ledger"
-LOGS = ("conflicts", "quarantine", "divergence", "orphans")  # a failed run's too
+#: the logs, a failed run's too
+LOGS = ("conflicts", "quarantine", "divergence", "orphans", "differing_copies")
 DATED = (STATE, *LOGS, LEDGER)
 
 

@@ -27,7 +27,7 @@ from pyspark.sql.window import Window
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
-from pipeline.copies import read_copies
+from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies
 from pipeline.engine import RowRun, purge, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.frames import (
@@ -84,7 +84,10 @@ def resolve_table(
     if stopped is not None:  # §12: divergence is not checked after an error
         _empty(out / "divergence")
     _write_ledger(fates, out, ctx, table.name)
-    return _table_counts(table, out, fates, staged, stopped)
+    differing = _write_differing(
+        differing_copies(spark, copies, fates, table), out, ctx, table.name
+    )
+    return _table_counts(table, out, fates, staged, stopped, differing)
 
 
 def _resolve_cells(
@@ -164,6 +167,19 @@ def _write_ledger(fates: pa.Table, out: Path, ctx: RunContext, table: str) -> No
     pq.write_table(ledger, out / "ledger" / "part-00000.parquet", compression="zstd")
 
 
+def _write_differing(rows: list[dict[str, Any]], out: Path, ctx: RunContext, table: str) -> int:
+    """The ``differing_copies`` log of the table (only when it has rows); returns the
+    number of events."""
+    if not rows:
+        return 0
+    run = {"run_id": ctx.run_id, "table": table}
+    folder = out / "differing_copies"
+    folder.mkdir(parents=True, exist_ok=True)
+    data = pa.Table.from_pylist([{**run, **r} for r in rows], DIFFERING_SCHEMA)
+    pq.write_table(data, folder / "part-00000.parquet", compression="zstd")
+    return len({r["event_id"] for r in rows})
+
+
 def _stops(fates: pa.Table) -> bool:
     """Whether the converged fold stopped on an ``error`` (§12): the event of the errored
     conflict has the fate ``errored``. Known from the written fates, so that the runs that
@@ -235,7 +251,12 @@ def _events_by_fate(fates: pa.Table) -> dict[str, int]:
 
 
 def _table_counts(
-    table: Table, out: Path, fates: pa.Table, staged: StagedTable, stopped: Stopped | None
+    table: Table,
+    out: Path,
+    fates: pa.Table,
+    staged: StagedTable,
+    stopped: Stopped | None,
+    differing: int,
 ) -> TableSummary:
     by_fate = _events_by_fate(fates)
     duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
@@ -265,6 +286,7 @@ def _table_counts(
         applied=by_fate.get("applied", 0),
         discarded=by_fate.get("discarded", 0),
         duplicates=duplicate_records,
+        differing_copies=differing,
         errored=by_fate.get("errored", 0),
         not_reached=by_fate.get("not_reached", 0),
         quarantined=quarantined,

@@ -33,6 +33,7 @@ class TableSummary:
     applied: int = 0
     discarded: int = 0
     duplicates: int = 0  # records: of earlier nights' events, or repeats
+    differing_copies: int = 0  # events a replica's export holds in different versions
     errored: int = 0
     not_reached: int = 0
     quarantined: Mapping[str, int] = field(default_factory=dict)  # events by reason

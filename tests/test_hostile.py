@@ -259,9 +259,11 @@ def test_a_dms_csv_record_that_is_not_utf8_is_quarantined_naming_its_line(tmp_pa
     assert [r["id"] for r in P.snapshot(store, "t")] == [1, 3]
 
 
-@pytest.mark.parametrize("later_first", [False, True])
+@pytest.mark.parametrize(
+    "later_first, policy", [(False, "postgres"), (True, "postgres"), (True, "scylla")]
+)
 def test_copies_of_one_event_that_differ_in_one_export_the_highest_seq_stands(
-    tmp_path: Path, spark, later_first: bool
+    tmp_path: Path, spark, later_first: bool, policy: str
 ):
     """Two copies of one event in one replica's export, with different values: the copy
     with the highest ``seq`` of that export stands, wherever it is in the file (the choice
@@ -271,11 +273,32 @@ def test_copies_of_one_event_that_differ_in_one_export_the_highest_seq_stands(
     new = {**record(1, "new"), "seq": 5}
     data, n = lines([new, old] if later_first else [old, new])
     put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
-    assert cdr_run(tmp_path, store) == 0
+    tables = {"t": {**CONFIG["tables"]["t"], "policy": policy}}
+    assert cdr_run(tmp_path, store, tables=tables) == 0
     assert [(r["id"], r["v"]) for r in P.snapshot(store, "t")] == [(1, "new")]
     report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
     pub = report["tables"]["t"]["replicas"]["pub"]
     assert (pub["applied"], pub["duplicate"]) == (1, 1)
+    # counted, and both versions kept for the operator, with their file and line
+    assert report["tables"]["t"]["differing_copies"] == 1
+    kept = P.log(store, "t", "differing_copies", D)
+    seen = {(r["seq"], r["standing"], json.loads(r["record"])["after"]["v"]) for r in kept}
+    assert seen == {(5, True, "new"), (1, False, "old")}
+    assert {(r["replica"], r["event_id"], r["file"]) for r in kept} == {
+        ("pub", "pub-1", "part-0.jsonl")
+    }
+    assert sorted(r["line"] for r in kept) == [1, 2]
+
+
+def test_identical_copies_of_one_event_are_only_duplicates(tmp_path: Path, spark):
+    store = tmp_path / "store"
+    data, n = lines([record(1), record(1), record(2)])
+    put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
+    assert cdr_run(tmp_path, store) == 0
+    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
+    assert report["tables"]["t"]["differing_copies"] == 0
+    assert report["tables"]["t"]["replicas"]["pub"]["duplicate"] == 1
+    assert not (store / "published/t/differing_copies").exists()
 
 
 def test_a_debezium_line_over_max_record_bytes_is_quarantined_naming_its_line(
