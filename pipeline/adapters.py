@@ -31,6 +31,7 @@ cannot both change one row then).
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -50,12 +51,16 @@ FRAMING: dict[str, re.Pattern[bytes]] = {
     "debezium": re.compile(rb"^\s*null\s*$"),
 }
 
+#: what the Debezium PostgreSQL connector writes for a TOASTed value a change did not
+#: decode (its ``unavailable.value.placeholder``; the manifest's option overrides it)
+UNAVAILABLE = "__debezium_unavailable_value"
+
 #: the manifest's ``options`` each format accepts, and their JSON types
 OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "jsonl": {},
     "parquet": {},
     "wal2json": {"origins": dict},
-    "debezium": {},
+    "debezium": {"unavailable_value_placeholder": str},
     "dms": {
         "timestamp_column": str,
         "header": bool,
@@ -443,13 +448,13 @@ def _dbz_value(
 def debezium(raw: DataFrame, table: Table, options: Mapping[str, Any]) -> DataFrame:
     """Debezium change events as an S3 sink writes them: one envelope per line, plain or
     wrapped as ``{"schema": …, "payload": …}`` (Kafka Connect's JsonConverter)."""
-    del options
     decimals = [c.name for c in table.columns if c.type.kind is Kind.DECIMAL]
+    unavailable = options.get("unavailable_value_placeholder", UNAVAILABLE)
     df = _dbz_envelopes(raw, decimals)
     df = df.select(
         "*",
-        _dbz_text_map(table, "after", decimals).alias("a_m"),
-        _dbz_text_map(table, "before", decimals).alias("b_m"),
+        _dbz_text_map(table, "after", decimals, unavailable).alias("a_m"),
+        _dbz_text_map(table, "before", decimals, unavailable).alias("b_m"),
     )
     op = F.col("p.op")
     after, before = F.col("a_m"), F.col("b_m")
@@ -530,13 +535,29 @@ def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
     )
 
 
-def _dbz_text_map(table: Table, part: str, decimals: list[str]) -> Column:
+def _unavailable(kind: Kind, value: Column, placeholder: str) -> Column:
+    """Whether a value is the connector's placeholder for a TOASTed value the change did
+    not decode (text, or a ``bytea``'s bytes as base64 or hex)."""
+    if kind is Kind.STRING:
+        return value == placeholder
+    if kind is Kind.BINARY:
+        raw = placeholder.encode()
+        return value.isin(base64.b64encode(raw).decode(), raw.hex())
+    return F.lit(False)
+
+
+def _dbz_text_map(table: Table, part: str, decimals: list[str], unavailable: str) -> Column:
     """The envelope's ``before`` or ``after`` as a map of canonical texts: the table's
-    columns by their logical types, any other field as its JSON text."""
+    columns by their logical types, any other field as its JSON text. A column whose value
+    is the placeholder of an unchanged TOASTed value is left out: the change did not
+    write it."""
     m = F.col(f"p.{part}")
     entries = [
         F.when(
-            F.map_contains_key(m, col.name),
+            F.map_contains_key(m, col.name)
+            & ~F.coalesce(
+                _unavailable(col.type.kind, _text(m[col.name]), unavailable), F.lit(False)
+            ),
             F.struct(
                 F.lit(col.name).alias("k"),
                 _dbz_value(

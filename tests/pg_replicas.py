@@ -25,7 +25,11 @@ TABLES = ("products", "orders", "accounts")
 KEYS = {"products": "product_no", "orders": "order_id", "accounts": "id"}
 
 SCHEMA = """
-create table products(product_no int primary key, name text not null, price numeric(10,2));
+create table products(product_no int primary key, name text not null, price numeric(10,2),
+                      note text);
+-- a long note is stored out of line (TOAST), uncompressed: an UPDATE that does not change
+-- it does not decode it (wal2json leaves it out, Debezium writes a placeholder)
+alter table products alter column note set storage external;
 create table orders(order_id int primary key,
                     product_no int not null references products, quantity int not null);
 create table accounts(id bigint primary key, owner text not null unique, balance bigint not null);

@@ -120,7 +120,11 @@ class Debezium:
     """Debezium PostgreSQL connector envelopes for one table (``columns``: name -> the
     config's column type). ``full_identity``: the table has REPLICA IDENTITY FULL, so an
     UPDATE carries its before image; otherwise ``before`` is null on UPDATE and holds the
-    key alone on DELETE, as the connector writes them."""
+    key alone on DELETE, as the connector writes them. ``toasted``: a text value longer than
+    this that an UPDATE did not change is stored out of line, and PostgreSQL does not decode
+    it: the connector writes ``placeholder`` instead."""
+
+    PLACEHOLDER = "__debezium_unavailable_value"  # the connector's default
 
     def __init__(
         self,
@@ -131,9 +135,23 @@ class Debezium:
         schema: bool = True,
         full_identity: bool = False,
         server: str = "pg",
+        toasted: int | None = None,
+        placeholder: str = PLACEHOLDER,
     ) -> None:
         self.table, self.key, self.columns = table, key, columns
         self.schema, self.full_identity, self.server = schema, full_identity, server
+        self.toasted, self.placeholder = toasted, placeholder
+
+    def _unchanged_toast(self, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        """``new`` as the connector decodes it: unchanged out-of-line values unavailable."""
+        if self.toasted is None:
+            return new
+        return {
+            c: self.placeholder
+            if isinstance(v, str) and len(v) > self.toasted and old.get(c) == v
+            else v
+            for c, v in new.items()
+        }
 
     def _row(self, row: dict[str, Any] | None, key_only: bool = False) -> dict[str, Any] | None:
         if row is None:
@@ -214,7 +232,8 @@ class Debezium:
                 out.append(self.envelope("c", None, self._row(ch.new), *args))
             elif ch.op == "U":
                 before = self._row(ch.old) if self.full_identity else None
-                out.append(self.envelope("u", before, self._row(ch.new), *args))
+                after = self._row(self._unchanged_toast(ch.old, ch.new))
+                out.append(self.envelope("u", before, after, *args))
             else:
                 key_only = not self.full_identity
                 out.append(self.envelope("d", self._row(ch.old, key_only), None, *args))

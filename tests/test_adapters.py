@@ -4,6 +4,7 @@ formats mix in one run, and one change exported in two formats is one event."""
 
 from __future__ import annotations
 
+import base64
 import json
 from decimal import Decimal
 from pathlib import Path
@@ -203,6 +204,25 @@ def test_debezium_envelopes_map_to_canonical_events(tmp_path: Path, spark, wrapp
     assert dele["key"] == {"id": "1"}
 
 
+@pytest.mark.parametrize("placeholder", [None, "<unchanged toast>"], ids=["default", "option"])
+def test_debezium_unavailable_toast_values_are_not_written(tmp_path: Path, spark, placeholder):
+    """Issue 16: an UPDATE's unchanged TOASTed text or bytea comes as the connector's
+    placeholder (the default, or the manifest's ``unavailable_value_placeholder``): the
+    column is left out of the image, so the change does not write it."""
+    cfg = config(tmp_path, (tmp_path / "store").as_uri())
+    mark = placeholder or adapters.UNAVAILABLE
+    dbz = src.Debezium("items", ["id"], COLUMNS, schema=True)
+    old = {"id": 1, "name": "a", "price": Decimal("1.00"), "added": None, "seen": None}
+    new = {**dbz._row({**old, "price": Decimal("2.00")}), "name": mark}
+    new["blob"] = base64.b64encode(mark.encode()).decode()
+    recs = [dbz.envelope("u", None, new, T0, 6, 200)]
+    dest, _, _ = staged_lines(tmp_path, "debezium", recs)
+    options = {"unavailable_value_placeholder": placeholder} if placeholder else {}
+    raw = spark.read.parquet(str(dest))
+    [upd] = canonical_rows(adapters.debezium(raw, cfg.tables["items"], options))
+    assert upd["after"] == {"id": "1", "price": "2.00", "added": None, "seen": None}
+
+
 @pytest.mark.parametrize("precision", [10, 18])
 def test_debezium_decimal_bytes_decode_exactly(tmp_path: Path, spark, precision: int):
     """The adapter decodes Debezium's ``Decimal`` bytes (big-endian two's complement,
@@ -324,7 +344,8 @@ def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
         ("dms", {"timestamp_column": "t", "header": False}, "needs options.columns"),
         ("wal2json", {"origin": {}}, "options ['origin'] are not options of wal2json"),
         ("wal2json", {"origins": {"x": "pg1"}}, "maps replication origin ids"),
-        ("debezium", {"timestamp_column": "t"}, "(known: none)"),
+        ("debezium", {"timestamp_column": "t"}, "(known: unavailable_value_placeholder)"),
+        ("debezium", {"unavailable_value_placeholder": 1}, "must be a str"),
     ],
 )
 def test_manifest_options_are_checked(tmp_path: Path, fmt, options, message):
