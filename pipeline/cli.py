@@ -83,6 +83,12 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run even when a configured replica has no export for a table",
     )
+    p.add_argument(
+        "--accept-late-exports",
+        action="store_true",
+        help="go on when an earlier date's export arrived or changed after its run "
+        "(without its events; the run records it as accepted)",
+    )
     p.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
 
 
@@ -213,6 +219,7 @@ def _options(args: argparse.Namespace) -> Any:
         now=args.now,
         run_id=args.run_id,
         allow_missing_exports=args.allow_missing_exports,
+        accept_late_exports=args.accept_late_exports,
         master=args.master,
         tables=getattr(args, "tables", None),
         on_divergence=getattr(args, "on_divergence", None),

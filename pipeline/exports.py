@@ -111,8 +111,9 @@ class StagedTable:
     prior: dict[str, Any] | None = None  # the pointer of the run whose state we start from
     snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows of its full copy
     ledger: list[str] = field(default_factory=list)  # the dates of the ledger window staged
-    manifests: list[dict[str, str]] = field(default_factory=list)  # key, sha256 (runs row)
+    manifests: list[dict[str, Any]] = field(default_factory=list)  # key, sha256 (runs row)
     start: str = ""  # what the run starts from, for the report
+    late_exports: list[str] = field(default_factory=list)  # accepted (``pipeline.late``)
 
     @property
     def records(self) -> int:
@@ -630,15 +631,20 @@ def unpublished_dates(
 
 
 def ingest(
-    config: Config, store: Store, ctx: RunContext, allow_missing: bool
+    config: Config, store: Store, ctx: RunContext, allow_missing: bool, accept_late: bool = False
 ) -> dict[str, StagedTable]:
     """Stage every export of ``ctx.dt``, the state the run starts from (or the base
-    snapshot), the ledger window and the CDC generations."""
+    snapshot), the ledger window and the CDC generations. An earlier date's export that
+    arrived or changed after its run stops the run, unless ``accept_late``."""
     from pipeline.lake import Lake
+    from pipeline.late import find_late, late_error
     from pipeline.runs_table import read_runs
 
     lake = Lake(store)
     runs = read_runs(lake)
+    late = find_late(config, store, runs, ctx.dt)
+    if late and not accept_late:
+        raise ExportError(late_error(late))
     out: dict[str, StagedTable] = {}
     gaps: list[str] = []
     tasks: list[FileTask] = []
@@ -661,6 +667,10 @@ def ingest(
             f"exports/replica=<id>/table=<table>/dt={ctx.dt}/{layout.MANIFEST} in {store.uri}); "
             "pass --allow-missing-exports to run without them"
         )
+    for x in late:
+        log.warning("ingest: accepted: %s", x)
+        out[x.table].manifests.append(x.record())
+        out[x.table].late_exports.append(str(x))
     if config.cdc.enabled:
         name = "cdc_generation_descriptions"
         prior.stage_table(store, lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
@@ -814,6 +824,7 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
             s.get("ledger", []),
             s.get("manifests", []),
             s.get("start", ""),
+            s.get("late_exports", []),
         )
     return out
 

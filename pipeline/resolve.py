@@ -294,6 +294,7 @@ def _table_counts(
         divergent_keys=divergent,
         replicas=per_replica,
         missing_exports=staged.missing,
+        late_exports=staged.late_exports,
         prior=staged.prior["dt"] if staged.prior else base,
         start=staged.start,
         stopped=stopped,

@@ -50,6 +50,7 @@ class RunOptions:
     now: str | None = None
     run_id: str | None = None
     allow_missing_exports: bool = False
+    accept_late_exports: bool = False  # go on past exports that changed after their run
     master: str | None = None
     tables: tuple[str, ...] | None = None  # a subset (with the tables they reference)
     on_divergence: str | None = None  # overrides the config's
@@ -85,7 +86,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     _clear_work(opts.work_dir, ctx)
     ctx.save()
     try:
-        ingest_exports(config, store, ctx, opts.allow_missing_exports)
+        ingest_exports(config, store, ctx, opts.allow_missing_exports, opts.accept_late_exports)
     except BaseException:
         if not ctx.dry_run:  # nothing of the run reached the store but its runs row
             try:

@@ -41,6 +41,7 @@ class TableSummary:
     divergent_keys: Mapping[str, int] = field(default_factory=dict)  # by replica
     replicas: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # records, fates
     missing_exports: list[str] = field(default_factory=list)
+    late_exports: list[str] = field(default_factory=list)  # accepted (``pipeline.late``)
     prior: str | None = None  # the date of the state the run started from, or "base"
     start: str = ""  # what the table started from, in words
     stopped: Stopped | None = None
