@@ -3,7 +3,8 @@
 Thin by design: every task calls a function of ``pipeline`` (or ``cdr`` under
 spark-submit). The run for date D is triggered at the config's ``schedule`` (default
 02:00 UTC) on D+1; a run triggered from the UI can name its date, a subset of tables,
-a dry run and an ``on_divergence`` override in the trigger form.
+a dry run, an ``on_divergence`` override and the acceptance of late exports in the
+trigger form.
 
     plan → wait_for_exports (sensor) → ingest → resolve (Spark: + CDC, + what validation
     measures) → validate (Great Expectations judges; no JVM) → publish (one asset per
@@ -128,6 +129,13 @@ PARAMS = {
         title="Dry run",
         description="Resolve and validate, publish nothing.",
     ),
+    "accept_late_exports": Param(
+        False,
+        type="boolean",
+        title="Accept late exports",
+        description="Go on when an earlier date's export arrived or changed after its run "
+        "(without its events; the report warns). Otherwise rerun that date and the later ones.",
+    ),
     "on_divergence": Param(
         None,
         type=["null", "string"],
@@ -170,6 +178,7 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
         "tables": ",".join(tables) if tables else "",
         "dry_run": bool(params["dry_run"]),
         "on_divergence": params["on_divergence"] or "",
+        "accept_late_exports": bool(params["accept_late_exports"]),
     }
 
 
@@ -197,6 +206,7 @@ def ingest(p: dict[str, Any]) -> str:
     extra = ["--tables", p["tables"]] if p["tables"] else []
     extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
     extra += ["--dry-run"] if p["dry_run"] else []
+    extra += ["--accept-late-exports"] if p.get("accept_late_exports") else []
     _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
     return p["run_id"]
 

@@ -65,7 +65,7 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
     assert dag.get_task("ingest").retries == 2 and dag.get_task("ingest").retry_exponential_backoff
     sensor = dag.get_task("wait_for_exports")
     assert sensor.mode == "reschedule" and sensor.timeout == 90 * 60 and sensor.poke_interval == 60
-    assert set(dag.params) == {"date", "tables", "dry_run", "on_divergence"}
+    assert set(dag.params) == {"date", "tables", "dry_run", "on_divergence", "accept_late_exports"}
     assert sorted(dag.params.get_param("tables").schema["items"]["enum"]) == [
         "accounts",
         "orders",
@@ -94,6 +94,7 @@ def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch
         ({"tables": ["orders", "invoices"]}, "invoices"),
         ({"on_divergence": "ignore"}, "ignore"),
         ({"dry_run": "yes"}, "yes"),
+        ({"accept_late_exports": "yes"}, "yes"),
     ],
 )
 def test_the_trigger_form_refuses_bad_params(airflow, tmp_path, monkeypatch, conf, message):
@@ -114,8 +115,15 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
         "tables": [],
         "dry_run": False,
         "on_divergence": None,
+        "accept_late_exports": False,
     }
-    conf = {"date": "2026-11-21", "tables": ["orders"], "dry_run": True, "on_divergence": "fail"}
+    conf = {
+        "date": "2026-11-21",
+        "tables": ["orders"],
+        "dry_run": True,
+        "on_divergence": "fail",
+        "accept_late_exports": True,
+    }
     params.update(conf)
     assert params.validate() == conf
 
