@@ -241,12 +241,13 @@ def read_copies(
 # ---------------------------------------------------------------- copies that differ
 
 #: the ``differing_copies`` log (``layout.LOGS``): every copy of an event that one replica's
-#: export holds more than once in different versions; ``standing`` marks the one that
-#: stood (``shuffle.standing_order``), ``record`` is the copy as it was read
-DIFFERING_FIELDS = ("replica", "event_id", "file", "line", "seq", "standing", "record")
+#: export holds more than once in different versions, where it is (``file``, ``line``,
+#: ``seq``); ``standing`` marks the one that stood (``shuffle.standing_order``), ``record``
+#: is the copy as it was read
 _S, _L = pa.string(), pa.int64()
+_WHERE = ("replica", "event_id", "file", "line", "seq")
 DIFFERING_SCHEMA = pa.schema(
-    [(n, _S) for n in ("run_id", "table", "replica", "event_id", "file")]
+    [(n, _S) for n in ("run_id", "table", *_WHERE[:3])]
     + [("line", _L), ("seq", _L), ("standing", pa.bool_()), ("record", _S)]
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -298,7 +299,7 @@ def differing_copies(
         ]
         if len(set(records)) > 1:
             out += [
-                {**{f: r[f] for f in DIFFERING_FIELDS[:5]}, "standing": i == 0, "record": rec}
+                {**{f: r[f] for f in _WHERE}, "standing": i == 0, "record": rec}
                 for i, (r, rec) in enumerate(zip(copies_of, records, strict=True))
             ]
     return out

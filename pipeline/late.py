@@ -5,7 +5,8 @@ of every export that date's run read. An export uploaded after that run (a repli
 was missing, allowed by ``allow_missing_exports``), or uploaded again with other contents,
 is in no published state: the following nights would build on a state that misses it,
 silently. So ingest compares the manifests of the dates it could still repair (the
-ledger window, ``[D - gc_grace_seconds, D)``, each with a published run) with the
+ledger window, ``[D - gc_grace_seconds, D)`` and at least the day before, each with a
+published run) with the
 sha256 the ``runs`` table recorded for them, and stops naming the replica, table and date
 to rerun. An operator may accept the difference instead (``--accept-late-exports``): the
 run then records the manifests as it found them, so that the next nights do not ask again.
@@ -35,10 +36,10 @@ class LateExport:
     replica: str
     table: str
     dt: date
-    what: str  # arrived | changed | removed
+    what: str  # arrived | changed
     run_id: str  # the published run of its date
     manifest: str  # its key in the store
-    sha256: str | None  # of the manifest as it is now (None: removed)
+    sha256: str  # of the manifest as it is now
 
     def __str__(self) -> str:
         return (
@@ -66,9 +67,10 @@ def _sha256(store: Store, key: str) -> str | None:
 
 
 def find_late(config: Config, store: Store, runs: list[RunRow], dt: date) -> list[LateExport]:
-    """The exports of the published dates in ``[dt - gc_grace_seconds, dt)`` whose manifest
-    differs from the recorded one, for the tables and replicas those runs had."""
-    start = dt - timedelta(days=math.ceil(config.gc_grace_seconds / 86400))
+    """The exports of the published dates in ``[dt - gc_grace_seconds, dt)`` (at least the
+    day before) whose manifest is not the recorded one, for the tables and replicas those
+    runs had. An export removed since is not reported: its events are in the state."""
+    start = dt - timedelta(days=max(1, math.ceil(config.gc_grace_seconds / 86400)))
     recorded = _recorded(runs)
     out = []
     for d, run in sorted(published_by_date(runs).items()):
@@ -81,8 +83,8 @@ def find_late(config: Config, store: Store, runs: list[RunRow], dt: date) -> lis
             for rep in [r for r in config.replica_ids if r in known]:
                 key = layout.export_manifest(rep, t, d)
                 now, was = _sha256(store, key), recorded.get(key)
-                if now != was:
-                    what = "arrived" if was is None else "removed" if now is None else "changed"
+                if now is not None and now != was:  # gone is no news: its events are in
+                    what = "arrived" if was is None else "changed"
                     out.append(LateExport(rep, t, d, what, run.run_id, key, now))
     return out
 

@@ -18,14 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.config import ColumnType, Table
-from pipeline.policy import (
-    ChangeKind,
-    ConflictType,
-    Detection,
-    Outcome,
-    QuarantineReason,
-    Resolver,
-)
+from pipeline.policy import ChangeKind, ConflictType, Detection, Outcome, Resolver
 
 Key = tuple[Any, ...]
 
@@ -119,9 +112,7 @@ class Applied:
 
 class DeltaOverflow(Exception):
     """An event's delta would take a delta column past its type's range (§8): the event
-    is quarantined whole, before it changed anything."""
-
-    reason = QuarantineReason.DELTA_OVERFLOW
+    is quarantined whole (``delta_overflow``), before it changed anything."""
 
     def __init__(self, column: str, ctype: ColumnType, value: Any):
         super().__init__(f"the delta of column {column!r} would make it {value}, past {ctype}")

@@ -312,6 +312,7 @@ def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_p
         "Dry run",
         "On divergence",
         "as in the config (warn)",
+        "Accept late exports",
     ):
         assert expected in text, (expected, text)
     dialog.locator("input[type=date]").last.fill(str(DATES[-1]))
@@ -333,6 +334,7 @@ def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_p
         "tables": [],
         "dry_run": False,
         "on_divergence": None,
+        "accept_late_exports": False,
     }
 
 
