@@ -29,6 +29,8 @@ import logging
 import os
 import re
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,20 @@ from pipeline.schema import spark_type
 log = logging.getLogger(__name__)
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no network calls from a batch job
 
-EXPECTATIONS_DIR = Path(
-    os.environ.get("CDR_EXPECTATIONS_DIR", Path(__file__).resolve().parent.parent / "expectations")
-)
+
+def _expectations_dir() -> Traversable:
+    """The suites' templates: ``CDR_EXPECTATIONS_DIR``, else the installed package's
+    ``pipeline/expectations/`` (a wheel carries them there), else the source tree's
+    ``expectations/``."""
+    if os.environ.get("CDR_EXPECTATIONS_DIR"):
+        return Path(os.environ["CDR_EXPECTATIONS_DIR"])
+    packaged = resources.files("pipeline") / "expectations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "expectations"
+
+
+EXPECTATIONS_DIR = _expectations_dir()
 #: the suites, in the order they run and are reported
 SUITES = ("schema", "snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
 GATES = ("always", "on_divergence", "on_fk_violation")

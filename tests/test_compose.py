@@ -93,7 +93,9 @@ def test_the_stack_runs_every_airflow_service_on_postgres():
     # the run's work folder is shared by the tasks (scheduler) and the Spark executors
     for name in ("airflow-scheduler", "spark-worker"):
         assert "cdr-work:/opt/cdr-work" in services[name]["volumes"]
-        assert ".:/opt/cdr" in services[name]["volumes"]
+    # the image holds the installed wheel (docker/Dockerfile): no service mounts the source
+    for name, s in services.items():
+        assert not any(v.startswith(".:") for v in s.get("volumes", [])), name
 
 
 def test_the_stacks_config_is_the_demos_with_the_stacks_bucket():
@@ -106,3 +108,13 @@ def test_the_stacks_config_is_the_demos_with_the_stacks_bucket():
     }
     config = load_config(REPO / "docker" / "cdr.yaml")
     assert config.store == "s3://replica-exports/prod" and config.schedule == "0 2 * * *"
+
+
+def test_the_image_installs_the_projects_wheel_with_the_lock():
+    """No Docker here to build it: the Dockerfile builds the wheel from the repository's
+    files (its suites included) and installs it with the lock, not in editable mode."""
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    assert "COPY --chown=airflow:0 expectations ./expectations" in text
+    assert "pip wheel --no-cache-dir --no-deps" in text
+    assert '-c /opt/cdr/constraints.txt "$(ls /opt/cdr/dist/replica_cdr-*.whl)[airflow]"' in text
+    assert " -e " not in text

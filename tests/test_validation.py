@@ -85,7 +85,8 @@ VIEWS = {
 
 
 def test_templates_are_valid_and_render_every_placeholder():
-    assert sorted(p.stem for p in EXPECTATIONS_DIR.glob("*.json")) == sorted(SUITES)
+    names = [p.name for p in EXPECTATIONS_DIR.iterdir() if p.name.endswith(".json")]
+    assert sorted(n.removesuffix(".json") for n in names) == sorted(SUITES)
     for name in SUITES:
         template = load_template(name)
         for table in CONFIG.tables.values():
