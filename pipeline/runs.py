@@ -31,14 +31,26 @@ def list_reports(store: Store) -> list[dict[str, Any]]:
     reports = {dt.isoformat(): _report_of(store, row) for dt, row in chosen.items()}
     for k in store.list(layout.reports_root()):
         if (m := _DATE_REPORT_RE.search(k)) and m.group(1) not in reports:
-            reports[m.group(1)] = json.loads(store.read_bytes(k))
+            reports[m.group(1)] = {**_read_report(store, k), "dt": m.group(1)}
     return sorted(reports.values(), key=lambda r: r["dt"], reverse=True)
+
+
+def _read_report(store: Store, key: str) -> dict[str, Any]:
+    """A report file as it is in the bucket; one that is not a JSON object is shown as
+    a failure of its run (the page shows the other runs)."""
+    try:
+        report = json.loads(store.read_bytes(key))
+    except ValueError as e:
+        return {"failures": [f"{key} is not JSON: {e}"], "tables": {}}
+    if not isinstance(report, dict):
+        return {"failures": [f"{key} is not a JSON object"], "tables": {}}
+    return report
 
 
 def _report_of(store: Store, row: RunRow) -> dict[str, Any]:
     key = layout.run_report(row.dt, row.run_id)
-    if store.exists(key):
-        return dict(json.loads(store.read_bytes(key)))
+    if store.exists(key):  # its date and run id are the runs row's
+        return {**_read_report(store, key), "dt": row.dt.isoformat(), "run_id": row.run_id}
     return {  # stopped before publish (an error, a kill): no report, only its row
         "run_id": row.run_id,
         "dt": row.dt.isoformat(),
@@ -85,26 +97,50 @@ class TableRun:
         return out
 
 
+class MalformedReport(ValueError):
+    """A report whose numbers are not what a run writes (shown as an error row)."""
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise MalformedReport(f"{v!r} is not a count")
+    return v
+
+
+def _counts(m: Any) -> dict[str, int]:
+    if not isinstance(m, dict):
+        raise MalformedReport(f"{m!r} is not a mapping of counts")
+    return {str(k): _count(v) for k, v in m.items()}
+
+
 def table_runs(report: dict[str, Any]) -> list[TableRun]:
+    """The numbers of each table of a report; :class:`MalformedReport` if one is not a
+    count (a report written by hand, or damaged)."""
     out = []
-    for name, t in sorted(report.get("tables", {}).items()):
-        divergent = dict(t.get("divergent_keys") or {})
-        for replica, n in (t.get("snapshot_divergent_keys") or {}).items():
+    tables = report.get("tables") or {}
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise MalformedReport("its tables are not a mapping of tables")
+    for name, t in sorted(tables.items()):
+        divergent = _counts(t.get("divergent_keys") or {})
+        for replica, n in _counts(t.get("snapshot_divergent_keys") or {}).items():
             if n:
                 divergent[f"{replica} (snapshot)"] = n
+        conflicts = t.get("conflicts") or {}
+        if not isinstance(conflicts, dict):
+            raise MalformedReport(f"{conflicts!r} is not a mapping of conflict types")
         out.append(
             TableRun(
-                dt=report["dt"],
-                run_id=report.get("run_id", ""),
-                status=report.get("status", ""),
-                table=name,
-                events=int(t.get("distinct_events", 0)),
-                applied=int(t.get("applied", 0)),
-                discarded=int(t.get("discarded", 0)),
-                conflicts={k: dict(v) for k, v in (t.get("conflicts") or {}).items()},
-                quarantined=dict(t.get("quarantined") or {}),
+                dt=str(report["dt"]),
+                run_id=str(report.get("run_id", "")),
+                status=str(report.get("status", "")),
+                table=str(name),
+                events=_count(t.get("distinct_events", 0)),
+                applied=_count(t.get("applied", 0)),
+                discarded=_count(t.get("discarded", 0)),
+                conflicts={str(k): _counts(v) for k, v in conflicts.items()},
+                quarantined=_counts(t.get("quarantined") or {}),
                 divergent_keys=divergent,
-                orphans=int(t.get("orphans") or 0),
+                orphans=_count(t.get("orphans") or 0),
             )
         )
     return out
@@ -179,10 +215,19 @@ def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -
         body = "<p>No run report published yet.</p>"
         return _page("Conflicts", body)
     report = next((r for r in reports if r["dt"] == dt), reports[0])
-    rows = table_runs(report)
-    failures = "".join(f"<li>{_e(f)}</li>" for f in report.get("failures", []))
+    try:
+        rows, broken = table_runs(report), ""
+    except MalformedReport as e:
+        rows, broken = (
+            [],
+            f"<p class='failed' id='broken'>this run's report cannot be read: {_e(e)}</p>",
+        )
+    listed = report.get("failures") or []
+    failures = "".join(
+        f"<li>{_e(f)}</li>" for f in (listed if isinstance(listed, list) else [listed])
+    )
     fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
-    body = _head(report, reports, docs_href) + fail_html + _per_table(rows) + _detail(rows)
+    body = _head(report, reports, docs_href) + broken + fail_html + _per_table(rows) + _detail(rows)
     return _page(f"Conflicts {report['dt']}", body)
 
 
@@ -196,8 +241,8 @@ def _head(report: dict[str, Any], reports: list[dict[str, Any]], docs_href: str)
     return (
         f"<h1>Run of {_e(report['dt'])} <span class='{_e(status)}'>{_e(status)}</span></h1>"
         f"<p class='muted'>run {_e(report.get('run_id'))} · "
-        f"<a href='{_e(docs_href.format(dt=report['dt'], run_id=report.get('run_id')))}'>"
-        "Data Docs</a></p>"
+        f"<a href='{_e(docs_href.format(dt=report['dt'], run_id=report.get('run_id')))}' "
+        "target='_blank' rel='noopener'>Data Docs</a></p>"
         f"<nav>runs: {nav}</nav>"
     )
 

@@ -9,6 +9,13 @@ Docs link.
 
 The store comes from ``CDR_CONFIG`` (as for the DAG) and S3 credentials from the
 environment or the ``aws_default`` connection.
+
+Airflow does not authenticate plugin apps, so this one does: every route needs an Airflow
+user allowed to read the runs of the ``replica_cdr`` DAG (Airflow's own dependency, so the
+configured auth manager decides), but the Data Docs' ``static/`` files (public scripts,
+styles and fonts). A Data Docs file is an HTML file from the bucket: it is served with a
+``sandbox`` Content-Security-Policy, so its scripts run in an opaque origin and can
+neither read Airflow's cookies nor call its API as the user; ``nosniff`` everywhere.
 """
 
 from __future__ import annotations
@@ -22,12 +29,30 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from cdr_links import DataDocsLink, export_aws
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
+DAG_ID = "replica_cdr"
+#: the routes' guard: an Airflow user who may read the DAG's runs
+READER = Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID))
+#: a Data Docs file's headers: scripts run, sandboxed (no same-origin: no cookies, no API)
+DOCS_HEADERS = {
+    "Content-Security-Policy": "sandbox allow-scripts allow-popups",
+    "X-Content-Type-Options": "nosniff",
+}
+
 app = FastAPI(title="cdr: conflicts and Data Docs", docs_url=None, redoc_url=None)
+
+
+@app.middleware("http")
+async def _nosniff(request: Request, call_next: Any) -> Response:
+    response: Response = await call_next(request)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 @cache
@@ -52,7 +77,7 @@ def _reports() -> list[dict[str, Any]]:
     return list_reports(_store())
 
 
-@app.get("/", response_class=HTMLResponse)
+@app.get("/", response_class=HTMLResponse, dependencies=[READER])
 def conflicts_page(request: Request, dt: str | None = None) -> str:
     from pipeline.runs import render_page
 
@@ -60,23 +85,37 @@ def conflicts_page(request: Request, dt: str | None = None) -> str:
     return render_page(_reports(), dt, docs_href=root + "/docs/{dt}/{run_id}/index.html")
 
 
-@app.get("/api/runs")
+@app.get("/api/runs", dependencies=[READER])
 def runs() -> list[dict[str, Any]]:
-    from pipeline.runs import table_runs
+    from pipeline.runs import MalformedReport, table_runs
 
-    return [
-        {
-            "dt": r["dt"],
-            "run_id": r.get("run_id"),
-            "status": r.get("status"),
-            "tables": [dataclasses.asdict(t) for t in table_runs(r)],
-        }
-        for r in _reports()
-    ]
+    out = []
+    for r in _reports():
+        run = {"dt": r["dt"], "run_id": r.get("run_id"), "status": r.get("status")}
+        try:
+            run["tables"] = [dataclasses.asdict(t) for t in table_runs(r)]
+        except MalformedReport as e:
+            run["error"] = f"this run's report cannot be read: {e}"
+        out.append(run)
+    return out
 
 
-@app.get("/docs/{dt}/{run_id}/{path:path}")
+@app.get("/docs/{dt}/{run_id}/static/{path:path}")
+def data_docs_static(dt: str, run_id: str, path: str) -> Response:
+    """The Data Docs' scripts, styles, fonts and images: public files, served to anyone
+    (a sandboxed page's requests carry no cookie), sandboxed too, readable cross-origin
+    (its fonts are fetched with CORS from the page's opaque origin)."""
+    response = _docs_file(dt, run_id, f"static/{path}")
+    response.headers["Access-Control-Allow-Origin"] = "*"
+    return response
+
+
+@app.get("/docs/{dt}/{run_id}/{path:path}", dependencies=[READER])
 def data_docs(dt: str, run_id: str, path: str) -> Response:
+    return _docs_file(dt, run_id, path)
+
+
+def _docs_file(dt: str, run_id: str, path: str) -> Response:
     from pipeline import layout
     from pipeline.context import check_run_id
     from pipeline.errors import CdrError, ExportError, StoreError
@@ -97,7 +136,7 @@ def data_docs(dt: str, run_id: str, path: str) -> Response:
     except (ExportError, StoreError) as e:
         raise HTTPException(404, str(e)) from None
     media = mimetypes.guess_type(rel)[0] or "application/octet-stream"
-    return Response(body, media_type=media)
+    return Response(body, media_type=media, headers=DOCS_HEADERS)
 
 
 class CdrPlugin(AirflowPlugin):

@@ -35,6 +35,7 @@ from pipeline.context import safe_run_id
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 DATES = [date(2026, 11, 19) + timedelta(days=i) for i in range(3)]  # REST run, then backfill
+PASSWORD = "a-password-for-the-tests"  # the admin's, in the simple auth manager's file
 # where the screenshots go (kept for people to look at); default: the test's tmp folder
 SCREENSHOTS = Path(os.environ["CDR_SCREENSHOTS"]) if os.environ.get("CDR_SCREENSHOTS") else None
 
@@ -47,10 +48,20 @@ class Airflow:
         self._token: str | None = None
 
     def token(self) -> str:
-        if self._token is None:  # all-admins mode: a token without credentials
-            with urllib.request.urlopen(f"{self.url}/auth/token", timeout=30) as r:
+        """An admin's token, logged in with the simple auth manager's password."""
+        if self._token is None:
+            req = urllib.request.Request(
+                f"{self.url}/auth/token",
+                data=json.dumps({"username": "admin", "password": PASSWORD}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as r:
                 self._token = json.load(r)["access_token"]
         return self._token
+
+    def login(self, page: Any) -> None:
+        """The browser page's session cookie, as the UI's login sets it."""
+        page.context.add_cookies([{"name": "_token", "value": self.token(), "url": self.url}])
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         req = urllib.request.Request(
@@ -136,6 +147,8 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
     for i, d in enumerate(DATES):
         generate(config, store, d, _generated(i))
 
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({"admin": PASSWORD}))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -147,7 +160,10 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
         "AIRFLOW__API__BASE_URL": url,
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": "test-secret-shared-by-the-services",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        # real logins: an anonymous visitor is refused (the plugin's pages too)
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__CORE__PARALLELISM": "2",
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
@@ -270,8 +286,22 @@ def _shot(page, tmp_path: Path, name: str) -> Path:
     return out
 
 
+def test_the_plugin_needs_an_airflow_login(services):
+    """The api-server serves the plugin's routes only to a logged-in Airflow user."""
+    for path in ("/cdr/", "/cdr/api/runs", f"/cdr/docs/{DATES[1]}/x/index.html"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{services.url}{path}", timeout=30)
+        assert refused.value.code == 401, path
+    req = urllib.request.Request(
+        f"{services.url}/cdr/api/runs", headers={"Authorization": f"Bearer {services.token()}"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert {run["dt"] for run in json.load(r)} >= {str(DATES[1])}
+
+
 def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    services.login(page)
     page.goto(f"{services.url}/cdr/?dt={DATES[1]}")
     assert page.locator("h1").inner_text().startswith(f"Run of {DATES[1]}")
     assert page.locator("svg#conflicts-chart rect").count() > 0
@@ -279,11 +309,13 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     assert sorted(tables) == ["accounts", "orders", "products"]
     assert page.locator("table#conflicts tr").count() > 1
     _shot(page, tmp_path, "conflicts-page")
-    page.get_by_text("Data Docs").first.click()
-    page.wait_for_load_state("networkidle")
-    assert f"/cdr/docs/{DATES[1]}/{_report(services.store, DATES[1])['run_id']}/" in page.url
-    assert "snapshot" in page.content()
-    _shot(page, tmp_path, "data-docs")
+    with page.expect_popup() as opened:  # a tab of its own: a sandboxed page, top level
+        page.get_by_text("Data Docs").first.click()
+    docs = opened.value
+    docs.wait_for_load_state("networkidle")
+    assert f"/cdr/docs/{DATES[1]}/{_report(services.store, DATES[1])['run_id']}/" in docs.url
+    assert "snapshot" in docs.content()
+    _shot(docs, tmp_path, "data-docs")
     # the page inside Airflow's UI, from the Browse menu
     page.goto(f"{services.url}/plugin/cdr-conflicts")
     page.wait_for_load_state("networkidle")
@@ -297,6 +329,7 @@ def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_p
     paused, so that the run only queues), it creates a run with that conf."""
     services.api("PATCH", "/dags/replica_cdr", {"is_paused": True})
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    services.login(page)
     page.goto(f"{services.url}/dags/replica_cdr")
     page.get_by_role("button", name="Trigger").first.click()
     dialog = page.get_by_role("dialog")

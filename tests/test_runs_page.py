@@ -145,6 +145,7 @@ def client(airflow, store, tmp_path, monkeypatch):
     cfg["store"] = store.uri
     (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg))
     monkeypatch.setenv("CDR_CONFIG", str(tmp_path / "cdr.yaml"))
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret")
     monkeypatch.syspath_prepend(str(REPO / "plugins"))
     sys.modules.pop("cdr_plugin", None)
     import cdr_plugin
@@ -152,15 +153,52 @@ def client(airflow, store, tmp_path, monkeypatch):
     return TestClient(cdr_plugin.app)
 
 
+def _token(role: str | None) -> dict[str, str]:
+    """The header of a user of Airflow's auth manager (the simple one here) with ``role``."""
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="u", role=role))
+    return {"Authorization": f"Bearer {token}"}
+
+
 def test_the_plugin_serves_the_page_the_json_and_the_data_docs(client):
+    client.headers.update(_token("viewer"))
     page = client.get("/", params={"dt": "2026-11-20"})
     assert page.status_code == 200 and "Run of 2026-11-20" in page.text
+    assert page.headers["x-content-type-options"] == "nosniff"
     runs = client.get("/api/runs").json()
     assert [r["dt"] for r in runs] == ["2026-11-21", "2026-11-20"]
     assert runs[0]["tables"][1]["conflicts"]["update_deleted"] == {"skipped": 2}
     docs = client.get("/docs/2026-11-21/2026-11-21_bb/index.html")
     assert docs.status_code == 200 and docs.text == "<h1>docs"
     assert docs.headers["content-type"].startswith("text/html")
+    # a file from the bucket, in Airflow's origin: its scripts run sandboxed, no sniffing
+    assert docs.headers["content-security-policy"] == "sandbox allow-scripts allow-popups"
+    assert docs.headers["x-content-type-options"] == "nosniff"
+
+
+@pytest.mark.parametrize(
+    "headers, status",
+    [({}, 401), ({"Authorization": "Bearer not-a-token"}, 403), ("no-role", 403)],
+    ids=["anonymous", "bad-token", "no-permission"],
+)
+@pytest.mark.parametrize("path", ["/", "/api/runs", "/docs/2026-11-21/2026-11-21_bb/index.html"])
+def test_the_plugin_refuses_who_may_not_read_the_runs(client, headers, status, path):
+    """Airflow does not authenticate plugin apps: this one asks Airflow's auth manager."""
+    r = client.get(path, headers=_token(None) if headers == "no-role" else headers)
+    assert r.status_code == status and "docs" not in r.text
+
+
+def test_the_data_docs_static_files_need_no_login(client, store):
+    """A sandboxed page's own requests carry no cookie: its public scripts and styles are
+    served to anyone (sandboxed too), readable cross-origin for its fonts."""
+    key = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs"
+    store.write_bytes(f"{key}/static/styles/x.css", b"h1{}")
+    r = client.get("/docs/2026-11-21/2026-11-21_bb/static/styles/x.css")
+    assert r.status_code == 200 and r.text == "h1{}"
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert r.headers["content-security-policy"].startswith("sandbox")
 
 
 @pytest.mark.parametrize(
@@ -174,5 +212,52 @@ def test_the_plugin_serves_the_page_the_json_and_the_data_docs(client):
     ],
 )
 def test_the_plugin_serves_nothing_else(client, path, detail):
-    r = client.get(path)
+    r = client.get(path, headers=_token("viewer"))
     assert r.status_code == 404 and detail in r.json()["detail"]
+
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def test_hostile_values_in_every_report_field_render_as_text(store, tmp_path: Path):
+    """A report is a file in the bucket: every name and text in it is escaped."""
+    bad = {
+        "distinct_events": 1,
+        "conflicts": {HOSTILE: {HOSTILE: 1}},
+        "quarantined": {HOSTILE: 1},
+        "divergent_keys": {HOSTILE: 1},
+        "snapshot_divergent_keys": {HOSTILE: 1},
+    }
+    report = _report("2026-11-22", status=HOSTILE, run="x", **{HOSTILE: bad})
+    report["failures"] = [HOSTILE]
+    _put(store, report, tmp_path / "work2")
+    html = render_page(list_reports(store), "2026-11-22", docs_href="/d/{dt}/{run_id}/")
+    assert "<script>" not in html
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[1, 2]",
+        json.dumps(_report("2026-11-22", run="x", t={"applied": "<img src=x onerror=alert(1)>"})),
+        json.dumps(_report("2026-11-22", run="x", t={"conflicts": {"x": {"applied": -1}}})),
+        json.dumps(_report("2026-11-22", run="x", t=["not", "a", "table"])),
+    ],
+    ids=["not-json", "not-an-object", "text-count", "negative-count", "table-not-a-mapping"],
+)
+def test_a_malformed_report_is_an_error_row_not_a_failed_page(client, store, tmp_path, body):
+    """The run's row is in, its report file is damaged: the page shows the run with the
+    error, the other runs stay listed, and the JSON says which run cannot be read."""
+    _put(store, _report("2026-11-22", run="x", t={}), tmp_path / "work2")
+    key = "published/reports/dt=2026-11-22/run=2026-11-22_x/run_report.json"
+    store.write_bytes(key, body if isinstance(body, bytes) else body.encode())
+    client.headers.update(_token("viewer"))
+    page = client.get("/", params={"dt": "2026-11-22"})
+    assert page.status_code == 200 and "<img" not in page.text
+    assert "cannot be read" in page.text or "is not" in page.text
+    assert "?dt=2026-11-21" in page.text  # the other runs are still listed
+    runs = {r["dt"]: r for r in client.get("/api/runs").json()}
+    assert set(runs) == {"2026-11-22", "2026-11-21", "2026-11-20"}
+    assert "tables" in runs["2026-11-21"]
