@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := .cdr-assets/datadocs/.fetched
 
-.PHONY: venv jvm-archive demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool postgres
+.PHONY: venv jvm-archive demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres
 
 venv: $(STAMP)
 
@@ -31,6 +31,14 @@ compose-tool:
 	@command -v docker-compose >/dev/null || { \
 	  echo "installing Debian's docker-compose to validate docker-compose.yaml"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+
+# The secrets of docker-compose.yaml (the S3 server's keys, Airflow's JWT secret), random,
+# in .env (git ignores it; Compose reads it). An existing .env is kept.
+compose-env:
+	@test -f .env && echo ".env exists: kept" || { umask 077; python3 -c 'import secrets; \
+	  print(f"CDR_S3_ACCESS_KEY=cdr-{secrets.token_hex(4)}"); \
+	  print(f"CDR_S3_SECRET_KEY={secrets.token_urlsafe(30)}"); \
+	  print(f"CDR_JWT_SECRET={secrets.token_urlsafe(48)}")' > .env; echo "wrote .env"; }
 
 # PostgreSQL 15 and its wal2json plugin, from Debian's packages: the real-source test
 # (tests/test_real_sources.py) starts three servers on loopback and exports their changes.

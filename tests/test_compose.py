@@ -5,6 +5,7 @@ anything), and every service, volume and connection the README names is there.""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,20 +18,48 @@ REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yaml"
 
 
-def _compose_config(path: Path) -> subprocess.CompletedProcess:
+#: what `make compose-env` writes to .env (random there)
+SECRETS = {"CDR_S3_ACCESS_KEY": "k", "CDR_S3_SECRET_KEY": "s" * 20, "CDR_JWT_SECRET": "j" * 40}
+
+
+def _compose_config(path: Path, env: dict[str, str] = SECRETS) -> subprocess.CompletedProcess:
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing: `make compose-tool` installs Debian's"
+    clean = {k: v for k, v in os.environ.items() if k not in SECRETS}
     return subprocess.run(
-        [exe, "-f", str(path), "--project-directory", str(REPO), "config", "-q"],
+        [exe, "-f", str(path), "--project-directory", str(path.parent), "config", "-q"],
         capture_output=True,
         text=True,
         check=False,
+        env={**clean, **env},
     )
 
 
-def test_compose_validates_the_file():
-    out = _compose_config(COMPOSE)
+def test_compose_validates_the_file(tmp_path):
+    copy = tmp_path / "docker-compose.yaml"  # a folder without a .env
+    copy.write_text(COMPOSE.read_text())
+    out = _compose_config(copy)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_the_stack_needs_its_secrets_from_the_environment(tmp_path, missing):
+    """No secret is in the file: without one (no .env), Compose stops and says what to do."""
+    copy = tmp_path / "docker-compose.yaml"
+    copy.write_text(COMPOSE.read_text())
+    out = _compose_config(copy, {k: v for k, v in SECRETS.items() if k != missing})
+    assert out.returncode != 0 and missing in out.stderr and "make compose-env" in out.stderr
+
+
+def test_the_stack_listens_on_loopback_and_asks_for_a_login():
+    services = _compose()["services"]
+    ports = [p for s in services.values() for p in s.get("ports", [])]
+    assert ports and all(p.startswith("127.0.0.1:") for p in ports), ports
+    env = services["airflow-apiserver"]["environment"]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "false"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AWS_SECRET_ACCESS_KEY"):
+        assert env[key].startswith("${"), key
 
 
 @pytest.mark.parametrize(
