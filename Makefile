@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
-ASSETS := .cdr-assets/datadocs/.fetched
+ASSETS := pipeline/datadocs_assets/.fetched
 
 .PHONY: venv jvm-archive demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres
 

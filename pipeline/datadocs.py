@@ -5,7 +5,8 @@ GX writes HTML that loads jQuery, Bootstrap, bootstrap-table, Font Awesome and V
 public CDNs: behind a firewall, or in this project's offline tests, its tables stay empty.
 :data:`ASSETS` maps each of those URLs to a file of a pinned npm package; ``make venv``
 fetches the packages once (``python -m pipeline.datadocs fetch``, with npm) into
-``.cdr-assets/datadocs`` (or ``CDR_DOCS_ASSETS``), and :func:`bundle` copies the files into
+``pipeline/datadocs_assets/`` (package data: a wheel built after that carries them; or
+``CDR_DOCS_ASSETS``), and :func:`bundle` copies the files into
 the site's ``static/vendor/`` and points every page at them. Without the packages the
 pages keep their CDN links (and a warning says so).
 """
@@ -25,9 +26,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ASSETS_DIR = Path(
-    os.environ.get(
-        "CDR_DOCS_ASSETS", Path(__file__).resolve().parent.parent / ".cdr-assets" / "datadocs"
-    )
+    os.environ.get("CDR_DOCS_ASSETS", Path(__file__).resolve().parent / "datadocs_assets")
 )
 
 #: npm package -> the files the pages need (paths inside the package)

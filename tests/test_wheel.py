@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 import scenarios as S
 from test_scenarios import run_scenario
+
+from pipeline import datadocs
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.spark]
@@ -35,9 +38,15 @@ sys.exit(main(sys.argv[2:]))
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    """The wheel, built from a copy of what docker/Dockerfile's first stage copies (a
+    build in the repository would leave its build/ folder there)."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for name in ("pipeline", "expectations"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
     )
@@ -52,6 +61,9 @@ def test_the_wheel_holds_every_module_and_the_package_data(wheel: Path):
     suites = {f"pipeline/expectations/{p.name}" for p in (REPO / "expectations").glob("*.json")}
     assert suites and suites <= names
     assert "pipeline/log4j2.properties" in names
+    if datadocs.available():  # fetched by make (npm): the Data Docs' scripts go along
+        assets = {f"pipeline/datadocs_assets/{f}" for f in datadocs.ASSETS.values()}
+        assert assets <= names
 
 
 def test_the_installed_wheel_runs_a_scenario_from_a_folder_without_source(
@@ -85,7 +97,11 @@ def test_the_installed_wheel_runs_a_scenario_from_a_folder_without_source(
         return p.returncode
 
     s = json.loads(path.read_text())
-    got, failed = run_scenario(s, tmp_path, cli=cli)
+    got, failed = run_scenario(s, tmp_path, cli=cli, docs=True)
     assert S.differences(s, got, failed) == []
     assert all(f"cdr from {site}/pipeline/__init__.py" in o for o in outputs)
     assert list(elsewhere.iterdir()) == []
+    if datadocs.available():  # the installed copy bundled its own assets into the pages
+        jquery = next(f for f in datadocs.ASSETS.values() if f.startswith("jquery/"))
+        bundled = list((tmp_path / "store").glob(f"**/data_docs/static/vendor/{jquery}"))
+        assert bundled, "the Data Docs load their scripts from CDNs"
