@@ -105,7 +105,7 @@ def data_docs_static(dt: str, run_id: str, path: str) -> Response:
     """The Data Docs' scripts, styles, fonts and images: public files, served to anyone
     (a sandboxed page's requests carry no cookie), sandboxed too, readable cross-origin
     (its fonts are fetched with CORS from the page's opaque origin)."""
-    response = _docs_file(dt, run_id, f"static/{path}")
+    response = _docs_file(dt, run_id, f"static/{path}", under="static/")
     response.headers["Access-Control-Allow-Origin"] = "*"
     return response
 
@@ -115,7 +115,9 @@ def data_docs(dt: str, run_id: str, path: str) -> Response:
     return _docs_file(dt, run_id, path)
 
 
-def _docs_file(dt: str, run_id: str, path: str) -> Response:
+def _docs_file(dt: str, run_id: str, path: str, under: str = "") -> Response:
+    """A file of the run's Data Docs; ``under``: the folder it must be in once its path
+    is normalised (``static/../index.html`` is not a static file)."""
     from pipeline import layout
     from pipeline.context import check_run_id
     from pipeline.errors import CdrError, ExportError, StoreError
@@ -131,6 +133,8 @@ def _docs_file(dt: str, run_id: str, path: str) -> Response:
         raise HTTPException(404, str(e)) from None
     try:
         rel = safe_relpath(path or "index.html", "Data Docs")
+        if not rel.startswith(under):
+            raise ExportError(f"Data Docs: {path!r} is not in {under}")
         key = f"{layout.validation_dir(date.fromisoformat(dt), run_id)}/data_docs/{rel}"
         body = _store().read_bytes(key)
     except (ExportError, StoreError) as e:

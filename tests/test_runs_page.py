@@ -199,6 +199,10 @@ def test_the_data_docs_static_files_need_no_login(client, store):
     assert r.status_code == 200 and r.text == "h1{}"
     assert r.headers["access-control-allow-origin"] == "*"
     assert r.headers["content-security-policy"].startswith("sandbox")
+    # a page reached through static/ is still a page: it needs the login
+    for sneaky in ("static/..%2Findex.html", "static/x/..%2F..%2Findex.html"):
+        r = client.get(f"/docs/2026-11-21/2026-11-21_bb/{sneaky}")
+        assert r.status_code == 404 and "docs" not in r.text.replace("Data Docs", ""), sneaky
 
 
 @pytest.mark.parametrize(
