@@ -60,7 +60,9 @@ def spark_jars() -> Path:
 
 def digest() -> str:
     """What an archive is valid for: the JDK build (its ``release`` file, or where it is)
-    and the jars of Spark's classpath (names and sizes)."""
+    and the jars of Spark's classpath (names, sizes and modification times: the JVM
+    maps an archive's classes only if the jars it was built from are unchanged, so a
+    reinstalled pyspark needs a new archive)."""
     h = hashlib.sha256()
     home = java_home()
     h.update(str(home).encode())
@@ -68,7 +70,8 @@ def digest() -> str:
     if release is not None and release.is_file():
         h.update(release.read_bytes())
     for jar in sorted(spark_jars().glob("*.jar")):
-        h.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
+        st = jar.stat()
+        h.update(f"{jar.name}:{st.st_size}:{int(st.st_mtime)}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -158,6 +161,9 @@ def build() -> Path:
         if code != 0 or not part.is_file() or part.stat().st_size == 0:
             raise StageError(f"the JVM wrote no class-data archive (exit status {code})")
         os.replace(part, target)
+        for old in target.parent.glob("jvm-classes-*.jsa"):  # for another JDK or jars
+            if old != target:
+                old.unlink(missing_ok=True)
     finally:
         quiet.setLevel(level)
         part.unlink(missing_ok=True)
