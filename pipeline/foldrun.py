@@ -176,7 +176,8 @@ class GroupFolder:
         yield from self._event_fates(events, copies, outcome)
         if result.stopped is not None:
             return  # §12: after an error, divergence is not checked
-        kept = [e for e in events if not getattr(outcome.get(e.event_id), "quarantined", None)]
+        quarantined = {a.event.event_id for a in result.applied if a.quarantined is not None}
+        kept = [e for e in events if e.event_id not in quarantined]
         yield from self._divergence(state, kept, result.state)
 
     def _event_fates(

@@ -21,6 +21,7 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pipeline import layout
+from pipeline.errors import NotFoundError
 from pipeline.runs_table import published_by_date
 
 if TYPE_CHECKING:
@@ -63,7 +64,11 @@ def _recorded(runs: list[RunRow]) -> dict[str, str | None]:
 
 
 def _sha256(store: Store, key: str) -> str | None:
-    return hashlib.sha256(store.read_bytes(key)).hexdigest() if store.exists(key) else None
+    """The manifest's sha256, or None if there is none (one request either way)."""
+    try:
+        return hashlib.sha256(store.read_bytes(key)).hexdigest()
+    except NotFoundError:
+        return None
 
 
 def find_late(config: Config, store: Store, runs: list[RunRow], dt: date) -> list[LateExport]:
