@@ -23,6 +23,8 @@ import published as P
 import pyspark
 import pytest
 import yaml
+from dagrun import run_dag, xcom
+from scenarios import cdr_run_snapshots, snapshot_rows
 
 from pipeline.cli import main
 from pipeline.demo import DEMO_CONFIG
@@ -30,6 +32,7 @@ from pipeline.store import open_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 D = "2026-11-21"
+D_DAG = "2026-11-21"  # the night tests/dagrun.py generates and runs
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
@@ -53,8 +56,8 @@ def cluster(tmp_path_factory) -> Iterator[tuple[str, list[Path]]]:
     """``spark://127.0.0.1:<port>`` and the two workers' work folders (each executor
     writes its logs there)."""
     root = tmp_path_factory.mktemp("cluster")
-    env = {
-        **os.environ,
+    env = {  # no AWS_* settings: the tasks must bring the driver's
+        **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_HOME": str(SPARK_CLASS.parent.parent),
     }
@@ -138,12 +141,55 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
     assert set(remote) == set(local) and len(local) > 10
     for path in local:
         assert remote[path] == local[path], path
-    # each worker launched an executor JVM of its own for the run (its command line and
-    # id in its log), and each ran tasks in Python workers it started itself
-    executors = [d for w in worker_dirs for d in w.glob("app-*/*") if d.is_dir()]
+    _check_executors(worker_dirs, before=set())
+
+
+def _apps(worker_dirs: list[Path]) -> set[Path]:
+    return {a for w in worker_dirs for a in w.glob("app-*")}
+
+
+def _check_executors(worker_dirs: list[Path], before: set[Path]) -> None:
+    """The one application started since ``before``: each worker launched an executor JVM
+    of its own for it (its command line and id in its log), and each ran tasks in Python
+    workers it started itself."""
+    (app,) = {a.name for a in _apps(worker_dirs) - before}
+    executors = [d for w in worker_dirs for d in w.glob(f"{app}/*") if d.is_dir()]
     logs = [(d / "stderr").read_text() for d in executors]
     ids = sorted(re.search(r'"--executor-id" "(\d+)"', t).group(1) for t in logs)  # type: ignore[union-attr]
     assert ids == ["0", "1"], [t[-2000:] for t in logs]
     for text in logs:
         assert "CoarseGrainedExecutorBackend" in text and "Running task" in text
         assert re.search(r"PythonRunner: Times: total = \d+, boot = \d+", text), text[-2000:]
+
+
+@pytest.mark.airflow
+def test_the_dags_spark_submit_task_runs_on_the_cluster(
+    airflow, cluster: tuple[str, list[Path]], s3_endpoint, s3_store, tmp_path, monkeypatch, spark
+):
+    """The DAG's ``spark_default`` connection names the cluster: every task succeeds, the
+    resolve stage's Spark application ran on both workers (fetching the exports from S3
+    with the ``aws_default`` connection the workers' environment does not have), and each
+    table's published snapshot holds exactly the rows a ``local[*]`` ``cdr run`` of the
+    same exports publishes."""
+    url, worker_dirs = cluster
+    before = _apps(worker_dirs)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": url})
+    )
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    run, states = run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
+    assert set(states.values()) == {"success"}, states
+    _check_executors(worker_dirs, before)
+    assert not s3_store.exists("published/_lock")  # finish released the run's lease
+    tables = ("products", "orders", "accounts")
+    for table in tables:
+        assert P.snapshot_date(s3_store, table) == D_DAG
+    got = {t: snapshot_rows(s3_store, t) for t in tables}
+    assert all(got.values())
+    assert got == cdr_run_snapshots(s3_store, D_DAG, tmp_path, tables)
+    report = json.loads(s3_store.read_bytes(f"published/reports/dt={D_DAG}/run_report.json"))
+    assert report["status"] == "published"
+    plan = xcom(run, "plan", "return_value")
+    assert plan["date"] == D_DAG and report["run_id"] == plan["run_id"]
+    link = f"/cdr/docs/{D_DAG}/{plan['run_id']}/index.html"
+    assert xcom(run, "validate", "_link_DataDocsLink") == link

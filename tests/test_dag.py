@@ -1,52 +1,35 @@
 """The DAG under real Airflow: it imports cleanly in a DagBag with the schedule, params,
 sensor, assets and links the config asks for; the trigger form's params are validated;
-``dag.test()`` runs the whole chain (ingest, resolve under spark-submit, validate,
-publish) against the S3 server on loopback, with the UI's options (tables, dry run,
-on_divergence override)."""
+``dag.test()`` runs the chain (ingest, resolve under spark-submit on ``local[2]``,
+validate, publish) against the S3 server on loopback, with the UI's options (tables, dry
+run, on_divergence override). The whole chain's published run is checked on a standalone
+Spark cluster (tests/test_cluster.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-from datetime import UTC, date, datetime
-from pathlib import Path
-from typing import Any
+from datetime import date, datetime
 
 import published as P
 import pytest
-import yaml
-from airflow_env import REPO
-from scenarios import cdr_run_snapshots, snapshot_rows
+from dagrun import dagbag, run_dag, write_config, xcom
 
 from pipeline import layout
 
 pytestmark = pytest.mark.airflow
 
 
-def _dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(REPO / "dags"))
-
-
-def _write_config(path: Path, store: str, **overrides: Any) -> Path:
-    from pipeline.demo import DEMO_CONFIG
-
-    path.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=store, **overrides)))
-    return path
-
-
 def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
     airflow, tmp_path, monkeypatch
 ):
-    cfg = _write_config(
+    cfg = write_config(
         tmp_path / "cdr.yaml",
         "file:///data/cdr",
         schedule="30 3 * * *",
         wait_for_exports={"timeout_minutes": 90, "poke_interval_seconds": 60},
     )
     monkeypatch.setenv("CDR_CONFIG", str(cfg))
-    bag = _dagbag()
+    bag = dagbag()
     assert bag.import_errors == {}
     dag = bag.get_dag("replica_cdr")
     assert [t.task_id for t in dag.topological_sort()] == [
@@ -80,9 +63,9 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
 
 
 def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch):
-    cfg = _write_config(tmp_path / "cdr.yaml", "file:///data/cdr", schedule="every night")
+    cfg = write_config(tmp_path / "cdr.yaml", "file:///data/cdr", schedule="every night")
     monkeypatch.setenv("CDR_CONFIG", str(cfg))
-    errors = _dagbag().import_errors
+    errors = dagbag().import_errors
     assert len(errors) == 1
     assert "schedule: 'every night' is not a cron expression" in next(iter(errors.values()))
 
@@ -100,16 +83,16 @@ def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch
 def test_the_trigger_form_refuses_bad_params(airflow, tmp_path, monkeypatch, conf, message):
     from airflow.sdk.exceptions import ParamValidationError
 
-    monkeypatch.setenv("CDR_CONFIG", str(_write_config(tmp_path / "cdr.yaml", "file:///d")))
-    params = _dagbag().get_dag("replica_cdr").params
+    monkeypatch.setenv("CDR_CONFIG", str(write_config(tmp_path / "cdr.yaml", "file:///d")))
+    params = dagbag().get_dag("replica_cdr").params
     with pytest.raises(ParamValidationError, match=message):
         params.update(conf)  # the form's values are checked as they are set
         params.validate()
 
 
 def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
-    monkeypatch.setenv("CDR_CONFIG", str(_write_config(tmp_path / "cdr.yaml", "file:///d")))
-    params = _dagbag().get_dag("replica_cdr").params
+    monkeypatch.setenv("CDR_CONFIG", str(write_config(tmp_path / "cdr.yaml", "file:///d")))
+    params = dagbag().get_dag("replica_cdr").params
     assert params.validate() == {
         "date": None,
         "tables": [],
@@ -128,76 +111,6 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
     assert params.validate() == conf
 
 
-GENERATED = {"events": 1500, "seed": 3, "base_rows": 100}
-
-
-def _run_dag(
-    s3_endpoint, s3_store, tmp_path, monkeypatch, conf: dict | None = None, **overrides
-) -> tuple[Any, dict[str, str]]:
-    """``dag.test()`` of one nightly run of the demo config (with ``overrides``) over
-    generated exports; returns the run and the state of each task."""
-    from pipeline.config import load_config
-    from pipeline.generate import GenerateOptions, generate
-
-    cfg_path = _write_config(tmp_path / "cdr.yaml", s3_store.uri, **overrides)
-    config = load_config(cfg_path)
-    generate(config, s3_store, datetime(2026, 11, 21).date(), GenerateOptions(**GENERATED))
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_AWS_DEFAULT",
-        json.dumps(
-            {
-                "conn_type": "aws",
-                "login": os.environ["AWS_ACCESS_KEY_ID"],
-                "password": os.environ["AWS_SECRET_ACCESS_KEY"],
-                "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-            }
-        ),
-    )
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")  # the connection must bring it
-    monkeypatch.setenv("CDR_CONFIG", str(cfg_path))
-    monkeypatch.setenv("CDR_WORK_DIR", str(tmp_path / "work"))
-
-    dag = _dagbag().get_dag("replica_cdr")
-    for task in dag.tasks:
-        task.retries = 0  # a failure shows at once instead of waiting for the retry delay
-    run = dag.test(logical_date=datetime(2026, 11, 22, 2, tzinfo=UTC), run_conf=conf)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
-    return run, {ti.task_id: ti.state for ti in run.get_task_instances()}
-
-
-def _xcom(run, task_id: str, key: str) -> Any:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = session.scalars(
-            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
-        ).first()
-        return None if row is None else XComModel.deserialize_value(row)
-
-
-def test_dag_test_runs_the_whole_chain_against_s3(
-    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch, spark
-):
-    """Every task succeeds, and each table's published snapshot holds exactly the rows
-    that ``cdr run`` publishes for the same night."""
-    run, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
-    assert set(states.values()) == {"success"}, states
-    assert not s3_store.exists("published/_lock")  # finish released the run's lease
-    tables = ("products", "orders", "accounts")
-    for table in tables:
-        assert P.snapshot_date(s3_store, table) == "2026-11-21"
-    got = {t: snapshot_rows(s3_store, t) for t in tables}
-    assert all(got.values())
-    assert got == cdr_run_snapshots(s3_store, "2026-11-21", tmp_path, tables)
-    report = json.loads(s3_store.read_bytes("published/reports/dt=2026-11-21/run_report.json"))
-    assert report["status"] == "published"
-    plan = _xcom(run, "plan", "return_value")
-    assert plan["date"] == "2026-11-21" and report["run_id"] == plan["run_id"]
-    link = f"/cdr/docs/2026-11-21/{plan['run_id']}/index.html"
-    assert _xcom(run, "validate", "_link_DataDocsLink") == link
-
-
 def test_a_failed_gate_fails_the_validate_task(
     airflow, s3_endpoint, s3_store, tmp_path, monkeypatch, capfd
 ):
@@ -205,7 +118,7 @@ def test_a_failed_gate_fails_the_validate_task(
     ``fail``: the validate task fails on the convergence suite, with the reason in one
     line of its log; publish still runs (all_done), publishes the logs, results and
     Data Docs, fails too, and no snapshot becomes visible."""
-    run, states = _run_dag(
+    run, states = run_dag(
         s3_endpoint, s3_store, tmp_path, monkeypatch, conf={"on_divergence": "fail"}
     )
     assert states == {
@@ -220,7 +133,7 @@ def test_a_failed_gate_fails_the_validate_task(
     assert not s3_store.exists("published/_lock")  # a failed run does not keep the store
     assert P.snapshot_date(s3_store, "orders") is None
     assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
-    run_id = _xcom(run, "plan", "return_value")["run_id"]
+    run_id = xcom(run, "plan", "return_value")["run_id"]
     report = json.loads(s3_store.read_bytes(layout.run_report(date(2026, 11, 21), run_id)))
     assert report["status"] == "failed"
     assert any("convergence." in f for f in report["failures"])
@@ -229,7 +142,7 @@ def test_a_failed_gate_fails_the_validate_task(
     assert [(r["run_id"], r["status"]) for r in P.runs(s3_store)] == [(run_id, "failed")]
     assert not s3_store.list("published/orders/conflicts")  # no published run's logs
     link = f"/cdr/docs/2026-11-21/{run_id}/index.html"
-    assert _xcom(run, "validate", "_link_DataDocsLink") == link
+    assert xcom(run, "validate", "_link_DataDocsLink") == link
     err = capfd.readouterr().err.splitlines()
     for task in ("validate", "publish"):  # the failure callbacks' one line each
         line = next(ln for ln in err if f"replica_cdr {task} failed for 2026-11-21: " in ln)
@@ -244,7 +157,7 @@ def test_a_dry_run_of_one_table_publishes_nothing(
     from pipeline.context import RunContext
 
     conf = {"tables": ["orders"], "dry_run": True, "date": "2026-11-21"}
-    _, states = _run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, conf=conf)
+    _, states = run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, conf=conf)
     assert states["validate"] == "success" and states["publish"] == "skipped", states
     assert s3_store.list("published") == []  # a dry run writes nothing to the store
     assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
@@ -268,8 +181,8 @@ def test_a_sensor_timeout_names_a_missing_manifest(airflow, tmp_path, monkeypatc
     import logging
 
     store = tmp_path / "store"
-    monkeypatch.setenv("CDR_CONFIG", str(_write_config(tmp_path / "cdr.yaml", store.as_uri())))
-    dag = _dagbag().get_dag("replica_cdr")
+    monkeypatch.setenv("CDR_CONFIG", str(write_config(tmp_path / "cdr.yaml", store.as_uri())))
+    dag = dagbag().get_dag("replica_cdr")
     callbacks = dag.get_task("wait_for_exports").on_failure_callback
     callback = callbacks[0] if isinstance(callbacks, list) else callbacks
     records: list[logging.LogRecord] = []
