@@ -32,13 +32,17 @@ compose-tool:
 	  echo "installing Debian's docker-compose to validate docker-compose.yaml"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
 
-# The secrets of docker-compose.yaml (the S3 server's keys, Airflow's JWT secret), random,
-# in .env (git ignores it; Compose reads it). An existing .env is kept.
+# The secrets of docker-compose.yaml (the S3 server's keys, Airflow's JWT secret and
+# Fernet key, the admin's password), random, in .env (git ignores it; Compose reads it).
+# An existing .env is kept.
 compose-env:
-	@test -f .env && echo ".env exists: kept" || { umask 077; python3 -c 'import secrets; \
+	@test -f .env && echo ".env exists: kept" || { umask 077; python3 -c 'import base64, secrets; \
 	  print(f"CDR_S3_ACCESS_KEY=cdr-{secrets.token_hex(4)}"); \
 	  print(f"CDR_S3_SECRET_KEY={secrets.token_urlsafe(30)}"); \
-	  print(f"CDR_JWT_SECRET={secrets.token_urlsafe(48)}")' > .env; echo "wrote .env"; }
+	  print(f"CDR_JWT_SECRET={secrets.token_urlsafe(48)}"); \
+	  print(f"CDR_FERNET_KEY={base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()}"); \
+	  print(f"CDR_ADMIN_PASSWORD={secrets.token_urlsafe(12)}")' > .env; \
+	  echo "wrote .env (the Airflow login: admin, password CDR_ADMIN_PASSWORD in .env)"; }
 
 # PostgreSQL 15 and its wal2json plugin, from Debian's packages: the real-source test
 # (tests/test_real_sources.py) starts three servers on loopback and exports their changes.

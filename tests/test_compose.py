@@ -19,7 +19,13 @@ COMPOSE = REPO / "docker-compose.yaml"
 
 
 #: what `make compose-env` writes to .env (random there)
-SECRETS = {"CDR_S3_ACCESS_KEY": "k", "CDR_S3_SECRET_KEY": "s" * 20, "CDR_JWT_SECRET": "j" * 40}
+SECRETS = {
+    "CDR_S3_ACCESS_KEY": "k",
+    "CDR_S3_SECRET_KEY": "s" * 20,
+    "CDR_JWT_SECRET": "j" * 40,
+    "CDR_FERNET_KEY": "f" * 43 + "=",
+    "CDR_ADMIN_PASSWORD": "p" * 16,
+}
 
 
 def _compose_config(path: Path, env: dict[str, str] = SECRETS) -> subprocess.CompletedProcess:
@@ -51,6 +57,39 @@ def test_the_stack_needs_its_secrets_from_the_environment(tmp_path, missing):
     assert out.returncode != 0 and missing in out.stderr and "make compose-env" in out.stderr
 
 
+def test_make_compose_env_writes_every_secret_the_stack_needs(tmp_path):
+    """``make compose-env`` in a folder without .env writes each secret Compose asks for
+    (random, readable by its owner only), and Compose accepts the file as it is."""
+    out = subprocess.run(
+        ["make", "-s", "-C", str(tmp_path), "-f", str(REPO / "Makefile"), "compose-env"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "password CDR_ADMIN_PASSWORD in .env" in out.stdout
+    env = tmp_path / ".env"
+    assert env.stat().st_mode & 0o077 == 0
+    values = dict(line.split("=", 1) for line in env.read_text().splitlines())
+    assert set(values) == set(SECRETS) == set(re.findall(r"\$\{(\w+):\?", COMPOSE.read_text()))
+    assert len(set(values.values())) == len(values) and all(len(v) >= 12 for v in values.values())
+    from cryptography.fernet import Fernet
+
+    Fernet(values["CDR_FERNET_KEY"])  # a key Airflow can use
+    (tmp_path / "docker-compose.yaml").write_text(COMPOSE.read_text())
+    result = _compose_config(tmp_path / "docker-compose.yaml", {})
+    assert result.returncode == 0, result.stderr
+    again = subprocess.run(
+        ["make", "-s", "-C", str(tmp_path), "-f", str(REPO / "Makefile"), "compose-env"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (
+        "kept" in again.stdout
+        and dict(line.split("=", 1) for line in env.read_text().splitlines()) == values
+    )
+
+
 def test_the_stack_listens_on_loopback_and_asks_for_a_login():
     services = _compose()["services"]
     ports = [p for s in services.values() for p in s.get("ports", [])]
@@ -58,8 +97,23 @@ def test_the_stack_listens_on_loopback_and_asks_for_a_login():
     env = services["airflow-apiserver"]["environment"]
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "false"
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
-    for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AWS_SECRET_ACCESS_KEY"):
+    for key in (
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+    ):
         assert env[key].startswith("${"), key
+    # airflow-init writes the admin's password from .env into the file the api-server reads
+    passwords = env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+    init = services["airflow-init"]
+    assert init["environment"]["CDR_ADMIN_PASSWORD"].startswith("${CDR_ADMIN_PASSWORD:?")
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in init["volumes"]}
+    assert mounts == {
+        v.split(":")[1]: v.split(":")[0] for v in services["airflow-apiserver"]["volumes"]
+    }
+    assert str(Path(passwords).parent) in mounts
+    script = (REPO / "docker" / "init.sh").read_text()
+    assert "SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in script and "umask 077" in script
 
 
 @pytest.mark.parametrize(
