@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, AssetAlias, Param, dag, task
+from airflow.sdk.definitions.callback import SyncCallback
+from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from cdr_links import DataDocsLink, aws_env_from_connection
 
 from pipeline.config import load_config
@@ -151,8 +153,10 @@ PARAMS = {
 }
 
 # One asset per table, named by its snapshot table's URI (Airflow wants names and URIs unique
-# together, so a name of its own would clash when the store moves).
-ASSETS = [Asset(f"{config.store}/published/{t}/snapshot") for t in config.tables]
+# together, so a name of its own would clash when the store moves). Publish emits them
+# through an alias: a run of a subset of the tables updates only those.
+ASSETS = {t: Asset(f"{config.store}/published/{t}/snapshot") for t in config.tables}
+SNAPSHOTS = AssetAlias("replica_cdr_snapshots")
 
 
 @task(retries=0)
@@ -248,10 +252,11 @@ def validate(p: dict[str, Any]) -> None:
 
 
 # all_done: a failed gate still publishes the run's logs, report and Data Docs
-@task(trigger_rule="all_done", outlets=ASSETS)
-def publish(p: dict[str, Any], ti=None) -> None:
+@task(trigger_rule="all_done", outlets=[SNAPSHOTS])
+def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
     """Publish what this run validated; skip when it got no verdict (the failure is
-    upstream) or is a dry run."""
+    upstream) or is a dry run. Each table the run published gets an asset event whose
+    ``extra`` carries the run id, date, status, counts and ``runs`` version."""
     from airflow.exceptions import AirflowSkipException
 
     if p["dry_run"]:
@@ -263,6 +268,10 @@ def publish(p: dict[str, Any], ti=None) -> None:
         raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
     aws_env_from_connection()
     _cli("publish", p["date"], "--run-id", p["run_id"])
+    from pipeline.stages import asset_extras
+
+    for table, extra in asset_extras(config, _run_context(p)).items():
+        outlet_events[SNAPSHOTS].add(ASSETS[table], extra=extra)
 
 
 @task(trigger_rule="all_done", retries=3)
@@ -281,6 +290,36 @@ def finish(p: dict[str, Any]) -> None:
     _cli("finish", p["date"], "--run-id", p["run_id"])
 
 
+def deadline_missed(context: dict[str, Any] | None = None, **_: Any) -> None:
+    """The deadline alert's callback (``deadline_minutes`` in cdr.yaml): the run is not
+    done by its deadline, in one line of the callback's log."""
+    run = (context or {}).get("dag_run") or {}
+    when = (context or {}).get("deadline", {}).get("deadline_time")
+    day = (run.get("conf") or {}).get("date")
+    if not day and run.get("logical_date"):
+        day = (datetime.fromisoformat(run["logical_date"]) - timedelta(days=1)).date()
+    log.error(
+        "replica_cdr missed its deadline for %s: run %s not done by %s (%s minutes after "
+        "its logical date)",
+        day or "?",
+        run.get("dag_run_id", "?"),
+        when,
+        config.deadline_minutes,
+    )
+
+
+DEADLINE = (
+    DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
+        interval=timedelta(minutes=config.deadline_minutes),
+        callback=SyncCallback(deadline_missed),
+        name="replica_cdr not done",
+    )
+    if config.deadline_minutes
+    else None
+)
+
+
 @dag(
     dag_id="replica_cdr",
     schedule=config.schedule,
@@ -288,6 +327,7 @@ def finish(p: dict[str, Any]) -> None:
     catchup=False,
     max_active_runs=1,
     params=PARAMS,
+    deadline=DEADLINE,
     default_args={
         "depends_on_past": True,
         "retries": 2,

@@ -263,6 +263,7 @@ class ConfigModel(_Strict):
     allow_missing_exports: bool = False
     schedule: str = "0 2 * * *"
     wait_for_exports: WaitModel = Field(default_factory=WaitModel)
+    deadline_minutes: int | None = Field(default=None, ge=1)
     tables: dict[str, TableModel] = Field(min_length=1)
     cdc: CdcModel = Field(default_factory=CdcModel)
 
@@ -356,6 +357,9 @@ class Config:
     schedule: str
     wait_for_exports: WaitConfig
     cdc: CdcConfig
+    # the DAG's deadline alert: a run not done this long after its logical date (the
+    # schedule's time) is missed; None: no alert
+    deadline_minutes: int | None = None
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -395,7 +399,7 @@ class Config:
             raise TypeError(f"Config.digest: no canonical form for {type(v).__name__}")
 
         data = plain(self)
-        for scheduling in ("schedule", "wait_for_exports"):
+        for scheduling in ("schedule", "wait_for_exports", "deadline_minutes"):
             data.pop(scheduling)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -650,6 +654,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
             preimage=c.preimage,
             postimage=c.postimage,
         ),
+        deadline_minutes=m.deadline_minutes,
     )
 
 

@@ -108,5 +108,13 @@ def append(lake: Lake, row: RunRow, work: Path) -> int:
     return lake.write(layout.RUNS, row.to_arrow(), meta, mode="append", work=work).version
 
 
+def version_of(lake: Lake, run_id: str) -> int | None:
+    """The version of the ``runs`` table whose commit appended ``run_id``'s row."""
+    for info in lake.history(layout.RUNS):  # newest first
+        if info.get("cdr.run_id") == run_id:
+            return int(info["version"])
+    return None
+
+
 def now() -> datetime:
     return datetime.now(UTC)

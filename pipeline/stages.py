@@ -268,6 +268,40 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     return report
 
 
+def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
+    """What a published run says of each table it committed, for the DAG's asset events
+    (their ``extra``): the run, its date and status, the ``runs`` version that holds its
+    row, the snapshot's version and the table's counts. Empty for a run that did not
+    publish; a subset run names only its tables (and their foreign keys' parents)."""
+    from pipeline.runs_table import version_of
+
+    config = ctx.config(config)
+    assert config.store
+    store = open_store(config.store)
+    report = json.loads(store.read_bytes(layout.run_report(ctx.dt, ctx.run_id)))
+    if report["status"] != "published":
+        return {}
+    runs_version = version_of(Lake(store), ctx.run_id)
+    return {
+        table: {
+            "run_id": ctx.run_id,
+            "dt": report["dt"],
+            "status": report["status"],
+            "runs_version": runs_version,
+            "snapshot_version": report["versions"].get(layout.table_path(table, layout.SNAPSHOT)),
+            "rows": counts["rows"],
+            "events": counts["events"],
+            "applied": counts["applied"],
+            "discarded": counts["discarded"],
+            "duplicates": counts["duplicates"],
+            "quarantined": sum(counts["quarantined"].values()),
+            "conflicts": sum(n for c in counts["conflicts"].values() for n in c.values()),
+            "divergent_keys": sum(counts["divergent_keys"].values()),
+        }
+        for table, counts in report["tables"].items()
+    }
+
+
 def _published_already(
     store: Store, ctx: RunContext, row: RunRow, runs: list[RunRow], verdict: Verdict
 ) -> dict[str, Any]:

@@ -72,3 +72,20 @@ def xcom(run, task_id: str, key: str) -> Any:
             XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
+
+
+def asset_events(run) -> dict[str, dict[str, Any]]:
+    """The asset events ``run`` emitted: asset URI -> the event's ``extra``."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    query = (
+        select(AssetModel.uri, AssetEvent.extra)
+        .join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+        .where(AssetEvent.source_dag_id == run.dag_id, AssetEvent.source_run_id == run.run_id)
+    )
+    with create_session() as session:
+        rows = session.execute(query).all()
+    assert len({uri for uri, _ in rows}) == len(rows), rows  # one event per asset
+    return {uri: dict(extra) for uri, extra in rows}

@@ -54,6 +54,14 @@ def table(
     return data.to_pylist()
 
 
+def table_version(store: Any, path: str) -> int:
+    """The latest version of ``published/...`` table ``path``, as a reader sees it."""
+    from deltalake import DeltaTable
+
+    uri = f"{root_uri(store)}/{path}"
+    return int(DeltaTable(uri, storage_options=_options(uri)).version())
+
+
 def rows(store: Any, path: str, dt: date | str | None = None) -> list[dict[str, Any]]:
     return table(store, path, dt) or []
 

@@ -63,9 +63,9 @@ class Airflow:
         """The browser page's session cookie, as the UI's login sets it."""
         page.context.add_cookies([{"name": "_token", "value": self.token(), "url": self.url}])
 
-    def api(self, method: str, path: str, body: Any = None) -> Any:
+    def api(self, method: str, path: str, body: Any = None, root: str = "/api/v2") -> Any:
         req = urllib.request.Request(
-            f"{self.url}/api/v2{path}",
+            f"{self.url}{root}{path}",
             method=method,
             data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
@@ -141,7 +141,9 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
     bucket = "cdr-services"
     boto3.client("s3").create_bucket(Bucket=bucket)
     cfg = home / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=f"s3://{bucket}/prod")))
+    # every run's logical date is past: a deadline a minute after it is missed at once
+    config = dict(DEMO_CONFIG, store=f"s3://{bucket}/prod", deadline_minutes=1)
+    cfg.write_text(yaml.safe_dump(config))
     config = load_config(cfg)
     store = open_store(f"s3://{bucket}/prod")
     for i, d in enumerate(DATES):
@@ -232,6 +234,23 @@ def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spar
     tables = ("products", "orders", "accounts")
     got = {t: snapshot_rows(store, t) for t in tables}
     assert all(got.values()) and got == cdr_run_snapshots(store, str(DATES[0]), tmp_path, tables)
+    # the run was not done a minute after its logical date: its deadline alert fired
+    path = f"/dags/replica_cdr/dagRuns/{run['dag_run_id']}/deadlines"
+    (deadline,) = services.api("GET", path, root="/ui")["deadlines"]
+    assert deadline["missed"] and deadline["alert_name"] == "replica_cdr not done"
+    line = f"replica_cdr missed its deadline for {DATES[0]}: run {run['dag_run_id']} not done by"
+    assert _wait_for_log_line(services.logs / "logs" / "executor_callbacks", line, timeout=120)
+
+
+def _wait_for_log_line(folder: Path, text: str, timeout: float) -> Path | None:
+    """The file under ``folder`` whose text holds ``text``, once one does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for f in folder.rglob("*"):
+            if f.is_file() and text in f.read_text(errors="replace"):
+                return f
+        time.sleep(2)
+    return None
 
 
 def test_a_backfill_of_two_dates_chains_their_states(services):

@@ -218,6 +218,16 @@ def test_wait_for_exports_defaults_and_limits():
         parse_config({**_formats_example(), "wait_for_exports": {"poke_interval_seconds": 1}})
 
 
+def test_deadline_minutes_is_off_by_default_and_positive():
+    assert parse_config(_formats_example()).deadline_minutes is None
+    config = parse_config({**_formats_example(), "deadline_minutes": 240})
+    assert config.deadline_minutes == 240
+    # a scheduling setting: a run's stages agree across a change of it
+    assert config.digest() == parse_config(_formats_example()).digest()
+    with pytest.raises(ConfigError, match=r"deadline_minutes: .*greater than or equal to 1"):
+        parse_config({**_formats_example(), "deadline_minutes": 0})
+
+
 def test_select_adds_the_tables_foreign_keys_reference_and_overrides():
     config = parse_config(_formats_example())
     orders = config.select(["orders"], "warn")

@@ -8,7 +8,8 @@ Spark cluster (tests/test_cluster.py)."""
 from __future__ import annotations
 
 import json
-from datetime import date, datetime
+import sys
+from datetime import date, datetime, timedelta
 
 import published as P
 import pytest
@@ -27,6 +28,7 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
         "file:///data/cdr",
         schedule="30 3 * * *",
         wait_for_exports={"timeout_minutes": 90, "poke_interval_seconds": 60},
+        deadline_minutes=240,
     )
     monkeypatch.setenv("CDR_CONFIG", str(cfg))
     bag = dagbag()
@@ -54,12 +56,24 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
         "orders",
         "products",
     ]
-    outlets = dag.get_task("publish").outlets
-    assert {a.uri for a in outlets} == {
-        f"file:///data/cdr/published/{t}/snapshot" for t in ("products", "orders", "accounts")
+    # publish emits one asset per table it published, through an alias
+    (alias,) = dag.get_task("publish").outlets
+    assert alias.name == "replica_cdr_snapshots"
+    module = sys.modules[dag.get_task("publish").python_callable.__module__]
+    assert {t: a.uri for t, a in module.ASSETS.items()} == {
+        t: f"file:///data/cdr/published/{t}/snapshot" for t in ("products", "orders", "accounts")
     }
+    (deadline,) = dag.deadline if isinstance(dag.deadline, list) else [dag.deadline]
+    assert deadline.interval == timedelta(minutes=240)
+    assert deadline.reference.reference_name == "DagRunLogicalDateDeadline"
+    assert deadline.callback.path.endswith(".deadline_missed")
     assert "Data Docs" in {link.name for link in dag.get_task("validate").operator_extra_links}
     assert all(t.on_failure_callback for t in dag.tasks)
+
+
+def test_without_deadline_minutes_the_dag_has_no_deadline(airflow, tmp_path, monkeypatch):
+    monkeypatch.setenv("CDR_CONFIG", str(write_config(tmp_path / "cdr.yaml", "file:///d")))
+    assert not dagbag().get_dag("replica_cdr").deadline
 
 
 def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch):
