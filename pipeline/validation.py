@@ -12,11 +12,12 @@ GX *judges* (:func:`judge_stage`, no Spark: the DAG's validate task starts no JV
 suite in one file-backed GX project in the work folder, its Data Docs, and
 ``validation/results.json``.
 
-The gate: a failed check of a suite gated ``always`` fails the run; ``on_divergence`` and
-``on_fk_violation`` decide for the ``convergence`` and ``foreign_keys`` suites (``warn``:
-reported, published). An ``error`` resolver that stopped a table fails it too, and its
-table is not validated (§12). Each failure names the suite, the check, the table and a
-few offending keys.
+The gate is GX's own severity of each expectation: a failed ``critical`` check fails the
+run, a failed ``warning`` one is reported and the run publishes. The ``convergence`` and
+``foreign_keys`` checks follow ``on_divergence`` and ``on_fk_violation`` (their
+templates say ``"severity": "${on_divergence}"``; ``pipeline.suites.severities``). An
+``error`` resolver that stopped a table fails it too, and its table is not validated
+(§12). Each failure names the suite, the check, the table and a few offending keys.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.config import Config, DivergencePolicy, FkPolicy, Table
+from pipeline.config import Config, Table
 from pipeline.context import RunContext
 from pipeline.datadocs import bundle
 from pipeline.errors import StageError
@@ -89,14 +90,6 @@ def gate_from_summary(summary: RunSummary) -> Verdict:
         if st is not None
     ]
     return Verdict(failures, warnings)
-
-
-def _fails_run(gate: str, config: Config) -> bool:
-    if gate == "on_divergence":
-        return config.on_divergence is DivergencePolicy.FAIL
-    if gate == "on_fk_violation":  # after a quarantine no orphan may be left
-        return config.on_fk_violation is not FkPolicy.WARN
-    return True
 
 
 def message(table: str, c: Check) -> str:
@@ -180,8 +173,8 @@ class Frames:
 MEASURES = "measures.json"
 
 
-def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """Every suite of every table the run did not stop on: (table, gate, batch, suite)."""
+def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every suite of every table the run did not stop on: (table, batch, suite)."""
     runs = []
     for name in SUITES:
         template = load_template(name)
@@ -190,9 +183,9 @@ def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, str
         for t, table in config.tables.items():
             if summary.stopped(t):
                 continue  # §12: the run stopped on this table; nothing to publish
-            suite = render_suite(template, table)
+            suite = render_suite(template, table, config)
             if suite["expectations"]:
-                runs.append((t, template["meta"]["gate"], template["meta"]["batch"], suite))
+                runs.append((t, template["meta"]["batch"], suite))
     return runs
 
 
@@ -205,7 +198,7 @@ def measure_stage(
     runs = _suite_runs(config, summary)
     frames = Frames(spark, config, ctx, summary)
     try:
-        batches = [(frames.batch(batch, config.tables[t]), suite) for t, _, batch, suite in runs]
+        batches = [(frames.batch(batch, config.tables[t]), suite) for t, batch, suite in runs]
         measures = measure_all(batches)
     finally:
         spark.catalog.clearCache()
@@ -213,8 +206,8 @@ def measure_stage(
         "run_id": ctx.run_id,
         "resolve_id": summary.resolve_id,
         "suites": [
-            {"table": t, "gate": gate, "suite": suite, "measure": m.to_dict()}
-            for (t, gate, _, suite), m in zip(runs, measures, strict=True)
+            {"table": t, "suite": suite, "measure": m.to_dict()}
+            for (t, _, suite), m in zip(runs, measures, strict=True)
         ],
     }
     (ctx.resolved / MEASURES).write_text(json.dumps(body, default=str))
@@ -244,9 +237,8 @@ def judge_stage(config: Config, ctx: RunContext, summary: RunSummary) -> Verdict
     if (ctx.work / "gx").exists():  # a rerun of this stage starts a new project
         shutil.rmtree(ctx.work / "gx")
     project = Project(ctx.work, ctx.validation / "data_docs", ctx.run_id)
-    verdict += _judge(project, measures, config)
+    verdict += _judge(project, measures, ctx.data_docs)
     if ctx.data_docs:
-        project.build_docs()
         bundle(ctx.validation / "data_docs")  # pages that open without internet
     ctx.validation.mkdir(parents=True, exist_ok=True)
     ctx.results.write_text(
@@ -276,22 +268,21 @@ def validate_stage(
     return judge_stage(config, ctx, summary)
 
 
-def _judge(project: Project, measures: list[dict[str, Any]], config: Config) -> Verdict:
-    """Every suite judged by GX, and their verdict."""
+def _judge(project: Project, measures: list[dict[str, Any]], docs: bool) -> Verdict:
+    """Every suite judged by GX in one checkpoint (its action builds the Data Docs), and
+    their verdict: a failed critical check fails the run, any other is a warning."""
     started = time.monotonic()
     verdict = Verdict()
-    for m in measures:
-        t, gate, suite = m["table"], m["gate"], m["suite"]
-        checks = project.judge(suite, Measure.from_dict(m["measure"]))
+    judged = project.judge_all(
+        [(m["suite"], Measure.from_dict(m["measure"])) for m in measures], docs=docs
+    )
+    for m, checks in zip(measures, judged, strict=True):
+        t, suite = m["table"], m["suite"]
         ok = all(c.success for c in checks)
-        verdict.suites[suite["name"]] = {
-            "success": ok,
-            "gate": gate,
-            "checks": [asdict(c) for c in checks],
-        }
+        verdict.suites[suite["name"]] = {"success": ok, "checks": [asdict(c) for c in checks]}
         for c in checks:
             if not c.success:
-                target = verdict.failures if _fails_run(gate, config) else verdict.warnings
+                target = verdict.failures if c.severity == "critical" else verdict.warnings
                 target.append(message(t, c))
         log.info("validate %s: %s", suite["name"], "passed" if ok else "FAILED")
     log.info(

@@ -30,9 +30,10 @@ from pipeline.suites import (
     find_rows,
     load_template,
     render_suite,
+    severities,
 )
 from pipeline.summary import RunSummary, Stopped, TableSummary
-from pipeline.validation import Verdict, _fails_run, gate_from_summary, message
+from pipeline.validation import Verdict, gate_from_summary, message
 
 REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
 CONFIG = parse_config(
@@ -96,6 +97,21 @@ def test_templates_are_valid_and_render_every_placeholder():
     assert (
         render_suite(load_template("foreign_keys"), CONFIG.tables["products"])["expectations"] == []
     )
+
+
+def test_a_template_with_a_severity_gx_does_not_have_is_refused(tmp_path, monkeypatch):
+    import pipeline.suites as suites
+
+    bad = load_template("snapshot")
+    bad["expectations"][0]["severity"] = "${on_schema_change}"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    monkeypatch.setattr(suites, "EXPECTATIONS_DIR", tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"bad\.json: not_null has severity '\$\{on_schema_change\}'; "
+        r"one of critical, warning, info, \$\{on_divergence\}",
+    ):
+        load_template("bad")
 
 
 def test_a_template_mixing_row_checks_with_other_expectations_is_refused(tmp_path, monkeypatch):
@@ -304,13 +320,21 @@ def test_a_row_suite_is_judged_by_gx_on_the_counts(project, spark):
 # ---------------------------------------------------------------------- the gate
 
 
-def test_gates_follow_the_config():
+def test_severities_follow_the_config():
+    """GX's severity of each rendered expectation: critical, except the convergence and
+    foreign-key checks when their setting only warns."""
     warn = make_config(on_divergence="warn", on_fk_violation="warn")
-    assert _fails_run("on_divergence", make_config()) and not _fails_run("on_divergence", warn)
-    assert _fails_run("on_fk_violation", make_config())
-    assert not _fails_run("on_fk_violation", warn)
-    assert _fails_run("on_fk_violation", make_config(on_fk_violation="quarantine"))
-    assert _fails_run("always", warn)
+    assert set(severities(make_config()).values()) == {"critical"}
+    assert severities(warn) == {"on_divergence": "warning", "on_fk_violation": "warning"}
+    assert severities(make_config(on_fk_violation="quarantine"))["on_fk_violation"] == "critical"
+    for config, follows in ((make_config(), "critical"), (warn, "warning")):
+        for name in SUITES:
+            expected = follows if name in ("convergence", "foreign_keys") else "critical"
+            for e in render_suite(load_template(name), ORDERS, config)["expectations"]:
+                assert e["severity"] == expected, (name, e["meta"]["check"])
+
+
+def test_gate_from_the_summary():
     stop = Stopped("t", '{"id":1}', "insert_exists", "e1", "r")
     tables = {"t": TableSummary(stopped=stop), "u": TableSummary()}
     cdc = {"warning": "the topology change waits"}
@@ -331,6 +355,30 @@ def test_a_failure_names_the_suite_the_check_the_table_and_keys(project, spark):
     text = message("orders", check)
     assert text.startswith("table orders: expectation foreign_keys.orders/no_orphan failed")
     assert "2 row(s)" in text and '"order_id":103' in text and '"product_no":2' in text
+
+
+@pytest.mark.parametrize("on_divergence, failed", [("fail", "failures"), ("warn", "warnings")])
+def test_a_failed_check_fails_the_run_by_its_gx_severity(tmp_path, spark, on_divergence, failed):
+    """The verdict reads the severity GX reports on each result: a failed convergence
+    check fails the run under ``on_divergence: fail`` and is a warning under ``warn``."""
+    from pipeline.suites import measure_all
+    from pipeline.validation import _judge
+
+    config = make_config(on_divergence=on_divergence)
+    suite = render_suite(load_template("convergence"), ORDERS, config)
+    bad = spark.createDataFrame([("perspective", "sub", '{"order_id":1}')], DIVERGENCE)
+    (measure,) = measure_all([(bad, suite)])
+    project = Project(tmp_path, tmp_path / "docs")
+    verdict = _judge(
+        project, [{"table": "orders", "suite": suite, "measure": measure.to_dict()}], True
+    )
+    other = "warnings" if failed == "failures" else "failures"
+    assert len(getattr(verdict, failed)) == 1 and not getattr(verdict, other)
+    assert "convergence.orders/no_divergent_perspective failed" in getattr(verdict, failed)[0]
+    (check,) = [c for c in verdict.suites["convergence.orders"]["checks"] if not c["success"]]
+    assert check["severity"] == ("critical" if on_divergence == "fail" else "warning")
+    # the checkpoint's action built the Data Docs, with the run's result
+    assert "convergence.orders" in (tmp_path / "docs" / "index.html").read_text()
 
 
 def test_data_docs_list_the_suites(project, spark):

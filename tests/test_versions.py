@@ -43,11 +43,17 @@ def test_great_expectations_validates_a_spark_dataframe(spark, tmp_path):
     from pipeline.suites import Project
 
     df = spark.createDataFrame([(1,), (2,)], "id int")
+    query = "SELECT * FROM {batch} WHERE id IS NULL"
     suite = {
         "name": "probe",
         "expectations": [
-            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}
+            {
+                "type": "unexpected_rows_expectation",
+                "severity": "critical",
+                "kwargs": {"unexpected_rows_query": query, "description": "no null id"},
+                "meta": {"check": "not_null"},
+            }
         ],
     }
     checks = Project(tmp_path, tmp_path / "docs").validate(df, suite)
-    assert [c.success for c in checks] == [True]
+    assert [(c.success, c.observed) for c in checks] == [(True, 0)]
