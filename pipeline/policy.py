@@ -114,6 +114,47 @@ class QuarantineReason(StrEnum):
     DELTA_OVERFLOW = "delta_overflow"  # the fold's: a delta past its column's range (§8)
 
 
+class Standing(StrEnum):
+    """Where the local version L stands against the remote event E: the rows of §5's
+    delete-wins table. At equal ts the tie-break orders them (the canonical order, §2)."""
+
+    ABSENT = "absent"
+    OLDER = "live or tombstone, L.ts < E.ts (or equal ts, E wins the tie-break)"
+    NEWER = "live or tombstone, L.ts > E.ts"
+    TIE_WON = "equal ts, L wins the tie-break"
+
+
+class Ruling(StrEnum):
+    """What §5's delete-wins table does with the remote event."""
+
+    APPLY = "apply"
+    DISCARD = "discard"
+    IF_LIVE = "apply if L is live, discard if L is a tombstone"
+
+
+#: the columns of :data:`DELETE_WINS_TABLE`: the remote event's operation
+DELETE_WINS_OPS = ("INSERT", "UPDATE", "DELETE")
+# fmt: off
+#: semantics.md §5: Informix Enterprise Replication's delete-wins rule (row scope),
+#: against a live row or a tombstone L. So a delete is never undone by an update, and an
+#: update never creates a row. (A key change meets the row at its new key as an INSERT.)
+DELETE_WINS_TABLE: dict[Standing, tuple[Ruling, Ruling, Ruling]] = {
+    #                  E = INSERT      E = UPDATE      E = DELETE
+    Standing.ABSENT:  (Ruling.APPLY,   Ruling.DISCARD, Ruling.APPLY),
+    Standing.OLDER:   (Ruling.APPLY,   Ruling.IF_LIVE, Ruling.APPLY),
+    Standing.NEWER:   (Ruling.DISCARD, Ruling.DISCARD, Ruling.APPLY),
+    Standing.TIE_WON: (Ruling.DISCARD, Ruling.DISCARD, Ruling.DISCARD),
+}
+# fmt: on
+
+
+def delete_wins(standing: Standing, op: str, live: bool) -> tuple[bool, str]:
+    """§5's table: whether E applies against L (``live``: L is a live row), and why."""
+    ruling = DELETE_WINS_TABLE[standing][DELETE_WINS_OPS.index(op)]
+    applies = ruling is Ruling.APPLY or (ruling is Ruling.IF_LIVE and live)
+    return applies, f"delete_wins: L {standing.value}, E = {op}: {ruling.value}"
+
+
 class Preset(StrEnum):
     POSTGRES = "postgres"
     DELETE_WINS = "delete_wins"
@@ -224,4 +265,16 @@ def resolver_table() -> str:
         defaults = " | ".join(f"`{PRESETS[p].resolvers[t]}`" for p in row_presets)
         allowed = ", ".join(f"`{r}`" for r in allowed_resolvers(t))
         lines.append(f"| `{t}` | {defaults} | {allowed} |")
+    return "\n".join(lines) + "\n"
+
+
+def delete_wins_table() -> str:
+    """The README's copy of §5's delete-wins table, rendered from
+    :data:`DELETE_WINS_TABLE` (``tests/test_policy.py`` compares it with the README)."""
+    lines = [
+        "| L | " + " | ".join(f"E = {op}" for op in DELETE_WINS_OPS) + " |",
+        "|---|" + "---|" * len(DELETE_WINS_OPS),
+    ]
+    for s, rulings in DELETE_WINS_TABLE.items():
+        lines.append(f"| {s.value} | " + " | ".join(r.value for r in rulings) + " |")
     return "\n".join(lines) + "\n"

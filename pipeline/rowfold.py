@@ -18,7 +18,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.config import ColumnType, Table
-from pipeline.policy import ChangeKind, ConflictType, Detection, Outcome, Resolver
+from pipeline.policy import (
+    ChangeKind,
+    ConflictType,
+    Detection,
+    Outcome,
+    Resolver,
+    Standing,
+    delete_wins,
+)
 
 Key = tuple[Any, ...]
 
@@ -153,39 +161,44 @@ def _wins_earliest(e: Event, loc: Version) -> bool:
 Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log shows
 
 
-def _latest(e: Event, loc: Version, win: Outcome) -> Decision:
+def _latest(e: Event, loc: Version, win: Outcome, op: str) -> Decision:
     if _wins_latest(e, loc):
         return win, "remote (ts, tie_rank) is later"
     return _O.DISCARDED, "local (ts, tie_rank) is later"
 
 
-def _earliest(e: Event, loc: Version, win: Outcome) -> Decision:
+def _earliest(e: Event, loc: Version, win: Outcome, op: str) -> Decision:
     if _wins_earliest(e, loc):
         return win, "remote (ts, tie_rank) is earlier"
     return _O.DISCARDED, "local (ts, tie_rank) is earlier"
 
 
-def _delete_wins(e: Event, loc: Version, win: Outcome) -> Decision:
-    """§5, the Informix table against a live row or a tombstone."""
-    newer = e.position() > loc.position() if e.ts == loc.ts else e.ts > loc.ts
-    if e.op == "DELETE":
-        if e.ts == loc.ts and not newer:
-            return _O.DISCARDED, "equal ts: the tie-break winner's row stands"
-        return win, "a delete always wins"
-    if newer:
-        return win, "remote is newer"
-    return _O.DISCARDED, "local is newer" if e.ts != loc.ts else "equal ts: tie-break"
+def standing(e: Event, loc: Version | None) -> Standing:
+    """Where the local version stands against the event: a row of §5's delete-wins table."""
+    if loc is None:
+        return Standing.ABSENT
+    if e.ts == loc.ts:
+        return Standing.OLDER if e.position() > loc.position() else Standing.TIE_WON
+    return Standing.OLDER if e.ts > loc.ts else Standing.NEWER
+
+
+def _delete_wins(e: Event, loc: Version, win: Outcome, op: str) -> Decision:
+    """§5's table (:data:`pipeline.policy.DELETE_WINS_TABLE`) against a live row or a
+    tombstone."""
+    applies, why = delete_wins(standing(e, loc), op, live=not loc.deleted)
+    return (win if applies else _O.DISCARDED), why
 
 
 #: §4-§5: how each resolver decides a conflict against a local version (insert_exists,
-#: update_differ, delete_differ, pkey_exists); the types without a local version to weigh
-#: (update_missing, delete_missing, the column and unique conflicts) decide in their step
-DECIDE: dict[Resolver, Callable[[Event, Version, Outcome], Decision]] = {
+#: update_differ, delete_differ, pkey_exists), given the event's operation as the local
+#: key meets it; the types without a local version to weigh (update_missing,
+#: delete_missing, the column and unique conflicts) decide in their step
+DECIDE: dict[Resolver, Callable[[Event, Version, Outcome, str], Decision]] = {
     _R.LATEST_TIMESTAMP_WINS: _latest,
     _R.EARLIEST_TIMESTAMP_WINS: _earliest,
-    _R.APPLY: lambda e, loc, win: (win, "apply: remote always applied"),
-    _R.SKIP: lambda e, loc, win: (_O.SKIPPED, "skip: local row kept"),
-    _R.ERROR: lambda e, loc, win: (_O.ERRORED, "error: the run stops on this conflict"),
+    _R.APPLY: lambda e, loc, win, op: (win, "apply: remote always applied"),
+    _R.SKIP: lambda e, loc, win, op: (_O.SKIPPED, "skip: local row kept"),
+    _R.ERROR: lambda e, loc, win, op: (_O.ERRORED, "error: the run stops on this conflict"),
     _R.DELETE_WINS: _delete_wins,
 }
 
@@ -339,7 +352,8 @@ class RowFold:
         decide = DECIDE.get(r)
         if decide is None:
             raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
-        out, why = decide(e, loc, win)
+        op = "INSERT" if t is _C.PKEY_EXISTS else e.op  # a key change meets its new key
+        out, why = decide(e, loc, win, op)
         return out, r, why
 
     # ------------------------------------------------------------------ the step
@@ -540,13 +554,13 @@ class RowFold:
         def note(out: Outcome, why: str) -> None:
             log.append(self._conflict(key, t, r, out, e, local, why))
 
-        if r is _R.DELETE_WINS:
-            note(
-                _O.DISCARDED,
-                "an update never " + ("creates a row" if loc is None else "undoes a delete"),
-            )
-            return self._done(e, False, log)
-        if r is _R.LATEST_TIMESTAMP_WINS:
+        if r is _R.DELETE_WINS:  # §5's table: an update never creates a row
+            applies, why = delete_wins(standing(e, loc), "UPDATE", live=False)
+            if not applies or full is None:
+                note(_O.DISCARDED, why)
+                return self._done(e, False, log)
+            note(_O.CONVERTED_TO_INSERT, why)
+        elif r is _R.LATEST_TIMESTAMP_WINS:
             assert loc is not None  # only allowed for update_deleted
             if not _wins_latest(e, loc):
                 note(_O.DISCARDED, "the delete is later")
@@ -577,26 +591,13 @@ class RowFold:
             t = _C.DELETE_MISSING
             r = self._resolver(t)
             local = () if loc is None else (loc,)
-            if r is _R.DELETE_WINS:
-                if loc is not None and e.ts == loc.ts and e.position() < loc.position():
-                    log.append(
-                        self._conflict(
-                            key,
-                            t,
-                            r,
-                            _O.DISCARDED,
-                            e,
-                            local,
-                            "equal ts: the tie-break winner's delete stands",
-                        )
-                    )
-                    return self._done(e, False, log)
-                log.append(
-                    self._conflict(key, t, r, _O.APPLIED, e, local, "the newer tombstone is kept")
-                )
-                if loc is None or e.position() > loc.position():
+            if r is _R.DELETE_WINS:  # §5's table; the newer tombstone is kept
+                applies, why = delete_wins(standing(e, loc), "DELETE", live=False)
+                out = _O.APPLIED if applies else _O.DISCARDED
+                log.append(self._conflict(key, t, r, out, e, local, why))
+                if applies and (loc is None or e.position() > loc.position()):
                     self._set(key, self._tombstone(key, e))
-                return self._done(e, True, log)
+                return self._done(e, applies, log)
             out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
             log.append(self._conflict(key, t, r, out, e, local, "no live row to delete"))
             return self._done(e, False, log)

@@ -159,6 +159,38 @@ def test_the_readme_resolver_table_is_the_policy_table():
     assert shown == resolver_table()
 
 
+def test_the_readme_delete_wins_table_is_the_policy_literal():
+    from pathlib import Path
+
+    from pipeline.policy import delete_wins_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shown = readme.split("<!-- delete-wins:begin -->\n")[1].split("<!-- delete-wins:end -->")[0]
+    assert shown == delete_wins_table()
+
+
+@pytest.mark.parametrize("ctype", [C.INSERT_EXISTS, C.UPDATE_DELETED, C.DELETE_MISSING])
+def test_the_fold_reads_the_delete_wins_literal(ctype, monkeypatch):
+    """The fold decides delete_wins from ``policy.DELETE_WINS_TABLE`` and nothing else:
+    with the ruling of the remote's row and column flipped in the literal, the fold's
+    outcome flips too (an earlier INSERT onto a live row; a later UPDATE of a tombstone;
+    a DELETE of an absent key)."""
+    from pipeline import policy
+
+    state, event = situation(ctype, EARLIER if ctype is C.INSERT_EXISTS else LATER)
+    res = fold_converged(spec({"policy": "delete_wins"}), dict(state), [event])
+    (before,) = [c.outcome for a in res.applied for c in a.conflicts if c.type is ctype]
+    standing = {C.INSERT_EXISTS: policy.Standing.NEWER, C.UPDATE_DELETED: policy.Standing.OLDER}
+    row = standing.get(ctype, policy.Standing.ABSENT)
+    column = policy.DELETE_WINS_OPS.index(event.op)
+    rulings = list(policy.DELETE_WINS_TABLE[row])
+    rulings[column] = policy.Ruling.DISCARD if before.remote_applied else policy.Ruling.APPLY
+    monkeypatch.setitem(policy.DELETE_WINS_TABLE, row, tuple(rulings))
+    res = fold_converged(spec({"policy": "delete_wins"}), dict(state), [event])
+    (after,) = [c.outcome for a in res.applied for c in a.conflicts if c.type is ctype]
+    assert after.remote_applied != before.remote_applied, (before, after)
+
+
 def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table():
     """The fold dispatches insert_exists, update_differ, delete_differ and pkey_exists
     through ``rowfold.DECIDE``: every resolver a config may give them, or a row preset
