@@ -295,34 +295,39 @@ def judged_column(suite: dict[str, Any], i: int, expectation: dict[str, Any]) ->
 
 def judged_suite(suite: dict[str, Any], measure: Measure) -> tuple[dict[str, Any], dict[str, Any]]:
     """The GX suite that judges what Spark measured of ``suite``, and the values it judges
-    (columns of the run's one-row frame). A row check's count must be 0; a schema suite's
-    column list and each column's type name must be the expected ones."""
+    (columns of the run's one-row frame)."""
     expectations: list[dict[str, Any]] = []
     values: dict[str, Any] = {}
-    types = dict(measure.columns or [])
     for i, e in enumerate(suite["expectations"]):
         column = judged_column(suite, i, e)
-        kwargs = e["kwargs"]
-        if measure.found is not None:
-            values[column] = measure.found[i].count
-            meta = {**e.get("meta", {}), "unexpected_rows_query": kwargs["unexpected_rows_query"]}
-            judged = {
-                "type": "expect_column_max_to_be_between",
-                "description": kwargs.get("description"),
-            }
-            kwargs, e = {"min_value": 0, "max_value": 0}, {**e, **judged, "meta": meta}
-        elif e["type"] == TYPE_CHECK:
-            values[column] = types.get(kwargs["column"], MISSING)
-            kwargs = {"value_set": [kwargs["type_"]]}
-        elif e["type"] == COLUMNS_CHECK:
-            values[column] = json.dumps(list(types))
-            kwargs = {"value_set": [json.dumps(kwargs["column_list"])]}
-        else:
-            raise ValueError(f"{suite['name']}: no way to judge {e['type']} on what Spark measured")
-        if measure.found is None:
-            e = {**e, "type": "expect_column_values_to_be_in_set"}
-        expectations.append({**e, "kwargs": {"column": column, **kwargs}})
+        judged, values[column] = _judged(e, i, measure)
+        expectations.append({**judged, "kwargs": {"column": column, **judged["kwargs"]}})
     return {**suite, "expectations": expectations}, values
+
+
+def _judged(e: dict[str, Any], i: int, measure: Measure) -> tuple[dict[str, Any], Any]:
+    """One expectation as GX judges it on the measured frame, and the value it judges: a
+    row check's count must be 0; a schema suite's column list and each column's type
+    name must be the expected ones."""
+    kwargs = e["kwargs"]
+    if measure.found is not None:
+        meta = {**e.get("meta", {}), "unexpected_rows_query": kwargs["unexpected_rows_query"]}
+        judged = {
+            "type": "expect_column_max_to_be_between",
+            "kwargs": {"min_value": 0, "max_value": 0},
+            "description": kwargs.get("description"),
+            "meta": meta,
+        }
+        return {**e, **judged}, measure.found[i].count
+    types = dict(measure.columns or [])
+    in_set = "expect_column_values_to_be_in_set"
+    if e["type"] == TYPE_CHECK:
+        judged = {"type": in_set, "kwargs": {"value_set": [kwargs["type_"]]}}
+        return {**e, **judged}, types.get(kwargs["column"], MISSING)
+    if e["type"] == COLUMNS_CHECK:
+        judged = {"type": in_set, "kwargs": {"value_set": [json.dumps(kwargs["column_list"])]}}
+        return {**e, **judged}, json.dumps(list(types))
+    raise ValueError(f"{e['type']}: no way to judge it on what Spark measured")
 
 
 @dataclass(frozen=True)
@@ -396,12 +401,12 @@ class Project:
         judged = [judged_suite(suite, m) for suite, m in measured]
         frame = pd.DataFrame({c: [v] for _, values in judged for c, v in values.items()})
         definitions = [self._definition(gx_suite) for gx_suite, _ in judged]
-        actions: list[Any] = [_build_docs_action(self.SITE)]
+        actions: list[Any] = [_build_docs_action(self.SITE)] if docs else []
         checkpoint = self.context.checkpoints.add_or_update(
             self.gx.Checkpoint(
                 name="cdr_run",
                 validation_definitions=definitions,
-                actions=actions if docs else [],
+                actions=actions,
                 result_format="COMPLETE",
             )
         )
