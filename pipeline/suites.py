@@ -396,7 +396,9 @@ class Project:
         """GX's verdict on what Spark measured of each suite's batch: one checkpoint runs
         every suite on one frame of one row; with ``docs``, its action builds the Data
         Docs. The checks of each suite, in its order."""
-        if not measured:
+        if not measured:  # every table stopped: the site's index, of no suite
+            if docs:
+                self.build_docs()
             return []
         judged = [judged_suite(suite, m) for suite, m in measured]
         frame = pd.DataFrame({c: [v] for _, values in judged for c, v in values.items()})

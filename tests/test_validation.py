@@ -444,6 +444,18 @@ def render(page: Path, tmp: Path) -> str:
     return re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)  # what the page shows
 
 
+def test_a_run_whose_every_table_stopped_still_has_its_data_docs(tmp_path):
+    """An ``error`` resolver stops the scenario's only table: no suite runs, and the
+    failed run's report still links Data Docs that are there (an index of no suite)."""
+    s = json.loads(_path("pg_insert_exists_error").read_text())
+    _, failed = run_scenario(s, tmp_path, docs=True)
+    assert failed
+    report = date_report(tmp_path / "store", s["date"])
+    assert report is not None and report["status"] == "failed"
+    assert report["validation"]["suites"] == {}
+    assert (tmp_path / "store" / report["validation"]["data_docs"]).is_file()
+
+
 def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
     tmp_path, tmp_path_factory, spark
 ):
