@@ -109,10 +109,12 @@ def append(lake: Lake, row: RunRow, work: Path) -> int:
 
 
 def version_of(lake: Lake, run_id: str) -> int | None:
-    """The version of the ``runs`` table whose commit appended ``run_id``'s row."""
-    for info in lake.history(layout.RUNS):  # newest first
-        if info.get("cdr.run_id") == run_id:
-            return int(info["version"])
+    """The version of the ``runs`` table whose commit appended ``run_id``'s row: among the
+    newest commits (a run asks right after its publish), else in the whole history."""
+    for limit in (20, None):
+        for info in lake.history(layout.RUNS, limit):  # newest first
+            if info.get("cdr.run_id") == run_id:
+                return int(info["version"])
     return None
 
 

@@ -57,3 +57,19 @@ def test_runs_are_appended_and_the_prior_run_is_the_last_published(file_store, t
         ("r1", "published"), ("r2", "published"), ("r3", "failed"), ("r4", "published"),
         ("r5", "dry_run"), ("r6", "failed"),
     ]  # fmt: skip
+
+
+def test_version_of_names_the_commit_that_appended_a_runs_row(file_store, tmp_path: Path):
+    """The asset events' ``runs_version``: the commit of the run's own row, whether it is
+    among the newest commits or older than the first page of the history."""
+    from pipeline.runs_table import version_of
+
+    lake = Lake(file_store)
+    versions = {
+        f"r{i}": append(lake, row(f"r{i}", D1, "published", minutes=i), tmp_path / "w")
+        for i in range(25)
+    }
+    assert versions["r0"] == 0 and versions["r24"] == 24
+    for run_id in ("r24", "r10", "r0"):  # r0 is past the newest 20 commits
+        assert version_of(lake, run_id) == versions[run_id]
+    assert version_of(lake, "r-unknown") is None
