@@ -264,6 +264,7 @@ class ConfigModel(_Strict):
     schedule: str = "0 2 * * *"
     wait_for_exports: WaitModel = Field(default_factory=WaitModel)
     deadline_minutes: int | None = Field(default=None, ge=1)
+    priority: list[str] | None = None
     tables: dict[str, TableModel] = Field(min_length=1)
     cdc: CdcModel = Field(default_factory=CdcModel)
 
@@ -316,6 +317,8 @@ class Table:
     detection: Detection
     scope: Scope
     granularity: Granularity
+    #: extensions.md E3: the replicas, most trusted first (the top-level ``priority``)
+    priority: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -473,10 +476,10 @@ class _Problems:
 def _resolve_table(
     name: str,
     t: TableModel,
-    defaults: DefaultsModel,
-    tables: Mapping[str, TableModel],
+    m: ConfigModel,
     p: _Problems,
 ) -> Table | None:
+    defaults, tables, priority = m.defaults, m.tables, m.priority
     at = f"tables.{name}"
     columns: list[Column] = []
     for col, text in t.columns.items():
@@ -511,6 +514,7 @@ def _resolve_table(
         detection=t.detection or defaults.detection or Detection.ORIGIN,
         scope=t.scope,
         granularity=rule.granularity,
+        priority=tuple(priority or ()),
     )
 
 
@@ -623,10 +627,11 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
     for name, t in m.tables.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             p.add(f"tables.{name}", "a table name is letters, digits and _ (it names folders)")
-        resolved = _resolve_table(name, t, m.defaults, m.tables, p)
+        resolved = _resolve_table(name, t, m, p)
         if resolved is not None:
             tables[name] = resolved
     _check_foreign_key_types(tables, p)
+    _check_priority(m, tables, p)
     if (cron := _cron_problem(m.schedule)) is not None:
         p.add("schedule", cron)
     _check_cdc(m, p)
@@ -672,6 +677,38 @@ def _check_foreign_key_types(tables: Mapping[str, Table], p: _Problems) -> None:
                         f"{col!r} is {tb.column(col).type} but {fk.references}.{pk} is "
                         f"{parent.column(pk).type}",
                     )
+
+
+def _check_priority(m: ConfigModel, tables: Mapping[str, Table], p: _Problems) -> None:
+    """extensions.md E3: ``priority`` lists every replica once; a table resolving with
+    ``priority_wins`` needs it."""
+    ids = [r.id for r in m.replicas]
+    if m.priority is None:
+        users = [
+            f"tables.{name}: {t.value}"
+            for name, tb in tables.items()
+            for t, r in tb.resolvers.items()
+            if r is Resolver.PRIORITY_WINS
+        ]
+        if users:
+            p.add(
+                "priority",
+                f"missing: priority_wins ({'; '.join(users)}) needs every replica ranked, "
+                f"most trusted first, e.g. priority: [{', '.join(ids)}]",
+            )
+        return
+    for i, r in enumerate(m.priority):
+        if r not in ids:
+            p.add(f"priority[{i}]", f"no replica {r!r} (replicas: {', '.join(ids)})")
+        elif m.priority.index(r) != i:
+            p.add(f"priority[{i}]", f"replica {r!r} is listed twice")
+    missing = [r for r in ids if r not in m.priority]
+    if missing:
+        p.add(
+            "priority",
+            f"missing replica(s) {', '.join(repr(r) for r in missing)}: list every replica "
+            "once, most trusted first",
+        )
 
 
 def _check_cdc(m: ConfigModel, p: _Problems) -> None:

@@ -39,6 +39,7 @@ class Resolver(StrEnum):
     ERROR = "error"
     IGNORE = "ignore"
     USE_DEFAULT = "use_default"
+    PRIORITY_WINS = "priority_wins"  # extensions.md E3: the origin first in `priority` wins
     DELETE_WINS = "delete_wins"  # the Informix rule of §5, recorded by `delete_wins` tables
     SCYLLA = "scylla"  # the cell rules of §6, recorded by `scylla` tables
 
@@ -183,15 +184,18 @@ class Scope(StrEnum):
 
 _R = Resolver
 _C = ConflictType
-_TS = frozenset({_R.LATEST_TIMESTAMP_WINS, _R.EARLIEST_TIMESTAMP_WINS})
+#: extensions.md E3: ``priority_wins`` is allowed wherever ``latest_timestamp_wins`` is
+_LATEST = frozenset({_R.LATEST_TIMESTAMP_WINS, _R.PRIORITY_WINS})
+_TS = _LATEST | {_R.EARLIEST_TIMESTAMP_WINS}
 _ANY = frozenset({_R.SKIP, _R.ERROR})
 
-#: semantics.md §4: the resolvers a user may configure for each conflict type.
+#: semantics.md §4 (and extensions.md E3): the resolvers a user may configure for each
+#: conflict type.
 ALLOWED: dict[ConflictType, frozenset[Resolver]] = {
     _C.INSERT_EXISTS: _TS | _ANY | {_R.APPLY},
     _C.UPDATE_DIFFER: _TS | _ANY | {_R.APPLY},
     _C.UPDATE_MISSING: _ANY | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
-    _C.UPDATE_DELETED: _ANY | {_R.LATEST_TIMESTAMP_WINS, _R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
+    _C.UPDATE_DELETED: _ANY | _LATEST | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
     _C.DELETE_DIFFER: _TS | _ANY | {_R.APPLY},
     _C.DELETE_MISSING: _ANY,
     _C.PKEY_EXISTS: _TS | _ANY | {_R.APPLY},

@@ -161,16 +161,35 @@ def _wins_earliest(e: Event, loc: Version) -> bool:
 Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log shows
 
 
-def _latest(e: Event, loc: Version, win: Outcome, op: str) -> Decision:
+def _latest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     if _wins_latest(e, loc):
         return win, "remote (ts, tie_rank) is later"
     return _O.DISCARDED, "local (ts, tie_rank) is later"
 
 
-def _earliest(e: Event, loc: Version, win: Outcome, op: str) -> Decision:
+def _earliest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     if _wins_earliest(e, loc):
         return win, "remote (ts, tie_rank) is earlier"
     return _O.DISCARDED, "local (ts, tie_rank) is earlier"
+
+
+def _origin_rank(table: Table, origin: str | None) -> int:
+    """extensions.md E3: the higher, the more trusted; a base row (no origin) ranks below
+    every replica, as it does in the tie-break (semantics.md §2)."""
+    order = table.priority
+    return len(order) - order.index(origin) if origin in order else 0
+
+
+def _priority(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
+    """extensions.md E3: the version whose origin comes first in ``priority`` wins; the
+    same origin on both sides falls back to ``latest_timestamp_wins``."""
+    if e.origin == loc.origin:
+        out, why = _latest(e, loc, win, op, table)
+        return out, f"same origin {e.origin}: {why}"
+    local = loc.origin or "(base row)"
+    if _origin_rank(table, e.origin) > _origin_rank(table, loc.origin):
+        return win, f"remote origin {e.origin} ranks above local origin {local} in priority"
+    return _O.DISCARDED, f"local origin {local} ranks above remote origin {e.origin} in priority"
 
 
 def standing(e: Event, loc: Version | None) -> Standing:
@@ -182,23 +201,28 @@ def standing(e: Event, loc: Version | None) -> Standing:
     return Standing.OLDER if e.ts > loc.ts else Standing.NEWER
 
 
-def _delete_wins(e: Event, loc: Version, win: Outcome, op: str) -> Decision:
+def _delete_wins(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     """§5's table (:data:`pipeline.policy.DELETE_WINS_TABLE`) against a live row or a
     tombstone."""
     applies, why = delete_wins(standing(e, loc), op, live=not loc.deleted)
     return (win if applies else _O.DISCARDED), why
 
 
-#: §4-§5: how each resolver decides a conflict against a local version (insert_exists,
-#: update_differ, delete_differ, pkey_exists), given the event's operation as the local
-#: key meets it; the types without a local version to weigh (update_missing,
-#: delete_missing, the column and unique conflicts) decide in their step
-DECIDE: dict[Resolver, Callable[[Event, Version, Outcome, str], Decision]] = {
+#: §4-§5 and extensions.md E3: how each resolver decides a conflict against a local
+#: version (insert_exists, update_differ, delete_differ, pkey_exists, and update_deleted's
+#: weighing resolvers), given the event's operation as the local key meets it and the
+#: table; the types without a local version to weigh (update_missing, delete_missing, the
+#: column and unique conflicts) decide in their step
+DECIDE: dict[Resolver, Callable[[Event, Version, Outcome, str, Table], Decision]] = {
     _R.LATEST_TIMESTAMP_WINS: _latest,
     _R.EARLIEST_TIMESTAMP_WINS: _earliest,
-    _R.APPLY: lambda e, loc, win, op: (win, "apply: remote always applied"),
-    _R.SKIP: lambda e, loc, win, op: (_O.SKIPPED, "skip: local row kept"),
-    _R.ERROR: lambda e, loc, win, op: (_O.ERRORED, "error: the run stops on this conflict"),
+    _R.PRIORITY_WINS: _priority,
+    _R.APPLY: lambda e, loc, win, op, table: (win, "apply: remote always applied"),
+    _R.SKIP: lambda e, loc, win, op, table: (_O.SKIPPED, "skip: local row kept"),
+    _R.ERROR: lambda e, loc, win, op, table: (
+        _O.ERRORED,
+        "error: the run stops on this conflict",
+    ),
     _R.DELETE_WINS: _delete_wins,
 }
 
@@ -353,7 +377,7 @@ class RowFold:
         if decide is None:
             raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
         op = "INSERT" if t is _C.PKEY_EXISTS else e.op  # a key change meets its new key
-        out, why = decide(e, loc, win, op)
+        out, why = decide(e, loc, win, op, self.table)
         return out, r, why
 
     # ------------------------------------------------------------------ the step
@@ -560,15 +584,16 @@ class RowFold:
                 note(_O.DISCARDED, why)
                 return self._done(e, False, log)
             note(_O.CONVERTED_TO_INSERT, why)
-        elif r is _R.LATEST_TIMESTAMP_WINS:
+        elif r in (_R.LATEST_TIMESTAMP_WINS, _R.PRIORITY_WINS):
             assert loc is not None  # only allowed for update_deleted
-            if not _wins_latest(e, loc):
-                note(_O.DISCARDED, "the delete is later")
+            out, why = DECIDE[r](e, loc, _O.CONVERTED_TO_INSERT, "UPDATE", self.table)
+            if not out.remote_applied:
+                note(out, f"the delete wins: {why}")
                 return self._done(e, False, log)
             if full is None:
-                note(_O.SKIPPED, "remote is later but the full row cannot be built")
+                note(_O.SKIPPED, f"the update wins ({why}) but the full row cannot be built")
                 return self._done(e, False, log)
-            note(_O.CONVERTED_TO_INSERT, "remote is later than the delete")
+            note(out, f"the update wins: {why}")
         elif r in (_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR):
             if full is None:
                 out = _O.SKIPPED if r is _R.APPLY_OR_SKIP else _O.ERRORED

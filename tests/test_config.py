@@ -239,3 +239,64 @@ def test_select_adds_the_tables_foreign_keys_reference_and_overrides():
         config.select(["orders", "invoices"], "ignore")
     assert "tables: no table 'invoices'" in str(e.value)
     assert "on_divergence: 'ignore' is not fail or warn" in str(e.value)
+
+
+def _priority_config(priority=None, resolvers=None, **top):
+    data = {
+        "replicas": [{"id": "a", "system_id": 1}, {"id": "b", "system_id": 2}],
+        "tables": {
+            "t": {
+                "key": ["id"],
+                "columns": {"id": "int", "v": "string"},
+                "resolvers": resolvers or {"update_differ": "priority_wins"},
+            }
+        },
+        **top,
+    }
+    if priority is not None:
+        data["priority"] = priority
+    return parse_config(data)
+
+
+def test_priority_wins_reads_the_top_level_priority():
+    """extensions.md E3: ``priority`` ranks the replicas, most trusted first; every table
+    carries it for the fold."""
+    config = _priority_config(["b", "a"])
+    t = config.tables["t"]
+    assert t.resolvers[ConflictType.UPDATE_DIFFER] is Resolver.PRIORITY_WINS
+    assert t.priority == ("b", "a")
+
+
+@pytest.mark.parametrize(
+    ("priority", "resolvers", "message"),
+    [
+        (
+            None,
+            None,
+            r"priority: missing: priority_wins \(tables\.t: update_differ\) needs every "
+            r"replica ranked, most trusted first, e\.g\. priority: \[a, b\]",
+        ),
+        (["a"], None, r"priority: missing replica\(s\) 'b': list every replica once"),
+        (["a", "b", "c"], None, r"priority\[2\]: no replica 'c' \(replicas: a, b\)"),
+        (["a", "b", "a"], None, r"priority\[2\]: replica 'a' is listed twice"),
+        (
+            ["a", "b"],
+            {"update_missing": "priority_wins"},
+            r"tables\.t\.resolvers\.update_missing: resolver 'priority_wins' is not allowed "
+            r"for update_missing; allowed: apply_or_error, apply_or_skip, error, skip",
+        ),
+    ],
+    ids=["missing", "a_replica_missing", "unknown_replica", "listed_twice", "not_allowed"],
+)
+def test_priority_mistakes_name_the_bad_value(priority, resolvers, message):
+    with pytest.raises(ConfigError, match=message):
+        _priority_config(priority, resolvers)
+
+
+def test_priority_wins_through_defaults_needs_priority_too():
+    with pytest.raises(ConfigError, match=r"priority: missing: priority_wins \(tables\.t: "):
+        _priority_config(
+            None,
+            {"insert_exists": "skip"},
+            defaults={"resolvers": {"pkey_exists": "priority_wins"}},
+        )

@@ -131,6 +131,12 @@ CASES = {
         },
     },
     "delete_wins_delta": {"policy": "delete_wins", "delta": ["n"]},
+    "postgres_priority": {  # extensions.md E3, with the top-level priority: [sub, pub]
+        "resolvers": {
+            t: "priority_wins"
+            for t in ("insert_exists", "update_differ", "delete_differ", "update_deleted")
+        }
+    },
 }
 
 
@@ -251,7 +257,12 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
         **CASES[case],
     }
     delta = "delta" in table
-    cfg_dict = {"replicas": REPLICAS, "on_divergence": "warn", "tables": {"t": table}}
+    cfg_dict = {
+        "replicas": REPLICAS,
+        "priority": ["sub", "pub"],
+        "on_divergence": "warn",
+        "tables": {"t": table},
+    }
     config = parse_config(cfg_dict)
     spec1, spec2 = (FoldSpec(config.tables["t"], now) for now in (NOW1, NOW2))
     ranks = config.tie_ranks(config.tables["t"].tie_break)

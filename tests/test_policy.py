@@ -66,6 +66,13 @@ EXPECTED: dict[tuple[ConflictType, Resolver], tuple[Outcome, Outcome]] = {
     (C.PKEY_EXISTS, R.LATEST_TIMESTAMP_WINS): (Out.APPLIED, Out.DISCARDED),
     (C.PKEY_EXISTS, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.APPLIED),
     (C.PKEY_EXISTS, R.APPLY): (Out.APPLIED, Out.APPLIED),
+    # extensions.md E3, with ``priority: [pub, sub]``: the remote (pub) outranks the local
+    # row's origin (sub), later or earlier
+    (C.INSERT_EXISTS, R.PRIORITY_WINS): (Out.CONVERTED_TO_UPDATE, Out.CONVERTED_TO_UPDATE),
+    (C.UPDATE_DIFFER, R.PRIORITY_WINS): (Out.APPLIED, Out.APPLIED),
+    (C.UPDATE_DELETED, R.PRIORITY_WINS): (Out.CONVERTED_TO_INSERT, Out.CONVERTED_TO_INSERT),
+    (C.DELETE_DIFFER, R.PRIORITY_WINS): (Out.APPLIED, Out.APPLIED),
+    (C.PKEY_EXISTS, R.PRIORITY_WINS): (Out.APPLIED, Out.APPLIED),
     (C.MULTIPLE_UNIQUE_CONFLICTS, R.APPLY): (Out.APPLIED, Out.APPLIED),
     (C.SOURCE_COLUMN_EXTRA, R.IGNORE): (Out.APPLIED, Out.APPLIED),
     (C.TARGET_COLUMN_EXTRA, R.USE_DEFAULT): (Out.APPLIED, Out.APPLIED),
@@ -118,8 +125,9 @@ def test_every_allowed_resolver_gives_its_outcome(ctype, resolver: Resolver, lat
     table: dict = {"resolvers": {ctype.value: resolver.value}}
     if ctype is C.MULTIPLE_UNIQUE_CONFLICTS:
         table["unique"] = [["v"]]
+    top = {"priority": ["pub", "sub"]} if resolver is R.PRIORITY_WINS else {}
     state, event = situation(ctype, LATER if later else EARLIER)
-    res = fold_converged(spec(table), dict(state), [event])
+    res = fold_converged(spec(table, **top), dict(state), [event])
     logged = [c for a in res.applied for c in a.conflicts if c.type is ctype]
     assert len(logged) == 1
     assert logged[0].resolver is resolver
@@ -145,6 +153,43 @@ def test_delete_wins_decides_every_row_type(ctype, later: bool):
         assert res.state[event.key].deleted  # a delete is never undone
     else:
         _check_state(ctype, want, dict(state), res.state, event)
+
+
+PRIORITY_TYPES = sorted(t for t in ConflictType if R.PRIORITY_WINS in ALLOWED[t])
+
+
+@pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
+@pytest.mark.parametrize("ctype", PRIORITY_TYPES)
+def test_priority_wins_keeps_the_local_row_of_a_more_trusted_origin(ctype, later: bool):
+    """extensions.md E3 from the other side: with ``priority: [sub, pub]`` the local row's
+    origin (sub) outranks the remote (pub), so the remote is discarded whatever its ts."""
+    table = {"resolvers": {ctype.value: "priority_wins"}}
+    state, event = situation(ctype, LATER if later else EARLIER)
+    res = fold_converged(spec(table, priority=["sub", "pub"]), dict(state), [event])
+    (logged,) = [c for a in res.applied for c in a.conflicts if c.type is ctype]
+    assert logged.resolver is R.PRIORITY_WINS and logged.outcome is Out.DISCARDED
+    assert "local origin sub ranks above remote origin pub" in logged.reason
+    _check_state(ctype, logged.outcome, dict(state), res.state, event)
+
+
+@pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
+def test_priority_wins_falls_back_to_the_latest_for_one_origin(later: bool):
+    """E3: the same origin on both sides is decided by latest_timestamp_wins (a row
+    written by pub, whose later ts the event's own origin beats or not); a base row (no
+    origin) ranks below every replica."""
+    table = {"resolvers": {"insert_exists": "priority_wins"}, "detection": "origin"}
+    event = ev(
+        "INSERT", 1, T0 + (LATER if later else EARLIER), "pub", "pub-1", {"id": 1, "v": "x", "n": 2}
+    )
+    top = {"priority": ["sub", "pub"]}
+    res = fold_converged(spec(table, **top), dict([live(1, "a", T0, "pub")]), [event])
+    (logged,) = [c for a in res.applied for c in a.conflicts]
+    assert logged.outcome is (Out.CONVERTED_TO_UPDATE if later else Out.DISCARDED)
+    assert logged.reason.startswith("same origin pub: ")
+    res = fold_converged(spec(table, **top), dict([live(1, "a", T0 + 2 * H, None)]), [event])
+    (logged,) = [c for a in res.applied for c in a.conflicts]
+    assert logged.outcome is Out.CONVERTED_TO_UPDATE
+    assert "above local origin (base row)" in logged.reason
 
 
 def test_the_readme_resolver_table_is_the_policy_table():

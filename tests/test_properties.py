@@ -45,11 +45,13 @@ LWW = {
     "delete_differ": "latest_timestamp_wins",
     "delete_missing": "skip",
 }
+#: extensions.md E3: every resolver that may be ``priority_wins`` is
+PRIORITY = {t: ("priority_wins" if r == "latest_timestamp_wins" else r) for t, r in LWW.items()}
 MS = 1000
 
 
-def lww_spec() -> tuple[FoldSpec, dict[str, int]]:
-    cfg = make_config({"resolvers": LWW}, replicas=REPLICAS3)
+def lww_spec(resolvers: dict[str, str] = LWW, **top) -> tuple[FoldSpec, dict[str, int]]:
+    cfg = make_config({"resolvers": resolvers}, replicas=REPLICAS3, **top)
     table = cfg.tables["t"]
     return FoldSpec(table, NOW), cfg.tie_ranks(table.tie_break)
 
@@ -146,6 +148,27 @@ def test_every_perspective_equals_the_converged_state(w):
         mine = fold_perspective(spec, state, events, replica)
         assert divergent_keys(converged, mine) == [], replica
         assert view(mine) == view(converged)
+
+
+@settings(max_examples=300, deadline=None)
+@given(workloads(deletes=False), st.permutations(["a", "b", "c"]))
+def test_priority_wins_is_independent_of_the_apply_order(w, priority):
+    """extensions.md E3: under ``priority_wins`` (the most trusted origin, then the latest
+    for one origin) with full-row writes, every replica's own apply order reaches the
+    converged state, and the converged row of a key is the write of its most trusted
+    origin. (As under last-writer-wins, deletes break it: a DELETE of a row a replica has
+    not received yet is ``delete_missing``, skipped.)"""
+    raw, prior, orders = w
+    spec, ranks = lww_spec(PRIORITY, priority=priority)
+    state, events = build(raw, prior, orders, ranks)
+    converged = fold_converged(spec, state, events).state
+    for replica in ("a", "b", "c"):
+        mine = fold_perspective(spec, state, events, replica)
+        assert divergent_keys(converged, mine) == [], replica
+    for k, v in converged.items():
+        writers = [e for e in events if e.key == k] + ([state[k]] if k in state else [])
+        best = max(writers, key=lambda x: (-priority.index(x.origin), x.ts, x.rank))
+        assert v.origin == best.origin and v.ts == best.ts, (k, v, best)
 
 
 @settings(max_examples=100, deadline=None)
@@ -292,7 +315,8 @@ def rule_mixes(draw):
         "resolvers": resolvers,
         "defaults": {"v": "dflt"},
     }
-    cfg = make_config(table, replicas=REPLICAS3)
+    priority = draw(st.permutations(["a", "b", "c"]))  # for priority_wins (E3)
+    cfg = make_config(table, replicas=REPLICAS3, priority=priority)
     t = cfg.tables["t"]
     ranks = cfg.tie_ranks(t.tie_break)
     prior = {}
