@@ -230,6 +230,7 @@ class BlockTyper:
         ok &= ~nk_given | nk_full
         ok &= self._agrees_with_key(op, im.key, im.new_key, im.after, nk_given)
         ok &= self._delta_old_values(is_update, im.after_has, im.before_has)
+        ok &= self._order_values(op, im.after_has, im.before_has)
         return ok
 
     def _columns(
@@ -321,6 +322,20 @@ class BlockTyper:
             i = names.index(c)
             ok &= ~(is_update & after_has[:, i] & ~before_has[:, i])
         return ok
+
+    def _order_values(
+        self, op: pa.Array, after_has: np.ndarray, before_has: np.ndarray
+    ) -> np.ndarray:
+        """guards ``_order_problem`` (extensions.md E1): the ``order_by`` value is in the
+        ``after`` of an INSERT or UPDATE, the ``before`` of a DELETE."""
+        ok = np.ones(len(op), dtype=bool)
+        col = self.typer.order_by
+        if col is None:
+            return ok
+        i = [f.name for f in self.row_type].index(col)
+        writes = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", "UPDATE"])), False))
+        deletes = np.asarray(pc.fill_null(pc.equal(op, "DELETE"), False))
+        return ok & ~(writes & ~after_has[:, i]) & ~(deletes & ~before_has[:, i])
 
     def _cell_rules(self, ttl: pa.Array, expiry: pa.Array) -> np.ndarray:
         """guards ``_cell_problem``'s ttl and expiry: whole seconds, a ttl of at most

@@ -174,6 +174,7 @@ class TableModel(_Strict):
     tie_break: TieBreak | None = None
     scope: Scope = Scope.ROW
     detection: Detection | None = None
+    order_by: str | None = None
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -319,6 +320,8 @@ class Table:
     granularity: Granularity
     #: extensions.md E3: the replicas, most trusted first (the top-level ``priority``)
     priority: tuple[str, ...] = ()
+    #: extensions.md E1: the column "later" compares first, before ts and the tie-break
+    order_by: str | None = None
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -515,6 +518,7 @@ def _resolve_table(
         scope=t.scope,
         granularity=rule.granularity,
         priority=tuple(priority or ()),
+        order_by=t.order_by,
     )
 
 
@@ -549,6 +553,7 @@ def _check_constraints(
             p.add(f"{at}.delta", f"key column {d!r} cannot be a delta column")
         elif d in ctypes and ctypes[d].kind not in NUMERIC_KINDS:
             p.add(f"{at}.delta", f"delta column {d!r} must be numeric, not {ctypes[d]}")
+    _check_order_by(at, t, ctypes, p)
     for i, fk in enumerate(t.foreign_keys):
         fat = f"{at}.foreign_keys[{i}]"
         check_cols(f"{fat}.columns", fk.columns)
@@ -561,6 +566,22 @@ def _check_constraints(
                 f"{len(fk.columns)} column(s) cannot reference the {len(parent.key)}-column "
                 f"key of {fk.references!r}",
             )
+
+
+#: extensions.md E1: the types an ``order_by`` column may have
+ORDER_BY_KINDS = (Kind.TIMESTAMP, Kind.BIGINT, Kind.INT, Kind.DECIMAL)
+
+
+def _check_order_by(at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p: _Problems) -> None:
+    """extensions.md E1: ``order_by`` names a column of an orderable type, on a row table."""
+    c = t.order_by
+    if c is None:
+        return
+    allowed = ", ".join(k.value for k in ORDER_BY_KINDS)
+    if c not in t.columns:
+        p.add(f"{at}.order_by", f"no column {c!r} in {at}.columns")
+    elif c in ctypes and ctypes[c].kind not in ORDER_BY_KINDS:
+        p.add(f"{at}.order_by", f"column {c!r} is {ctypes[c]}; order_by needs one of: {allowed}")
 
 
 def _column_defaults(
@@ -591,6 +612,7 @@ def _resolvers(
             ("unique", bool(t.unique)),
             ("delta", bool(t.delta)),
             ("resolvers", t.resolvers is not None),
+            ("order_by", t.order_by is not None),
         ):
             if present:
                 p.add(f"{at}.{field}", f"not allowed on a {preset.value} (cell-granularity) table")

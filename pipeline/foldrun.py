@@ -115,11 +115,15 @@ def event_from_row(
     )
 
 
-def version_from_row(r: dict[str, Any], key_cols: tuple[str, ...]) -> tuple[Key, Version]:
+def version_from_row(
+    r: dict[str, Any], key_cols: tuple[str, ...], order_by: str | None = None
+) -> tuple[Key, Version]:
+    """A state row as a version: a tombstone keeps its key and its order value (E1)."""
     row = r["row"]
     key = tuple(row[c] for c in key_cols)
     deleted = bool(r["s_deleted"])
-    values = {c: row[c] for c in key_cols} if deleted else dict(row)
+    kept = (*key_cols, order_by) if order_by is not None else key_cols
+    values = {c: row[c] for c in kept} if deleted else dict(row)
     return key, Version(
         values, r["s_ts"], r["s_origin"], r["event_id"], r["s_rank"], deleted, r["s_deleted_at"]
     )
@@ -150,7 +154,7 @@ class GroupFolder:
             if r["is_event"]:
                 copies.setdefault(r["event_id"], []).append(r)
             else:
-                k, v = version_from_row(r, self.key_cols)
+                k, v = version_from_row(r, self.key_cols, self.job.table.order_by)
                 state[k] = v
         events: list[Event] = []
         for eid, group in copies.items():

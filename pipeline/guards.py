@@ -313,6 +313,7 @@ class Typer:
             for c in sorted(t.not_null | t.delta)
         ]
         self.delta = sorted(t.delta)
+        self.order_by = t.order_by
         self.cell = t.granularity is Granularity.CELL
         self.ranks = spec.ranks
         self.prefs = {r: i for i, r in enumerate(spec.replicas)}
@@ -506,8 +507,20 @@ class Typer:
             return d
         if before and (d := self._value_problem(before, typed["before"], "before")):
             return d
-        if op in ("INSERT", "UPDATE") and after is not None:
-            return self._value_rules(maps, typed)
+        writes = op in ("INSERT", "UPDATE") and after is not None
+        if writes and (d := self._value_rules(maps, typed)) is not None:
+            return d
+        return self._order_problem(typed, op)
+
+    def _order_problem(self, typed: dict[str, dict[str, Any]], op: str | None) -> str | None:
+        """extensions.md E1: with ``order_by``, an INSERT or UPDATE carries the order value
+        in ``after``, a DELETE in ``before``."""
+        col = self.order_by
+        if col is None or op not in ROW_OPS:
+            return None
+        image = "before" if op == "DELETE" else "after"
+        if typed[image][col] is None:
+            return f"no order_by value ({image}.{col} is missing or null)"
         return None
 
     def _key_problem(self, m: TextMap, typed: dict[str, Any], name: str) -> str | None:

@@ -147,14 +147,33 @@ def _num(v: Any) -> Any:
     return 0 if v is None else v
 
 
-def _wins_latest(e: Event, loc: Version) -> bool:
-    return e.position() > loc.position()
+def order_value(x: Event | Version, column: str) -> Any:
+    """extensions.md E1: the ``order_by`` value of an event (its ``after``; a DELETE's
+    ``before``) or of a version (its row's; a tombstone keeps its DELETE's)."""
+    if isinstance(x, Event):
+        return (x.before if x.op == "DELETE" else x.after).get(column)
+    return x.values.get(column)
 
 
-def _wins_earliest(e: Event, loc: Version) -> bool:
+def _when(x: Event | Version, table: Table) -> tuple[Any, ...]:
+    """What "later" compares before the tie-break (§2): ``ts``, or with ``order_by``
+    (extensions.md E1) ``(order value, ts)``. A version without an order value (a base row
+    with a null) comes before every value."""
+    if table.order_by is None:
+        return (x.ts,)
+    o = order_value(x, table.order_by)
+    return ((o is not None, o), x.ts)
+
+
+def _wins_latest(e: Event, loc: Version, table: Table) -> bool:
+    return (_when(e, table), e.rank, e.event_id) > (_when(loc, table), loc.rank, loc.event_id or "")
+
+
+def _wins_earliest(e: Event, loc: Version, table: Table) -> bool:
     # §4: earlier ts wins; on equal ts the tie-break winner (higher rank) still wins.
-    if e.ts != loc.ts:
-        return e.ts < loc.ts
+    we, wl = _when(e, table), _when(loc, table)
+    if we != wl:
+        return we < wl
     return (e.rank, e.event_id) > (loc.rank, loc.event_id or "")
 
 
@@ -162,13 +181,13 @@ Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log sh
 
 
 def _latest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
-    if _wins_latest(e, loc):
+    if _wins_latest(e, loc, table):
         return win, "remote (ts, tie_rank) is later"
     return _O.DISCARDED, "local (ts, tie_rank) is later"
 
 
 def _earliest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
-    if _wins_earliest(e, loc):
+    if _wins_earliest(e, loc, table):
         return win, "remote (ts, tie_rank) is earlier"
     return _O.DISCARDED, "local (ts, tie_rank) is earlier"
 
@@ -192,19 +211,21 @@ def _priority(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> De
     return _O.DISCARDED, f"local origin {local} ranks above remote origin {e.origin} in priority"
 
 
-def standing(e: Event, loc: Version | None) -> Standing:
-    """Where the local version stands against the event: a row of §5's delete-wins table."""
+def standing(e: Event, loc: Version | None, table: Table) -> Standing:
+    """Where the local version stands against the event: a row of §5's delete-wins table
+    (with ``order_by``, "newer" compares the order value first)."""
     if loc is None:
         return Standing.ABSENT
-    if e.ts == loc.ts:
+    we, wl = _when(e, table), _when(loc, table)
+    if we == wl:
         return Standing.OLDER if e.position() > loc.position() else Standing.TIE_WON
-    return Standing.OLDER if e.ts > loc.ts else Standing.NEWER
+    return Standing.OLDER if we > wl else Standing.NEWER
 
 
 def _delete_wins(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     """§5's table (:data:`pipeline.policy.DELETE_WINS_TABLE`) against a live row or a
     tombstone."""
-    applies, why = delete_wins(standing(e, loc), op, live=not loc.deleted)
+    applies, why = delete_wins(standing(e, loc, table), op, live=not loc.deleted)
     return (win if applies else _O.DISCARDED), why
 
 
@@ -289,9 +310,18 @@ class RowFold:
         origin: str | None = None,
         rank: int | None = None,
         event_id: str | None = None,
+        order_from: Version | None = None,
     ) -> Version:
+        """A tombstone of ``key`` made by ``e``. With ``order_by`` it keeps an order value
+        (extensions.md E1): a DELETE's, else ``order_from``'s or the deleted row's."""
+        values = self.key_dict(key)
+        col = self.table.order_by
+        if col is not None:
+            src = e if e.op == "DELETE" and order_from is None else order_from
+            src = src if src is not None else self.state.get(key)
+            values[col] = None if src is None else order_value(src, col)
         return Version(
-            self.key_dict(key),
+            values,
             e.ts if ts is None else ts,
             e.origin if origin is None else origin,
             e.event_id if event_id is None else event_id,
@@ -309,9 +339,10 @@ class RowFold:
         return self.table.resolvers[t] is _R.DELETE_WINS
 
     def _differs(self, e: Event, loc: Version, use_before: bool) -> bool:
-        """§3 update_differ / delete_differ: another origin wrote the row, or it is newer.
-        Base rows (no origin) raise no origin conflict (§12)."""
-        if loc.ts > e.ts:
+        """§3 update_differ / delete_differ: another origin wrote the row, or it is newer
+        (with ``order_by``, by its order value first: extensions.md E1). Base rows (no
+        origin) raise no origin conflict (§12)."""
+        if _when(loc, self.table) > _when(e, self.table):
             return True
         if use_before and self.table.detection is Detection.BEFORE_IMAGE:
             image = {c: v for c, v in e.before.items() if c not in self.table.delta}
@@ -579,7 +610,7 @@ class RowFold:
             log.append(self._conflict(key, t, r, out, e, local, why))
 
         if r is _R.DELETE_WINS:  # §5's table: an update never creates a row
-            applies, why = delete_wins(standing(e, loc), "UPDATE", live=False)
+            applies, why = delete_wins(standing(e, loc, self.table), "UPDATE", live=False)
             if not applies or full is None:
                 note(_O.DISCARDED, why)
                 return self._done(e, False, log)
@@ -617,10 +648,10 @@ class RowFold:
             r = self._resolver(t)
             local = () if loc is None else (loc,)
             if r is _R.DELETE_WINS:  # §5's table; the newer tombstone is kept
-                applies, why = delete_wins(standing(e, loc), "DELETE", live=False)
+                applies, why = delete_wins(standing(e, loc, self.table), "DELETE", live=False)
                 out = _O.APPLIED if applies else _O.DISCARDED
                 log.append(self._conflict(key, t, r, out, e, local, why))
-                if applies and (loc is None or e.position() > loc.position()):
+                if applies and (loc is None or _wins_latest(e, loc, self.table)):
                     self._set(key, self._tombstone(key, e))
                 return self._done(e, applies, log)
             out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
@@ -641,10 +672,10 @@ class RowFold:
             )
             if not out.remote_applied:
                 return self._done(e, False, log)
-            if r is _R.DELETE_WINS and loc.ts > e.ts:
-                # a delete is never undone: the tombstone keeps the newer ts, so that the
-                # changes the live row had beaten still lose against it
-                self._set(key, self._tombstone(key, e, ts=loc.ts, rank=e.rank))
+            if r is _R.DELETE_WINS and _when(loc, self.table) > _when(e, self.table):
+                # a delete is never undone: the tombstone keeps the newer ts (and order
+                # value), so that the changes the live row had beaten still lose against it
+                self._set(key, self._tombstone(key, e, ts=loc.ts, rank=e.rank, order_from=loc))
                 return self._done(e, True, log)
         self._set(key, self._tombstone(key, e))
         return self._done(e, True, log)

@@ -300,3 +300,47 @@ def test_priority_wins_through_defaults_needs_priority_too():
             {"insert_exists": "skip"},
             defaults={"resolvers": {"pkey_exists": "priority_wins"}},
         )
+
+
+def _ordered(order_by: str, **table):
+    return parse_config(
+        {
+            "replicas": [{"id": "a", "system_id": 1}],
+            "tables": {
+                "t": {
+                    "key": ["id"],
+                    "columns": {"id": "int", "v": "string", "at": "timestamp", "m": "decimal(9,2)"},
+                    "order_by": order_by,
+                    **table,
+                }
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize("column", ["at", "m", "id"])
+def test_order_by_names_an_orderable_column(column):
+    assert _ordered(column).tables["t"].order_by == column
+
+
+@pytest.mark.parametrize(
+    ("order_by", "table", "message"),
+    [
+        (
+            "v",
+            {},
+            r"tables\.t\.order_by: column 'v' is string; order_by needs one of: "
+            r"timestamp, bigint, int, decimal",
+        ),
+        ("nope", {}, r"tables\.t\.order_by: no column 'nope' in tables\.t\.columns"),
+        (
+            "at",
+            {"policy": "scylla"},
+            r"tables\.t\.order_by: not allowed on a scylla \(cell-granularity\) table",
+        ),
+    ],
+    ids=["wrong_type", "unknown_column", "cell_table"],
+)
+def test_order_by_mistakes_name_the_bad_value(order_by, table, message):
+    with pytest.raises(ConfigError, match=message):
+        _ordered(order_by, **table)

@@ -167,3 +167,26 @@ def test_a_decimal_keeps_every_digit_it_was_written_with(tmp_path: Path, spark) 
     assert rc == 0
     [row] = P.snapshot(store, "t")
     assert row["x"] == Decimal(big)
+
+
+@pytest.mark.parametrize(
+    ("record", "detail"),
+    [
+        (rec(), None),
+        (rec(op="UPDATE", after={"v": "b", "x": 2}), None),
+        (rec(op="UPDATE", after={"v": "b"}), "no order_by value (after.x is missing or null)"),
+        (rec(op="DELETE", after=None), "no order_by value (before.x is missing or null)"),
+        (rec(op="DELETE", after=None, before={"x": 3}), None),
+        (rec(op="DELETE", after=None, before={"x": None}), "no order_by value (before.x"),
+        (rec(op="TRUNCATE", key=None, after=None), None),
+    ],
+)
+def test_an_event_without_its_order_value_is_malformed(record, detail) -> None:
+    """extensions.md E1: with ``order_by``, an INSERT or UPDATE carries the value in
+    ``after``, a DELETE in ``before``; without it the event is quarantined ``malformed``."""
+    config = parse_config({**CONFIG, "tables": {"t": {**CONFIG["tables"]["t"], "order_by": "x"}}})
+    c = Typer(TypingSpec.of(config, config.tables["t"], NOW)).line(json.dumps(record), "sub")
+    if detail is None:
+        assert c["reason"] is None, c
+    else:
+        assert c["reason"] == "malformed" and detail in c["detail"], c

@@ -171,6 +171,27 @@ def test_priority_wins_is_independent_of_the_apply_order(w, priority):
         assert v.origin == best.origin and v.ts == best.ts, (k, v, best)
 
 
+@settings(max_examples=300, deadline=None)
+@given(workloads(deletes=False))
+def test_order_by_is_independent_of_the_apply_order(w):
+    """extensions.md E1: with ``order_by: n`` and last-writer-wins resolvers, full-row
+    writes reach the same state in every replica's apply order, and a key's converged row
+    is the write with the largest ``(n, ts, tie_rank)``, whatever its commit time."""
+    raw, prior, orders = w
+    cfg = make_config({"resolvers": LWW, "order_by": "n"}, replicas=REPLICAS3)
+    spec, ranks = FoldSpec(cfg.tables["t"], NOW), cfg.tie_ranks(cfg.tables["t"].tie_break)
+    state, events = build(raw, prior, orders, ranks)
+    converged = fold_converged(spec, state, events).state
+    for replica in ("a", "b", "c"):
+        mine = fold_perspective(spec, state, events, replica)
+        assert divergent_keys(converged, mine) == [], replica
+    for k, v in converged.items():
+        writers = [(e.after["n"], e.ts, e.rank, e.event_id) for e in events if e.key == k]
+        if k in state:
+            writers.append((state[k].values["n"], state[k].ts, state[k].rank, ""))
+        assert (v.values["n"], v.ts, v.rank, v.event_id or "") == max(writers), k
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.integers(0, 50), st.integers(0, 50), st.sampled_from(["x", "y"]), st.sampled_from(["z", "w"])

@@ -493,3 +493,72 @@ def test_tracing_changes_no_result():
     plain, traced = fold(sp, state, events), fold_converged(sp, dict(state), events, trace=True)
     assert plain.state == traced.state
     assert [a.conflicts for a in plain.applied] == [a.conflicts for a in traced.applied]
+
+
+# ---------------------------------------------------------------------- order_by (E1)
+
+ORDERED = {"order_by": "n", "resolvers": {"update_deleted": "latest_timestamp_wins"}}
+
+
+@pytest.mark.parametrize(
+    ("resolver", "n", "remote_ts", "outcome"),
+    [
+        # the order value decides, whatever the commit times
+        ("latest_timestamp_wins", 3, T0 + 2 * H, O.DISCARDED),
+        ("latest_timestamp_wins", 7, T0 - 2 * H, O.APPLIED),
+        # an equal order value falls back to (ts, tie_rank)
+        ("latest_timestamp_wins", 5, T0 + 2 * H, O.APPLIED),
+        ("latest_timestamp_wins", 5, T0 - 2 * H, O.DISCARDED),
+        ("earliest_timestamp_wins", 3, T0 + 2 * H, O.APPLIED),
+        ("earliest_timestamp_wins", 7, T0 - 2 * H, O.DISCARDED),
+    ],
+)
+def test_order_by_decides_later_and_earlier(resolver, n, remote_ts, outcome):
+    """extensions.md E1: "later" compares (order value, ts, tie_rank)."""
+    sp = spec({"order_by": "n", "resolvers": {"update_differ": resolver}})
+    state = dict([live(1, "a", T0, "sub", n=5)])
+    res = fold(sp, state, [ev("UPDATE", 1, remote_ts, "pub", "pub-1", {"v": "b", "n": n})])
+    c = only_conflict(res)
+    assert c.type is C.UPDATE_DIFFER and c.outcome is outcome
+    assert res.state[(1,)].values["n"] == (n if outcome is O.APPLIED else 5)
+
+
+def test_order_by_a_delete_compares_its_before_and_its_tombstone_keeps_it():
+    """A DELETE's order value is in its ``before``; its tombstone keeps it, so a later
+    UPDATE (by ts) with a smaller order value loses against the delete."""
+    sp = spec(ORDERED)
+    state = dict([live(1, "a", T0, "sub", n=5)])
+    older = ev("DELETE", 1, T0 + H, "pub", "pub-1", before={"n": 4})
+    assert only_conflict(fold(sp, state, [older])).outcome is O.DISCARDED
+    delete = ev("DELETE", 1, T0 + H, "pub", "pub-1", before={"n": 6})
+    res = fold(sp, state, [delete])
+    assert only_conflict(res).outcome is O.APPLIED
+    assert res.state[(1,)].deleted and res.state[(1,)].values == {"id": 1, "n": 6}
+    late = ev("UPDATE", 1, T0 + 2 * H, "sub", "sub-2", {"v": "c", "n": 5})
+    res = fold(sp, res.state, [late])
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.UPDATE_DELETED, O.DISCARDED)
+    newer = ev("UPDATE", 1, T0 - H, "sub", "sub-3", {"v": "c", "n": 9})
+    res = fold(sp, fold(sp, state, [delete]).state, [newer])
+    assert only_conflict(res).outcome is O.CONVERTED_TO_INSERT
+
+
+def test_order_by_one_origin_writing_a_smaller_value_later_is_a_conflict():
+    """The order value decides "newer" in detection too: an origin's own later write with a
+    smaller value meets its row (update_differ) and loses, as NDB$MAX would have it."""
+    sp = spec(ORDERED)
+    state = dict([live(1, "a", T0, "pub", n=5)])
+    res = fold(sp, state, [ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "b", "n": 4})])
+    assert only_conflict(res).outcome is O.DISCARDED
+    res = fold(sp, state, [ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "b", "n": 6})])
+    assert [a.conflicts for a in res.applied] == [()]
+
+
+def test_order_by_drives_the_delete_wins_table():
+    """§5's "newer" compares the order value first: an INSERT with a newer ts but a
+    smaller order value meets a newer local row and is discarded."""
+    sp = spec({"policy": "delete_wins", "order_by": "n"})
+    state = dict([live(1, "a", T0, "sub", n=5)])
+    insert = ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "b", "n": 3})
+    c = only_conflict(fold(sp, state, [insert]))
+    assert c.outcome is O.DISCARDED and "L.ts > E.ts" in c.reason

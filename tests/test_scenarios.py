@@ -102,7 +102,7 @@ def cdc_replay_problems(s: dict, root: Path) -> list[str]:
     for t, spec in s["config"]["tables"].items():
         columns = list(spec["columns"])
         consumer = Consumer(spec["key"], columns)
-        consumer.seed((s.get("prior_state") or {}).get(t, []))
+        consumer.seed([S.typed(r, spec) for r in (s.get("prior_state") or {}).get(t, [])])
         for r in runs:
             published = P.run_rows(root, r["date"])
             if not published:
