@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from datetime import date
@@ -179,6 +180,13 @@ def _generate_options(g: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--delete-rate", type=float, default=0.1, help="share of DELETEs")
     g.add_argument(
+        "--clock-offset",
+        action="append",
+        default=[],
+        metavar="REPLICA=SECONDS",
+        help="a replica whose clock is off (e.g. r1=-90: 90 s behind); repeatable",
+    )
+    g.add_argument(
         "--base-rows",
         type=int,
         default=None,
@@ -335,6 +343,20 @@ def _where(config: Any, report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _clock_offsets(given: list[str], replicas: tuple[str, ...]) -> dict[str, int]:
+    """``--clock-offset REPLICA=SECONDS``, each naming a configured replica."""
+    out = {}
+    for text in given:
+        name, _, seconds = text.partition("=")
+        if name not in replicas or not re.fullmatch(r"[+-]?\d+", seconds.strip()):
+            raise ConfigError(
+                "--clock-offset",
+                [f"{text!r} is not REPLICA=SECONDS with one of: {', '.join(replicas)}"],
+            )
+        out[name] = int(seconds)
+    return out
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.generate import GenerateOptions, generate
@@ -351,6 +373,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         fmt=args.format,
         files=args.files,
         seed=args.seed,
+        clock_offsets=_clock_offsets(args.clock_offset, config.replica_ids),
     )
     stats = generate(config, open_store(config.store), args.date, opts)
     _emit(

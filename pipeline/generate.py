@@ -23,7 +23,7 @@ import io
 import json
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -48,6 +48,9 @@ class GenerateOptions:
     fmt: str = "jsonl"
     files: int = 1
     seed: int = 1
+    #: seconds each replica's clock is off (negative: behind): its events' commit ts are
+    #: stamped by it, while an ``order_by`` column keeps the application's true time
+    clock_offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +88,21 @@ def _value(col: Column, rng: random.Random, n: int) -> Any:
     return f"{col.name}-{n}-{rng.randint(0, 9999)}"
 
 
+def order_value(col: Column, ts: int, day0: int) -> Any:
+    """extensions.md E1: the value an application keeps in an ``order_by`` column for a
+    change made at ``ts`` (µs): the time itself, or the seconds since the day began (an
+    ``int``, a ``decimal``), so that it grows with the changes of a key."""
+    k = col.type.kind
+    if k is Kind.TIMESTAMP:
+        return datetime.fromtimestamp(ts / 1e6, UTC).isoformat().replace("+00:00", "Z")
+    if k is Kind.BIGINT:
+        return ts
+    seconds = (ts - day0) // 1_000_000
+    if k is Kind.INT:
+        return seconds
+    return float(Decimal(ts - day0).scaleb(-6).quantize(Decimal(1).scaleb(-col.type.scale)))
+
+
 def _key_value(col: Column, n: int) -> Any:
     k = col.type.kind
     if k in (Kind.INT, Kind.BIGINT, Kind.DECIMAL, Kind.DOUBLE):
@@ -105,8 +123,10 @@ class _TableGen:
         table: Table,
         rng: random.Random,
         parents: dict[str, list[dict[str, Any]]],
+        day0: int = 0,
     ):
         self.config = config
+        self.day0 = day0  # the generated day's start (µs)
         self.t = table
         self.rng = rng
         self.parents = parents
@@ -125,7 +145,9 @@ class _TableGen:
             c = col.name
             if c in out:
                 continue
-            if c in self.unique_cols:
+            if c == self.t.order_by:  # a base row: changed before the generated day
+                out[c] = order_value(col, self.day0 - 2 * DAY_US, self.day0)
+            elif c in self.unique_cols:
                 out[c] = f"{c}-{n}" if col.type.kind is Kind.STRING else n
             elif c in self.fk_cols:
                 out.update(self._reference(self.fk_cols[c].references, self.fk_cols[c].columns))
@@ -206,7 +228,9 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
     for name in _parents_first(config):
         table = config.tables[name]
         rng = random.Random(f"{opts.seed}-{name}")
-        g = _TableGen(config, table, rng, keys_of)
+        g = _TableGen(
+            config, table, rng, keys_of, to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
+        )
         base_n = opts.base_rows or 0
         if base_n:
             base_rows = [g.row(n) for n in range(base_n)]
@@ -278,12 +302,27 @@ def _day_events(
             nullable = [c for c in ev.after or {} if c not in table.not_null]
             if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
                 ev.after[rng.choice(nullable)] = None  # type: ignore[index]
+            if table.order_by is not None:
+                _set_order(g, ev, full, day0)
+            ev.ts += opts.clock_offsets.get(origin, 0) * 1_000_000  # its origin's clock
             events.append(ev)
             # the next change of a contended key is concurrent: within the delay window
             t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
         if alive:
             live.append(g.key(n))
     return events, live, k_touched
+
+
+def _set_order(g: _TableGen, ev: _Ev, full: dict[str, Any], day0: int) -> None:
+    """An ``order_by`` table's event carries its order value: an INSERT's or UPDATE's in
+    ``after`` (the row keeps it), a DELETE's in ``before`` (the row's it deletes)."""
+    col = g.t.column(g.t.order_by or "")
+    if ev.op == "DELETE":
+        ev.before = {col.name: full.get(col.name, order_value(col, ev.ts, day0))}
+        return
+    value = order_value(col, ev.ts, day0)
+    ev.after = {**(ev.after or {}), col.name: value}
+    full[col.name] = value
 
 
 def _write_day(
