@@ -385,6 +385,11 @@ def repair_record(
         }
     else:
         rec |= {"op": "DELETE"}
+    col = table.order_by
+    if col is not None:  # E1: the record carries its order value (absent: the replica's)
+        image = "before" if rec["op"] == "DELETE" else "after"
+        source = conv.values if conv is not None else (rv or {})
+        rec[image] = {**rec.get(image, {}), col: source.get(col)}
     rec |= {
         "ts": conv.ts if conv is not None else now_us,
         "origin": conv.origin if conv is not None and conv.origin else replica,

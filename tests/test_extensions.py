@@ -93,3 +93,29 @@ def test_a_clock_offset_names_a_configured_replica(tmp_path: Path, capsys):
     gen = ["generate", "--config", str(cfg), "--date", "2026-11-21", "--clock-offset", "r9=5"]
     assert main(gen) != 0
     assert "'r9=5' is not REPLICA=SECONDS with one of: r1, r2, r3" in capsys.readouterr().err
+
+
+def test_a_repair_of_an_order_by_table_carries_its_order_value():
+    """A divergence's repair mutation is a canonical event record: on an ``order_by`` table
+    it carries the order value (an UPDATE's ``after`` even when the value is unchanged, a
+    DELETE's ``before``), or replaying it would be quarantined as malformed."""
+    from datetime import date
+
+    from pipeline.config import parse_config
+    from pipeline.foldrun import repair_record
+    from pipeline.guards import Typer, TypingSpec
+    from pipeline.jsonvalues import dumps
+    from pipeline.rowfold import Version
+
+    config = parse_config(CONFIG)
+    table = config.tables["items"]
+    now = 1795392000000000  # 2026-11-23T00:00:00Z
+    at = datetime(2026, 11, 22, 10, tzinfo=UTC)
+    seen = {"id": 1, "name": "y", "qty": 1, "at": at}
+    typer = Typer(TypingSpec.of(config, table, now))
+    live = Version({**seen, "name": "x"}, now - 10**9, "r1", "e1", 0)
+    tomb = Version({"id": 1, "at": at}, now - 10**9, "r1", "e2", 0, True, now)
+    for conv, op, image in ((live, "UPDATE", "after"), (tomb, "DELETE", "before")):
+        rec = repair_record(table, "r2", (1,), seen, conv, date(2026, 11, 22), now)
+        assert rec["op"] == op and rec[image]["at"] == at, rec
+        assert typer.line(dumps(rec), "r2")["reason"] is None, rec

@@ -1,0 +1,80 @@
+"""The resolve stage with a policy extension against the same stage without it, on the same
+input, alternated in one Spark session (issue 18's targets: ``order_by`` at most 1.2x).
+
+The input is the resolve bench's (``bench/resolve_bench.py``: 3 replicas, every event
+exported by each, 20% of keys contended) with one more column, ``updated_at``, which
+``cdr generate`` fills with each change's own time for an ``order_by`` table. The plain
+run reads the same exports with ``updated_at`` as an ordinary column.
+
+    .venv/bin/python bench/policy_bench.py 4000000
+    BENCH_ROUNDS=1 .venv/bin/python bench/policy_bench.py 1000000
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
+os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
+
+from resolve_bench import CONFIG, refetch, staged_input
+
+from pipeline.config import parse_config
+
+PLAIN = copy.deepcopy(CONFIG)
+PLAIN["tables"]["items"]["columns"]["updated_at"] = "timestamp"
+VARIANTS = {"order_by": {"order_by": "updated_at"}}
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 4_000_000
+    rounds = int(os.environ.get("BENCH_ROUNDS", "1"))
+    from pipeline.resolve import resolve_stage
+    from pipeline.spark import get_spark
+
+    spark = get_spark("local[2]", app="cdr-policy-bench")
+    spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+    root = Path(tempfile.mkdtemp(prefix="cdr-policy-bench-"))
+    try:
+        ordered = copy.deepcopy(PLAIN)
+        ordered["tables"]["items"].update(VARIANTS["order_by"])
+        config, ctx, stats = staged_input(ordered, n, root, spark)  # generated with values
+        configs = {
+            "plain": parse_config({**PLAIN, "store": config.store}),
+            "order_by": config,
+        }
+        seconds: dict[str, list[float]] = {k: [] for k in configs}
+        quarantined = {}
+        for _ in range(rounds):
+            for name, cfg in configs.items():
+                t = time.perf_counter()
+                refetch(spark, cfg, ctx)
+                summary = resolve_stage(spark, cfg, ctx)
+                seconds[name].append(round(time.perf_counter() - t, 1))
+                quarantined[name] = sum(summary.tables["items"].quarantined.values())
+        best = {k: min(v) for k, v in seconds.items()}
+        print(
+            json.dumps(
+                {
+                    "n": n,
+                    "records": stats["records"],
+                    "seconds": seconds,
+                    "quarantined": quarantined,
+                    "ratio_order_by": round(best["order_by"] / best["plain"], 2),
+                }
+            ),
+            flush=True,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
