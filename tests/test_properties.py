@@ -50,10 +50,22 @@ PRIORITY = {t: ("priority_wins" if r == "latest_timestamp_wins" else r) for t, r
 MS = 1000
 
 
-def lww_spec(resolvers: dict[str, str] = LWW, **top) -> tuple[FoldSpec, dict[str, int]]:
-    cfg = make_config({"resolvers": resolvers}, replicas=REPLICAS3, **top)
-    table = cfg.tables["t"]
-    return FoldSpec(table, NOW), cfg.tie_ranks(table.tie_break)
+def lww_spec(
+    resolvers: dict[str, str] = LWW, table: dict | None = None, **top
+) -> tuple[FoldSpec, dict[str, int]]:
+    cfg = make_config({"resolvers": resolvers, **(table or {})}, replicas=REPLICAS3, **top)
+    t = cfg.tables["t"]
+    return FoldSpec(t, NOW), cfg.tie_ranks(t.tie_break)
+
+
+def converged_in_every_order(spec: FoldSpec, state: dict, events: list[Event]) -> dict:
+    """The converged state, once every replica's own apply order is shown to reach it."""
+    converged = fold_converged(spec, state, events).state
+    for replica in ("a", "b", "c"):
+        mine = fold_perspective(spec, state, events, replica)
+        assert divergent_keys(converged, mine) == [], replica
+        assert view(mine) == view(converged)
+    return converged
 
 
 @st.composite
@@ -143,11 +155,7 @@ def test_every_perspective_equals_the_converged_state(w):
     raw, prior, orders = w
     spec, ranks = lww_spec()
     state, events = build(raw, prior, orders, ranks)
-    converged = fold_converged(spec, state, events).state
-    for replica in ("a", "b", "c"):
-        mine = fold_perspective(spec, state, events, replica)
-        assert divergent_keys(converged, mine) == [], replica
-        assert view(mine) == view(converged)
+    converged_in_every_order(spec, state, events)
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,10 +169,7 @@ def test_priority_wins_is_independent_of_the_apply_order(w, priority):
     raw, prior, orders = w
     spec, ranks = lww_spec(PRIORITY, priority=priority)
     state, events = build(raw, prior, orders, ranks)
-    converged = fold_converged(spec, state, events).state
-    for replica in ("a", "b", "c"):
-        mine = fold_perspective(spec, state, events, replica)
-        assert divergent_keys(converged, mine) == [], replica
+    converged = converged_in_every_order(spec, state, events)
     for k, v in converged.items():
         writers = [e for e in events if e.key == k] + ([state[k]] if k in state else [])
         best = max(writers, key=lambda x: (-priority.index(x.origin), x.ts, x.rank))
@@ -178,13 +183,9 @@ def test_order_by_is_independent_of_the_apply_order(w):
     writes reach the same state in every replica's apply order, and a key's converged row
     is the write with the largest ``(n, ts, tie_rank)``, whatever its commit time."""
     raw, prior, orders = w
-    cfg = make_config({"resolvers": LWW, "order_by": "n"}, replicas=REPLICAS3)
-    spec, ranks = FoldSpec(cfg.tables["t"], NOW), cfg.tie_ranks(cfg.tables["t"].tie_break)
+    spec, ranks = lww_spec(table={"order_by": "n"})
     state, events = build(raw, prior, orders, ranks)
-    converged = fold_converged(spec, state, events).state
-    for replica in ("a", "b", "c"):
-        mine = fold_perspective(spec, state, events, replica)
-        assert divergent_keys(converged, mine) == [], replica
+    converged = converged_in_every_order(spec, state, events)
     for k, v in converged.items():
         writers = [(e.after["n"], e.ts, e.rank, e.event_id) for e in events if e.key == k]
         if k in state:
