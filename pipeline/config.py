@@ -175,6 +175,7 @@ class TableModel(_Strict):
     scope: Scope = Scope.ROW
     detection: Detection | None = None
     order_by: str | None = None
+    column_groups: dict[str, list[str]] | None = None
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -322,6 +323,9 @@ class Table:
     priority: tuple[str, ...] = ()
     #: extensions.md E1: the column "later" compares first, before ts and the tie-break
     order_by: str | None = None
+    #: extensions.md E2: the groups of value columns an UPDATE meets one by one, the
+    #: implicit :data:`OTHER_GROUP` (the columns in no group) last; empty: no groups
+    column_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -496,6 +500,7 @@ def _resolve_table(
     preset = t.policy or defaults.policy
     rule = PRESETS[preset]
     resolvers = _resolvers(at, t, defaults, p)
+    groups = _column_groups(at, t, preset, p)
     if len(columns) != len(t.columns) or not t.key:
         return None
     return Table(
@@ -519,6 +524,7 @@ def _resolve_table(
         granularity=rule.granularity,
         priority=tuple(priority or ()),
         order_by=t.order_by,
+        column_groups=groups,
     )
 
 
@@ -582,6 +588,40 @@ def _check_order_by(at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p:
         p.add(f"{at}.order_by", f"no column {c!r} in {at}.columns")
     elif c in ctypes and ctypes[c].kind not in ORDER_BY_KINDS:
         p.add(f"{at}.order_by", f"column {c!r} is {ctypes[c]}; order_by needs one of: {allowed}")
+
+
+#: extensions.md E2: the name of the group of the value columns in no configured group
+OTHER_GROUP = "_other"
+
+
+def _column_groups(
+    at: str, t: TableModel, preset: Preset, p: _Problems
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """extensions.md E2: ``column_groups`` of a postgres row table: named groups of value
+    columns, each column in one group at most; the others form :data:`OTHER_GROUP`."""
+    if not t.column_groups:
+        return ()
+    where = f"{at}.column_groups"
+    if preset is not Preset.POSTGRES:
+        p.add(where, f"only on a postgres table, not {preset.value}")
+    seen: dict[str, str] = {}
+    for g, cols in t.column_groups.items():
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", g):
+            p.add(f"{where}.{g}", "a group name is a letter, then letters, digits and _")
+        if not cols:
+            p.add(f"{where}.{g}", "an empty group")
+        for c in cols:
+            if c not in t.columns:
+                p.add(f"{where}.{g}", f"no column {c!r} in {at}.columns")
+            elif c in t.key:
+                p.add(f"{where}.{g}", f"key column {c!r} cannot be in a group")
+            elif c in seen:
+                p.add(f"{where}.{g}", f"column {c!r} is already in group {seen[c]!r}")
+            else:
+                seen[c] = g
+    groups = [(g, tuple(cols)) for g, cols in t.column_groups.items()]
+    rest = tuple(c for c in t.columns if c not in t.key and c not in seen)
+    return tuple(groups + ([(OTHER_GROUP, rest)] if rest else []))
 
 
 def _column_defaults(

@@ -44,6 +44,7 @@ from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
 from pipeline.frames import LEDGER_SCHEMA, fold_input, fold_outputs
 from pipeline.policy import Scope
 from pipeline.rowfold import Event, FoldSpec
+from pipeline.schema import GROUPS
 from pipeline.shuffle import (
     Specials,
     key_struct,
@@ -169,6 +170,7 @@ def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Tabl
         F.col("_origin").alias("s_origin"),
         F.col("_deleted").alias("s_deleted"),
         F.col("_deleted_at").alias("s_deleted_at"),
+        *([F.col(GROUPS).alias("s_groups")] if table.column_groups else []),
     )
     return ev.unionByName(st, allowMissingColumns=True)
 

@@ -61,9 +61,12 @@ from pipeline.rowfold import (
     divergent_keys,
     fold_converged,
     fold_perspective,
+    read_groups,
     reader_view,
     replica_order,
+    write_groups,
 )
+from pipeline.schema import GROUPS
 from pipeline.spark import SPARK_SCHEMA_KEY
 
 #: the outputs a fold task writes, each in a folder of that name
@@ -124,8 +127,16 @@ def version_from_row(
     deleted = bool(r["s_deleted"])
     kept = (*key_cols, order_by) if order_by is not None else key_cols
     values = {c: row[c] for c in kept} if deleted else dict(row)
+    groups = r.get("s_groups")
     return key, Version(
-        values, r["s_ts"], r["s_origin"], r["event_id"], r["s_rank"], deleted, r["s_deleted_at"]
+        values,
+        r["s_ts"],
+        r["s_origin"],
+        r["event_id"],
+        r["s_rank"],
+        deleted,
+        r["s_deleted_at"],
+        groups=read_groups(groups) if groups else None,
     )
 
 
@@ -279,6 +290,8 @@ class GroupFolder:
             _deleted=v.deleted,
             _deleted_at=v.deleted_at,
         )
+        if self.table.column_groups:
+            row[GROUPS] = write_groups(v.groups) if v.groups else None
         return row
 
     def _change_row(self, e: Event, ch: Change, idx: int) -> dict[str, Any]:
@@ -476,6 +489,8 @@ def _passed_through(batch: pa.Table, job: FoldJob) -> pa.Table:
         "_deleted": batch.column("s_deleted"),
         "_deleted_at": batch.column("s_deleted_at"),
     }
+    if job.table.column_groups:
+        cols[GROUPS] = batch.column("s_groups")
     schema = arrow_schemas(job)["state_pre"]
     return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
 

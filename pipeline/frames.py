@@ -118,7 +118,8 @@ def fold_input(table: Table) -> tuple[str, ...]:
     """:data:`FOLD_INPUT`, and a copy's ``file`` and ``line`` for a table with delta
     columns: the fold quarantines an event whose delta would overflow, naming its line
     (the other tables do not carry them through the shuffle)."""
-    return (*FOLD_INPUT, "file", "line") if table.delta else FOLD_INPUT
+    out = (*FOLD_INPUT, "file", "line") if table.delta else FOLD_INPUT
+    return (*out, "s_groups") if table.column_groups else out
 
 
 def fold_input_schema(table: Table) -> T.StructType:
@@ -136,6 +137,7 @@ def fold_input_schema(table: Table) -> T.StructType:
         "s_origin": _S,
         "s_deleted": _B,
         "s_deleted_at": _L,
+        "s_groups": _S,
     }
     return T.StructType([T.StructField(n, types[n]) for n in fold_input(table)])
 

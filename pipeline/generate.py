@@ -254,8 +254,7 @@ def _day_events(
     """One table's events of the day, from ``g``'s seeded generator; the keys live at its
     end; how many keys it touched."""
     day0 = to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
-    rng, table, replicas, name = g.rng, g.t, g.replicas, g.t.name
-    cell = table.granularity is Granularity.CELL
+    rng, replicas, name = g.rng, g.replicas, g.t.name
     distinct = max(1, per_table // len(replicas))
     base_n = opts.base_rows or 0
     # keys touched: E = K * (1 + 2.5 c); contended keys get 2-5 events
@@ -297,20 +296,30 @@ def _day_events(
             else:
                 after, before = g.change(full)
                 ev = _Ev("UPDATE", key, t, origin, eid, after=after, before=before or None)
-            if cell and rng.random() < 0.1:  # a Scylla/Cassandra write with a TTL
-                ev.ttl = rng.choice([3600, 7 * 86400])
-            nullable = [c for c in ev.after or {} if c not in table.not_null]
-            if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
-                ev.after[rng.choice(nullable)] = None  # type: ignore[index]
-            if table.order_by is not None:
-                _set_order(g, ev, full, day0)
-            ev.ts += opts.clock_offsets.get(origin, 0) * 1_000_000  # its origin's clock
+            _finish_event(g, ev, full, day0, opts)
             events.append(ev)
             # the next change of a contended key is concurrent: within the delay window
             t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
         if alive:
             live.append(g.key(n))
     return events, live, k_touched
+
+
+def _finish_event(
+    g: _TableGen, ev: _Ev, full: dict[str, Any], day0: int, opts: GenerateOptions
+) -> None:
+    """A cell table's TTLs and nulls, an ``order_by`` table's order value, and the commit
+    ts as its origin's clock stamps it."""
+    rng, table = g.rng, g.t
+    cell = table.granularity is Granularity.CELL
+    if cell and rng.random() < 0.1:  # a Scylla/Cassandra write with a TTL
+        ev.ttl = rng.choice([3600, 7 * 86400])
+    nullable = [c for c in ev.after or {} if c not in table.not_null]
+    if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
+        ev.after[rng.choice(nullable)] = None  # type: ignore[index]
+    if table.order_by is not None:
+        _set_order(g, ev, full, day0)
+    ev.ts += opts.clock_offsets.get(ev.origin, 0) * 1_000_000
 
 
 def _set_order(g: _TableGen, ev: _Ev, full: dict[str, Any], day0: int) -> None:

@@ -173,8 +173,11 @@ def lone_insert_outputs(
         "_deleted": pa.repeat(pa.scalar(False), n),
         "_deleted_at": pa.nulls(n, pa.int64()),
     }
-    sch = schemas["state_pre"]
-    out["state_pre"] = pa.Table.from_arrays([state[f.name].cast(f.type) for f in sch], schema=sch)
+    sch = schemas["state_pre"]  # a new row's column groups (E2) are all its own: null
+    out["state_pre"] = pa.Table.from_arrays(
+        [state[f.name].cast(f.type) if f.name in state else pa.nulls(n, f.type) for f in sch],
+        schema=sch,
+    )
     if "changes" in schemas:
         sch = schemas["changes"]
         values = table.value_columns

@@ -13,6 +13,7 @@ error.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +39,28 @@ _O = Outcome
 _KEEPS_DELTA = frozenset({_O.DISCARDED, _O.SKIPPED})
 
 
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """Who wrote a column group last (extensions.md E2), in the canonical order's terms."""
+
+    ts: int
+    rank: int
+    event_id: str | None
+    origin: str | None
+
+    def position(self) -> tuple[int, int, str]:
+        return (self.ts, self.rank, self.event_id or "")
+
+
+def read_groups(text: str) -> dict[str, Stamp]:
+    """The state's ``_groups`` (``{group: [ts, rank, event_id, origin]}``)."""
+    return {g: Stamp(*v) for g, v in json.loads(text).items()}
+
+
+def write_groups(groups: Mapping[str, Stamp]) -> str:
+    return json.dumps({g: [s.ts, s.rank, s.event_id, s.origin] for g, s in groups.items()})
+
+
 @dataclass(slots=True)
 class Version:
     """A key's state: a live row (``values`` holds every column) or a tombstone
@@ -50,9 +73,23 @@ class Version:
     rank: int
     deleted: bool = False
     deleted_at: int | None = None
+    #: extensions.md E2: each column group's stamp, where the groups differ (None: every
+    #: group is the row's own ``ts, origin, event_id, rank``)
+    groups: Mapping[str, Stamp] | None = None
 
     def position(self) -> tuple[int, int, str]:
         return (self.ts, self.rank, self.event_id or "")
+
+    def stamp(self) -> Stamp:
+        return Stamp(self.ts, self.rank, self.event_id, self.origin)
+
+    def group(self, name: str) -> Version:
+        """The row as the last writer of column group ``name`` left it: its values, with
+        that group's stamp (E2)."""
+        s = (self.groups or {}).get(name)
+        if s is None:
+            return self
+        return Version(self.values, s.ts, s.origin, s.event_id, s.rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +153,9 @@ class Applied:
     errored: bool = False
     changes: tuple[Change, ...] = ()
     quarantined: str | None = None  # why the fold quarantined it (:class:`DeltaOverflow`)
+    #: the columns it took effect on when not all it wrote (an UPDATE that won some
+    #: column groups and lost others, E2); None: every column it wrote
+    written: frozenset[str] | None = None
 
 
 class DeltaOverflow(Exception):
@@ -338,14 +378,20 @@ class RowFold:
     def _delete_wins(self, t: ConflictType) -> bool:
         return self.table.resolvers[t] is _R.DELETE_WINS
 
-    def _differs(self, e: Event, loc: Version, use_before: bool) -> bool:
+    def _differs(
+        self, e: Event, loc: Version, use_before: bool, cols: Sequence[str] | None = None
+    ) -> bool:
         """§3 update_differ / delete_differ: another origin wrote the row, or it is newer
         (with ``order_by``, by its order value first: extensions.md E1). Base rows (no
         origin) raise no origin conflict (§12)."""
         if _when(loc, self.table) > _when(e, self.table):
             return True
         if use_before and self.table.detection is Detection.BEFORE_IMAGE:
-            image = {c: v for c, v in e.before.items() if c not in self.table.delta}
+            image = {
+                c: v
+                for c, v in e.before.items()
+                if c not in self.table.delta and (cols is None or c in cols)
+            }
             if image:  # §12: compare only the columns present; no conflict when equal
                 return any(loc.values.get(c) != v for c, v in image.items())
         return loc.origin is not None and loc.origin != e.origin
@@ -393,8 +439,16 @@ class RowFold:
             values[c] = self._plus_delta(values.get(c), e, c)
         self._set(key, Version(values, loc.ts, loc.origin, loc.event_id, loc.rank))
 
-    def _live(self, values: dict[str, Any], e: Event) -> Version:
-        return Version(values, e.ts, e.origin, e.event_id, e.rank)
+    def _live(
+        self, values: dict[str, Any], e: Event, stamps: Mapping[str, Stamp] | None = None
+    ) -> Version:
+        """The row ``e`` wrote; with ``stamps`` (E2), the row's stamp is its latest
+        group's, and the groups are kept where they differ from it."""
+        if not stamps:
+            return Version(values, e.ts, e.origin, e.event_id, e.rank)
+        last = max(stamps.values(), key=Stamp.position)
+        groups = None if all(s == last for s in stamps.values()) else dict(stamps)
+        return Version(values, last.ts, last.origin, last.event_id, last.rank, groups=groups)
 
     # ------------------------------------------------------------------ resolution
 
@@ -578,6 +632,9 @@ class RowFold:
         loc = self.state.get(key)
         if loc is None or loc.deleted:
             return self._update_absent(e, key, target, loc, log)
+        groups = [(g, c) for g, c in self.table.column_groups if any(x in e.after for x in c)]
+        if groups and target == key:
+            return self._update_groups(e, key, loc, groups, log)
         if self._differs(e, loc, use_before=True):
             out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
             log.append(
@@ -595,6 +652,44 @@ class RowFold:
                 return self._done(e, False, log)
         values = self._merge(loc.values, e, target)
         return self._finish(e, target, values, log, key if target != key else None)
+
+    def _update_groups(
+        self,
+        e: Event,
+        key: Key,
+        loc: Version,
+        groups: list[tuple[str, tuple[str, ...]]],
+        log: list[Conflict],
+    ) -> Applied:
+        """extensions.md E2: an UPDATE meets ``update_differ`` per column group it writes,
+        each against that group's last writer; it takes effect on the groups it wins
+        (``applied`` if any), and its delta columns follow §8 whatever their group's
+        outcome."""
+        stamps = {g: loc.group(g).stamp() for g, _ in self.table.column_groups}
+        won: set[str] = set()
+        for g, cols in groups:
+            gv = loc.group(g)
+            if self._differs(e, gv, use_before=True, cols=cols):
+                out, r, why = self._decide(_C.UPDATE_DIFFER, e, gv, _O.APPLIED)
+                reason = f"group {g}: {why}; local origin {gv.origin}, ts {gv.ts}"
+                log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (gv,), reason))
+                if out is _O.ERRORED:
+                    return self._done(e, False, log)
+                if not out.remote_applied:
+                    continue
+            won.update(cols)
+            stamps[g] = Stamp(e.ts, e.rank, e.event_id, e.origin)
+        if not won:
+            return self._done(e, False, log)
+        values = dict(loc.values)
+        for c, v in e.after.items():
+            if c in self.table.delta:
+                values[c] = self._plus_delta(values.get(c), e, c)
+            elif c in won:
+                values[c] = v
+        values.update(self.key_dict(key))
+        a = self._finish(e, key, values, log, None, stamps)
+        return replace(a, written=frozenset(won | (self.table.delta & set(e.after))))
 
     def _update_absent(
         self, e: Event, key: Key, target: Key, loc: Version | None, log: list[Conflict]
@@ -689,10 +784,11 @@ class RowFold:
         values: dict[str, Any],
         log: list[Conflict],
         old_key: Key | None,
+        stamps: Mapping[str, Stamp] | None = None,
     ) -> Applied:
         """Write the row at ``target`` after the pkey_exists (§3) and
         multiple_unique_conflicts checks; a key change (``old_key``) leaves the old key
-        absent (§12)."""
+        absent (§12). ``stamps``: the row's column groups (E2)."""
         old = self.state.get(old_key) if old_key is not None else None
         moved_from = old_key if old is not None and not old.deleted else None
         if old_key is not None:
@@ -720,7 +816,7 @@ class RowFold:
                 return self._done(e, False, log)
         if moved_from is not None:
             self._set(moved_from, None)
-        self._set(target, self._live(values, e))
+        self._set(target, self._live(values, e, stamps))
         return self._done(e, True, log)
 
     def _collisions(
@@ -775,20 +871,26 @@ def fold_converged(
             results.append(Applied(e, False, stop.log, errored=True))
             return FoldResult(f.state, results, stop.conflict)
         if f.trace is not None:
-            a = replace(a, changes=visible_changes(e, f.trace, spec.table, a.applied))
+            changes = visible_changes(e, f.trace, spec.table, a.applied, a.written)
+            a = replace(a, changes=changes)
             f.trace.clear()
         results.append(a)
     return FoldResult(f.state, results, None)
 
 
 def visible_changes(
-    e: Event, trace: Sequence[Transition], table: Table, applied: bool = True
+    e: Event,
+    trace: Sequence[Transition],
+    table: Table,
+    applied: bool = True,
+    written: frozenset[str] | None = None,
 ) -> tuple[Change, ...]:
     """An event's state transitions as changes of the rows a reader sees, key by key in
     the order they were made (cdc.md "The log"): a row that appears is an insert (every
     column), one that goes a row delete (a partition delete for a TRUNCATE), one that
     stays an update of the columns the event wrote or changed (only those it changed,
-    when it was not applied: a discarded UPDATE that still added its delta, §8). An
+    when it was not applied: a discarded UPDATE that still added its delta, §8; only the
+    columns it took effect on, ``written``, when it won some column groups, E2). An
     applied DELETE of a row already gone is still a row delete. This is what makes the
     log replay to the snapshot whatever rule decided: deltas, defaults, converted events,
     key changes and unique-constraint deletions all show up as their effect."""
@@ -811,8 +913,8 @@ def visible_changes(
             kind, cols = ChangeKind.INSERT, values
         else:
             kind = ChangeKind.UPDATE
-            written = e.after if applied else {}
-            cols = tuple(c for c in values if c in written or post.get(c) != pre.get(c))
+            took = (e.after if written is None else written) if applied else ()
+            cols = tuple(c for c in values if c in took or post.get(c) != pre.get(c))
         out.append(Change(key, kind, cols, {c: post.get(c) for c in cols}, pre, post))
     return tuple(out)
 

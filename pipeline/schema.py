@@ -75,6 +75,9 @@ def key_struct_type(table: Table) -> T.StructType:
     return T.StructType([T.StructField(c, spark_type(table.column(c).type)) for c in table.key])
 
 
+#: extensions.md E2: a row's stamp per column group, as JSON ``{group: [ts, rank,
+#: event_id, origin]}`` (``rowfold.Version.groups``)
+GROUPS = "_groups"
 META_FIELDS = [
     T.StructField("_ts", T.LongType()),
     T.StructField("_origin", T.StringType()),
@@ -130,6 +133,8 @@ def state_schema(table: Table) -> T.StructType:
     """The state kept between runs: the table's columns (for a cell table, what a reader
     sees), then the metadata (§1, §7)."""
     extra = cell_meta_fields(table) if table.granularity is Granularity.CELL else []
+    if table.column_groups:  # extensions.md E2: null while every group is the row's
+        extra.append(T.StructField(GROUPS, T.StringType()))
     return T.StructType(list(row_struct_type(table).fields) + META_FIELDS + extra)
 
 

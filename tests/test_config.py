@@ -344,3 +344,52 @@ def test_order_by_names_an_orderable_column(column):
 def test_order_by_mistakes_name_the_bad_value(order_by, table, message):
     with pytest.raises(ConfigError, match=message):
         _ordered(order_by, **table)
+
+
+def _grouped(groups, **table):
+    return parse_config(
+        {
+            "replicas": [{"id": "a", "system_id": 1}],
+            "tables": {
+                "t": {
+                    "key": ["id"],
+                    "columns": {"id": "int", "qty": "int", "name": "string", "note": "string"},
+                    "column_groups": groups,
+                    **table,
+                }
+            },
+        }
+    )
+
+
+def test_column_groups_and_the_implicit_group_of_the_rest():
+    """extensions.md E2: the columns in no group form one implicit group, last."""
+    t = _grouped({"stock": ["qty"], "label": ["name"]}).tables["t"]
+    assert t.column_groups == (("stock", ("qty",)), ("label", ("name",)), ("_other", ("note",)))
+    t = _grouped({"all": ["qty", "name", "note"]}).tables["t"]
+    assert t.column_groups == (("all", ("qty", "name", "note")),)
+
+
+@pytest.mark.parametrize(
+    ("groups", "table", "message"),
+    [
+        (
+            {"stock": ["qty"], "label": ["name", "qty"]},
+            {},
+            r"tables\.t\.column_groups\.label: column 'qty' is already in group 'stock'",
+        ),
+        ({"stock": ["qtty"]}, {}, r"column_groups\.stock: no column 'qtty' in tables\.t\.columns"),
+        ({"stock": ["id"]}, {}, r"column_groups\.stock: key column 'id' cannot be in a group"),
+        ({"stock": []}, {}, r"column_groups\.stock: an empty group"),
+        ({"_other": ["qty"]}, {}, r"column_groups\._other: a group name is a letter"),
+        (
+            {"stock": ["qty"]},
+            {"policy": "delete_wins"},
+            r"tables\.t\.column_groups: only on a postgres table, not delete_wins",
+        ),
+    ],
+    ids=["in_two_groups", "unknown_column", "key_column", "empty", "reserved_name", "policy"],
+)
+def test_column_group_mistakes_name_the_bad_value(groups, table, message):
+    with pytest.raises(ConfigError, match=message):
+        _grouped(groups, **table)

@@ -7,7 +7,14 @@ from fold_helpers import NOW, T0, H, ev, live, spec, tomb
 
 from pipeline.policy import ConflictType as C
 from pipeline.policy import Outcome as O
-from pipeline.rowfold import RowFold, RunStopped, fold_converged, fold_perspective, reader_view
+from pipeline.rowfold import (
+    RowFold,
+    RunStopped,
+    Stamp,
+    fold_converged,
+    fold_perspective,
+    reader_view,
+)
 
 
 def fold(sp, state, events):
@@ -562,3 +569,62 @@ def test_order_by_drives_the_delete_wins_table():
     insert = ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "b", "n": 3})
     c = only_conflict(fold(sp, state, [insert]))
     assert c.outcome is O.DISCARDED and "L.ts > E.ts" in c.reason
+
+
+# ---------------------------------------------------------------------- column groups (E2)
+
+GROUPED = {"column_groups": {"stock": ["n"], "label": ["v"]}}
+
+
+def test_column_groups_keep_a_change_to_another_group():
+    """extensions.md E2: pub renames the product, then sub's earlier stock change arrives:
+    it writes another group, last written by sub itself, so it is no conflict and both
+    changes stay (without groups it would meet pub's newer row and be discarded)."""
+    state = dict([live(1, "a", T0, "sub", n=1)])
+    rename = ev("UPDATE", 1, T0 + 2 * H, "pub", "pub-1", {"v": "b"})
+    stock = ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": 7})
+    res = fold_perspective(spec(GROUPED), state, [rename, stock], "x", ordered=True)
+    assert reader_view(res[(1,)]) == {"id": 1, "v": "b", "n": 7}
+    assert (res[(1,)].ts, res[(1,)].origin) == (T0 + 2 * H, "pub")  # the group written last
+    assert res[(1,)].groups is not None and res[(1,)].groups["stock"].origin == "sub"
+    plain = fold_perspective(spec(), state, [rename, stock], "x", ordered=True)
+    assert reader_view(plain[(1,)])["n"] == 1
+
+
+def test_an_update_wins_one_group_and_loses_another():
+    """One conflict-log row per group in conflict, naming it; the UPDATE is applied for the
+    groups it won; the row's stamp is its latest group's; its change lists the columns it
+    took effect on."""
+    (k, v) = live(1, "a", T0 + 2 * H, "pub", n=1, eid="pub-0")
+    v.groups = {"label": Stamp(T0, 1, "sub-0", "sub"), "stock": v.stamp()}
+    both = ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"v": "c", "n": 9})
+    res = fold_converged(spec(GROUPED), {k: v}, [both], trace=True)
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.UPDATE_DIFFER, O.DISCARDED)
+    assert c.reason.startswith("group stock: ") and c.local[0].origin == "pub"
+    assert res.applied[0].applied
+    row = res.state[(1,)]
+    assert reader_view(row) == {"id": 1, "v": "c", "n": 1}
+    assert (row.ts, row.origin) == (T0 + 2 * H, "pub")
+    assert row.groups == {"label": Stamp(T0 + H, 1, "sub-1", "sub"), "stock": v.stamp()}
+    (change,) = res.applied[0].changes
+    assert change.cols == ("v",)
+
+
+def test_a_delta_column_follows_its_rule_whatever_its_groups_outcome():
+    """§8 under E2: the stock group is lost, yet its delta is added; the label is won."""
+    sp = spec({"delta": ["n"], **GROUPED})
+    (k, v) = live(1, "a", T0 + 2 * H, "pub", n=10, eid="pub-0")
+    v.groups = {"label": Stamp(T0, 1, "sub-0", "sub"), "stock": v.stamp()}
+    e = ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"v": "c", "n": 15}, before={"n": 12})
+    res = fold_converged(sp, {k: v}, [e])
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "c", "n": 13}
+
+
+def test_insert_and_delete_meet_the_row_as_a_whole():
+    """An INSERT or DELETE compares with the row's stamp, its latest group's."""
+    (k, v) = live(1, "a", T0 + 2 * H, "pub", n=1, eid="pub-0")
+    v.groups = {"label": Stamp(T0, 1, "sub-0", "sub"), "stock": v.stamp()}
+    delete = ev("DELETE", 1, T0 + H, "sub", "sub-1")
+    c = only_conflict(fold_converged(spec(GROUPED), {k: v}, [delete]))
+    assert (c.type, c.outcome, c.local[0].ts) == (C.DELETE_DIFFER, O.DISCARDED, T0 + 2 * H)
