@@ -437,7 +437,7 @@ class RowFold:
         values = dict(loc.values)
         for c in changed:
             values[c] = self._plus_delta(values.get(c), e, c)
-        self._set(key, Version(values, loc.ts, loc.origin, loc.event_id, loc.rank))
+        self._set(key, replace(loc, values=values))  # its stamps (and groups) stay
 
     def _live(
         self, values: dict[str, Any], e: Event, stamps: Mapping[str, Stamp] | None = None

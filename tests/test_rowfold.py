@@ -628,3 +628,17 @@ def test_insert_and_delete_meet_the_row_as_a_whole():
     delete = ev("DELETE", 1, T0 + H, "sub", "sub-1")
     c = only_conflict(fold_converged(spec(GROUPED), {k: v}, [delete]))
     assert (c.type, c.outcome, c.local[0].ts) == (C.DELETE_DIFFER, O.DISCARDED, T0 + 2 * H)
+
+
+def test_a_lost_update_adds_its_delta_and_keeps_the_rows_groups():
+    """§8 under E2: every group lost (``skip``), the delta is still added, and the row
+    keeps its stamps, group by group."""
+    sp = spec({"delta": ["n"], "resolvers": {"update_differ": "skip"}, **GROUPED})
+    (k, v) = live(1, "a", T0 + 2 * H, "pub", n=10, eid="pub-0")
+    v.groups = {"label": Stamp(T0, 1, "sub-0", "sub"), "stock": v.stamp()}
+    e = ev("UPDATE", 1, T0 + H, "pub", "pub-1", {"v": "c", "n": 15}, before={"n": 12, "v": "z"})
+    res = fold_converged(sp, {k: v}, [e])
+    assert [c.outcome for a in res.applied for c in a.conflicts] == [O.SKIPPED, O.SKIPPED]
+    row = res.state[(1,)]
+    assert reader_view(row) == {"id": 1, "v": "a", "n": 13}
+    assert row.groups == v.groups and (row.ts, row.origin) == (v.ts, v.origin)
