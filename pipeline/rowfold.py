@@ -262,10 +262,19 @@ def standing(e: Event, loc: Version | None, table: Table) -> Standing:
     return Standing.OLDER if we > wl else Standing.NEWER
 
 
+def _ruling(e: Event, loc: Version | None, op: str, table: Table, live: bool) -> tuple[bool, str]:
+    """§5's table for ``e`` against ``loc``: whether it applies, and why (naming the
+    ``order_by`` column when "newer" compared it first, E1)."""
+    applies, why = delete_wins(standing(e, loc, table), op, live)
+    if table.order_by is not None and loc is not None:
+        why += f" (L and E compared by ({table.order_by}, ts))"
+    return applies, why
+
+
 def _delete_wins(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     """§5's table (:data:`pipeline.policy.DELETE_WINS_TABLE`) against a live row or a
     tombstone."""
-    applies, why = delete_wins(standing(e, loc, table), op, live=not loc.deleted)
+    applies, why = _ruling(e, loc, op, table, live=not loc.deleted)
     return (win if applies else _O.DISCARDED), why
 
 
@@ -705,7 +714,7 @@ class RowFold:
             log.append(self._conflict(key, t, r, out, e, local, why))
 
         if r is _R.DELETE_WINS:  # §5's table: an update never creates a row
-            applies, why = delete_wins(standing(e, loc, self.table), "UPDATE", live=False)
+            applies, why = _ruling(e, loc, "UPDATE", self.table, live=False)
             if not applies or full is None:
                 note(_O.DISCARDED, why)
                 return self._done(e, False, log)
@@ -743,7 +752,7 @@ class RowFold:
             r = self._resolver(t)
             local = () if loc is None else (loc,)
             if r is _R.DELETE_WINS:  # §5's table; the newer tombstone is kept
-                applies, why = delete_wins(standing(e, loc, self.table), "DELETE", live=False)
+                applies, why = _ruling(e, loc, "DELETE", self.table, live=False)
                 out = _O.APPLIED if applies else _O.DISCARDED
                 log.append(self._conflict(key, t, r, out, e, local, why))
                 if applies and (loc is None or _wins_latest(e, loc, self.table)):

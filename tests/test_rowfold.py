@@ -569,6 +569,7 @@ def test_order_by_drives_the_delete_wins_table():
     insert = ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "b", "n": 3})
     c = only_conflict(fold(sp, state, [insert]))
     assert c.outcome is O.DISCARDED and "L.ts > E.ts" in c.reason
+    assert c.reason.endswith("(L and E compared by (n, ts))")
 
 
 # ---------------------------------------------------------------------- column groups (E2)
