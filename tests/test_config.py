@@ -302,20 +302,15 @@ def test_priority_wins_through_defaults_needs_priority_too():
         )
 
 
+def _one_table(columns: dict[str, str], **table):
+    """A config of one table ``t`` keyed by ``id``, with ``table``'s settings."""
+    t = {"key": ["id"], "columns": {"id": "int", **columns}, **table}
+    return parse_config({"replicas": [{"id": "a", "system_id": 1}], "tables": {"t": t}})
+
+
 def _ordered(order_by: str, **table):
-    return parse_config(
-        {
-            "replicas": [{"id": "a", "system_id": 1}],
-            "tables": {
-                "t": {
-                    "key": ["id"],
-                    "columns": {"id": "int", "v": "string", "at": "timestamp", "m": "decimal(9,2)"},
-                    "order_by": order_by,
-                    **table,
-                }
-            },
-        }
-    )
+    columns = {"v": "string", "at": "timestamp", "m": "decimal(9,2)"}
+    return _one_table(columns, order_by=order_by, **table)
 
 
 @pytest.mark.parametrize("column", ["at", "m", "id"])
@@ -347,19 +342,8 @@ def test_order_by_mistakes_name_the_bad_value(order_by, table, message):
 
 
 def _grouped(groups, **table):
-    return parse_config(
-        {
-            "replicas": [{"id": "a", "system_id": 1}],
-            "tables": {
-                "t": {
-                    "key": ["id"],
-                    "columns": {"id": "int", "qty": "int", "name": "string", "note": "string"},
-                    "column_groups": groups,
-                    **table,
-                }
-            },
-        }
-    )
+    columns = {"qty": "int", "name": "string", "note": "string"}
+    return _one_table(columns, column_groups=groups, **table)
 
 
 def test_column_groups_and_the_implicit_group_of_the_rest():
