@@ -328,14 +328,13 @@ class BlockTyper:
     ) -> np.ndarray:
         """guards ``_order_problem`` (extensions.md E1): the ``order_by`` value is in the
         ``after`` of an INSERT or UPDATE, the ``before`` of a DELETE."""
-        ok = np.ones(len(op), dtype=bool)
         col = self.typer.order_by
         if col is None:
-            return ok
+            return np.ones(len(op), dtype=bool)
         i = [f.name for f in self.row_type].index(col)
         writes = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", "UPDATE"])), False))
         deletes = np.asarray(pc.fill_null(pc.equal(op, "DELETE"), False))
-        return ok & ~(writes & ~after_has[:, i]) & ~(deletes & ~before_has[:, i])
+        return ~(writes & ~after_has[:, i]) & ~(deletes & ~before_has[:, i])
 
     def _cell_rules(self, ttl: pa.Array, expiry: pa.Array) -> np.ndarray:
         """guards ``_cell_problem``'s ttl and expiry: whole seconds, a ttl of at most

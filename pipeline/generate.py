@@ -88,7 +88,7 @@ def _value(col: Column, rng: random.Random, n: int) -> Any:
     return f"{col.name}-{n}-{rng.randint(0, 9999)}"
 
 
-def order_value(col: Column, ts: int, day0: int) -> Any:
+def _order_value_at(col: Column, ts: int, day0: int) -> Any:
     """extensions.md E1: the value an application keeps in an ``order_by`` column for a
     change made at ``ts`` (µs): the time itself, or the seconds since the day began (an
     ``int``, a ``decimal``), so that it grows with the changes of a key."""
@@ -123,7 +123,7 @@ class _TableGen:
         table: Table,
         rng: random.Random,
         parents: dict[str, list[dict[str, Any]]],
-        day0: int = 0,
+        day0: int,
     ):
         self.config = config
         self.day0 = day0  # the generated day's start (µs)
@@ -146,7 +146,7 @@ class _TableGen:
             if c in out:
                 continue
             if c == self.t.order_by:  # a base row: changed before the generated day
-                out[c] = order_value(col, self.day0 - 2 * DAY_US, self.day0)
+                out[c] = _order_value_at(col, self.day0 - 2 * DAY_US, self.day0)
             elif c in self.unique_cols:
                 out[c] = f"{c}-{n}" if col.type.kind is Kind.STRING else n
             elif c in self.fk_cols:
@@ -253,7 +253,7 @@ def _day_events(
 ) -> tuple[list[_Ev], list[dict[str, Any]], int]:
     """One table's events of the day, from ``g``'s seeded generator; the keys live at its
     end; how many keys it touched."""
-    day0 = to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
+    day0 = g.day0
     rng, replicas, name = g.rng, g.replicas, g.t.name
     distinct = max(1, per_table // len(replicas))
     base_n = opts.base_rows or 0
@@ -296,7 +296,7 @@ def _day_events(
             else:
                 after, before = g.change(full)
                 ev = _Ev("UPDATE", key, t, origin, eid, after=after, before=before or None)
-            _finish_event(g, ev, full, day0, opts)
+            _finish_event(g, ev, full, opts)
             events.append(ev)
             # the next change of a contended key is concurrent: within the delay window
             t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
@@ -305,9 +305,7 @@ def _day_events(
     return events, live, k_touched
 
 
-def _finish_event(
-    g: _TableGen, ev: _Ev, full: dict[str, Any], day0: int, opts: GenerateOptions
-) -> None:
+def _finish_event(g: _TableGen, ev: _Ev, full: dict[str, Any], opts: GenerateOptions) -> None:
     """A cell table's TTLs and nulls, an ``order_by`` table's order value, and the commit
     ts as its origin's clock stamps it."""
     rng, table = g.rng, g.t
@@ -318,18 +316,18 @@ def _finish_event(
     if cell and nullable and rng.random() < 0.05:  # a null: a cell tombstone
         ev.after[rng.choice(nullable)] = None  # type: ignore[index]
     if table.order_by is not None:
-        _set_order(g, ev, full, day0)
+        _set_order(g, ev, full)
     ev.ts += opts.clock_offsets.get(ev.origin, 0) * 1_000_000
 
 
-def _set_order(g: _TableGen, ev: _Ev, full: dict[str, Any], day0: int) -> None:
+def _set_order(g: _TableGen, ev: _Ev, full: dict[str, Any]) -> None:
     """An ``order_by`` table's event carries its order value: an INSERT's or UPDATE's in
     ``after`` (the row keeps it), a DELETE's in ``before`` (the row's it deletes)."""
     col = g.t.column(g.t.order_by or "")
     if ev.op == "DELETE":
-        ev.before = {col.name: full.get(col.name, order_value(col, ev.ts, day0))}
+        ev.before = {col.name: full.get(col.name, _order_value_at(col, ev.ts, g.day0))}
         return
-    value = order_value(col, ev.ts, day0)
+    value = _order_value_at(col, ev.ts, g.day0)
     ev.after = {**(ev.after or {}), col.name: value}
     full[col.name] = value
 
