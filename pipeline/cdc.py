@@ -249,6 +249,14 @@ def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataF
     return out.select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
 
 
+def run_changes(spark: SparkSession, src: Path, table: Table, removed_at: int) -> DataFrame:
+    """The changes the resolve stage recorded for one table, and the foreign-key
+    quarantine's removals as row deletes (``schema.change_schema``)."""
+    changes = spark.read.schema(change_schema(table)).parquet(str(src / "changes"))
+    gone = removals(spark, src / "fk_removed", table, removed_at)
+    return changes if gone is None else changes.unionByName(gone)
+
+
 def _entries(table: Table, cdc: CdcConfig) -> list[Column]:
     """The log entries of one change: its pre-image (``sub`` 0), the change itself (1) and
     its post-image (2), as the config asks; an image is there when the row was."""
@@ -349,11 +357,7 @@ def cdc_stage(
     for name, table in config.tables.items():
         if summary.stopped(name):
             continue  # an error resolver stopped the table: nothing is published
-        src = ctx.resolved / name
-        changes = spark.read.schema(change_schema(table)).parquet(str(src / "changes"))
-        gone = removals(spark, src / "fk_removed", table, removed_at)
-        if gone is not None:
-            changes = changes.unionByName(gone)
+        changes = run_changes(spark, ctx.resolved / name, table, removed_at)
         dest = out / name / "log"
         build_log(changes, table, lookup, config.cdc).write.mode("overwrite").parquet(str(dest))
         tables[name] = {"log_rows": _parquet_rows(dest)}

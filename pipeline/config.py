@@ -149,6 +149,10 @@ class ReplicaModel(_Strict):
     system_id: int = Field(ge=0, lt=2**64)
 
 
+class HistoryModel(_Strict):
+    track: list[str] | None = None
+
+
 class ForeignKeyModel(_Strict):
     columns: list[str] = Field(min_length=1)
     references: str
@@ -176,6 +180,7 @@ class TableModel(_Strict):
     detection: Detection | None = None
     order_by: str | None = None
     column_groups: dict[str, list[str]] | None = None
+    history: bool | HistoryModel = False
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -302,6 +307,14 @@ class ForeignKey:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """extensions.md E4: the table's SCD type 2 history; ``track``: the columns whose
+    change opens a version (None: every column)."""
+
+    track: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Table:
     """One table with its policy resolved: every conflict type has exactly one resolver."""
 
@@ -326,6 +339,8 @@ class Table:
     #: extensions.md E2: the groups of value columns an UPDATE meets one by one, the
     #: implicit :data:`OTHER_GROUP` (the columns in no group) last; empty: no groups
     column_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: extensions.md E4: publish ``published/<table>/history``; None: no history
+    history: History | None = None
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -374,6 +389,11 @@ class Config:
     @property
     def replica_ids(self) -> tuple[str, ...]:
         return tuple(r.id for r in self.replicas)
+
+    def captures(self, table: Table) -> bool:
+        """Whether the resolve stage records what each event changed (``changes``): the
+        CDC log's input, and the history's (E4)."""
+        return self.cdc.enabled or table.history is not None
 
     def tie_ranks(self, tie_break: TieBreak) -> dict[str, int]:
         """semantics.md §2: ``tie_rank`` orders replicas so that the tie-break winner comes
@@ -525,6 +545,7 @@ def _resolve_table(
         priority=tuple(priority or ()),
         order_by=t.order_by,
         column_groups=groups,
+        history=_history(at, t, p),
     )
 
 
@@ -592,6 +613,26 @@ def _check_order_by(at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p:
 
 #: extensions.md E2: the name of the group of the value columns in no configured group
 OTHER_GROUP = "_other"
+
+
+def _history(at: str, t: TableModel, p: _Problems) -> History | None:
+    """extensions.md E4: ``history: true``, or ``history: {track: [value columns]}``."""
+    h = t.history
+    if h is False:
+        return None
+    if h is True or h.track is None:
+        return History()
+    where = f"{at}.history.track"
+    if not h.track:
+        p.add(where, "an empty list (leave track out to track every column)")
+    for i, c in enumerate(h.track):
+        if c not in t.columns:
+            p.add(f"{where}[{i}]", f"no column {c!r} in {at}.columns")
+        elif c in t.key:
+            p.add(f"{where}[{i}]", f"key column {c!r}: a key change always opens a version")
+        elif h.track.index(c) != i:
+            p.add(f"{where}[{i}]", f"column {c!r} is listed twice")
+    return History(frozenset(h.track))
 
 
 def _column_groups(

@@ -201,7 +201,7 @@ def resolve_rows(
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies)
     main = admit_transactions(main, prior, config, table)
-    schemas = fold_outputs(table, config.cdc.enabled)
+    schemas = fold_outputs(table, config.captures(table))
     job = FoldJob(
         FoldSpec(table, run.now_us),
         config.replica_ids,
@@ -209,7 +209,7 @@ def resolve_rows(
         run.dt,
         run.run_id,
         str(run.out),
-        config.cdc.enabled,
+        config.captures(table),
         schemas,
     )
     coupled = coupled_keys(main, prior, table, specials.moved)

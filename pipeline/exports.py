@@ -655,6 +655,9 @@ def ingest(
         st.ledger = prior.stage_ledger(
             store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
         )
+        if config.tables[tname].history is not None:  # E4: the run rewrites it whole
+            path = layout.table_path(tname, layout.HISTORY)
+            prior.stage_table(store, lake, path, ctx.staged / tname / layout.HISTORY)
     if gaps:
         raise ExportError(
             f"cannot run {ctx.dt}: {'; '.join(gaps)}. Each date starts from the state of the "

@@ -35,6 +35,9 @@ def base_dir(table: str) -> str:
 SNAPSHOT = "snapshot"
 STATE = "state"
 LEDGER = "ledger"
+#: extensions.md E4: the versions of a table with ``history``, committed whole like the
+#: snapshot (each version carries the ``dt`` of the run that appended it)
+HISTORY = "history"
 #: the logs, a failed run's too
 LOGS = ("conflicts", "quarantine", "divergence", "orphans", "differing_copies")
 DATED = (STATE, *LOGS, LEDGER)
@@ -45,7 +48,8 @@ def table_dir(table: str) -> str:
 
 
 def table_path(table: str, kind: str) -> str:
-    """``published/<table>/<kind>``: :data:`SNAPSHOT` or one of :data:`DATED`."""
+    """``published/<table>/<kind>``: :data:`SNAPSHOT`, :data:`HISTORY` or one of
+    :data:`DATED`."""
     return f"{table_dir(table)}/{kind}"
 
 

@@ -420,7 +420,7 @@ def _write_fk_outputs(
                 out / "quarantine",
                 mode="append",
             )
-    if removed and config.cdc.enabled:  # the CDC log records them as row deletes
+    if removed and config.captures(table):  # the CDC log and the history: row deletes
         gone = reduce(DataFrame.unionByName, removed).dropDuplicates(list(table.key))
         _write(gone, out / "fk_removed")
     if removed:

@@ -148,7 +148,8 @@ def small_run(ctx: RunContext) -> bool:
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
-    (``cdc.enabled``) write the CDC log, then measure what validation judges, then put
+    write the history of the tables that keep one (E4) and (``cdc.enabled``) the CDC log,
+    then measure what validation judges, then put
     the output files in the store (Spark tasks): all the run's Spark work, in one Spark
     application (the DAG's resolve task)."""
     from pipeline.exports import fetch
@@ -159,11 +160,15 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     fetch(spark, config, ctx)
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
+        if any(t.history is not None for t in config.tables.values()):
+            from pipeline.history import history_stage
+
+            summary = history_stage(spark, config, ctx, summary)
         if config.cdc.enabled:
             from pipeline.cdc import cdc_stage
 
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
-            save_summary(ctx, summary)
+        save_summary(ctx, summary)
         measure_stage(spark, config, ctx, summary)
     if not ctx.dry_run:  # publish commits them; a dry run publishes nothing
         upload_outputs(spark, config, ctx)

@@ -49,6 +49,7 @@ class TableSummary:
     rows: int = 0  # of the snapshot
     state_rows: int = 0  # the next run checks it
     snapshot_divergent_keys: Mapping[str, int] = field(default_factory=dict)  # by replica
+    history: Mapping[str, int] = field(default_factory=dict)  # E4: rows, new, late versions
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TableSummary:

@@ -63,6 +63,8 @@ def outputs(config: Config) -> list[Output]:
         out += [Output(f"{t}/{k}", layout.table_path(t, k), True) for k in layout.DATED]
         if config.cdc.enabled:
             out.append(Output(f"cdc/{t}/log", layout.cdc_log_path(t), True))
+        if config.tables[t].history is not None:
+            out.append(Output(f"{t}/{layout.HISTORY}", layout.table_path(t, layout.HISTORY), False))
         out.append(Output(f"{t}/{layout.SNAPSHOT}", layout.table_path(t, layout.SNAPSHOT), False))
     return out
 

@@ -195,9 +195,11 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
         "orphans": {},
     }
     report = date_report(root, d)
-    for t in s["config"]["tables"]:
+    for t, spec in s["config"]["tables"].items():
         if P.snapshot_date(root, t) == d:
             out["snapshot"][t] = P.snapshot(root, t)
+        if spec.get("history"):
+            out.setdefault("history", {})[t] = history_rows(root, t)
         if report is None:
             continue
         conf = log_rows(root, report, t, "conflicts")
@@ -224,6 +226,23 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
             if ts.get("orphans"):
                 orphan_rows = log_rows(root, report, t, "orphans")
                 out["orphans"][t] = [json.loads(r["key"]) for r in orphan_rows]
+    return out
+
+
+def history_rows(root: Path, table: str) -> list[dict[str, Any]]:
+    """A table's history (extensions.md E4) as a golden file writes it: instants as
+    RFC 3339 text, ``dt`` as a date's text; ``_run_id`` checked (this run's, or an
+    earlier night's) and left out, since it is made at run time."""
+    out = []
+    for r in P.rows(root, f"published/{table}/history"):
+        assert r.pop("_run_id"), r
+        for c in ("_valid_from", "_valid_to", "_ts"):
+            v = r[c]
+            r[c] = (
+                None if v is None else v.strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
+            )
+        r["dt"] = r["dt"].isoformat()
+        out.append(r)
     return out
 
 
@@ -297,6 +316,10 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
                 rows = [{k: v for k, v in r.items() if k != "_origin"} for r in rows]
             if multiset(rows) != multiset(want, tables[t]):
                 diffs.append(f"snapshot {t}: got {rows}, want {want}")
+    for t, want_h in ({} if exp.get("fails") else exp.get("history", {})).items():
+        got_h = got.get("history", {}).get(t, [])
+        if multiset(got_h) != multiset(want_h, tables[t]):
+            diffs.append(f"history {t}: got {sorted(got_h, key=_row_key)}, want {want_h}")
     for t in tables:
         spec = tables[t]
         want_c = _conflict_rows(exp.get("conflicts", {}).get(t, []), spec)

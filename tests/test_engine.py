@@ -124,6 +124,7 @@ CASES = {
     },
     "postgres_skip_delta": {
         "delta": ["n"],
+        "history": True,  # E4: a discarded UPDATE still adds its delta: a version
         "resolvers": {
             "update_differ": "skip",
             "insert_exists": "earliest_timestamp_wins",
@@ -133,7 +134,7 @@ CASES = {
         },
     },
     "delete_wins_delta": {"policy": "delete_wins", "delta": ["n"]},
-    "postgres_groups": {"column_groups": {"label": ["v"], "stock": ["n"]}},  # E2
+    "postgres_groups": {"column_groups": {"label": ["v"], "stock": ["n"]}, "history": True},
     "postgres_priority": {  # extensions.md E3, with the top-level priority: [sub, pub]
         "resolvers": {
             t: "priority_wins"
@@ -174,6 +175,48 @@ def reference(spec: FoldSpec, state: dict, events: list[Event], replicas: list[s
         "not_applied": {a.event.event_id for a in res.applied if not a.applied},
         "divergence": divergence,
     }
+
+
+def _live(state: dict) -> dict:
+    """The rows a reader sees of a fold's state."""
+    return {k: reader_view(v) for k, v in state.items() if reader_view(v) is not None}
+
+
+def as_of(history: list[dict], t: int) -> dict:
+    """The rows a reader saw at instant ``t`` (µs), by the history: each key's version
+    whose interval holds ``t``, unless it records a deletion."""
+    out = {}
+    for r in history:
+        start = int(r["_valid_from"].timestamp() * 1_000_000)
+        end = r["_valid_to"] and int(r["_valid_to"].timestamp() * 1_000_000)
+        if start <= t and (end is None or t < end):
+            assert (r["id"],) not in out, f"two versions of {r['id']} hold {t}"
+            out[(r["id"],)] = None if r["_deleted"] else {c: r[c] for c in ("id", "v", "n")}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def check_history(
+    histories: list[list[dict]], nights: list[tuple], final: dict, rng: random.Random
+) -> None:
+    """extensions.md E4's properties, on two nights without late changes: the version
+    valid at an instant is the fold of the events up to it; each key's last version is
+    its row in the state; night 2 changes night 1's versions only to close them."""
+    last = histories[-1]
+    assert not any(r["_late"] for r in last)
+    for spec, prior, events in nights:
+        instants = sorted({e.ts for e in events})
+        for t in [*rng.sample(instants, min(15, len(instants))), instants[-1]]:
+            state = fold_converged(spec, prior, [e for e in events if e.ts <= t]).state
+            assert as_of(last, t) == _live(state), t
+    current = [r for r in last if r["_valid_to"] is None]
+    assert as_of(current, 2**62) == _live(final)
+    night1 = {(r["id"], r["_version"]): r for r in histories[0]}
+    dt1 = next(iter(night1.values()))["dt"]
+    kept = {(r["id"], r["_version"]): r for r in last if r["dt"] == dt1}
+    assert kept.keys() == night1.keys()
+    for k, r in night1.items():
+        closed = {**r, "_valid_to": kept[k]["_valid_to"]} if r["_valid_to"] is None else r
+        assert kept[k] == closed, k
 
 
 def _json(row: dict | None) -> str | None:
@@ -291,9 +334,11 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
     S.write_exports(store, D2, ex2)
     cfg_dict["store"] = store.as_uri()
     (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg_dict))
+    histories = []  # the published history after each night (E4)
     for d, now in ((D1, "2026-11-21T00:00:00Z"), (D2, "2026-11-22T00:00:00Z")):
         args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", d, "--now", now]
         assert main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
+        histories.append(P.rows(store, "published/t/history"))
     assert set(modes) == {case in COMPILED}, modes  # each stage of each run
 
     state = {}
@@ -314,6 +359,13 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
         assert got["not_applied"] == ref["not_applied"], d
         assert got["divergence"] == ref["divergence"], d
     assert ref2["conflicts"] and ref2["not_applied"]  # the case meets conflicts
+
+    if "history" in table:
+        nights = [
+            (spec1, state, events_of(ex1, day1, ranks)),
+            (spec2, ref1["state"], events_of(ex2, day2, ranks)),
+        ]
+        check_history(histories, nights, ref2["state"], rng)
 
     got_state = {
         (r["id"],): (

@@ -213,7 +213,7 @@ def resolve_cells(
     tt = table_tombstone(tt_rows, truncs, now_us)
 
     state_rows = _state_rows(prior.where(has_key), table)
-    capture = config.cdc.enabled
+    capture = config.captures(table)
     out = _settled(
         main,
         table,

@@ -1,0 +1,289 @@
+"""The history stage (extensions.md E4): each ``history`` table's SCD type 2 table, one row
+per version of a key as the pipeline published it.
+
+Input: the changes the resolve stage recorded (``resolved/<table>/changes``, the CDC log's
+input too: what each applied event did to the row a reader sees), the rows the foreign-key
+quarantine removed, the history as published before the run (staged at ingest) and, the
+first time, the state the run starts from. Output: ``resolved/<table>/history``, the whole
+table, which publish commits like the snapshot (one Delta version, readers see whole runs).
+
+- **Versions.** A change that changed the row a reader sees opens a version: its values
+  (for a deletion, the row it deleted, with ``_deleted``), its ``_ts``, ``_origin`` and
+  ``_event_id``. Changes of one key come in canonical order; ``_version`` numbers a key's
+  versions from 1.
+- **Intervals.** ``_valid_from`` is the running maximum of the versions' ts, so a late
+  change (older than the version before it) starts where that one started and says so in
+  ``_late``; ``_valid_to`` is the next version's ``_valid_from`` (null while current).
+- **Track.** With ``track``, an UPDATE that wrote none of those columns is merged into the
+  key's current version (type 1): its values change, its interval does not.
+- **Reruns.** The versions a run appends carry its ``dt``; a run of D drops those of an
+  earlier run of D and continues each key from its last version of an earlier date.
+- **The first run** with ``history`` (or a rerun of it) starts each live row of the prior
+  state as a version (its ``_ts``, ``_origin`` and ``_event_id``), so that every key's
+  last version is its snapshot row from the first night on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.cdc import run_changes
+from pipeline.config import Config, Table
+from pipeline.context import RunContext
+from pipeline.layout import HISTORY
+from pipeline.policy import ChangeKind
+from pipeline.schema import row_struct_type
+from pipeline.summary import RunSummary
+
+log = logging.getLogger(__name__)
+
+#: the columns after the table's own (extensions.md E4), then ``_version`` and ``dt``
+META = (
+    ("_valid_from", T.TimestampType()),
+    ("_valid_to", T.TimestampType()),
+    ("_deleted", T.BooleanType()),
+    ("_ts", T.TimestampType()),
+    ("_origin", T.StringType()),
+    ("_event_id", T.StringType()),
+    ("_run_id", T.StringType()),
+    ("_late", T.BooleanType()),
+    ("_version", T.LongType()),
+    ("dt", T.DateType()),
+)
+
+
+def history_schema(table: Table) -> T.StructType:
+    meta = [T.StructField(n, t) for n, t in META]
+    return T.StructType(list(row_struct_type(table).fields) + meta)
+
+
+def _instant(micros: Column) -> Column:
+    return F.timestamp_micros(micros)
+
+
+def _key_cols(table: Table) -> list[str]:
+    return list(table.key)
+
+
+# ---------------------------------------------------------------------- this run's versions
+
+
+def _opens(table: Table) -> Column:
+    """Whether a change opens a version: anything but an UPDATE that wrote no tracked
+    column (``track``)."""
+    track = table.history.track if table.history is not None else None
+    if track is None:
+        return F.lit(True)
+    tracked = F.array(*[F.lit(c) for c in sorted(track)])
+    return (F.col("kind") != ChangeKind.UPDATE.value) | F.arrays_overlap("cols", tracked)
+
+
+def _visible(changes: DataFrame, table: Table, origins: Column) -> DataFrame:
+    """The changes that changed the row a reader sees, flat: the key's columns, the row
+    (for a deletion, the row deleted), the order and what a version records."""
+    row = F.coalesce(F.col("post"), F.col("pre"))
+    return changes.where(~F.col("pre").eqNullSafe(F.col("post"))).select(
+        *[F.col(f"key.{c}").alias(c) for c in table.key],
+        "ts",
+        "rank",
+        "event_id",
+        row.alias("row"),
+        F.col("post").isNull().alias("deleted"),
+        origins[F.col("rank")].alias("origin"),
+        _opens(table).alias("opens"),
+    )
+
+
+def _last_versions(prior: DataFrame, table: Table) -> DataFrame:
+    """Each key's last version before this run (the one it continues from)."""
+    by_key = Window.partitionBy(*table.key).orderBy(F.col("dt").desc(), F.col("_version").desc())
+    return (
+        prior.select(*table.key, "dt", "_version", "_valid_from", "_deleted")
+        .withColumn("n", F.row_number().over(by_key))
+        .where(F.col("n") == 1)
+        .select(
+            *table.key,
+            F.col("dt").alias("l_dt"),
+            F.col("_version").alias("l_version"),
+            F.unix_micros("_valid_from").alias("l_from"),
+        )
+    )
+
+
+def _grouped(visible: DataFrame, last: DataFrame, table: Table) -> DataFrame:
+    """Each key's changes numbered by the version they open or join (``grp``; 0: they
+    join the key's last earlier version, type 1), one row per group: its opening change
+    and its last row."""
+    order = [F.col("ts"), F.col("rank"), F.col("event_id")]
+    by_key = Window.partitionBy(*table.key).orderBy(*order)
+    first = F.row_number().over(by_key) == 1
+    df = visible.join(last, list(table.key), "left")
+    opens = F.col("opens") | (first & F.col("l_version").isNull())
+    df = df.withColumn("opens", opens).withColumn(
+        "grp",
+        F.sum(F.col("opens").cast("long")).over(
+            by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        ),
+    )
+    position = F.struct(*order)
+    opener = F.struct("ts", "rank", "event_id", "origin", "deleted")
+    return df.groupBy(*table.key, "grp", "l_dt", "l_version", "l_from").agg(
+        F.min_by(opener, position).alias("o"),
+        F.max_by(F.col("row"), position).alias("row"),
+    )
+
+
+def _new_versions(groups: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
+    """The versions this run opens (groups 1..n of each key), with their intervals'
+    start: the running maximum of their ts and the start of the key's last version."""
+    by_key = Window.partitionBy(*table.key).orderBy("grp")
+    before = by_key.rowsBetween(Window.unboundedPreceding, -1)
+    ts = F.col("o.ts")
+    start = F.greatest(F.max(ts).over(before), F.col("l_from"))
+    return groups.where(F.col("grp") > 0).select(
+        *[F.col(f"row.{c}").alias(c) for c in table.column_names],
+        _instant(F.greatest(ts, start)).alias("_valid_from"),
+        F.lit(None).cast("timestamp").alias("_valid_to"),
+        F.col("o.deleted").alias("_deleted"),
+        _instant(ts).alias("_ts"),
+        F.col("o.origin").alias("_origin"),
+        F.col("o.event_id").alias("_event_id"),
+        F.lit(ctx.run_id).alias("_run_id"),
+        F.coalesce(ts < start, F.lit(False)).alias("_late"),
+        (F.coalesce(F.col("l_version"), F.lit(0)) + F.col("grp")).alias("_version"),
+        F.lit(ctx.dt).alias("dt"),
+    )
+
+
+def _type1(prior: DataFrame, groups: DataFrame, table: Table) -> DataFrame:
+    """The earlier versions, the current one of each key that a type 1 change joined
+    taking that change's values (``track``)."""
+    joined = groups.where(F.col("grp") == 0).select(
+        *table.key,
+        F.col("l_dt").alias("dt"),
+        F.col("l_version").alias("_version"),
+        F.col("row").alias("t1"),
+    )
+    on = [*table.key, "dt", "_version"]
+    df = prior.join(joined, on, "left")
+    merged = [
+        F.col(c)
+        if c in table.key
+        else F.when(F.col("t1").isNotNull(), F.col(f"t1.{c}")).otherwise(F.col(c)).alias(c)
+        for c in table.column_names
+    ]
+    return df.select(*merged, *[n for n, _ in META])
+
+
+def _closed(versions: DataFrame, table: Table) -> DataFrame:
+    """Every version's ``_valid_to``: the next version's ``_valid_from``."""
+    by_key = Window.partitionBy(*table.key).orderBy("dt", "_version")
+    return versions.withColumn("_valid_to", F.lead("_valid_from").over(by_key))
+
+
+# ---------------------------------------------------------------------- inputs
+
+
+def _staged_history(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame | None:
+    folder = ctx.staged / table.name / HISTORY
+    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+        return None
+    return spark.read.schema(history_schema(table)).parquet(str(folder))
+
+
+def _continues(ctx: RunContext, table: Table) -> bool:
+    """Whether the published history holds versions of an earlier date than the run's:
+    if not, the run starts it from the prior state."""
+    folder = ctx.staged / table.name / HISTORY
+    for f in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
+        dts = pq.read_table(f, columns=["dt"]).column("dt").to_pylist()
+        if any(d is not None and d < ctx.dt for d in dts):
+            return True
+    return False
+
+
+def _seed(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame:
+    """The prior state's live rows as the first versions of their keys."""
+    from pipeline.state import read_prior
+
+    prior = read_prior(spark, ctx.staged / table.name, table, check=False)
+    return prior.where(~F.col("_deleted")).select(
+        *table.column_names,
+        _instant(F.col("_ts")).alias("_valid_from"),
+        F.lit(None).cast("timestamp").alias("_valid_to"),
+        F.lit(False).alias("_deleted"),
+        _instant(F.col("_ts")).alias("_ts"),
+        "_origin",
+        "_event_id",
+        F.lit(ctx.run_id).alias("_run_id"),
+        F.lit(False).alias("_late"),
+        F.lit(1).cast("long").alias("_version"),
+        F.lit(ctx.dt).alias("dt"),
+    )
+
+
+def build_history(
+    spark: SparkSession,
+    changes: DataFrame,
+    table: Table,
+    ctx: RunContext,
+    origins: dict[int, str],
+) -> DataFrame:
+    """The table's whole history after this run (module docstring)."""
+    staged = _staged_history(spark, ctx, table)
+    earlier = None if staged is None else staged.where(F.col("dt") < F.lit(ctx.dt))
+    later = None if staged is None else staged.where(F.col("dt") > F.lit(ctx.dt))
+    if earlier is None or not _continues(ctx, table):
+        earlier = _seed(spark, ctx, table)
+    ranks = F.create_map(*[x for r, o in sorted(origins.items()) for x in (F.lit(r), F.lit(o))])
+    visible = _visible(changes, table, ranks)
+    groups = _grouped(visible, _last_versions(earlier, table), table).persist()
+    versions = _type1(earlier, groups, table).unionByName(_new_versions(groups, table, ctx))
+    if later is not None:  # a backfill: the versions of later dates stay as they are
+        versions = versions.unionByName(later)
+    return _closed(versions, table).select(*history_schema(table).fieldNames())
+
+
+def history_stage(
+    spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
+) -> RunSummary:
+    """Write ``resolved/<table>/history`` for every table with ``history``."""
+    removed_at = ctx.now_us + config.max_clock_skew_seconds * 1_000_000
+    tables = {}
+    for name, table in config.tables.items():
+        if table.history is None or summary.stopped(name):
+            continue
+        origins = {r: o for o, r in config.tie_ranks(table.tie_break).items()}
+        src = ctx.resolved / name
+        changes = run_changes(spark, src, table, removed_at)
+        dest = src / HISTORY
+        try:
+            build_history(spark, changes, table, ctx, origins).write.mode("overwrite").parquet(
+                str(dest)
+            )
+        finally:
+            spark.catalog.clearCache()
+        counts = _counts(dest, ctx)
+        log.info("history %s: %d versions, %d new (%d late)", name, *counts)
+        tables[name] = replace(summary.tables[name], history=dict(zip(COUNTS, counts, strict=True)))
+    return replace(summary, tables={**summary.tables, **tables})
+
+
+#: the history's counts in the run report: its versions, those this run appended, late ones
+COUNTS = ("rows", "new", "late")
+
+
+def _counts(dest: Path, ctx: RunContext) -> tuple[int, int, int]:
+    """The history's versions, those this run appended, and those of them that are late."""
+    t = pq.read_table(dest, columns=["_run_id", "_late"])
+    mine = pc.equal(t["_run_id"], ctx.run_id)
+    late = pc.and_(mine, t["_late"])
+    return t.num_rows, pc.sum(mine).as_py() or 0, pc.sum(late).as_py() or 0
