@@ -180,7 +180,19 @@ class TableModel(_Strict):
     detection: Detection | None = None
     order_by: str | None = None
     column_groups: dict[str, list[str]] | None = None
-    history: bool | HistoryModel = False
+    history: HistoryModel | None = None
+
+    @field_validator("history", mode="before")
+    @classmethod
+    def _history_flag(cls, value: Any) -> Any:
+        """``history: true`` is ``history: {}``; ``false`` is no history."""
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("history is true, false or {track: [columns]}")
+        return value
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -618,9 +630,9 @@ OTHER_GROUP = "_other"
 def _history(at: str, t: TableModel, p: _Problems) -> History | None:
     """extensions.md E4: ``history: true``, or ``history: {track: [value columns]}``."""
     h = t.history
-    if h is False:
+    if h is None:
         return None
-    if h is True or h.track is None:
+    if h.track is None:
         return History()
     where = f"{at}.history.track"
     if not h.track:

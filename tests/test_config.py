@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Kind, load_config, parse_column_type, parse_config
+from pipeline.config import History, Kind, load_config, parse_column_type, parse_config
 from pipeline.errors import ConfigError
 from pipeline.policy import ConflictType, Resolver, TieBreak
 
@@ -377,3 +377,40 @@ def test_column_groups_and_the_implicit_group_of_the_rest():
 def test_column_group_mistakes_name_the_bad_value(groups, table, message):
     with pytest.raises(ConfigError, match=message):
         _grouped(groups, **table)
+
+
+@pytest.mark.parametrize(
+    ("history", "want"),
+    [
+        (False, None),
+        (True, History()),
+        ({}, History()),
+        ({"track": ["qty"]}, History(frozenset({"qty"}))),
+    ],
+)
+def test_history_and_its_tracked_columns(history, want):
+    """extensions.md E4, on a row or a cell table."""
+    columns = {"qty": "int", "name": "string"}
+    assert _one_table(columns, history=history).tables["t"].history == want
+    cells = _one_table(columns, history=history, policy="scylla")
+    assert cells.tables["t"].history == want
+
+
+@pytest.mark.parametrize(
+    ("history", "message"),
+    [
+        ({"track": []}, r"tables\.t\.history\.track: an empty list \(leave track out"),
+        ({"track": ["qtty"]}, r"history\.track\[0\]: no column 'qtty' in tables\.t\.columns"),
+        ({"track": ["id"]}, r"history\.track\[0\]: key column 'id': a key change always opens"),
+        ({"track": ["qty", "qty"]}, r"history\.track\[1\]: column 'qty' is listed twice"),
+        ({"tracks": ["qty"]}, r"tables\.t\.history\.tracks: unknown key"),
+        (
+            "yes",
+            r"tables\.t\.history: Value error, history is true, false or \{track: \[columns\]\}",
+        ),
+    ],
+    ids=["empty", "unknown_column", "key_column", "twice", "unknown_key", "not_a_mapping"],
+)
+def test_history_mistakes_name_the_bad_value(history, message):
+    with pytest.raises(ConfigError, match=message):
+        _one_table({"qty": "int"}, history=history)
