@@ -243,6 +243,7 @@ def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataF
         none.alias("values"),
         F.array().cast("array<string>").alias("cols"),
         F.lit(None).cast("long").alias("ttl"),
+        F.lit(None).cast("long").alias("expiry"),
         row.alias("pre"),
         none.alias("post"),
     )

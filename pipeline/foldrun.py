@@ -310,6 +310,7 @@ class GroupFolder:
             "values": row(ch.values) if ch.kind.value in ("insert", "update") else None,
             "cols": list(ch.cols),
             "ttl": None,
+            "expiry": None,
             "pre": row(ch.pre),
             "post": row(ch.post),
         }

@@ -191,6 +191,7 @@ def lone_insert_outputs(
             "values": row,
             "cols": pa.array([list(values)] * n, pa.list_(pa.string())),
             "ttl": pa.nulls(n, pa.int64()),
+            "expiry": pa.nulls(n, pa.int64()),
             "pre": pa.nulls(n, sch.field("pre").type),
             "post": row,
         }

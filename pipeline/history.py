@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import reduce
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -39,8 +40,9 @@ from pipeline.cdc import run_changes
 from pipeline.config import Config, Table
 from pipeline.context import RunContext
 from pipeline.layout import HISTORY
-from pipeline.policy import ChangeKind
+from pipeline.policy import ChangeKind, Granularity
 from pipeline.schema import row_struct_type
+from pipeline.state import read_prior
 from pipeline.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,132 @@ def _visible(changes: DataFrame, table: Table, origins: Column) -> DataFrame:
     )
 
 
+# ---------------------------------------------------------------------- TTL expiry (cells)
+
+
+def _slot(setting: Column, expiry: Column) -> Column:
+    """Whether an observation sets a slot's expiry (s), and the expiry (null: none)."""
+    return F.struct(setting.alias("set"), expiry.cast("long").alias("exp"))
+
+
+def _after_changes(changes: DataFrame, table: Table) -> DataFrame:
+    """The row a reader saw after each change: a column's expiry is set by a change that
+    wrote it, the marker's by an INSERT (on) and a deletion (off)."""
+    post = F.col("post")
+    inserted = F.col("kind") == ChangeKind.INSERT.value
+    gone = F.col("kind").isin(ChangeKind.ROW_DELETE.value, ChangeKind.PARTITION_DELETE.value)
+    exp = F.col("expiry")
+    return changes.select(
+        *[F.col(f"key.{c}").alias(c) for c in table.key],
+        "ts",
+        "rank",
+        "event_id",
+        post.alias("row"),
+        *[
+            _slot(F.array_contains("cols", c), F.when(post[c].isNotNull(), exp)).alias(c)
+            for c in table.value_columns
+        ],
+        F.struct((inserted | gone).alias("set"), inserted.alias("on"), exp.alias("exp")).alias(
+            "_marker"
+        ),
+    )
+
+
+def _prior_rows(prior: DataFrame, after: DataFrame, table: Table) -> DataFrame:
+    """The prior state's live rows that may expire or that a change starts from, as the
+    first observation of their key (every slot set from ``_cells`` and ``_marker``)."""
+
+    def ttl_expiry(slot: str) -> Column:
+        return F.when(F.col(f"{slot}.ttl").isNotNull(), F.col(f"{slot}.expiry"))
+
+    values = table.value_columns
+    expiring = [F.col(f"_cells.{c}.ttl").isNotNull() for c in values]
+    changed = after.select(*table.key, F.lit(True).alias("_changed")).distinct()
+    watched = prior.where(~F.col("_deleted")).join(changed, list(table.key), "left")
+    keep = reduce(
+        lambda a, b: a | b, expiring, F.col("_marker.ttl").isNotNull() | F.col("_changed")
+    )
+    return watched.where(keep).select(
+        *table.key,
+        F.lit(-1).cast("long").alias("ts"),
+        F.lit(-1).alias("rank"),
+        F.lit("").alias("event_id"),
+        F.struct(*table.column_names).alias("row"),
+        *[_slot(F.lit(True), ttl_expiry(f"_cells.{c}")).alias(c) for c in values],
+        F.struct(
+            F.lit(True).alias("set"),
+            F.col("_marker").isNotNull().alias("on"),
+            ttl_expiry("_marker").alias("exp"),
+        ).alias("_marker"),
+    )
+
+
+def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int) -> DataFrame:
+    """The versions a cell table's TTL expiry makes (in ``_visible``'s shape): between two
+    observations of a key's row, at each instant a visible value or the row marker
+    expires, the row a reader sees from then on, when it differs from the one before (a
+    deletion when nothing of it is left). Such a version has no origin or event; it sorts
+    before an event of the same microsecond, which no longer sees what expired."""
+    values = table.value_columns
+    by_key = Window.partitionBy(*table.key).orderBy("ts", "rank", "event_id")
+    running = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+
+    def standing(c: str) -> Column:
+        return F.last(F.when(F.col(f"{c}.set"), F.col(c)), ignorenulls=True).over(running)
+
+    after = _after_changes(changes, table)
+    obs = (
+        _prior_rows(prior, after, table)
+        .unionByName(after)
+        .select(
+            *table.key,
+            "ts",
+            "row",
+            *[standing(c)["exp"].alias(f"x_{c}") for c in values],
+            standing("_marker").alias("m"),
+            F.coalesce(F.lead("ts").over(by_key), F.lit(now_us)).alias("until"),
+        )
+    )
+    ends = [F.col(f"x_{c}") for c in values] + [F.when(F.col("m.on"), F.col("m.exp"))]
+    instants = F.array_distinct(
+        F.filter(
+            F.array(*[e * 1_000_000 for e in ends]),
+            lambda e: e.isNotNull() & (e > F.col("ts")) & (e <= F.col("until")),
+        )
+    )
+    at = obs.where(F.col("row").isNotNull()).select("*", F.explode(instants).alias("at"))
+
+    def view(t: Column) -> tuple[Column, Column]:
+        seen = {
+            c: F.col(f"row.{c}").isNotNull()
+            & F.coalesce(F.col(f"x_{c}") * 1_000_000 > t, F.lit(True))
+            for c in values
+        }
+        marker = F.col("m.on") & F.coalesce(F.col("m.exp") * 1_000_000 > t, F.lit(True))
+        visible = reduce(lambda a, b: a | b, seen.values(), marker)
+        row = F.struct(
+            *[
+                F.col(f"row.{c}") if c in table.key else F.when(seen[c], F.col(f"row.{c}")).alias(c)
+                for c in table.column_names
+            ]
+        )
+        return visible, row
+
+    was, row_before = view(F.col("at") - 1)
+    now, row_after = view(F.col("at"))
+    changed = (was != now) | (now & ~row_before.eqNullSafe(row_after))
+    return at.where(was & changed).select(
+        *table.key,
+        F.col("at").alias("ts"),
+        F.lit(-1).alias("rank"),
+        F.lit("").alias("event_id"),
+        F.when(now, row_after).otherwise(row_before).alias("row"),
+        (~now).alias("deleted"),
+        F.lit(None).cast("string").alias("origin"),
+        F.lit(True).alias("opens"),
+    )
+
+
 def _last_versions(prior: DataFrame, table: Table) -> DataFrame:
     """Each key's last version before this run (the one it continues from)."""
     by_key = Window.partitionBy(*table.key).orderBy(F.col("dt").desc(), F.col("_version").desc())
@@ -155,7 +283,7 @@ def _new_versions(groups: DataFrame, table: Table, ctx: RunContext) -> DataFrame
         F.col("o.deleted").alias("_deleted"),
         _instant(ts).alias("_ts"),
         F.col("o.origin").alias("_origin"),
-        F.col("o.event_id").alias("_event_id"),
+        F.when(F.col("o.event_id") != "", F.col("o.event_id")).alias("_event_id"),
         F.lit(ctx.run_id).alias("_run_id"),
         F.coalesce(ts < start, F.lit(False)).alias("_late"),
         (F.coalesce(F.col("l_version"), F.lit(0)) + F.col("grp")).alias("_version"),
@@ -212,8 +340,6 @@ def _continues(ctx: RunContext, table: Table) -> bool:
 
 def _seed(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame:
     """The prior state's live rows as the first versions of their keys."""
-    from pipeline.state import read_prior
-
     prior = read_prior(spark, ctx.staged / table.name, table, check=False)
     return prior.where(~F.col("_deleted")).select(
         *table.column_names,
@@ -245,6 +371,9 @@ def build_history(
         earlier = _seed(spark, ctx, table)
     ranks = F.create_map(*[x for r, o in sorted(origins.items()) for x in (F.lit(r), F.lit(o))])
     visible = _visible(changes, table, ranks)
+    if table.granularity is Granularity.CELL:
+        prior = read_prior(spark, ctx.staged / table.name, table, check=False)
+        visible = visible.unionByName(_expirations(changes, prior, table, ctx.now_us))
     groups = _grouped(visible, _last_versions(earlier, table), table).persist()
     versions = _type1(earlier, groups, table).unionByName(_new_versions(groups, table, ctx))
     if later is not None:  # a backfill: the versions of later dates stay as they are

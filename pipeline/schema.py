@@ -142,7 +142,8 @@ def change_schema(table: Table) -> T.StructType:
     """What the resolve stage hands the CDC stage: one row per change an event made to a
     row a reader sees (``rowfold.visible_changes``; cdc.md "The log"). ``idx`` orders the
     changes of one event; ``values`` holds the key and the values of ``cols`` (the value
-    columns written or cleared); ``pre`` and ``post`` the live row before and after."""
+    columns written or cleared), ``ttl`` and ``expiry`` (s) those of a cell table's TTL
+    writes; ``pre`` and ``post`` the live row before and after."""
     row = row_struct_type(table)
     L, S, Int = T.LongType(), T.StringType(), T.IntegerType()
     fields = [
@@ -155,6 +156,7 @@ def change_schema(table: Table) -> T.StructType:
         ("values", row),
         ("cols", T.ArrayType(S)),
         ("ttl", L),
+        ("expiry", L),
         ("pre", row),
         ("post", row),
     ]

@@ -62,7 +62,16 @@ def _expectations_dir() -> Traversable:
 
 EXPECTATIONS_DIR = _expectations_dir()
 #: the suites, in the order they run and are reported
-SUITES = ("schema", "snapshot", "foreign_keys", "convergence", "accounting", "cdc", "cdc_replay")
+SUITES = (
+    "schema",
+    "snapshot",
+    "foreign_keys",
+    "convergence",
+    "accounting",
+    "cdc",
+    "cdc_replay",
+    "history",
+)
 #: GX's severities of a failed expectation: ``critical`` fails the run, the others are
 #: reported
 SEVERITIES = ("critical", "warning", "info")

@@ -134,7 +134,7 @@ class Frames:
 
     def batch(self, kind: str, table: Table) -> DataFrame:
         out = self.ctx.resolved / table.name
-        if kind in ("snapshot", "divergence", "fates"):
+        if kind in ("snapshot", "divergence", "fates", "history"):
             return _read(self.spark, out / kind)
         if kind == "cdc_log":
             return self._cdc_log(table)
@@ -183,6 +183,8 @@ def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, dic
         for t, table in config.tables.items():
             if summary.stopped(t):
                 continue  # §12: the run stopped on this table; nothing to publish
+            if template["meta"].get("needs") == "history" and table.history is None:
+                continue
             suite = render_suite(template, table, config)
             if suite["expectations"]:
                 runs.append((t, template["meta"]["batch"], suite))

@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -516,3 +517,38 @@ def test_a_divergent_policy_fails_or_warns(tmp_path, tmp_path_factory, spark):
         (tmp_path / f"warn/store/published/reports/dt={s['date']}/run_report.json").read_text()
     )
     assert any("convergence." in w and "no_divergent_perspective" in w for w in report["warnings"])
+
+
+HISTORY = (
+    "order_id bigint, product_no int, qty int, _valid_from timestamp, _valid_to timestamp, "
+    "_deleted boolean, _version bigint"
+)
+T0, T1, T2 = (datetime(2026, 11, 21, h, tzinfo=UTC) for h in (8, 9, 10))
+GOOD_HISTORY = [
+    (1, 10, 4, T0, T1, False, 1),
+    (1, 10, 5, T1, None, False, 2),
+    (2, 10, 6, T0, T2, False, 1),
+    (2, 10, 6, T2, None, True, 2),  # deleted since 10:00
+]
+ONE_ROW = {"cdr_snapshot_orders": ([GOOD[0]], SNAPSHOT)}
+
+
+@pytest.mark.parametrize(
+    ("rows", "failing"),
+    [
+        (GOOD_HISTORY, set()),
+        (
+            [*GOOD_HISTORY, (1, 10, 5, T2, None, False, 3)],
+            {"one_current_version", "current_is_snapshot"},
+        ),
+        ([(1, 10, 4, T2, T1, False, 1), (1, 10, 5, T1, None, False, 2)], {"intervals_forward"}),
+        ([(1, 10, 5, None, None, False, 1)], {"intervals_forward"}),
+        ([(1, 10, 4, T0, T1, False, 1), (1, 10, 6, T1, None, False, 2)], {"current_is_snapshot"}),
+        ([*GOOD_HISTORY[:2], (2, 10, 6, T0, None, False, 1)], {"current_is_snapshot"}),
+    ],
+    ids=["good", "two_current", "backwards", "no_start", "value_differs", "deletion_missing"],
+)
+def test_history(project, spark, rows, failing):
+    """extensions.md E4: the history's checks against a snapshot of order 1 alone."""
+    got = run(project, spark, "history", rows, HISTORY, **ONE_ROW)
+    assert {c for c, ok in got.items() if not ok} == failing

@@ -52,10 +52,11 @@ def _change(
     kind: Column,
     cols: dict[str, Column],
     values: dict[str, Column],
-    ttl: Column,
+    ttl: tuple[Column, Column],
     pre: Column,
     post: Column,
 ) -> Column:
+    """One change (``schema.change_schema``); ``ttl``: the TTL and expiry of its writes."""
     names = F.filter(
         F.array(*[F.when(w, F.lit(c)) for c, w in cols.items()]), lambda x: x.isNotNull()
     )
@@ -68,7 +69,8 @@ def _change(
         F.col("key").alias("key"),
         _row_struct(table, {c: F.when(cols[c], v) for c, v in values.items()}).alias("values"),
         names.alias("cols"),
-        ttl.cast("long").alias("ttl"),
+        ttl[0].cast("long").alias("ttl"),
+        ttl[1].cast("long").alias("expiry"),
         pre.alias("pre"),
         post.alias("post"),
     )
@@ -95,7 +97,7 @@ def event_change(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -
         kind,
         cols,
         {c: F.when(won[c], F.col(f"w_{c}")["value"]) for c in seen_b},
-        F.when(~gone, F.col("ttl")),
+        (F.when(~gone, F.col("ttl")), F.when(~gone, F.col("expiry"))),
         F.when(before, _seen_row(table, "p", seen_b)),
         F.when(after, _seen_row(table, "f", seen_a)),
     )
@@ -138,7 +140,7 @@ def truncate_changes(table: Table, truncs: Sequence[Event], tt_prior: dict | Non
             kind,
             cols,
             {c: F.lit(None) for c in seen_b},
-            F.lit(None),
+            (F.lit(None), F.lit(None)),
             _seen_row(table, f"t{i}", seen_b),
             F.when(after, _seen_row(table, f"t{i}", seen_a)),
         )
