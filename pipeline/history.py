@@ -317,6 +317,12 @@ def _closed(versions: DataFrame, table: Table) -> DataFrame:
     return versions.withColumn("_valid_to", F.lead("_valid_from").over(by_key))
 
 
+def as_of_run(history: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
+    """The history as the run's date left it: without the versions of later dates that a
+    backfill keeps (what the ``history`` suite checks against the run's snapshot)."""
+    return _closed(history.where(F.col("dt") <= F.lit(ctx.dt)), table)
+
+
 # ---------------------------------------------------------------------- inputs
 
 

@@ -134,8 +134,12 @@ class Frames:
 
     def batch(self, kind: str, table: Table) -> DataFrame:
         out = self.ctx.resolved / table.name
-        if kind in ("snapshot", "divergence", "fates", "history"):
+        if kind in ("snapshot", "divergence", "fates"):
             return _read(self.spark, out / kind)
+        if kind == "history":
+            from pipeline.history import as_of_run
+
+            return as_of_run(_read(self.spark, out / kind), table, self.ctx)
         if kind == "cdc_log":
             return self._cdc_log(table)
         if kind == "cdc_replay":

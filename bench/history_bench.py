@@ -1,0 +1,108 @@
+"""What ``history: true`` costs a run's publishing (issue 18's target: at most 1.5x), on the
+resolve bench's input (``bench/resolve_bench.py``: 3 replicas, every event exported by
+each, 20% of keys contended), in one Spark session, alternating the two configs.
+
+A round resolves the run (into an emptied ``published/``), then times what publishing
+takes from the resolved run: without history, the uploads of every output by Spark tasks
+(``uploads.upload_outputs``) and the Delta commits (``stages.publish``); with it, the same
+plus the history stage (``history.history_stage``: the Spark job that builds the table
+from the run's changes). The resolve stage's own cost of recording the changes (which
+the history needs, as the CDC log does) is printed too, as the ratio of the two resolves.
+
+    .venv/bin/python bench/history_bench.py 4000000
+    BENCH_ROUNDS=1 .venv/bin/python bench/history_bench.py 1000000
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
+os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+from resolve_bench import CONFIG, staged_input
+
+from pipeline import layout, stages
+from pipeline.config import Config, parse_config
+from pipeline.context import RunContext
+
+HISTORY = copy.deepcopy(CONFIG)
+HISTORY["tables"]["items"]["history"] = True
+
+
+def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    from pipeline.history import history_stage
+    from pipeline.resolve import resolve_stage, save_summary
+    from pipeline.uploads import upload_outputs
+    from pipeline.validation import measure_stage
+
+    shutil.rmtree(store / layout.PUBLISHED, ignore_errors=True)  # a run publishes once
+    t = time.perf_counter()
+    summary = resolve_stage(spark, config, ctx)
+    resolved = time.perf_counter()
+    if config.tables["items"].history is not None:
+        summary = history_stage(spark, config, ctx, summary)
+        save_summary(ctx, summary)
+    built = time.perf_counter()
+    measure_stage(spark, config, ctx, summary)
+    measured = time.perf_counter()
+    upload_outputs(spark, config, ctx)
+    uploaded = time.perf_counter()
+    assert stages.validate(config, ctx).passed
+    judged = time.perf_counter()
+    report = stages.publish(config, ctx)
+    done = time.perf_counter()
+    assert report["status"] == "published"
+    return {
+        "resolve": round(resolved - t, 1),
+        "history": round(built - resolved, 1),
+        "publish": round((built - resolved) + (uploaded - measured) + (done - judged), 1),
+        "rows": summary.tables["items"].history.get("rows", 0),
+    }
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 4_000_000
+    rounds = int(os.environ.get("BENCH_ROUNDS", "2"))
+    from pipeline.spark import get_spark
+
+    spark = get_spark("local[2]", app="cdr-history-bench")
+    spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+    root = Path(tempfile.mkdtemp(prefix="cdr-history-bench-"))
+    try:
+        config, ctx, stats = staged_input(CONFIG, n, root, spark)
+        store = root / f"store-{n}"
+        configs = {"plain": config, "history": parse_config({**HISTORY, "store": config.store})}
+        runs: dict[str, list[dict[str, float]]] = {k: [] for k in configs}
+        for _ in range(rounds):
+            for name, cfg in configs.items():
+                runs[name].append(one_round(spark, cfg, ctx, store))
+        best = {k: {m: min(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
+        plain, hist = best["plain"], best["history"]
+        print(
+            json.dumps(
+                {
+                    "n": n,
+                    "records": stats["records"],
+                    "rounds": runs,
+                    "history_rows": hist["rows"],
+                    "ratio_publish": round(hist["publish"] / plain["publish"], 2),
+                    "ratio_resolve": round(hist["resolve"] / plain["resolve"], 2),
+                }
+            ),
+            flush=True,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
