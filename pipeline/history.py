@@ -71,10 +71,6 @@ def _instant(micros: Column) -> Column:
     return F.timestamp_micros(micros)
 
 
-def _key_cols(table: Table) -> list[str]:
-    return list(table.key)
-
-
 # ---------------------------------------------------------------------- this run's versions
 
 
@@ -230,97 +226,80 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
     )
 
 
-def _last_versions(prior: DataFrame, table: Table) -> DataFrame:
-    """Each key's last version before this run (the one it continues from)."""
-    by_key = Window.partitionBy(*table.key).orderBy(F.col("dt").desc(), F.col("_version").desc())
-    return (
-        prior.select(*table.key, "dt", "_version", "_valid_from", "_deleted")
-        .withColumn("n", F.row_number().over(by_key))
-        .where(F.col("n") == 1)
-        .select(
-            *table.key,
-            F.col("dt").alias("l_dt"),
-            F.col("_version").alias("l_version"),
-            F.unix_micros("_valid_from").alias("l_from"),
-        )
-    )
-
-
-def _grouped(visible: DataFrame, last: DataFrame, table: Table) -> DataFrame:
-    """Each key's changes numbered by the version they open or join (``grp``; 0: they
-    join the key's last earlier version, type 1), one row per group: its opening change
-    and its last row."""
-    order = [F.col("ts"), F.col("rank"), F.col("event_id")]
-    by_key = Window.partitionBy(*table.key).orderBy(*order)
-    first = F.row_number().over(by_key) == 1
-    df = visible.join(last, list(table.key), "left")
-    opens = F.col("opens") | (first & F.col("l_version").isNull())
-    df = df.withColumn("opens", opens).withColumn(
-        "grp",
-        F.sum(F.col("opens").cast("long")).over(
-            by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        ),
-    )
-    position = F.struct(*order)
-    opener = F.struct("ts", "rank", "event_id", "origin", "deleted")
-    return df.groupBy(*table.key, "grp", "l_dt", "l_version", "l_from").agg(
-        F.min_by(opener, position).alias("o"),
-        F.max_by(F.col("row"), position).alias("row"),
-    )
-
-
-def _new_versions(groups: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
-    """The versions this run opens (groups 1..n of each key), with their intervals'
-    start: the running maximum of their ts and the start of the key's last version."""
-    by_key = Window.partitionBy(*table.key).orderBy("grp")
-    before = by_key.rowsBetween(Window.unboundedPreceding, -1)
-    ts = F.col("o.ts")
-    start = F.greatest(F.max(ts).over(before), F.col("l_from"))
-    return groups.where(F.col("grp") > 0).select(
-        *[F.col(f"row.{c}").alias(c) for c in table.column_names],
-        _instant(F.greatest(ts, start)).alias("_valid_from"),
-        F.lit(None).cast("timestamp").alias("_valid_to"),
-        F.col("o.deleted").alias("_deleted"),
-        _instant(ts).alias("_ts"),
-        F.col("o.origin").alias("_origin"),
-        F.when(F.col("o.event_id") != "", F.col("o.event_id")).alias("_event_id"),
-        F.lit(ctx.run_id).alias("_run_id"),
-        F.coalesce(ts < start, F.lit(False)).alias("_late"),
-        (F.coalesce(F.col("l_version"), F.lit(0)) + F.col("grp")).alias("_version"),
-        F.lit(ctx.dt).alias("dt"),
-    )
-
-
-def _type1(prior: DataFrame, groups: DataFrame, table: Table) -> DataFrame:
-    """The earlier versions, the current one of each key that a type 1 change joined
-    taking that change's values (``track``)."""
-    joined = groups.where(F.col("grp") == 0).select(
+def _as_rows(versions: DataFrame, table: Table) -> DataFrame:
+    """Published versions in the shape of :func:`_visible`'s rows (each opens itself)."""
+    return versions.select(
         *table.key,
-        F.col("l_dt").alias("dt"),
-        F.col("l_version").alias("_version"),
-        F.col("row").alias("t1"),
+        F.struct(*table.column_names).alias("row"),
+        F.col("_deleted").alias("deleted"),
+        F.unix_micros("_ts").alias("ts"),
+        F.lit(None).cast("int").alias("rank"),
+        F.col("_event_id").alias("event_id"),
+        F.col("_origin").alias("origin"),
+        F.lit(True).alias("opens"),
+        F.unix_micros("_valid_from").alias("vf"),
+        F.col("_run_id").alias("run_id"),
+        F.col("_late").alias("late"),
+        F.col("_version").alias("version"),
+        "dt",
+        F.lit(False).alias("new"),
     )
-    on = [*table.key, "dt", "_version"]
-    df = prior.join(joined, on, "left")
-    merged = [
-        F.col(c)
-        if c in table.key
-        else F.when(F.col("t1").isNotNull(), F.col(f"t1.{c}")).otherwise(F.col(c)).alias(c)
-        for c in table.column_names
-    ]
-    return df.select(*merged, *[n for n, _ in META])
 
 
-def _closed(versions: DataFrame, table: Table) -> DataFrame:
-    """Every version's ``_valid_to``: the next version's ``_valid_from``."""
-    by_key = Window.partitionBy(*table.key).orderBy("dt", "_version")
-    return versions.withColumn("_valid_to", F.lead("_valid_from").over(by_key))
+def _versions(rows: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
+    """Every key's versions from its published ones and this run's changes (``new``),
+    in one pass over the rows partitioned by key: a change opens a version (numbered
+    after the key's earlier ones) or joins the one before it (type 1: the version takes
+    its row); an opened version starts at its ts, or where the version before it started
+    when that is later (``_late``); each version ends where the next one starts."""
+    key = list(table.key)
+    position = [F.col(c) for c in ("dt", "version", "ts", "rank", "event_id")]
+    position[1] = position[1].asc_nulls_last()
+    order = Window.partitionBy(*key).orderBy(*position)
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
+    first = F.row_number().over(order) == 1  # a key's first change opens, whatever it is
+    opens = F.col("opens") | first
+    started = F.max(F.when(opens, F.coalesce("vf", "ts"))).over(before)
+    df = rows.select(
+        "*",
+        opens.alias("opens_"),
+        started.alias("started"),
+        F.sum(F.col("opens").cast("long")).over(order).alias("grp"),
+        F.when(~F.first("opens").over(order), F.lit(1)).otherwise(F.lit(0)).alias("shift"),
+    ).withColumn("grp", F.col("grp") + F.col("shift"))
+    if table.history is not None and table.history.track is not None:
+        joined = Window.partitionBy(*key, "grp").orderBy(*position)
+        whole = joined.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+        df = df.withColumn("row", F.last("row").over(whole))
+    new = F.col("new")
+    ts, start = F.col("ts"), F.col("started")
+    df = df.where("opens_").select(
+        *[F.col(f"row.{c}").alias(c) for c in table.column_names],
+        F.when(new, F.greatest(ts, start)).otherwise(F.col("vf")).alias("vf"),
+        F.col("deleted").alias("_deleted"),
+        _instant(ts).alias("_ts"),
+        F.col("origin").alias("_origin"),
+        F.when(F.col("event_id") != "", F.col("event_id")).alias("_event_id"),
+        F.when(new, F.lit(ctx.run_id)).otherwise(F.col("run_id")).alias("_run_id"),
+        F.when(new, F.coalesce(ts < start, F.lit(False))).otherwise(F.col("late")).alias("_late"),
+        F.when(new, F.col("grp")).otherwise(F.col("version")).alias("_version"),
+        "dt",
+    )
+    closing = Window.partitionBy(*key).orderBy("dt", "_version")
+    return df.select(
+        *table.column_names,
+        _instant(F.col("vf")).alias("_valid_from"),
+        _instant(F.lead("vf").over(closing)).alias("_valid_to"),
+        *[n for n, _ in META[2:]],
+    )
 
 
 def as_of_run(history: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
     """The history as the run's date left it: without the versions of later dates that a
     backfill keeps (what the ``history`` suite checks against the run's snapshot)."""
-    return _closed(history.where(F.col("dt") <= F.lit(ctx.dt)), table)
+    by_key = Window.partitionBy(*table.key).orderBy("dt", "_version")
+    closed = F.lead("_valid_from").over(by_key)
+    return history.where(F.col("dt") <= F.lit(ctx.dt)).withColumn("_valid_to", closed)
 
 
 # ---------------------------------------------------------------------- inputs
@@ -345,14 +324,16 @@ def _continues(ctx: RunContext, table: Table) -> bool:
 
 
 def _seed(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame:
-    """The prior state's live rows as the first versions of their keys."""
+    """The prior state's live rows as the first versions of their keys (a row without a
+    ``_ts`` as valid since the epoch)."""
     prior = read_prior(spark, ctx.staged / table.name, table, check=False)
+    since = _instant(F.coalesce(F.col("_ts"), F.lit(0)))
     return prior.where(~F.col("_deleted")).select(
         *table.column_names,
-        _instant(F.col("_ts")).alias("_valid_from"),
+        since.alias("_valid_from"),
         F.lit(None).cast("timestamp").alias("_valid_to"),
         F.lit(False).alias("_deleted"),
-        _instant(F.col("_ts")).alias("_ts"),
+        since.alias("_ts"),
         "_origin",
         "_event_id",
         F.lit(ctx.run_id).alias("_run_id"),
@@ -369,22 +350,24 @@ def build_history(
     ctx: RunContext,
     origins: dict[int, str],
 ) -> DataFrame:
-    """The table's whole history after this run (module docstring)."""
+    """The table's whole history after this run (module docstring): the versions of
+    earlier dates (or, the first time, the prior state's rows), this run's changes, and
+    the versions of later dates a backfill keeps as they are."""
     staged = _staged_history(spark, ctx, table)
-    earlier = None if staged is None else staged.where(F.col("dt") < F.lit(ctx.dt))
-    later = None if staged is None else staged.where(F.col("dt") > F.lit(ctx.dt))
-    if earlier is None or not _continues(ctx, table):
-        earlier = _seed(spark, ctx, table)
+    kept = None if staged is None else staged.where(F.col("dt") != F.lit(ctx.dt))
+    if kept is None or not _continues(ctx, table):
+        seed = _seed(spark, ctx, table)
+        kept = seed if kept is None else seed.unionByName(kept)
     ranks = F.create_map(*[x for r, o in sorted(origins.items()) for x in (F.lit(r), F.lit(o))])
     visible = _visible(changes, table, ranks)
     if table.granularity is Granularity.CELL:
         prior = read_prior(spark, ctx.staged / table.name, table, check=False)
         visible = visible.unionByName(_expirations(changes, prior, table, ctx.now_us))
-    groups = _grouped(visible, _last_versions(earlier, table), table).persist()
-    versions = _type1(earlier, groups, table).unionByName(_new_versions(groups, table, ctx))
-    if later is not None:  # a backfill: the versions of later dates stay as they are
-        versions = versions.unionByName(later)
-    return _closed(versions, table).select(*history_schema(table).fieldNames())
+    new = {"vf": "long", "run_id": "string", "late": "boolean", "version": "long"}
+    fields = [F.lit(None).cast(t).alias(n) for n, t in new.items()]
+    fields += [F.lit(ctx.dt).alias("dt"), F.lit(True).alias("new")]
+    rows = _as_rows(kept, table).unionByName(visible.select("*", *fields))
+    return _versions(rows, table, ctx).select(*history_schema(table).fieldNames())
 
 
 def history_stage(
