@@ -3,11 +3,15 @@ resolve bench's input (``bench/resolve_bench.py``: 3 replicas, every event expor
 each, 20% of keys contended), in one Spark session, alternating the two configs.
 
 A round resolves the run (into an emptied ``published/``), then times what publishing
-takes from the resolved run: without history, the uploads of every output by Spark tasks
-(``uploads.upload_outputs``) and the Delta commits (``stages.publish``); with it, the same
-plus the history stage (``history.history_stage``: the Spark job that builds the table
-from the run's changes). The resolve stage's own cost of recording the changes (which
-the history needs, as the CDC log does) is printed too, as the ratio of the two resolves.
+takes from the resolved run. Printed: ``ratio_commit``, the publish stage itself
+(``stages.publish``: the Delta commits, the report, the ``runs`` row); ``ratio_publish``,
+everything after the resolve stage: the history stage (``history.history_stage``, the
+Spark job that builds the table from the run's changes, in the resolve task), the
+uploads of every output by Spark tasks (``uploads.upload_outputs``) and the publish
+stage, against the uploads and the publish stage without history; the history stage's
+share of the resolve stage; ``ratio_resolve``, what recording the changes (which the
+history needs, as the CDC log does) costs the resolve stage; and
+``ratio_resolve_and_publish``, all of it: the resolve stage and everything after it.
 
     .venv/bin/python bench/history_bench.py 4000000
     BENCH_ROUNDS=1 .venv/bin/python bench/history_bench.py 1000000
@@ -64,6 +68,7 @@ def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, 
     return {
         "resolve": round(resolved - t, 1),
         "history": round(built - resolved, 1),
+        "commit": round(done - judged, 1),
         "publish": round((built - resolved) + (uploaded - measured) + (done - judged), 1),
         "rows": summary.tables["items"].history.get("rows", 0),
     }
@@ -94,8 +99,14 @@ def main() -> None:
                     "records": stats["records"],
                     "rounds": runs,
                     "history_rows": hist["rows"],
+                    "ratio_commit": round(hist["commit"] / plain["commit"], 2),
                     "ratio_publish": round(hist["publish"] / plain["publish"], 2),
+                    "history_share_of_resolve": round(hist["history"] / hist["resolve"], 2),
                     "ratio_resolve": round(hist["resolve"] / plain["resolve"], 2),
+                    "ratio_resolve_and_publish": round(
+                        (hist["resolve"] + hist["publish"]) / (plain["resolve"] + plain["publish"]),
+                        2,
+                    ),
                 }
             ),
             flush=True,

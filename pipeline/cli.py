@@ -333,6 +333,13 @@ def _where(config: Any, report: dict[str, Any]) -> str:
         version = report.get("versions", {}).get(path)
         at = f"version {version}" if version is not None else "not moved: an earlier date"
         lines.append(f"  {t}: {path} ({at}, {counts.get('rows', 0)} rows)")
+        if counts.get("history"):
+            h, path = counts["history"], layout.table_path(t, layout.HISTORY)
+            version = report.get("versions", {}).get(path)
+            lines.append(
+                f"  {t}: {path} (version {version}, {h['rows']} versions, {h['new']} new, "
+                f"{h['late']} late)"
+            )
     key = layout.run_report(date.fromisoformat(report["dt"]), report["run_id"])
     lines.append(f"  report: {key} (and {layout.date_report(date.fromisoformat(report['dt']))})")
     docs = report.get("validation", {}).get("data_docs")

@@ -1,4 +1,4 @@
-"""The policy extensions (extensions.md E1, E3) through ``cdr generate`` and ``cdr run``,
+"""The policy extensions (extensions.md E1-E4) through ``cdr generate`` and ``cdr run``,
 over two nights; the rules themselves are held by the golden scenarios, the fold's unit
 tests and the property tests."""
 
@@ -50,27 +50,44 @@ def _at(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
-def test_generated_nights_under_order_by(tmp_path: Path):
+#: a scylla table beside the order_by one, for the history (E4) of a cell table
+CELLS = {
+    "key": ["id"],
+    "columns": {"id": "bigint", "name": "string", "qty": "int"},
+    "policy": "scylla",
+    "history": True,
+}
+DAYS = ("2026-11-21", "2026-11-22")
+
+
+def test_generated_nights_under_order_by_with_history(tmp_path: Path):
     """``cdr generate`` gives every event of an ``order_by`` table its order value (the
     application's time), so nothing is quarantined. Replica r1's clock runs two minutes
     behind (``--clock-offset``), so its commit ts disagree with the order values of the
     others' concurrent writes; a key no DELETE touched still ends with the largest order
-    value its INSERTs and UPDATEs carried, where the largest ts would pick another write."""
+    value its INSERTs and UPDATEs carried, where the largest ts would pick another write.
+    The same nights keep the ``history`` of that table and of a scylla table (E4): see
+    :func:`check_history`; then a backfill of the first night, the second published,
+    replaces the first night's versions and keeps the second's as they are."""
     store = tmp_path / "store"
     cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
-    for i, day in enumerate(("2026-11-21", "2026-11-22")):
-        gen = ["generate", "--config", str(cfg), "--date", day, "--events", "900"]
+    tables = {"items": {**CONFIG["tables"]["items"], "history": True}, "cells": CELLS}
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "tables": tables}))
+
+    def run(day: str) -> None:
+        args = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]
+        assert main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
+
+    for i, day in enumerate(DAYS):
+        gen = ["generate", "--config", str(cfg), "--date", day, "--events", "1800"]
         assert main([*gen, "--seed", str(i), "--clock-offset", "r1=-120"]) == 0
-        now = f"{day}T23:59:59Z"
-        run = ["run", "--config", str(cfg), "--date", day, "--now", now]
-        assert main([*run, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
+        run(day)
         report = date_report(store, day)
         assert report["status"] == "published"
         assert report["tables"]["items"]["quarantined"] == {}, report["tables"]["items"]
     writes: dict[int, list[tuple[datetime, int]]] = {}  # (order value, ts) of each write
     deleted: set[int] = set()
-    for day in ("2026-11-21", "2026-11-22"):
+    for day in DAYS:
         for e in _events(store, day):
             k = e["key"]["id"]
             if e["op"] == "DELETE":
@@ -85,6 +102,40 @@ def test_generated_nights_under_order_by(tmp_path: Path):
     # the data can tell order_by from ts: for some keys the latest ts is not the winner
     drifted = [k for k in checked if max(writes[k], key=lambda w: w[1]) != max(writes[k])]
     assert drifted, "no key where the clock offset reorders the writes"
+
+    for t, spec in tables.items():
+        check_history(store, t, list(spec["columns"]))
+    before = _versions(store, "items")
+    run(DAYS[0])  # a backfill of the first night, the second published
+    after = _versions(store, "items")
+    assert after.keys() == before.keys()
+    for k, r in before.items():
+        diff = {c for c, v in r.items() if after[k][c] != v}
+        assert diff == ({"_run_id"} if r["dt"].isoformat() == DAYS[0] else set()), (k, diff)
+
+
+def _versions(store: Path, table: str) -> dict[tuple, dict]:
+    """A table's history by (key, version), each row once."""
+    rows = P.rows(store, f"published/{table}/history")
+    out = {(r["id"], r["_version"]): r for r in rows}
+    assert len(out) == len(rows), "a version published twice"
+    return out
+
+
+def check_history(store: Path, table: str, columns: list[str]) -> None:
+    """Each key's current version is its snapshot row (the deleted keys' a deletion); the
+    versions carry the dates of both nights; the run report counts them; DuckDB reads
+    the table, and its current versions are the snapshot's keys."""
+    versions = _versions(store, table)
+    current = {k: r for (k, _), r in versions.items() if r["_valid_to"] is None}
+    live = {k: {c: r[c] for c in columns} for k, r in current.items() if not r["_deleted"]}
+    snapshot = {r["id"]: {c: r[c] for c in columns} for r in P.snapshot(store, table)}
+    assert live == snapshot, table
+    assert {r["dt"].isoformat() for r in versions.values()} == set(DAYS), table
+    assert date_report(store, DAYS[1])["tables"][table]["history"]["rows"] == len(versions)
+    sql = P.duckdb_rows(store, f"published/{table}/history")
+    assert len(sql) == len(versions), table
+    assert {r["id"] for r in sql if r["_valid_to"] is None and not r["_deleted"]} == set(snapshot)
 
 
 def test_a_clock_offset_names_a_configured_replica(tmp_path: Path, capsys):
@@ -143,63 +194,3 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
     state = P.rows(store, "published/items/state", "2026-11-22")
     assert state and "_groups" in state[0]
     assert any(r["_groups"] for r in state)  # some rows' groups differ
-
-
-def _versions(store: Path, table: str) -> dict[tuple, dict]:
-    """A table's history by (key, version), each row once."""
-    rows = P.rows(store, f"published/{table}/history")
-    out = {(r["id"], r["_version"]): r for r in rows}
-    assert len(out) == len(rows), "a version published twice"
-    return out
-
-
-def test_history_through_reruns_on_row_and_cell_tables(tmp_path: Path):
-    """``history`` on a postgres and a scylla table over two generated nights: each key's
-    current version is its snapshot row; a backfill of the first night, the second
-    published, replaces the first night's versions (no version twice) and keeps the
-    second's as they are. DuckDB
-    reads the table, and its as-of query at the end of time gives the snapshot."""
-    store = tmp_path / "store"
-    cfg = tmp_path / "cdr.yaml"
-    tables = {
-        "items": {**CONFIG["tables"]["items"], "history": True},
-        "cells": {
-            "key": ["id"],
-            "columns": {"id": "bigint", "name": "string", "qty": "int"},
-            "policy": "scylla",
-            "history": True,
-        },
-    }
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "tables": tables}))
-    days = ("2026-11-21", "2026-11-22")
-
-    def run(day: str) -> None:
-        args = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]
-        assert main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
-
-    for i, day in enumerate(days):
-        gen = ["generate", "--config", str(cfg), "--date", day, "--events", "200"]
-        assert main([*gen, "--seed", str(i)]) == 0
-        run(day)
-    for t in tables:
-        versions = _versions(store, t)
-        current = {k: r for (k, _), r in versions.items() if r["_valid_to"] is None}
-        live = {k: r for k, r in current.items() if not r["_deleted"]}
-        snapshot = {r["id"]: r for r in P.snapshot(store, t)}
-        assert live.keys() == snapshot.keys(), t
-        for k, r in snapshot.items():
-            assert {c: live[k][c] for c in tables[t]["columns"]} == {
-                c: r[c] for c in tables[t]["columns"]
-            }, (t, k)
-        assert {r["dt"].isoformat() for r in versions.values()} == set(days), t
-        sql = P.duckdb_rows(store, f"published/{t}/history")
-        assert len(sql) == len(versions), t
-        assert date_report(store, days[1])["tables"][t]["history"]["rows"] == len(versions)
-
-    before = _versions(store, "items")
-    run(days[0])  # a backfill of the first night, the second published
-    after = _versions(store, "items")
-    assert after.keys() == before.keys()
-    for k, r in before.items():
-        diff = {c for c, v in r.items() if after[k][c] != v}
-        assert diff == ({"_run_id"} if r["dt"].isoformat() == days[0] else set()), (k, diff)
