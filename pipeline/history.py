@@ -160,6 +160,25 @@ def _prior_rows(prior: DataFrame, after: DataFrame, table: Table) -> DataFrame:
     )
 
 
+def _view_at(t: Column, table: Table) -> tuple[Column, Column]:
+    """Whether a reader sees an observation's row at instant ``t`` (µs), and the row:
+    a value or the marker is seen until its expiry (``x_<col>``, ``m``)."""
+    values = table.value_columns
+    seen = {
+        c: F.col(f"row.{c}").isNotNull() & F.coalesce(F.col(f"x_{c}") * 1_000_000 > t, F.lit(True))
+        for c in values
+    }
+    marker = F.col("m.on") & F.coalesce(F.col("m.exp") * 1_000_000 > t, F.lit(True))
+    visible = reduce(lambda a, b: a | b, seen.values(), marker)
+    row = F.struct(
+        *[
+            F.col(f"row.{c}") if c in table.key else F.when(seen[c], F.col(f"row.{c}")).alias(c)
+            for c in table.column_names
+        ]
+    )
+    return visible, row
+
+
 def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int) -> DataFrame:
     """The versions a cell table's TTL expiry makes (in ``_visible``'s shape): between two
     observations of a key's row, at each instant a visible value or the row marker
@@ -195,24 +214,8 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
     )
     at = obs.where(F.col("row").isNotNull()).select("*", F.explode(instants).alias("at"))
 
-    def view(t: Column) -> tuple[Column, Column]:
-        seen = {
-            c: F.col(f"row.{c}").isNotNull()
-            & F.coalesce(F.col(f"x_{c}") * 1_000_000 > t, F.lit(True))
-            for c in values
-        }
-        marker = F.col("m.on") & F.coalesce(F.col("m.exp") * 1_000_000 > t, F.lit(True))
-        visible = reduce(lambda a, b: a | b, seen.values(), marker)
-        row = F.struct(
-            *[
-                F.col(f"row.{c}") if c in table.key else F.when(seen[c], F.col(f"row.{c}")).alias(c)
-                for c in table.column_names
-            ]
-        )
-        return visible, row
-
-    was, row_before = view(F.col("at") - 1)
-    now, row_after = view(F.col("at"))
+    was, row_before = _view_at(F.col("at") - 1, table)
+    now, row_after = _view_at(F.col("at"), table)
     changed = (was != now) | (now & ~row_before.eqNullSafe(row_after))
     return at.where(was & changed).select(
         *table.key,
