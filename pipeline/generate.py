@@ -63,6 +63,7 @@ class _Ev:
     after: dict[str, Any] | None = None
     before: dict[str, Any] | None = None
     ttl: int | None = None
+    real: int = 0  # when it happened (its ts before its origin's clock offset)
 
 
 def _value(col: Column, rng: random.Random, n: int) -> Any:
@@ -180,6 +181,8 @@ class _TableGen:
                 after.update(self._reference(self.fk_cols[c].references, self.fk_cols[c].columns))
             else:
                 after[c] = _value(col, self.rng, self.rng.randint(0, 10**6))
+                if self.t.granularity is Granularity.ROW:
+                    before[c] = full.get(c)  # the value the change saw (a full before-image)
             full[c] = after.get(c, full.get(c))
         return after, before
 
@@ -317,6 +320,7 @@ def _finish_event(g: _TableGen, ev: _Ev, full: dict[str, Any], opts: GenerateOpt
         ev.after[rng.choice(nullable)] = None  # type: ignore[index]
     if table.order_by is not None:
         _set_order(g, ev, full)
+    ev.real = ev.ts
     ev.ts += opts.clock_offsets.get(ev.origin, 0) * 1_000_000
 
 
@@ -341,14 +345,15 @@ def _write_day(
     rng: random.Random,
     opts: GenerateOptions,
 ) -> int:
-    """Each replica exports every event in its own apply order: its own changes at their
-    ts, the others' after a replication delay."""
+    """Each replica exports every event in its own apply order: its own changes when they
+    happen, the others' after a replication delay (by the time they happened, not by
+    their ts, which a clock offset skews)."""
     total = 0
     for rep in replicas:
         arrivals = []
         for i, e in enumerate(events):
             delay = 0 if e.origin == rep else rng.randint(1, MAX_DELAY_US)
-            arrivals.append((e.ts + delay, i))
+            arrivals.append((e.real + delay, i))
         arrivals.sort()
         records = []
         for seq, (_at, i) in enumerate(arrivals, start=1):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from dataclasses import replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from pipeline.frames import (
 )
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns
+from pipeline.skew import skew_evidence, skew_warnings
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
@@ -87,7 +89,8 @@ def resolve_table(
     differing = _write_differing(
         differing_copies(spark, copies, fates, table), out, ctx, table.name
     )
-    return _table_counts(table, out, fates, staged, stopped, differing)
+    counts = _table_counts(table, out, fates, staged, stopped, differing)
+    return replace(counts, clock_skew=skew_evidence(copies, table))
 
 
 def _resolve_cells(
@@ -495,6 +498,10 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         summary = compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
+    for w in skew_warnings(
+        {t: s.clock_skew for t, s in summary.tables.items()}, config.max_clock_skew_seconds
+    ):
+        log.warning("resolve: %s", w)
     save_summary(ctx, summary)
     return summary
 

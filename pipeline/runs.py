@@ -76,6 +76,8 @@ class TableRun:
     quarantined: dict[str, int] = field(default_factory=dict)  # reason -> n
     divergent_keys: dict[str, int] = field(default_factory=dict)  # replica -> n
     orphans: int = 0
+    #: E7: (replica behind, replica ahead, events, largest difference in seconds)
+    clock_skew: tuple[tuple[str, str, int, float], ...] = ()
 
     @property
     def conflict_total(self) -> int:
@@ -113,6 +115,20 @@ def _counts(m: Any) -> dict[str, int]:
     return {str(k): _count(v) for k, v in m.items()}
 
 
+def _skew(m: Any) -> tuple[tuple[str, str, int, float], ...]:
+    """A table's clock-skew evidence (``pipeline.skew``), pair by pair."""
+    if not isinstance(m, dict) or not all(isinstance(a, dict) for a in m.values()):
+        raise MalformedReport(f"{m!r} is not a mapping of replica pairs")
+    out = []
+    for behind, ahead in sorted(m.items()):
+        for other, ev in sorted(ahead.items()):
+            lag = ev.get("max_seconds") if isinstance(ev, dict) else None
+            if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
+                raise MalformedReport(f"{ev!r} is not a clock-skew evidence")
+            out.append((str(behind), str(other), _count(ev.get("events")), float(lag)))
+    return tuple(out)
+
+
 def table_runs(report: dict[str, Any]) -> list[TableRun]:
     """The numbers of each table of a report; :class:`MalformedReport` if one is not a
     count (a report written by hand, or damaged)."""
@@ -141,6 +157,7 @@ def table_runs(report: dict[str, Any]) -> list[TableRun]:
                 quarantined=_counts(t.get("quarantined") or {}),
                 divergent_keys=divergent,
                 orphans=_count(t.get("orphans") or 0),
+                clock_skew=_skew(t.get("clock_skew") or {}),
             )
         )
     return out
@@ -297,7 +314,26 @@ def _detail(rows: list[TableRun]) -> str:
                 f"<tr><td>{_e(r.table)}</td><td>orphans</td><td class=n>{r.orphans}</td></tr>"
             )
     detail.append("</table>")
-    return "".join(detail)
+    return "".join(detail) + _clock_skew(rows)
+
+
+def _clock_skew(rows: list[TableRun]) -> str:
+    """E7: per table and ordered pair, the events that saw a version stamped later than
+    themselves, and by how much at most."""
+    out = [
+        "<h2>Clock skew</h2><table id='clock_skew'><tr><th>table</th><th>replica behind</th>"
+        "<th>behind replica</th><th>events</th><th>at least (s)</th></tr>"
+    ]
+    for r in rows:
+        for behind, ahead, n, lag in r.clock_skew:
+            out.append(
+                f"<tr><td>{_e(r.table)}</td><td>{_e(behind)}</td><td>{_e(ahead)}</td>"
+                f"<td class=n>{n}</td><td class=n>{lag:.1f}</td></tr>"
+            )
+    if not any(r.clock_skew for r in rows):
+        out.append("<tr><td colspan=5 class=muted>no evidence of a clock behind</td></tr>")
+    out.append("</table>")
+    return "".join(out)
 
 
 def _page(title: str, body: str) -> str:

@@ -197,6 +197,14 @@ def validate(
     return verdict
 
 
+def clock_warnings(config: Config, summary: RunSummary) -> list[str]:
+    """E7: the clock-skew evidence past ``max_clock_skew_seconds``, as warnings."""
+    from pipeline.skew import skew_warnings
+
+    skew = {t: s.clock_skew for t, s in summary.tables.items()}
+    return skew_warnings(skew, config.max_clock_skew_seconds)
+
+
 def run_report(
     config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, status: str
 ) -> dict[str, Any]:
@@ -209,7 +217,7 @@ def run_report(
         "store": config.store,
         "status": status,  # published | failed | dry_run
         "failures": verdict.failures,
-        "warnings": verdict.warnings,
+        "warnings": [*verdict.warnings, *clock_warnings(config, summary)],
         "tables": summary.table_dicts(),
         "validation": {
             "results": f"{validation}/results.json",

@@ -50,6 +50,8 @@ class TableSummary:
     state_rows: int = 0  # the next run checks it
     snapshot_divergent_keys: Mapping[str, int] = field(default_factory=dict)  # by replica
     history: Mapping[str, int] = field(default_factory=dict)  # E4: rows, new, late versions
+    #: E7: behind -> ahead -> {events, max_seconds} (``pipeline.skew``)
+    clock_skew: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TableSummary:

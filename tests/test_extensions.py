@@ -62,17 +62,20 @@ DAYS = ("2026-11-21", "2026-11-22")
 
 def test_generated_nights_under_order_by_with_history(tmp_path: Path):
     """``cdr generate`` gives every event of an ``order_by`` table its order value (the
-    application's time), so nothing is quarantined. Replica r1's clock runs two minutes
-    behind (``--clock-offset``), so its commit ts disagree with the order values of the
-    others' concurrent writes; a key no DELETE touched still ends with the largest order
-    value its INSERTs and UPDATEs carried, where the largest ts would pick another write.
+    application's time), so nothing is quarantined. Replica r1's clock runs 90 s behind
+    (``--clock-offset``), so its commit ts disagree with the order values of the others'
+    concurrent writes; a key no DELETE touched still ends with the largest order value
+    its INSERTs and UPDATEs carried, where the largest ts would pick another write. The
+    run report gives the clock-skew evidence (E7): r1 behind the others, by less than
+    90 s, and a warning past ``max_clock_skew_seconds`` (20).
     The same nights keep the ``history`` of that table and of a scylla table (E4): see
     :func:`check_history`; then a backfill of the first night, the second published,
     replaces the first night's versions and keeps the second's as they are."""
     store = tmp_path / "store"
     cfg = tmp_path / "cdr.yaml"
     tables = {"items": {**CONFIG["tables"]["items"], "history": True}, "cells": CELLS}
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), "tables": tables}))
+    skew = {"max_clock_skew_seconds": 20}
+    cfg.write_text(yaml.safe_dump({**CONFIG, **skew, "store": store.as_uri(), "tables": tables}))
 
     def run(day: str) -> None:
         args = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]
@@ -80,11 +83,12 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path):
 
     for i, day in enumerate(DAYS):
         gen = ["generate", "--config", str(cfg), "--date", day, "--events", "1800"]
-        assert main([*gen, "--seed", str(i), "--clock-offset", "r1=-120"]) == 0
+        assert main([*gen, "--seed", str(i), "--clock-offset", "r1=-90"]) == 0
         run(day)
         report = date_report(store, day)
         assert report["status"] == "published"
         assert report["tables"]["items"]["quarantined"] == {}, report["tables"]["items"]
+        check_skew(report)
     writes: dict[int, list[tuple[datetime, int]]] = {}  # (order value, ts) of each write
     deleted: set[int] = set()
     for day in DAYS:
@@ -112,6 +116,19 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path):
     for k, r in before.items():
         diff = {c for c, v in r.items() if after[k][c] != v}
         assert diff == ({"_run_id"} if r["dt"].isoformat() == DAYS[0] else set()), (k, diff)
+
+
+def check_skew(report: dict) -> None:
+    """E7 on a night where r1's clock runs 90 s behind: every pair says r1 is behind
+    (no other replica is), by less than 90 s, and the largest lag is a warning."""
+    skew = report["tables"]["items"]["clock_skew"]
+    assert set(skew) == {"r1"}, skew
+    assert set(skew["r1"]) <= {"r2", "r3"} and skew["r1"]
+    lags = [p["max_seconds"] for p in skew["r1"].values()]
+    assert all(p["events"] > 0 for p in skew["r1"].values())
+    assert 20 < max(lags) < 90, skew
+    assert any("the clock of replica r1 runs behind" in w for w in report["warnings"])
+    assert report["tables"]["cells"]["clock_skew"] == {}  # its UPDATEs carry no before
 
 
 def _versions(store: Path, table: str) -> dict[tuple, dict]:
@@ -176,7 +193,7 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
     """A table's state gains its ``_groups`` column the night ``column_groups`` is turned
     on: that night reads the state written without it (every group at the row's stamp)
     and publishes the new schema. (The engine's test reads ``_groups`` back the night
-    after.)"""
+    after.) These nights' clocks agree: no clock-skew evidence (E7)."""
     store = tmp_path / "store"
     cfg = tmp_path / "cdr.yaml"
     plain = {**CONFIG, "store": store.as_uri(), "priority": None}
@@ -190,7 +207,11 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
         assert main([*gen, "--seed", str(i)]) == 0
         run = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]
         assert main([*run, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
-        assert date_report(store, day)["status"] == "published"
+        report = date_report(store, day)
+        assert report["status"] == "published"
+        # E7: clocks that agree leave no evidence (UPDATEs that saw another replica's
+        # version, as generated ones do, are stamped after it)
+        assert report["tables"]["items"]["clock_skew"] == {}
     state = P.rows(store, "published/items/state", "2026-11-22")
     assert state and "_groups" in state[0]
     assert any(r["_groups"] for r in state)  # some rows' groups differ

@@ -67,6 +67,7 @@ ORDERS = {
     "divergent_keys": {"us-east": 3, "eu-west": 0},
     "snapshot_divergent_keys": {"eu-west": 4},
     "orphans": 1,
+    "clock_skew": {"eu-west": {"us-east": {"events": 7, "max_seconds": 88.25}}},
 }
 
 
@@ -100,6 +101,7 @@ def test_reports_newest_first_and_the_numbers_per_table(store):
     assert orders.by_outcome() == {"converted_to_update": 5, "applied": 1, "skipped": 2}
     assert orders.divergent_keys == {"us-east": 3, "eu-west": 0, "eu-west (snapshot)": 4}
     assert orders.divergent_total == 7 and orders.orphans == 1
+    assert orders.clock_skew == (("eu-west", "us-east", 7, 88.25),)
 
 
 def test_a_run_is_shown_once_its_runs_row_is_in(store, tmp_path: Path):
@@ -132,6 +134,8 @@ def test_the_page_shows_one_run_with_its_chart_and_links(store):
     assert "quarantined: malformed" in html and "divergent keys: eu-west (snapshot)" in html
     assert "/cdr/docs/2026-11-21/2026-11-21_bb/index.html" in html and "?dt=2026-11-20" in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # names are escaped
+    skew = "<td>orders</td><td>eu-west</td><td>us-east</td><td class=n>7</td><td class=n>88.2</td>"
+    assert skew in html  # E7: the pair, its events and the lag
     older = render_page(list_reports(store), "2026-11-20", docs_href="{dt}")
     assert "Run of 2026-11-20" in older and "orders" not in older
     assert "No run report" in render_page([], None, docs_href="{dt}")
@@ -231,13 +235,14 @@ def test_hostile_values_in_every_report_field_render_as_text(store, tmp_path: Pa
         "quarantined": {HOSTILE: 1},
         "divergent_keys": {HOSTILE: 1},
         "snapshot_divergent_keys": {HOSTILE: 1},
+        "clock_skew": {HOSTILE: {HOSTILE: {"events": 1, "max_seconds": 1.0}}},
     }
     report = _report("2026-11-22", status=HOSTILE, run="x", **{HOSTILE: bad})
     report["failures"] = [HOSTILE]
     _put(store, report, tmp_path / "work2")
     html = render_page(list_reports(store), "2026-11-22", docs_href="/d/{dt}/{run_id}/")
     assert "<script>" not in html
-    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 10
 
 
 @pytest.mark.parametrize(
@@ -248,8 +253,18 @@ def test_hostile_values_in_every_report_field_render_as_text(store, tmp_path: Pa
         json.dumps(_report("2026-11-22", run="x", t={"applied": "<img src=x onerror=alert(1)>"})),
         json.dumps(_report("2026-11-22", run="x", t={"conflicts": {"x": {"applied": -1}}})),
         json.dumps(_report("2026-11-22", run="x", t=["not", "a", "table"])),
+        json.dumps(
+            _report("2026-11-22", run="x", t={"clock_skew": {"a": {"b": {"max_seconds": "9"}}}})
+        ),
     ],
-    ids=["not-json", "not-an-object", "text-count", "negative-count", "table-not-a-mapping"],
+    ids=[
+        "not-json",
+        "not-an-object",
+        "text-count",
+        "negative-count",
+        "table-not-a-mapping",
+        "skew-not-seconds",
+    ],
 )
 def test_a_malformed_report_is_an_error_row_not_a_failed_page(client, store, tmp_path, body):
     """The run's row is in, its report file is damaged: the page shows the run with the
