@@ -498,9 +498,7 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         summary = compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
-    for w in skew_warnings(
-        {t: s.clock_skew for t, s in summary.tables.items()}, config.max_clock_skew_seconds
-    ):
+    for w in skew_warnings(summary.tables, config.max_clock_skew_seconds):
         log.warning("resolve: %s", w)
     save_summary(ctx, summary)
     return summary

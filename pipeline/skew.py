@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.config import Table
+from pipeline.summary import TableSummary
 
 #: the fields of one pair's evidence in the run report
 EVENTS, MAX_SECONDS = "events", "max_seconds"
@@ -68,14 +69,12 @@ def skew_evidence(copies: DataFrame, table: Table) -> dict[str, dict[str, dict[s
     return out
 
 
-def skew_warnings(
-    tables: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]], max_seconds: int
-) -> list[str]:
+def skew_warnings(tables: Mapping[str, TableSummary], max_seconds: int) -> list[str]:
     """A warning per table and pair whose largest difference is above ``max_seconds``
     (``max_clock_skew_seconds``)."""
     out = []
-    for t, pairs in tables.items():
-        for behind, ahead in pairs.items():
+    for t, summary in tables.items():
+        for behind, ahead in summary.clock_skew.items():
             for other, ev in ahead.items():
                 if ev[MAX_SECONDS] > max_seconds:
                     out.append(

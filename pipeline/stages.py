@@ -149,9 +149,8 @@ def small_run(ctx: RunContext) -> bool:
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
     write the history of the tables that keep one (E4) and (``cdc.enabled``) the CDC log,
-    then measure what validation judges, then put
-    the output files in the store (Spark tasks): all the run's Spark work, in one Spark
-    application (the DAG's resolve task)."""
+    then measure what validation judges, then put the output files in the store (Spark
+    tasks): all the run's Spark work, in one Spark application (the DAG's resolve task)."""
     from pipeline.exports import fetch
     from pipeline.resolve import resolve_stage, save_summary
     from pipeline.validation import measure_stage
@@ -197,18 +196,13 @@ def validate(
     return verdict
 
 
-def clock_warnings(config: Config, summary: RunSummary) -> list[str]:
-    """E7: the clock-skew evidence past ``max_clock_skew_seconds``, as warnings."""
-    from pipeline.skew import skew_warnings
-
-    skew = {t: s.clock_skew for t, s in summary.tables.items()}
-    return skew_warnings(skew, config.max_clock_skew_seconds)
-
-
 def run_report(
     config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, status: str
 ) -> dict[str, Any]:
+    from pipeline.skew import skew_warnings  # E7
+
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
+    skew = skew_warnings(summary.tables, config.max_clock_skew_seconds)
     return {
         "run_id": ctx.run_id,
         "dt": ctx.dt.isoformat(),
@@ -217,7 +211,7 @@ def run_report(
         "store": config.store,
         "status": status,  # published | failed | dry_run
         "failures": verdict.failures,
-        "warnings": [*verdict.warnings, *clock_warnings(config, summary)],
+        "warnings": [*verdict.warnings, *skew],
         "tables": summary.table_dicts(),
         "validation": {
             "results": f"{validation}/results.json",
