@@ -16,8 +16,11 @@ table, which publish commits like the snapshot (one Delta version, readers see w
   ``_late``; ``_valid_to`` is the next version's ``_valid_from`` (null while current).
 - **Track.** With ``track``, an UPDATE that wrote none of those columns is merged into the
   key's current version (type 1): its values change, its interval does not.
+- **Cell tables.** A TTL expiry that changes what a reader sees is a version of its own,
+  at the instant it expires, with no origin or event.
 - **Reruns.** The versions a run appends carry its ``dt``; a run of D drops those of an
-  earlier run of D and continues each key from its last version of an earlier date.
+  earlier run of D and continues each key from its last version of an earlier date; a
+  backfill keeps the versions of later dates as they are.
 - **The first run** with ``history`` (or a rerun of it) starts each live row of the prior
   state as a version (its ``_ts``, ``_origin`` and ``_event_id``), so that every key's
   last version is its snapshot row from the first night on.
