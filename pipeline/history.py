@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -232,6 +232,11 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
     )
 
 
+def _in_order(table: Table) -> WindowSpec:
+    """A key's versions in order: by the date of the run that appended them, then number."""
+    return Window.partitionBy(*table.key).orderBy("dt", "_version")
+
+
 def _as_rows(versions: DataFrame, table: Table) -> DataFrame:
     """Published versions in the shape of :func:`_visible`'s rows (each opens itself)."""
     return versions.select(
@@ -291,11 +296,10 @@ def _versions(rows: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
         F.when(new, F.col("grp")).otherwise(F.col("version")).alias("_version"),
         "dt",
     )
-    closing = Window.partitionBy(*key).orderBy("dt", "_version")
     return df.select(
         *table.column_names,
         _instant(F.col("vf")).alias("_valid_from"),
-        _instant(F.lead("vf").over(closing)).alias("_valid_to"),
+        _instant(F.lead("vf").over(_in_order(table))).alias("_valid_to"),
         *[n for n, _ in META[2:]],
     )
 
@@ -303,8 +307,7 @@ def _versions(rows: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
 def as_of_run(history: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
     """The history as the run's date left it: without the versions of later dates that a
     backfill keeps (what the ``history`` suite checks against the run's snapshot)."""
-    by_key = Window.partitionBy(*table.key).orderBy("dt", "_version")
-    closed = F.lead("_valid_from").over(by_key)
+    closed = F.lead("_valid_from").over(_in_order(table))
     return history.where(F.col("dt") <= F.lit(ctx.dt)).withColumn("_valid_to", closed)
 
 

@@ -163,11 +163,12 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
             from pipeline.history import history_stage
 
             summary = history_stage(spark, config, ctx, summary)
+            save_summary(ctx, summary)
         if config.cdc.enabled:
             from pipeline.cdc import cdc_stage
 
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
-        save_summary(ctx, summary)
+            save_summary(ctx, summary)
         measure_stage(spark, config, ctx, summary)
     if not ctx.dry_run:  # publish commits them; a dry run publishes nothing
         upload_outputs(spark, config, ctx)
