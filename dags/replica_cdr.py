@@ -73,7 +73,29 @@ def report_failure(context: dict[str, Any]) -> None:
             reason = _one_line("failed gate: " + "; ".join(failures)) if failures else reason
         except CdrError:
             pass
-    log.error("replica_cdr %s failed for %s: %s", ti.task_id, plan.get("date", "?"), reason)
+    log.error(
+        "replica_cdr %s failed for %s: %s%s",
+        ti.task_id,
+        plan.get("date", "?"),
+        reason,
+        _notes(plan),
+    )
+
+
+def _notes(plan: dict[str, Any]) -> str:
+    """The quarantine's open count and the clock-skew warnings of the run's resolve, when
+    it got that far ("" otherwise)."""
+    from pipeline.errors import CdrError
+    from pipeline.resolve import load_summary
+    from pipeline.stages import notes_line, operator_notes
+
+    if not plan.get("date"):
+        return ""
+    try:
+        summary = load_summary(_run_context(plan))
+    except CdrError:
+        return ""
+    return " (" + notes_line(operator_notes(config, summary.tables)) + ")"
 
 
 def _date(plan: dict[str, Any]) -> date:
@@ -270,8 +292,10 @@ def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
     _cli("publish", p["date"], "--run-id", p["run_id"])
     from pipeline.stages import asset_extras
 
-    for table, extra in asset_extras(config, _run_context(p)).items():
+    extras = asset_extras(config, _run_context(p))
+    for table, extra in extras.items():
         outlet_events[SNAPSHOTS].add(ASSETS[table], extra=extra)
+    log.info("replica_cdr published %s: run %s%s", p["date"], p["run_id"], _notes(p))
 
 
 @task(trigger_rule="all_done", retries=3)

@@ -225,37 +225,45 @@ def timeuuid(ts: Column, rank: Column, ordinal: Column, event_id: Column) -> Col
 # ---------------------------------------------------------------------- the log
 
 
-def removals(spark: SparkSession, path: Path, table: Table, at_us: int) -> DataFrame | None:
-    """Rows the foreign-key quarantine moved out of the table, as row deletes."""
+def removals(
+    spark: SparkSession, path: Path, table: Table, at_us: int, put_back: bool = False
+) -> DataFrame | None:
+    """Rows the foreign-key quarantine moved out of the table, as row deletes; with
+    ``put_back``, the rows a retry put back (extensions.md E5), as inserts."""
     if not path.is_dir() or not any(path.glob("*.parquet")):
         return None
     rows = read_output(spark, path)
     key = F.struct(*[F.col(c) for c in table.key])
     row = F.struct(*[F.col(c) for c in table.column_names])
     none = F.lit(None).cast(row_struct_type(table))
+    kind = ChangeKind.INSERT if put_back else ChangeKind.ROW_DELETE
+    values = [c for c in table.column_names if c not in table.key] if put_back else []
     out = rows.select(
         F.concat(F.lit("fk_violation:"), F.to_json(key)).alias("event_id"),
         F.lit(at_us).cast("long").alias("ts"),
         F.lit(PIPELINE_RANK).alias("rank"),
         F.lit(0).alias("idx"),
-        F.lit(ChangeKind.ROW_DELETE.value).alias("kind"),
+        F.lit(kind.value).alias("kind"),
         key.alias("key"),
-        none.alias("values"),
-        F.array().cast("array<string>").alias("cols"),
+        (row if put_back else none).alias("values"),
+        F.array(*[F.lit(c) for c in values]).cast("array<string>").alias("cols"),
         F.lit(None).cast("long").alias("ttl"),
         F.lit(None).cast("long").alias("expiry"),
-        row.alias("pre"),
-        none.alias("post"),
+        (none if put_back else row).alias("pre"),
+        (row if put_back else none).alias("post"),
     )
     return out.select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
 
 
 def run_changes(spark: SparkSession, src: Path, table: Table, removed_at: int) -> DataFrame:
-    """The changes the resolve stage recorded for one table, and the foreign-key
-    quarantine's removals as row deletes (``schema.change_schema``)."""
+    """The changes the resolve stage recorded for one table, the foreign-key quarantine's
+    removals as row deletes and the rows a retry put back as inserts
+    (``schema.change_schema``)."""
     changes = spark.read.schema(change_schema(table)).parquet(str(src / "changes"))
-    gone = removals(spark, src / "fk_removed", table, removed_at)
-    return changes if gone is None else changes.unionByName(gone)
+    for folder, put_back in (("fk_removed", False), ("fk_restored", True)):
+        more = removals(spark, src / folder, table, removed_at, put_back)
+        changes = changes if more is None else changes.unionByName(more)
+    return changes
 
 
 def _entries(table: Table, cdc: CdcConfig) -> list[Column]:

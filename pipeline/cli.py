@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -145,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
     u.add_argument("--config", required=True, type=Path)
     u.add_argument("--store", help="override the config's store")
+    q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events (E5)")
+    q.add_argument("action", choices=("list", "retry", "dismiss"))
+    q.add_argument("--config", required=True, type=Path)
+    q.add_argument("--store", help="override the config's store")
+    q.add_argument("--table", required=True)
+    q.add_argument("--event-id", help="the event (retry and dismiss need it)")
+    q.add_argument("--status", choices=("open", "resolved", "expired", "dismissed"))
     _generate_options(
         sub.add_parser("generate", help="write seeded synthetic exports to the store")
     )
@@ -417,6 +425,46 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_quarantine(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from pipeline import lease, retry
+    from pipeline.errors import StageError
+    from pipeline.lake import Lake
+    from pipeline.runs_table import read_runs
+    from pipeline.store import open_store
+
+    config = _load(args)
+    assert config.store
+    if args.table not in config.tables:
+        raise StageError(f"no table {args.table!r} in {args.config}")
+    store = open_store(config.store)
+    lake = Lake(store)
+    if args.action == "list":
+        rows = retry.listing(lake, args.table, args.status)
+        lines = [
+            f"{r['event_id']}\t{r['reason']}\t{r['quarantined_dt']}\t{r['status']}\t"
+            f"{r['attempts']}\t{r['detail'] or ''}"
+            for r in rows
+        ]
+        header = "event_id\treason\tquarantined_dt\tstatus\tattempts\tdetail"
+        _emit(args, {"table": args.table, "events": rows}, "\n".join([header, *lines]))
+        return 0
+    if not args.event_id:
+        raise StageError(f"cdr quarantine {args.action} needs --event-id")
+    holder = f"quarantine-{args.action}-{os.getpid()}"
+    lease.acquire(store, holder, 600)  # no run publishes meanwhile
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            runs = read_runs(lake)
+            status = retry.act(lake, runs, args.table, args.event_id, args.action, Path(work))
+    finally:
+        lease.release(store, holder)
+    text = f"{args.table} {args.event_id}: {status}"
+    _emit(args, {"table": args.table, "event_id": args.event_id, "status": status}, text)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import demo
 
@@ -435,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_unlock(args)
         if args.command == "vacuum":
             return _cmd_vacuum(args)
+        if args.command == "quarantine":
+            return _cmd_quarantine(args)
         if args.command == "jvm-archive":
             from pipeline.jvmstart import build
 

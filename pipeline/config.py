@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -153,6 +153,15 @@ class HistoryModel(_Strict):
     track: list[str] | None = None
 
 
+class RetryModel(_Strict):
+    """extensions.md E5: for how many of the next runs a quarantined event is offered
+    again, by reason (:data:`pipeline.policy.RETRYABLE`)."""
+
+    fk_violation: int | None = Field(default=None, ge=1)
+    future_timestamp: int | None = Field(default=None, ge=1)
+    update_missing: int | None = Field(default=None, ge=1)
+
+
 class ForeignKeyModel(_Strict):
     columns: list[str] = Field(min_length=1)
     references: str
@@ -284,6 +293,7 @@ class ConfigModel(_Strict):
     wait_for_exports: WaitModel = Field(default_factory=WaitModel)
     deadline_minutes: int | None = Field(default=None, ge=1)
     priority: list[str] | None = None
+    retry: RetryModel = Field(default_factory=RetryModel)
     tables: dict[str, TableModel] = Field(min_length=1)
     cdc: CdcModel = Field(default_factory=CdcModel)
 
@@ -397,6 +407,8 @@ class Config:
     # the DAG's deadline alert: a run not done this long after its logical date (the
     # schedule's time) is missed; None: no alert
     deadline_minutes: int | None = None
+    #: extensions.md E5: quarantine reason -> how many of the next runs it is offered to
+    retry: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -750,6 +762,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
     if (cron := _cron_problem(m.schedule)) is not None:
         p.add("schedule", cron)
     _check_cdc(m, p)
+    retry = _check_retry(m, tables, p)
     c = m.cdc
     return Config(
         store=m.store,
@@ -775,6 +788,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
             postimage=c.postimage,
         ),
         deadline_minutes=m.deadline_minutes,
+        retry=retry,
     )
 
 
@@ -792,6 +806,25 @@ def _check_foreign_key_types(tables: Mapping[str, Table], p: _Problems) -> None:
                         f"{col!r} is {tb.column(col).type} but {fk.references}.{pk} is "
                         f"{parent.column(pk).type}",
                     )
+
+
+def _check_retry(m: ConfigModel, tables: Mapping[str, Table], p: _Problems) -> dict[str, int]:
+    """extensions.md E5: the reasons retried, and what the foreign-key retry needs."""
+    retry = {k: v for k, v in m.retry.model_dump().items() if v is not None}
+    if "fk_violation" in retry:
+        if m.on_fk_violation is not FkPolicy.QUARANTINE:
+            p.add(
+                "retry.fk_violation",
+                "retries the foreign-key quarantine: it needs on_fk_violation: quarantine",
+            )
+        for name, tb in tables.items():
+            if tb.granularity is Granularity.CELL and tb.foreign_keys:
+                p.add(
+                    "retry.fk_violation",
+                    f"puts orphan rows back into row tables only; {name} is a cell table "
+                    "with foreign keys",
+                )
+    return retry
 
 
 def _check_priority(m: ConfigModel, tables: Mapping[str, Table], p: _Problems) -> None:

@@ -42,7 +42,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pipeline.config import Config, Table
 from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
 from pipeline.frames import LEDGER_SCHEMA, fold_input, fold_outputs
-from pipeline.policy import Scope
+from pipeline.policy import QuarantineReason, Scope
 from pipeline.rowfold import Event, FoldSpec
 from pipeline.schema import GROUPS
 from pipeline.shuffle import (
@@ -210,6 +210,7 @@ def resolve_rows(
         run.run_id,
         str(run.out),
         config.captures(table),
+        QuarantineReason.UPDATE_MISSING in config.retry,
         schemas,
     )
     coupled = coupled_keys(main, prior, table, specials.moved)
@@ -287,6 +288,8 @@ def disputes(fates: Path) -> list[str]:
     """Events whose copies sit under different keys (or some under a key that does not
     read): each key's task chose a copy of its own (the fates' ``chosen``)."""
     t = _local(fates, ["event_id", "chosen"])
+    if t.num_rows == 0:  # a night without events for the table: its tasks wrote no fates
+        return []
     chosen = t.filter(pc.fill_null(t["chosen"], False))
     counts = chosen.group_by("event_id").aggregate([([], "count_all")])
     return sorted(counts.filter(pc.greater(counts["count_all"], 1))["event_id"].to_pylist())

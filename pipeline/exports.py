@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from pipeline import layout, prior
+from pipeline import layout, prior, retry
 from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
@@ -114,6 +114,7 @@ class StagedTable:
     manifests: list[dict[str, Any]] = field(default_factory=list)  # key, sha256 (runs row)
     start: str = ""  # what the run starts from, for the report
     late_exports: list[str] = field(default_factory=list)  # accepted (``pipeline.late``)
+    quarantine_open: int = 0  # E5: quarantined events open before the run
 
     @property
     def records(self) -> int:
@@ -655,6 +656,15 @@ def ingest(
         st.ledger = prior.stage_ledger(
             store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
         )
+        st.quarantine_open = retry.stage(
+            config,
+            lake,
+            runs,
+            config.tables[tname],
+            ctx.dt,
+            ctx.now_us,
+            ctx.staged / tname / "retry",
+        ).open_before
         if config.tables[tname].history is not None:  # E4: the run rewrites it whole
             path = layout.table_path(tname, layout.HISTORY)
             prior.stage_table(store, lake, path, ctx.staged / tname / layout.HISTORY)
@@ -828,6 +838,7 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
             s.get("manifests", []),
             s.get("start", ""),
             s.get("late_exports", []),
+            s.get("quarantine_open", 0),
         )
     return out
 

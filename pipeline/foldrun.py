@@ -48,7 +48,7 @@ from pipeline.groups import (
     standing_rows,
 )
 from pipeline.jsonvalues import dumps
-from pipeline.policy import Fate, QuarantineReason
+from pipeline.policy import ConflictType, Fate, Outcome, QuarantineReason
 from pipeline.rowfold import (
     Applied,
     Change,
@@ -71,6 +71,7 @@ from pipeline.spark import SPARK_SCHEMA_KEY
 
 #: the outputs a fold task writes, each in a folder of that name
 OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "changes")
+_UPDATE_MISSING = QuarantineReason.UPDATE_MISSING.value
 _ROWS = 8192  # rows of an output buffered before they go to its file
 
 
@@ -85,6 +86,8 @@ class FoldJob:
     run_id: str
     out: str  # the table's folder in the run's work location
     trace: bool = False  # record the changes (the CDC log's input)
+    #: extensions.md E5: quarantine an UPDATE skipped for want of its row too
+    retry_update_missing: bool = False
     schemas: Mapping[str, Any] = field(default_factory=dict)  # output -> Spark StructType
 
     @property
@@ -209,6 +212,10 @@ class GroupFolder:
             if got is not None and got.quarantined is not None:
                 yield from self._quarantined(e.event_id, copies[e.event_id], got)
                 continue
+            if got is not None and self._waits_for_its_row(got):
+                why = (_UPDATE_MISSING, "the row it updates is absent: offered to the next runs")
+                yield from self._quarantined(e.event_id, copies[e.event_id], got, why)
+                continue
             if got is None:
                 fate = Fate.NOT_REACHED
             else:
@@ -236,17 +243,37 @@ class GroupFolder:
                 },
             )
 
+    def _waits_for_its_row(self, got: Applied) -> bool:
+        """extensions.md E5: with ``retry.update_missing``, an UPDATE that ``skip`` or
+        ``apply_or_skip`` dropped because its row is absent is quarantined too, to be
+        offered again (its conflict row stays; it took part in the perspectives)."""
+        return (
+            self.job.retry_update_missing
+            and not got.applied
+            and not got.errored
+            and any(
+                c.type is ConflictType.UPDATE_MISSING and c.outcome is Outcome.SKIPPED
+                for c in got.conflicts
+            )
+        )
+
     def _quarantined(
-        self, eid: str, group: list[dict[str, Any]], fold: Applied | None = None
+        self,
+        eid: str,
+        group: list[dict[str, Any]],
+        fold: Applied | None = None,
+        why: tuple[str, str] | None = None,
     ) -> Iterator[Out]:
         """The event quarantined whole: by its standing copy's guard (its record as
-        exported), or by the fold (``fold``: a delta overflow; the event as it was read,
-        with the file and line of its standing copy)."""
+        exported), or by the fold (``fold``: a delta overflow, or ``why``'s reason and
+        detail; the event as it was read, with the file and line of its standing copy)."""
         c = group[0]
         reason, detail, event = c["reason"], c["detail"], c["raw"]
         if fold is not None:
-            reason = QuarantineReason.DELTA_OVERFLOW.value
-            detail = f"{c['file']} line {c['line']}: {fold.quarantined}"
+            reason, detail = why or (
+                QuarantineReason.DELTA_OVERFLOW.value,
+                f"{c['file']} line {c['line']}: {fold.quarantined}",
+            )
             event = dumps(copy_record(c, self.columns))
         yield (
             "quarantine",

@@ -38,8 +38,15 @@ LEDGER = "ledger"
 #: extensions.md E4: the versions of a table with ``history``, committed whole like the
 #: snapshot (each version carries the ``dt`` of the run that appended it)
 HISTORY = "history"
-#: the logs, a failed run's too
-LOGS = ("conflicts", "quarantine", "divergence", "orphans", "differing_copies")
+#: the logs, a failed run's too (``quarantine_outcomes``: extensions.md E5, ``pipeline.retry``)
+LOGS = (
+    "conflicts",
+    "quarantine",
+    "divergence",
+    "orphans",
+    "differing_copies",
+    "quarantine_outcomes",
+)
 DATED = (STATE, *LOGS, LEDGER)
 
 

@@ -113,6 +113,16 @@ class QuarantineReason(StrEnum):
     DELTA_WITHOUT_OLD_VALUE = "delta_without_old_value"
     FK_VIOLATION = "fk_violation"
     DELTA_OVERFLOW = "delta_overflow"  # the fold's: a delta past its column's range (§8)
+    #: extensions.md E5, with a retry configured: an UPDATE skipped for want of its row
+    UPDATE_MISSING = "update_missing"
+
+
+#: extensions.md E5: the reasons ``retry`` may offer again to the next runs
+RETRYABLE = (
+    QuarantineReason.FK_VIOLATION,
+    QuarantineReason.FUTURE_TIMESTAMP,
+    QuarantineReason.UPDATE_MISSING,
+)
 
 
 class Standing(StrEnum):

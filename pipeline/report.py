@@ -87,6 +87,14 @@ def _breakdowns(tables: dict[str, Any]) -> list[str]:
         for reason, n in sorted(s["quarantined"].items())
     ]
     duplicates = [[t, str(s["duplicates"])] for t, s in tables.items() if s.get("duplicates")]
+    retried = [  # E5: events of earlier nights' quarantine, apart from the night's own
+        [t, what, str(n)]
+        for t, s in tables.items()
+        for what, n in sorted(s.get("retried", {}).items())
+    ]
+    still_open = [
+        [t, str(s["quarantine_open"])] for t, s in tables.items() if s.get("quarantine_open")
+    ]
     divergent = []
     for t, s in tables.items():
         per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})
@@ -99,6 +107,8 @@ def _breakdowns(tables: dict[str, Any]) -> list[str]:
             conflicts,
         ),
         ("quarantined:", ["table", "quarantine reason", "count"], quarantined),
+        ("retried from the quarantine:", ["table", "became", "events"], retried),
+        ("quarantined events open:", ["table", "events"], still_open),
         ("duplicates (resolved on an earlier night, not again):", ["table", "events"], duplicates),
         ("divergent keys by replica:", ["table", "replica", "perspective", "snapshot"], divergent),
     ]

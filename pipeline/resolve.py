@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import reduce
 from pathlib import Path
@@ -23,8 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
+from pipeline import retry
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
@@ -41,7 +44,7 @@ from pipeline.frames import (
     RUN_COLUMNS,
 )
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
-from pipeline.schema import snapshot_columns
+from pipeline.schema import snapshot_columns, state_schema
 from pipeline.skew import skew_evidence, skew_warnings
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
@@ -89,8 +92,11 @@ def resolve_table(
     differing = _write_differing(
         differing_copies(spark, copies, fates, table), out, ctx, table.name
     )
-    counts = _table_counts(table, out, fates, staged, stopped, differing)
-    return replace(counts, clock_skew=skew_evidence(copies, table))
+    staged_table = ctx.staged / table.name
+    own, settled = retry.settle(retry.offers_of(staged_table), fates, out)
+    retry.start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
+    counts = _table_counts(table, out, own, staged, stopped, differing)
+    return replace(counts, clock_skew=skew_evidence(copies, table), retried=settled.retried)
 
 
 def _resolve_cells(
@@ -324,15 +330,91 @@ def check_foreign_keys(
     states = {t: read_output(spark, ctx.resolved / t / "state_pre") for t in config.tables}
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     removed: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
+    restored: dict[str, DataFrame] = {}
     if not any(s.stopped for s in summary.tables.values()):  # §12: not checked after an error
+        states, restored, summary = _put_back(spark, config, ctx, states, summary)
         states, found, removed = _find_orphans(config, states)
     for t in config.tables:
-        counts = _write_fk_outputs(spark, config, ctx, t, states[t], found[t], removed[t])
+        counts = _write_fk_outputs(
+            spark, config, ctx, t, states[t], found[t], removed[t], restored.get(t)
+        )
         if counts.get("orphans") and config.on_fk_violation is FkPolicy.QUARANTINE:
             fk = {QuarantineReason.FK_VIOLATION.value: counts["orphans"]}
             counts["quarantined"] = {**summary.tables[t].quarantined, **fk}
         summary = summary.with_table(t, **counts)
     return summary
+
+
+def _put_back(
+    spark: SparkSession,
+    config: Config,
+    ctx: RunContext,
+    states: dict[str, DataFrame],
+    summary: RunSummary,
+) -> tuple[dict[str, DataFrame], dict[str, DataFrame], RunSummary]:
+    """extensions.md E5: the orphan rows offered again (``retry.fk_violation``) go back
+    into their table's state when every parent they reference is live after resolution
+    and their key was not written since. Returns the states, the rows put back per table
+    and the summary with their outcomes."""
+    states, restored = dict(states), {}
+    for t, table in config.tables.items():
+        offers = [o for o in retry.offers_of(ctx.staged / t) if o["reason"] == retry.FK]
+        if not offers:
+            continue
+        rows = _offered_rows(spark, table, offers)
+        keys = states[t].select(*table.key)
+        written = {
+            r[0]
+            for r in rows.join(keys, list(table.key), "left_semi").select("_event_id").collect()
+        }
+        free = rows.join(keys, list(table.key), "left_anti")
+        for fk in table.foreign_keys:
+            parent = config.tables[fk.references]
+            live = states[parent.name].where(~F.col("_deleted"))
+            pairs = list(zip(fk.columns, parent.key, strict=True))
+            parents = live.select(*[F.col(pk).alias(c) for c, pk in pairs]).distinct()
+            has = parents.withColumn("_parent", F.lit(True))
+            null = reduce(lambda a, b: a | b, [F.col(c).isNull() for c in fk.columns])
+            free = (
+                free.join(has, list(fk.columns), "left")
+                .where(null | F.col("_parent"))
+                .drop("_parent")
+            )
+        free = free.persist()
+        back = {r[0] for r in free.select("_event_id").collect()}
+        if back:
+            restored[t] = free
+            states[t] = states[t].unionByName(free)
+        settled = retry.fk_outcomes(offers, back, written)
+        retry.add_outcomes(ctx.resolved / t, ctx.run_id, t, settled)
+        summary = summary.with_table(t, retried=_merged(summary.tables[t].retried, settled.retried))
+    return states, restored, summary
+
+
+def _offered_rows(spark: SparkSession, table: Table, offers: list[dict[str, Any]]) -> DataFrame:
+    """The orphan rows as their quarantine kept them (the table's columns, ``_ts`` and
+    ``_origin``, as JSON), as live state rows."""
+    schema = state_schema(table)
+    kept = T.StructType([schema[c] for c in (*table.column_names, "_ts", "_origin")])
+    given = spark.createDataFrame(
+        [(o["event_id"], o["event"]) for o in offers], "event_id string, row string"
+    )
+    parsed = given.select("event_id", F.from_json("row", kept).alias("r"))
+    cols = []
+    for f in schema.fields:
+        if f.name in kept.names:
+            cols.append(F.col(f"r.{f.name}").alias(f.name))
+        elif f.name == "_event_id":
+            cols.append(F.col("event_id").alias(f.name))
+        elif f.name == "_deleted":
+            cols.append(F.lit(False).alias(f.name))
+        else:
+            cols.append(F.lit(None).cast(f.dataType).alias(f.name))
+    return parsed.select(*cols)
+
+
+def _merged(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
 
 
 def _find_orphans(
@@ -397,9 +479,11 @@ def _write_fk_outputs(
     state: DataFrame,
     found: list[DataFrame],
     removed: list[DataFrame],
+    restored: DataFrame | None,
 ) -> dict[str, Any]:
-    """One table's orphans (and their quarantine), the rows the quarantine removed (for
-    the CDC log), its final state and its snapshot. Returns their counts."""
+    """One table's orphans (and their quarantine), the rows the quarantine removed and
+    those a retry put back (for the CDC log and the history), its final state and its
+    snapshot. Returns their counts."""
     table = config.tables[t]
     out = ctx.resolved / t
     counts: dict[str, Any] = {}
@@ -426,7 +510,9 @@ def _write_fk_outputs(
     if removed and config.captures(table):  # the CDC log and the history: row deletes
         gone = reduce(DataFrame.unionByName, removed).dropDuplicates(list(table.key))
         _write(gone, out / "fk_removed")
-    if removed:
+    if restored is not None and config.captures(table):
+        _write(restored.select(*table.column_names), out / "fk_restored")
+    if removed or restored is not None:
         _write(state, out / "state")
         shutil.rmtree(out / "state_pre")
     else:
@@ -498,6 +584,10 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         summary = compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
+    for name, t in summary.tables.items():  # E5: open before, less decided, plus tonight's
+        decided = retry.decided(ctx.resolved / name)
+        still = inputs[name].quarantine_open - decided + sum(t.quarantined.values())
+        summary = summary.with_table(name, quarantine_open=still)
     for w in skew_warnings(summary.tables, config.max_clock_skew_seconds):
         log.warning("resolve: %s", w)
     save_summary(ctx, summary)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from datetime import date
@@ -33,7 +33,7 @@ from pipeline.published import (
 )
 from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
-from pipeline.summary import RunSummary
+from pipeline.summary import RunSummary, TableSummary
 from pipeline.uploads import load_uploads, upload_outputs
 
 if TYPE_CHECKING:
@@ -290,6 +290,15 @@ def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
     if report["status"] != "published":
         return {}
     runs_version = version_of(Lake(store), ctx.run_id)
+    notes = operator_notes(
+        config,
+        {
+            t: TableSummary(
+                quarantine_open=c.get("quarantine_open", 0), clock_skew=c.get("clock_skew", {})
+            )
+            for t, c in report["tables"].items()
+        },
+    )
     return {
         table: {
             "run_id": ctx.run_id,
@@ -305,9 +314,32 @@ def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
             "quarantined": sum(counts["quarantined"].values()),
             "conflicts": sum(n for c in counts["conflicts"].values() for n in c.values()),
             "divergent_keys": sum(counts["divergent_keys"].values()),
+            **notes[table],
         }
         for table, counts in report["tables"].items()
     }
+
+
+def operator_notes(config: Config, tables: Mapping[str, TableSummary]) -> dict[str, dict[str, Any]]:
+    """What an operator follows night after night, per table: the quarantined events
+    still open (E5) and the clock-skew warnings (E7). In the asset events' ``extra`` and
+    the DAG's summary and failure log lines (:func:`notes_line`)."""
+    from pipeline.skew import skew_warnings
+
+    return {
+        t: {
+            "quarantine_open": s.quarantine_open,
+            "clock_skew_warnings": skew_warnings({t: s}, config.max_clock_skew_seconds),
+        }
+        for t, s in tables.items()
+    }
+
+
+def notes_line(notes: Mapping[str, Mapping[str, Any]]) -> str:
+    """:func:`operator_notes` in one line of a log."""
+    still = ", ".join(f"{t} {n['quarantine_open']}" for t, n in notes.items())
+    warnings = [w for n in notes.values() for w in n["clock_skew_warnings"]]
+    return f"quarantine open: {still}; clock skew: " + ("; ".join(warnings) or "no warning")
 
 
 def _published_already(

@@ -52,6 +52,10 @@ class TableSummary:
     history: Mapping[str, int] = field(default_factory=dict)  # E4: rows, new, late versions
     #: E7: behind -> ahead -> {events, max_seconds} (``pipeline.skew``)
     clock_skew: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    #: E5: the quarantined events offered again, by what became of them (``applied``,
+    #: ``discarded``, ``expired``, ...), apart from the night's own events
+    retried: Mapping[str, int] = field(default_factory=dict)
+    quarantine_open: int = 0  # E5: quarantined events still open after the run
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TableSummary:

@@ -1,0 +1,197 @@
+"""extensions.md E5, the quarantine that heals, over four ``cdr run``s and the
+``cdr quarantine`` commands: an orphan healed by its parent two nights later, an update
+applied once its INSERT arrives in a late export, a future event applied the next night,
+an expiry, and a rerun of a date that had healed events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import published as P
+import pytest
+import yaml
+from scenarios import write_exports
+
+from pipeline.cli import main
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError
+
+D1, D2, D3, D4 = "2026-11-21", "2026-11-22", "2026-11-23", "2026-11-24"
+CONFIG = {
+    "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
+    "on_divergence": "warn",
+    "on_fk_violation": "quarantine",
+    "retry": {"fk_violation": 3, "future_timestamp": 2, "update_missing": 3},
+    "tables": {
+        "products": {"key": ["product_no"], "columns": {"product_no": "int", "name": "string"}},
+        "orders": {
+            "key": ["order_id"],
+            "columns": {"order_id": "int", "product_no": "int", "qty": "int"},
+            "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
+        },
+    },
+}
+
+
+def _e(op: str, eid: str, ts: str, origin: str, **after: int | str) -> dict:
+    """An event of ``orders`` (or of ``products``, keyed by its product_no alone)."""
+    name = "order_id" if "order_id" in after else "product_no"
+    key = {name: after[name]}
+    return {"op": op, "key": key, "ts": ts, "origin": origin, "event_id": eid, "after": after}
+
+
+NIGHTS = {
+    D1: {
+        "A": {
+            "products": [_e("INSERT", "p1", f"{D1}T10:00:00Z", "A", product_no=1, name="one")],
+            "orders": [
+                # an orphan: product 9 comes two nights later
+                _e("INSERT", "o1", f"{D1}T11:00:00Z", "A", order_id=1, product_no=9, qty=1),
+                # the row this UPDATE needs comes in a late export
+                _e("UPDATE", "o2u", f"{D1}T12:00:00Z", "A", order_id=2, qty=5),
+            ],
+        },
+        "B": {
+            "orders": [
+                # B's clock is ahead: applied the next night
+                _e("INSERT", "o3", f"{D2}T06:00:00Z", "B", order_id=3, product_no=1, qty=3),
+                # never due within its two attempts: expires
+                _e("INSERT", "o6", "2026-12-30T00:00:00Z", "B", order_id=6, product_no=1, qty=6),
+            ]
+        },
+    },
+    D2: {"A": {"orders": [_e("INSERT", "o2", f"{D1}T09:00:00Z", "A", order_id=2, qty=1)]}},
+    D3: {
+        "A": {"products": [_e("INSERT", "p9", f"{D3}T10:00:00Z", "A", product_no=9, name="nine")]}
+    },
+    D4: {"A": {"orders": [_e("UPDATE", "o3u", f"{D4}T10:00:00Z", "A", order_id=3, qty=30)]}},
+}
+
+
+def _outcomes(store: Path, dt: str | None = None) -> dict[str, tuple]:
+    rows = P.rows(store, "published/orders/quarantine_outcomes", dt)
+    return {r["event_id"]: (r["status"], r["attempts"]) for r in rows}
+
+
+def _orders(store: Path) -> dict[int, int | None]:
+    return {r["order_id"]: r["qty"] for r in P.snapshot(store, "orders")}
+
+
+def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
+    store = tmp_path / "store"
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    for day, exports in NIGHTS.items():
+        numbered = {
+            rep: {t: [{**e, "seq": i} for i, e in enumerate(evs, 1)] for t, evs in tables.items()}
+            for rep, tables in exports.items()
+        }
+        write_exports(store, day, numbered)
+
+    def run(day: str, *extra: str) -> dict:
+        args = ["run", "--config", str(cfg), "--date", day, "--work-dir", str(tmp_path / "w")]
+        assert main([*args, "--allow-missing-exports", *extra]) == 0
+        report = P.report(store, day)
+        assert report is not None
+        return report["tables"]["orders"]
+
+    night1 = run(D1)
+    quarantined = {r["event_id"]: r["reason"] for r in P.log(store, "orders", "quarantine", D1)}
+    assert quarantined == {
+        "o1": "fk_violation",
+        "o2u": "update_missing",
+        "o3": "future_timestamp",
+        "o6": "future_timestamp",
+    }
+    conflicts = P.log(store, "orders", "conflicts", D1)
+    assert [(c["conflict_type"], c["outcome"]) for c in conflicts] == [
+        ("update_missing", "skipped")
+    ]
+    assert night1["quarantine_open"] == 4 and night1["retried"] == {}
+    assert _orders(store) == {}
+
+    night2 = run(D2)  # o2's INSERT arrives (stamped before the UPDATE); o3 is due
+    assert _orders(store) == {2: 5, 3: 3}
+    assert _outcomes(store, D2) == {"o2u": ("resolved", 1), "o3": ("resolved", 1)}
+    assert P.log(store, "orders", "quarantine", D2) == []  # o1 and o6 keep their first row
+    assert night2["retried"] == {"applied": 2}
+    assert night2["distinct_events"] == 1 and night2["applied"] == 1  # the night's own: o2
+    assert night2["quarantine_open"] == 2
+
+    night3 = run(D3)  # product 9 arrives: o1 goes back; o6's last attempt fails
+    assert _orders(store) == {1: 1, 2: 5, 3: 3}
+    assert _outcomes(store, D3) == {"o1": ("resolved", 2), "o6": ("expired", 2)}
+    assert night3["retried"] == {"applied": 1, "expired": 1}
+    assert night3["quarantine_open"] == 0 and night3["orphans"] == 0
+
+    again = run(D3, "--run-id", "rerun-d3")  # replaces D3's outcomes, heals o1 once more
+    assert again["retried"] == {"applied": 1, "expired": 1} and again["quarantine_open"] == 0
+    assert _orders(store) == {1: 1, 2: 5, 3: 3}
+    every = P.rows(store, "published/orders/quarantine_outcomes")
+    assert sorted((r["event_id"], r["status"]) for r in every) == [
+        ("o1", "resolved"),
+        ("o2u", "resolved"),
+        ("o3", "resolved"),
+        ("o6", "expired"),
+    ]
+    assert {r["run_id"] for r in every if r["event_id"] in ("o1", "o6")} == {"rerun-d3"}
+
+    def cli(*args: str) -> dict:
+        capsys.readouterr()
+        assert main(["--log-format", "json", "quarantine", *args, "--config", str(cfg)]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    listed = cli("list", "--table", "orders")["events"]
+    assert [(r["event_id"], r["status"], r["attempts"]) for r in listed] == [
+        ("o1", "resolved", 2),
+        ("o2u", "resolved", 1),
+        ("o3", "resolved", 1),
+        ("o6", "expired", 2),
+    ]
+    assert cli("retry", "--table", "orders", "--event-id", "o6")["status"] == "reopened"
+    assert [
+        r["event_id"] for r in cli("list", "--table", "orders", "--status", "open")["events"]
+    ] == ["o6"]
+    night4 = run(D4)  # o6 offered again, still in the future: open, its own row kept
+    assert night4["retried"] == {} and night4["quarantine_open"] == 1
+    assert _orders(store) == {1: 1, 2: 5, 3: 30}
+    assert cli("dismiss", "--table", "orders", "--event-id", "o6")["status"] == "dismissed"
+    assert cli("list", "--table", "orders", "--status", "open")["events"] == []
+    assert (
+        main(
+            ["quarantine", "dismiss", "--table", "orders", "--event-id", "o6", "--config", str(cfg)]
+        )
+        == 1
+    )
+    assert "dismissed already" in capsys.readouterr().err
+
+
+def test_a_retry_config_names_what_it_needs():
+    base = {**CONFIG, "on_fk_violation": "warn"}
+    with pytest.raises(ConfigError, match="needs on_fk_violation: quarantine"):
+        parse_config(base)
+    with pytest.raises(ConfigError, match="retry.malformed"):
+        parse_config({**CONFIG, "retry": {"malformed": 1}})
+    with pytest.raises(ConfigError, match="retry.future_timestamp"):
+        parse_config({**CONFIG, "retry": {"future_timestamp": 0}})
+
+
+def test_the_operator_notes_name_open_events_and_a_skewed_clock():
+    """What the asset events' ``extra`` and the DAG's log lines carry (E5, E7)."""
+    from pipeline.stages import notes_line, operator_notes
+    from pipeline.summary import TableSummary
+
+    config = parse_config({**CONFIG, "max_clock_skew_seconds": 20})
+    skew = {"r1": {"r2": {"events": 3, "max_seconds": 50.8}}}
+    tables = {
+        "orders": TableSummary(quarantine_open=2, clock_skew=skew),
+        "products": TableSummary(clock_skew={"r1": {"r2": {"events": 1, "max_seconds": 19.0}}}),
+    }
+    notes = operator_notes(config, tables)
+    assert notes["orders"]["quarantine_open"] == 2 and notes["products"]["quarantine_open"] == 0
+    (warning,) = notes["orders"]["clock_skew_warnings"]
+    assert "replica r1 runs behind r2's by 50.8 s" in warning
+    assert notes["products"]["clock_skew_warnings"] == []  # 19 s is within the 20 allowed
+    line = notes_line(notes)
+    assert line.startswith("quarantine open: orders 2, products 0; clock skew: table orders: ")
