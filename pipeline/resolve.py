@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from pipeline import retry
+from pipeline import retry, stats
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
@@ -43,12 +43,14 @@ from pipeline.frames import (
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
+from pipeline.lake import Lake
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
 from pipeline.skew import skew_evidence, skew_warnings
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
+from pipeline.store import open_store
 from pipeline.summary import RunSummary, Stopped, TableSummary
 
 log = logging.getLogger(__name__)
@@ -588,6 +590,9 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         decided = retry.decided(ctx.resolved / name)
         still = inputs[name].quarantine_open - decided + sum(t.quarantined.values())
         summary = summary.with_table(name, quarantine_open=still)
+    assert config.store
+    others = stats.kept_rows(Lake(open_store(config.store)), ctx.dt, config.tables)
+    stats.write_stats(ctx.resolved, summary, others)  # E6
     for w in skew_warnings(summary.tables, config.max_clock_skew_seconds):
         log.warning("resolve: %s", w)
     save_summary(ctx, summary)

@@ -14,6 +14,7 @@ from typing import Any
 from pipeline import layout
 from pipeline.lake import Lake
 from pipeline.runs_table import RunRow, published_by_date, read_runs
+from pipeline.stats import Point
 from pipeline.store import Store
 
 _DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
@@ -224,10 +225,64 @@ def _chart(rows: list[TableRun]) -> str:
     )
 
 
-def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -> str:
+#: the trend chart's series (``stats.TREND_KINDS``) and their colors
+_TREND_COLORS = {"conflicts": "#2b7bb9", "quarantined": "#d1495b", "divergent_keys": "#edae49"}
+
+
+def _trend(table: str, points: list[Point]) -> str:
+    """One table's last runs (E6): a line per series over the runs, oldest on the left
+    (inline SVG, no script); each point names its date and count."""
+    w, h, left, top_pad, bottom = 640, 160, 40, 10, 30
+    top = max((getattr(p, k) for p in points for k in _TREND_COLORS), default=0) or 1
+    step = (w - left - 10) / max(len(points) - 1, 1)
+
+    def xy(i: int, n: int) -> tuple[float, float]:
+        return left + i * step, top_pad + (h - top_pad - bottom) * (1 - n / top)
+
+    parts = [
+        f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="#999"/>',
+        f'<text x="0" y="{top_pad + 10}" font-size="11">{top}</text>',
+        f'<text x="{left}" y="{h - 10}" font-size="11">{_e(points[0].dt)}</text>',
+        f'<text x="{w - 10}" y="{h - 10}" font-size="11" text-anchor="end">'
+        f"{_e(points[-1].dt)}</text>",
+    ]
+    for kind, color in _TREND_COLORS.items():
+        coords = [xy(i, getattr(p, kind)) for i, p in enumerate(points)]
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f'<polyline class="{kind}" points="{line}" fill="none" stroke="{color}"/>')
+        for (x, y), p in zip(coords, points, strict=True):
+            parts.append(
+                f'<circle class="{kind}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}">'
+                f"<title>{_e(p.dt)} {kind}: {getattr(p, kind)}</title></circle>"
+            )
+    legend = " ".join(
+        f"<span style='color:{c}'>&#9632; {k.replace('_', ' ')}</span>"
+        for k, c in _TREND_COLORS.items()
+    )
+    return (
+        f"<h3>{_e(table)}</h3><svg class='trend' id='trend-{_e(table)}' role='img' "
+        f"aria-label='{_e(table)}: the last {len(points)} runs' width='{w}' height='{h}'>"
+        f"{''.join(parts)}</svg><p class='muted'>{legend}</p>"
+    )
+
+
+def _trends(trends: dict[str, list[Point]] | None) -> str:
+    if not trends:
+        return ""
+    charts = "".join(_trend(t, points) for t, points in sorted(trends.items()) if points)
+    return f"<h2>Trends: the last runs of each table</h2><div id='trends'>{charts}</div>"
+
+
+def render_page(
+    reports: list[dict[str, Any]],
+    dt: str | None,
+    docs_href: str,
+    trends: dict[str, list[Point]] | None = None,
+) -> str:
     """The conflicts page of one run (``dt``, default the newest), with links to the
-    other runs. ``docs_href`` is a format string with ``{dt}`` and ``{run_id}`` for the
-    run's Data Docs."""
+    other runs, and each table's trend over its last runs (``stats.trends``).
+    ``docs_href`` is a format string with ``{dt}`` and ``{run_id}`` for the run's Data
+    Docs."""
     if not reports:
         body = "<p>No run report published yet.</p>"
         return _page("Conflicts", body)
@@ -244,7 +299,14 @@ def render_page(reports: list[dict[str, Any]], dt: str | None, docs_href: str) -
         f"<li>{_e(f)}</li>" for f in (listed if isinstance(listed, list) else [listed])
     )
     fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
-    body = _head(report, reports, docs_href) + broken + fail_html + _per_table(rows) + _detail(rows)
+    body = (
+        _head(report, reports, docs_href)
+        + broken
+        + fail_html
+        + _per_table(rows)
+        + _trends(trends)
+        + _detail(rows)
+    )
     return _page(f"Conflicts {report['dt']}", body)
 
 

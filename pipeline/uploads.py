@@ -56,7 +56,9 @@ class Output:
 
 def outputs(config: Config) -> list[Output]:
     """Every output a publish may commit (``pipeline.published``)."""
-    out = []
+    from pipeline import stats
+
+    out = [Output(stats.FOLDER, stats.PATH, True)]  # E6
     if config.cdc.enabled:
         out += [Output(f"cdc/{n}", layout.cdc_table_dir(n), False) for n in layout.CDC_TABLES]
     for t in config.tables:

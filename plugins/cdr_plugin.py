@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import mimetypes
 import os
 from datetime import date
@@ -35,6 +36,8 @@ from airflow.plugins_manager import AirflowPlugin
 from cdr_links import DataDocsLink, export_aws
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
+
+log = logging.getLogger(__name__)
 
 DAG_ID = "replica_cdr"
 #: the routes' guard: an Airflow user who may read the DAG's runs
@@ -79,10 +82,18 @@ def _reports() -> list[dict[str, Any]]:
 
 @app.get("/", response_class=HTMLResponse, dependencies=[READER])
 def conflicts_page(request: Request, dt: str | None = None) -> str:
+    from pipeline.errors import StoreError
+    from pipeline.lake import Lake
     from pipeline.runs import render_page
+    from pipeline.stats import trends
 
     root = request.scope.get("root_path", "")
-    return render_page(_reports(), dt, docs_href=root + "/docs/{dt}/{run_id}/index.html")
+    try:
+        last = trends(Lake(_store()))
+    except StoreError as e:  # the page still shows the runs
+        log.warning("conflicts page: cannot read the conflict statistics: %s", e)
+        last = {}
+    return render_page(_reports(), dt, root + "/docs/{dt}/{run_id}/index.html", last)
 
 
 @app.get("/api/runs", dependencies=[READER])

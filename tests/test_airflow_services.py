@@ -324,6 +324,7 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     page.goto(f"{services.url}/cdr/?dt={DATES[1]}")
     assert page.locator("h1").inner_text().startswith(f"Run of {DATES[1]}")
     assert page.locator("svg#conflicts-chart rect").count() > 0
+    assert page.locator("svg#trend-orders circle.conflicts").count() >= 2  # E6: the runs so far
     tables = page.locator("table#tables td:first-child").all_inner_texts()
     assert sorted(tables) == ["accounts", "orders", "products"]
     assert page.locator("table#conflicts tr").count() > 1

@@ -61,7 +61,11 @@ NIGHTS = {
             ]
         },
     },
-    D2: {"A": {"orders": [_e("INSERT", "o2", f"{D1}T09:00:00Z", "A", order_id=2, qty=1)]}},
+    D2: {
+        "A": {
+            "orders": [_e("INSERT", "o2", f"{D1}T09:00:00Z", "A", order_id=2, product_no=1, qty=1)]
+        }
+    },
     D3: {
         "A": {"products": [_e("INSERT", "p9", f"{D3}T10:00:00Z", "A", product_no=9, name="nine")]}
     },
@@ -72,6 +76,22 @@ NIGHTS = {
 def _outcomes(store: Path, dt: str | None = None) -> dict[str, tuple]:
     rows = P.rows(store, "published/orders/quarantine_outcomes", dt)
     return {r["event_id"]: (r["status"], r["attempts"]) for r in rows}
+
+
+def _stats(store: Path, dt: str, table: str = "orders") -> dict[tuple, int]:
+    """``conflict_stats`` of the date for one table: (kind, type or reason or outcome,
+    resolver, outcome) -> count."""
+    out = {}
+    for r in P.rows(store, "published/conflict_stats", dt):
+        if r["table"] == table:
+            first = (
+                r["conflict_type"]
+                or r["reason"]
+                or (r["outcome"] if r["kind"] == "retried" else None)
+            )
+            rest = (r["resolver"], r["outcome"]) if r["kind"] == "conflicts" else (None, None)
+            out[(r["kind"], first, *rest)] = r["count"]
+    return out
 
 
 def _orders(store: Path) -> dict[int, int | None]:
@@ -94,7 +114,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         assert main([*args, "--allow-missing-exports", *extra]) == 0
         report = P.report(store, day)
         assert report is not None
-        return report["tables"]["orders"]
+        return report["tables"].get("orders", {})
 
     night1 = run(D1)
     quarantined = {r["event_id"]: r["reason"] for r in P.log(store, "orders", "quarantine", D1)}
@@ -110,6 +130,13 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     ]
     assert night1["quarantine_open"] == 4 and night1["retried"] == {}
     assert _orders(store) == {}
+    assert _stats(store, D1) == {  # E6
+        ("events", None, None, None): 4,
+        ("conflicts", "update_missing", "apply_or_skip", "skipped"): 1,
+        ("quarantined", "fk_violation", None, None): 1,
+        ("quarantined", "future_timestamp", None, None): 2,
+        ("quarantined", "update_missing", None, None): 1,
+    }
 
     night2 = run(D2)  # o2's INSERT arrives (stamped before the UPDATE); o3 is due
     assert _orders(store) == {2: 5, 3: 3}
@@ -118,6 +145,10 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     assert night2["retried"] == {"applied": 2}
     assert night2["distinct_events"] == 1 and night2["applied"] == 1  # the night's own: o2
     assert night2["quarantine_open"] == 2
+    assert _stats(store, D2) == {
+        ("events", None, None, None): 1,
+        ("retried", "applied", None, None): 2,
+    }
 
     night3 = run(D3)  # product 9 arrives: o1 goes back; o6's last attempt fails
     assert _orders(store) == {1: 1, 2: 5, 3: 3}
@@ -136,6 +167,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         ("o6", "expired"),
     ]
     assert {r["run_id"] for r in every if r["event_id"] in ("o1", "o6")} == {"rerun-d3"}
+    assert {r["run_id"] for r in P.rows(store, "published/conflict_stats", D3)} == {"rerun-d3"}
 
     def cli(*args: str) -> dict:
         capsys.readouterr()
@@ -157,6 +189,10 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     assert night4["retried"] == {} and night4["quarantine_open"] == 1
     assert _orders(store) == {1: 1, 2: 5, 3: 30}
     assert cli("dismiss", "--table", "orders", "--event-id", "o6")["status"] == "dismissed"
+    d4 = _stats(store, D4)
+    assert d4 == {("events", None, None, None): 1}
+    run(D4, "--run-id", "d4-products", "--tables", "products")  # keeps the date's orders rows
+    assert _stats(store, D4) == d4
     assert cli("list", "--table", "orders", "--status", "open")["events"] == []
     assert (
         main(
