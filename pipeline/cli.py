@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--table", required=True)
     q.add_argument("--event-id", help="the event (retry and dismiss need it)")
     q.add_argument("--status", choices=("open", "resolved", "expired", "dismissed"))
+    w = sub.add_parser("whatif", help="D's published inputs under another config, compared (E8)")
+    w.add_argument("--config", required=True, type=Path, help="the other configuration")
+    w.add_argument("--date", required=True, type=_date)
+    w.add_argument("--store", help="override the config's store")
+    w.add_argument("--name", help="the comparison's name (default: the config file's stem)")
+    w.add_argument("--work-dir", type=Path, default=Path(".cdr-work"))
+    w.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
     _generate_options(
         sub.add_parser("generate", help="write seeded synthetic exports to the store")
     )
@@ -465,6 +472,19 @@ def _cmd_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    from pipeline.whatif import report_key, whatif
+
+    config = _load(args)
+    name = args.name or args.config.stem
+    result = whatif(config, args.date, name, args.work_dir.resolve(), args.master)
+    lines = [f"what-if {name} for {args.date}: {config.store}/{report_key(args.date, name)}"]
+    for t, c in result["tables"].items():
+        lines.append(f"  {t}: {c['differing_rows']['count']} row(s) differ")
+    _emit(args, result, "\n".join(lines))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import demo
 
@@ -485,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_vacuum(args)
         if args.command == "quarantine":
             return _cmd_quarantine(args)
+        if args.command == "whatif":
+            return _cmd_whatif(args)
         if args.command == "jvm-archive":
             from pipeline.jvmstart import build
 

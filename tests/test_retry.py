@@ -207,9 +207,9 @@ def test_a_retry_config_names_what_it_needs():
     base = {**CONFIG, "on_fk_violation": "warn"}
     with pytest.raises(ConfigError, match="needs on_fk_violation: quarantine"):
         parse_config(base)
-    with pytest.raises(ConfigError, match="retry.malformed"):
+    with pytest.raises(ConfigError, match=r"retry\.malformed"):
         parse_config({**CONFIG, "retry": {"malformed": 1}})
-    with pytest.raises(ConfigError, match="retry.future_timestamp"):
+    with pytest.raises(ConfigError, match=r"retry\.future_timestamp"):
         parse_config({**CONFIG, "retry": {"future_timestamp": 0}})
 
 
