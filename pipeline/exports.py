@@ -114,7 +114,6 @@ class StagedTable:
     manifests: list[dict[str, Any]] = field(default_factory=list)  # key, sha256 (runs row)
     start: str = ""  # what the run starts from, for the report
     late_exports: list[str] = field(default_factory=list)  # accepted (``pipeline.late``)
-    quarantine_open: int = 0  # E5: quarantined events open before the run
 
     @property
     def records(self) -> int:
@@ -656,7 +655,7 @@ def ingest(
         st.ledger = prior.stage_ledger(
             store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
         )
-        st.quarantine_open = retry.stage(
+        retry.stage(
             config,
             lake,
             runs,
@@ -664,7 +663,7 @@ def ingest(
             ctx.dt,
             ctx.now_us,
             ctx.staged / tname / "retry",
-        ).open_before
+        )
         if config.tables[tname].history is not None:  # E4: the run rewrites it whole
             path = layout.table_path(tname, layout.HISTORY)
             prior.stage_table(store, lake, path, ctx.staged / tname / layout.HISTORY)
@@ -838,7 +837,6 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
             s.get("manifests", []),
             s.get("start", ""),
             s.get("late_exports", []),
-            s.get("quarantine_open", 0),
         )
     return out
 

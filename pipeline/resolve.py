@@ -586,9 +586,8 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         summary = compare_snapshots(spark, config, ctx, inputs, summary)
     finally:
         spark.catalog.clearCache()
-    for name, t in summary.tables.items():  # E5: open before, less decided, plus tonight's
-        decided = retry.decided(ctx.resolved / name)
-        still = inputs[name].quarantine_open - decided + sum(t.quarantined.values())
+    for name in summary.tables:  # E5
+        still = retry.open_after(ctx.staged / name, ctx.resolved / name)
         summary = summary.with_table(name, quarantine_open=still)
     assert config.store
     others = stats.kept_rows(Lake(open_store(config.store)), ctx.dt, config.tables)

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 OUTCOMES = "quarantine_outcomes"  # layout.LOGS
 MANUAL = "manual-"  # the run id prefix of the CLI's outcomes
+OPEN = "open.parquet"  # ingest's: the ids of the events open before the run
 
 
 class Status(StrEnum):
@@ -140,24 +141,16 @@ def read_outcomes(lake: Lake, table: str) -> pa.Table | None:
 # ---------------------------------------------------------------------- ingest
 
 
-@dataclass(frozen=True)
-class Staged:
-    """What ingest staged for one table: how many events were open before the run, the
-    offers' count, the outcomes decided without an offer."""
-
-    open_before: int = 0
-    offered: int = 0
-
-
 def stage(
     config: Config, lake: Lake, runs: list[RunRow], table: Table, dt: date, now_us: int, dest: Path
-) -> Staged:
-    """The table's open quarantined events offered to this run (``dest/offers.parquet``),
-    those to type again (``dest/copies``), and the outcomes decided at ingest (an event
-    past its attempts, the CLI's rows of ``dt`` a rerun keeps) in ``dest/outcomes.parquet``."""
+) -> None:
+    """Into ``dest``: the ids of the table's quarantined events open before the run
+    (``open.parquet``), those offered to it (``offers.parquet``), those to type again
+    (``copies/``), and the outcomes decided at ingest (an event past its attempts, the
+    operator's rows of ``dt``, which a rerun keeps) in ``outcomes.parquet``."""
     quarantine = read_quarantine(lake, table.name, dt, ["event_id", "reason", "dt"])
     if quarantine.num_rows == 0:
-        return Staged()
+        return
     outcomes = read_outcomes(lake, table.name)
     kept = [] if outcomes is None else _manual_rows(outcomes, dt)
     before = None
@@ -166,6 +159,9 @@ def stage(
         before = pa.concat_tables([earlier, pa.Table.from_pylist(kept, earlier.schema)])
     items = statuses(quarantine, before)
     open_items = [it for it in items.values() if not it.status.closed]
+    dest.mkdir(parents=True, exist_ok=True)
+    ids = pa.array(sorted(it.event_id for it in open_items), _S)
+    pq.write_table(pa.table({"event_id": ids}), dest / OPEN)
     dates = sorted({r.dt for r in runs if r.published and table.name in r.tables()})
     offers, expired = [], []
     for it in open_items:
@@ -177,7 +173,6 @@ def stage(
             expired.append(_outcome(it, Status.EXPIRED, attempt - 1))
         else:
             offers.append((it, attempt, attempt == nights))
-    dest.mkdir(parents=True, exist_ok=True)
     _write(dest / "outcomes.parquet", kept + expired, OUTCOME_SCHEMA)
     _write_offers(config, lake, table, dt, now_us, offers, dest)
     log.info(
@@ -186,7 +181,6 @@ def stage(
         len(open_items),
         len(offers),
     )
-    return Staged(len(open_items), len(offers))
 
 
 def _manual_rows(outcomes: pa.Table, dt: date) -> list[dict[str, Any]]:
@@ -301,7 +295,9 @@ def settle(offers: list[dict[str, Any]], fates: pa.Table, out: Path) -> tuple[pa
         [every.filter(pc.invert(mine)), pa.Table.from_pylist(keep, every.schema)]
     )
     _replace(out / "fates", own)
-    _drop_requarantined(out / "quarantine", ids)
+    # the night's own copy of an offered event (an export that sent it again) keeps its row
+    again = {r["event_id"] for r in keep if r["fate"] == Fate.QUARANTINED.value}
+    _drop_requarantined(out / "quarantine", pa.array(sorted(set(ids.to_pylist()) - again), _S))
     outcomes: list[dict[str, Any]] = []
     retried: dict[str, int] = {}
     for o in offered:
@@ -408,15 +404,19 @@ def _save(out: Path, rows: list[dict[str, Any]], table: str) -> None:
     _write(path, [*before, *[{**r, "table": table} for r in rows]], OUTCOME_SCHEMA)
 
 
-def decided(out: Path) -> int:
-    """How many open events the run's outcomes closed (the operator's rows apart)."""
+def open_after(staged_table: Path, out: Path) -> int:
+    """The table's quarantined events open after the run: those open before it, less
+    those its outcomes closed, with those it quarantined (each event once)."""
+    before = staged_table / "retry" / OPEN
+    still = set(pq.read_table(before)["event_id"].to_pylist()) if before.exists() else set()
     path = out / OUTCOMES / "part-00000.parquet"
-    if not path.exists():
-        return 0
-    rows = pq.read_table(path, columns=["run_id", "status"]).to_pylist()
-    return sum(
-        1 for r in rows if not str(r["run_id"]).startswith(MANUAL) and r["status"] != "reopened"
-    )
+    if path.exists():
+        rows = pq.read_table(path, columns=["run_id", "event_id", "status"]).to_pylist()
+        still -= {r["event_id"] for r in rows if Status(r["status"]).closed}
+    files = sorted((out / "quarantine").glob("*.parquet"))
+    for f in files:
+        still |= {i for i in pq.read_table(f, columns=["event_id"])["event_id"].to_pylist() if i}
+    return len(still)
 
 
 def manual_outcome(

@@ -81,9 +81,7 @@ def whatif(
     finally:
         stages.finish(config, ctx)
     staged = {m["manifest"]: m["sha256"] for s in _inputs(ctx) for m in s}
-    published = {
-        m["manifest"]: m["sha256"] for m in run.inputs if m.get("table") in config.tables
-    }
+    published = {m["manifest"]: m["sha256"] for m in run.inputs if m.get("table") in config.tables}
     result = {
         "name": name,
         "dt": dt.isoformat(),

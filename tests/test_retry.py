@@ -64,7 +64,13 @@ NIGHTS = {
     D2: {
         "A": {
             "orders": [_e("INSERT", "o2", f"{D1}T09:00:00Z", "A", order_id=2, product_no=1, qty=1)]
-        }
+        },
+        # B's export sends o6 again, still in the future: quarantined by this night too
+        "B": {
+            "orders": [
+                _e("INSERT", "o6", "2026-12-30T00:00:00Z", "B", order_id=6, product_no=1, qty=6)
+            ]
+        },
     },
     D3: {
         "A": {"products": [_e("INSERT", "p9", f"{D3}T10:00:00Z", "A", product_no=9, name="nine")]}
@@ -111,7 +117,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
 
     def run(day: str, *extra: str) -> dict:
         args = ["run", "--config", str(cfg), "--date", day, "--work-dir", str(tmp_path / "w")]
-        assert main([*args, "--allow-missing-exports", *extra]) == 0
+        assert main([*args, "--allow-missing-exports", "--no-data-docs", *extra]) == 0
         report = P.report(store, day)
         assert report is not None
         return report["tables"].get("orders", {})
@@ -141,12 +147,15 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     night2 = run(D2)  # o2's INSERT arrives (stamped before the UPDATE); o3 is due
     assert _orders(store) == {2: 5, 3: 3}
     assert _outcomes(store, D2) == {"o2u": ("resolved", 1), "o3": ("resolved", 1)}
-    assert P.log(store, "orders", "quarantine", D2) == []  # o1 and o6 keep their first row
+    # o1 keeps its first row; o6's offered copy adds none, B's new copy of it does
+    assert [r["event_id"] for r in P.log(store, "orders", "quarantine", D2)] == ["o6"]
     assert night2["retried"] == {"applied": 2}
-    assert night2["distinct_events"] == 1 and night2["applied"] == 1  # the night's own: o2
-    assert night2["quarantine_open"] == 2
+    assert night2["distinct_events"] == 2 and night2["applied"] == 1  # the night's own: o2, o6
+    assert night2["quarantined"] == {"future_timestamp": 1}
+    assert night2["quarantine_open"] == 2  # o1 and o6, once
     assert _stats(store, D2) == {
-        ("events", None, None, None): 1,
+        ("events", None, None, None): 2,
+        ("quarantined", "future_timestamp", None, None): 1,
         ("retried", "applied", None, None): 2,
     }
 
@@ -190,7 +199,10 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     assert _orders(store) == {1: 1, 2: 5, 3: 30}
     assert cli("dismiss", "--table", "orders", "--event-id", "o6")["status"] == "dismissed"
     d4 = _stats(store, D4)
-    assert d4 == {("events", None, None, None): 1}
+    assert d4 == {
+        ("events", None, None, None): 1,
+        ("conflicts", "update_differ", "latest_timestamp_wins", "applied"): 1,
+    }
     run(D4, "--run-id", "d4-products", "--tables", "products")  # keeps the date's orders rows
     assert _stats(store, D4) == d4
     assert cli("list", "--table", "orders", "--status", "open")["events"] == []
