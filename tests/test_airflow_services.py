@@ -283,6 +283,9 @@ def test_a_backfill_of_two_dates_chains_their_states(services):
     for prev, run in itertools.pairwise(published):
         assert run["prior_run_id"] == prev["run_id"]
     assert P.snapshot_date(store, "orders") == str(DATES[-1])
+    # publish's summary line, with the operator notes (E5, E7), in the task's log
+    line = f"replica_cdr published {DATES[2]}: run {published[-1]['run_id']} (quarantine open: "
+    assert _wait_for_log_line(services.logs / "logs" / "dag_id=replica_cdr", line, timeout=60)
 
 
 @pytest.fixture(scope="module")
