@@ -67,10 +67,11 @@ from pipeline.rowfold import (
     write_groups,
 )
 from pipeline.schema import GROUPS
+from pipeline.skew import seen_later
 from pipeline.spark import SPARK_SCHEMA_KEY
 
 #: the outputs a fold task writes, each in a folder of that name
-OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "changes")
+OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "skew", "changes")
 _UPDATE_MISSING = QuarantineReason.UPDATE_MISSING.value
 _ROWS = 8192  # rows of an output buffered before they go to its file
 
@@ -170,6 +171,7 @@ class GroupFolder:
             else:
                 k, v = version_from_row(r, self.key_cols, self.job.table.order_by)
                 state[k] = v
+        yield from self._skew(copies)
         events: list[Event] = []
         for eid, group in copies.items():
             chosen = group[0]  # the stream's order: the copy that stands for the event
@@ -197,6 +199,18 @@ class GroupFolder:
         quarantined = {a.event.event_id for a in result.applied if a.quarantined is not None}
         kept = [e for e in events if e.event_id not in quarantined]
         yield from self._divergence(state, kept, result.state)
+
+    def _skew(self, copies: Mapping[str, list[dict[str, Any]]]) -> Iterator[Out]:
+        """E7: the clock-skew evidence of the group, when an event of it may have seen
+        another's version (an UPDATE or DELETE with a before-image, beside another event)."""
+        if len(copies) < 2 or not any(
+            g[0]["op"] in ("UPDATE", "DELETE") and g[0]["before_has"] is not None
+            for g in copies.values()
+        ):
+            return
+        views = ((c["replica"], c["seq"], g[0]) for g in copies.values() for c in g)
+        for behind, ahead, lag in seen_later(views, self.columns):
+            yield "skew", {"behind": behind, "ahead": ahead, "lag_us": lag}
 
     def _event_fates(
         self,

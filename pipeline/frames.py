@@ -198,6 +198,9 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
             run + [T.StructField("source", _S)] + [T.StructField(n, _S) for n in DIVERGENCE_FIELDS]
         ),
     }
+    out["skew"] = T.StructType(  # E7: the clock-skew evidence (``pipeline.skew``)
+        [T.StructField("behind", _S), T.StructField("ahead", _S), T.StructField("lag_us", _L)]
+    )
     if changes:
         out["changes"] = change_schema(table)
     return out

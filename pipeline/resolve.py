@@ -46,7 +46,7 @@ from pipeline.frames import (
 from pipeline.lake import Lake
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
-from pipeline.skew import skew_evidence, skew_warnings
+from pipeline.skew import from_fold, skew_evidence, skew_warnings
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
@@ -98,7 +98,11 @@ def resolve_table(
     own, settled = retry.settle(retry.offers_of(staged_table), fates, out)
     retry.start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
     counts = _table_counts(table, out, own, staged, stopped, differing)
-    return replace(counts, clock_skew=skew_evidence(copies, table), retried=settled.retried)
+    if table.granularity is Granularity.CELL:
+        clock_skew = skew_evidence(copies, table)
+    else:  # found by the fold's tasks
+        clock_skew = from_fold(out / "skew")
+    return replace(counts, clock_skew=clock_skew, retried=settled.retried)
 
 
 def _resolve_cells(

@@ -6,15 +6,23 @@ Which version an event saw is read from its origin's own export, whose ``seq`` i
 order that replica applied the changes in: the change of the same key just before the
 event there. It is the evidence when it came from another origin, is stamped later than
 the event, and its ``after`` holds every column the event's ``before`` and it share with
-the same values (at least one). One Spark job per table over the typed copies; per
-ordered pair (the replica behind, the one ahead) the number of such events and the
-largest difference.
+the same values (at least one). Per ordered pair (the replica behind, the one ahead),
+the number of such events and the largest difference.
+
+The row engine finds the evidence in its fold tasks, which hold every copy of a key
+(:func:`seen_later`, no shuffle of its own); the cell engine in one Spark job over the
+typed copies (:func:`skew_evidence`). ``tests/test_extensions.py`` checks on generated
+nights that both give the same evidence. The fold reads a copy's fields from the copy
+that stands for its event: the copies of one event agree, save the rare ones the
+``differing_copies`` log names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -25,6 +33,12 @@ from pipeline.summary import TableSummary
 
 #: the fields of one pair's evidence in the run report
 EVENTS, MAX_SECONDS = "events", "max_seconds"
+#: one evidence event: (the replica behind, the replica ahead, the difference in µs)
+Evidence = tuple[str, str, int]
+#: what the fold tasks write of it (``frames.fold_outputs``: output ``skew``)
+FOLD_FIELDS = ("behind", "ahead", "lag_us")
+_SAW = ("INSERT", "UPDATE")  # what an event may have seen
+_SAWS = ("UPDATE", "DELETE")  # what may have seen it
 
 
 def _matches(table: Table, seen: str) -> Column:
@@ -67,6 +81,58 @@ def skew_evidence(copies: DataFrame, table: Table) -> dict[str, dict[str, dict[s
             MAX_SECONDS: r["lag"] / 1_000_000,
         }
     return out
+
+
+def _agree(cur: Mapping[str, Any], prev: Mapping[str, Any], columns: Sequence[str]) -> bool:
+    """:func:`_matches` for one pair: ``cur``'s ``before`` and ``prev``'s ``after`` agree
+    on every column both hold, and they hold one at least."""
+    b_has, a_has = cur["before_has"], prev["after_has"] or ()
+    shared = [c for c, b, a in zip(columns, b_has, a_has, strict=False) if b and a]
+    before, after = cur["before"], prev["after"]
+    return bool(shared) and all(before[c] == after[c] for c in shared)
+
+
+def seen_later(
+    copies: Iterable[tuple[str, int, Mapping[str, Any]]], columns: Sequence[str]
+) -> Iterator[Evidence]:
+    """The evidence among the copies of a few keys (a fold task's group), the rule of
+    :func:`skew_evidence` in Python. ``copies``: (replica, seq, the fields of the copy that
+    stands for its event: ``key``, ``op``, ``origin``, ``ts``, images and flags,
+    ``reason``)."""
+    own: dict[tuple[str, Any], list[tuple[int, Mapping[str, Any]]]] = {}
+    for replica, seq, e in copies:
+        if e["reason"] is None:
+            own.setdefault((replica, tuple(e["key"].values())), []).append((seq, e))
+    for (replica, _key), rows in own.items():
+        if len(rows) < 2:
+            continue
+        rows.sort(key=lambda r: r[0])
+        for (_s, prev), (_t, cur) in itertools.pairwise(rows):
+            if (
+                cur["origin"] == replica
+                and cur["op"] in _SAWS
+                and cur["before_has"] is not None
+                and prev["op"] in _SAW
+                and prev["origin"] != replica
+                and prev["ts"] > cur["ts"]
+                and _agree(cur, prev, columns)
+            ):
+                yield replica, prev["origin"], prev["ts"] - cur["ts"]
+
+
+def from_fold(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{behind: {ahead: {events, max_seconds}}}`` of the evidence the fold tasks wrote."""
+    import pyarrow.parquet as pq
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for f in sorted(folder.glob("*.parquet")):
+        for behind, ahead, lag in zip(
+            *pq.read_table(f, columns=list(FOLD_FIELDS)).to_pydict().values(), strict=True
+        ):
+            pair = out.setdefault(behind, {}).setdefault(ahead, {EVENTS: 0, MAX_SECONDS: 0.0})
+            pair[EVENTS] += 1
+            pair[MAX_SECONDS] = max(pair[MAX_SECONDS], lag / 1_000_000)
+    return {b: dict(sorted(a.items())) for b, a in sorted(out.items())}
 
 
 def skew_warnings(tables: Mapping[str, TableSummary], max_seconds: int) -> list[str]:

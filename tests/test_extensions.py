@@ -60,7 +60,7 @@ CELLS = {
 DAYS = ("2026-11-21", "2026-11-22")
 
 
-def test_generated_nights_under_order_by_with_history(tmp_path: Path):
+def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
     """``cdr generate`` gives every event of an ``order_by`` table its order value (the
     application's time), so nothing is quarantined. Replica r1's clock runs 90 s behind
     (``--clock-offset``), so its commit ts disagree with the order values of the others'
@@ -89,6 +89,11 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path):
         assert report["status"] == "published"
         assert report["tables"]["items"]["quarantined"] == {}, report["tables"]["items"]
         check_skew(report)
+        # the fold's tasks find what the cell engine's Spark job would, on these copies
+        assert (
+            _spark_evidence(spark, cfg, tmp_path / "work", day)
+            == report["tables"]["items"]["clock_skew"]
+        )
     writes: dict[int, list[tuple[datetime, int]]] = {}  # (order value, ts) of each write
     deleted: set[int] = set()
     for day in DAYS:
@@ -129,6 +134,21 @@ def check_skew(report: dict) -> None:
     assert 20 < max(lags) < 90, skew
     assert any("the clock of replica r1 runs behind" in w for w in report["warnings"])
     assert report["tables"]["cells"]["clock_skew"] == {}  # its UPDATEs carry no before
+
+
+def _spark_evidence(spark, cfg: Path, work: Path, day: str) -> dict:
+    """E7 by the Spark job (``skew.skew_evidence``) over the typed copies the run staged."""
+    from datetime import date
+
+    from pipeline.config import load_config
+    from pipeline.context import RunContext
+    from pipeline.frames import copy_schema
+    from pipeline.skew import skew_evidence
+
+    table = load_config(cfg).tables["items"]
+    staged = RunContext.load(work, date.fromisoformat(day)).staged / "items"
+    files = sorted(str(p) for p in staged.glob("replica=*/copies/*.parquet"))
+    return skew_evidence(spark.read.schema(copy_schema(table)).parquet(*files), table)
 
 
 def _versions(store: Path, table: str) -> dict[tuple, dict]:
