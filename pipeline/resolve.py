@@ -368,12 +368,15 @@ def _put_back(
         if not offers:
             continue
         rows = _offered_rows(spark, table, offers)
+        # a key orphaned on two nights: its latest row may come back, the other cannot
+        latest = Window.partitionBy(*table.key).orderBy(F.desc("_ts"), F.desc("_event_id"))
+        rows = rows.withColumn("_n", F.row_number().over(latest)).persist()
         keys = states[t].select(*table.key)
-        written = {
-            r[0]
-            for r in rows.join(keys, list(table.key), "left_semi").select("_event_id").collect()
-        }
-        free = rows.join(keys, list(table.key), "left_anti")
+        taken = rows.where(F.col("_n") > 1).unionByName(
+            rows.join(keys, list(table.key), "left_semi")
+        )
+        written = {r[0] for r in taken.select("_event_id").collect()}
+        free = rows.where(F.col("_n") == 1).drop("_n").join(keys, list(table.key), "left_anti")
         for fk in table.foreign_keys:
             parent = config.tables[fk.references]
             live = states[parent.name].where(~F.col("_deleted"))

@@ -313,7 +313,7 @@ def _decided(fate: str | None, last: bool) -> tuple[Status | None, str]:
     if fate in _RESOLVED_BY:
         return Status.RESOLVED, _RESOLVED_BY[fate]
     if fate == Fate.DUPLICATE.value:  # an earlier night's export brought it and it was resolved
-        return Status.RESOLVED, "resolved_before"
+        return Status.RESOLVED, "duplicate"
     if last and fate == Fate.QUARANTINED.value:
         return Status.EXPIRED, "expired"
     return None, ""

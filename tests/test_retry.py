@@ -48,6 +48,8 @@ NIGHTS = {
             "orders": [
                 # an orphan: product 9 comes two nights later
                 _e("INSERT", "o1", f"{D1}T11:00:00Z", "A", order_id=1, product_no=9, qty=1),
+                # an orphan whose key is written again before a parent comes: expires
+                _e("INSERT", "o7", f"{D1}T11:30:00Z", "A", order_id=7, product_no=8, qty=7),
                 # the row this UPDATE needs comes in a late export
                 _e("UPDATE", "o2u", f"{D1}T12:00:00Z", "A", order_id=2, qty=5),
             ],
@@ -63,7 +65,10 @@ NIGHTS = {
     },
     D2: {
         "A": {
-            "orders": [_e("INSERT", "o2", f"{D1}T09:00:00Z", "A", order_id=2, product_no=1, qty=1)]
+            "orders": [
+                _e("INSERT", "o2", f"{D1}T09:00:00Z", "A", order_id=2, product_no=1, qty=1),
+                _e("INSERT", "o7b", f"{D2}T08:00:00Z", "A", order_id=7, product_no=1, qty=70),
+            ]
         },
         # B's export sends o6 again, still in the future: quarantined by this night too
         "B": {
@@ -129,51 +134,58 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         "o2u": "update_missing",
         "o3": "future_timestamp",
         "o6": "future_timestamp",
+        "o7": "fk_violation",
     }
     conflicts = P.log(store, "orders", "conflicts", D1)
     assert [(c["conflict_type"], c["outcome"]) for c in conflicts] == [
         ("update_missing", "skipped")
     ]
-    assert night1["quarantine_open"] == 4 and night1["retried"] == {}
+    assert night1["quarantine_open"] == 5 and night1["retried"] == {}
     assert _orders(store) == {}
     assert _stats(store, D1) == {  # E6
-        ("events", None, None, None): 4,
+        ("events", None, None, None): 5,
         ("conflicts", "update_missing", "apply_or_skip", "skipped"): 1,
-        ("quarantined", "fk_violation", None, None): 1,
+        ("quarantined", "fk_violation", None, None): 2,
         ("quarantined", "future_timestamp", None, None): 2,
         ("quarantined", "update_missing", None, None): 1,
     }
 
-    night2 = run(D2)  # o2's INSERT arrives (stamped before the UPDATE); o3 is due
-    assert _orders(store) == {2: 5, 3: 3}
-    assert _outcomes(store, D2) == {"o2u": ("resolved", 1), "o3": ("resolved", 1)}
+    night2 = run(D2)  # o2's INSERT arrives (stamped before the UPDATE); o3 is due; 7 written
+    assert _orders(store) == {2: 5, 3: 3, 7: 70}
+    assert _outcomes(store, D2) == {
+        "o2u": ("resolved", 1),
+        "o3": ("resolved", 1),
+        "o7": ("expired", 1),  # its key was written since: it cannot come back
+    }
     # o1 keeps its first row; o6's offered copy adds none, B's new copy of it does
     assert [r["event_id"] for r in P.log(store, "orders", "quarantine", D2)] == ["o6"]
-    assert night2["retried"] == {"applied": 2}
-    assert night2["distinct_events"] == 2 and night2["applied"] == 1  # the night's own: o2, o6
+    assert night2["retried"] == {"applied": 2, "expired": 1}
+    assert night2["distinct_events"] == 3 and night2["applied"] == 2  # the night's own
     assert night2["quarantined"] == {"future_timestamp": 1}
     assert night2["quarantine_open"] == 2  # o1 and o6, once
     assert _stats(store, D2) == {
-        ("events", None, None, None): 2,
+        ("events", None, None, None): 3,
         ("quarantined", "future_timestamp", None, None): 1,
         ("retried", "applied", None, None): 2,
+        ("retried", "expired", None, None): 1,
     }
 
     night3 = run(D3)  # product 9 arrives: o1 goes back; o6's last attempt fails
-    assert _orders(store) == {1: 1, 2: 5, 3: 3}
+    assert _orders(store) == {1: 1, 2: 5, 3: 3, 7: 70}
     assert _outcomes(store, D3) == {"o1": ("resolved", 2), "o6": ("expired", 2)}
     assert night3["retried"] == {"applied": 1, "expired": 1}
     assert night3["quarantine_open"] == 0 and night3["orphans"] == 0
 
     again = run(D3, "--run-id", "rerun-d3")  # replaces D3's outcomes, heals o1 once more
     assert again["retried"] == {"applied": 1, "expired": 1} and again["quarantine_open"] == 0
-    assert _orders(store) == {1: 1, 2: 5, 3: 3}
+    assert _orders(store) == {1: 1, 2: 5, 3: 3, 7: 70}
     every = P.rows(store, "published/orders/quarantine_outcomes")
     assert sorted((r["event_id"], r["status"]) for r in every) == [
         ("o1", "resolved"),
         ("o2u", "resolved"),
         ("o3", "resolved"),
         ("o6", "expired"),
+        ("o7", "expired"),
     ]
     assert {r["run_id"] for r in every if r["event_id"] in ("o1", "o6")} == {"rerun-d3"}
     assert {r["run_id"] for r in P.rows(store, "published/conflict_stats", D3)} == {"rerun-d3"}
@@ -189,6 +201,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         ("o2u", "resolved", 1),
         ("o3", "resolved", 1),
         ("o6", "expired", 2),
+        ("o7", "expired", 1),
     ]
     assert cli("retry", "--table", "orders", "--event-id", "o6")["status"] == "reopened"
     assert [
@@ -196,7 +209,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     ] == ["o6"]
     night4 = run(D4)  # o6 offered again, still in the future: open, its own row kept
     assert night4["retried"] == {} and night4["quarantine_open"] == 1
-    assert _orders(store) == {1: 1, 2: 5, 3: 30}
+    assert _orders(store) == {1: 1, 2: 5, 3: 30, 7: 70}
     assert cli("dismiss", "--table", "orders", "--event-id", "o6")["status"] == "dismissed"
     d4 = _stats(store, D4)
     assert d4 == {
