@@ -220,8 +220,11 @@ def _write_offers(
     from pipeline.guards import TypingSpec
 
     ids = [it.event_id for it, _a, _l in offers]
+    if not ids:  # most nights: no need to read the records
+        _write(dest / "offers.parquet", [], OFFER_SCHEMA)
+        return
     rows = read_quarantine(lake, table.name, dt, ["event_id", "replica", "event", "dt"])
-    rows = rows.filter(pc.is_in(rows["event_id"], pa.array(ids, _S))) if ids else rows.slice(0, 0)
+    rows = rows.filter(pc.is_in(rows["event_id"], pa.array(ids, _S)))
     first: dict[str, dict[str, Any]] = {}
     for r in sorted(rows.to_pylist(), key=lambda r: r["dt"]):
         first.setdefault(r["event_id"], r)
@@ -419,12 +422,8 @@ def open_after(staged_table: Path, out: Path) -> int:
     return len(still)
 
 
-def manual_outcome(
-    lake: Lake, table: str, event_id: str, status: Status, dt: date, work: Path
-) -> None:
-    """The CLI's outcome (``dismissed`` or ``reopened``), in partition ``dt``."""
-    q = read_quarantine(lake, table, None, ["event_id", "reason", "dt"])
-    it = statuses(q, read_outcomes(lake, table))[event_id]
+def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date, work: Path) -> None:
+    """The CLI's outcome (``dismissed`` or ``reopened``) of ``it``, in partition ``dt``."""
     row = _outcome(it, status, 0, f"{MANUAL}{uuid.uuid4().hex[:12]}")
     row.update(table=table, decided_at=datetime.now(UTC))
     cols = {f.name: [row.get(f.name)] for f in OUTCOME_SCHEMA}
@@ -495,5 +494,5 @@ def act(lake: Lake, runs: list[RunRow], table: str, event_id: str, action: str, 
     dates = [r.dt for r in runs if r.published and table in r.tables()]
     if not dates:
         raise StageError(f"table {table} has no published run")
-    manual_outcome(lake, table, event_id, status, max(dates), work)
+    manual_outcome(lake, table, it, status, max(dates), work)
     return status.value
