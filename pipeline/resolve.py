@@ -46,7 +46,7 @@ from pipeline.frames import (
 from pipeline.lake import Lake
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
-from pipeline.skew import from_fold, skew_evidence, skew_warnings
+from pipeline.skew import from_fold, skew_warnings
 from pipeline.snapshots import snapshot_divergence
 from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
@@ -81,11 +81,12 @@ def resolve_table(
     ledger = [ctx.staged / table.name / "ledger" / f"dt={d}" for d in staged.ledger]
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
-        _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
+        clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
         resolve_rows(spark, config, table, copies, prior, run)
+        clock_skew = from_fold(out / "skew")  # found by the fold's tasks
     fates = _local_table(out / "fates", ["event_id", "replica", "fate"])  # counted on the driver
     stopped = _cut_at_error(out, table, config) if _stops(fates) else None
     if stopped is not None:  # §12: divergence is not checked after an error
@@ -98,10 +99,6 @@ def resolve_table(
     own, settled = retry.settle(retry.offers_of(staged_table), fates, out)
     retry.start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
     counts = _table_counts(table, out, own, staged, stopped, differing)
-    if table.granularity is Granularity.CELL:
-        clock_skew = skew_evidence(copies, table)
-    else:  # found by the fold's tasks
-        clock_skew = from_fold(out / "skew")
     return replace(counts, clock_skew=clock_skew, retried=settled.retried)
 
 
@@ -113,8 +110,9 @@ def _resolve_cells(
     copies: DataFrame,
     prior: DataFrame,
     ledger: list[Path],
-) -> None:
-    """The cell engine's outputs, written by Spark into the table's folder."""
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The cell engine's outputs, written by Spark into the table's folder; returns the
+    table's clock-skew evidence (E7)."""
     out = ctx.resolved / table.name
     copies, duplicates = set_duplicates_aside(spark, copies, ledger)
     res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
@@ -137,6 +135,7 @@ def _resolve_cells(
     )
     if res.changes is not None:
         _write(res.changes, out / "changes")
+    return res.clock_skew
 
 
 def set_duplicates_aside(

@@ -10,11 +10,12 @@ the same values (at least one). Per ordered pair (the replica behind, the one ah
 the number of such events and the largest difference.
 
 The row engine finds the evidence in its fold tasks, which hold every copy of a key
-(:func:`seen_later`, no shuffle of its own); the cell engine in one Spark job over the
-typed copies (:func:`skew_evidence`). ``tests/test_extensions.py`` checks on generated
-nights that both give the same evidence. The fold reads a copy's fields from the copy
-that stands for its event: the copies of one event agree, save the rare ones the
-``differing_copies`` log names.
+(:func:`seen_later`); the cell engine in its shuffle by key, with one more window
+(:func:`with_evidence`). Neither pays a shuffle of its own. ``tests/test_extensions.py``
+checks on generated nights that both give the same evidence. The fold reads a copy's
+fields from the copy that stands for its event (the copies of one event agree, save the
+rare ones the ``differing_copies`` log names); the cell engine reads each copy's own, and
+leaves out the copies an earlier night resolved, which it sets aside before its shuffle.
 """
 
 from __future__ import annotations
@@ -52,31 +53,45 @@ def _matches(table: Table, seen: str) -> Column:
     return reduce(lambda a, b: a | b, both) & reduce(lambda a, b: a & b, same)
 
 
-def skew_evidence(copies: DataFrame, table: Table) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{behind: {ahead: {events, max_seconds}}}`` of one table's copies
-    (``frames.copy_schema``; malformed copies, with a ``reason``, left out)."""
-    own = Window.partitionBy("replica", "key").orderBy("seq")
+def with_evidence(df: DataFrame, table: Table) -> DataFrame:
+    """``df`` (rows of ``frames.copy_schema``'s fields, partitioned by ``key`` or not) with
+    one more column, ``skew``: a struct of :data:`FOLD_FIELDS` on each copy that is the
+    evidence, else null. Malformed copies (with a ``reason``) neither are nor give
+    evidence. The window is by key first, so that a frame already partitioned by key (the
+    cell engine's shuffle) is not shuffled again."""
+    valid = F.col("reason").isNull()
+    own = Window.partitionBy("key", "replica", valid).orderBy("seq")
     seen = F.struct("origin", "ts", "op", "after", "after_has")
-    df = copies.where(F.col("reason").isNull()).select(
-        "replica", "origin", "op", "ts", "before", "before_has", F.lag(seen).over(own).alias("s")
-    )
-    evidence = df.where(
-        (F.col("origin") == F.col("replica"))
-        & F.col("op").isin("UPDATE", "DELETE")
+    df = df.withColumn("_s", F.lag(seen).over(own))
+    evidence = (
+        valid
+        & (F.col("origin") == F.col("replica"))
+        & F.col("op").isin(*_SAWS)
         & F.col("before_has").isNotNull()
-        & F.col("s.op").isin("INSERT", "UPDATE")
-        & (F.col("s.origin") != F.col("origin"))
-        & (F.col("s.ts") > F.col("ts"))
-        & _matches(table, "s")
+        & F.col("_s.op").isin(*_SAW)
+        & (F.col("_s.origin") != F.col("origin"))
+        & (F.col("_s.ts") > F.col("ts"))
+        & _matches(table, "_s")
     )
+    fields = (F.col("origin"), F.col("_s.origin"), F.col("_s.ts") - F.col("ts"))
+    skew = F.struct(*[c.alias(n) for c, n in zip(fields, FOLD_FIELDS, strict=True)])
+    return df.withColumn("skew", F.when(evidence, skew)).drop("_s")
+
+
+def tally(df: DataFrame) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{behind: {ahead: {events, max_seconds}}}`` of the ``skew`` column of
+    :func:`with_evidence`: one small job."""
+    behind, ahead, lag = FOLD_FIELDS
     rows = (
-        evidence.groupBy(F.col("origin").alias("behind"), F.col("s.origin").alias("ahead"))
-        .agg(F.count("*").alias("n"), F.max(F.col("s.ts") - F.col("ts")).alias("lag"))
+        df.where(F.col("skew").isNotNull())
+        .select("skew.*")
+        .groupBy(behind, ahead)
+        .agg(F.count("*").alias("n"), F.max(lag).alias("lag"))
         .collect()
     )
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in sorted(rows, key=lambda r: (r["behind"], r["ahead"])):
-        out.setdefault(r["behind"], {})[r["ahead"]] = {
+    for r in sorted(rows, key=lambda r: (r[behind], r[ahead])):
+        out.setdefault(r[behind], {})[r[ahead]] = {
             EVENTS: int(r["n"]),
             MAX_SECONDS: r["lag"] / 1_000_000,
         }
@@ -96,7 +111,7 @@ def seen_later(
     copies: Iterable[tuple[str, int, Mapping[str, Any]]], columns: Sequence[str]
 ) -> Iterator[Evidence]:
     """The evidence among the copies of a few keys (a fold task's group), the rule of
-    :func:`skew_evidence` in Python. ``copies``: (replica, seq, the fields of the copy that
+    :func:`with_evidence` in Python. ``copies``: (replica, seq, the fields of the copy that
     stands for its event: ``key``, ``op``, ``origin``, ``ts``, images and flags,
     ``reason``)."""
     own: dict[tuple[str, Any], list[tuple[int, Mapping[str, Any]]]] = {}

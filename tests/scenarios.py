@@ -223,6 +223,7 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
     if report is not None:
         out["status"] = report["status"]
         for t, ts in report["tables"].items():
+            out.setdefault("clock_skew", {})[t] = ts.get("clock_skew", {})
             if ts.get("orphans"):
                 orphan_rows = log_rows(root, report, t, "orphans")
                 out["orphans"][t] = [json.loads(r["key"]) for r in orphan_rows]
@@ -320,6 +321,9 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
         got_h = got.get("history", {}).get(t, [])
         if multiset(got_h) != multiset(want_h, tables[t]):
             diffs.append(f"history {t}: got {sorted(got_h, key=_row_key)}, want {want_h}")
+    for t, want_s in exp.get("clock_skew", {}).items():  # E7: where a scenario names it
+        if got.get("clock_skew", {}).get(t) != want_s:
+            diffs.append(f"clock_skew {t}: got {got.get('clock_skew', {}).get(t)}, want {want_s}")
     for t in tables:
         spec = tables[t]
         want_c = _conflict_rows(exp.get("conflicts", {}).get(t, []), spec)

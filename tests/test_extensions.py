@@ -89,7 +89,7 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
         assert report["status"] == "published"
         assert report["tables"]["items"]["quarantined"] == {}, report["tables"]["items"]
         check_skew(report)
-        # the fold's tasks find what the cell engine's Spark job would, on these copies
+        # the fold's tasks find what the cell engine's window would, on these copies
         assert (
             _spark_evidence(spark, cfg, tmp_path / "work", day)
             == report["tables"]["items"]["clock_skew"]
@@ -137,18 +137,20 @@ def check_skew(report: dict) -> None:
 
 
 def _spark_evidence(spark, cfg: Path, work: Path, day: str) -> dict:
-    """E7 by the Spark job (``skew.skew_evidence``) over the typed copies the run staged."""
+    """E7 by the cell engine's window (``skew.with_evidence``) over the typed copies the
+    run staged."""
     from datetime import date
 
     from pipeline.config import load_config
     from pipeline.context import RunContext
     from pipeline.frames import copy_schema
-    from pipeline.skew import skew_evidence
+    from pipeline.skew import tally, with_evidence
 
     table = load_config(cfg).tables["items"]
     staged = RunContext.load(work, date.fromisoformat(day)).staged / "items"
     files = sorted(str(p) for p in staged.glob("replica=*/copies/*.parquet"))
-    return skew_evidence(spark.read.schema(copy_schema(table)).parquet(*files), table)
+    copies = spark.read.schema(copy_schema(table)).parquet(*files)
+    return tally(with_evidence(copies, table))
 
 
 def _versions(store: Path, table: str) -> dict[tuple, dict]:

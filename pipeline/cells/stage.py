@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from functools import reduce
 
@@ -29,6 +29,7 @@ from pipeline.shuffle import (
     standing_order,
     with_special_copies,
 )
+from pipeline.skew import tally, with_evidence
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Resolved:
     quarantine: DataFrame  # the quarantined events: their chosen copy
     truncates: list[Event]
     changes: DataFrame | None = None  # schema.change_schema, when the CDC log is on
+    clock_skew: dict = field(default_factory=dict)  # E7: ``skew.tally``
 
 
 def _resolve_keys(
@@ -62,7 +64,7 @@ def _resolve_keys(
     ``fate`` and ``quarantine`` where they apply, and ``chosen_id``; with ``capture``,
     ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
     last row) for the CDC log."""
-    df = _chosen_copies(main, state_rows)
+    df = _chosen_copies(main, state_rows, table)
     df = _slot_maxima(df, config, table, truncs, tt_prior, now_us)
     return _outputs(df, table, truncs, tt_prior, tt, now_us, capture)
 
@@ -77,12 +79,14 @@ def _canonical() -> WindowSpec:
     return Window.partitionBy("key").orderBy("is_event", "c_ts", "c_rank", "event_id", "rn")
 
 
-def _chosen_copies(main: DataFrame, state_rows: DataFrame) -> DataFrame:
+def _chosen_copies(main: DataFrame, state_rows: DataFrame, table: Table) -> DataFrame:
     """1. the copy that stands for each event (§12): every copy gets its event's reason
     (``ev_reason``), time and rank (``c_ts``, ``c_rank``); only the standing copy keeps
-    what the typing read (the others count for their replica's order and accounting)."""
+    what the typing read (the others count for their replica's order and accounting).
+    Before that, each copy's clock-skew evidence (E7, ``skew``) from what it read."""
     events = main.select(F.lit(1).alias("is_event"), *main.columns)
     items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
+    items = with_evidence(items, table)
     w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy(*standing_order())
     df = items.withColumn("rn", F.row_number().over(w_ev))
     df = df.select(
@@ -187,6 +191,7 @@ def _outputs(
             "quarantine"
         ),
         F.when(_chosen(), F.col("event_id")).alias("chosen_id"),
+        "skew",
         *changes,
     )
 
@@ -239,7 +244,9 @@ def resolve_cells(
     # §9: a cell table converges in every replica's order (tests/test_cells.py)
     divergence = spark.createDataFrame([], DIVERGENCE)
     changes = _changes(out, table, bool(truncs)) if capture else None
-    return Resolved(state, conflicts, divergence, fates, quarantine, list(truncs), changes)
+    return Resolved(
+        state, conflicts, divergence, fates, quarantine, list(truncs), changes, tally(out)
+    )
 
 
 def _state_rows(prior: DataFrame, table: Table) -> DataFrame:
