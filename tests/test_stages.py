@@ -273,6 +273,23 @@ def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypa
     with sized(spark, 3) as compiled:  # one stage's settings; the session's come back
         assert not compiled and mode() == ("false", "NO_CODEGEN")
     assert mode() == default == ("true", "FALLBACK")
+    # a small run's shuffles: as many partitions as the master's cores, unless set
+    partitions = "spark.sql.shuffle.partitions"
+    session = spark.conf.get(partitions)
+    cores = str(spark.sparkContext.defaultParallelism)
+    monkeypatch.delenv("CDR_SHUFFLE_PARTITIONS")
+    spark.conf.set(partitions, "64")
+    try:
+        with sized(spark, 3):
+            assert spark.conf.get(partitions) == cores
+        assert spark.conf.get(partitions) == "64"
+        with sized(spark, CODEGEN_MIN_RECORDS):
+            assert spark.conf.get(partitions) == "64"
+        monkeypatch.setenv("CDR_SHUFFLE_PARTITIONS", "64")
+        with sized(spark, 3):
+            assert spark.conf.get(partitions) == "64"
+    finally:
+        spark.conf.set(partitions, session)
     try:
         assert not fit_codegen(spark, CODEGEN_MIN_RECORDS - 1)
         assert mode() == ("false", "NO_CODEGEN")
