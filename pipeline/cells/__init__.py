@@ -8,9 +8,11 @@ in the canonical order, with Spark built-ins only (no Python per row). One modul
 responsibility: ``order`` (rule 4), ``writes`` (each slot's writes), ``state``,
 ``conflicts``, ``changes`` (for the CDC log) and ``stage`` (the shuffle and windows):
 
-1. the copies of each event meet in their key's partition; the first window, over
-   ``(key, event_id)``, picks the copy that stands for the event (§12) and types it;
-2. the second window, over the key in the canonical order ``(ts, tie_rank, event_id)``
+1. the copies of each event meet in their key's partition; a window over each replica's
+   copies of the key in ``seq`` order finds the clock-skew evidence (E7,
+   ``skew.with_evidence``); the next, over ``(key, event_id)``, picks the copy that
+   stands for the event (§12) and types it;
+2. the last window, over the key in the canonical order ``(ts, tie_rank, event_id)``
    with the prior state row first, computes for every event the maximum of each slot
    *before* it: whether one of its writes met an equal or later write of another event
    (a conflict, §12 "Cell tables") and whether any of them won (``applied``, else

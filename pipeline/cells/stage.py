@@ -1,5 +1,5 @@
-"""The stage of a cell table: the one shuffle by key and its two windows, then the
-resolved outputs (the package docstring has the design)."""
+"""The stage of a cell table: the one shuffle by key and its windows, then the resolved
+outputs (the package docstring has the design)."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def _resolve_keys(
     now_us: int,
     capture: bool,
 ) -> DataFrame:
-    """The one shuffle by key and its two windows (module docstring). One row per copy
+    """The one shuffle by key and its windows (package docstring). One row per copy
     and per state row, with the structs ``state`` (at a key's last row), ``conflict``,
-    ``fate`` and ``quarantine`` where they apply, and ``chosen_id``; with ``capture``,
+    ``fate``, ``quarantine`` and ``skew`` where they apply, and ``chosen_id``; with ``capture``,
     ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
     last row) for the CDC log."""
     df = _chosen_copies(main, state_rows, table)
