@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import Table
 from pipeline.copies import copy_record
+from pipeline.frames import SKEW_FIELDS
 from pipeline.groups import (
     Groups,
     find_groups,
@@ -209,8 +210,8 @@ class GroupFolder:
         ):
             return
         views = ((c["replica"], c["seq"], g[0]) for g in copies.values() for c in g)
-        for behind, ahead, lag in seen_later(views, self.columns):
-            yield "skew", {"behind": behind, "ahead": ahead, "lag_us": lag}
+        for evidence in seen_later(views, self.columns):
+            yield "skew", dict(zip(SKEW_FIELDS, evidence, strict=True))
 
     def _event_fates(
         self,

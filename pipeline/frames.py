@@ -183,6 +183,11 @@ FATES = T.StructType(
 QUARANTINE_FIELDS = ("replica", "event_id", "reason", "detail", "event")
 
 
+#: one clock-skew evidence (``pipeline.skew``): the replica behind, the one ahead, the
+#: difference in µs; the fold tasks' output ``skew`` and the cell engine's column
+SKEW_FIELDS = ("behind", "ahead", "lag_us")
+
+
 def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
     """What the row engine's fold tasks write (``foldrun.OUTPUTS``), each output's schema:
     the state, the fates, and the run's logs as they are published."""
@@ -199,7 +204,7 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
         ),
     }
     out["skew"] = T.StructType(  # E7: the clock-skew evidence (``pipeline.skew``)
-        [T.StructField("behind", _S), T.StructField("ahead", _S), T.StructField("lag_us", _L)]
+        [T.StructField(n, t) for n, t in zip(SKEW_FIELDS, (_S, _S, _L), strict=True)]
     )
     if changes:
         out["changes"] = change_schema(table)

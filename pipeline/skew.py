@@ -30,14 +30,13 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.config import Table
+from pipeline.frames import SKEW_FIELDS
 from pipeline.summary import TableSummary
 
 #: the fields of one pair's evidence in the run report
 EVENTS, MAX_SECONDS = "events", "max_seconds"
 #: one evidence event: (the replica behind, the replica ahead, the difference in µs)
 Evidence = tuple[str, str, int]
-#: what the fold tasks write of it (``frames.fold_outputs``: output ``skew``)
-FOLD_FIELDS = ("behind", "ahead", "lag_us")
 _SAW = ("INSERT", "UPDATE")  # what an event may have seen
 _SAWS = ("UPDATE", "DELETE")  # what may have seen it
 
@@ -55,7 +54,7 @@ def _matches(table: Table, seen: str) -> Column:
 
 def with_evidence(df: DataFrame, table: Table) -> DataFrame:
     """``df`` (rows of ``frames.copy_schema``'s fields, partitioned by ``key`` or not) with
-    one more column, ``skew``: a struct of :data:`FOLD_FIELDS` on each copy that is the
+    one more column, ``skew``: a struct of :data:`SKEW_FIELDS` on each copy that is the
     evidence, else null. Malformed copies (with a ``reason``) neither are nor give
     evidence. The window is by key first, so that a frame already partitioned by key (the
     cell engine's shuffle) is not shuffled again."""
@@ -74,14 +73,14 @@ def with_evidence(df: DataFrame, table: Table) -> DataFrame:
         & _matches(table, "_s")
     )
     fields = (F.col("origin"), F.col("_s.origin"), F.col("_s.ts") - F.col("ts"))
-    skew = F.struct(*[c.alias(n) for c, n in zip(fields, FOLD_FIELDS, strict=True)])
+    skew = F.struct(*[c.alias(n) for c, n in zip(fields, SKEW_FIELDS, strict=True)])
     return df.withColumn("skew", F.when(evidence, skew)).drop("_s")
 
 
 def tally(df: DataFrame) -> dict[str, dict[str, dict[str, Any]]]:
     """``{behind: {ahead: {events, max_seconds}}}`` of the ``skew`` column of
     :func:`with_evidence`: one small job."""
-    behind, ahead, lag = FOLD_FIELDS
+    behind, ahead, lag = SKEW_FIELDS
     rows = (
         df.where(F.col("skew").isNotNull())
         .select("skew.*")
@@ -142,7 +141,7 @@ def from_fold(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for f in sorted(folder.glob("*.parquet")):
         for behind, ahead, lag in zip(
-            *pq.read_table(f, columns=list(FOLD_FIELDS)).to_pydict().values(), strict=True
+            *pq.read_table(f, columns=list(SKEW_FIELDS)).to_pydict().values(), strict=True
         ):
             pair = out.setdefault(behind, {}).setdefault(ahead, {EVENTS: 0, MAX_SECONDS: 0.0})
             pair[EVENTS] += 1
