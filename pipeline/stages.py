@@ -169,7 +169,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
 
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
-        measure_stage(spark, config, ctx, summary)
+        measure_stage(spark, config, ctx, summary, one_task=small_run(ctx))
     if not ctx.dry_run:  # publish commits them; a dry run publishes nothing
         upload_outputs(spark, config, ctx)
     return summary
@@ -190,7 +190,7 @@ def validate(
             raise StageError(f"the resolved run of {ctx.dt} has no measures: resolve it again")
         session = spark()
         with sized_for(session, ctx):
-            measure_stage(session, config, ctx, summary)
+            measure_stage(session, config, ctx, summary, one_task=small_run(ctx))
     verdict = judge_stage(config, ctx, summary)
     for w in verdict.warnings:
         log.warning("validate: %s", w)

@@ -39,7 +39,8 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 from pipeline.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.schema import spark_type
@@ -222,21 +223,32 @@ class Found:
     rows: list[dict[str, Any]]
 
 
-def find_rows(spark: SparkSession, queries: list[str]) -> list[Found]:
+def find_rows(spark: SparkSession, queries: list[str], one_task: bool = False) -> list[Found]:
     """Run the row checks' ``queries`` as one Spark query: each query's rows as JSON,
     tagged with the query's number, counted and numbered per query by a window; the first
-    :data:`KEPT_ROWS` of each come back to the driver, never the whole of a large one."""
+    :data:`KEPT_ROWS` of each come back to the driver, never the whole of a large one.
+
+    ``one_task`` (a small run): the union's rows go to one task, which numbers them with
+    no exchange. A union of N checks is at least N partitions, each a task writing a tiny
+    shuffle: one task is about 1.5 s faster on a cold small run (``bench/RESULTS.md``). A
+    large run keeps its partitions: the task would also scan what each check scans."""
     if not queries:
         return []
-    union = " UNION ALL ".join(
-        f"SELECT {i} AS check_no, to_json(struct(*)) AS row FROM ({sql})"
-        for i, sql in enumerate(queries)
+    union = spark.sql(
+        " UNION ALL ".join(
+            f"SELECT {i} AS check_no, to_json(struct(*)) AS row FROM ({sql})"
+            for i, sql in enumerate(queries)
+        )
     )
-    numbered = (
-        "SELECT check_no, row, count(*) OVER (PARTITION BY check_no) AS found, "
-        f"row_number() OVER (PARTITION BY check_no ORDER BY row) AS n FROM ({union})"
-    )
-    got = spark.sql(f"SELECT check_no, n, row, found FROM ({numbered}) WHERE n <= {KEPT_ROWS}")
+    if one_task:
+        union = union.coalesce(1)
+    by_check = Window.partitionBy("check_no")
+    got = union.select(
+        "check_no",
+        "row",
+        F.count("*").over(by_check).alias("found"),
+        F.row_number().over(by_check.orderBy("row")).alias("n"),
+    ).where(F.col("n") <= KEPT_ROWS)
     counts: dict[int, int] = {}
     rows: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(queries))}
     for r in sorted(got.collect(), key=lambda r: (r.check_no, r.n)):
@@ -263,9 +275,12 @@ class Measure:
         return cls([Found(**f) for f in found] if found is not None else None, d.get("columns"))
 
 
-def measure_all(batches: list[tuple[DataFrame, dict[str, Any]]]) -> list[Measure]:
+def measure_all(
+    batches: list[tuple[DataFrame, dict[str, Any]]], one_task: bool = False
+) -> list[Measure]:
     """Measure each ``(df, suite)``: the row checks of all of them in ONE Spark query
-    (:func:`find_rows`), a schema suite by its batch's schema."""
+    (:func:`find_rows`, ``one_task`` for a small run), a schema suite by its batch's
+    schema."""
     if not batches:
         return []
     spark = batches[0][0].sparkSession
@@ -279,7 +294,7 @@ def measure_all(batches: list[tuple[DataFrame, dict[str, Any]]]) -> list[Measure
                 for e in suite["expectations"]
             ]
     try:
-        found = iter(find_rows(spark, queries))
+        found = iter(find_rows(spark, queries, one_task))
     finally:
         for view in views:
             spark.catalog.dropTempView(view)

@@ -196,16 +196,20 @@ def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, dic
 
 
 def measure_stage(
-    spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
+    spark: SparkSession,
+    config: Config,
+    ctx: RunContext,
+    summary: RunSummary,
+    one_task: bool = False,
 ) -> None:
     """Spark's half of validation, at the end of the resolve stage's Spark job: what every
     suite's batch holds for GX to judge (``suites.measure_all``: the row checks in one
-    query), saved for :func:`judge_stage`."""
+    query; ``one_task`` for a small run), saved for :func:`judge_stage`."""
     runs = _suite_runs(config, summary)
     frames = Frames(spark, config, ctx, summary)
     try:
         batches = [(frames.batch(batch, config.tables[t]), suite) for t, batch, suite in runs]
-        measures = measure_all(batches)
+        measures = measure_all(batches, one_task)
     finally:
         spark.catalog.clearCache()
     body = {

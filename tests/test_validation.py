@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -274,22 +275,49 @@ def test_cdc_replay(project, spark):
     assert checks[0].sample[0]["key"] == '{"order_id":2}'
 
 
-def test_row_checks_count_exactly_and_keep_the_first_rows(spark):
+ROW_CHECKS = [
+    "SELECT id FROM range(0, 500, 1, 3) WHERE id % 2 = 0",
+    "SELECT id FROM range(0, 3, 1, 1) WHERE id > 5",
+    "SELECT 'x' AS a, CAST(1.50 AS DECIMAL(4,2)) AS d",
+]
+
+
+@pytest.mark.parametrize("one_task", [False, True])
+def test_row_checks_count_exactly_and_keep_the_first_rows(spark, one_task):
     """All the row checks in one query: each count is exact, each keeps its first
-    KEPT_ROWS rows in the order of their JSON text, an empty one finds nothing."""
-    found = find_rows(
-        spark,
-        [
-            "SELECT id FROM range(500) WHERE id % 2 = 0",
-            "SELECT id FROM range(3) WHERE id > 5",
-            "SELECT 'x' AS a, CAST(1.50 AS DECIMAL(4,2)) AS d",
-        ],
-    )
+    KEPT_ROWS rows in the order of their JSON text, an empty one finds nothing; the same
+    in one task (a small run's) as in the union's partitions."""
+    found = find_rows(spark, ROW_CHECKS, one_task)
     assert [f.count for f in found] == [250, 0, 1]
     assert len(found[0].rows) == KEPT_ROWS
     assert found[0].rows[:3] == [{"id": 0}, {"id": 100}, {"id": 102}]  # text order
     assert found[1].rows == [] and found[2].rows == [{"a": "x", "d": 1.5}]
     assert find_rows(spark, []) == []
+
+
+def _tasks_per_stage(spark, run) -> list[int]:
+    """The tasks of each stage of the Spark jobs ``run()`` starts, in stage order."""
+    sc = spark.sparkContext
+    group = f"cdr-test-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "counted")
+    try:
+        run()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    tracker = sc.statusTracker()
+    stages = sorted(
+        s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds
+    )
+    return [tracker.getStageInfo(s).numTasks for s in stages]
+
+
+def test_a_small_runs_row_checks_share_one_task(spark):
+    """``one_task``: the checks' union goes to one task, numbered there with no exchange;
+    otherwise each of the union's partitions is a task writing a shuffle for the window
+    (3 + 1 + 1 here), and the window's stage reads it."""
+    assert _tasks_per_stage(spark, lambda: find_rows(spark, ROW_CHECKS, True)) == [1]
+    spread = _tasks_per_stage(spark, lambda: find_rows(spark, ROW_CHECKS, False))
+    assert len(spread) > 1 and spread[0] == 5, spread
 
 
 def test_a_row_suite_is_judged_by_gx_on_the_counts(project, spark):
