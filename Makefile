@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := pipeline/datadocs_assets/.fetched
 
-.PHONY: venv jvm-archive demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres
+.PHONY: venv jvm-archive bytecode demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres
 
 venv: $(STAMP)
 
@@ -59,10 +59,19 @@ $(STAMP): pyproject.toml constraints.txt
 	  echo "Python 3.11 is required (found $$($(PY) --version)); set PY=/path/to/python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	@# pip byte-compiles one file at a time; compileall below uses every core.
+	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[dev]'
 	@# The Spark provider pulls pyspark-client, whose files overwrite pyspark's: put pyspark back.
-	$(BIN)/pip install -q --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
+	$(BIN)/pip install -q --no-compile --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
+	@# Like pip, skip the few files that are not Python 3 (templates, examples).
+	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null
 	touch $(STAMP)
+
+# The project's own bytecode: an editable install is not compiled, and where
+# PYTHONDONTWRITEBYTECODE is set every process (each Airflow task, each Spark Python
+# worker) would compile the modules it imports again. Quick when nothing changed.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q pipeline dags plugins > /dev/null
 
 # The class-data archive of Spark's classes: each new driver JVM starts from it about 5 s
 # faster (pipeline/jvmstart.py). Built once per JDK and Spark, in about a minute.
@@ -70,10 +79,16 @@ jvm-archive: $(STAMP)
 	@$(BIN)/python -c 'import sys; from pipeline.jvmstart import usable_archive; sys.exit(usable_archive() is None)' \
 	  || { echo "building the JVM's class-data archive (about a minute, once)"; $(BIN)/cdr jvm-archive; }
 
-demo: $(STAMP) $(ASSETS) jvm-archive
+demo: $(STAMP) $(ASSETS) jvm-archive bytecode
 	$(BIN)/cdr demo
 
-test: $(STAMP) $(ASSETS) jvm-archive browser compose-tool postgres lint typecheck
+# The archive's minute (one core) runs beside the docs assets, lint and typecheck (the
+# other): its log is shown when it is done.
+test: $(STAMP) browser compose-tool postgres bytecode
+	@$(MAKE) --no-print-directory jvm-archive > $(VENV)/jvm-archive.log 2>&1 & archive=$$!; \
+	  $(MAKE) --no-print-directory $(ASSETS) lint typecheck; checks=$$?; \
+	  wait $$archive; built=$$?; cat $(VENV)/jvm-archive.log; \
+	  [ $$checks -eq 0 ] && [ $$built -eq 0 ]
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The pipeline on exports of three real PostgreSQL servers (wal2json), and the same changes
