@@ -157,6 +157,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
 
     config = ctx.config(config)
     fetch(spark, config, ctx)
+    small = small_run(ctx)  # measures and uploads: fewer tasks
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if any(t.history is not None for t in config.tables.values()):
@@ -169,9 +170,9 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
 
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
-        measure_stage(spark, config, ctx, summary, one_task=small_run(ctx))
+        measure_stage(spark, config, ctx, summary, one_task=small)
     if not ctx.dry_run:  # publish commits them; a dry run publishes nothing
-        upload_outputs(spark, config, ctx)
+        upload_outputs(spark, config, ctx, small)
     return summary
 
 

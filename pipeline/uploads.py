@@ -119,9 +119,16 @@ def _in_task(task: dict[str, str], store_uri: str, settings: dict[str, str]) -> 
     return asdict(_upload(_Task(**task), store_uri))
 
 
-def upload_outputs(spark: SparkSession, config: Config, ctx: RunContext) -> int:
+def upload_outputs(
+    spark: SparkSession, config: Config, ctx: RunContext, small: bool = False
+) -> int:
     """Upload every output file of the resolved run in Spark tasks, and keep their list
-    in ``resolved/uploads.json``; returns the number of files."""
+    in ``resolved/uploads.json``; returns the number of files.
+
+    One task per file, so that a large run's files spread over the executors; a
+    ``small`` run's files (a few KB each) share one task per core: there a task's own
+    cost is most of a file's (a scenario's 40 files took 0.6-1.0 s in 40 tasks, 0.1 s
+    in 2)."""
     assert config.store
     attempt = uuid.uuid4().hex[:12]  # a name no earlier attempt of the run used
     tasks: list[_Task] = []
@@ -138,7 +145,8 @@ def upload_outputs(spark: SparkSession, config: Config, ctx: RunContext) -> int:
     done: list[dict[str, Any]] = []
     if tasks:
         payload = [asdict(t) for t in tasks]
-        rdd = spark.sparkContext.parallelize(payload, len(payload))
+        slices = min(len(payload), spark.sparkContext.defaultParallelism) if small else len(payload)
+        rdd = spark.sparkContext.parallelize(payload, slices)
         done = rdd.map(lambda t: _in_task(t, store_uri, settings)).collect()
     body = {folder: [done[i] for i in idx] for folder, idx in folders.items()}
     (ctx.resolved / UPLOADS).write_text(json.dumps(body, indent=1))

@@ -6,18 +6,23 @@ copied by the store into its own tables, and a retried publish commits nothing t
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 
 import published as P
 import pytest
 import scenarios as S
 import yaml
+from sparkjobs import tasks_per_stage
 from test_scenarios import CDC
 
 from pipeline import layout
 from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.context import RunContext
 from pipeline.lake import Lake, add_actions
 from pipeline.store import S3Store
+from pipeline.uploads import UPLOADS, upload_outputs
 
 
 def _on_s3(s3_store, s: dict, tmp: Path, cdc: bool = False) -> list[str]:
@@ -135,3 +140,25 @@ def test_a_run_resolved_without_uploads_is_published_from_its_work_folder(
     committed = {a["path"] for a in add_actions(lake.table(layout.table_path(t, "state")))}
     assert committed and not committed & staged  # its own uploads, not the staged files
     assert [r["status"] for r in P.runs(s3_store)] == ["published"]
+
+
+def test_a_small_runs_files_share_one_task_per_core(s3_store, tmp_path: Path, spark):
+    """The uploads of a small run's files (a few KB each) take one task per core; a large
+    run's one task per file. The same files either way."""
+    s = json.loads((S.SCENARIOS / "future_timestamp.json").read_text())
+    argv = _on_s3(s3_store, s, tmp_path, cdc=True)
+    assert main(["ingest", *argv, "--no-data-docs"]) == 0
+    assert main(["resolve", *argv]) == 0
+    ctx = RunContext.load(tmp_path / "work", date.fromisoformat(s["date"]))
+    config = ctx.config(load_config(tmp_path / "cdr.yaml"))
+    cores = spark.sparkContext.defaultParallelism
+    files = {}
+    for small in (True, False):
+        tasks = tasks_per_stage(spark, lambda s=small: upload_outputs(spark, config, ctx, s))
+        body = json.loads((ctx.resolved / UPLOADS).read_text())
+        files[small] = {
+            f: [(u["size"], u["rows"], u["stats"]) for u in us] for f, us in body.items()
+        }
+        n = sum(len(us) for us in body.values())
+        assert n > cores and tasks == ([cores] if small else [n]), (small, tasks)
+    assert files[True] == files[False]

@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import subprocess
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import scenarios as S
 from fold_helpers import make_config
 from reports import date_report
+from sparkjobs import tasks_per_stage
 from test_scenarios import run_scenario, scenario_run
 
 from pipeline.config import parse_config
@@ -295,28 +295,12 @@ def test_row_checks_count_exactly_and_keep_the_first_rows(spark, one_task):
     assert find_rows(spark, []) == []
 
 
-def _tasks_per_stage(spark, run) -> list[int]:
-    """The tasks of each stage of the Spark jobs ``run()`` starts, in stage order."""
-    sc = spark.sparkContext
-    group = f"cdr-test-{uuid.uuid4().hex}"
-    sc.setJobGroup(group, "counted")
-    try:
-        run()
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    tracker = sc.statusTracker()
-    stages = sorted(
-        s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds
-    )
-    return [tracker.getStageInfo(s).numTasks for s in stages]
-
-
 def test_a_small_runs_row_checks_share_one_task(spark):
     """``one_task``: the checks' union goes to one task, numbered there with no exchange;
     otherwise each of the union's partitions is a task writing a shuffle for the window
     (3 + 1 + 1 here), and the window's stage reads it."""
-    assert _tasks_per_stage(spark, lambda: find_rows(spark, ROW_CHECKS, True)) == [1]
-    spread = _tasks_per_stage(spark, lambda: find_rows(spark, ROW_CHECKS, False))
+    assert tasks_per_stage(spark, lambda: find_rows(spark, ROW_CHECKS, True)) == [1]
+    spread = tasks_per_stage(spark, lambda: find_rows(spark, ROW_CHECKS, False))
     assert len(spread) > 1 and spread[0] == 5, spread
 
 
