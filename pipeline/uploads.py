@@ -4,9 +4,9 @@ so that publish only commits them (issue 15, "I/O on the executors").
 Each file publish may commit (every dated output of every table, its snapshot, the CDC
 log and description tables: :func:`outputs`) is uploaded by a Spark task of its own (a
 small run's files share one task per core), with boto3 in the task and the driver's
-``AWS_*`` settings: it reads its Parquet footer for the Delta statistics, puts the file in the run's staging folder of the store
-(``published/_staging/run=<id>/``, a name no earlier attempt used) and returns what the
-commit needs (:class:`Upload`). The driver keeps the list in the run's
+``AWS_*`` settings: it reads its Parquet footer for the Delta statistics, puts the file
+in the run's staging folder of the store (``published/_staging/run=<id>/``, a name no
+earlier attempt used) and returns what the commit needs (:class:`Upload`). The driver keeps the list in the run's
 ``resolved/uploads.json``; no byte of an output goes through the driver. Publish has the
 store copy each file into the table it belongs to (S3's server-side copy; a hard link on
 ``file://``): into the published tables when the run passed its gate, into its own
