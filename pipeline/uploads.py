@@ -6,13 +6,13 @@ log and description tables: :func:`outputs`) is uploaded by a Spark task of its 
 small run's files share one task per core), with boto3 in the task and the driver's
 ``AWS_*`` settings: it reads its Parquet footer for the Delta statistics, puts the file
 in the run's staging folder of the store (``published/_staging/run=<id>/``, a name no
-earlier attempt used) and returns what the commit needs (:class:`Upload`). The driver keeps the list in the run's
-``resolved/uploads.json``; no byte of an output goes through the driver. Publish has the
-store copy each file into the table it belongs to (S3's server-side copy; a hard link on
-``file://``): into the published tables when the run passed its gate, into its own
-``_failed/`` tables (its logs) when it did not; nothing of a failed run lands in a
-published table's folder. Publish then removes the run's staging folder; ``cdr vacuum``
-removes those a killed run left.
+earlier attempt used) and returns what the commit needs (:class:`Upload`). The driver
+keeps the list in the run's ``resolved/uploads.json``; no byte of an output goes through
+the driver. Publish has the store copy each file into the table it belongs to (S3's
+server-side copy; a hard link on ``file://``): into the published tables when the run
+passed its gate, into its own ``_failed/`` tables (its logs) when it did not; nothing of
+a failed run lands in a published table's folder. Publish then removes the run's staging
+folder; ``cdr vacuum`` removes those a killed run left.
 """
 
 from __future__ import annotations
