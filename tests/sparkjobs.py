@@ -7,17 +7,28 @@ from collections.abc import Callable
 from typing import Any
 
 
+def in_a_group(spark: Any, fn: Any, jobs: dict[str, list[int]]) -> Any:
+    """``fn`` run in a Spark job group of its own; ``jobs`` gets the ids of the Spark jobs
+    each call started."""
+    sc = spark.sparkContext
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        group = f"{fn.__name__}-{uuid.uuid4()}"  # Spark keeps the groups of earlier tests
+        sc.setJobGroup(group, group)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            jobs[group] = list(sc.statusTracker().getJobIdsForGroup(group))
+
+    return wrapped
+
+
 def tasks_per_stage(spark: Any, run: Callable[[], object]) -> list[int]:
     """The tasks of each stage of the Spark jobs ``run()`` starts, in stage order (a stage
     adaptive execution skips is listed again by the job that skips it)."""
-    sc = spark.sparkContext
-    group = f"cdr-test-{uuid.uuid4().hex}"
-    sc.setJobGroup(group, "counted")
-    try:
-        run()
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    tracker = sc.statusTracker()
-    jobs = tracker.getJobIdsForGroup(group)
-    stages = sorted(s for j in jobs for s in tracker.getJobInfo(j).stageIds)
+    jobs: dict[str, list[int]] = {}
+    in_a_group(spark, run, jobs)()
+    tracker = spark.sparkContext.statusTracker()
+    stages = sorted(s for ids in jobs.values() for j in ids for s in tracker.getJobInfo(j).stageIds)
     return [tracker.getStageInfo(s).numTasks for s in stages]

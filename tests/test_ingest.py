@@ -12,6 +12,7 @@ from datetime import date
 
 import pytest
 from fold_helpers import make_config
+from sparkjobs import tasks_per_stage
 
 from pipeline.context import RunContext
 from pipeline.errors import ExportError
@@ -112,8 +113,6 @@ def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, s
     """A Spark task per file downloads, checks and stages it (boto3 in the task): the
     driver reads the manifests only. A download in the driver's process fails this test;
     the tasks run in Spark's Python workers, which the patch does not reach."""
-    import uuid
-
     from pipeline.store import S3Store
 
     def no_download(self, key, dest):
@@ -123,20 +122,11 @@ def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, s
     put_export(s3_store, "pub", "t", [rec("pub-1"), rec("pub-2", seq=2)])
     put_export(s3_store, "sub", "t", [rec("pub-1")])
     ingest(make_config(), s3_store, ctx, allow_missing=False)
-    sc = spark.sparkContext
-    group = f"fetch-{uuid.uuid4()}"
-    sc.setJobGroup(group, group)
-    try:
-        fetch(spark, make_config(), ctx)
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    [job] = sc.statusTracker().getJobIdsForGroup(group)
-    [stage] = sc.statusTracker().getJobInfo(job).stageIds
-    assert sc.statusTracker().getStageInfo(stage).numTasks == 2  # one per file
+    assert tasks_per_stage(spark, lambda: fetch(spark, make_config(), ctx)) == [2]  # per file
     staged = sorted(ctx.staged.glob("t/replica=*/copies/*.parquet"))
     assert [p.parent.parent.name for p in staged] == ["replica=pub", "replica=sub"]
-    fetch(spark, make_config(), ctx)  # a retry of the resolve stage: staged already, no job
-    assert sc.statusTracker().getJobIdsForGroup(group) == [job]
+    # a retry of the resolve stage: staged already, no job
+    assert tasks_per_stage(spark, lambda: fetch(spark, make_config(), ctx)) == []
 
 
 def test_missing_export_names_the_replica_unless_allowed(s3_store, ctx):

@@ -10,12 +10,12 @@ resolution again)."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import scenarios as S
+from sparkjobs import in_a_group
 from test_scenarios import run_scenario
 
 from pipeline import engine, resolve
@@ -54,23 +54,6 @@ def test_the_cell_outputs_are_written_from_the_persisted_resolution(
     fold_outputs = {"state_pre", "conflicts", "quarantine", "divergence", "fates"}
     assert fold_outputs <= set(written), written
     assert {k: v for k, v in written.items() if k in fold_outputs and v} == {}
-
-
-def in_a_group(spark: Any, fn: Any, jobs: dict[str, list[int]]) -> Any:
-    """``fn`` run in a Spark job group of its own; ``jobs`` gets the ids of the Spark jobs
-    each call started."""
-    sc = spark.sparkContext
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        group = f"{fn.__name__}-{uuid.uuid4()}"  # Spark keeps the groups of earlier tests
-        sc.setJobGroup(group, group)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            jobs[group] = list(sc.statusTracker().getJobIdsForGroup(group))
-
-    return wrapped
 
 
 @pytest.fixture
