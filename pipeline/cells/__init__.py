@@ -10,8 +10,8 @@ responsibility: ``order`` (rule 4), ``writes`` (each slot's writes), ``state``,
 
 1. the copies of each event meet in their key's partition; a window over each replica's
    copies of the key in ``seq`` order finds the clock-skew evidence (E7,
-   ``skew.with_evidence``); the next, over ``(key, event_id)``, picks the copy that
-   stands for the event (§12) and types it;
+   ``skew.with_evidence``); the next, over ``(key, event_id)``, keeps the copy that
+   stands for the event (§12) alone, with its copies' replicas (their fates) and evidence;
 2. the last window, over the key in the canonical order ``(ts, tie_rank, event_id)``
    with the prior state row first, computes for every event the maximum of each slot
    *before* it: whether one of its writes met an equal or later write of another event

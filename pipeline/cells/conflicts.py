@@ -94,10 +94,14 @@ class _Findings:
         )
 
 
-def conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -> list[Column]:
-    """For every event row: ``conflict`` (one of its writes met an equal or later write
-    of another event, or a tombstone shadowed it), ``won`` (one of its writes won), which
-    of its slots won (``won_<slot>``), and the conflict log's fields (§12 "Cell tables")."""
+def conflict_columns(
+    table: Table, truncs: Sequence[Event], tt_prior: dict | None
+) -> tuple[list[Column], dict[str, Column]]:
+    """For every event row, the flags: ``conflict`` (one of its writes met an equal or
+    later write of another event, or a tombstone shadowed it), ``won`` (one of its writes
+    won) and which of its slots won (``won_<slot>``); and the conflict log's fields
+    (§12 "Cell tables"), by name, to be computed only where ``conflict`` holds (their
+    JSON renderings cost more than the rest of the row)."""
     tt = table_tomb_at_event(truncs, tt_prior)
     ptomb = F.col("p__tomb")
     shadow = greatest([F.when(ptomb.isNotNull(), _ts_origin(ptomb["ts"], ptomb["origin"])), tt])
@@ -108,27 +112,28 @@ def conflict_columns(table: Table, truncs: Sequence[Event], tt_prior: dict | Non
     f += _tombstone_findings([n for n, _ in slots], tt)
     is_delete = F.col("w__tomb").isNotNull()
 
-    any_met = reduce(lambda a, b: a | b, f.met)
     any_won = reduce(lambda a, b: a | b, f.won)
     any_write = reduce(
         lambda a, b: a | b, [F.col(f"w_{n}").isNotNull() for n, _ in slots], is_delete
     )
     loc = greatest(list(f.local))
     ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])
-    return [
+    flags = [
         *[w.alias(f"won_{n}") for (n, _), w in zip(slots, f.won, strict=False)],
-        any_met.alias("conflict"),
+        reduce(lambda a, b: a | b, f.met).alias("conflict"),
         (any_won | ~any_write).alias("won"),
-        F.to_json(F.col("key")).alias("key_json"),
-        ctype[F.col("op")].alias("conflict_type"),
-        F.lit(Resolver.SCYLLA.value).alias("resolver"),
-        F.when(any_won, F.lit("applied")).otherwise(F.lit("discarded")).alias("outcome"),
-        loc["ts"].alias("local_ts"),
-        loc["o"].alias("local_origin"),
-        F.to_json(F.struct(*f.local_row)).alias("local_row"),
-        F.to_json(F.struct(*f.remote_row)).alias("remote_row"),
-        F.concat_ws("; ", *f.reasons).alias("conflict_reason"),
     ]
+    return flags, {
+        "key": F.to_json(F.col("key")),
+        "conflict_type": ctype[F.col("op")],
+        "resolver": F.lit(Resolver.SCYLLA.value),
+        "outcome": F.when(any_won, F.lit("applied")).otherwise(F.lit("discarded")),
+        "local_ts": loc["ts"],
+        "local_origin": loc["o"],
+        "local_row": F.to_json(F.struct(*f.local_row)),
+        "remote_row": F.to_json(F.struct(*f.remote_row)),
+        "reason": F.concat_ws("; ", *f.reasons),
+    }
 
 
 def _slot_findings(name: str, has_value: bool, shadowed: Column) -> _Findings:

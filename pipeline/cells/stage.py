@@ -4,7 +4,7 @@ outputs (the package docstring has the design)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from functools import reduce
@@ -18,7 +18,7 @@ from pipeline.cells.conflicts import conflict_columns
 from pipeline.cells.state import final_state, purge_cells, table_tombstone, table_tombstone_row
 from pipeline.cells.writes import event_writes, prior_writes, value_columns
 from pipeline.config import Config, Table
-from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE, TYPED_COLUMNS
+from pipeline.frames import CONFLICT_FIELDS, DIVERGENCE
 from pipeline.rowfold import Event
 from pipeline.schema import change_schema
 from pipeline.shuffle import (
@@ -59,58 +59,52 @@ def _resolve_keys(
     now_us: int,
     capture: bool,
 ) -> DataFrame:
-    """The one shuffle by key and its windows (package docstring). One row per copy
-    and per state row, with the structs ``state`` (at a key's last row), ``conflict``,
-    ``fate``, ``quarantine`` and ``skew`` where they apply, and ``chosen_id``; with ``capture``,
+    """The one shuffle by key and its windows (package docstring). One row per event
+    and per state row, with the structs ``state`` (at a key's last row), ``conflict`` and
+    ``quarantine`` where they apply, the arrays ``fates`` (one per copy) and ``skews``
+    (E7), and ``chosen_id``; with ``capture``,
     ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
     last row) for the CDC log."""
+    flags, logged = conflict_columns(table, truncs, tt_prior)
     df = _chosen_copies(main, state_rows, table)
-    df = _slot_maxima(df, config, table, truncs, tt_prior, now_us)
-    return _outputs(df, table, truncs, tt_prior, tt, now_us, capture)
-
-
-def _chosen() -> Column:
-    """The copy that stands for its event (§12)."""
-    return (F.col("is_event") == 1) & (F.col("rn") == 1)
+    df = _slot_maxima(df, config, table, flags, now_us)
+    return _outputs(df, table, logged, truncs, tt_prior, tt, now_us, capture)
 
 
 def _canonical() -> WindowSpec:
     """A key's rows in the canonical order, its prior state row first."""
-    return Window.partitionBy("key").orderBy("is_event", "c_ts", "c_rank", "event_id", "rn")
+    return Window.partitionBy("key").orderBy("is_event", "ts", "rank", "event_id")
 
 
 def _chosen_copies(main: DataFrame, state_rows: DataFrame, table: Table) -> DataFrame:
-    """1. the copy that stands for each event (§12): every copy gets its event's reason
-    (``ev_reason``), time and rank (``c_ts``, ``c_rank``); only the standing copy keeps
-    what the typing read (the others count for their replica's order and accounting).
-    Before that, each copy's clock-skew evidence (E7, ``skew``) from what it read."""
+    """1. the copy that stands for each event (§12), the one row of its event from here
+    on: with the replicas of all its copies (``copies``, for their fates) and their
+    clock-skew evidence (``skews``, E7), read from each copy before the others are let
+    go. The later windows sort a third of the rows they would sort with every copy."""
     events = main.select(F.lit(1).alias("is_event"), *main.columns)
     items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
     items = with_evidence(items, table)
     w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy(*standing_order())
-    df = items.withColumn("rn", F.row_number().over(w_ev))
-    df = df.select(
-        *[F.when(_chosen(), F.col(c)).alias(c) if c in TYPED_COLUMNS else c for c in df.columns]
-    )
-    df = df.select(
+    every = w_ev.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    df = items.select(
         "*",
-        F.first("reason").over(w_ev).alias("ev_reason"),
-        F.first("ts").over(w_ev).alias("c_ts"),
-        F.first("rank").over(w_ev).alias("c_rank"),
+        F.row_number().over(w_ev).alias("rn"),
+        F.collect_list("replica").over(every).alias("copies"),
+        F.collect_list("skew").over(every).alias("skews"),
     )
-    return df.withColumn("good", _chosen() & F.col("ev_reason").isNull())
+    df = df.where(F.col("rn") == 1).drop("rn", "skew")
+    return df.withColumn("good", (F.col("is_event") == 1) & F.col("reason").isNull())
 
 
 def _slot_maxima(
     df: DataFrame,
     config: Config,
     table: Table,
-    truncs: Sequence[Event],
-    tt_prior: dict | None,
+    flags: Sequence[Column],
     now_us: int,
 ) -> DataFrame:
     """2. every slot's writes, and their maxima before each row in the canonical order;
-    the conflict columns and the fate of every copy."""
+    the conflict ``flags`` and the fate of every copy."""
     is_state = F.col("is_event") == 0
     names = [c for c, _ in value_columns(table)] + ["_marker", "_tomb"]
     ranks = rank_map(config, table)
@@ -131,49 +125,45 @@ def _slot_maxima(
     df = df.select(
         "*",
         *[F.greatest(f"p_{n}", f"w_{n}").alias(f"f_{n}") for n in names],
-        *conflict_columns(table, truncs, tt_prior),
+        *flags,
     )
-    # the fate of a copy is its event's: the standing copy comes first among them
-    fate_here = F.when(
-        F.col("good"), F.when(F.col("won"), F.lit("applied")).otherwise(F.lit("discarded"))
-    )
-    upto = w.rowsBetween(Window.unboundedPreceding, 0)
     return df.withColumn(
         "fate",
-        F.when(F.col("ev_reason").isNotNull(), F.lit("quarantined")).otherwise(
-            F.last(fate_here, ignorenulls=True).over(upto)
-        ),
+        F.when(F.col("reason").isNotNull(), F.lit("quarantined"))
+        .when(F.col("won"), F.lit("applied"))
+        .otherwise(F.lit("discarded")),
     )
 
 
 def _outputs(
     df: DataFrame,
     table: Table,
+    logged: Mapping[str, Column],
     truncs: Sequence[Event],
     tt_prior: dict | None,
     tt: dict | None,
     now_us: int,
     capture: bool,
 ) -> DataFrame:
-    """3. the structs of the outputs, where they apply (``_resolve_keys``)."""
+    """3. the structs of the outputs, where they apply (``_resolve_keys``); the conflict
+    log's fields (``logged``) are computed on the conflicting rows only."""
     state_cols, exists = final_state(table, now_us, tt)
+    remote = {
+        "remote_event_id": F.col("event_id"),
+        "remote_ts": F.col("ts"),
+        "remote_origin": F.col("origin"),
+    }
+    fields = {**logged, **remote}
     conflict = F.struct(
-        F.col("key_json").alias("key"),
-        "conflict_type",
-        "resolver",
-        "outcome",
-        "local_ts",
-        "local_origin",
-        "local_row",
-        F.col("event_id").alias("remote_event_id"),
-        F.col("ts").alias("remote_ts"),
-        F.col("origin").alias("remote_origin"),
-        "remote_row",
-        F.col("conflict_reason").alias("reason"),
+        *[fields[n].alias(n) for n in CONFLICT_FIELDS],
         F.col("rank").alias("pos_rank"),
         F.lit(0).alias("pos_idx"),
     )
-    quarantined = _chosen() & F.col("ev_reason").isNotNull()
+    is_event = F.col("is_event") == 1
+    quarantined = F.struct("replica", "event_id", "reason", "detail", "raw")
+    fates = F.transform(
+        "copies", lambda r: F.struct(F.col("event_id"), r.alias("replica"), F.col("fate"))
+    )
     changes = []
     if capture:
         applied = F.col("good") & F.col("won")
@@ -186,12 +176,10 @@ def _outputs(
     return df.select(
         F.when(F.col("last") & exists, F.struct(*state_cols)).alias("state"),
         F.when(F.col("good") & F.col("conflict"), conflict).alias("conflict"),
-        F.when(F.col("is_event") == 1, F.struct("event_id", "replica", "fate")).alias("fate"),
-        F.when(quarantined, F.struct("replica", "event_id", "reason", "detail", "raw")).alias(
-            "quarantine"
-        ),
-        F.when(_chosen(), F.col("event_id")).alias("chosen_id"),
-        "skew",
+        F.when(is_event, fates).alias("fates"),
+        F.when(is_event & F.col("reason").isNotNull(), quarantined).alias("quarantine"),
+        F.when(is_event, F.col("event_id")).alias("chosen_id"),
+        "skews",
         *changes,
     )
 
@@ -237,7 +225,7 @@ def resolve_cells(
     )
     fates, quarantine = with_special_copies(
         spark,
-        out.where(F.col("fate").isNotNull()).select("fate.*"),
+        out.select(F.explode("fates").alias("f")).select("f.*"),
         out.where(F.col("quarantine").isNotNull()).select("quarantine.*"),
         specials,
     )
@@ -245,7 +233,14 @@ def resolve_cells(
     divergence = spark.createDataFrame([], DIVERGENCE)
     changes = _changes(out, table, bool(truncs)) if capture else None
     return Resolved(
-        state, conflicts, divergence, fates, quarantine, list(truncs), changes, tally(out)
+        state,
+        conflicts,
+        divergence,
+        fates,
+        quarantine,
+        list(truncs),
+        changes,
+        tally(out.select(F.explode("skews").alias("skew"))),
     )
 
 
