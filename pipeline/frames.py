@@ -57,26 +57,6 @@ def copy_schema(table: Table) -> T.StructType:
     return T.StructType([T.StructField(n, t) for n, t in fields])
 
 
-#: what the typing read of a copy (``guards.type_copy``); the cell engine keeps it for the
-#: copy that stands for its event only
-TYPED_COLUMNS = (
-    "op",
-    "origin",
-    "rank",
-    "txid",
-    "ts",
-    "new_key",
-    "after",
-    "after_has",
-    "before",
-    "before_has",
-    "extra_cols",
-    "ttl",
-    "expiry",
-    "reason",
-    "detail",
-)
-
 # ---------------------------------------------------------------------- the Python fold
 
 #: what the row engine's Python fold reads of each row of the stream (``foldrun``): a state

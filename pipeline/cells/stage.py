@@ -62,9 +62,8 @@ def _resolve_keys(
     """The one shuffle by key and its windows (package docstring). One row per event
     and per state row, with the structs ``state`` (at a key's last row), ``conflict`` and
     ``quarantine`` where they apply, the arrays ``fates`` (one per copy) and ``skews``
-    (E7), and ``chosen_id``; with ``capture``,
-    ``change`` (an applied event's) and ``tchanges`` (the run's TRUNCATEs', at a key's
-    last row) for the CDC log."""
+    (E7), and ``chosen_id``; with ``capture``, ``change`` (an applied event's) and
+    ``tchanges`` (the run's TRUNCATEs', at a key's last row) for the CDC log."""
     flags, logged = conflict_columns(table, truncs, tt_prior)
     df = _chosen_copies(main, state_rows, table)
     df = _slot_maxima(df, config, table, flags, now_us)
@@ -104,7 +103,7 @@ def _slot_maxima(
     now_us: int,
 ) -> DataFrame:
     """2. every slot's writes, and their maxima before each row in the canonical order;
-    the conflict ``flags`` and the fate of every copy."""
+    the conflict ``flags`` and the fate of every event (its copies')."""
     is_state = F.col("is_event") == 0
     names = [c for c, _ in value_columns(table)] + ["_marker", "_tomb"]
     ranks = rank_map(config, table)
