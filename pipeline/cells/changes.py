@@ -10,7 +10,7 @@ from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
 from pipeline.cells.conflicts import position_after, table_tomb_at_event
-from pipeline.cells.writes import greatest, value_columns
+from pipeline.cells.writes import greatest, value, value_columns
 from pipeline.config import Table
 from pipeline.policy import ChangeKind
 from pipeline.rowfold import Event
@@ -23,7 +23,7 @@ def _seen(x: Column, limit: Column, at_us: Column) -> Column:
         x.isNotNull()
         & ~x["dead"]
         & F.coalesce(x["ts"] > limit, F.lit(True))
-        & (x["ttl"].isNull() | F.coalesce(x["expiry_s"] * 1_000_000 > at_us, F.lit(True)))
+        & (~x["exp"] | F.coalesce(x["expiry"] * 1_000_000 > at_us, F.lit(True)))
     )
 
 
@@ -42,7 +42,8 @@ def _row_struct(table: Table, values: dict[str, Column]) -> Column:
 
 def _seen_row(table: Table, prefix: str, seen: dict[str, Column]) -> Column:
     """The row a reader sees: the values of the cells in ``seen``."""
-    values = {c: F.when(v, F.col(f"{prefix}_{c}")["value"]) for c, v in seen.items()}
+    types = dict(value_columns(table))
+    values = {c: F.when(v, value(F.col(f"{prefix}_{c}"), types[c])) for c, v in seen.items()}
     return _row_struct(table, values)
 
 
@@ -96,7 +97,7 @@ def event_change(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -
         (F.col("event_id"), F.col("ts"), F.col("rank")),
         kind,
         cols,
-        {c: F.when(won[c], F.col(f"w_{c}")["value"]) for c in seen_b},
+        {c: F.when(won[c], value(F.col(f"w_{c}"), ct)) for c, ct in value_columns(table)},
         (F.when(~gone, F.col("ttl")), F.when(~gone, F.col("expiry"))),
         F.when(before, _seen_row(table, "p", seen_b)),
         F.when(after, _seen_row(table, "f", seen_a)),

@@ -11,8 +11,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from pipeline.cellfold import RULES, SHADOWED, TIE, TYPE_BY_OP
-from pipeline.cells.writes import greatest, value_columns
-from pipeline.config import Table
+from pipeline.cells.writes import expiry, greatest, ttl, value, value_columns
+from pipeline.config import ColumnType, Table
 from pipeline.policy import Resolver
 from pipeline.rowfold import Event
 
@@ -48,8 +48,9 @@ def table_tomb_at_event(truncs: Sequence[Event], tt_prior: dict | None) -> Colum
     return greatest(tts) if tts else F.lit(None).cast("struct<ts:bigint,o:string>")
 
 
-def _why(w: Column, p: Column, has_value: bool) -> Column:
+def _why(w: Column, p: Column, ct: ColumnType | None) -> Column:
     """The rule that decided between a write and the slot's maximum before it."""
+    has_value = ct is not None
     fields = ["ts", "dead", "del", "exp", "expiry", "wtime"] + (["vkey"] if has_value else [])
     rules = list(RULES[:6]) + ([RULES[6]] if has_value else [])
     expr = None
@@ -60,11 +61,11 @@ def _why(w: Column, p: Column, has_value: bool) -> Column:
     return expr.otherwise(F.lit(TIE))
 
 
-def _render(x: Column, has_value: bool) -> Column:
-    fields = ([x["value"].alias("value")] if has_value else []) + [
+def _render(x: Column, ct: ColumnType | None) -> Column:
+    fields = ([] if ct is None else [value(x, ct).alias("value")]) + [
         x["ts"].alias("ts"),
-        x["ttl"].alias("ttl"),
-        x["expiry_s"].alias("expiry"),
+        ttl(x).alias("ttl"),
+        expiry(x).alias("expiry"),
         F.when(x["dead"], F.lit(True)).alias("deleted"),
     ]
     return F.struct(*fields)
@@ -106,8 +107,8 @@ def conflict_columns(
     ptomb = F.col("p__tomb")
     shadow = greatest([F.when(ptomb.isNotNull(), _ts_origin(ptomb["ts"], ptomb["origin"])), tt])
     shadowed = F.coalesce(shadow["ts"] >= F.col("ts"), F.lit(False))
-    slots = [(c, True) for c, _ in value_columns(table)] + [("_marker", False)]
-    f = sum((_slot_findings(name, has_value, shadowed) for name, has_value in slots), _Findings())
+    slots: list[tuple[str, ColumnType | None]] = [*value_columns(table), ("_marker", None)]
+    f = sum((_slot_findings(name, ct, shadowed) for name, ct in slots), _Findings())
     f += _Findings(local=(F.when(shadowed & reduce(lambda a, b: a | b, f.met), shadow),))
     f += _tombstone_findings([n for n, _ in slots], tt)
     is_delete = F.col("w__tomb").isNotNull()
@@ -136,22 +137,22 @@ def conflict_columns(
     }
 
 
-def _slot_findings(name: str, has_value: bool, shadowed: Column) -> _Findings:
+def _slot_findings(name: str, ct: ColumnType | None, shadowed: Column) -> _Findings:
     """A cell's or the row marker's write against the slot's maximum before it."""
     w, p = F.col(f"w_{name}"), F.col(f"p_{name}")
     written = w.isNotNull()
     m = written & (_other(p) | shadowed)
     wn = written & ~shadowed & (p.isNull() | (w > p))
     label = "row marker" if name == "_marker" else name
-    why = F.when(shadowed, F.lit(SHADOWED)).otherwise(_why(w, p, has_value))
+    why = F.when(shadowed, F.lit(SHADOWED)).otherwise(_why(w, p, ct))
     outcome = F.when(wn, F.lit("won")).otherwise(F.lit("lost"))
     return _Findings(
         met=(m,),
         won=(wn,),
         reasons=(F.when(m, F.concat(F.lit(f"{label}: "), outcome, F.lit(" ("), why, F.lit(")"))),),
         local=(F.when(m & _other(p), _ts_origin(p["ts"], p["origin"])),),
-        local_row=(F.when(m & p.isNotNull(), _render(p, has_value)).alias(name),),
-        remote_row=(F.when(written, _render(w, has_value)).alias(name),),
+        local_row=(F.when(m & p.isNotNull(), _render(p, ct)).alias(name),),
+        remote_row=(F.when(written, _render(w, ct)).alias(name),),
     )
 
 

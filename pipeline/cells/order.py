@@ -48,3 +48,17 @@ def value_order(v: Column, ct: ColumnType) -> Column:
     # date: unsigned days + 2^31 orders like the date; boolean 00 < 01; text compares
     # as UTF-8 bytes; blob as bytes; a uuid's lower-case hex text orders like its bytes
     return v
+
+
+_AS_IS = frozenset({Kind.STRING, Kind.BOOLEAN, Kind.DATE, Kind.BINARY, Kind.UUID})
+
+
+def keeps_value(ct: ColumnType) -> bool:
+    """Whether :func:`value_order` keeps the value, to be read back (:func:`value_of_order`)."""
+    return ct.kind in _AS_IS or ct.kind in (Kind.INT, Kind.BIGINT)
+
+
+def value_of_order(key: Column, ct: ColumnType) -> Column:
+    """The value whose :func:`value_order` is ``key`` (``keeps_value(ct)``)."""
+    assert keeps_value(ct), ct
+    return key if ct.kind in _AS_IS else key["v"]

@@ -11,8 +11,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.cells.writes import greatest, value_columns
-from pipeline.config import Table
+from pipeline.cells.writes import deleted_at, expiry, greatest, ttl, value, value_columns
+from pipeline.config import ColumnType, Table
 from pipeline.rowfold import Event
 from pipeline.schema import state_schema
 
@@ -80,7 +80,7 @@ class _Horizon:
         return x.isNotNull() & F.coalesce(x["ts"] > self.limit, F.lit(True))
 
     def unexpired(self, x: Column) -> Column:
-        return x["ttl"].isNull() | F.coalesce(x["expiry_s"] > self.now_s, F.lit(False))
+        return ~x["exp"] | F.coalesce(x["expiry"] > self.now_s, F.lit(False))
 
     def live(self, x: Column) -> Column:
         return self.kept(x) & ~x["dead"] & self.unexpired(x)
@@ -93,16 +93,22 @@ def final_state(table: Table, now_us: int, tt: dict | None) -> tuple[list[Column
     tomb = F.col("f__tomb")
     tomb_kept = tomb.isNotNull() & F.coalesce(tomb["ts"] > tt_ts, F.lit(True))
     h = _Horizon(F.greatest(F.when(tomb_kept, tomb["ts"]), tt_ts), now_us // 1_000_000)
-    cells = {c: F.col(f"f_{c}") for c, _ in value_columns(table)}
+    types = dict(value_columns(table))
+    cells = {c: F.col(f"f_{c}") for c in types}
     marker = F.col("f__marker")
     by_name = {
         **{c: F.col(f"key.{c}") for c in table.key},
-        **{c: F.when(h.live(x), x["value"]) for c, x in cells.items()},
+        **{c: F.when(h.live(x), value(x, types[c])) for c, x in cells.items()},
         **_row_meta(cells, marker, tomb, tomb_kept, h),
-        "_cells": F.struct(*[_stored_cell(x, h).alias(c) for c, x in cells.items()]),
+        "_cells": F.struct(*[_stored_cell(x, types[c], h).alias(c) for c, x in cells.items()]),
         "_marker": F.when(
             h.kept(marker),
-            F.struct(*[marker[n].alias(n) for n in ("ts", "ttl")], _expiry(marker), *_by(marker)),
+            F.struct(
+                marker["ts"].alias("ts"),
+                ttl(marker).alias("ttl"),
+                expiry(marker).alias("expiry"),
+                *_by(marker),
+            ),
         ),
         "_tomb": F.when(
             tomb_kept, F.struct(*[tomb[n].alias(n) for n in ("ts", "deleted_at")], *_by(tomb))
@@ -119,21 +125,17 @@ def _by(x: Column) -> list[Column]:
     return [x["origin"].alias("origin"), x["event_id"].alias("event_id")]
 
 
-def _expiry(x: Column) -> Column:
-    return x["expiry_s"].alias("expiry")
-
-
-def _stored_cell(x: Column, h: _Horizon) -> Column:
+def _stored_cell(x: Column, ct: ColumnType, h: _Horizon) -> Column:
     """A cell as the state keeps it: as written, even once expired or deleted."""
     return F.when(
         h.kept(x),
         F.struct(
-            x["value"].alias("value"),
+            value(x, ct).alias("value"),
             x["ts"].alias("ts"),
-            x["ttl"].alias("ttl"),
-            _expiry(x),
+            ttl(x).alias("ttl"),
+            expiry(x).alias("expiry"),
             x["dead"].alias("dead"),
-            F.when(x["dead"], x["deleted_at"]).alias("deleted_at"),
+            deleted_at(x).alias("deleted_at"),
             *_by(x),
         ),
     )
@@ -156,13 +158,8 @@ def _row_meta(
         [last_write(x, ok) for x, ok in zip(cells.values(), lives, strict=True)]
         + [last_write(marker, marker_live)]
     )
-    deletions = [F.when(h.kept(x) & x["dead"], x["deleted_at"]) for x in cells.values()]
-    deletions += [
-        F.when(
-            h.kept(x) & ~x["dead"] & x["ttl"].isNotNull(), (x["expiry_s"] - x["ttl"]) * 1_000_000
-        )
-        for x in cells.values()
-    ]
+    deletions = [F.when(h.kept(x) & x["dead"], x["del"]) for x in cells.values()]
+    deletions += [F.when(h.kept(x) & x["exp"], x["wtime"] * 1_000_000) for x in cells.values()]
     deletions.append(F.when(tomb_kept, tomb["deleted_at"]))
     return {
         "_ts": F.when(row_live, latest["ts"]),

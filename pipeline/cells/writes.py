@@ -7,7 +7,7 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from pipeline.cells.order import value_order
+from pipeline.cells.order import keeps_value, value_of_order, value_order
 from pipeline.config import ColumnType, Table
 from pipeline.schema import spark_type
 
@@ -34,7 +34,10 @@ def _cell_struct(
     ct: ColumnType | None,
 ) -> Column:
     """One write in the order of ``cellfold.Cell.order_key``: rules 1-4, then the
-    canonical order; the rest is carried along."""
+    canonical order; then its origin, and its value where ``vkey`` loses it. Nothing
+    else: every field is sorted, compared and copied by each window, so what can be
+    read back from the others (:func:`ttl`, :func:`expiry`, :func:`deleted_at`,
+    :func:`value`) is not carried."""
     L = "long"
     ts, deleted_at, ttl, expiry = ts.cast(L), deleted_at.cast(L), ttl.cast(L), expiry.cast(L)
     rank, event_id, origin = rank.cast("int"), event_id.cast("string"), origin.cast("string")
@@ -56,13 +59,30 @@ def _cell_struct(
         rank.alias("rank"),
         event_id.alias("event_id"),
         origin.alias("origin"),
-        F.when(exp, ttl).alias("ttl"),
-        F.when(exp, expiry).alias("expiry_s"),
-        deleted_at.alias("deleted_at"),
     ]
-    if ct is not None:
+    if ct is not None and not keeps_value(ct):
         fields.append(value.alias("value"))
     return F.struct(*fields)
+
+
+def ttl(x: Column) -> Column:
+    """A write's TTL (seconds): a live write's expiry less its write time."""
+    return F.when(x["exp"], x["expiry"] - x["wtime"])
+
+
+def expiry(x: Column) -> Column:
+    """A TTL write's expiry (epoch seconds)."""
+    return F.when(x["exp"], x["expiry"])
+
+
+def deleted_at(x: Column) -> Column:
+    """A cell tombstone's deletion time (µs)."""
+    return F.when(x["dead"], x["del"])
+
+
+def value(x: Column, ct: ColumnType) -> Column:
+    """A cell write's value (null for a tombstone)."""
+    return value_of_order(x["vkey"], ct) if keeps_value(ct) else x["value"]
 
 
 def _tomb_struct(
