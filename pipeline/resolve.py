@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 #: the fates after which an event is never resolved again (the ledger's)
 FINAL_FATES = tuple(f.value for f in Fate if f.final)
 DUPLICATE = Fate.DUPLICATE.value
+#: a cell table's resolution, in the table's folder until its outputs are written
+RESOLUTION = "_resolution"
 
 
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
@@ -115,7 +117,7 @@ def _resolve_cells(
     table's clock-skew evidence (E7)."""
     out = ctx.resolved / table.name
     copies, duplicates = set_duplicates_aside(spark, copies, ledger)
-    res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, ctx.dt)
+    res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, out / RESOLUTION)
     fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
     _write(res.state, out / "state_pre")
     _write(repeats_as_duplicates(fates), out / "fates")
@@ -135,6 +137,7 @@ def _resolve_cells(
     )
     if res.changes is not None:
         _write(res.changes, out / "changes")
+    shutil.rmtree(out / RESOLUTION)  # read by the writes above, no further
     return res.clock_skew
 
 

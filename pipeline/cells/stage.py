@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date
 from functools import reduce
+from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Resolved:
-    """The results of one cell table, as DataFrames over its persisted resolution."""
+    """The results of one cell table, as DataFrames over its written resolution."""
 
     state: DataFrame
     conflicts: DataFrame
@@ -190,12 +190,11 @@ def resolve_cells(
     refs: DataFrame,
     prior: DataFrame,
     now_us: int,
-    dt: date,
+    scratch: Path,
 ) -> Resolved:
     """Resolve one cell-granularity table. ``refs``: the typed copies of the staged
     exports (``frames.copy_schema``); ``prior``: the state the run starts from (not yet
-    purged)."""
-    del dt
+    purged); ``scratch``: a folder of the run's work location for the resolution."""
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
     main, specials = split_special(refs)
     truncs = specials.truncates
@@ -212,6 +211,7 @@ def resolve_cells(
         lambda m: _resolve_keys(
             m, state_rows, config, table, truncs, tt_prior, tt, now_us, capture
         ),
+        scratch,
     )
 
     state = out.where(F.col("state").isNotNull()).select("state.*")
@@ -258,10 +258,12 @@ def _state_rows(prior: DataFrame, table: Table) -> DataFrame:
     )
 
 
-def _settled(main: DataFrame, table: Table, resolve: Callable[[DataFrame], DataFrame]) -> DataFrame:
-    """``resolve(main)``, persisted; if some event's copies sit under different keys, they
-    are moved to their winner's key and resolved again (rare; see ``engine``)."""
-    out = resolve(main).persist()
+def _settled(
+    main: DataFrame, table: Table, resolve: Callable[[DataFrame], DataFrame], scratch: Path
+) -> DataFrame:
+    """``resolve(main)``, written once; if some event's copies sit under different keys,
+    they are moved to their winner's key and resolved again (rare; see ``engine``)."""
+    out = _written(resolve(main), scratch)
     disputed = [
         r.chosen_id
         for r in out.where(F.col("chosen_id").isNotNull())
@@ -278,9 +280,18 @@ def _settled(main: DataFrame, table: Table, resolve: Callable[[DataFrame], DataF
             table.name,
             len(disputed),
         )
-        out.unpersist()
-        out = resolve(settle_disputes(main, disputed)).persist()
+        out = _written(resolve(settle_disputes(main, disputed)), scratch)
     return out
+
+
+def _written(df: DataFrame, path: Path) -> DataFrame:
+    """``df`` written to ``path`` as Parquet and read back. The outputs are read from
+    these files: their jobs neither compute the resolution again nor analyse, optimise
+    and ship its plan (large even for a table of a few columns: the slots' structs, the
+    conflict log's renderings), which cost a small run more than the files do. Unlike a
+    cache, the files survive the loss of an executor."""
+    df.write.mode("overwrite").parquet(str(path))
+    return df.sparkSession.read.schema(df.schema).parquet(str(path))
 
 
 def _changes(out: DataFrame, table: Table, truncated: bool) -> DataFrame:
