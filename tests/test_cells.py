@@ -23,6 +23,7 @@ from test_engine import codegen_modes
 from test_scenarios import run_scenario
 
 from pipeline.cellfold import Cell, CellEvent, CellFold, CellRow, purge, serialize
+from pipeline.cells import stage as cell_stage
 from pipeline.cells import value_order
 from pipeline.config import ColumnType, Kind, parse_config
 from pipeline.schema import spark_type
@@ -261,3 +262,43 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeyp
     assert t["applied"] == sum(1 for f in fates.values() if f == "applied")
     assert t["discarded"] == sum(1 for f in fates.values() if f == "discarded")
     assert t["divergent_keys"] == {}
+
+
+def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_key(
+    tmp_path: Path, spark, monkeypatch
+):
+    """§12 "Duplicates" across keys, in the cell engine: the golden ``differing_copies``
+    exports (B-002's and C-002's copies sit under different keys) under ``scylla``
+    publish what the same exports publish with every copy already under the key and
+    record of its event's standing copy (the origin's own). The first run takes the
+    second resolution (``_settled``'s disputes), the second does not need it."""
+    s = json.loads((Path(__file__).parent / "golden" / "differing_copies.json").read_text())
+    s["config"]["defaults"] = {"policy": "scylla"}
+    order = [r["id"] for r in s["config"]["replicas"] if r["id"] in s["exports"]]
+    exports = {replica: s["exports"][replica]["t"] for replica in order}
+    standing: dict[str, dict] = {}  # each event's: its origin's copy, else the first replica's
+    for rows in reversed(exports.values()):
+        standing.update({r["event_id"]: r for r in rows})
+    for replica, rows in exports.items():
+        standing.update({r["event_id"]: r for r in rows if r["origin"] == replica})
+    moved = json.loads(json.dumps(s))
+    for rows in (moved["exports"][replica]["t"] for replica in exports):
+        rows[:] = [{**standing[r["event_id"]], "seq": r["seq"]} for r in rows]
+    assert moved["exports"] != s["exports"]  # some copies did move
+
+    settled: list[list[str]] = []
+    settle = cell_stage.settle_disputes
+
+    def spy(copies: Any, ids: list[str]) -> Any:
+        settled.append(sorted(ids))
+        return settle(copies, ids)
+
+    monkeypatch.setattr(cell_stage, "settle_disputes", spy)
+    runs = {}
+    for name, scenario in (("as exported", s), ("moved", moved)):
+        (tmp_path / name).mkdir()
+        got, failed = run_scenario(scenario, tmp_path / name)
+        assert not failed and got["status"] == "published", got
+        runs[name] = got
+    assert settled == [["B-002", "C-002"]]  # the first run's, once
+    assert runs["as exported"]["snapshot"]["t"] and runs["as exported"] == runs["moved"]
