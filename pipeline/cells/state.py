@@ -158,7 +158,8 @@ def _row_meta(
         [last_write(x, ok) for x, ok in zip(cells.values(), lives, strict=True)]
         + [last_write(marker, marker_live)]
     )
-    deletions = [F.when(h.kept(x) & x["dead"], x["del"]) for x in cells.values()]
+    deletions = [F.when(h.kept(x), deleted_at(x)) for x in cells.values()]
+    # a TTL write is a tombstone once it expires, deleted as of its write time (§7)
     deletions += [F.when(h.kept(x) & x["exp"], x["wtime"] * 1_000_000) for x in cells.values()]
     deletions.append(F.when(tomb_kept, tomb["deleted_at"]))
     return {
