@@ -24,11 +24,16 @@ def _decimal_udf(ct: ColumnType) -> Any:
     return ser
 
 
+#: the kinds whose order key is ``(v < 0, v)``, and those whose order key is the value
+_SIGNED = frozenset({Kind.INT, Kind.BIGINT})
+_AS_IS = frozenset({Kind.STRING, Kind.BOOLEAN, Kind.DATE, Kind.BINARY, Kind.UUID})
+
+
 def value_order(v: Column, ct: ColumnType) -> Column:
     """A Spark value that orders like the unsigned bytes of ``v``'s Cassandra binary
     form (a shorter prefix first), so that rule 4 is a plain comparison."""
     k = ct.kind
-    if k in (Kind.INT, Kind.BIGINT):  # two's complement: negatives after positives
+    if k in _SIGNED:  # two's complement: negatives after positives
         return F.struct((v < 0).alias("neg"), v.alias("v"))
     if k is Kind.TIMESTAMP:  # signed milliseconds, likewise
         ms = F.unix_millis(v)
@@ -50,12 +55,9 @@ def value_order(v: Column, ct: ColumnType) -> Column:
     return v
 
 
-_AS_IS = frozenset({Kind.STRING, Kind.BOOLEAN, Kind.DATE, Kind.BINARY, Kind.UUID})
-
-
 def keeps_value(ct: ColumnType) -> bool:
     """Whether :func:`value_order` keeps the value, to be read back (:func:`value_of_order`)."""
-    return ct.kind in _AS_IS or ct.kind in (Kind.INT, Kind.BIGINT)
+    return ct.kind in _AS_IS | _SIGNED
 
 
 def value_of_order(key: Column, ct: ColumnType) -> Column:
