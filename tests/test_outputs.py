@@ -155,7 +155,9 @@ def test_runs_started_at_once_in_their_own_processes_one_writes(tmp_path: Path, 
     }
     errors = {run_id: p.communicate()[1] for run_id, p in procs.items()}
     codes = {run_id: p.returncode for run_id, p in procs.items()}
-    (winner,) = [r for r, c in codes.items() if c == 0]
+    winners = [r for r, c in codes.items() if c == 0]
+    assert len(winners) == 1, (codes, errors)
+    (winner,) = winners
     for loser in set(racers) - {winner}:
         assert codes[loser] == 1, errors[loser]
         assert f"is being written by run {winner} on" in errors[loser], errors[loser]
