@@ -279,7 +279,7 @@ def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
     """Publish what this run validated; skip when it got no verdict (the failure is
     upstream) or is a dry run. Each table the run published gets an asset event whose
     ``extra`` carries the run id, date, status, counts and ``runs`` version."""
-    from airflow.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowSkipException
 
     if p["dry_run"]:
         raise AirflowSkipException("dry run: nothing is published")
@@ -302,7 +302,7 @@ def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
 def finish(p: dict[str, Any]) -> None:
     """The run's last step, whatever happened before: release the store's lease (a
     failed run must not keep the next night out)."""
-    from airflow.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowSkipException
 
     from pipeline.errors import StageError
 
