@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := pipeline/datadocs_assets/.fetched
 
-.PHONY: venv jvm-archive bytecode demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres
+.PHONY: venv jvm-archive bytecode demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres debian
 
 venv: $(STAMP)
 
@@ -19,18 +19,32 @@ $(ASSETS): pipeline/datadocs.py | $(STAMP)
 	  $(BIN)/python -m pipeline.datadocs fetch && touch $(ASSETS); \
 	else echo "npm is missing: the Data Docs pages will load their scripts from public CDNs"; fi
 
-# Debian's Chromium (the tests open the Data Docs, the Conflicts page and the trigger form
-# in it, headless) and Debian's docker-compose (its `config` check validates
-# docker-compose.yaml; Docker itself is not needed).
-browser:
-	@command -v chromium >/dev/null || { \
-	  echo "installing Debian's chromium for the browser tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+# The Debian packages the tests use, each with the check that it is there:
+# - chromium: the tests open the Data Docs, the Conflicts page and the trigger form in it,
+#   headless;
+# - docker-compose: its `config` check validates docker-compose.yaml (Docker itself is not
+#   needed);
+# - postgresql-15 and its wal2json plugin: the real-source test (tests/test_real_sources.py)
+#   starts three servers on loopback and exports their changes.
+# What is missing is installed in one apt-get call.
+HAS_chromium := command -v chromium
+HAS_docker-compose := command -v docker-compose
+HAS_postgresql-15 := test -x /usr/lib/postgresql/15/bin/initdb
+HAS_postgresql-15-wal2json := test -f /usr/lib/postgresql/15/lib/wal2json.so
+define debian_install
+	@missing=""; $(foreach p,$(1),$(HAS_$(p)) >/dev/null || missing="$$missing $(p)";) \
+	  [ -z "$$missing" ] || { echo "installing Debian's$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
+endef
 
+debian:
+	$(call debian_install,chromium docker-compose postgresql-15 postgresql-15-wal2json)
+browser:
+	$(call debian_install,chromium)
 compose-tool:
-	@command -v docker-compose >/dev/null || { \
-	  echo "installing Debian's docker-compose to validate docker-compose.yaml"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+	$(call debian_install,docker-compose)
+postgres:
+	$(call debian_install,postgresql-15 postgresql-15-wal2json)
 
 # The secrets of docker-compose.yaml (the S3 server's keys, Airflow's JWT secret and
 # Fernet key, the admin's password), random, in .env (git ignores it; Compose reads it).
@@ -43,14 +57,6 @@ compose-env:
 	  print(f"CDR_FERNET_KEY={base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()}"); \
 	  print(f"CDR_ADMIN_PASSWORD={secrets.token_urlsafe(12)}")' > .env; \
 	  echo "wrote .env (the Airflow login: admin, password CDR_ADMIN_PASSWORD in .env)"; }
-
-# PostgreSQL 15 and its wal2json plugin, from Debian's packages: the real-source test
-# (tests/test_real_sources.py) starts three servers on loopback and exports their changes.
-postgres:
-	@test -x /usr/lib/postgresql/15/bin/initdb && test -f /usr/lib/postgresql/15/lib/wal2json.so || { \
-	  echo "installing Debian's postgresql-15 and postgresql-15-wal2json for the real-source test"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    postgresql-15 postgresql-15-wal2json >/dev/null; }
 
 $(STAMP): pyproject.toml constraints.txt
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \
@@ -82,9 +88,12 @@ jvm-archive: $(STAMP)
 demo: $(STAMP) $(ASSETS) jvm-archive bytecode
 	$(BIN)/cdr demo
 
-# The archive's minute (one core) runs beside the docs assets, lint and typecheck (the
-# other): its log is shown when it is done.
-test: $(STAMP) browser compose-tool postgres bytecode
+# The Debian packages install while pip installs the venv. Then the archive's minute (one
+# core) runs beside the docs assets, lint and typecheck (the other): its log is shown when
+# it is done.
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target venv debian
+	@$(MAKE) --no-print-directory bytecode
 	@$(MAKE) --no-print-directory jvm-archive > $(VENV)/jvm-archive.log 2>&1 & archive=$$!; \
 	  $(MAKE) --no-print-directory $(ASSETS) lint typecheck; checks=$$?; \
 	  wait $$archive; built=$$?; cat $(VENV)/jvm-archive.log; \
