@@ -185,7 +185,17 @@ def _generate_options(g: argparse.ArgumentParser) -> None:
         "origin and by the replicas that applied it)",
     )
     g.add_argument(
-        "--conflict-rate", type=float, default=0.2, help="share of keys written by several replicas"
+        "--conflict-rate",
+        type=_share,
+        default=None,
+        help="share of keys written by several replicas (default 0.02)",
+    )
+    g.add_argument(
+        "--skew",
+        type=_share,
+        default=None,
+        help="share of the changes to existing keys that go to the newest tenth of the keys, "
+        "the rest spread over all of them; 0 is uniform (default 0.5)",
     )
     g.add_argument(
         "--late-rate",
@@ -210,6 +220,14 @@ def _generate_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     g.add_argument("--files", type=int, default=1, help="files per export")
     g.add_argument("--seed", type=int, default=1)
+
+
+def _share(text: str) -> float:
+    """A share, from 0 to 1."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a share between 0 and 1")
+    return value
 
 
 def _demo_options(d: argparse.ArgumentParser) -> None:
@@ -386,9 +404,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.store)
     assert config.store
+    given = {"conflict_rate": args.conflict_rate, "skew": args.skew}  # unset: the defaults
     opts = GenerateOptions(
+        **{k: v for k, v in given.items() if v is not None},
         events=args.events,
-        conflict_rate=args.conflict_rate,
         late_rate=args.late_rate,
         delete_rate=args.delete_rate,
         base_rows=args.base_rows,

@@ -5,13 +5,21 @@ The model: every change is made on one replica (its origin) at a commit ``ts`` a
 by every other replica after a replication delay; each replica exports every change it
 applied, its own and the others', in its local apply order. So one event appears in
 every replica's export, in different orders: the origin applies its own change at once,
-the others later. A share of keys (``conflict_rate``) is written by several replicas
-within the delay window, which produces real conflicts (insert races, concurrent updates,
-updates racing deletes); the rest of the keys get one change. Some events are late (made
-the day before, exported today). Foreign-key columns reference keys of the parent table,
-unique columns get distinct values, delta columns carry before and after.
+the others later. A share of keys (``conflict_rate``, 2% by default) is written by several
+replicas within the delay window, which produces real conflicts (insert races, concurrent
+updates, updates racing deletes); the rest of the keys get one change. Some events are
+late (made the day before, exported today). Foreign-key columns reference live keys of
+the parent table, unique columns get distinct values, delta columns carry before and
+after.
 
-Same config, date, options and seed: the same bytes.
+Like a production table, the keys live across nights: half of a night's keys are new and
+half are existing ones. New keys continue after the largest key generated for an earlier
+date (``generated/table=<t>/dt=<D>.json`` records it, with the keys deleted so far), so a
+key is never inserted twice; changes to existing keys lean toward the newest keys
+(``skew``: that share of them goes to the newest tenth of the keys, the rest is spread
+over all of them; 0 is uniform) and never pick a deleted key.
+
+Same config, date, options, seed and earlier dates: the same bytes.
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ MAX_DELAY_US = 90_000_000  # replication delay: up to 90 s
 @dataclass(frozen=True)
 class GenerateOptions:
     events: int = 10_000  # event records across all exports
-    conflict_rate: float = 0.2
+    conflict_rate: float = 0.02
+    #: the share of the changes to existing keys that go to the newest tenth of the keys
+    #: (the rest is uniform over all keys): 0 is uniform
+    skew: float = 0.5
     late_rate: float = 0.02
     delete_rate: float = 0.1
     base_rows: int | None = None
@@ -51,6 +62,57 @@ class GenerateOptions:
     #: seconds each replica's clock is off (negative: behind): its events' commit ts are
     #: stamped by it, while an ``order_by`` column keeps the application's true time
     clock_offsets: dict[str, int] = field(default_factory=dict)
+
+
+#: the tenth of the keys that ``skew`` favours: the newest ones
+NEWEST_SHARE = 0.1
+#: draws of an existing key that may land on a deleted one before a new key is used
+_PICKS = 4
+
+
+@dataclass
+class KeySpace:
+    """A table's generated keys: ``0 .. next_key - 1``, less the ``dead`` (deleted) ones."""
+
+    next_key: int = 0
+    dead: set[int] = field(default_factory=set)
+
+    def new(self) -> int:
+        n = self.next_key
+        self.next_key += 1
+        return n
+
+    def pick(self, rng: random.Random, skew: float) -> int | None:
+        """A live existing key: with probability ``skew`` one of the newest tenth, else
+        any; None when none is found."""
+        hi = self.next_key
+        if hi - len(self.dead) <= 0:
+            return None
+        for _ in range(_PICKS):
+            newest = rng.random() < skew
+            lo = hi - max(1, int(hi * NEWEST_SHARE)) if newest else 0
+            n = rng.randrange(lo, hi)
+            if n not in self.dead:
+                return n
+        return None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"next_key": self.next_key, "dead": sorted(self.dead)}).encode()
+
+    @classmethod
+    def before(cls, store: Store, table: str, dt: date) -> KeySpace:
+        """The keys generated for ``table`` up to the latest date before ``dt`` (none: a
+        new table)."""
+        folder = layout.generated_keys_dir(table)
+        dates = sorted(
+            d
+            for k in store.list(folder)
+            if (d := date.fromisoformat(k.rsplit("dt=", 1)[1].removesuffix(".json"))) < dt
+        )
+        if not dates:
+            return cls()
+        body = json.loads(store.read_bytes(layout.generated_keys(table, dates[-1])))
+        return cls(int(body["next_key"]), set(body["dead"]))
 
 
 @dataclass
@@ -123,14 +185,16 @@ class _TableGen:
         config: Config,
         table: Table,
         rng: random.Random,
-        parents: dict[str, list[dict[str, Any]]],
+        parents: dict[str, _TableGen],
         day0: int,
+        keys: KeySpace,
     ):
         self.config = config
         self.day0 = day0  # the generated day's start (µs)
         self.t = table
         self.rng = rng
         self.parents = parents
+        self.keys = keys
         self.replicas = list(config.replica_ids)
         self.unique_cols = {c for u in table.unique for c in u}
         self.fk_cols = {c: fk for fk in table.foreign_keys for c in fk.columns}
@@ -159,11 +223,12 @@ class _TableGen:
         return out
 
     def _reference(self, parent: str, cols: tuple[str, ...]) -> dict[str, Any]:
-        keys = self.parents.get(parent)
-        if not keys:
+        """A live key of the parent table (generated before this table)."""
+        g = self.parents.get(parent)
+        n = None if g is None else g.keys.pick(self.rng, 0.0)
+        if g is None or n is None:
             return {c: None for c in cols}
-        pk = self.rng.choice(keys)
-        return dict(zip(cols, pk.values(), strict=True))
+        return dict(zip(cols, g.key(n).values(), strict=True))
 
     def change(self, full: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """after and before of an UPDATE: some non-key, non-unique columns change."""
@@ -226,26 +291,29 @@ def _write_export(
 def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> dict[str, Any]:
     """Write one day of exports for every configured table (parents first)."""
     per_table = max(1, opts.events // max(1, len(config.tables)))
-    keys_of: dict[str, list[dict[str, Any]]] = {}
+    gens: dict[str, _TableGen] = {}
     stats: dict[str, Any] = {"records": 0, "tables": {}}
+    day0 = to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
     for name in _parents_first(config):
         table = config.tables[name]
         rng = random.Random(f"{opts.seed}-{name}")
-        g = _TableGen(
-            config, table, rng, keys_of, to_micros(datetime(dt.year, dt.month, dt.day, tzinfo=UTC))
-        )
         base_n = opts.base_rows or 0
+        # a base snapshot starts the table anew: its rows are the keys 0 .. base_n - 1
+        keys = KeySpace(base_n) if base_n else KeySpace.before(store, name, dt)
+        g = gens[name] = _TableGen(config, table, rng, gens, day0, keys)
         if base_n:
             base_rows = [g.row(n) for n in range(base_n)]
             _write_export(store, layout.base_dir(name), base_rows, "jsonl", 1, {"table": name})
-        events, live, k_touched = _day_events(g, dt, opts, per_table)
-        keys_of[name] = live + [g.key(n) for n in range(base_n)]
+        first_new = keys.next_key
+        events, k_touched = _day_events(g, dt, opts, per_table)
         n_records = _write_day(store, name, dt, events, g.replicas, rng, opts)
+        store.write_bytes(layout.generated_keys(name, dt), keys.to_json())
         stats["records"] += n_records
         stats["tables"][name] = {
             "events": len(events),
             "records": n_records,
             "keys": k_touched,
+            "new_keys": keys.next_key - first_new,
             "base_rows": base_n,
         }
     return stats
@@ -253,24 +321,20 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
 
 def _day_events(
     g: _TableGen, dt: date, opts: GenerateOptions, per_table: int
-) -> tuple[list[_Ev], list[dict[str, Any]], int]:
-    """One table's events of the day, from ``g``'s seeded generator; the keys live at its
-    end; how many keys it touched."""
+) -> tuple[list[_Ev], int]:
+    """One table's events of the day, from ``g``'s seeded generator, and how many keys it
+    touched; ``g.keys`` is left as the day ends (its new keys added, its deletes dead)."""
     day0 = g.day0
     rng, replicas, name = g.rng, g.replicas, g.t.name
     distinct = max(1, per_table // len(replicas))
-    base_n = opts.base_rows or 0
     # keys touched: E = K * (1 + 2.5 c); contended keys get 2-5 events
     k_touched = max(1, int(distinct / (1 + 2.5 * opts.conflict_rate)))
     events: list[_Ev] = []
-    live: list[dict[str, Any]] = []
     seq_no = {r: 0 for r in replicas}
-    next_new = base_n
     for _k in range(k_touched):
-        existing = base_n > 0 and rng.random() < 0.5
-        n = rng.randrange(base_n) if existing else next_new
-        if not existing:
-            next_new += 1
+        picked = g.keys.pick(rng, opts.skew) if rng.random() < 0.5 else None
+        existing = picked is not None
+        n = picked if picked is not None else g.keys.new()
         full = g.row(n) if existing else {}
         contended = rng.random() < opts.conflict_rate
         count = rng.randint(2, 5) if contended else 1
@@ -303,9 +367,9 @@ def _day_events(
             events.append(ev)
             # the next change of a contended key is concurrent: within the delay window
             t += rng.randint(1, MAX_DELAY_US) if contended else rng.randint(1, 10**9)
-        if alive:
-            live.append(g.key(n))
-    return events, live, k_touched
+        if not alive:
+            g.keys.dead.add(n)
+    return events, k_touched
 
 
 def _finish_event(g: _TableGen, ev: _Ev, full: dict[str, Any], opts: GenerateOptions) -> None:

@@ -30,6 +30,16 @@ def base_dir(table: str) -> str:
     return f"base/table={table}"
 
 
+def generated_keys(table: str, dt: date) -> str:
+    """``cdr generate``'s record of the keys it made for ``table`` up to ``dt`` (the next
+    new key, the keys deleted): the next date's new keys continue after them."""
+    return f"generated/table={table}/dt={dt.isoformat()}.json"
+
+
+def generated_keys_dir(table: str) -> str:
+    return f"generated/table={table}"
+
+
 #: a table's outputs, each a Delta table ``published/<table>/<kind>``: ``snapshot`` holds
 #: the latest published date; the others are partitioned by ``dt``
 SNAPSHOT = "snapshot"
