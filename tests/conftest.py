@@ -59,7 +59,7 @@ def file_store(tmp_path: Path):
 @pytest.fixture(scope="session")
 def airflow_db(tmp_path_factory) -> Path:
     """One migrated Airflow database for the session; each Airflow gets a copy."""
-    from airflow_env import migrated_database
+    from tests.helpers.airflow_env import migrated_database
 
     return migrated_database(tmp_path_factory.mktemp("airflow-template"))
 
@@ -68,6 +68,6 @@ def airflow_db(tmp_path_factory) -> Path:
 def airflow(tmp_path_factory, airflow_db):
     """An isolated Airflow (its own home and SQLite database) for the tests that import
     Airflow in this process: requested before their first ``import airflow``."""
-    from airflow_env import setup_airflow
+    from tests.helpers.airflow_env import setup_airflow
 
     return setup_airflow(tmp_path_factory.mktemp("airflow"), airflow_db)

@@ -10,11 +10,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import sources as src
 import yaml
 
 from pipeline import adapters
@@ -23,6 +21,8 @@ from pipeline.config import load_config
 from pipeline.errors import ExportError
 from pipeline.exports import FRAMING, read_manifest, stage_jsonl
 from pipeline.store import open_store
+from tests.helpers import published as P
+from tests.helpers import sources as src
 
 DT = "2026-11-21"
 T0 = 1_795_258_800_000_000  # 2026-11-21T10:00:00Z, µs

@@ -23,13 +23,13 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import published as P
 import pytest
 import yaml
-from airflow_env import BIN, airflow_environment, use_database
-from scenarios import cdr_run_snapshots, snapshot_rows
 
 from pipeline.context import safe_run_id
+from tests.helpers import published as P
+from tests.helpers.airflow_env import BIN, airflow_environment, use_database
+from tests.helpers.scenarios import cdr_run_snapshots, snapshot_rows
 
 # the backfill waits up to 30 minutes for its runs; a hang beyond that fails the test
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -16,12 +16,9 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-import published as P
 import pytest
 import yaml
-from cdc_consumer import Consumer, micros, time_order
 from pyspark.sql import functions as F
-from test_tokens import cassandra_bytes, driver_token, random_value
 
 from pipeline.cdc import generations, stream_id_column, timeuuid
 from pipeline.cli import main
@@ -31,6 +28,10 @@ from pipeline.generate import GenerateOptions, generate
 from pipeline.schema import key_struct_type
 from pipeline.store import open_store
 from pipeline.streams import Generation, Generations, Topology, next_generations, vnode_ends
+from tests.helpers import REPO
+from tests.helpers import published as P
+from tests.helpers.cdc_consumer import Consumer, micros, time_order
+from tests.test_tokens import cassandra_bytes, driver_token, random_value
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 CONFIG: dict[str, Any] = {
@@ -223,7 +224,7 @@ def test_a_rerun_writes_the_same_log(two_days):
 
 
 def _readme_example(marker: str) -> str:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     return text.split(f"<!-- {marker} -->")[1].split("```python")[1].split("```")[0]
 
 

@@ -17,7 +17,6 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
-from fold_helpers import NOW
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +38,7 @@ from pipeline.cellfold import (
     shadow,
 )
 from pipeline.config import ColumnType, Kind, parse_config
+from tests.helpers.fold_helpers import NOW
 
 TEXT = ColumnType(Kind.STRING)
 INT = ColumnType(Kind.INT)

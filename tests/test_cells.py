@@ -15,18 +15,19 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import published as P
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from test_engine import codegen_modes
-from test_scenarios import run_scenario
 
 from pipeline.cellfold import Cell, CellEvent, CellFold, CellRow, purge, serialize
 from pipeline.cells import stage as cell_stage
 from pipeline.cells import value_order
 from pipeline.config import ColumnType, Kind, parse_config
 from pipeline.schema import spark_type
+from tests.helpers import GOLDEN
+from tests.helpers import published as P
+from tests.test_engine import codegen_modes
+from tests.test_scenarios import run_scenario
 
 
 def _values(kind: ColumnType, rnd: random.Random) -> list[Any]:
@@ -272,7 +273,7 @@ def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_k
     publish what the same exports publish with every copy already under the key and
     record of its event's standing copy (the origin's own). The first run takes the
     second resolution (``_settled``'s disputes), the second does not need it."""
-    s = json.loads((Path(__file__).parent / "golden" / "differing_copies.json").read_text())
+    s = json.loads((GOLDEN / "differing_copies.json").read_text())
     s["config"]["defaults"] = {"policy": "scylla"}
     order = [r["id"] for r in s["config"]["replicas"] if r["id"] in s["exports"]]
     exports = {replica: s["exports"][replica]["t"] for replica in order}

@@ -19,16 +19,16 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import published as P
 import pyspark
 import pytest
 import yaml
-from dagrun import asset_events, run_dag, xcom
-from scenarios import cdr_run_snapshots, snapshot_rows
 
 from pipeline.cli import main
 from pipeline.demo import DEMO_CONFIG
 from pipeline.store import open_store
+from tests.helpers import published as P
+from tests.helpers.dagrun import asset_events, run_dag, xcom
+from tests.helpers.scenarios import cdr_run_snapshots, snapshot_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 D = "2026-11-21"

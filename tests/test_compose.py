@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 COMPOSE = REPO / "docker-compose.yaml"
 
 

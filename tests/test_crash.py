@@ -20,15 +20,15 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import published as P
 import pytest
-import scenarios as S
 import yaml
-from faults import SEEDS, expire_lease, killed_at
 
 from pipeline import layout
 from pipeline.cli import main
 from pipeline.store import open_store
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.faults import SEEDS, expire_lease, killed_at
 
 SCENARIO = "future_timestamp"  # a conflict and a quarantine
 CDC = {"enabled": True, "vnodes": 4, "shards": 1, "sharding_ignore_msb": 0}

@@ -11,11 +11,11 @@ import json
 import sys
 from datetime import date, datetime, timedelta
 
-import published as P
 import pytest
-from dagrun import dagbag, run_dag, write_config, xcom
 
 from pipeline import layout
+from tests.helpers import published as P
+from tests.helpers.dagrun import dagbag, run_dag, write_config, xcom
 
 pytestmark = pytest.mark.airflow
 

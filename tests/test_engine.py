@@ -12,9 +12,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
-import published as P
 import pytest
-import scenarios as S
 import yaml
 
 from pipeline.cli import main
@@ -31,6 +29,8 @@ from pipeline.rowfold import (
     reader_view,
     write_groups,
 )
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
 
 D1, D2 = "2026-11-20", "2026-11-21"
 T1 = 1_795_132_800_000_000  # 2026-11-20T00:00:00Z

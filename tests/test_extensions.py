@@ -9,11 +9,11 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-import published as P
 import yaml
-from reports import date_report
 
 from pipeline.cli import main
+from tests.helpers import published as P
+from tests.helpers.reports import date_report
 
 CONFIG = {
     "replicas": [

@@ -10,13 +10,13 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
-import published as P
 import pytest
 import yaml
 
 from pipeline.cli import main
 from pipeline.config import ColumnType, Kind, parse_config
 from pipeline.guards import Typer, TypingSpec, reader
+from tests.helpers import published as P
 
 INT, BIGINT = ColumnType(Kind.INT), ColumnType(Kind.BIGINT)
 

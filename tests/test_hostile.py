@@ -9,15 +9,15 @@ import io
 import json
 from pathlib import Path
 
-import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from sources import lines, put_export
 
 from pipeline.cli import main
 from pipeline.store import open_store
+from tests.helpers import published as P
+from tests.helpers.sources import lines, put_export
 
 D = "2026-11-21"
 CONFIG = {
@@ -51,7 +51,7 @@ def cdr_run(tmp_path: Path, store: Path, **settings: object) -> int:
 
 def debezium_lines(second: str) -> tuple[bytes, int]:
     """Three Debezium inserts of ``t`` (ids 1-3), the second with ``v = second``."""
-    from sources import Change, Debezium
+    from tests.helpers.sources import Change, Debezium
 
     dbz = Debezium("t", ["id"], {"id": "int", "v": "string"}, schema=False)
     ts = 1795255200000000

@@ -11,12 +11,12 @@ import json
 from datetime import date
 
 import pytest
-from fold_helpers import make_config
-from sparkjobs import tasks_per_stage
 
 from pipeline.context import RunContext
 from pipeline.errors import ExportError
 from pipeline.exports import fetch, ingest, load_inputs, safe_relpath
+from tests.helpers.fold_helpers import make_config
+from tests.helpers.sparkjobs import tasks_per_stage
 
 D = date(2026, 11, 21)
 

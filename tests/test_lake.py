@@ -6,12 +6,12 @@ from __future__ import annotations
 from datetime import date
 from pathlib import Path
 
-import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.lake import Lake
+from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])

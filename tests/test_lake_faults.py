@@ -8,16 +8,16 @@ import uuid
 from datetime import date
 from pathlib import Path
 
-import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from faults import faulty_proxy
 
 from pipeline.errors import StoreError
 from pipeline.lake import Lake
 from pipeline.s3server import create_bucket, restore_env, use_endpoint
 from pipeline.store import open_store
+from tests.helpers import published as P
+from tests.helpers.faults import faulty_proxy
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 SCHEMA = pa.schema([("id", pa.int64())])

@@ -8,10 +8,10 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from faults import expire_lease
 
 from pipeline import layout, lease
 from pipeline.errors import LockedError
+from tests.helpers.faults import expire_lease
 
 
 @pytest.fixture(params=["file", "s3"])

@@ -11,11 +11,11 @@ import gzip
 import json
 from pathlib import Path
 
-import published as P
-import scenarios as S
 import yaml
 
 from pipeline.cli import main
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
 
 D1, D2 = "2026-11-21", "2026-11-22"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import published as P
 import yaml
 
 from pipeline.cli import main
+from tests.helpers import published as P
 
 CONFIG = {
     "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
@@ -143,7 +143,7 @@ def test_a_base_row_that_does_not_fit_stops_the_run_naming_its_line(tmp_path: Pa
     """The base snapshot is the operator's input, not replicated data: a row that does
     not fit the schema stops the run (formats.md ``base/``), naming the file and line, and
     nothing is published."""
-    import scenarios as S
+    from tests.helpers import scenarios as S
 
     store = tmp_path / "store"
     row = {"id": 1, "v": "a", "n": 1, "d": "2026-01-01", "x": 1.5}

@@ -13,12 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import published as P
-import scenarios as S
 import yaml
-from reports import date_report
 
 from pipeline.cli import main
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.reports import date_report
 
 D1, D2, D3 = "2026-11-20", "2026-11-21", "2026-11-22"
 HOUR = 3_600_000_000

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import scenarios as S
-from sparkjobs import in_a_group
-from test_scenarios import CDC, run_scenario
 
 from pipeline import engine, resolve
+from tests.helpers import scenarios as S
+from tests.helpers.sparkjobs import in_a_group
+from tests.test_scenarios import CDC, run_scenario
 
 
 def relations_read(df: Any) -> set[str]:

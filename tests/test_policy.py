@@ -6,10 +6,11 @@ means."""
 from __future__ import annotations
 
 import pytest
-from fold_helpers import T0, H, ev, live, spec, tomb
 
 from pipeline.policy import ALLOWED, PRESETS, ROW_TYPES, ConflictType, Outcome, Resolver
 from pipeline.rowfold import fold_converged
+from tests.helpers import REPO
+from tests.helpers.fold_helpers import T0, H, ev, live, spec, tomb
 
 C = ConflictType
 R = Resolver
@@ -195,21 +196,19 @@ def test_priority_wins_falls_back_to_the_latest_for_one_origin(later: bool):
 def test_the_readme_resolver_table_is_the_policy_table():
     """The README's table of resolvers is rendered from ``pipeline.policy``: edit the
     table there, then paste ``policy.resolver_table()`` between the markers."""
-    from pathlib import Path
 
     from pipeline.policy import resolver_table
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     shown = readme.split("<!-- resolvers:begin -->\n")[1].split("<!-- resolvers:end -->")[0]
     assert shown == resolver_table()
 
 
 def test_the_readme_delete_wins_table_is_the_policy_literal():
-    from pathlib import Path
 
     from pipeline.policy import delete_wins_table
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     shown = readme.split("<!-- delete-wins:begin -->\n")[1].split("<!-- delete-wins:end -->")[0]
     assert shown == delete_wins_table()
 

@@ -17,11 +17,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import published as P
 import pytest
-import scenarios as S
 import yaml
-from fold_helpers import NOW, T0, make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +33,9 @@ from pipeline.rowfold import (
     fold_perspective,
     reader_view,
 )
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.fold_helpers import NOW, T0, make_config
 
 REPLICAS3 = [{"id": "a", "system_id": 1}, {"id": "b", "system_id": 2}, {"id": "c", "system_id": 3}]
 LWW = {

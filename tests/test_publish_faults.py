@@ -18,15 +18,15 @@ from collections import Counter
 from pathlib import Path
 
 import boto3
-import published as P
 import pytest
-import scenarios as S
 import yaml
-from faults import SEEDS, faulty_proxy, killed_at
 
 from pipeline.cli import main
 from pipeline.s3server import restore_env, use_endpoint
 from pipeline.store import open_store
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.faults import SEEDS, faulty_proxy, killed_at
 
 SCENARIO = "future_timestamp"  # conflicts and a quarantine
 

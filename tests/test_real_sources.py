@@ -36,14 +36,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pg_replicas as pgr
-import published as P
 import pytest
-import sources as src
 import yaml
 
 from pipeline.cli import main
 from pipeline.store import Store
+from tests.helpers import pg_replicas as pgr
+from tests.helpers import published as P
+from tests.helpers import sources as src
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

@@ -8,15 +8,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import published as P
 import pytest
-import scenarios as S
 import yaml
-from test_scenarios import CDC
 
 from pipeline import layout
 from pipeline.cli import main
 from pipeline.store import replace_tree
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.test_scenarios import CDC
 
 
 @pytest.fixture(params=["file", "s3"])

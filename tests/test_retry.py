@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import published as P
 import pytest
 import yaml
-from scenarios import write_exports
 
 from pipeline.cli import main
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
+from tests.helpers import published as P
+from tests.helpers.scenarios import write_exports
 
 D1, D2, D3, D4 = "2026-11-21", "2026-11-22", "2026-11-23", "2026-11-24"
 CONFIG = {

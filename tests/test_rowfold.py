@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from fold_helpers import NOW, T0, H, ev, live, spec, tomb
 
 from pipeline.policy import ConflictType as C
 from pipeline.policy import Outcome as O
@@ -15,6 +14,7 @@ from pipeline.rowfold import (
     fold_perspective,
     reader_view,
 )
+from tests.helpers.fold_helpers import NOW, T0, H, ev, live, spec, tomb
 
 
 def fold(sp, state, events):

@@ -22,13 +22,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import published as P
-import scenarios as S
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
 
 DATE, NOW = "2026-11-21", "2026-11-22T00:00:00Z"
 T0 = 1_795_219_200_000_000  # 2026-11-21T00:00:00Z

@@ -18,8 +18,7 @@ from pipeline.published import run_row
 from pipeline.runs import list_reports, render_page, table_runs
 from pipeline.runs_table import append
 from pipeline.store import FileStore
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 
 
 def _report(dt: str, status: str = "published", run: str = "r", **tables) -> dict:
@@ -332,9 +331,8 @@ def test_the_trends_draw_each_tables_last_30_runs_in_chromium(store, tmp_path: P
     """E6: 32 runs in ``conflict_stats``; the page draws, per table, the last 30 (oldest
     on the left) with a line and a point per run for each series, each point naming its
     date and count; rendered by headless Chromium, with a screenshot kept beside the page."""
-    from test_validation import render
-
     from pipeline.stats import trends
+    from tests.test_validation import render
 
     _stats_of_runs(store, tmp_path / "work", 32)
     last = trends(Lake(store))

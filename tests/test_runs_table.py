@@ -6,11 +6,10 @@ from __future__ import annotations
 from datetime import date, timedelta
 from pathlib import Path
 
-import published as P
-
 from pipeline import layout
 from pipeline.lake import Lake
 from pipeline.runs_table import RunRow, append, latest_date, latest_published, now, read_runs
+from tests.helpers import published as P
 
 D1, D2, D3 = date(2026, 11, 19), date(2026, 11, 20), date(2026, 11, 21)
 

@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import published as P
 import pytest
-import scenarios as S
-from cdc_consumer import Consumer
 
 from pipeline.cli import main
 from pipeline.context import parse_rfc3339, to_micros
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.cdc_consumer import Consumer
 
 PENDING: dict[str, str] = {}  # scenario name prefix -> why it is expected to fail
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
+ROOT = REPO
 PACKAGE = ROOT / "pipeline"
 #: the rules of the spec, in plain Python: the guards, the folds, the policy tables, the config
 PURE = (

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import published as P
-import scenarios as S
 import yaml
 
 from pipeline.cli import main
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
 
 D = "2026-11-21"
 T = 1_795_219_200_000_000  # 2026-11-21T00:00:00Z

@@ -8,17 +8,17 @@ import json
 from datetime import date
 from pathlib import Path
 
-import published as P
 import pytest
 import yaml
-from fold_helpers import make_config
-from test_snapshots import SUB, D, setup
 
 from pipeline.cli import main
 from pipeline.context import RunContext
 from pipeline.errors import StageError
 from pipeline.summary import RunSummary
 from pipeline.validation import load_verdict
+from tests.helpers import published as P
+from tests.helpers.fold_helpers import make_config
+from tests.test_snapshots import SUB, D, setup
 
 
 def test_a_config_edit_after_ingest_is_refused_by_the_next_stage(tmp_path: Path):

@@ -9,12 +9,8 @@ import json
 from datetime import date
 from pathlib import Path
 
-import published as P
 import pytest
-import scenarios as S
 import yaml
-from sparkjobs import tasks_per_stage
-from test_scenarios import CDC
 
 from pipeline import layout
 from pipeline.cli import main
@@ -23,6 +19,10 @@ from pipeline.context import RunContext
 from pipeline.lake import Lake, add_actions
 from pipeline.store import S3Store
 from pipeline.uploads import UPLOADS, upload_outputs
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.sparkjobs import tasks_per_stage
+from tests.test_scenarios import CDC
 
 
 def _on_s3(s3_store, s: dict, tmp: Path, cdc: bool = False) -> list[str]:

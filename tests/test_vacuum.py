@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import published as P
 import pyarrow as pa
 import pytest
 
@@ -17,6 +16,7 @@ from pipeline.errors import LockedError
 from pipeline.lake import Lake
 from pipeline.runs_table import RunRow, append
 from pipeline.vacuum import vacuum
+from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 STATE = layout.table_path("t", layout.STATE)

@@ -14,13 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import published as P
 import pytest
-import scenarios as S
-from fold_helpers import make_config
-from reports import date_report
-from sparkjobs import tasks_per_stage
-from test_scenarios import run_scenario, scenario_run
 
 from pipeline.config import parse_config
 from pipeline.replay import replay_differences
@@ -36,6 +30,12 @@ from pipeline.suites import (
 )
 from pipeline.summary import RunSummary, Stopped, TableSummary
 from pipeline.validation import Verdict, gate_from_summary, message
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.fold_helpers import make_config
+from tests.helpers.reports import date_report
+from tests.helpers.sparkjobs import tasks_per_stage
+from tests.test_scenarios import run_scenario, scenario_run
 
 REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
 CONFIG = parse_config(

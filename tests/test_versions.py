@@ -4,13 +4,13 @@ still runs plain SQL but fails in mapInArrow)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas
 import pyarrow as pa
 import pyspark
 
-LOCK = Path(__file__).resolve().parent.parent / "constraints.txt"
+from tests.helpers import REPO
+
+LOCK = REPO / "constraints.txt"
 
 
 def locked(name: str) -> str:

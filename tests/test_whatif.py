@@ -11,13 +11,13 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-import published as P
 import pytest
 import yaml
-from dagrun import dagbag
-from scenarios import write_exports
 
 from pipeline.cli import main
+from tests.helpers import published as P
+from tests.helpers.dagrun import dagbag
+from tests.helpers.scenarios import write_exports
 
 D = "2026-11-21"
 BASE = {

@@ -14,12 +14,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import scenarios as S
-from test_scenarios import run_scenario
 
 from pipeline import datadocs
+from tests.helpers import REPO
+from tests.helpers import scenarios as S
+from tests.test_scenarios import run_scenario
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.spark]
 
 #: a process that imports the installed ``pipeline`` (``sys.argv[1]`` is where it must

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from airflow_env import REPO
+
+from tests.helpers import REPO
 
 GENERATED = {"events": 1500, "seed": 3, "base_rows": 100}
 

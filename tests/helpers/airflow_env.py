@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 BIN = Path(sys.executable).parent
 # SQLite's busy timeout (default 5 s): the api-server, scheduler, dag-processor and CLI
 # of the services test write to one database file.
@@ -26,10 +27,12 @@ def airflow_environment(home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "airflow_env.SQLITE_CONNECT_ARGS",
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": (
+            "tests.helpers.airflow_env.SQLITE_CONNECT_ARGS"
         ),
+        # the repository's root, for the line above (not tests/: tests/airflow/ would hide
+        # the airflow package)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
 

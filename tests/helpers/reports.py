@@ -24,7 +24,7 @@ def date_report(where: Path | Store, d: date | str) -> dict[str, Any] | None:
 def log_rows(where: Path | Store, report: dict[str, Any], table: str, kind: str) -> list:
     """The rows of a log (``conflicts``, ``quarantine``, ...) of the run of ``report``: the
     date's partition of the published table, or the failed run's own table."""
-    import published as P
+    from tests.helpers import published as P
 
     if report["status"] == "published":
         return P.rows(where, layout.table_path(table, kind), report["dt"])

@@ -18,15 +18,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import published as P
 import pyarrow as pa
 import pyarrow.parquet as pq
-from reports import date_report, log_rows
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import GOLDEN, REPO
+from tests.helpers import published as P
+from tests.helpers.reports import date_report, log_rows
+
 SCENARIOS = Path(os.environ.get("CDR_SCENARIOS", REPO.parent / "shared" / "scenarios"))
-#: the project's own scenarios, same shape, for rules the shared set does not exercise
-GOLDEN = REPO / "tests" / "golden"
+#: the project's own scenarios (``GOLDEN``), same shape, for rules the shared set does not
+#: exercise
 
 
 def scenario_files() -> list[Path]:
