@@ -30,8 +30,8 @@ from pipeline.store import open_store
 from pipeline.streams import Generation, Generations, Topology, next_generations, vnode_ends
 from tests.helpers import REPO
 from tests.helpers import published as P
+from tests.helpers.cassandra import cassandra_bytes, driver_token, random_value
 from tests.helpers.cdc_consumer import Consumer, micros, time_order
-from tests.test_tokens import cassandra_bytes, driver_token, random_value
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 CONFIG: dict[str, Any] = {

@@ -26,8 +26,8 @@ from pipeline.config import ColumnType, Kind, parse_config
 from pipeline.schema import spark_type
 from tests.helpers import GOLDEN
 from tests.helpers import published as P
-from tests.test_engine import codegen_modes
-from tests.test_scenarios import run_scenario
+from tests.helpers import scenarios as S
+from tests.helpers.sparkjobs import codegen_modes
 
 
 def _values(kind: ColumnType, rnd: random.Random) -> list[Any]:
@@ -217,7 +217,7 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeyp
         "now": "2026-11-22T00:00:00Z",
         "exports": _exports(rnd, run2 + stale),
     }
-    got, failed = run_scenario(s, tmp_path)
+    got, failed = S.run_scenario(s, tmp_path)
     assert not failed
     assert modes and all(modes), modes
 
@@ -298,7 +298,7 @@ def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_k
     runs = {}
     for name, scenario in (("as exported", s), ("moved", moved)):
         (tmp_path / name).mkdir()
-        got, failed = run_scenario(scenario, tmp_path / name)
+        got, failed = S.run_scenario(scenario, tmp_path / name)
         assert not failed and got["status"] == "published", got
         runs[name] = got
     assert settled == [["B-002", "C-002"]]  # the first run's, once

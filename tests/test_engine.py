@@ -31,6 +31,7 @@ from pipeline.rowfold import (
 )
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
+from tests.helpers.sparkjobs import codegen_modes
 
 D1, D2 = "2026-11-20", "2026-11-21"
 T1 = 1_795_132_800_000_000  # 2026-11-20T00:00:00Z
@@ -268,21 +269,6 @@ def state_rows(state: dict) -> dict:
         )
         for k, v in state.items()
     }
-
-
-def codegen_modes(monkeypatch) -> list[bool]:
-    """Whether each stage that sized its Spark settings compiled its plans."""
-    import pipeline.spark
-
-    seen: list[bool] = []
-    real = pipeline.spark.fit_codegen
-
-    def spy(spark, records: int) -> bool:
-        seen.append(real(spark, records))
-        return seen[-1]
-
-    monkeypatch.setattr(pipeline.spark, "fit_codegen", spy)
-    return seen
 
 
 #: cases whose runs compile their Spark plans (``CDR_CODEGEN=on``, what a large run does);

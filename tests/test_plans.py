@@ -18,7 +18,6 @@ import pytest
 from pipeline import engine, resolve
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import in_a_group
-from tests.test_scenarios import CDC, run_scenario
 
 
 def relations_read(df: Any) -> set[str]:
@@ -53,8 +52,8 @@ def test_the_cell_outputs_are_written_from_the_resolutions_files(
 
     monkeypatch.setattr(resolve, "_write", spy)
     s = json.loads((S.SCENARIOS / f"{name}.json").read_text())
-    s["config"]["cdc"] = CDC
-    run_scenario(s, tmp_path)
+    s["config"]["cdc"] = S.CDC
+    S.run_scenario(s, tmp_path)
     fold_outputs = {"state_pre", "conflicts", "quarantine", "divergence", "fates", "changes"}
     assert fold_outputs <= set(written), written
     assert {k: v for k, v in written.items() if k in fold_outputs} == {
@@ -98,7 +97,7 @@ def test_the_row_engine_folds_a_table_in_one_spark_job(
     monkeypatch.setattr(engine, "fold", in_a_group(spark, engine.fold, jobs))
     path = S.SCENARIOS / f"{name}.json"
     s = json.loads((path if path.exists() else S.GOLDEN / f"{name}.json").read_text())
-    run_scenario(s, tmp_path)
+    S.run_scenario(s, tmp_path)
     nights = len(s.get("history", [])) + 1
     row_tables = sum(t.get("policy") != "scylla" for t in s["config"]["tables"].values())
     assert [len(ids) for ids in jobs.values()] == jobs_per_fold * nights * row_tables, jobs
@@ -116,7 +115,7 @@ def test_the_typed_copies_and_the_ledger_are_read_without_a_spark_job(
     monkeypatch.setattr(engine, "with_seen", in_a_group(spark, engine.with_seen, jobs))
     s = json.loads((S.SCENARIOS / "dw_row_local_newer.json").read_text())
     assert s.get("history"), "a scenario of two nights: the second reads the first's ledger"
-    run_scenario(s, tmp_path)
+    S.run_scenario(s, tmp_path)
     assert sum(g.startswith("read_copies") for g in jobs) == 2, jobs
     assert sum(g.startswith("with_seen") for g in jobs) == 2, jobs
     assert {g: ids for g, ids in jobs.items() if ids} == {}
@@ -133,7 +132,7 @@ def test_the_errored_conflict_is_found_on_the_driver_only_when_the_fold_stopped(
     jobs: dict[str, list[int]] = {}
     monkeypatch.setattr(resolve, "_cut_at_error", in_a_group(spark, resolve._cut_at_error, jobs))
     s = json.loads((S.SCENARIOS / f"{name}.json").read_text())
-    _, failed = run_scenario(s, tmp_path)
+    _, failed = S.run_scenario(s, tmp_path)
     assert failed is stops
     assert len(jobs) == (1 if stops else 0), jobs
     assert not any(jobs.values()), jobs
@@ -151,7 +150,7 @@ def test_a_small_run_takes_at_most_15_spark_jobs_per_table(tmp_path: Path, spark
     adaptive = spark.conf.get("spark.sql.adaptive.enabled")
     s = json.loads((S.SCENARIOS / "pg_update_differ_apply.json").read_text())
     assert len(s["config"]["tables"]) == 1 and not s.get("history")
-    run_scenario(s, tmp_path)
+    S.run_scenario(s, tmp_path)
     assert len(jobs) == 1
     assert 0 < len(next(iter(jobs.values()))) <= 15, jobs
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive

@@ -16,7 +16,6 @@ from pipeline.cli import main
 from pipeline.store import replace_tree
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
-from tests.test_scenarios import CDC
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -69,7 +68,7 @@ def test_a_rerun_of_a_date_on_s3_publishes_the_same_rows_once(s3_store, tmp_path
     S.layout_store(s, folder)
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         s3_store.upload(f, f.relative_to(folder).as_posix())
-    cfg = {**s["config"], "cdc": CDC, "store": s3_store.uri}
+    cfg = {**s["config"], "cdc": S.CDC, "store": s3_store.uri}
     (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", s["date"], "--now", s["now"]]
     args += ["--no-data-docs"]

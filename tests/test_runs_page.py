@@ -19,6 +19,7 @@ from pipeline.runs import list_reports, render_page, table_runs
 from pipeline.runs_table import append
 from pipeline.store import FileStore
 from tests.helpers import REPO
+from tests.helpers.browser import render
 
 
 def _report(dt: str, status: str = "published", run: str = "r", **tables) -> dict:
@@ -332,7 +333,6 @@ def test_the_trends_draw_each_tables_last_30_runs_in_chromium(store, tmp_path: P
     on the left) with a line and a point per run for each series, each point naming its
     date and count; rendered by headless Chromium, with a screenshot kept beside the page."""
     from pipeline.stats import trends
-    from tests.test_validation import render
 
     _stats_of_runs(store, tmp_path / "work", 32)
     last = trends(Lake(store))

@@ -18,7 +18,7 @@ from pipeline.summary import RunSummary
 from pipeline.validation import load_verdict
 from tests.helpers import published as P
 from tests.helpers.fold_helpers import make_config
-from tests.test_snapshots import SUB, D, setup
+from tests.helpers.snapshots import SUB, D, setup
 
 
 def test_a_config_edit_after_ingest_is_refused_by_the_next_stage(tmp_path: Path):

@@ -22,7 +22,6 @@ from pipeline.uploads import UPLOADS, upload_outputs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import tasks_per_stage
-from tests.test_scenarios import CDC
 
 
 def _on_s3(s3_store, s: dict, tmp: Path, cdc: bool = False) -> list[str]:
@@ -31,7 +30,7 @@ def _on_s3(s3_store, s: dict, tmp: Path, cdc: bool = False) -> list[str]:
     S.layout_store(s, folder)
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         s3_store.upload(f, f.relative_to(folder).as_posix())
-    cfg = {**s["config"], "store": s3_store.uri, **({"cdc": CDC} if cdc else {})}
+    cfg = {**s["config"], "store": s3_store.uri, **({"cdc": S.CDC} if cdc else {})}
     (tmp / "cdr.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     args = ["--config", str(tmp / "cdr.yaml"), "--date", s["date"], "--now", s["now"]]
     return [*args, "--work-dir", str(tmp / "work"), "--run-id", "night"]

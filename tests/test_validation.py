@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,10 +30,10 @@ from pipeline.summary import RunSummary, Stopped, TableSummary
 from pipeline.validation import Verdict, gate_from_summary, message
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
+from tests.helpers.browser import render
 from tests.helpers.fold_helpers import make_config
 from tests.helpers.reports import date_report
 from tests.helpers.sparkjobs import tasks_per_stage
-from tests.test_scenarios import run_scenario, scenario_run
 
 REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
 CONFIG = parse_config(
@@ -418,50 +416,11 @@ def _scenario(name: str, **config: Any) -> dict[str, Any]:
     return s
 
 
-def chromium() -> str:
-    """Debian's Chromium (``make test`` installs it when missing)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "Chromium is missing: `make browser` installs Debian's chromium package"
-    return exe
-
-
-def render(page: Path, tmp: Path) -> str:
-    """The DOM of ``page`` after Chromium rendered it headless; a screenshot beside it."""
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp / 'chromium-profile'}",
-    ]
-    flags.append("--virtual-time-budget=10000")  # let the page's scripts build its tables
-    shot = tmp / f"{page.stem}.png"
-    subprocess.run(
-        [chromium(), *flags, f"--screenshot={shot}", "--window-size=1280,900", page.as_uri()],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
-    dom = subprocess.run(
-        [chromium(), *flags, "--dump-dom", page.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    return re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)  # what the page shows
-
-
 def test_a_run_whose_every_table_stopped_still_has_its_data_docs(tmp_path):
     """An ``error`` resolver stops the scenario's only table: no suite runs, and the
     failed run's report still links Data Docs that are there (an index of no suite)."""
     s = json.loads(_path("pg_insert_exists_error").read_text())
-    _, failed = run_scenario(s, tmp_path, docs=True)
+    _, failed = S.run_scenario(s, tmp_path, docs=True)
     assert failed
     report = date_report(tmp_path / "store", s["date"])
     assert report is not None and report["status"] == "failed"
@@ -475,7 +434,7 @@ def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
     """The FK seed example under ``on_fk_violation: fail``: the order left pointing at a
     product whose key changed fails the run; the results and Data Docs are published,
     and render in a browser with every suite. (The scenario test's run.)"""
-    ran = scenario_run(_path("pg_fk_update_parent_fail"), tmp_path_factory)
+    ran = S.scenario_run(_path("pg_fk_update_parent_fail"), tmp_path_factory)
     s, got, failed = ran["s"], ran["got"], ran["failed"]
     assert failed and got["snapshot"] == {}
     root = ran["root"] / "store"
@@ -509,7 +468,7 @@ def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
 
 def test_quarantine_moves_the_orphan_out_and_passes(tmp_path_factory, spark):
     """The same exports under ``on_fk_violation: quarantine`` (the scenario test's run)."""
-    ran = scenario_run(_path("pg_fk_update_parent_quarantine"), tmp_path_factory)
+    ran = S.scenario_run(_path("pg_fk_update_parent_quarantine"), tmp_path_factory)
     assert ran["s"]["config"]["on_fk_violation"] == "quarantine"
     got, failed = ran["got"], ran["failed"]
     assert not failed
@@ -518,12 +477,12 @@ def test_quarantine_moves_the_orphan_out_and_passes(tmp_path_factory, spark):
 
 
 def test_a_divergent_policy_fails_or_warns(tmp_path, tmp_path_factory, spark):
-    ran = scenario_run(_path("divergence_skip_fails"), tmp_path_factory)
+    ran = S.scenario_run(_path("divergence_skip_fails"), tmp_path_factory)
     assert ran["s"]["config"].get("on_divergence", "fail") == "fail"
     assert ran["failed"] and ran["got"]["status"] == "failed"
     (tmp_path / "warn").mkdir()
     s = _scenario("divergence_skip_fails", on_divergence="warn")
-    got, failed = run_scenario(s, tmp_path / "warn")
+    got, failed = S.run_scenario(s, tmp_path / "warn")
     assert not failed and got["status"] == "published" and got["snapshot"]
     report = json.loads(
         (tmp_path / f"warn/store/published/reports/dt={s['date']}/run_report.json").read_text()

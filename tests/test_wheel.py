@@ -18,7 +18,6 @@ import pytest
 from pipeline import datadocs
 from tests.helpers import REPO
 from tests.helpers import scenarios as S
-from tests.test_scenarios import run_scenario
 
 pytestmark = [pytest.mark.spark]
 
@@ -97,7 +96,7 @@ def test_the_installed_wheel_runs_a_scenario_from_a_folder_without_source(
         return p.returncode
 
     s = json.loads(path.read_text())
-    got, failed = run_scenario(s, tmp_path, cli=cli, docs=True)
+    got, failed = S.run_scenario(s, tmp_path, cli=cli, docs=True)
     assert S.differences(s, got, failed) == []
     assert all(f"cdr from {site}/pipeline/__init__.py" in o for o in outputs)
     assert list(elsewhere.iterdir()) == []

@@ -21,8 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.context import parse_rfc3339, to_micros
 from tests.helpers import GOLDEN, REPO
 from tests.helpers import published as P
+from tests.helpers.cdc_consumer import Consumer
 from tests.helpers.reports import date_report, log_rows
 
 SCENARIOS = Path(os.environ.get("CDR_SCENARIOS", REPO.parent / "shared" / "scenarios"))
@@ -349,3 +351,95 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
         if want_o != got_o:
             diffs.append(f"orphans {t}: got {dict(got_o)}, want {dict(want_o)}")
     return diffs
+
+
+# ------------------------------------------------------------------- running them
+
+
+def run_scenario(
+    s: dict, tmp: Path, gz: bool = False, cli=None, fmt: str = "jsonl", docs: bool = False
+) -> tuple[dict, bool]:
+    """Lay the scenario out under ``tmp/store`` and ``cdr run`` its dates in order;
+    ``docs`` builds the Data Docs (the scenario tests do not look at them)."""
+    from pipeline.cli import main
+
+    store = tmp / "store"
+    store.mkdir()
+    layout_store(s, store, gz=gz, fmt=fmt)
+    cfg = config_file(s, store, tmp / "cdr.yaml")
+    runs = [*s.get("history", []), {"date": s["date"], "now": s["now"], "exports": s["exports"]}]
+    failed = False
+    for r in runs:
+        args = [
+            "run",
+            "--config",
+            str(cfg),
+            "--date",
+            r["date"],
+            "--now",
+            r["now"],
+            "--work-dir",
+            str(tmp / "work"),
+        ]
+        if missing_exports(s, r["exports"]):
+            args.append("--allow-missing-exports")  # the scenario's replica exported nothing
+        if not docs:
+            args.append("--no-data-docs")
+        failed = (cli or main)(args) != 0
+    return published(store, s), failed
+
+
+def scenario_format(path: Path, s: dict) -> str:
+    """One scenario in four (of those whose records fit Parquet rows) is exported as
+    canonical Parquet, with a Parquet base snapshot; the others as JSONL."""
+    ready = [p for p in scenario_files() if parquet_ready(json.loads(p.read_text()))]
+    return "parquet" if path in ready[::4] and parquet_ready(s) else "jsonl"
+
+
+#: scenarios whose runs other tests read (the validation tests): run once, with the
+#: Data Docs where those tests open them
+SHARED_RUNS: dict[str, dict] = {}
+DOCS = {"pg_fk_update_parent_fail"}
+
+
+def scenario_run(path: Path, tmp_path_factory) -> dict:
+    """The published result of one scenario, run once per session."""
+    if path.stem not in SHARED_RUNS:
+        s = json.loads(path.read_text())
+        s["config"].setdefault("cdc", CDC)
+        tmp = tmp_path_factory.mktemp(path.stem)
+        fmt = scenario_format(path, s)
+        got, failed = run_scenario(s, tmp, fmt=fmt, docs=path.stem in DOCS)
+        SHARED_RUNS[path.stem] = {"s": s, "got": got, "failed": failed, "root": tmp, "fmt": fmt}
+    return SHARED_RUNS[path.stem]
+
+
+#: every scenario also publishes its CDC log, which must replay to its snapshots
+CDC = {"enabled": True, "vnodes": 4, "shards": 2, "preimage": True, "postimage": True}
+
+
+def cdc_replay_problems(s: dict, root: Path) -> list[str]:
+    """Replay each table's log, run after run, from the base snapshot (cdc_consumer:
+    pre- and post-images checked on the way) and compare with each published snapshot,
+    read at the version the run's ``runs`` row names (Delta time travel)."""
+    runs = [*s.get("history", []), {"date": s["date"], "now": s["now"]}]
+    problems = []
+    for t, spec in s["config"]["tables"].items():
+        columns = list(spec["columns"])
+        consumer = Consumer(spec["key"], columns)
+        consumer.seed([typed(r, spec) for r in (s.get("prior_state") or {}).get(t, [])])
+        for r in runs:
+            published = P.run_rows(root, r["date"])
+            if not published:
+                continue  # a failed run publishes nothing
+            try:
+                consumer.apply_log(P.cdc_log(root, t, r["date"]))
+            except AssertionError as e:
+                problems.append(f"{t} {r['date']}: {e}")
+                break
+            snap = P.as_of(root, f"published/{t}/snapshot", published[-1])
+            want = {tuple(x[k] for k in spec["key"]): {c: x[c] for c in columns} for x in snap}
+            got = consumer.view(to_micros(parse_rfc3339(r["now"])))
+            if got != want:
+                problems.append(f"{t} {r['date']}: the log replays to {got}, snapshot {want}")
+    return problems

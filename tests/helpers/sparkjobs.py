@@ -1,4 +1,5 @@
-"""The Spark jobs a test's code starts, as the session's status tracker sees them."""
+"""The Spark jobs a test's code starts, as the session's status tracker sees them, and
+whether the stages compiled their plans."""
 
 from __future__ import annotations
 
@@ -32,3 +33,18 @@ def tasks_per_stage(spark: Any, run: Callable[[], object]) -> list[int]:
     tracker = spark.sparkContext.statusTracker()
     stages = sorted(s for ids in jobs.values() for j in ids for s in tracker.getJobInfo(j).stageIds)
     return [tracker.getStageInfo(s).numTasks for s in stages]
+
+
+def codegen_modes(monkeypatch) -> list[bool]:
+    """Whether each stage that sized its Spark settings compiled its plans."""
+    import pipeline.spark
+
+    seen: list[bool] = []
+    real = pipeline.spark.fit_codegen
+
+    def spy(spark, records: int) -> bool:
+        seen.append(real(spark, records))
+        return seen[-1]
+
+    monkeypatch.setattr(pipeline.spark, "fit_codegen", spy)
+    return seen
