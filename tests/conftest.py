@@ -1,5 +1,9 @@
-"""Shared fixtures: one Spark session for the whole run (UI off, few partitions) and one
-real S3 HTTP server on loopback (moto's server mode, a child process)."""
+"""The tiers' markers, and the shared fixtures: one Spark session for the whole run (UI off,
+few partitions), one real S3 HTTP server on loopback (moto's server mode, a child
+process), an isolated Airflow, and a standalone Spark cluster per module that asks.
+
+Each test is marked with its tier, the folder it is in (``unit``, ``spark``, ``e2e``,
+``airflow``), so that ``-m`` selects by what a test needs."""
 
 from __future__ import annotations
 
@@ -14,6 +18,17 @@ import pytest
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "2")
 os.environ.setdefault("CDR_DRIVER_MEMORY", "2g")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+TESTS = Path(__file__).parent
+TIERS = ("unit", "spark", "e2e", "airflow")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        if where and where[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, where[0]))
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +86,13 @@ def airflow(tmp_path_factory, airflow_db):
     from tests.helpers.airflow_env import setup_airflow
 
     return setup_airflow(tmp_path_factory.mktemp("airflow"), airflow_db)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[tuple[str, list[Path]]]:
+    """A standalone Spark master and two workers on loopback (tests/helpers/cluster.py):
+    ``spark://127.0.0.1:<port>`` and the workers' work folders; one per module."""
+    from tests.helpers.cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as started:
+        yield started

@@ -1,6 +1,7 @@
 """The DAG under ``dag.test()``: a DagBag of the repo's dags/, the demo config written
 for a store, one nightly run over generated exports, and the run's XComs. Shared by the
-DAG tests (tests/test_dag.py) and the standalone-cluster test (tests/test_cluster.py)."""
+DAG tests (tests/airflow/test_dag.py) and the DAG on a standalone cluster
+(tests/airflow/test_cluster.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,64 @@
+"""Every acceptance scenario of shared/scenarios/ through ``cdr run`` on a ``file://``
+store laid out as the scenarios' README says (base snapshot, history runs, exports with
+manifests), compared with its ``expect``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+
+PENDING: dict[str, str] = {}  # scenario name prefix -> why it is expected to fail
+
+
+def _params():
+    out = []
+    for f in S.scenario_files():
+        marks = [
+            pytest.mark.xfail(reason=why, strict=True)
+            for prefix, why in PENDING.items()
+            if f.stem.startswith(prefix)
+        ]
+        out.append(pytest.param(f, id=f.stem, marks=marks))
+    return out
+
+
+@pytest.mark.skipif(not S.scenario_files(), reason="shared/scenarios not found")
+@pytest.mark.parametrize("path", _params())
+def test_scenario(path: Path, tmp_path_factory, spark):
+    ran = S.scenario_run(path, tmp_path_factory)
+    s, got, failed, root = ran["s"], ran["got"], ran["failed"], ran["root"]
+    assert S.differences(s, got, failed) == []
+    if s["expect"].get("fails"):
+        assert got.get("status") == "failed"
+        assert got["snapshot"] == {}  # nothing of a failed run is in the snapshot
+        for t in s["config"]["tables"]:  # nor in the CDC log
+            assert P.cdc_log(root / "store", t, s["date"]) == []
+        (row,) = P.run_rows(root / "store", s["date"], "failed")
+        assert row["versions"] and all("/_failed/" in p for p in row["versions"])
+    assert S.cdc_replay_problems(s, root / "store") == []
+
+
+def test_scenario_through_the_console_script_with_gzip(tmp_path: Path):
+    """The installed ``cdr`` command, in its own process, on gzipped exports."""
+    path = S.SCENARIOS / "pg_update_deleted_apply_or_skip.json"
+    if not path.exists():
+        pytest.skip("shared/scenarios not found")
+    s = json.loads(path.read_text())
+    cdr = Path(sys.executable).with_name("cdr")
+
+    def cli(args):
+        env = {**os.environ, "CDR_SHUFFLE_PARTITIONS": "2"}
+        p = subprocess.run([str(cdr), *args], capture_output=True, text=True, env=env)
+        assert "Traceback" not in p.stderr, p.stderr
+        return p.returncode
+
+    got, failed = S.run_scenario(s, tmp_path, gz=True, cli=cli)
+    assert S.differences(s, got, failed) == []

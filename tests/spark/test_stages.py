@@ -1,0 +1,237 @@
+"""The stages of one run, run as separate commands (as the DAG runs them), agree on what
+they publish (issue 14, item 4): a config edited between stages is refused, and so is a
+verdict reached on an earlier resolve of the run (a stale verdict); and the session the
+stages share."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+from pipeline.context import RunContext
+from pipeline.errors import StageError
+from tests.helpers import published as P
+from tests.helpers.snapshots import SUB, D, setup
+
+
+def test_stage_commands_refuse_an_edited_config_and_a_stale_verdict(tmp_path: Path, spark, capsys):
+    cfg = setup(tmp_path, "warn", SUB)
+    store = tmp_path / "store"
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    for stage in ("ingest", "resolve", "validate"):
+        assert main([stage, *argv, "--no-data-docs"] if stage == "ingest" else [stage, *argv]) == 0
+    original = cfg.read_text()
+    edited = yaml.safe_load(original)
+    edited["tables"]["t"]["columns"]["v"] = "bigint"
+    cfg.write_text(yaml.safe_dump(edited, sort_keys=False))
+    assert main(["publish", *argv]) == 1
+    assert "the config changed since the run of 2026-11-21" in capsys.readouterr().err
+    cfg.write_text(original)
+    assert main(["resolve", *argv]) == 0  # a new resolve after the validation
+    assert main(["publish", *argv]) == 1
+    assert "are for another resolve" in capsys.readouterr().err
+    assert P.snapshot_date(store, "t") is None and P.runs(store) == []  # nothing published
+    assert (store / "published/_lock").exists()  # the run holds the store throughout
+    assert main(["validate", *argv]) == 0
+    assert main(["publish", *argv]) == 0
+    assert P.snapshot_date(store, "t") == D and [r["status"] for r in P.runs(store)] == [
+        "published"
+    ]
+    assert not (store / "published/_lock").exists()  # published: the store is free
+    versions = sorted(p.name for p in (store / "published/t/state/_delta_log").iterdir())
+    assert main(["publish", *argv]) == 0  # a retry after it went through: nothing again
+    assert len(P.runs(store)) == 1 and not (store / "published/_lock").exists()
+    assert sorted(p.name for p in (store / "published/t/state/_delta_log").iterdir()) == versions
+
+
+def test_validate_judges_without_spark_what_the_resolve_measured(
+    tmp_path: Path, spark, monkeypatch
+):
+    """The DAG's validate task starts no JVM: ``cdr resolve`` measures what the suites
+    need (one Spark query), and ``cdr validate`` judges it with Great Expectations alone.
+    A run resolved without its measures is measured first, with a Spark session."""
+    import pipeline.spark
+    from pipeline.validation import MEASURES
+
+    cfg = setup(tmp_path, "warn", SUB)
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["ingest", *argv, "--no-data-docs"]) == 0
+    assert main(["resolve", *argv]) == 0
+    sessions: list[str] = []
+
+    def session(*args, **kwargs):
+        sessions.append("started")
+        return spark
+
+    monkeypatch.setattr(pipeline.spark, "get_spark", session)
+    assert main(["validate", *argv]) == 0
+    assert sessions == []
+    ctx = RunContext.load(tmp_path / "work", date.fromisoformat(D))
+    (ctx.resolved / MEASURES).unlink()  # resolved before measures were part of it
+    assert main(["validate", *argv]) == 0
+    assert sessions == ["started"]
+    assert main(["publish", *argv]) == 0
+    assert P.snapshot_date(tmp_path / "store", "t") == D
+
+
+def test_a_run_id_that_was_published_is_refused(tmp_path: Path, spark, capsys):
+    """A new run under a finished run's id would be taken for it (its runs row, its
+    commits, its report): ingest refuses it and leaves the store free; nothing moves."""
+    cfg = setup(tmp_path, "warn", SUB)
+    store = tmp_path / "store"
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["run", *argv, "--run-id", "night-1", "--no-data-docs"]) == 0
+    log = store / "published/t/snapshot/_delta_log"
+    before = sorted(p.name for p in log.iterdir())
+    capsys.readouterr()
+    assert main(["run", *argv, "--run-id", "night-1", "--no-data-docs"]) == 1
+    err = capsys.readouterr().err
+    assert "run id night-1 has run already (published, 2026-11-21" in err, err
+    assert sorted(p.name for p in log.iterdir()) == before
+    assert [r["run_id"] for r in P.runs(store)] == ["night-1"]
+    assert not (store / "published/_lock").exists()
+    assert main(["run", *argv, "--run-id", "night-2", "--no-data-docs"]) == 0
+
+
+def test_a_failed_rerun_leaves_the_published_run_of_its_date(tmp_path: Path, spark, capsys):
+    """A rerun of a published date that fails its gate writes only its own report and
+    logs (``reports/dt=D/run=<id>/``, ``_failed/run=<id>/``) and its ``runs`` row (new
+    files of that table only): every file the published run wrote, its tables and the
+    date's report among them, stays as it was."""
+    cfg = setup(tmp_path, "warn", SUB)  # sub's snapshot differs: a warning, published
+    store = tmp_path / "store/published"
+    argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
+    assert main(["run", *argv, "--run-id", "good", "--no-data-docs"]) == 0
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+    before = files()
+    assert any(k.startswith("t/divergence/dt=") for k in before)
+    spec = yaml.safe_load(cfg.read_text())
+    cfg.write_text(yaml.safe_dump({**spec, "on_divergence": "fail"}))
+    capsys.readouterr()
+    assert main(["run", *argv, "--run-id", "bad", "--no-data-docs"]) == 1
+    after = files()
+    own = {k for k in after if k.startswith(("_failed/run=bad/", f"reports/dt={D}/run=bad/"))}
+    own |= {k for k in after if k.startswith("runs/") and k not in before}
+    assert {k: v for k, v in after.items() if k not in own} == before
+    assert [(r["run_id"], r["status"]) for r in P.runs(store.parent)] == [
+        ("good", "published"),
+        ("bad", "failed"),
+    ]
+    assert any(k.startswith("_failed/run=bad/t/divergence/") for k in own)
+    failed = json.loads(after[f"reports/dt={D}/run=bad/run_report.json"])
+    assert failed["status"] == "failed" and failed["run_id"] == "bad"
+    assert json.loads(after[f"reports/dt={D}/run_report.json"])["run_id"] == "good"
+    assert not (store / "_lock").exists()
+
+
+def test_get_spark_imports_the_preloaded_modules_and_survives_a_broken_one(spark):
+    """The modules a validating process needs are imported while the JVM starts; one
+    that cannot be imported is left to the caller's own import, which names it."""
+    import sys
+
+    from pipeline.spark import get_spark
+
+    sys.modules.pop("xml.dom.minidom", None)
+    assert get_spark(preload=("no_such_module_of_cdr", "xml.dom.minidom")) is spark
+    assert "xml.dom.minidom" not in sys.modules  # the loader stopped at the broken one
+    assert get_spark(preload=("xml.dom.minidom",)) is spark
+    assert "xml.dom.minidom" in sys.modules
+
+
+def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path: Path):
+    """The run's own outputs are read with the schema Spark wrote in their footers: the
+    same schema as Spark's inference, and no Spark job to get it. A folder that Spark did
+    not write is inferred as usual."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.spark import read_output
+
+    schema = "k bigint, v decimal(10,2), at timestamp, m map<string,int>, s struct<a:binary>"
+    spark.createDataFrame([], schema).write.parquet(str(tmp_path / "out"))
+    sc = spark.sparkContext
+    sc.setJobGroup("read_output", "read_output")
+    try:
+        got = read_output(spark, tmp_path / "out")
+        assert sc.statusTracker().getJobIdsForGroup("read_output") == []
+        assert got.schema == spark.read.parquet(str(tmp_path / "out")).schema
+        assert len(sc.statusTracker().getJobIdsForGroup("read_output")) == 1  # the check can fail
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    (tmp_path / "arrow").mkdir()
+    pq.write_table(pa.table({"k": [1, 2]}), tmp_path / "arrow" / "part-0.parquet")
+    assert read_output(spark, tmp_path / "arrow").collect() == [(1,), (2,)]
+
+
+def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypatch):
+    from pipeline.exports import StagedExport, StagedTable
+    from pipeline.spark import CODEGEN_MIN_RECORDS, fit_codegen, sized
+
+    def mode() -> tuple[str, str]:
+        conf = spark.conf
+        return conf.get("spark.sql.codegen.wholeStage"), conf.get("spark.sql.codegen.factoryMode")
+
+    monkeypatch.delenv("CDR_CODEGEN", raising=False)
+    default = mode()
+    with sized(spark, 3) as compiled:  # one stage's settings; the session's come back
+        assert not compiled and mode() == ("false", "NO_CODEGEN")
+    assert mode() == default == ("true", "FALLBACK")
+    # a small run's shuffles: as many partitions as the master's cores, unless set
+    partitions = "spark.sql.shuffle.partitions"
+    session = spark.conf.get(partitions)
+    cores = str(spark.sparkContext.defaultParallelism)
+    monkeypatch.delenv("CDR_SHUFFLE_PARTITIONS")
+    spark.conf.set(partitions, "64")
+    try:
+        with sized(spark, 3):
+            assert spark.conf.get(partitions) == cores
+        assert spark.conf.get(partitions) == "64"
+        with sized(spark, CODEGEN_MIN_RECORDS):
+            assert spark.conf.get(partitions) == "64"
+        monkeypatch.setenv("CDR_SHUFFLE_PARTITIONS", "64")
+        with sized(spark, 3):
+            assert spark.conf.get(partitions) == "64"
+    finally:
+        spark.conf.set(partitions, session)
+    try:
+        assert not fit_codegen(spark, CODEGEN_MIN_RECORDS - 1)
+        assert mode() == ("false", "NO_CODEGEN")
+        assert fit_codegen(spark, CODEGEN_MIN_RECORDS)
+        assert mode() == ("true", "FALLBACK")
+        monkeypatch.setenv("CDR_CODEGEN", "off")
+        assert not fit_codegen(spark, 10 * CODEGEN_MIN_RECORDS)
+        assert mode() == ("false", "NO_CODEGEN")
+        monkeypatch.setenv("CDR_CODEGEN", "on")
+        assert fit_codegen(spark, 0)
+        assert mode() == ("true", "FALLBACK")
+        monkeypatch.setenv("CDR_CODEGEN", "fast")
+        with pytest.raises(StageError, match=r"CDR_CODEGEN='fast': use one of auto, on, off"):
+            fit_codegen(spark, 0)
+    finally:
+        monkeypatch.delenv("CDR_CODEGEN")
+        spark.conf.set("spark.sql.codegen.wholeStage", default[0])
+        spark.conf.set("spark.sql.codegen.factoryMode", default[1])
+    # what sizes a run: its export records, the state it starts from, the full copies
+    staged = StagedTable(
+        {r: StagedExport(r, "jsonl", n, []) for r, n in (("a", 5), ("b", 7))},
+        base_rows=11,
+        prior={"dt": "2026-11-20", "run_id": "r", "state_rows": 13},
+        snapshots={"a": 17},
+    )
+    assert staged.records == 5 + 7 + 11 + 13 + 17
+
+
+def test_the_session_records_no_python_call_sites(spark):
+    """PySpark's DataFrame debugging costs four Py4J round trips per Column function: off."""
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert not is_debugging_enabled()

@@ -1,0 +1,64 @@
+"""The policy extensions (extensions.md E1-E4) without a run: ``cdr generate``'s clock
+offset names a configured replica, and a divergence's repair on an ``order_by`` table
+carries its order value. (Two nights through ``cdr run``: tests/spark/.)"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from pipeline.cli import main
+
+CONFIG = {
+    "replicas": [
+        {"id": "r1", "system_id": 1},
+        {"id": "r2", "system_id": 2},
+        {"id": "r3", "system_id": 3},
+    ],
+    "priority": ["r2", "r3", "r1"],
+    "on_divergence": "warn",
+    "tables": {
+        "items": {
+            "key": ["id"],
+            "columns": {"id": "bigint", "name": "string", "qty": "int", "at": "timestamp"},
+            "order_by": "at",
+            "resolvers": {"update_deleted": "latest_timestamp_wins"},
+        }
+    },
+}
+
+
+def test_a_clock_offset_names_a_configured_replica(tmp_path: Path, capsys):
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": (tmp_path / "s").as_uri()}))
+    gen = ["generate", "--config", str(cfg), "--date", "2026-11-21", "--clock-offset", "r9=5"]
+    assert main(gen) != 0
+    assert "'r9=5' is not REPLICA=SECONDS with one of: r1, r2, r3" in capsys.readouterr().err
+
+
+def test_a_repair_of_an_order_by_table_carries_its_order_value():
+    """A divergence's repair mutation is a canonical event record: on an ``order_by`` table
+    it carries the order value (an UPDATE's ``after`` even when the value is unchanged, a
+    DELETE's ``before``), or replaying it would be quarantined as malformed."""
+    from datetime import date
+
+    from pipeline.config import parse_config
+    from pipeline.foldrun import repair_record
+    from pipeline.guards import Typer, TypingSpec
+    from pipeline.jsonvalues import dumps
+    from pipeline.rowfold import Version
+
+    config = parse_config(CONFIG)
+    table = config.tables["items"]
+    now = 1795392000000000  # 2026-11-23T00:00:00Z
+    at = datetime(2026, 11, 22, 10, tzinfo=UTC)
+    seen = {"id": 1, "name": "y", "qty": 1, "at": at}
+    typer = Typer(TypingSpec.of(config, table, now))
+    live = Version({**seen, "name": "x"}, now - 10**9, "r1", "e1", 0)
+    tomb = Version({"id": 1, "at": at}, now - 10**9, "r1", "e2", 0, True, now)
+    for conv, op, image in ((live, "UPDATE", "after"), (tomb, "DELETE", "before")):
+        rec = repair_record(table, "r2", (1,), seen, conv, date(2026, 11, 22), now)
+        assert rec["op"] == op and rec[image]["at"] == at, rec
+        assert typer.line(dumps(rec), "r2")["reason"] is None, rec

@@ -1,0 +1,138 @@
+"""The store's lease (pipeline.lease): one writer at a time, on a file store (and on the
+loopback S3 server, conditional puts: tests/spark/test_lease.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline import layout, lease
+from pipeline.errors import LockedError
+from tests.helpers.faults import expire_lease
+
+
+@pytest.fixture(params=["file"])  # and "s3": tests/spark/test_lease.py
+def store(request):
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+def test_one_run_holds_the_lease_and_another_is_refused(store):
+    first = lease.acquire(store, "run-a", 600)
+    assert lease.holder(store) == first
+    again = lease.acquire(store, "run-a", 600)  # a later stage of the same run
+    assert again.acquired_at == first.acquired_at and again.run_id == "run-a"
+    with pytest.raises(LockedError, match="run-a"):
+        lease.acquire(store, "run-b", 600)
+    lease.check(store, "run-a")
+    with pytest.raises(LockedError, match="does not hold"):
+        lease.check(store, "run-b")
+    assert not lease.release(store, "run-b")  # not the holder's: left alone
+    assert lease.release(store, "run-a")
+    assert lease.holder(store) is None
+    assert lease.acquire(store, "run-b", 600).run_id == "run-b"
+
+
+def test_an_expired_lease_is_taken_over(store, caplog):
+    lease.acquire(store, "run-a", 600)
+    expire_lease(store)
+    with caplog.at_level("WARNING", logger="pipeline.lease"):
+        assert lease.acquire(store, "run-b", 600).run_id == "run-b"
+    assert "taking over the expired lease of run run-a" in caplog.text
+    with pytest.raises(LockedError):
+        lease.check(store, "run-a")
+
+
+def test_unlock_breaks_the_lease_and_a_garbled_one_is_named(store):
+    lease.acquire(store, "run-a", 600)
+    assert lease.unlock(store).run_id == "run-a"
+    assert lease.holder(store) is None
+    store.write_bytes(layout.LOCK, b"not json")
+    with pytest.raises(LockedError, match="is not a lease"):
+        lease.acquire(store, "run-a", 600)
+
+
+def _race(store, names: list[str]) -> tuple[list[str], list[str]]:
+    """The runs ``names`` acquire the lease at the same moment: (who won, who was refused)."""
+    won, refused = [], []
+    start = threading.Barrier(len(names))
+
+    def race(name: str) -> None:
+        start.wait()
+        try:
+            won.append(lease.acquire(store, name, 600).run_id)
+        except LockedError:
+            refused.append(name)
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, refused
+
+
+def test_of_runs_racing_for_a_free_store_exactly_one_wins(store):
+    won, refused = _race(store, [f"run-{i}" for i in range(6)])
+    assert len(won) == 1 and len(refused) == 5
+    assert lease.holder(store).run_id == won[0]
+
+
+def test_of_runs_racing_for_an_expired_lease_exactly_one_takes_it_over(store):
+    """Each round: six runs find the same expired lease at once. Exactly one takes it
+    over; a takeover never deletes the lease another run has just taken."""
+    for round_ in range(4):
+        lease.unlock(store)
+        lease.acquire(store, f"gone-{round_}", 600)
+        expire_lease(store)
+        won, refused = _race(store, [f"run-{round_}-{i}" for i in range(6)])
+        assert len(won) == 1 and len(refused) == 5, (round_, won)
+        assert lease.holder(store).run_id == won[0]
+
+
+def test_a_takeover_left_unfinished_is_taken_over_after_a_minute(store):
+    """A run killed between its takeover marker and the lease: for a minute the others
+    are refused naming it, then the next run takes the store over."""
+    import hashlib
+
+    lease.acquire(store, "gone", 600)
+    raw = expire_lease(store)
+    held = json.loads(raw)
+    marker = f"{layout.LOCK_TAKEOVER}/{hashlib.sha256(raw).hexdigest()[:32]}"
+    taker = {**held, "run_id": "killed-taker", "acquired_at": datetime.now(UTC).isoformat()}
+    store.write_bytes(marker, json.dumps(taker).encode())
+    with pytest.raises(LockedError, match=r"run killed-taker on .* is taking the store"):
+        lease.acquire(store, "next", 600)
+    a_minute_ago = datetime.now(UTC) - timedelta(seconds=lease.TAKEOVER_SECONDS + 1)
+    taker["acquired_at"] = a_minute_ago.isoformat()
+    store.write_bytes(marker, json.dumps(taker).encode())
+    assert lease.acquire(store, "next", 600).run_id == "next"
+    assert lease.holder(store).run_id == "next"
+
+
+class _RetakenBetweenRequests:
+    """A store whose lease is released and taken again by another run between this run's
+    failed create and its read: the read finds nothing, and then the lease exists."""
+
+    def __init__(self, store):
+        self._store, self._missed = store, False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def read_bytes(self, key: str) -> bytes:
+        if key == layout.LOCK and not self._missed:
+            self._missed = True
+            return self._store.read_bytes(f"{key}.gone")  # the store's own "not found"
+        return self._store.read_bytes(key)
+
+
+def test_a_lease_released_and_retaken_between_two_requests_refuses_the_run(store):
+    """The race the six-run test found on S3: a run whose read of the lease misses it
+    (released a moment before) while another run takes it again is refused naming the
+    new holder, not stopped by a store error."""
+    lease.acquire(store, "run-a", 600)
+    with pytest.raises(LockedError, match="run-a"):
+        lease.acquire(_RetakenBetweenRequests(store), "run-b", 600)

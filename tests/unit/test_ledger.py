@@ -1,0 +1,115 @@
+"""Each event once (formats.md "Each event once") without a run: the ledger window a run
+reads is the ``gc_grace_seconds`` before its date, and ``cdr generate`` gives each night
+its own event ids. (Through ``cdr run``: tests/spark/test_ledger.py.)"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.helpers import scenarios as S
+
+D1, D2 = "2026-11-21", "2026-11-22"
+
+
+def _update(eid: str, hour: str, before: int, after: int) -> dict:
+    return {
+        "op": "UPDATE",
+        "key": {"id": 1},
+        "ts": f"{hour}Z",
+        "origin": "A",
+        "event_id": eid,
+        "before": {"balance": before},
+        "after": {"balance": after},
+    }
+
+
+def _setup(tmp: Path, gc_grace_seconds: int = 864000) -> Path:
+    store = tmp / "store"
+    cfg = {
+        "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
+        "store": store.as_uri(),
+        "gc_grace_seconds": gc_grace_seconds,
+        "tables": {
+            "accounts": {
+                "key": ["id"],
+                "columns": {"id": "bigint", "balance": "bigint"},
+                "delta": ["balance"],
+            }
+        },
+    }
+    insert = {
+        "op": "INSERT",
+        "key": {"id": 1},
+        "ts": f"{D1}T08:00:00Z",
+        "origin": "A",
+        "event_id": "A-1",
+        "after": {"id": 1, "balance": 100},
+    }
+    credit = _update("A-2", f"{D1}T09:00:00", 100, 110)  # +10
+    night1 = [insert, credit]
+    # the next night, A's export holds the credit again (delivered twice), then +5, and
+    # that twice too (two export files that overlap)
+    plus5 = _update("A-3", f"{D2}T09:00:00", 110, 115)
+    night2 = [credit, plus5, plus5]
+    for d, events in ((D1, night1), (D2, night2)):
+        exports = {"A": {"accounts": [{**e, "seq": i} for i, e in enumerate(events)]}}
+        S.write_exports(store, d, {**exports, "B": {"accounts": []}})
+    path = tmp / "cdr.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_the_window_is_the_gc_grace_before_the_date_without_the_date(tmp_path: Path):
+    """A run of D reads the ledger partitions of [D - gc_grace_seconds, D): not D's own (a
+    rerun of D resolves its events again), not later dates' (a backfill). An event from
+    before the window is older than the grace, and quarantined as stale anyway."""
+    from datetime import date, timedelta
+
+    import pyarrow as pa
+
+    from pipeline.lake import Lake
+    from pipeline.prior import ledger_window, stage_ledger
+    from pipeline.store import FileStore
+
+    d = date(2026, 11, 21)
+    assert ledger_window(d, 864000) == (d - timedelta(days=10), d)
+    assert ledger_window(d, 3600) == (d, d)  # under a day: no earlier date
+    store = FileStore(tmp_path / "store")
+    lake = Lake(store)
+    for back in (11, 10, 1, 0, -1):
+        day = d - timedelta(days=back)
+        rows = pa.table({"event_id": [f"e{back}"], "fate": ["applied"]})
+        lake.write("published/t/ledger", rows, {"run_id": "r"}, dt=day, work=tmp_path / "w")
+    staged = stage_ledger(store, lake, "t", d, 864000, tmp_path / "staged")
+    assert staged == ["2026-11-11", "2026-11-20"]
+    got = sorted(p.parent.name for p in (tmp_path / "staged").rglob("*.parquet"))
+    assert got == ["dt=2026-11-11", "dt=2026-11-20"]
+
+
+def test_generated_nights_have_their_own_event_ids(tmp_path: Path):
+    """``cdr generate`` numbered each night's events from 1 again: the next night's events
+    took the ids of the night before, and the ledger set them all aside as duplicates."""
+    from datetime import date
+
+    from pipeline.config import parse_config
+    from pipeline.generate import GenerateOptions, generate
+    from pipeline.store import FileStore
+
+    (tmp_path / "hand").mkdir()
+    config = parse_config(yaml.safe_load(_setup(tmp_path / "hand").read_text()))
+    store = FileStore(tmp_path / "store")  # only what generate writes
+    ids = []
+    for i, d in enumerate((date(2026, 11, 21), date(2026, 11, 22))):
+        generate(config, store, d, GenerateOptions(events=40, seed=i))
+        folder = tmp_path / f"store/exports/replica=A/table=accounts/dt={d}"
+        lines = []
+        for f in folder.iterdir():
+            if f.name != "_manifest.json":
+                data = f.read_bytes()
+                lines += (gzip.decompress(data) if f.suffix == ".gz" else data).splitlines()
+        ids.append({json.loads(line)["event_id"] for line in lines if line.strip()})
+    assert ids[0] and ids[1] and not ids[0] & ids[1]

@@ -1,0 +1,55 @@
+"""extensions.md E5 without a run: what a ``retry`` config needs, and the operator notes
+(open quarantined events, a skewed clock). (The quarantine that heals over four
+``cdr run``s: tests/spark/test_retry.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError
+
+CONFIG = {
+    "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
+    "on_divergence": "warn",
+    "on_fk_violation": "quarantine",
+    "retry": {"fk_violation": 3, "future_timestamp": 2, "update_missing": 3},
+    "tables": {
+        "products": {"key": ["product_no"], "columns": {"product_no": "int", "name": "string"}},
+        "orders": {
+            "key": ["order_id"],
+            "columns": {"order_id": "int", "product_no": "int", "qty": "int"},
+            "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
+        },
+    },
+}
+
+
+def test_a_retry_config_names_what_it_needs():
+    base = {**CONFIG, "on_fk_violation": "warn"}
+    with pytest.raises(ConfigError, match="needs on_fk_violation: quarantine"):
+        parse_config(base)
+    with pytest.raises(ConfigError, match=r"retry\.malformed"):
+        parse_config({**CONFIG, "retry": {"malformed": 1}})
+    with pytest.raises(ConfigError, match=r"retry\.future_timestamp"):
+        parse_config({**CONFIG, "retry": {"future_timestamp": 0}})
+
+
+def test_the_operator_notes_name_open_events_and_a_skewed_clock():
+    """What the asset events' ``extra`` and the DAG's log lines carry (E5, E7)."""
+    from pipeline.stages import notes_line, operator_notes
+    from pipeline.summary import TableSummary
+
+    config = parse_config({**CONFIG, "max_clock_skew_seconds": 20})
+    skew = {"r1": {"r2": {"events": 3, "max_seconds": 50.8}}}
+    tables = {
+        "orders": TableSummary(quarantine_open=2, clock_skew=skew),
+        "products": TableSummary(clock_skew={"r1": {"r2": {"events": 1, "max_seconds": 19.0}}}),
+    }
+    notes = operator_notes(config, tables)
+    assert notes["orders"]["quarantine_open"] == 2 and notes["products"]["quarantine_open"] == 0
+    (warning,) = notes["orders"]["clock_skew_warnings"]
+    assert "replica r1 runs behind r2's by 50.8 s" in warning
+    assert notes["products"]["clock_skew_warnings"] == []  # 19 s is within the 20 allowed
+    line = notes_line(notes)
+    assert line.startswith("quarantine open: orders 2, products 0; clock skew: table orders: ")

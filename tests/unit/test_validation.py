@@ -1,0 +1,112 @@
+"""The quality gate without Spark: every suite template of ``expectations/`` renders each
+placeholder, and a template with a severity GX does not have, or mixing row checks with
+other expectations, is refused; the severities follow ``on_divergence`` and
+``on_fk_violation``; the gate of a run's summary. (Great Expectations on Spark:
+tests/spark/test_validation.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.suites import (
+    EXPECTATIONS_DIR,
+    SUITES,
+    load_template,
+    render_suite,
+    severities,
+)
+from pipeline.summary import RunSummary, Stopped, TableSummary
+from pipeline.validation import Verdict, gate_from_summary
+from tests.helpers.fold_helpers import make_config
+
+REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
+CONFIG = parse_config(
+    {
+        "replicas": REPLICAS,
+        "tables": {
+            "products": {"key": ["product_no"], "columns": {"product_no": "int", "name": "string"}},
+            "orders": {
+                "key": ["order_id"],
+                "columns": {"order_id": "bigint", "product_no": "int", "qty": "int"},
+                "not_null": ["qty"],
+                "unique": [["qty"]],
+                "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
+            },
+        },
+    }
+)
+ORDERS = CONFIG.tables["orders"]
+
+
+def test_templates_are_valid_and_render_every_placeholder():
+    names = [p.name for p in EXPECTATIONS_DIR.iterdir() if p.name.endswith(".json")]
+    assert sorted(n.removesuffix(".json") for n in names) == sorted(SUITES)
+    for name in SUITES:
+        template = load_template(name)
+        for table in CONFIG.tables.values():
+            suite = render_suite(template, table)
+            assert "${" not in json.dumps(suite), (name, table.name)
+            assert all(e["meta"]["check"] for e in suite["expectations"])
+    assert (
+        render_suite(load_template("foreign_keys"), CONFIG.tables["products"])["expectations"] == []
+    )
+
+
+def test_a_template_with_a_severity_gx_does_not_have_is_refused(tmp_path, monkeypatch):
+    import pipeline.suites as suites
+
+    bad = load_template("snapshot")
+    bad["expectations"][0]["severity"] = "${on_schema_change}"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    monkeypatch.setattr(suites, "EXPECTATIONS_DIR", tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"bad\.json: not_null has severity '\$\{on_schema_change\}'; "
+        r"one of critical, warning, info, \$\{on_divergence\}",
+    ):
+        load_template("bad")
+
+
+def test_a_template_mixing_row_checks_with_other_expectations_is_refused(tmp_path, monkeypatch):
+    """Row checks run together in one Spark query and other expectations on the frame
+    itself, so one suite holds one kind."""
+    import pipeline.suites as suites
+
+    mixed = load_template("schema")
+    mixed["expectations"] += load_template("snapshot")["expectations"]
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    monkeypatch.setattr(suites, "EXPECTATIONS_DIR", tmp_path)
+    with pytest.raises(ValueError, match=r"mixed\.json: a suite's expectations are all"):
+        load_template("mixed")
+
+
+# ---------------------------------------------------------------------- the gate
+
+
+def test_severities_follow_the_config():
+    """GX's severity of each rendered expectation: critical, except the convergence and
+    foreign-key checks when their setting only warns."""
+    warn = make_config(on_divergence="warn", on_fk_violation="warn")
+    assert set(severities(make_config()).values()) == {"critical"}
+    assert severities(warn) == {"on_divergence": "warning", "on_fk_violation": "warning"}
+    assert severities(make_config(on_fk_violation="quarantine"))["on_fk_violation"] == "critical"
+    for config, follows in ((make_config(), "critical"), (warn, "warning")):
+        for name in SUITES:
+            expected = follows if name in ("convergence", "foreign_keys") else "critical"
+            for e in render_suite(load_template(name), ORDERS, config)["expectations"]:
+                assert e["severity"] == expected, (name, e["meta"]["check"])
+
+
+def test_gate_from_the_summary():
+    stop = Stopped("t", '{"id":1}', "insert_exists", "e1", "r")
+    tables = {"t": TableSummary(stopped=stop), "u": TableSummary()}
+    cdc = {"warning": "the topology change waits"}
+    v = gate_from_summary(RunSummary("r", "x", "2026-11-21", 0, tables, cdc))
+    assert len(v.failures) == 1 and "e1" in v.failures[0] and not v.passed
+    assert v.warnings == ["the topology change waits"]
+    both = v + Verdict(["f2"], ["w2"], {"s": {"success": False}})
+    assert (both.failures[1:], both.warnings[1:], list(both.suites)) == (["f2"], ["w2"], ["s"])
+    assert len(v.failures) == 1  # the sum is a new verdict
