@@ -285,6 +285,7 @@ class ConfigModel(_Strict):
     defaults: DefaultsModel = Field(default_factory=DefaultsModel)
     max_clock_skew_seconds: int = Field(default=300, ge=0)
     gc_grace_seconds: int = Field(default=864000, ge=0)
+    retention_days: int = Field(default=30, ge=1)
     max_record_bytes: int = Field(default=16 << 20, gt=0)
     on_divergence: DivergencePolicy = DivergencePolicy.FAIL
     on_fk_violation: FkPolicy = FkPolicy.FAIL
@@ -409,6 +410,9 @@ class Config:
     deadline_minutes: int | None = None
     #: extensions.md E5: quarantine reason -> how many of the next runs it is offered to
     retry: Mapping[str, int] = field(default_factory=dict)
+    #: formats.md "Time travel within the retention": how many days of runs stay readable
+    #: (``cdr vacuum``'s window) and so how long every published table keeps its log
+    retention_days: int = 30
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -431,7 +435,8 @@ class Config:
 
     def digest(self) -> str:
         """A fingerprint of what decides a run's result (everything but the DAG's schedule
-        and sensor settings): the stages of one run refuse a config that changed under them."""
+        and sensor settings, and the retention): the stages of one run refuse a config
+        that changed under them."""
         import hashlib
         import json
         from dataclasses import fields, is_dataclass
@@ -453,7 +458,8 @@ class Config:
             raise TypeError(f"Config.digest: no canonical form for {type(v).__name__}")
 
         data = plain(self)
-        for scheduling in ("schedule", "wait_for_exports", "deadline_minutes"):
+        # how a run is scheduled, and how long its outputs are kept, decide nothing of it
+        for scheduling in ("schedule", "wait_for_exports", "deadline_minutes", "retention_days"):
             data.pop(scheduling)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -770,6 +776,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         tables=tables,
         max_clock_skew_seconds=m.max_clock_skew_seconds,
         gc_grace_seconds=m.gc_grace_seconds,
+        retention_days=m.retention_days,
         max_record_bytes=m.max_record_bytes,
         on_divergence=m.on_divergence,
         on_fk_violation=m.on_fk_violation,

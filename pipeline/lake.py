@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 
 #: the partition column of dated tables
 DT = "dt"
+#: the Delta table properties that keep a table's log (and its removed files, for a
+#: Delta vacuum) as long as the runs ``cdr vacuum`` keeps: checkpoints and log clean-up
+#: never remove a version a retained ``runs`` row names
+RETENTION_PROPERTIES = ("delta.logRetentionDuration", "delta.deletedFileRetentionDuration")
+
+
+def retention_properties(days: int) -> dict[str, str]:
+    """The table properties of a retention of ``days`` (config ``retention_days``)."""
+    return dict.fromkeys(RETENTION_PROPERTIES, f"interval {days} days")
 
 
 @dataclass(frozen=True)
@@ -135,11 +144,15 @@ def parquet_files(folder: Path) -> list[Path]:
 
 
 class Lake:
-    """The Delta tables under one store's ``published/`` folder."""
+    """The Delta tables under one store's ``published/`` folder. A writer gives the
+    config's ``retention_days``: every table it creates carries that retention, and an
+    existing table that does not (an older store, a changed setting) gets it at its next
+    commit, by a commit of its own just before."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, retention_days: int | None = None):
         self.store = store
         self.options = storage_options(store.uri)
+        self.properties = retention_properties(retention_days) if retention_days else {}
 
     def uri(self, path: str) -> str:
         """The table's URI for delta-rs (a local path on ``file://``)."""
@@ -195,17 +208,28 @@ class Lake:
         *,
         dt: date | None = None,
         mode: str = "overwrite",
+        version: int | None = None,
     ) -> Commit:
         """Put ``files`` (local Parquet, without the ``dt`` column) into the table and
         commit them in one version. ``dt``: the table is partitioned by ``dt`` and the
         commit replaces that partition (``mode="overwrite"``) or adds to it
         (``"append"``); without it, ``overwrite`` replaces the whole table. ``schema`` is
         the files' schema (None without files: the table's own); a dated table adds ``dt``
-        (a date) to it."""
+        (a date) to it. ``version``: the commit makes exactly that version (from
+        :meth:`next_version`) or fails, never a later one."""
         table = self.table(path)
         full = self._full_schema(path, table, schema, dt)
         actions, rows = self._put_files(path, files, meta, dt)
-        return self._commit_actions(path, table, full, actions, rows, meta, dt, mode)
+        return self._commit_actions(path, table, full, actions, rows, meta, dt, mode, version)
+
+    def next_version(self, path: str, meta: dict[str, Any]) -> int:
+        """The version the next commit of ``path`` makes, its retention settled first: for
+        a commit whose rows record their own version (the ``runs`` table)."""
+        table = self.table(path)
+        if table is None:
+            return 0
+        self._set_properties(path, table, meta)
+        return int(table.version()) + 1
 
     def commit_uploaded(
         self,
@@ -289,11 +313,20 @@ class Lake:
         meta: dict[str, Any],
         dt: date | None,
         mode: str,
+        version: int | None = None,
     ) -> Commit:
+        from deltalake.exceptions import CommitFailedError
+
         try:
-            self._transaction(path, table, full, actions, meta, dt, mode)
+            self._transaction(path, table, full, actions, meta, dt, mode, version)
         except OSError as e:  # how delta-rs reports a commit the store refused
             raise StoreError(f"{self.uri(path)}: the Delta commit failed ({e})") from None
+        except CommitFailedError as e:
+            if version is None:
+                raise
+            raise StoreError(
+                f"{self.uri(path)}: version {version} was committed by another writer ({e})"
+            ) from None
         if table is None:
             version = 0  # the commit that created the table
         else:
@@ -331,25 +364,34 @@ class Lake:
         meta: dict[str, Any],
         dt: date | None,
         mode: str,
+        version: int | None,
     ) -> None:
         """One commit of the add actions: the table's first, or a new version that
-        replaces the ``dt`` partition (or the table) or appends to it."""
+        replaces the ``dt`` partition (or the table) or appends to it; exactly
+        ``version`` when given."""
         from deltalake import CommitProperties, Schema
         from deltalake.transaction import create_table_with_add_actions
 
         partition_by = [DT] if dt is not None else None
-        props = CommitProperties(custom_metadata=_commit_info(meta))
+        retries = None if version is None else 0  # another writer's commit: fail, not retry
+        props = CommitProperties(custom_metadata=_commit_info(meta), max_commit_retries=retries)
         if table is None:
+            if version not in (None, 0):
+                raise StoreError(f"{self.uri(path)}: the table is gone, not at {version - 1}")
             create_table_with_add_actions(
                 self.uri(path),
                 Schema.from_arrow(full),
                 actions,
                 "append" if mode == "append" else "overwrite",
                 partition_by=partition_by,
+                configuration=self.properties or None,
                 storage_options=self.options,
                 commit_properties=props,
             )
             return
+        self._set_properties(path, table, meta)
+        if version is not None and version != int(table.version()) + 1:
+            raise StoreError(f"{self.uri(path)}: at version {table.version()}, not {version - 1}")
         filters = [(DT, "=", dt.isoformat())] if dt is not None and mode == "overwrite" else None
         table.create_write_transaction(
             actions,
@@ -358,6 +400,19 @@ class Lake:
             partition_by=partition_by,
             partition_filters=filters,
             commit_properties=props,
+        )
+
+    def _set_properties(self, path: str, table: DeltaTable, meta: dict[str, Any]) -> None:
+        """Give an existing table the writer's retention if its own differs."""
+        from deltalake import CommitProperties
+
+        config = table.metadata().configuration
+        if all(config.get(k) == v for k, v in self.properties.items()):
+            return
+        log.info("%s: table properties set to %s", path, self.properties)
+        info = _commit_info({**meta, "operation": "set the retention"})
+        table.alter.set_table_properties(
+            self.properties, commit_properties=CommitProperties(custom_metadata=info)
         )
 
     def write(
@@ -369,6 +424,7 @@ class Lake:
         dt: date | None = None,
         mode: str = "overwrite",
         work: Path,
+        version: int | None = None,
     ) -> Commit:
         """A small table made on the driver (the runs table, the CDC description tables):
         written as one file in ``work``, then committed like Spark's files."""
@@ -377,7 +433,7 @@ class Lake:
         body = data.drop_columns([DT]) if dt is not None and DT in data.column_names else data
         pq.write_table(body, local)
         try:
-            return self.commit(path, [local], body.schema, meta, dt=dt, mode=mode)
+            return self.commit(path, [local], body.schema, meta, dt=dt, mode=mode, version=version)
         finally:
             local.unlink(missing_ok=True)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import layout, lease
 from pipeline.config import Config
 from pipeline.context import RunContext, resolve_now, runs_of
+from pipeline.doctor import require_atomic_create
 from pipeline.errors import GateError, StageError
 from pipeline.exports import ingest as ingest_exports
 from pipeline.lake import Lake
@@ -77,6 +78,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
         log.info("ingest: tables %s", ", ".join(config.tables))
     store = open_store(config.store)
     if not ctx.dry_run:  # a dry run writes nothing to the store: it needs no lease
+        require_atomic_create(store)  # what the lease rests on, checked
         lease.acquire(store, ctx.run_id, lease.SECONDS)
         try:
             _refuse_a_published_run_id(store, config, ctx.run_id)
@@ -90,7 +92,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     except BaseException:
         if not ctx.dry_run:  # nothing of the run reached the store but its runs row
             try:
-                _record_stopped(store, ctx)
+                _record_stopped(store, ctx, config.retention_days)
             except Exception as e:  # the ingest error is the one to report
                 log.warning("ingest: could not record the stopped run %s: %s", ctx.run_id, e)
             lease.release(store, ctx.run_id)
@@ -242,7 +244,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     summary = load_summary(ctx)
     verdict = load_verdict(ctx, summary)
     lease.acquire(store, ctx.run_id, lease.SECONDS)  # still this run's, renewed
-    lake = Lake(store)
+    lake = Lake(store, config.retention_days)
     runs = read_runs(lake)
     done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
@@ -363,9 +365,9 @@ def _published_already(
     return dict(json.loads(body))
 
 
-def _record_stopped(store: Store, ctx: RunContext) -> None:
+def _record_stopped(store: Store, ctx: RunContext, retention_days: int) -> None:
     """The ``runs`` row of a run that stopped before publish (an error, a kill), once."""
-    lake = Lake(store)
+    lake = Lake(store, retention_days)
     if has_row(lake, ctx.run_id):
         return
     inputs = None
@@ -406,7 +408,9 @@ def finish(config: Config, ctx: RunContext) -> None:
     store = open_store(config.store)
     current = lease.holder(store)
     if current is not None and current.run_id == ctx.run_id:
-        _record_stopped(store, ctx)  # publish writes the row of a run that got that far
+        _record_stopped(
+            store, ctx, config.retention_days
+        )  # publish writes the row of a run that got that far
     if lease.release(store, ctx.run_id):
         return
     current = lease.holder(store)

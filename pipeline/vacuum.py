@@ -1,12 +1,15 @@
-"""``cdr vacuum --retain-days N`` (formats.md "Outputs"): remove the data files of the
-published Delta tables that no version a reader may still ask for needs.
+"""``cdr vacuum`` (formats.md "Outputs"): remove the data files of the published Delta
+tables that no version a reader may still ask for needs.
 
-A file stays if it belongs to
+The window is the config's ``retention_days`` (``--retain-days N`` may shorten it, never
+lengthen it: every table keeps its log that long, ``pipeline.lake``). A file stays if it
+belongs to
 - the latest version of its table,
-- any version committed within the last N days, or the version that was current N days
-  ago (time travel to any moment of the window),
-- any version a retained ``runs`` row names: a row finished within the window, and the
-  latest published run of every date (the state a backfill of the next date starts from).
+- any version committed within the window, or the version that was current at its start
+  (time travel to any moment of the window),
+- any version a retained ``runs`` row names: a row finished within the window (a
+  backfill starts from a date within it), and the run each table was last published by
+  (the state the next run starts from).
 
 Everything else under a table's folder goes: files of versions replaced before the window
 (an older run of a rerun date), and files no commit ever registered (an attempt that
@@ -26,12 +29,12 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pipeline import layout, lease
 from pipeline.lake import Lake, add_actions
-from pipeline.runs_table import RunRow, published_by_date, read_runs
+from pipeline.runs_table import RunRow, latest_published, read_runs
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -49,9 +52,12 @@ class VacuumResult:
 
 def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
     """The ``runs`` rows whose versions stay readable: finished within the window, or the
-    latest published run of its date."""
+    last published run of a table."""
     chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
-    chosen.update({r.run_id: r for r in published_by_date(runs).values()})
+    for table in {t for r in runs for t in r.tables()}:
+        last = latest_published(runs, table, date.max)
+        if last is not None:
+            chosen[last.run_id] = last
     return list(chosen.values())
 
 

@@ -78,3 +78,27 @@ def test_file_statistics_let_a_reader_skip_files(store, tmp_path: Path):
     adds = pa.table(lake.table(path).get_add_actions(flatten=True)).to_pylist()
     got = sorted((a["num_records"], a["min.id"], a["max.id"], a["null_count.v"]) for a in adds)
     assert got == [(1, 7, 7, 0), (2, 1, 5, 0)]
+
+
+def test_every_table_carries_the_writers_retention_an_older_one_from_its_next_commit(
+    store, tmp_path: Path
+):
+    from deltalake import DeltaTable
+
+    from pipeline.lake import RETENTION_PROPERTIES
+
+    def retention(path: str) -> dict[str, str | None]:
+        config = DeltaTable(Lake(store).uri(path)).metadata().configuration
+        return {k: config.get(k) for k in RETENTION_PROPERTIES}
+
+    older, path = Lake(store), "published/t/snapshot"  # a store an older version wrote
+    older.write(path, pa.table({"id": [1]}), {"run_id": "a"}, work=tmp_path)
+    assert retention(path) == dict.fromkeys(RETENTION_PROPERTIES)
+    lake = Lake(store, retention_days=45)
+    c = lake.write(path, pa.table({"id": [2]}), {"run_id": "b"}, work=tmp_path)
+    assert retention(path) == dict.fromkeys(RETENTION_PROPERTIES, "interval 45 days")
+    assert c.version == 2 and ids(P.rows(store, path)) == [2]  # its own commit, then b's
+    assert lake.write(path, pa.table({"id": [3]}), {}, work=tmp_path).version == 3  # once
+    new = "published/u/snapshot"
+    assert lake.write(new, pa.table({"id": [1]}), {}, work=tmp_path).version == 0
+    assert retention(new) == dict.fromkeys(RETENTION_PROPERTIES, "interval 45 days")

@@ -14,8 +14,9 @@ import pytest
 from pipeline import layout
 from pipeline.errors import LockedError
 from pipeline.lake import Lake
-from pipeline.runs_table import RunRow, append
-from pipeline.vacuum import vacuum
+from pipeline.runs_table import RunRow, append, read_runs
+from pipeline.store import FileStore
+from pipeline.vacuum import retained_rows, vacuum
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
@@ -46,7 +47,7 @@ def _ids(store, path: str, run: RunRow | None = None) -> list[int]:
 
 def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Path):
     lake = Lake(file_store)
-    first = _run(lake, tmp_path, "d1", D1, [1, 2])
+    _run(lake, tmp_path, "d1", D1, [1, 2])
     _run(lake, tmp_path, "d2-first", D2, [3])
     latest = _run(lake, tmp_path, "d2-again", D2, [4, 5])  # a rerun replaces D2's partition
     stray = f"{STATE}/dt={D2}/crashed-attempt-00000.parquet"  # never committed
@@ -63,14 +64,30 @@ def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Pat
     res = vacuum(file_store, retain_days=7, now=later, dry_run=True)
     (gone,) = res.removed[STATE]  # the first run of D2: replaced, and no row keeps it
     assert gone.startswith(f"{STATE}/dt={D2}/d2-first-"), gone
+    # the snapshots of d1 and d2-first: replaced since, and their rows are past the window
+    assert sorted(k.split("/")[-1][:2] for k in res.removed[SNAPSHOT]) == ["d1", "d2"]
     assert len(files()) == 3  # a dry run removes nothing
     res = vacuum(file_store, retain_days=7, now=later)
-    assert len(files()) == 2 and res.files == 2  # d2-first's state and snapshot files
+    assert len(files()) == 2 and res.files == 3
     assert _ids(file_store, STATE) == [1, 2, 4, 5]  # the latest version reads whole
-    assert _ids(file_store, STATE, latest) == [1, 2, 4, 5]  # and the run's pinned one
-    # the snapshot D1's run published was replaced since, but D1's row keeps its version
-    assert _ids(file_store, SNAPSHOT, first) == [1, 2]
-    assert _ids(file_store, SNAPSHOT) == [4, 5]
+    assert _ids(file_store, STATE, latest) == [1, 2, 4, 5]  # and the last run's pinned one
+    assert _ids(file_store, SNAPSHOT, latest) == _ids(file_store, SNAPSHOT) == [4, 5]
+
+
+def test_vacuum_keeps_every_row_of_the_window_and_each_tables_last_run(tmp_path: Path):
+    """A row past the window is kept when it is the run a table was last published by
+    (the state the next run starts from), even if the window holds other rows."""
+    store = FileStore(tmp_path / "store")
+    lake = Lake(store)
+    only = _run(lake, tmp_path, "d1", D1, [1, 2])
+    other = "published/u/snapshot"
+    lake.write(other, pa.table({"id": [9]}), {"run_id": "u1"}, work=tmp_path)
+    t = datetime.now(UTC) + timedelta(days=30)
+    row = RunRow("u1", D2, "published", t, t, None, "c" * 64,
+                 counts={"tables": {"u": {}}}, versions={other: 0})  # fmt: skip
+    append(lake, row, tmp_path)
+    kept = retained_rows(read_runs(lake), t - timedelta(days=7))
+    assert {r.run_id for r in kept} == {only.run_id, "u1"}
 
 
 def test_vacuum_waits_for_no_run(file_store, tmp_path: Path):

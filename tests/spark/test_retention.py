@@ -1,0 +1,96 @@
+"""Delta logs outlive every retained run (formats.md "Time travel within the retention"):
+every published table carries the config's ``retention_days`` as its log retention, so
+checkpoints and log clean-up, long after the runs, never remove a version a retained
+``runs`` row names, and a backfill from the oldest retained date still works. On
+``file://``, where log files can be backdated: delta-rs removes log files older than the
+table's log retention (30 days by default) once a checkpoint follows them."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+import yaml
+from deltalake import DeltaTable, write_deltalake
+
+from pipeline.cli import main
+from pipeline.config import parse_config
+from pipeline.generate import GenerateOptions, generate
+from pipeline.lake import RETENTION_PROPERTIES
+from pipeline.store import FileStore
+from pipeline.vacuum import table_paths
+from tests.helpers import published as P
+
+D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
+#: the test's checkpoints come every 10 commits (delta-rs' default: 100), so that it
+#: makes a checkpoint's worth of commits quickly
+INTERVAL = 10
+CONFIG = {
+    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2}],
+    "retention_days": 60,
+    "on_divergence": "warn",
+    "tables": {"items": {"columns": {"id": "bigint", "qty": "int"}, "key": ["id"]}},
+}
+
+
+def _age(log: Path, days: int) -> None:
+    old = time.time() - days * 86400
+    for f in log.iterdir():
+        os.utime(f, (old, old))
+
+
+def _forty_days_of_commits(uri: str) -> None:
+    """A checkpoint's worth of commits after the table's own, all of them 40 days old by
+    their files' time, then one more commit: its clean-up removes every log file older
+    than the table's log retention that the checkpoint makes unnecessary."""
+    t = DeltaTable(uri)
+    t.alter.set_table_properties({"delta.checkpointInterval": str(INTERVAL)})
+    for _ in range(INTERVAL + 1):
+        t.create_write_transaction([], "append", t.schema())
+    _age(Path(uri) / "_delta_log", 40)
+    DeltaTable(uri).create_write_transaction([], "append", t.schema())
+
+
+def _loads(uri: str, version: int) -> bool:
+    try:
+        DeltaTable(uri, version=version).to_pyarrow_table()
+        return True
+    except Exception:
+        return False
+
+
+def test_every_retained_version_loads_after_forty_days_of_checkpoints(tmp_path: Path, spark):
+    root = tmp_path / "store"
+    store = FileStore(root)
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": root.as_uri()}))
+    config = parse_config({**CONFIG, "store": root.as_uri()})
+    run = ["run", "--config", str(cfg), "--no-data-docs"]
+    for i, dt in enumerate((D1, D2)):
+        generate(config, store, dt, GenerateOptions(events=60, base_rows=10 * (i == 0), seed=i))
+        assert main([*run, "--date", dt.isoformat(), "--work-dir", str(tmp_path / f"w{i}")]) == 0
+
+    # a table the project did not write: the default retention, the same 40 days
+    control = str(tmp_path / "control")
+    write_deltalake(control, pa.table({"id": [1]}))
+    _forty_days_of_commits(control)
+    assert not _loads(control, 0)  # the clean-up ran: version 0's log is gone
+
+    paths = table_paths(store)
+    for path in paths:
+        props = DeltaTable(str(root / path)).metadata().configuration
+        assert {k: props.get(k) for k in RETENTION_PROPERTIES} == dict.fromkeys(
+            RETENTION_PROPERTIES, "interval 60 days"
+        ), path
+        _forty_days_of_commits(str(root / path))
+    runs = P.runs(store)
+    named = [(path, v) for r in runs for path, v in r["versions"].items()]
+    assert len(runs) == 2 and len({p for p, _ in named}) >= 8
+    assert [(p, v) for p, v in named if not _loads(str(root / p), v)] == []
+
+    # a backfill from the oldest retained date: D2 again, from D1's state at its version
+    assert main([*run, "--date", D2.isoformat(), "--work-dir", str(tmp_path / "again")]) == 0
+    assert [r["status"] for r in P.runs(store)] == ["published"] * 3
