@@ -135,17 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         _run_options(stage)
         if name in ("run", "ingest"):
             _plan_options(stage)
-    v = sub.add_parser(
-        "vacuum",
-        help="remove the published tables' files that no version within --retain-days needs",
-    )
-    v.add_argument("--config", required=True, type=Path)
-    v.add_argument("--store", help="override the config's store")
-    v.add_argument("--retain-days", type=int, required=True, metavar="N")
-    v.add_argument("--dry-run", action="store_true", help="list the files; remove nothing")
-    u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
-    u.add_argument("--config", required=True, type=Path)
-    u.add_argument("--store", help="override the config's store")
+    _store_commands(sub)
     q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events (E5)")
     q.add_argument("action", choices=("list", "retry", "dismiss"))
     q.add_argument("--config", required=True, type=Path)
@@ -171,6 +161,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the class-data archive that starts Spark's JVM faster (make does it)",
     )
     return parser
+
+
+def _store_commands(sub: Any) -> None:
+    """The commands that look after a store: vacuum, doctor, unlock."""
+    v = sub.add_parser(
+        "vacuum",
+        help="remove the published tables' files that no version within the retention needs",
+    )
+    v.add_argument("--config", required=True, type=Path)
+    v.add_argument("--store", help="override the config's store")
+    v.add_argument(
+        "--retain-days",
+        type=int,
+        metavar="N",
+        help="a window shorter than the config's retention_days (the default)",
+    )
+    v.add_argument("--dry-run", action="store_true", help="list the files; remove nothing")
+    d = sub.add_parser(
+        "doctor", help="check a store: credentials, atomic create, the tables' log retention"
+    )
+    d.add_argument("--config", required=True, type=Path)
+    d.add_argument("--store", help="override the config's store")
+    u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
+    u.add_argument("--config", required=True, type=Path)
+    u.add_argument("--store", help="override the config's store")
 
 
 def _generate_options(g: argparse.ArgumentParser) -> None:
@@ -435,13 +450,36 @@ def _cmd_unlock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """Every check, one line each; exit 1 when one the store cannot run with fails."""
+    from dataclasses import asdict
+
+    from pipeline.doctor import examine
+    from pipeline.store import open_store
+
+    config = _load(args)
+    assert config.store
+    found = examine(open_store(config.store), config.retention_days)
+    lines = [f"store {config.store}", *(f.line() for f in found)]
+    _emit(args, {"store": config.store, "checks": [asdict(f) for f in found]}, "\n".join(lines))
+    return 1 if any(f.fatal and not f.ok for f in found) else 0
+
+
 def _cmd_vacuum(args: argparse.Namespace) -> int:
+    from pipeline.errors import StageError
     from pipeline.store import open_store
     from pipeline.vacuum import vacuum
 
     config = _load(args)
     assert config.store
-    res = vacuum(open_store(config.store), args.retain_days, dry_run=args.dry_run)
+    days = config.retention_days if args.retain_days is None else args.retain_days
+    if days > config.retention_days:
+        raise StageError(
+            f"--retain-days {days} is longer than the retention_days of {args.config} "
+            f"({config.retention_days}): the tables keep their logs only that long; "
+            "raise retention_days first (the next run sets it on every table)"
+        )
+    res = vacuum(open_store(config.store), days, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     lines = [f"{verb} {res.files} file(s) from {config.store}/published"]
     lines += [f"  {path}: {len(keys)}" for path, keys in res.removed.items()]
@@ -465,7 +503,7 @@ def _cmd_quarantine(args: argparse.Namespace) -> int:
     if args.table not in config.tables:
         raise StageError(f"no table {args.table!r} in {args.config}")
     store = open_store(config.store)
-    lake = Lake(store)
+    lake = Lake(store, config.retention_days)
     if args.action == "list":
         rows = retry.listing(lake, args.table, args.status)
         lines = [
@@ -520,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_demo(args)
         if args.command == "unlock":
             return _cmd_unlock(args)
+        if args.command == "doctor":
+            return _cmd_doctor(args)
         if args.command == "vacuum":
             return _cmd_vacuum(args)
         if args.command == "quarantine":

@@ -12,6 +12,8 @@ LOCK = f"{PUBLISHED}/_lock"
 LOCK_TAKEOVER = f"{PUBLISHED}/_lock.takeover"
 #: one row per run, published or not; committed last (``pipeline.runs_table``)
 RUNS = f"{PUBLISHED}/runs"
+#: the small objects ``cdr doctor`` writes and removes to check a store (``pipeline.doctor``)
+PROBES = f"{PUBLISHED}/_probes"
 
 
 def export_dir(replica: str, table: str, dt: date) -> str:

@@ -1,6 +1,15 @@
 """An S3-compatible HTTP server on loopback (moto's server mode), for ``cdr demo`` and the
 tests. It runs as a child process so that it never competes with the pipeline for the
-GIL, and it is stopped when the ``with`` block ends."""
+GIL, and it is stopped when the ``with`` block ends.
+
+Its conditional puts are atomic, as S3's are. moto checks ``If-None-Match`` and then
+writes, so two racing creates of one key could both succeed, and the lease and Delta
+race tests could pass by luck. No server documented to decide conditional puts
+atomically installs as a package here (MinIO, which does, is now source-only; so is
+SeaweedFS), so the child process wraps moto's PutObject in a lock per key: a put waits
+for the key's lock, and a conditional put that finds it taken answers 409
+``ConditionalRequestConflict``, as S3 does for conditional writes in flight at once.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from pipeline.errors import StoreError
 
@@ -34,7 +44,7 @@ def s3_server(port: int | None = None, timeout: float = 30.0) -> Iterator[str]:
     port = port or free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "pipeline.s3server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -78,3 +88,41 @@ def create_bucket(name: str) -> None:
     import boto3
 
     boto3.client("s3").create_bucket(Bucket=name)
+
+
+CONFLICT = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code>'
+    b"<Message>A conditional request to this object is in progress; retry it</Message></Error>"
+)
+
+
+def atomic_puts() -> None:
+    """Make moto's PutObject decide a conditional put and write it in one step (a lock
+    per key); a conditional put that overlaps another put of its key gets a 409."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    locks: dict[tuple[str, str], threading.Lock] = {}
+    guard = threading.Lock()
+    put = S3Response.put_object
+
+    def put_object(self: S3Response) -> Any:
+        with guard:
+            lock = locks.setdefault((self.bucket_name, self.parse_key_name()), threading.Lock())
+        conditional = "If-None-Match" in self.headers or "If-Match" in self.headers
+        if not lock.acquire(blocking=not conditional):
+            return 409, {"Content-Type": "application/xml"}, CONFLICT
+        try:
+            return put(self)
+        finally:
+            lock.release()
+
+    S3Response.put_object = put_object  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    from moto.server import main
+
+    atomic_puts()
+    main(sys.argv[1:])

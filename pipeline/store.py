@@ -158,6 +158,11 @@ class FileStore:
             p.unlink()
 
 
+#: the answers of S3 to a conditional create that lost: the key exists (412), or another
+#: conditional write of it is in flight (409)
+LOST_RACE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+
+
 class S3Store:
     """A bucket and prefix reached through boto3."""
 
@@ -210,14 +215,15 @@ class S3Store:
             raise self._fail(key, e) from None
 
     def create(self, key: str, data: bytes) -> bool:
-        """A conditional put (``If-None-Match: *``): False when the key exists."""
+        """A conditional put (``If-None-Match: *``): False when the key exists (412), or
+        when another conditional write of it was in flight (409): a lost race either way."""
         from botocore.exceptions import ClientError
 
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")
             return True
         except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+            if e.response.get("Error", {}).get("Code") in LOST_RACE:
                 return False
             raise self._fail(key, e) from None
 

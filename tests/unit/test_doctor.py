@@ -1,0 +1,38 @@
+"""``cdr doctor`` on a ``file://`` store: access, the atomic create (an exclusive create
+on a local folder) and each table's log retention, warned about until the next commit
+sets it. A store that ignores the condition: tests/spark/test_s3server.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import yaml
+
+from pipeline.cli import main
+from pipeline.doctor import examine
+from pipeline.lake import Lake
+from pipeline.store import FileStore
+
+CONFIG = {
+    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2}],
+    "retention_days": 45,
+    "tables": {"items": {"columns": {"id": "bigint", "qty": "int"}, "key": ["id"]}},
+}
+
+
+def test_doctor_checks_a_store_and_warns_of_a_table_without_the_retention(tmp_path: Path, capsys):
+    store = FileStore(tmp_path / "store")
+    cfg = tmp_path / "cdr.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.uri}))
+    assert [(f.check, f.ok) for f in examine(store, 45)] == [
+        ("access", True), ("atomic create", True), ("retention", True)
+    ]  # fmt: skip
+    older = "published/items/snapshot"  # written before the setting: no retention
+    Lake(store).write(older, pa.table({"id": [1]}), {}, work=tmp_path)
+    Lake(store, 45).write("published/items/state", pa.table({"id": [1]}), {}, work=tmp_path)
+    assert main(["doctor", "--config", str(cfg)]) == 0  # a warning, not a failure
+    out = capsys.readouterr().out
+    assert "warn retention: 1 of 2 table(s)" in out and older in out, out
+    assert "ok   atomic create" in out
+    assert store.list("published/_probes") == []  # the probes are gone
