@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import layout
 from pipeline.errors import NotFoundError
-from pipeline.runs_table import published_by_date
+from pipeline.runs_table import RunRow, published_by_date
 
 if TYPE_CHECKING:
     from pipeline.config import Config
-    from pipeline.runs_table import RunRow
     from pipeline.store import Store
 
 
@@ -57,7 +56,7 @@ def _recorded(runs: list[RunRow]) -> dict[str, str | None]:
     """Each manifest's sha256 as the published run that read (or accepted) it last
     recorded it."""
     out: dict[str, str | None] = {}
-    for r in sorted(runs, key=lambda r: (r.finished_at, r.run_id)):
+    for r in sorted(runs, key=RunRow.order):
         if r.published:
             out.update({m["manifest"]: m.get("sha256") for m in r.inputs})
     return out

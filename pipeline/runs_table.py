@@ -2,12 +2,17 @@
 appended last, after every other commit of the run. A published run's row names the
 Delta version of every table it committed: one consistent view across tables, and the
 record a later run checks the state it starts from against.
+
+Runs are ordered by the commit that appended their row: a row names that version of the
+``runs`` table itself (in ``versions``), its commit made exactly that version or
+failed. Hosts' clocks (``finished_at``) order nothing; rows written before the runs
+table named its own version come first, in their finish order.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,16 @@ class RunRow:
     def published(self) -> bool:
         return self.status == "published"
 
+    @property
+    def seq(self) -> int:
+        """The version of the ``runs`` table that appended this row (-1: a row of an
+        older store, which did not record it)."""
+        return int(self.versions.get(layout.RUNS, -1))
+
+    def order(self) -> tuple[int, datetime, str]:
+        """The key that sorts rows in the order they were committed."""
+        return (self.seq, self.finished_at, self.run_id)
+
     def tables(self) -> dict[str, Any]:
         """The per-table counts of the run report."""
         tables: dict[str, Any] = self.counts.get("tables", {})
@@ -67,7 +82,7 @@ class RunRow:
 
 
 def read_runs(lake: Lake) -> list[RunRow]:
-    """Every row of the ``runs`` table, oldest first (none when the table is new)."""
+    """Every row of the ``runs`` table, in commit order (none when the table is new)."""
     t = lake.read(layout.RUNS)
     if t is None:
         return []
@@ -76,21 +91,21 @@ def read_runs(lake: Lake) -> list[RunRow]:
         for k in JSON_FIELDS:
             r[k] = json.loads(r[k]) if r[k] else ({} if k != "inputs" else [])
         rows.append(RunRow(**{f: r[f] for f in RunRow.__dataclass_fields__}))
-    return sorted(rows, key=lambda r: (r.finished_at, r.run_id))
+    return sorted(rows, key=RunRow.order)
 
 
 def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | None:
     """The run published last for the latest date before ``before`` that published
     ``table``: the state a run of ``before`` starts from."""
     mine = [r for r in rows if r.published and r.dt < before and table in r.tables()]
-    return max(mine, key=lambda r: (r.dt, r.finished_at), default=None)
+    return max(mine, key=lambda r: (r.dt, r.order()), default=None)
 
 
 def published_by_date(rows: list[RunRow]) -> dict[date, RunRow]:
-    """Each date's run published last (by finish time, then run id, as ``read_runs``
-    orders them): the run whose report, snapshot version and state the date stands for."""
+    """Each date's run published last (in commit order): the run whose report, snapshot
+    version and state the date stands for."""
     out: dict[date, RunRow] = {}
-    for r in sorted(rows, key=lambda r: (r.finished_at, r.run_id)):
+    for r in sorted(rows, key=RunRow.order):
         if r.published:
             out[r.dt] = r
     return out
@@ -103,9 +118,13 @@ def latest_date(rows: list[RunRow], table: str) -> date | None:
 
 
 def append(lake: Lake, row: RunRow, work: Path) -> int:
-    """Append the run's row (the run's last commit); returns the table's new version."""
+    """Append the run's row (the run's last commit), naming the version its commit makes;
+    returns that version."""
     meta = {"run_id": row.run_id, "dt": row.dt.isoformat(), "status": row.status}
-    return lake.write(layout.RUNS, row.to_arrow(), meta, mode="append", work=work).version
+    version = lake.next_version(layout.RUNS, meta)
+    mine = replace(row, versions={**row.versions, layout.RUNS: version})
+    data = mine.to_arrow()
+    return lake.write(layout.RUNS, data, meta, mode="append", work=work, version=version).version
 
 
 def version_of(lake: Lake, run_id: str) -> int | None:

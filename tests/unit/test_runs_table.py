@@ -3,10 +3,14 @@ next run to find the state it starts from, and by users through DuckDB."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date, timedelta
 from pathlib import Path
 
+import pytest
+
 from pipeline import layout
+from pipeline.errors import StoreError
 from pipeline.lake import Lake
 from pipeline.runs_table import RunRow, append, latest_date, latest_published, now, read_runs
 from tests.helpers import published as P
@@ -45,7 +49,8 @@ def test_runs_are_appended_and_the_prior_run_is_the_last_published(file_store, t
     assert versions == [0, 1, 2, 3, 4, 5]
     got = read_runs(lake)
     assert [r.run_id for r in got] == ["r1", "r2", "r3", "r4", "r5", "r6"]
-    assert got[3] == rows[3]  # every field, JSON ones and UTC timestamps included
+    # every field, JSON ones and UTC timestamps included; the row names its own commit
+    assert got[3] == replace(rows[3], versions={**rows[3].versions, layout.RUNS: 3})
     assert latest_published(got, "orders", D3).run_id == "r4"
     assert latest_published(got, "orders", D2).run_id == "r1"
     assert latest_published(got, "products", D2) is None
@@ -72,3 +77,31 @@ def test_version_of_names_the_commit_that_appended_a_runs_row(file_store, tmp_pa
     for run_id in ("r24", "r10", "r0"):  # r0 is past the newest 20 commits
         assert version_of(lake, run_id) == versions[run_id]
     assert version_of(lake, "r-unknown") is None
+
+
+def test_runs_are_ordered_by_their_commit_not_by_a_hosts_clock(file_store, tmp_path: Path):
+    """A rerun of D2 on a host whose clock is an hour behind finishes "before" the run
+    it replaces: it is still the later one, the one D2 stands for."""
+    lake = Lake(file_store)
+    for r in (
+        row("r1", D1, "published", minutes=0),
+        row("r2", D2, "published", minutes=0),
+        row("r2-rerun", D2, "published", minutes=-60),
+    ):
+        append(lake, r, tmp_path / "work")
+    got = read_runs(lake)
+    assert [(r.run_id, r.seq) for r in got] == [("r1", 0), ("r2", 1), ("r2-rerun", 2)]
+    assert latest_published(got, "orders", D3).run_id == "r2-rerun"
+
+
+def test_a_row_names_the_version_its_commit_made_or_is_not_committed(file_store, tmp_path: Path):
+    lake = Lake(file_store)
+    append(lake, row("r1", D1, "published"), tmp_path / "work")
+    meta = {"run_id": "late"}
+    version = lake.next_version(layout.RUNS, meta)  # 1
+    append(lake, row("r2", D2, "published"), tmp_path / "work")  # another writer took it
+    late = row("late", D3, "published").to_arrow()
+    with pytest.raises(StoreError, match="not 0"):
+        lake.write(layout.RUNS, late, meta, mode="append", work=tmp_path, version=version)
+    assert [r.run_id for r in read_runs(lake)] == ["r1", "r2"]
+    assert lake.read(layout.RUNS).num_rows == 2
