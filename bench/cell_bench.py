@@ -22,29 +22,21 @@ from pathlib import Path
 
 from resolve_bench import baseline, measure, refetch, staged_input
 
-CONFIG = {
-    "replicas": [
-        {"id": "r1", "system_id": 1},
-        {"id": "r2", "system_id": 2},
-        {"id": "r3", "system_id": 3},
-    ],
-    "tables": {
-        "sessions": {
-            "key": ["id"],
-            "columns": {
-                "id": "bigint",
-                "user_name": "string",
-                "device": "string",
-                "token": "string",
-                "hits": "int",
-                "score": "double",
-                "price": "decimal(12,2)",
-                "active": "boolean",
-            },
-            "policy": "scylla",
-        }
-    },
+from tests.helpers import configs  # resolve_bench put the repository's root on sys.path
+
+COLUMNS = {
+    "id": "bigint",
+    "user_name": "string",
+    "device": "string",
+    "token": "string",
+    "hits": "int",
+    "score": "double",
+    "price": "decimal(12,2)",
+    "active": "boolean",
 }
+CONFIG = configs.config(
+    {"sessions": configs.table(COLUMNS, policy="scylla")}, replicas=("r1", "r2", "r3")
+)
 
 
 def bench(n: int, root: Path, spark, rounds: int) -> dict:

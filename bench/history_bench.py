@@ -19,7 +19,6 @@ history needs, as the CDC log does) costs the resolve stage; and
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -32,14 +31,13 @@ os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
-from resolve_bench import CONFIG, staged_input
+from resolve_bench import CONFIG, bench_config, staged_input
 
 from pipeline import layout, stages
 from pipeline.config import Config, parse_config
 from pipeline.context import RunContext
 
-HISTORY = copy.deepcopy(CONFIG)
-HISTORY["tables"]["items"]["history"] = True
+HISTORY = bench_config(history=True)
 
 
 def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]

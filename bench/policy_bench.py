@@ -13,7 +13,6 @@ run reads the same exports with ``updated_at`` as an ordinary column.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -25,12 +24,12 @@ from pathlib import Path
 os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
-from resolve_bench import CONFIG, refetch, staged_input
+from resolve_bench import ITEM_COLUMNS, bench_config, refetch, staged_input
 
 from pipeline.config import parse_config
 
-PLAIN = copy.deepcopy(CONFIG)
-PLAIN["tables"]["items"]["columns"]["updated_at"] = "timestamp"
+COLUMNS = {**ITEM_COLUMNS, "updated_at": "timestamp"}
+PLAIN = bench_config(COLUMNS)
 VARIANTS = {
     "order_by": {"order_by": "updated_at"},
     "column_groups": {"column_groups": {"stock": ["qty", "price"], "label": ["name", "note"]}},
@@ -47,14 +46,12 @@ def main() -> None:
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
     root = Path(tempfile.mkdtemp(prefix="cdr-policy-bench-"))
     try:
-        ordered = copy.deepcopy(PLAIN)
-        ordered["tables"]["items"].update(VARIANTS["order_by"])
+        ordered = bench_config(COLUMNS, **VARIANTS["order_by"])
         config, ctx, stats = staged_input(ordered, n, root, spark)  # generated with values
         configs = {"plain": parse_config({**PLAIN, "store": config.store}), "order_by": config}
         for name, extra in VARIANTS.items():
             if name not in configs:
-                variant = copy.deepcopy(PLAIN)
-                variant["tables"]["items"].update(extra)
+                variant = bench_config(COLUMNS, **extra)
                 configs[name] = parse_config({**variant, "store": config.store})
         seconds: dict[str, list[float]] = {k: [] for k in configs}
         quarantined = {}

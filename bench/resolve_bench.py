@@ -36,38 +36,36 @@ import psutil
 
 os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
+# the repository's root, for tests.helpers.configs (the one config builder)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import Config, parse_config
 from pipeline.context import RunContext, resolve_now
 from pipeline.exports import fetch, ingest
 from pipeline.generate import GenerateOptions, generate
 from pipeline.store import open_store
+from tests.helpers import configs
 
 D = date(2026, 11, 21)
-CONFIG = {
-    "replicas": [
-        {"id": "r1", "system_id": 1},
-        {"id": "r2", "system_id": 2},
-        {"id": "r3", "system_id": 3},
-    ],
-    "on_divergence": "warn",
-    "tables": {
-        "items": {
-            "key": ["id"],
-            "columns": {
-                "id": "bigint",
-                "name": "string",
-                "qty": "int",
-                "price": "decimal(12,2)",
-                "note": "string",
-            },
-        }
-    },
-}
-if os.environ.get("BENCH_RESOLVERS") == "timestamps":
-    # every resolver that can be timestamp-based is (the postgres preset's update_deleted
-    # is skip); update_missing and delete_missing have no timestamp-based resolver (§4)
-    CONFIG["tables"]["items"]["resolvers"] = {"update_deleted": "latest_timestamp_wins"}  # type: ignore[index]
+ITEM_COLUMNS = {**configs.ITEMS, "price": "decimal(12,2)", "note": "string"}
+#: the postgres preset's resolvers; with BENCH_RESOLVERS=timestamps, every resolver that can
+#: be timestamp-based is (the preset's update_deleted is skip); update_missing and
+#: delete_missing have no timestamp-based resolver (§4)
+RESOLVERS = (
+    {"update_deleted": "latest_timestamp_wins"}
+    if os.environ.get("BENCH_RESOLVERS") == "timestamps"
+    else {}
+)
+
+
+def bench_config(columns: dict[str, str] = ITEM_COLUMNS, **table: object) -> dict:
+    """The benchmarks' config: one row table ``items`` (``columns``, the resolvers of
+    BENCH_RESOLVERS, then ``table``'s settings) of three replicas, divergence a warning."""
+    items = configs.table(columns, **({"resolvers": RESOLVERS} if RESOLVERS else {}), **table)
+    return configs.config({"items": items}, replicas=("r1", "r2", "r3"), on_divergence="warn")
+
+
+CONFIG = bench_config()
 
 
 class PeakMemory:

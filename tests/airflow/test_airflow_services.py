@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pipeline.context import safe_run_id
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.airflow_env import BIN, airflow_environment, use_database
 from tests.helpers.scenarios import cdr_run_snapshots, snapshot_rows
@@ -140,10 +140,10 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
     home = tmp_path_factory.mktemp("airflow-services")
     bucket = "cdr-services"
     boto3.client("s3").create_bucket(Bucket=bucket)
-    cfg = home / "cdr.yaml"
     # every run's logical date is past: a deadline a minute after it is missed at once
-    config = dict(DEMO_CONFIG, store=f"s3://{bucket}/prod", deadline_minutes=1)
-    cfg.write_text(yaml.safe_dump(config))
+    cfg = configs.write(
+        home / "cdr.yaml", DEMO_CONFIG, store=f"s3://{bucket}/prod", deadline_minutes=1
+    )
     config = load_config(cfg)
     store = open_store(f"s3://{bucket}/prod")
     for i, d in enumerate(DATES):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.store import FileStore
-from tests.helpers import REPO
+from tests.helpers import REPO, configs
 from tests.unit.test_runs_page import _put, _report, runs_store
 
 
@@ -26,9 +26,8 @@ def store(tmp_path: Path) -> FileStore:
 def client(airflow, store, tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
 
-    cfg = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())
-    cfg["store"] = store.uri
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg))
+    cfg = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())  # the stack's config
+    configs.write(tmp_path / "cdr.yaml", cfg, store=store.uri)
     monkeypatch.setenv("CDR_CONFIG", str(tmp_path / "cdr.yaml"))
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret")
     monkeypatch.syspath_prepend(str(REPO / "plugins"))

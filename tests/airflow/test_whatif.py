@@ -17,7 +17,7 @@ from pipeline.cli import main
 from tests.helpers import published as P
 from tests.helpers.dagrun import dagbag
 from tests.helpers.scenarios import write_exports
-from tests.unit.test_whatif import BASE, _config
+from tests.unit.test_whatif import REPLICAS, _config
 
 D = "2026-11-21"
 LWW = ("insert_exists", "update_differ", "update_deleted", "delete_differ", "pkey_exists")
@@ -52,7 +52,7 @@ def _night() -> dict:
         ev("UPDATE", "c5", 5, 22, "r3", name="five-c", qty=50),  # update_deleted
     ]
     numbered = [{**e, "seq": i} for i, e in enumerate(events, 1)]
-    return {r["id"]: {"items": numbered} for r in BASE["replicas"]}
+    return {r: {"items": numbered} for r in REPLICAS}
 
 
 def test_whatif_reports_exactly_the_rows_another_policy_changes(

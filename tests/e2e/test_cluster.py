@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline.cli import main
 from pipeline.demo import DEMO_CONFIG
 from pipeline.store import open_store
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.cluster import check_executors
 
@@ -31,20 +31,17 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
 ):
     url, worker_dirs = cluster
     inputs = tmp_path / "inputs"
-    cfg = tmp_path / "cdr.yaml"
     # the demo's tables (row engine, a foreign key, a delta and a unique column); the CDC
     # log's stage is left out to keep the test short (its tasks are the same kind)
-    config = {**DEMO_CONFIG, "store": inputs.as_uri(), "cdc": {"enabled": False}}
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+    config = {**DEMO_CONFIG, "cdc": {"enabled": False}}
+    cfg = configs.write(tmp_path / "cdr.yaml", config, store=inputs)
     gen = ["generate", "--config", str(cfg), "--date", D, "--events", "800", "--seed", "5"]
     assert main(gen) == 0
     stores = {}
     for name in ("local", "cluster"):
         stores[name] = tmp_path / name
         shutil.copytree(inputs, stores[name])
-        (tmp_path / f"{name}.yaml").write_text(
-            yaml.safe_dump({**config, "store": stores[name].as_uri()}, sort_keys=False)
-        )
+        configs.write(tmp_path / f"{name}.yaml", config, store=stores[name])
     run = ["run", "--date", D, "--now", f"{D}T23:59:00Z", "--no-data-docs"]
 
     def args(name: str) -> list[str]:

@@ -21,11 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline import layout
 from pipeline.cli import main
 from pipeline.store import open_store
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.faults import SEEDS, expire_lease, killed_at
@@ -46,9 +46,8 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
     root = tmp_path / "store"
     root.mkdir()
     S.layout_store(s, root)
-    cfg = tmp_path / "cdr.yaml"
-    config = {**s["config"], "store": root.as_uri(), "cdc": CDC}
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+    config = {**s["config"], "cdc": CDC}
+    cfg = configs.write(tmp_path / "cdr.yaml", config, store=root)
     argv = ["--config", str(cfg), "--date", s["date"], "--now", s["now"]]
     argv += ["--work-dir", str(tmp_path / "work")]
     if S.missing_exports(s, s["exports"]):
@@ -60,8 +59,7 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
 
     # the uninterrupted rerun, on a copy of the store
     shutil.copytree(root, tmp_path / "run-ref")
-    ref_cfg = tmp_path / "ref.yaml"
-    ref_cfg.write_text(yaml.safe_dump({**config, "store": (tmp_path / "run-ref").as_uri()}))
+    ref_cfg = configs.write(tmp_path / "ref.yaml", config, store=tmp_path / "run-ref")
     ref_argv = [a if a != str(cfg) else str(ref_cfg) for a in argv]
     assert main(["run", *ref_argv, "--run-id", "run-ref", "--no-data-docs"]) == 0
     after = P.all_tables(open_store((tmp_path / "run-ref").as_uri()), ("run-ref",))

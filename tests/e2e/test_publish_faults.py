@@ -19,11 +19,11 @@ from pathlib import Path
 
 import boto3
 import pytest
-import yaml
 
 from pipeline.cli import main
 from pipeline.s3server import restore_env, use_endpoint
 from pipeline.store import open_store
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.faults import SEEDS, faulty_proxy, killed_at
@@ -69,8 +69,7 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
             S.layout_store(s, folder)
             for f in sorted(p for p in folder.rglob("*") if p.is_file()):
                 store.upload(f, f.relative_to(folder).as_posix())
-            cfg = tmp_path / "cdr.yaml"
-            cfg.write_text(yaml.safe_dump({**s["config"], "store": store.uri}, sort_keys=False))
+            cfg = configs.write(tmp_path / "cdr.yaml", s["config"], store=store.uri)
             base = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
             argv = [*base, "--date", s["date"], "--now", s["now"]]
             if S.missing_exports(s, s["exports"]):

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pipeline.cli import main
 from pipeline.store import Store
+from tests.helpers import configs
 from tests.helpers import pg_replicas as pgr
 from tests.helpers import published as P
 from tests.helpers import sources as src
@@ -125,29 +125,23 @@ LWW = {
     "multiple_unique_conflicts": "apply",
 }
 TABLES: dict[str, dict[str, Any]] = {
-    "products": {
-        "key": ["product_no"],
-        "columns": {
-            "product_no": "int",
-            "name": "string",
-            "price": "decimal(10,2)",
-            "note": "string",
-        },
-        "not_null": ["name"],
-    },
-    "orders": {
-        "key": ["order_id"],
-        "columns": {"order_id": "int", "product_no": "int", "quantity": "int"},
-        "not_null": ["product_no", "quantity"],
-        "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
-    },
-    "accounts": {
-        "key": ["id"],
-        "columns": {"id": "bigint", "owner": "string", "balance": "bigint"},
-        "not_null": ["owner"],
-        "unique": [["owner"]],
-        "delta": ["balance"],
-    },
+    "products": configs.table(
+        {"product_no": "int", "name": "string", "price": "decimal(10,2)", "note": "string"},
+        ["product_no"],
+        not_null=["name"],
+    ),
+    "orders": configs.table(
+        {"order_id": "int", "product_no": "int", "quantity": "int"},
+        ["order_id"],
+        not_null=["product_no", "quantity"],
+        foreign_keys=[{"columns": ["product_no"], "references": "products"}],
+    ),
+    "accounts": configs.table(
+        {"id": "bigint", "owner": "string", "balance": "bigint"},
+        not_null=["owner"],
+        unique=[["owner"]],
+        delta=["balance"],
+    ),
 }
 
 
@@ -267,15 +261,15 @@ def put_base(store: Store, tables: tuple[str, ...]) -> None:
 
 
 def run_pipeline(tmp_path: Path, store: Store, system_ids: dict[str, int], tables, dt) -> int:
-    cfg = {
-        "store": store.uri,
-        "replicas": [{"id": n, "system_id": i} for n, i in system_ids.items()],
-        "defaults": {"policy": "postgres", "resolvers": LWW},
-        "on_divergence": "warn",  # last writer wins with these resolvers can diverge (§9)
-        "on_fk_violation": "warn",  # keep the orphan in the snapshot, and report it
-        "tables": {t: TABLES[t] for t in tables},
-    }
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cfg = configs.config(
+        {t: TABLES[t] for t in tables},
+        replicas=configs.replicas(**system_ids),
+        store=store.uri,
+        defaults={"policy": "postgres", "resolvers": LWW},
+        on_divergence="warn",  # last writer wins with these resolvers can diverge (§9)
+        on_fk_violation="warn",  # keep the orphan in the snapshot, and report it
+    )
+    configs.write(tmp_path / "cdr.yaml", cfg)
     work = str(tmp_path / "work")
     args = ["--date", dt, "--work-dir", work, "--no-data-docs"]
     return main(["run", "--config", str(tmp_path / "cdr.yaml"), *args])

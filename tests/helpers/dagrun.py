@@ -11,9 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tests.helpers import REPO
+from tests.helpers import REPO, configs
 
 GENERATED = {"events": 1500, "seed": 3, "base_rows": 100}
 
@@ -27,8 +25,7 @@ def dagbag():
 def write_config(path: Path, store: str, **overrides: Any) -> Path:
     from pipeline.demo import DEMO_CONFIG
 
-    path.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=store, **overrides)))
-    return path
+    return configs.write(path, DEMO_CONFIG, store=store, **overrides)
 
 
 def run_dag(

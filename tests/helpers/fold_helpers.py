@@ -1,4 +1,5 @@
-"""Small builders for the pure-Python fold tests."""
+"""Small builders for the pure-Python fold tests: one table ``t`` (id int, v string,
+n int) of pub and sub (``helpers.configs``), its fold spec, versions and events."""
 
 from __future__ import annotations
 
@@ -6,17 +7,22 @@ from typing import Any
 
 from pipeline.config import Config, Table, parse_config
 from pipeline.rowfold import Event, FoldSpec, Version
+from tests.helpers import configs
 
 NOW = 1_795_305_600_000_000  # 2026-11-22T00:00:00Z
 T0 = 1_795_219_200_000_000  # 2026-11-21T00:00:00Z
 H = 3_600_000_000  # one hour in µs
-REPLICAS = [{"id": "pub", "system_id": 7301}, {"id": "sub", "system_id": 7302}]
+REPLICAS = configs.replicas(pub=7301, sub=7302)
+COLUMNS = {"id": "int", "v": "string", "n": "int"}
 
 
 def make_config(table: dict[str, Any] | None = None, **top: Any) -> Config:
-    t = {"key": ["id"], "columns": {"id": "int", "v": "string", "n": "int"}}
-    t.update(table or {})
-    return parse_config({"replicas": REPLICAS, "tables": {"t": t}, **top})
+    """The config of table ``t`` with ``table``'s settings over its own; ``top``: the
+    config's other keys (``replicas`` too)."""
+    top.setdefault("replicas", REPLICAS)
+    return parse_config(
+        configs.config(configs.table(**{"columns": COLUMNS, **(table or {})}), **top)
+    )
 
 
 def spec(table: dict[str, Any] | None = None, **top: Any) -> FoldSpec:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.context import parse_rfc3339, to_micros
-from tests.helpers import GOLDEN, REPO
+from tests.helpers import GOLDEN, REPO, configs
 from tests.helpers import published as P
 from tests.helpers.cdc_consumer import Consumer
 from tests.helpers.reports import date_report, log_rows
@@ -135,12 +135,7 @@ def layout_store(s: dict[str, Any], root: Path, gz: bool = False, fmt: str = "js
 
 
 def config_file(s: dict[str, Any], root: Path, path: Path) -> Path:
-    import yaml
-
-    cfg = dict(s["config"])
-    cfg["store"] = root.as_uri()
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
+    return configs.write(path, s["config"], store=root)
 
 
 def missing_exports(s: dict[str, Any], exports: dict[str, Any]) -> bool:
@@ -168,7 +163,6 @@ def cdr_run_snapshots(store: Any, day: str, tmp: Path, tables: tuple[str, ...]) 
     that date's exports of an S3 ``store`` copied to a new bucket, run with the demo
     config (the Airflow tests compare the DAG's snapshots with it)."""
     import boto3
-    import yaml
 
     from pipeline.cli import main
     from pipeline.demo import DEMO_CONFIG
@@ -180,8 +174,7 @@ def cdr_run_snapshots(store: Any, day: str, tmp: Path, tables: tuple[str, ...]) 
     for key in store.list("base") + store.list("exports"):
         if key.startswith("base/") or f"/dt={day}/" in key:
             copy.write_bytes(key, store.read_bytes(key))
-    cfg = tmp / "cli.yaml"
-    cfg.write_text(yaml.safe_dump(dict(DEMO_CONFIG, store=copy.uri)))
+    cfg = configs.write(tmp / "cli.yaml", DEMO_CONFIG, store=copy.uri)
     args = ["run", "--config", str(cfg), "--date", day, "--no-data-docs"]
     assert main([*args, "--work-dir", str(tmp / "cli-work")]) == 0
     return {t: snapshot_rows(copy, t) for t in tables}

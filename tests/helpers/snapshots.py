@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from tests.helpers import configs
 from tests.helpers import scenarios as S
 
 D = "2026-11-21"
@@ -20,12 +19,7 @@ def setup(tmp: Path, on_divergence: str, sub_snapshot: list[dict]) -> Path:
     replicas; sub's snapshot is ``sub_snapshot``) and its ``cdr.yaml``, whose path it
     returns."""
     store = tmp / "store"
-    cfg = {
-        "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
-        "on_divergence": on_divergence,
-        "store": store.as_uri(),
-        "tables": {"t": {"key": ["id"], "columns": {"id": "int", "v": "string"}}},
-    }
+    cfg = configs.config(on_divergence=on_divergence)
     events = [
         {
             "op": "INSERT",
@@ -49,9 +43,7 @@ def setup(tmp: Path, on_divergence: str, sub_snapshot: list[dict]) -> Path:
         sub_snapshot,
         {**meta, "replica": "sub"},
     )
-    path = tmp / "cdr.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return configs.write(tmp / "cdr.yaml", cfg, store=store)
 
 
 # sub misses key 1, holds another value for 2, and a row 9 that the converged state lacks

@@ -13,13 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from pipeline import adapters
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.exports import FRAMING, read_manifest, stage_jsonl
 from pipeline.store import open_store
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import sources as src
 
@@ -33,21 +33,13 @@ COLUMNS = {
     "seen": "timestamp",
     "blob": "binary",
 }
-CONFIG: dict[str, Any] = {
-    "replicas": [
-        {"id": "pg1", "system_id": 1},
-        {"id": "pg2", "system_id": 2},
-        {"id": "pg3", "system_id": 3},
-    ],
-    "on_divergence": "warn",
-    "tables": {"items": {"key": ["id"], "columns": COLUMNS}},
-}
+CONFIG = configs.config(
+    {"items": configs.table(COLUMNS)}, replicas=("pg1", "pg2", "pg3"), on_divergence="warn"
+)
 
 
 def config(tmp_path: Path, store_uri: str):
-    path = tmp_path / "cdr.yaml"
-    path.write_text(yaml.safe_dump({**CONFIG, "store": store_uri}))
-    return load_config(path)
+    return load_config(configs.write(tmp_path / "cdr.yaml", CONFIG, store=store_uri))
 
 
 def pg_ts(us: int) -> str:
@@ -231,7 +223,7 @@ def test_debezium_decimal_bytes_decode_exactly(tmp_path: Path, spark, precision:
     wide = "9" * (precision - scale) + "." + "9" * scale
     values = ["0", "1.5", "-0.01", "-1.28", "1.28", "-327.68", "99999999.99", wide, "-" + wide]
     columns = {"id": "int", "amount": f"decimal({precision},{scale})"}
-    cfg = load_config_for(tmp_path, {"items": {"key": ["id"], "columns": columns}})
+    cfg = load_config_for(tmp_path, {"items": configs.table(columns)})
     dbz = src.Debezium("items", ["id"], columns, schema=True, full_identity=True)
     recs = [
         dbz.envelope("c", None, dbz._row({"id": i, "amount": Decimal(v)}), T0 + i, i, i)
@@ -261,10 +253,8 @@ def test_debezium_nanosecond_commit_times_keep_their_microseconds(tmp_path: Path
 
 
 def load_config_for(tmp_path: Path, tables: dict[str, Any]):
-    path = tmp_path / "cdr.yaml"
-    store = (tmp_path / "store").as_uri()
-    path.write_text(yaml.safe_dump({**CONFIG, "tables": tables, "store": store}))
-    return load_config(path)
+    cfg = {**CONFIG, "tables": tables}
+    return load_config(configs.write(tmp_path / "cdr.yaml", cfg, store=tmp_path / "store"))
 
 
 # ----------------------------------------------------------------------------------- DMS
@@ -337,7 +327,7 @@ def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
 
 
 def _run(tmp_path: Path, store_root: Path) -> int:
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store_root.as_uri()}))
+    configs.write(tmp_path / "cdr.yaml", CONFIG, store=store_root)
     return main(
         [
             "run",

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from pyspark.sql import functions as F
 
 from pipeline.cdc import generations, stream_id_column, timeuuid
@@ -28,34 +27,29 @@ from pipeline.generate import GenerateOptions, generate
 from pipeline.schema import key_struct_type
 from pipeline.store import open_store
 from pipeline.streams import Generation, Generations, Topology, next_generations, vnode_ends
-from tests.helpers import REPO
+from tests.helpers import REPO, configs
 from tests.helpers import published as P
 from tests.helpers.cassandra import cassandra_bytes, driver_token, random_value
 from tests.helpers.cdc_consumer import Consumer, micros, time_order
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
-CONFIG: dict[str, Any] = {
-    "replicas": [
-        {"id": "r1", "system_id": 1},
-        {"id": "r2", "system_id": 2},
-        {"id": "r3", "system_id": 3},
-    ],
-    "on_divergence": "warn",
-    "tables": {
-        "accounts": {
-            "key": ["id"],
-            "columns": {"id": "bigint", "owner": "string", "balance": "bigint", "note": "string"},
-            "unique": [["owner"]],
-            "delta": ["balance"],
-        },
-        "sessions": {
-            "key": ["user_id", "device"],
-            "columns": {"user_id": "bigint", "device": "string", "token": "string", "hits": "int"},
-            "policy": "scylla",
-        },
+CONFIG = configs.config(
+    {
+        "accounts": configs.table(
+            {"id": "bigint", "owner": "string", "balance": "bigint", "note": "string"},
+            unique=[["owner"]],
+            delta=["balance"],
+        ),
+        "sessions": configs.table(
+            {"user_id": "bigint", "device": "string", "token": "string", "hits": "int"},
+            ["user_id", "device"],
+            policy="scylla",
+        ),
     },
-    "cdc": {"enabled": True, "vnodes": 8, "shards": 2, "sharding_ignore_msb": 0},
-}
+    replicas=("r1", "r2", "r3"),
+    on_divergence="warn",
+    cdc={"enabled": True, "vnodes": 8, "shards": 2, "sharding_ignore_msb": 0},
+)
 TOPOLOGY_2 = {"vnodes": 12, "shards": 3, "sharding_ignore_msb": 12}
 
 
@@ -64,9 +58,7 @@ def _start(d: date) -> int:
 
 
 def _write_config(path: Path, store: Path, cdc: dict[str, Any]) -> Path:
-    cfg = {**CONFIG, "store": store.as_uri(), "cdc": {**CONFIG["cdc"], **cdc}}
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
+    return configs.write(path, CONFIG, store=store, cdc={**CONFIG["cdc"], **cdc})
 
 
 def _run(cfg: Path, d: date, work: Path) -> None:
@@ -255,11 +247,7 @@ def test_stream_ids_on_spark_use_the_drivers_tokens(spark):
     lookup = Generations(gens)
     for shape in shapes.values():
         cols = {f"k{i}": k for i, k in enumerate(shape)}
-        cfg = {
-            "replicas": [{"id": "r", "system_id": 1}],
-            "tables": {"t": {"key": list(cols), "columns": cols}},
-        }
-        table = parse_config(cfg).tables["t"]
+        table = parse_config(configs.config(configs.table(cols, cols), replicas=("r",))).tables["t"]
         rows = [
             (rnd.choice([_start(D1), _start(D2) + 5]), *[random_value(k, rnd) for k in shape])
             for _ in range(500)

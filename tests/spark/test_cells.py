@@ -24,7 +24,7 @@ from pipeline.cells import stage as cell_stage
 from pipeline.cells import value_order
 from pipeline.config import ColumnType, Kind, parse_config
 from pipeline.schema import spark_type
-from tests.helpers import GOLDEN
+from tests.helpers import GOLDEN, configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import codegen_modes
@@ -98,7 +98,7 @@ def test_value_order_is_the_order_of_the_serialized_bytes(spark, ct):
 
 # ---------------------------------------------------------------------- Spark = reference
 
-REPLICAS = [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}, {"id": "C", "system_id": 3}]
+REPLICAS = ("A", "B", "C")
 RANK = {"A": 0, "B": 1, "C": 2}
 COLUMNS = {"k": "bigint", "s": "string", "n": "int", "price": "decimal(10,2)", "x": "double"}
 GRACE = 43200  # 12 h: the first run's tombstones are purged by the second
@@ -185,11 +185,9 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeyp
     monkeypatch.setenv("CDR_CODEGEN", "on")
     modes = codegen_modes(monkeypatch)
     rnd = random.Random(20261122)
-    cfg = {
-        "replicas": REPLICAS,
-        "gc_grace_seconds": GRACE,
-        "tables": {"t": {"key": ["k"], "columns": COLUMNS, "policy": "scylla"}},
-    }
+    cfg = configs.config(
+        configs.table(COLUMNS, ["k"], policy="scylla"), replicas=REPLICAS, gc_grace_seconds=GRACE
+    )
     table = parse_config(cfg).tables["t"]
     base_ts = _us(D1, 12)
     prior_rows = [

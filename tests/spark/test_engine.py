@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline.cli import main
 from pipeline.config import parse_config
@@ -29,6 +28,7 @@ from pipeline.rowfold import (
     reader_view,
     write_groups,
 )
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import codegen_modes
@@ -37,7 +37,7 @@ D1, D2 = "2026-11-20", "2026-11-21"
 T1 = 1_795_132_800_000_000  # 2026-11-20T00:00:00Z
 DAY = 86_400_000_000
 NOW1, NOW2 = T1 + DAY, T1 + 2 * DAY
-REPLICAS = [{"id": "pub", "system_id": 7301}, {"id": "sub", "system_id": 7302}]
+REPLICAS = configs.replicas(pub=7301, sub=7302)
 
 
 def gen_events(
@@ -283,19 +283,13 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
     monkeypatch.setenv("CDR_CODEGEN", "on" if case in COMPILED else "off")
     modes = codegen_modes(monkeypatch)
     rng = random.Random(f"engine-{case}")
-    table = {
-        "key": ["id"],
-        "columns": {"id": "int", "v": "string", "n": "int"},
-        "defaults": {"n": 0},
-        **CASES[case],
-    }
+    table = configs.table(
+        {"id": "int", "v": "string", "n": "int"}, defaults={"n": 0}, **CASES[case]
+    )
     delta = "delta" in table
-    cfg_dict = {
-        "replicas": REPLICAS,
-        "priority": ["sub", "pub"],
-        "on_divergence": "warn",
-        "tables": {"t": table},
-    }
+    cfg_dict = configs.config(
+        table, replicas=REPLICAS, priority=["sub", "pub"], on_divergence="warn"
+    )
     config = parse_config(cfg_dict)
     spec1, spec2 = (FoldSpec(config.tables["t"], now) for now in (NOW1, NOW2))
     ranks = config.tie_ranks(config.tables["t"].tie_break)
@@ -318,8 +312,7 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
     S.write_jsonl(store / "base/table=t", base, {"table": "t"})
     S.write_exports(store, D1, ex1)
     S.write_exports(store, D2, ex2)
-    cfg_dict["store"] = store.as_uri()
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg_dict))
+    configs.write(tmp_path / "cdr.yaml", cfg_dict, store=store)
     histories = []  # the published history after each night (E4)
     for d, now in ((D1, "2026-11-21T00:00:00Z"), (D2, "2026-11-22T00:00:00Z")):
         args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", d, "--now", now]

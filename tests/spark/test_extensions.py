@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.reports import date_report
 from tests.unit.test_extensions import CONFIG
@@ -34,12 +35,7 @@ def _at(text: str) -> datetime:
 
 
 #: a scylla table beside the order_by one, for the history (E4) of a cell table
-CELLS = {
-    "key": ["id"],
-    "columns": {"id": "bigint", "name": "string", "qty": "int"},
-    "policy": "scylla",
-    "history": True,
-}
+CELLS = configs.table(configs.ITEMS, policy="scylla", history=True)
 DAYS = ("2026-11-21", "2026-11-22")
 
 
@@ -55,10 +51,10 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
     :func:`check_history`; then a backfill of the first night, the second published,
     replaces the first night's versions and keeps the second's as they are."""
     store = tmp_path / "store"
-    cfg = tmp_path / "cdr.yaml"
     tables = {"items": {**CONFIG["tables"]["items"], "history": True}, "cells": CELLS}
-    skew = {"max_clock_skew_seconds": 20}
-    cfg.write_text(yaml.safe_dump({**CONFIG, **skew, "store": store.as_uri(), "tables": tables}))
+    cfg = configs.write(
+        tmp_path / "cdr.yaml", CONFIG, max_clock_skew_seconds=20, store=store, tables=tables
+    )
 
     def run(day: str) -> None:
         args = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]

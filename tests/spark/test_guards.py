@@ -8,9 +8,8 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
-import yaml
-
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.unit.test_guards import CONFIG, rec
 
@@ -28,7 +27,7 @@ def test_a_decimal_keeps_every_digit_it_was_written_with(tmp_path: Path, spark) 
     entry = {"path": "part-0.jsonl", "rows": 1, "sha256": hashlib.sha256(data).hexdigest()}
     manifest = {"replica": "pub", "table": "t", "dt": "2026-11-21", "format": "jsonl"}
     (folder / "_manifest.json").write_text(json.dumps({**manifest, "files": [entry]}))
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    configs.write(tmp_path / "cdr.yaml", CONFIG, store=store)
     args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", "2026-11-21"]
     rc = main([*args, "--work-dir", str(tmp_path / "work"), "--allow-missing-exports"])
     assert rc == 0

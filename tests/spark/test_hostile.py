@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from pipeline.cli import main
 from pipeline.store import open_store
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.sources import lines, put_export
 from tests.unit.test_hostile import CONFIG
@@ -39,8 +39,7 @@ def record(i: int, v: str = "a") -> dict:
 
 def cdr_run(tmp_path: Path, store: Path, **settings: object) -> int:
     """``cdr run`` of the date over ``store``, with ``CONFIG`` and ``settings``."""
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri(), **settings}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=store, **settings)
     argv = ["run", "--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
     return main([*argv, "--no-data-docs"])
 
@@ -234,8 +233,7 @@ def test_copies_of_one_event_that_differ_in_one_export_the_highest_seq_stands(
     new = {**record(1, "new"), "seq": 5}
     data, n = lines([new, old] if later_first else [old, new])
     put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
-    tables = {"t": {**CONFIG["tables"]["t"], "policy": policy}}
-    assert cdr_run(tmp_path, store, tables=tables) == 0
+    assert cdr_run(tmp_path, store, tables={"t": configs.table(policy=policy)}) == 0
     assert [(r["id"], r["v"]) for r in P.snapshot(store, "t")] == [(1, "new")]
     report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
     pub = report["tables"]["t"]["replicas"]["pub"]
@@ -306,8 +304,8 @@ def test_a_delta_past_the_columns_range_is_quarantined_naming_the_column(tmp_pat
     for rep, recs in (("pub", pub), ("sub", sub)):
         data, n = lines(recs)
         put_export(s, rep, "t", D, "jsonl", {"part-0.jsonl": (data, n)})
-    table = {"key": ["id"], "columns": {"id": "int", "v": "string", "bal": "bigint"}}
-    assert cdr_run(tmp_path, store, tables={"t": {**table, "delta": ["bal"]}}) == 0
+    table = configs.table({"id": "int", "v": "string", "bal": "bigint"}, delta=["bal"])
+    assert cdr_run(tmp_path, store, tables={"t": table}) == 0
     q = P.log(store, "t", "quarantine", D)
     assert [(r["event_id"], r["reason"]) for r in q] == [("pub-2", "delta_overflow")]
     assert "part-0.jsonl line 2: the delta of column 'bal'" in q[0]["detail"]
@@ -320,8 +318,7 @@ def test_a_delta_past_the_columns_range_is_quarantined_naming_the_column(tmp_pat
 
 
 def run_on(tmp_path: Path, store: Path, dt: str, *flags: str) -> int:
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=store)
     argv = ["run", "--config", str(cfg), "--date", dt, "--work-dir", str(tmp_path / "work")]
     return main([*argv, "--no-data-docs", *flags])
 

@@ -6,22 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 
-CONFIG = {
-    "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
-    "tables": {
-        "t": {
-            "key": ["id"],
-            "columns": {"id": "int", "v": "string", "n": "int", "d": "date", "x": "decimal(5,2)"},
-            "not_null": ["v"],
-            "delta": ["n"],
-        }
-    },
-}
+CONFIG = configs.config(
+    configs.table(
+        {"id": "int", "v": "string", "n": "int", "d": "date", "x": "decimal(5,2)"},
+        not_null=["v"],
+        delta=["n"],
+    )
+)
 TS = "2026-11-21T10:00:00Z"
 
 
@@ -103,7 +98,7 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
             }
         )
     )
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    configs.write(tmp_path / "cdr.yaml", CONFIG, store=store)
     rc = main(
         [
             "run",
@@ -149,7 +144,7 @@ def test_a_base_row_that_does_not_fit_stops_the_run_naming_its_line(tmp_path: Pa
     row = {"id": 1, "v": "a", "n": 1, "d": "2026-01-01", "x": 1.5}
     S.write_jsonl(store / "base/table=t", [row, {**row, "id": 2, "n": "two"}], {"table": "t"})
     S.write_exports(store, "2026-11-21", {"pub": {"t": [good(3)]}, "sub": {"t": []}})
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    configs.write(tmp_path / "cdr.yaml", CONFIG, store=store)
     args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", "2026-11-21"]
     rc = main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"])
     assert rc == 1

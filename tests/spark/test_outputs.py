@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.reports import date_report
@@ -24,14 +23,8 @@ COLUMNS = {"id": "int", "v": "string"}
 
 
 def _config(tmp: Path, tables: tuple[str, ...]) -> Path:
-    cfg = {
-        "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
-        "store": (tmp / "store").as_uri(),
-        "tables": {t: {"key": ["id"], "columns": COLUMNS} for t in tables},
-    }
-    path = tmp / f"cdr-{len(tables)}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    cfg = configs.config({t: configs.table(COLUMNS) for t in tables}, store=tmp / "store")
+    return configs.write(tmp / f"cdr-{len(tables)}.yaml", cfg)
 
 
 def _exports(tmp: Path, d: str, tables: tuple[str, ...]) -> None:

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.fold_helpers import T0
@@ -40,18 +40,12 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
     replica exporting its own insert first; under ``insert_exists: skip`` every race key
     is divergent on exactly the replica whose insert lost."""
     tmp = tmp_path_factory.mktemp("race")
-    cfg = {
-        "replicas": [{"id": "pub", "system_id": 7301}, {"id": "sub", "system_id": 7302}],
-        "on_divergence": "warn",
-        "store": (tmp / "store").as_uri(),
-        "tables": {
-            "t": {
-                "key": ["id"],
-                "columns": {"id": "int", "v": "string"},
-                "resolvers": {"insert_exists": "skip"},
-            }
-        },
-    }
+    cfg = configs.config(
+        configs.table(resolvers={"insert_exists": "skip"}),
+        replicas=configs.replicas(pub=7301, sub=7302),
+        on_divergence="warn",
+        store=tmp / "store",
+    )
     exports: dict = {"pub": {"t": []}, "sub": {"t": []}}
     for k, (da, db) in enumerate(races):
         a = {
@@ -76,7 +70,7 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
         for i, e in enumerate(rep["t"]):
             rep["t"][i] = {**e, "seq": i}
     S.write_exports(tmp / "store", "2026-11-21", exports)
-    (tmp / "cdr.yaml").write_text(yaml.safe_dump(cfg))
+    configs.write(tmp / "cdr.yaml", cfg)
     assert (
         main(
             [

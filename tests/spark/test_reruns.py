@@ -9,11 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 import tests.unit.test_reruns as unit
 from pipeline import layout
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.twins import store_tests
@@ -47,8 +47,7 @@ def test_a_rerun_of_a_date_on_s3_publishes_the_same_rows_once(s3_store, tmp_path
     S.layout_store(s, folder)
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         s3_store.upload(f, f.relative_to(folder).as_posix())
-    cfg = {**s["config"], "cdc": S.CDC, "store": s3_store.uri}
-    (tmp_path / "cdr.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    configs.write(tmp_path / "cdr.yaml", s["config"], cdc=S.CDC, store=s3_store.uri)
     args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", s["date"], "--now", s["now"]]
     args += ["--no-data-docs"]
     assert main([*args, "--work-dir", str(tmp_path / "w1")]) == 0

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.scenarios import write_exports
 from tests.unit.test_retry import CONFIG
@@ -95,8 +94,7 @@ def _orders(store: Path) -> dict[int, int | None]:
 
 def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     store = tmp_path / "store"
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=store)
     for day, exports in NIGHTS.items():
         numbered = {
             rep: {t: [{**e, "seq": i} for i, e in enumerate(evs, 1)] for t, evs in tables.items()}

@@ -22,11 +22,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 
@@ -35,25 +35,22 @@ T0 = 1_795_219_200_000_000  # 2026-11-21T00:00:00Z
 MINUTE = 60_000_000
 DAY = 86_400_000_000
 REPLICAS = ["a", "b", "c"]
-CONFIG = {
-    "replicas": [{"id": r, "system_id": i + 1} for i, r in enumerate(REPLICAS)],
-    "on_divergence": "warn",
-    "tables": {
-        "t": {
-            "key": ["id"],
-            "columns": {"id": "int", "v": "string", "n": "int"},
-            "unique": [["v"]],
-            "delta": ["n"],
-            "defaults": {"n": 0},
-            "resolvers": {
-                "multiple_unique_conflicts": "apply",
-                "update_differ": "latest_timestamp_wins",
-                "insert_exists": "latest_timestamp_wins",
-                "update_deleted": "latest_timestamp_wins",
-            },
-        }
-    },
-}
+CONFIG = configs.config(
+    configs.table(
+        {"id": "int", "v": "string", "n": "int"},
+        unique=[["v"]],
+        delta=["n"],
+        defaults={"n": 0},
+        resolvers={
+            "multiple_unique_conflicts": "apply",
+            "update_differ": "latest_timestamp_wins",
+            "insert_exists": "latest_timestamp_wins",
+            "update_deleted": "latest_timestamp_wins",
+        },
+    ),
+    replicas=REPLICAS,
+    on_divergence="warn",
+)
 #: how an event is broken in every copy, and the guard that must quarantine it (§3, §12)
 BREAKS = {
     "no_origin": "malformed",
@@ -155,7 +152,7 @@ def exports(night: dict[str, Any], order_seed: int) -> dict[str, dict[str, list[
 def run(tmp: Path, ex: dict[str, Any]) -> Path:
     store = tmp / "store"
     S.write_exports(store, DATE, ex)
-    (tmp / "cdr.yaml").write_text(yaml.safe_dump({**CONFIG, "store": store.as_uri()}))
+    configs.write(tmp / "cdr.yaml", CONFIG, store=store)
     args = ["run", "--config", str(tmp / "cdr.yaml"), "--date", DATE, "--now", NOW]
     assert main([*args, "--work-dir", str(tmp / "work"), "--no-data-docs"]) == 0
     return store

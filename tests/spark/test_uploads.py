@@ -10,7 +10,6 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline import layout
 from pipeline.cli import main
@@ -19,6 +18,7 @@ from pipeline.context import RunContext
 from pipeline.lake import Lake, add_actions
 from pipeline.store import S3Store
 from pipeline.uploads import UPLOADS, upload_outputs
+from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import tasks_per_stage
@@ -30,8 +30,9 @@ def _on_s3(s3_store, s: dict, tmp: Path, cdc: bool = False) -> list[str]:
     S.layout_store(s, folder)
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         s3_store.upload(f, f.relative_to(folder).as_posix())
-    cfg = {**s["config"], "store": s3_store.uri, **({"cdc": S.CDC} if cdc else {})}
-    (tmp / "cdr.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    configs.write(
+        tmp / "cdr.yaml", s["config"], store=s3_store.uri, **({"cdc": S.CDC} if cdc else {})
+    )
     args = ["--config", str(tmp / "cdr.yaml"), "--date", s["date"], "--now", s["now"]]
     return [*args, "--work-dir", str(tmp / "work"), "--run-id", "night"]
 

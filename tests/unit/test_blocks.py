@@ -16,6 +16,7 @@ from pipeline.blocks import BlockTyper
 from pipeline.config import parse_config
 from pipeline.copies import arrow_schema, columns_table
 from pipeline.guards import Typer, TypingSpec
+from tests.helpers import configs
 
 NOW = 1795305600000000  # 2026-11-22T00:00:00Z
 DAY = 86_400_000_000
@@ -33,35 +34,20 @@ COLUMNS = {
     "u": "uuid",
     "bal": "bigint",
 }
-CONFIG = {
-    "replicas": [
-        {"id": "r1", "system_id": 3},
-        {"id": "r2", "system_id": 1},
-        {"id": "r3", "system_id": 2},
-    ],
-    "max_clock_skew_seconds": 300,
-    "gc_grace_seconds": 864000,
-    "tables": {
-        "rows": {
-            "key": ["id", "k2"],
-            "columns": COLUMNS,
-            "not_null": ["s"],
-            "delta": ["bal"],
-        },
-        "cells": {
-            "key": ["id", "k2"],
-            "columns": {c: t for c, t in COLUMNS.items() if c != "bal"},
-            "policy": "scylla",
-        },
-        "ordered": {  # extensions.md E1: a record without its order value is malformed
-            "key": ["id", "k2"],
-            "columns": COLUMNS,
-            "not_null": ["s"],
-            "delta": ["bal"],
-            "order_by": "t",
-        },
+KEY = ("id", "k2")
+CONFIG = configs.config(
+    {
+        "rows": configs.table(COLUMNS, KEY, not_null=["s"], delta=["bal"]),
+        "cells": configs.table(
+            {c: t for c, t in COLUMNS.items() if c != "bal"}, KEY, policy="scylla"
+        ),
+        # extensions.md E1: a record without its order value is malformed
+        "ordered": configs.table(COLUMNS, KEY, not_null=["s"], delta=["bal"], order_by="t"),
     },
-}
+    replicas=configs.replicas(r1=3, r2=1, r3=2),
+    max_clock_skew_seconds=300,
+    gc_grace_seconds=864000,
+)
 GOOD = {
     "i": [0, -5, 2147483647, -2147483648],
     "s": ["a", "", "é \\u00e9", "x\u2028y"],

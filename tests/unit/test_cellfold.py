@@ -38,6 +38,7 @@ from pipeline.cellfold import (
     shadow,
 )
 from pipeline.config import ColumnType, Kind, parse_config
+from tests.helpers import configs
 from tests.helpers.fold_helpers import NOW
 
 TEXT = ColumnType(Kind.STRING)
@@ -224,18 +225,8 @@ def test_merge_is_idempotent(a):
 
 
 def _table():
-    cfg = parse_config(
-        {
-            "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
-            "tables": {
-                "t": {
-                    "key": ["k"],
-                    "columns": {"k": "int", "s": "string", "n": "int"},
-                    "policy": "scylla",
-                }
-            },
-        }
-    )
+    table = configs.table({"k": "int", "s": "string", "n": "int"}, ["k"], policy="scylla")
+    cfg = parse_config(configs.config(table, replicas=("A", "B")))
     return cfg.tables["t"]
 
 

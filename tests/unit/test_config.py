@@ -12,6 +12,7 @@ import yaml
 from pipeline.config import History, Kind, load_config, parse_column_type, parse_config
 from pipeline.errors import ConfigError
 from pipeline.policy import ConflictType, Resolver, TieBreak
+from tests.helpers import configs
 
 FORMATS_EXAMPLE = """
 store: s3://replica-exports/prod
@@ -94,11 +95,11 @@ def test_every_mistake_is_reported_at_once_with_its_path():
 def test_structural_mistakes_name_their_path():
     with pytest.raises(ConfigError) as e:
         parse_config(
-            {
-                "replicas": [{"id": "a", "system_id": -1}],
-                "tables": {"t": {"key": ["id"], "columns": {"id": "int"}, "polcy": "x"}},
-                "on_divergence": "maybe",
-            }
+            configs.config(
+                configs.table({"id": "int"}, polcy="x"),
+                replicas=configs.replicas(a=-1),
+                on_divergence="maybe",
+            )
         )
     text = str(e.value)
     assert "replicas[0].system_id" in text
@@ -108,43 +109,28 @@ def test_structural_mistakes_name_their_path():
 
 def test_a_table_without_key_is_refused():
     with pytest.raises(ConfigError, match=r"tables\.t\.key: a table needs a key"):
-        parse_config(
-            {"replicas": [{"id": "a", "system_id": 1}], "tables": {"t": {"columns": {"id": "int"}}}}
-        )
+        parse_config(configs.config({"t": {"columns": {"id": "int"}}}, replicas=("a",)))
 
 
 def test_scope_transaction_needs_delete_wins():
     with pytest.raises(ConfigError, match=r"tables\.t\.scope"):
         parse_config(
-            {
-                "replicas": [{"id": "a", "system_id": 1}],
-                "tables": {"t": {"key": ["id"], "columns": {"id": "int"}, "scope": "transaction"}},
-            }
+            configs.config(configs.table({"id": "int"}, scope="transaction"), replicas=("a",))
         )
 
 
 def test_defaults_must_fit_their_column_type():
     with pytest.raises(ConfigError, match=r"tables\.t\.defaults\.n"):
         parse_config(
-            {
-                "replicas": [{"id": "a", "system_id": 1}],
-                "tables": {
-                    "t": {
-                        "key": ["id"],
-                        "columns": {"id": "int", "n": "int"},
-                        "defaults": {"n": "seven"},
-                    }
-                },
-            }
+            configs.config(
+                configs.table({"id": "int", "n": "int"}, defaults={"n": "seven"}), replicas=("a",)
+            )
         )
 
 
 def test_tie_ranks_put_the_tie_break_winner_last():
     cfg = parse_config(
-        {
-            "replicas": [{"id": "a", "system_id": 5}, {"id": "b", "system_id": 9}],
-            "tables": {"t": {"key": ["id"], "columns": {"id": "int"}}},
-        }
+        configs.config(configs.table({"id": "int"}), replicas=configs.replicas(a=5, b=9))
     )
     assert cfg.tie_ranks(TieBreak.HIGHER_SYSTEM_ID) == {"a": 0, "b": 1}
     assert cfg.tie_ranks(TieBreak.LOWER_SYSTEM_ID) == {"b": 0, "a": 1}
@@ -171,10 +157,7 @@ def test_missing_file_and_bad_yaml(tmp_path: Path):
 
 
 def test_cdc_topology_mistakes():
-    base = {
-        "replicas": [{"id": "a", "system_id": 1}],
-        "tables": {"t": {"key": ["id"], "columns": {"id": "int"}}},
-    }
+    base = configs.config(configs.table({"id": "int"}), replicas=("a",))
     with pytest.raises(ConfigError) as e:
         parse_config({**base, "cdc": {"enabled": True, "vnodes": 65536, "shards": 1024}})
     assert "cdc: 65536 token ranges x 1024 shards" in str(e.value)
@@ -183,7 +166,7 @@ def test_cdc_topology_mistakes():
     text = str(e.value)
     assert "give either vnodes or token_ring" in text
     assert "cdc.token_ring: range-end tokens must be sorted and distinct" in text
-    many = [{"id": f"r{i}", "system_id": i} for i in range(501)]
+    many = configs.replicas(**{f"r{i}": i for i in range(501)})
     with pytest.raises(ConfigError, match="replicas: the CDC log orders at most 500"):
         parse_config({**base, "replicas": many, "cdc": {"enabled": True}})
     c = parse_config({**base, "cdc": {"enabled": True, "token_ring": [-5, 7]}}).cdc
@@ -242,17 +225,8 @@ def test_select_adds_the_tables_foreign_keys_reference_and_overrides():
 
 
 def _priority_config(priority=None, resolvers=None, **top):
-    data = {
-        "replicas": [{"id": "a", "system_id": 1}, {"id": "b", "system_id": 2}],
-        "tables": {
-            "t": {
-                "key": ["id"],
-                "columns": {"id": "int", "v": "string"},
-                "resolvers": resolvers or {"update_differ": "priority_wins"},
-            }
-        },
-        **top,
-    }
+    table = configs.table(resolvers=resolvers or {"update_differ": "priority_wins"})
+    data = configs.config(table, replicas=("a", "b"), **top)
     if priority is not None:
         data["priority"] = priority
     return parse_config(data)
@@ -304,8 +278,8 @@ def test_priority_wins_through_defaults_needs_priority_too():
 
 def _one_table(columns: dict[str, str], **table):
     """A config of one table ``t`` keyed by ``id``, with ``table``'s settings."""
-    t = {"key": ["id"], "columns": {"id": "int", **columns}, **table}
-    return parse_config({"replicas": [{"id": "a", "system_id": 1}], "tables": {"t": t}})
+    t = configs.table({"id": "int", **columns}, **table)
+    return parse_config(configs.config(t, replicas=("a",)))
 
 
 def _ordered(order_by: str, **table):

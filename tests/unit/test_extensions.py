@@ -7,32 +7,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
 from pipeline.cli import main
+from tests.helpers import configs
 
-CONFIG = {
-    "replicas": [
-        {"id": "r1", "system_id": 1},
-        {"id": "r2", "system_id": 2},
-        {"id": "r3", "system_id": 3},
-    ],
-    "priority": ["r2", "r3", "r1"],
-    "on_divergence": "warn",
-    "tables": {
-        "items": {
-            "key": ["id"],
-            "columns": {"id": "bigint", "name": "string", "qty": "int", "at": "timestamp"},
-            "order_by": "at",
-            "resolvers": {"update_deleted": "latest_timestamp_wins"},
-        }
+CONFIG = configs.config(
+    {
+        "items": configs.table(
+            {**configs.ITEMS, "at": "timestamp"},
+            order_by="at",
+            resolvers={"update_deleted": "latest_timestamp_wins"},
+        )
     },
-}
+    replicas=("r1", "r2", "r3"),
+    priority=["r2", "r3", "r1"],
+    on_divergence="warn",
+)
 
 
 def test_a_clock_offset_names_a_configured_replica(tmp_path: Path, capsys):
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": (tmp_path / "s").as_uri()}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=tmp_path / "s")
     gen = ["generate", "--config", str(cfg), "--date", "2026-11-21", "--clock-offset", "r9=5"]
     assert main(gen) != 0
     assert "'r9=5' is not REPLICA=SECONDS with one of: r1, r2, r3" in capsys.readouterr().err

@@ -25,20 +25,14 @@ from pipeline.frames import FOLD_INPUT, fold_input_schema, fold_outputs
 from pipeline.guards import Typer, TypingSpec
 from pipeline.jsonvalues import dumps
 from pipeline.rowfold import FoldSpec
+from tests.helpers import configs
 
 NOW = 1795305600000000  # 2026-11-22T00:00:00Z
 DAY = 86_400_000_000
 REPLICAS = ["r1", "r2", "r3"]
-CONFIG = {
-    "replicas": [{"id": r, "system_id": i + 1} for i, r in enumerate(REPLICAS)],
-    "tables": {
-        "t": {
-            "key": ["id"],
-            "columns": {"id": "int", "v": "string", "n": "int"},
-            "defaults": {"n": 0},
-        }
-    },
-}
+CONFIG = configs.config(
+    configs.table({"id": "int", "v": "string", "n": "int"}, defaults={"n": 0}), replicas=REPLICAS
+)
 KINDS = [
     "lone",
     "lone",

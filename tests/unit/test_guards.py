@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.config import ColumnType, Kind, parse_config
 from pipeline.guards import Typer, TypingSpec, reader
+from tests.helpers import configs
 
 INT, BIGINT = ColumnType(Kind.INT), ColumnType(Kind.BIGINT)
 
@@ -69,16 +70,9 @@ def test_each_type_reads_the_text_of_a_value(ct: ColumnType, text: str, want) ->
     assert reader(ct)(text) == want
 
 
-CONFIG = {
-    "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
-    "tables": {
-        "t": {
-            "key": ["id"],
-            "columns": {"id": "int", "v": "string", "x": "decimal(38,10)"},
-            "not_null": ["v"],
-        }
-    },
-}
+CONFIG = configs.config(
+    configs.table({"id": "int", "v": "string", "x": "decimal(38,10)"}, not_null=["v"])
+)
 NOW = 1795305600000000  # 2026-11-22T00:00:00Z
 
 

@@ -7,24 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-CONFIG = {
-    "replicas": [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}],
-    "tables": {"t": {"key": ["id"], "columns": {"id": "int", "v": "string"}}},
-    "allow_missing_exports": True,
-}
+from tests.helpers import configs
+
+CONFIG = configs.config(allow_missing_exports=True)
 
 
 def test_max_record_bytes_must_be_a_positive_count(tmp_path: Path):
     from pipeline.config import load_config
     from pipeline.errors import ConfigError
 
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": "file:///x", "max_record_bytes": 0}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store="file:///x", max_record_bytes=0)
     with pytest.raises(ConfigError, match="max_record_bytes"):
         load_config(cfg)
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": "file:///x"}))
+    configs.write(cfg, CONFIG, store="file:///x")
     assert load_config(cfg).max_record_bytes == 16 << 20
 
 

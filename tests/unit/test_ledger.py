@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.helpers import configs
 from tests.helpers import scenarios as S
 
 D1, D2 = "2026-11-21", "2026-11-22"
@@ -29,18 +30,10 @@ def _update(eid: str, hour: str, before: int, after: int) -> dict:
 
 def _setup(tmp: Path, gc_grace_seconds: int = 864000) -> Path:
     store = tmp / "store"
-    cfg = {
-        "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
-        "store": store.as_uri(),
-        "gc_grace_seconds": gc_grace_seconds,
-        "tables": {
-            "accounts": {
-                "key": ["id"],
-                "columns": {"id": "bigint", "balance": "bigint"},
-                "delta": ["balance"],
-            }
-        },
-    }
+    accounts = configs.table({"id": "bigint", "balance": "bigint"}, delta=["balance"])
+    cfg = configs.config(
+        {"accounts": accounts}, replicas=("A", "B"), store=store, gc_grace_seconds=gc_grace_seconds
+    )
     insert = {
         "op": "INSERT",
         "key": {"id": 1},
@@ -58,9 +51,7 @@ def _setup(tmp: Path, gc_grace_seconds: int = 864000) -> Path:
     for d, events in ((D1, night1), (D2, night2)):
         exports = {"A": {"accounts": [{**e, "seq": i} for i, e in enumerate(events)]}}
         S.write_exports(store, d, {**exports, "B": {"accounts": []}})
-    path = tmp / "cdr.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return configs.write(tmp / "cdr.yaml", cfg)
 
 
 def test_the_window_is_the_gc_grace_before_the_date_without_the_date(tmp_path: Path):

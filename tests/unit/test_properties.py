@@ -28,9 +28,10 @@ from pipeline.rowfold import (
     fold_perspective,
     reader_view,
 )
+from tests.helpers import configs
 from tests.helpers.fold_helpers import NOW, T0, make_config
 
-REPLICAS3 = [{"id": "a", "system_id": 1}, {"id": "b", "system_id": 2}, {"id": "c", "system_id": 3}]
+REPLICAS3 = configs.replicas("a", "b", "c")
 LWW = {
     "insert_exists": "latest_timestamp_wins",
     "update_differ": "latest_timestamp_wins",

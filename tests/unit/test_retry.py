@@ -8,21 +8,15 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
+from tests.helpers import configs
 
-CONFIG = {
-    "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
-    "on_divergence": "warn",
-    "on_fk_violation": "quarantine",
-    "retry": {"fk_violation": 3, "future_timestamp": 2, "update_missing": 3},
-    "tables": {
-        "products": {"key": ["product_no"], "columns": {"product_no": "int", "name": "string"}},
-        "orders": {
-            "key": ["order_id"],
-            "columns": {"order_id": "int", "product_no": "int", "qty": "int"},
-            "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
-        },
-    },
-}
+CONFIG = configs.config(
+    {"products": configs.products(), "orders": configs.orders()},
+    replicas=("A", "B"),
+    on_divergence="warn",
+    on_fk_violation="quarantine",
+    retry={"fk_violation": 3, "future_timestamp": 2, "update_missing": 3},
+)
 
 
 def test_a_retry_config_names_what_it_needs():

@@ -20,23 +20,16 @@ from pipeline.suites import (
 )
 from pipeline.summary import RunSummary, Stopped, TableSummary
 from pipeline.validation import Verdict, gate_from_summary
+from tests.helpers import configs
 from tests.helpers.fold_helpers import make_config
 
-REPLICAS = [{"id": "pub", "system_id": 1}, {"id": "sub", "system_id": 2}]
 CONFIG = parse_config(
-    {
-        "replicas": REPLICAS,
-        "tables": {
-            "products": {"key": ["product_no"], "columns": {"product_no": "int", "name": "string"}},
-            "orders": {
-                "key": ["order_id"],
-                "columns": {"order_id": "bigint", "product_no": "int", "qty": "int"},
-                "not_null": ["qty"],
-                "unique": [["qty"]],
-                "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
-            },
-        },
-    }
+    configs.config(
+        {
+            "products": configs.products(),
+            "orders": configs.orders("bigint", not_null=["qty"], unique=[["qty"]]),
+        }
+    )
 )
 ORDERS = CONFIG.tables["orders"]
 

@@ -5,28 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from pipeline.cli import main
+from tests.helpers import configs
 
 D = "2026-11-21"
-BASE = {
-    "replicas": [
-        {"id": "r1", "system_id": 1},
-        {"id": "r2", "system_id": 2},
-        {"id": "r3", "system_id": 3},
-    ],
-    "on_divergence": "warn",
-    "tables": {
-        "items": {"key": ["id"], "columns": {"id": "bigint", "name": "string", "qty": "int"}}
-    },
-}
+REPLICAS = ("r1", "r2", "r3")
 
 
 def _config(path: Path, store: Path, **table: object) -> Path:
-    items = {**BASE["tables"]["items"], **table}
-    path.write_text(yaml.safe_dump({**BASE, "store": store.as_uri(), "tables": {"items": items}}))
-    return path
+    """The night's config: ``items`` with ``table``'s settings."""
+    items = configs.table(configs.ITEMS, **table)
+    cfg = configs.config({"items": items}, replicas=REPLICAS, on_divergence="warn")
+    return configs.write(path, cfg, store=store)
 
 
 def test_whatif_needs_a_published_night(tmp_path: Path, capsys):
