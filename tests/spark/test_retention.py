@@ -13,7 +13,6 @@ from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
-import yaml
 from deltalake import DeltaTable, write_deltalake
 
 from pipeline.cli import main
@@ -22,18 +21,19 @@ from pipeline.generate import GenerateOptions, generate
 from pipeline.lake import RETENTION_PROPERTIES
 from pipeline.store import FileStore
 from pipeline.vacuum import table_paths
+from tests.helpers import configs
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 #: the test's checkpoints come every 10 commits (delta-rs' default: 100), so that it
 #: makes a checkpoint's worth of commits quickly
 INTERVAL = 10
-CONFIG = {
-    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2}],
-    "retention_days": 60,
-    "on_divergence": "warn",
-    "tables": {"items": {"columns": {"id": "bigint", "qty": "int"}, "key": ["id"]}},
-}
+CONFIG = configs.config(
+    {"items": configs.table({"id": "bigint", "qty": "int"})},
+    replicas=("r1", "r2"),
+    retention_days=60,
+    on_divergence="warn",
+)
 
 
 def _age(log: Path, days: int) -> None:
@@ -65,8 +65,7 @@ def _loads(uri: str, version: int) -> bool:
 def test_every_retained_version_loads_after_forty_days_of_checkpoints(tmp_path: Path, spark):
     root = tmp_path / "store"
     store = FileStore(root)
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": root.as_uri()}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=root)
     config = parse_config({**CONFIG, "store": root.as_uri()})
     run = ["run", "--config", str(cfg), "--no-data-docs"]
     for i, dt in enumerate((D1, D2)):

@@ -15,19 +15,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
-import yaml
 from botocore.config import Config
 
 from pipeline.cli import main
 from pipeline.doctor import examine
 from pipeline.s3server import DUMMY_CREDENTIALS, atomic_puts, free_port
 from pipeline.store import S3Store
+from tests.helpers import configs
 
 RACERS, ROUNDS = 6, 5
-CONFIG = {
-    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2}],
-    "tables": {"items": {"columns": {"id": "bigint", "qty": "int"}, "key": ["id"]}},
-}
+CONFIG = configs.config(
+    {"items": configs.table({"id": "bigint", "qty": "int"})}, replicas=("r1", "r2")
+)
 #: a key whose write waits for RELEASE once it has passed its check (REACHED)
 HELD = "held"
 REACHED, RELEASE = threading.Event(), threading.Event()
@@ -145,8 +144,7 @@ def test_doctor_fails_a_store_that_ignores_the_condition_and_run_refuses_it(
     found = {f.check: f for f in examine(careless_s3, 30)}
     assert found["access"].ok and not found["atomic create"].ok
     assert "overwrote" in found["atomic create"].detail
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": "s3://careless/cdr"}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store="s3://careless/cdr")
     assert main(["doctor", "--config", str(cfg)]) == 1
     assert "FAIL atomic create" in capsys.readouterr().out
     run = ["run", "--config", str(cfg), "--date", "2026-11-21", "--work-dir", str(tmp_path / "w")]

@@ -7,24 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import yaml
 
 from pipeline.cli import main
 from pipeline.doctor import examine
 from pipeline.lake import Lake
 from pipeline.store import FileStore
+from tests.helpers import configs
 
-CONFIG = {
-    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2}],
-    "retention_days": 45,
-    "tables": {"items": {"columns": {"id": "bigint", "qty": "int"}, "key": ["id"]}},
-}
+CONFIG = configs.config(
+    {"items": configs.table({"id": "bigint", "qty": "int"})},
+    replicas=("r1", "r2"),
+    retention_days=45,
+)
 
 
 def test_doctor_checks_a_store_and_warns_of_a_table_without_the_retention(tmp_path: Path, capsys):
     store = FileStore(tmp_path / "store")
-    cfg = tmp_path / "cdr.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": store.uri}))
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=store.uri)
     assert [(f.check, f.ok) for f in examine(store, 45)] == [
         ("access", True), ("atomic create", True), ("retention", True)
     ]  # fmt: skip

@@ -18,17 +18,10 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.generate import GenerateOptions, KeySpace, generate
 from pipeline.store import FileStore
+from tests.helpers import configs
 
 D1, D2, D3 = date(2026, 11, 21), date(2026, 11, 22), date(2026, 11, 23)
-CONFIG = {
-    "replicas": [{"id": "r1", "system_id": 1}, {"id": "r2", "system_id": 2}],
-    "tables": {
-        "items": {
-            "columns": {"id": "bigint", "name": "string", "qty": "int"},
-            "key": ["id"],
-        }
-    },
-}
+CONFIG = configs.config({"items": configs.table(configs.ITEMS)}, replicas=("r1", "r2"))
 
 
 def records(store: FileStore, dt: date, replica: str = "r1") -> list[dict[str, Any]]:
