@@ -8,7 +8,7 @@ PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := pipeline/datadocs_assets/.fetched
 
-.PHONY: venv jvm-archive bytecode demo test test-fast test-postgres lint typecheck bench lock clean docs-assets browser compose-tool compose-env postgres debian
+.PHONY: venv jvm-archive bytecode demo test test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
 
 venv: $(STAMP)
 
@@ -24,7 +24,7 @@ $(ASSETS): pipeline/datadocs.py | $(STAMP)
 #   headless;
 # - docker-compose: its `config` check validates docker-compose.yaml (Docker itself is not
 #   needed);
-# - postgresql-15 and its wal2json plugin: the real-source test (tests/test_real_sources.py)
+# - postgresql-15 and its wal2json plugin: the real-source test (tests/e2e/test_real_sources.py)
 #   starts three servers on loopback and exports their changes.
 # What is missing is installed in one apt-get call.
 HAS_chromium := command -v chromium
@@ -98,15 +98,30 @@ test:
 	  $(MAKE) --no-print-directory $(ASSETS) lint typecheck; checks=$$?; \
 	  wait $$archive; built=$$?; cat $(VENV)/jvm-archive.log; \
 	  [ $$checks -eq 0 ] && [ $$built -eq 0 ]
-	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest $(TIERS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The test tiers, by what they need (tests/conftest.py marks each test with its folder, and
+# a run's summary gives each tier's time). `make test` runs them all in one session,
+# fastest first, so that they share one Spark session.
+TIERS := tests/unit tests/spark tests/e2e tests/airflow
 
 # The pipeline on exports of three real PostgreSQL servers (wal2json), and the same changes
 # as Debezium and DMS write them.
 test-postgres: $(STAMP) jvm-archive postgres
-	$(BIN)/pytest tests/test_real_sources.py
+	$(BIN)/pytest tests/e2e/test_real_sources.py
 
-test-fast: $(STAMP) jvm-archive
-	$(BIN)/pytest -m "not slow and not airflow"
+# No Spark, no services: under a minute.
+test-fast: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+test-spark: $(STAMP) jvm-archive
+	$(BIN)/pytest tests/spark
+
+test-e2e: $(STAMP) jvm-archive debian
+	$(BIN)/pytest tests/e2e
+
+test-airflow: $(STAMP) jvm-archive browser
+	$(BIN)/pytest tests/airflow
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline dags plugins tests bench
@@ -119,6 +134,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/resolve_bench.py
 	$(BIN)/python bench/cell_bench.py
 	$(BIN)/python bench/cdc_bench.py
+
+# A night of 60K records against tables of 100K, 1M and 4M rows (bench/RESULTS.md).
+bench-scale: $(STAMP) jvm-archive
+	$(BIN)/python bench/scale.py
 
 lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^replica-cdr' > constraints.txt.new
