@@ -16,7 +16,7 @@ and read the same values from it:
   stale_beyond_gc_grace and delta_without_old_value.
 
 Every other line is typed by ``Typer.line``, which gives the quarantine reason and its
-detail: the rules' messages have one home. ``tests/test_blocks.py`` holds the two paths to
+detail: the rules' messages have one home. ``tests/unit/test_blocks.py`` holds the two paths to
 the same typed copies, on generated and on mangled records.
 """
 

@@ -18,7 +18,7 @@ before it, on Spark or on the driver:
 - and after it, the events whose copies sat under different keys (rare: moved to their
   winner's key, and folded again).
 
-``tests/test_engine.py`` holds the published results to the pure fold on generated data.
+``tests/spark/test_engine.py`` holds the published results to the pure fold on generated data.
 """
 
 from __future__ import annotations

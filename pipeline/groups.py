@@ -14,7 +14,7 @@ row, since the fold's result for them is known:
   onto an absent key is no conflict: the row is written, every copy is ``applied``, one
   event has one order (no perspective differs), and a reader sees an insert of the row.
 
-Every other group goes to ``pipeline.rowfold``. ``tests/test_outputs.py`` holds a task's
+Every other group goes to ``pipeline.rowfold``. ``tests/unit/test_groups.py`` holds a task's
 outputs with these paths to the outputs of the Python fold alone.
 """
 

@@ -2,7 +2,7 @@
 per preset (semantics.md §3-§5, §12).
 
 Config validation, dispatch in the fold and the README's tables all derive from the
-tables below; ``tests/test_policy.py`` proves every type has a rule and every resolver an
+tables below; ``tests/unit/test_policy.py`` proves every type has a rule and every resolver an
 implementation.
 """
 
@@ -269,7 +269,7 @@ def allowed_resolvers(conflict: ConflictType) -> list[str]:
 
 def resolver_table() -> str:
     """The README's table of §4-§5, rendered from :data:`ALLOWED` and :data:`PRESETS`
-    (``tests/test_policy.py`` compares it with the README)."""
+    (``tests/unit/test_policy.py`` compares it with the README)."""
     row_presets = [p for p in Preset if PRESETS[p].granularity is Granularity.ROW]
     lines = [
         "| conflict type | " + " | ".join(f"`{p}` default" for p in row_presets) + " | allowed |",
@@ -284,7 +284,7 @@ def resolver_table() -> str:
 
 def delete_wins_table() -> str:
     """The README's copy of §5's delete-wins table, rendered from
-    :data:`DELETE_WINS_TABLE` (``tests/test_policy.py`` compares it with the README)."""
+    :data:`DELETE_WINS_TABLE` (``tests/unit/test_policy.py`` compares it with the README)."""
     lines = [
         "| L | " + " | ".join(f"E = {op}" for op in DELETE_WINS_OPS) + " |",
         "|---|" + "---|" * len(DELETE_WINS_OPS),

@@ -11,7 +11,7 @@ the number of such events and the largest difference.
 
 The row engine finds the evidence in its fold tasks, which hold every copy of a key
 (:func:`seen_later`); the cell engine in its shuffle by key, with one more window
-(:func:`with_evidence`). Neither pays a shuffle of its own. ``tests/test_extensions.py``
+(:func:`with_evidence`). Neither pays a shuffle of its own. ``tests/spark/test_extensions.py``
 checks on generated nights that both give the same evidence. The fold reads a copy's
 fields from the copy that stands for its event (the copies of one event agree, save the
 rare ones the ``differing_copies`` log names); the cell engine reads each copy's own, and

@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import deltalake  # noqa: F401  (loaded before duckdb, or the process aborts at exit)
 import pytest
@@ -23,12 +24,34 @@ TESTS = Path(__file__).parent
 TIERS = ("unit", "spark", "e2e", "airflow")
 
 
+def _tier(path: Path) -> str | None:
+    where = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return where[0] if where and where[0] in TIERS else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        where = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
-        if where and where[0] in TIERS:
-            item.add_marker(getattr(pytest.mark, where[0]))
+        if (tier := _tier(item.path)) is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+#: each tier's seconds (setup, call and teardown of its tests) and tests run
+_TIER_TIME: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = _tier(Path(report.fspath).resolve()) or "other"
+    seconds, tests = _TIER_TIME.setdefault(tier, [0.0, 0])
+    _TIER_TIME[tier] = [seconds + report.duration, tests + (report.when == "call")]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each tier's minutes, for CI's log (a session fixture's start counts in the tier of
+    the first test that asks for it)."""
+    if _TIER_TIME:
+        parts = [f"{t} {s / 60:.1f} min ({n} tests)" for t, (s, n) in _TIER_TIME.items()]
+        terminalreporter.write_line("tiers: " + ", ".join(parts))
 
 
 @pytest.fixture(scope="session")

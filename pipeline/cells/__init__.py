@@ -23,7 +23,7 @@ than build those bytes for every cell, ``order.value_order`` maps each value to 
 value whose ordering is the same as its serialized bytes' (a signed fixed-width integer
 ``v`` as ``(v < 0, v)``, text as its UTF-8, ...); only ``decimal``, whose varint form does
 not order like the number, is serialized, with built-ins up to 18 digits and a vectorized
-UDF above. ``tests/test_cells.py`` checks every type against ``cellfold.serialize``.
+UDF above. ``tests/spark/test_cells.py`` checks every type against ``cellfold.serialize``.
 """
 
 from pipeline.cells.order import value_order

@@ -228,7 +228,7 @@ def resolve_cells(
         out.where(F.col("quarantine").isNotNull()).select("quarantine.*"),
         specials,
     )
-    # §9: a cell table converges in every replica's order (tests/test_cells.py)
+    # §9: a cell table converges in every replica's order (tests/spark/test_cells.py)
     divergence = spark.createDataFrame([], DIVERGENCE)
     changes = _changes(out, table, bool(truncs)) if capture else None
     return Resolved(
