@@ -105,3 +105,11 @@ def test_a_row_names_the_version_its_commit_made_or_is_not_committed(file_store,
         lake.write(layout.RUNS, late, meta, mode="append", work=tmp_path, version=version)
     assert [r.run_id for r in read_runs(lake)] == ["r1", "r2"]
     assert lake.read(layout.RUNS).num_rows == 2
+
+
+def test_on_an_older_store_a_row_names_the_commit_after_the_retentions(file_store, tmp_path: Path):
+    """The first run of a store written without the retention: its runs table gets the
+    retention in a commit of its own, and the row names the commit after it."""
+    append(Lake(file_store), row("old", D1, "published"), tmp_path / "work")
+    assert append(Lake(file_store, 30), row("new", D2, "published"), tmp_path / "work") == 2
+    assert [(r.run_id, r.seq) for r in read_runs(Lake(file_store))] == [("old", 0), ("new", 2)]
