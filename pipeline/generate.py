@@ -82,11 +82,11 @@ class KeySpace:
         self.next_key += 1
         return n
 
-    def pick(self, rng: random.Random, skew: float) -> int | None:
-        """A live existing key: with probability ``skew`` one of the newest tenth, else
-        any; None when none is found."""
-        hi = self.next_key
-        if hi - len(self.dead) <= 0:
+    def pick(self, rng: random.Random, skew: float, below: int | None = None) -> int | None:
+        """A live key under ``below`` (default: any): with probability ``skew`` one of the
+        newest tenth, else any; None when none is found."""
+        hi = self.next_key if below is None else below
+        if hi <= 0:
             return None
         for _ in range(_PICKS):
             newest = rng.random() < skew
@@ -331,8 +331,10 @@ def _day_events(
     k_touched = max(1, int(distinct / (1 + 2.5 * opts.conflict_rate)))
     events: list[_Ev] = []
     seq_no = {r: 0 for r in replicas}
+    known = g.keys.next_key  # the keys that exist as the day starts (a key made today is
+    # changed by its own events only: its other changes could come before it, in time)
     for _k in range(k_touched):
-        picked = g.keys.pick(rng, opts.skew) if rng.random() < 0.5 else None
+        picked = g.keys.pick(rng, opts.skew, known) if rng.random() < 0.5 else None
         existing = picked is not None
         n = picked if picked is not None else g.keys.new()
         full = g.row(n) if existing else {}

@@ -159,7 +159,7 @@ def test_a_failed_gate_fails_the_validate_task(
     for task in ("validate", "publish"):  # the failure callbacks' one line each
         line = next(ln for ln in err if f"replica_cdr {task} failed for 2026-11-21: " in ln)
         assert "failed gate: table " in line and "convergence." in line, line
-        notes = "(quarantine open: accounts 0, orders 0, products 0; clock skew: no warning)"
+        notes = "(quarantine open: products 0, orders 0, accounts 0; clock skew: no warning)"
         assert line.endswith(notes), line  # the operator notes (E5, E7) end the line
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from pipeline import layout
 from pipeline.cli import main
 from pipeline.s3server import restore_env, use_endpoint
 from pipeline.store import open_store
@@ -98,7 +99,7 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
                     assert [r["run_id"] for r in runs_now] == [prev["run_id"], "night"], where
                     assert got == after and may_be_whole, where
                     return
-                for path in prev["versions"]:  # the previous run's view, by time travel
+                for path in set(prev["versions"]) - {layout.RUNS}:  # the previous run's view
                     rows = Counter(
                         json.dumps(r, sort_keys=True, default=str)
                         for r in P.as_of(store, path, prev)

@@ -104,3 +104,16 @@ def test_a_date_generated_again_gives_the_same_bytes(store: FileStore, tmp_path:
     assert (
         KeySpace.before(store, "items", D2).next_key < KeySpace.before(store, "items", D3).next_key
     )
+
+
+def test_a_key_made_tonight_is_changed_only_after_it_is_made(store: FileStore):
+    """A night's changes to existing keys pick the keys that existed as it began: a key
+    made tonight gets no UPDATE or DELETE timed before its INSERT."""
+    config = parse_config(CONFIG)
+    generate(config, store, D1, GenerateOptions(events=3000, base_rows=100, skew=0.9, seed=8))
+    by_key: dict[int, list[dict[str, Any]]] = {}
+    for r in records(store, D1):
+        by_key.setdefault(r["key"]["id"], []).append(r)
+    made = {k: sorted(rs, key=lambda r: r["ts"]) for k, rs in by_key.items() if k >= 100}
+    assert len(made) > 500
+    assert [k for k, rs in made.items() if rs[0]["op"] != "INSERT"] == []

@@ -83,12 +83,10 @@ def test_file_statistics_let_a_reader_skip_files(store, tmp_path: Path):
 def test_every_table_carries_the_writers_retention_an_older_one_from_its_next_commit(
     store, tmp_path: Path
 ):
-    from deltalake import DeltaTable
-
     from pipeline.lake import RETENTION_PROPERTIES
 
     def retention(path: str) -> dict[str, str | None]:
-        config = DeltaTable(Lake(store).uri(path)).metadata().configuration
+        config = Lake(store).table(path).metadata().configuration
         return {k: config.get(k) for k in RETENTION_PROPERTIES}
 
     older, path = Lake(store), "published/t/snapshot"  # a store an older version wrote
