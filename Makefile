@@ -4,11 +4,10 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PYSPARK_VERSION := $(shell sed -n 's/^pyspark==//p' constraints.txt)
 
 ASSETS := pipeline/datadocs_assets/.fetched
 
-.PHONY: venv jvm-archive bytecode demo test test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
+.PHONY: venv jars jars-lock jvm-archive bytecode demo test test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
 
 venv: $(STAMP)
 
@@ -24,9 +23,11 @@ $(ASSETS): pipeline/datadocs.py | $(STAMP)
 #   headless;
 # - docker-compose: its `config` check validates docker-compose.yaml (Docker itself is not
 #   needed);
+# - maven: fetches the jars of jars.lock (make jars);
 # - postgresql-15 and its wal2json plugin: the real-source test (tests/e2e/test_real_sources.py)
 #   starts three servers on loopback and exports their changes.
 # What is missing is installed in one apt-get call.
+HAS_maven := command -v mvn
 HAS_chromium := command -v chromium
 HAS_docker-compose := command -v docker-compose
 HAS_postgresql-15 := test -x /usr/lib/postgresql/15/bin/initdb
@@ -67,8 +68,6 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	@# pip byte-compiles one file at a time; compileall below uses every core.
 	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[dev]'
-	@# The Spark provider pulls pyspark-client, whose files overwrite pyspark's: put pyspark back.
-	$(BIN)/pip install -q --no-compile --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
 	@# Like pip, skip the few files that are not Python 3 (templates, examples).
 	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null
 	touch $(STAMP)
@@ -79,9 +78,22 @@ $(STAMP): pyproject.toml constraints.txt
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q pipeline dags plugins > /dev/null
 
+# The JVM packages of jars.lock (Delta Lake, s3a), fetched once with Maven and checked
+# against the lock's sha256s (pipeline/jars.py); CDR_MAVEN_REPO names Maven's local
+# repository (CI gives it an empty one).
+JARS := $(VENV)/share/cdr/jars/.locked
+jars: $(JARS)
+$(JARS): jars.lock | $(STAMP)
+	$(call debian_install,maven)
+	$(BIN)/cdr jars fetch
+
+# Resolve jars.lock again from pipeline/jars.py's ROOTS (a maintainer's step).
+jars-lock: $(STAMP)
+	$(BIN)/python -m pipeline.jars lock
+
 # The class-data archive of Spark's classes: each new driver JVM starts from it about 5 s
 # faster (pipeline/jvmstart.py). Built once per JDK and Spark, in about a minute.
-jvm-archive: $(STAMP)
+jvm-archive: $(STAMP) $(JARS)
 	@$(BIN)/python -c 'import sys; from pipeline.jvmstart import usable_archive; sys.exit(usable_archive() is None)' \
 	  || { echo "building the JVM's class-data archive (about a minute, once)"; $(BIN)/cdr jvm-archive; }
 
@@ -130,7 +142,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) $(JARS)
 	$(BIN)/python bench/resolve_bench.py
 	$(BIN)/python bench/cell_bench.py
 	$(BIN)/python bench/cdc_bench.py

@@ -160,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
         "jvm-archive",
         help="build the class-data archive that starts Spark's JVM faster (make does it)",
     )
+    j = sub.add_parser(
+        "jars", help="the locked JVM packages (Delta Lake, s3a): fetch them, or print their paths"
+    )
+    j.add_argument(
+        "action",
+        choices=("fetch", "path", "list"),
+        help="fetch: with Maven, checked against jars.lock (make does it); path: the class "
+        "path (for --driver-class-path); list: comma-separated (for --jars, spark.jars)",
+    )
     return parser
 
 
@@ -548,30 +557,45 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo(args.dir.resolve(), events=args.events, seed=args.seed, serve=args.serve)
 
 
+def _cmd_jars(args: argparse.Namespace) -> int:
+    import os
+
+    from pipeline import jars
+
+    if args.action == "fetch":
+        print(f"jars: {len(jars.locked())} checked against {jars.LOCK_NAME} in {jars.fetch()}")
+        return 0
+    sep = os.pathsep if args.action == "path" else ","
+    print(sep.join(str(p) for p in jars.classpath()))
+    return 0
+
+
+def _cmd_jvm_archive(args: argparse.Namespace) -> int:
+    from pipeline.jvmstart import build
+
+    print(f"class-data archive: {build()}")
+    return 0
+
+
+#: the commands that are not a stage of a run
+COMMANDS = {
+    "generate": _cmd_generate,
+    "demo": _cmd_demo,
+    "unlock": _cmd_unlock,
+    "doctor": _cmd_doctor,
+    "vacuum": _cmd_vacuum,
+    "quarantine": _cmd_quarantine,
+    "whatif": _cmd_whatif,
+    "jars": _cmd_jars,
+    "jvm-archive": _cmd_jvm_archive,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_format, args.verbose)
     try:
-        if args.command == "generate":
-            return _cmd_generate(args)
-        if args.command == "demo":
-            return _cmd_demo(args)
-        if args.command == "unlock":
-            return _cmd_unlock(args)
-        if args.command == "doctor":
-            return _cmd_doctor(args)
-        if args.command == "vacuum":
-            return _cmd_vacuum(args)
-        if args.command == "quarantine":
-            return _cmd_quarantine(args)
-        if args.command == "whatif":
-            return _cmd_whatif(args)
-        if args.command == "jvm-archive":
-            from pipeline.jvmstart import build
-
-            print(f"class-data archive: {build()}")
-            return 0
-        return _cmd_stage(args)
+        return COMMANDS.get(args.command, _cmd_stage)(args)
     except ConfigError as e:
         _fail(args, e, 2)
         return 2

@@ -49,3 +49,8 @@ class StageError(CdrError):
 
 class LockedError(CdrError):
     """Another run holds the store's lease (``published/_lock``), or this run lost it."""
+
+
+class JarsError(CdrError):
+    """The locked JVM packages (``jars.lock``: Delta Lake, s3a) are missing, damaged, or
+    cannot be fetched."""

@@ -60,16 +60,18 @@ def spark_jars() -> Path:
 
 def digest() -> str:
     """What an archive is valid for: the JDK build (its ``release`` file, or where it is)
-    and the jars of Spark's classpath (names, sizes and modification times: the JVM
-    maps an archive's classes only if the jars it was built from are unchanged, so a
-    reinstalled pyspark needs a new archive)."""
+    and the jars of Spark's classpath, pyspark's and the locked ones (names, sizes and
+    modification times: the JVM maps an archive's classes only if the jars it was built
+    from are unchanged, so a reinstalled pyspark needs a new archive)."""
     h = hashlib.sha256()
     home = java_home()
     h.update(str(home).encode())
     release = home / "release" if home else None
     if release is not None and release.is_file():
         h.update(release.read_bytes())
-    for jar in sorted(spark_jars().glob("*.jar")):
+    from pipeline import jars
+
+    for jar in [*sorted(spark_jars().glob("*.jar")), *jars.classpath()]:
         st = jar.stat()
         h.update(f"{jar.name}:{st.st_size}:{int(st.st_mtime)}\n".encode())
     return h.hexdigest()[:16]
@@ -123,11 +125,16 @@ def usable_archive() -> Path | None:
 
 def submit_conf() -> dict[str, str]:
     """spark-submit's settings for a driver started on this machine (the DAG's Spark
-    stages, client mode): the archive's options, when it has one."""
+    stages, client mode): the locked jars (on the driver's class path, and shipped to the
+    executors by ``spark.jars``), the archive's options when it has one."""
+    from pipeline import jars
+
+    paths = [str(p) for p in jars.classpath()]
+    conf = {"spark.jars": ",".join(paths), "spark.driver.extraClassPath": os.pathsep.join(paths)}
     archive = usable_archive()
-    if archive is None:
-        return {}
-    return {"spark.driver.extraJavaOptions": " ".join(driver_options(False, archive))}
+    if archive is not None:
+        conf["spark.driver.extraJavaOptions"] = " ".join(driver_options(False, archive))
+    return conf
 
 
 #: the archive's workload: the demo's tables (a foreign key, a unique and a delta

@@ -64,7 +64,7 @@ def get_spark(
 def _session(b: Any, master: str | None, small: bool = False, dump: Path | None = None) -> Any:
     from pyspark.errors import PySparkRuntimeError
 
-    from pipeline import jvmstart
+    from pipeline import jars, jvmstart
 
     # Python workers must run the interpreter that has this package and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -73,6 +73,9 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
         return _configured(b)
     b = b.master(master or os.environ.get("CDR_SPARK_MASTER") or "local[*]")
     b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
+    # the locked jars (Delta Lake, s3a) on the driver's class path: local jar paths,
+    # never a package resolved at run time; the class-data archive maps their classes
+    b = b.config("spark.driver.extraClassPath", os.pathsep.join(map(str, jars.classpath())))
     archive = None if dump else jvmstart.usable_archive()
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     try:
@@ -91,6 +94,16 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     )
     options = java + jvmstart.driver_options(small, None)
     return _configured(b.config("spark.driver.extraJavaOptions", " ".join(options)))
+
+
+#: Delta Lake in the session (the writer of every published table): its SQL extension and
+#: catalog, and its log replayed in few tasks (the default, 50, costs a small table
+#: seconds of empty tasks at every read)
+DELTA_SETTINGS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
 
 
 def _configured(b: Any) -> SparkSession:
@@ -119,6 +132,7 @@ def _configured(b: Any) -> SparkSession:
         "spark.ui.retainedJobs": "50",
         "spark.ui.retainedStages": "50",
         "spark.ui.retainedTasks": "2000",
+        **DELTA_SETTINGS,
     }
     for k, v in settings.items():
         b = b.config(k, v)
@@ -198,3 +212,42 @@ def read_output(spark: SparkSession, folder: Path) -> DataFrame:
         return spark.read.parquet(str(folder))
     schema = StructType.fromJson(json.loads(stored))
     return spark.read.schema(schema).parquet(str(folder))
+
+
+def _keys_may_travel(spark: SparkSession) -> bool:
+    """Whether access keys may go into the session's Hadoop configuration: in local mode
+    the executors are the driver's JVM (nothing travels); on a cluster only with Spark's
+    authentication and RPC encryption on. Otherwise the executors use their own provider
+    chain (their environment, a profile, an instance role)."""
+    conf = spark.sparkContext.getConf()
+    if str(spark.sparkContext.master).startswith("local"):
+        return True
+    return conf.get("spark.authenticate", "false") == "true" and (
+        conf.get("spark.network.crypto.enabled", "false") == "true"
+    )
+
+
+def use_s3a(spark: SparkSession, bucket: str) -> None:
+    """Point s3a at ``bucket`` as boto3 is configured in this process: the endpoint
+    (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, path-style for a server of one's own),
+    the region, and the keys where they may travel (:func:`_keys_may_travel`). Settings
+    per bucket, so that stores on two servers can share a session."""
+    env = os.environ
+    hconf = spark.sparkContext._jsc.hadoopConfiguration()
+    prefix = f"fs.s3a.bucket.{bucket}."
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    hconf.set(prefix + "endpoint.region", region)
+    if endpoint:
+        hconf.set(prefix + "endpoint", endpoint)
+        hconf.set(prefix + "path.style.access", "true")
+        hconf.set(prefix + "connection.ssl.enabled", str(endpoint.startswith("https")).lower())
+    if env.get("AWS_ACCESS_KEY_ID") and _keys_may_travel(spark):
+        hconf.set(prefix + "access.key", env["AWS_ACCESS_KEY_ID"])
+        hconf.set(prefix + "secret.key", env.get("AWS_SECRET_ACCESS_KEY", ""))
+        if env.get("AWS_SESSION_TOKEN"):
+            hconf.set(prefix + "session.token", env["AWS_SESSION_TOKEN"])
+            hconf.set(
+                prefix + "aws.credentials.provider",
+                "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
+            )

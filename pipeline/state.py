@@ -78,7 +78,7 @@ def read_base(
 
 
 def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> DataFrame:
-    m = F.from_json("raw", TEXT_MAP)
+    m = F.from_json("raw", TEXT_MAP)  # type: ignore[arg-type]  # a MapType works; 4.2's stubs omit it
     schema = state_schema(table)
     df = raw.withColumn("m", m)
     cols = [typed(F.col("m")[c.name], c.type).alias(c.name) for c in table.columns]

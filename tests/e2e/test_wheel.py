@@ -58,6 +58,8 @@ def test_the_wheel_holds_every_module_and_the_package_data(wheel: Path):
     suites = {f"pipeline/expectations/{p.name}" for p in (REPO / "expectations").glob("*.json")}
     assert suites and suites <= names
     assert "pipeline/log4j2.properties" in names
+    # the jars' lock, so that `cdr jars fetch` works where the wheel is installed
+    assert zipfile.ZipFile(wheel).read("pipeline/jars.lock") == (REPO / "jars.lock").read_bytes()
     if datadocs.available():  # fetched by make (npm): the Data Docs' scripts go along
         assets = {f"pipeline/datadocs_assets/{f}" for f in datadocs.ASSETS.values()}
         assert assets <= names
