@@ -195,6 +195,12 @@ def _store_commands(sub: Any) -> None:
     u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
     u.add_argument("--config", required=True, type=Path)
     u.add_argument("--store", help="override the config's store")
+    u.add_argument(
+        "--force",
+        action="store_true",
+        help="break a lease that has not expired (its run is known to be gone); that run, "
+        "if it still runs, stops at its next commit",
+    )
 
 
 def _generate_options(g: argparse.ArgumentParser) -> None:
@@ -453,7 +459,7 @@ def _cmd_unlock(args: argparse.Namespace) -> int:
 
     config = _load(args)
     assert config.store
-    was = unlock(open_store(config.store))
+    was = unlock(open_store(config.store), force=args.force)
     text = f"unlocked {config.store}: " + (was.describe() if was else "it held no lease")
     _emit(args, {"store": config.store, "held_by": was.run_id if was else None}, text)
     return 0
@@ -526,13 +532,14 @@ def _cmd_quarantine(args: argparse.Namespace) -> int:
     if not args.event_id:
         raise StageError(f"cdr quarantine {args.action} needs --event-id")
     holder = f"quarantine-{args.action}-{os.getpid()}"
-    lease.acquire(store, holder, 600)  # no run publishes meanwhile
+    held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
+    lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
     try:
         with tempfile.TemporaryDirectory() as work:
             runs = read_runs(lake)
             status = retry.act(lake, runs, args.table, args.event_id, args.action, Path(work))
     finally:
-        lease.release(store, holder)
+        lease.release(store, holder, held.epoch)
     text = f"{args.table} {args.event_id}: {status}"
     _emit(args, {"table": args.table, "event_id": args.event_id, "status": status}, text)
     return 0

@@ -103,6 +103,9 @@ class RunContext:
     data_docs: bool = True  # build the Great Expectations Data Docs pages
     config_digest: str | None = None  # Config.digest() at ingest
     started: str = ""  # when ingest began (RFC 3339)
+    epoch: str = (
+        ""  # the store's lease as ingest took it (pipeline.lease): later stages re-enter with it
+    )
 
     def config(self, config: Config) -> Config:
         """The config as this run uses it (its tables and overrides); one edited since the
@@ -209,4 +212,5 @@ def _read(run_json: Path) -> RunContext | None:
         bool(d.get("data_docs", True)),
         d.get("config_digest"),
         d.get("started", ""),
+        d.get("epoch", ""),
     )

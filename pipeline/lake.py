@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import NotFoundError, StoreError
+from pipeline.errors import LockedError, NotFoundError, StoreError
 from pipeline.store import Store
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
+    from pipeline.lease import Fence
     from pipeline.uploads import Upload
 
 log = logging.getLogger(__name__)
@@ -149,10 +150,11 @@ class Lake:
     existing table that does not (an older store, a changed setting) gets it at its next
     commit, by a commit of its own just before."""
 
-    def __init__(self, store: Store, retention_days: int | None = None):
+    def __init__(self, store: Store, retention_days: int | None = None, fence: Fence | None = None):
         self.store = store
         self.options = storage_options(store.uri)
         self.properties = retention_properties(retention_days) if retention_days else {}
+        self.fence = fence  # a run's writes: every commit checked against its lease
 
     def uri(self, path: str) -> str:
         """The table's URI for delta-rs (a local path on ``file://``)."""
@@ -317,23 +319,44 @@ class Lake:
     ) -> Commit:
         from deltalake.exceptions import CommitFailedError
 
+        meta = self._fenced(path, meta)
         try:
             self._transaction(path, table, full, actions, meta, dt, mode, version)
         except OSError as e:  # how delta-rs reports a commit the store refused
             raise StoreError(f"{self.uri(path)}: the Delta commit failed ({e})") from None
-        except CommitFailedError as e:
-            if version is None:
-                raise
-            raise StoreError(
-                f"{self.uri(path)}: version {version} was committed by another writer ({e})"
-            ) from None
+        except CommitFailedError:
+            raise self._lost(path, version) from None
         if table is None:
             version = 0  # the commit that created the table
         else:
             table.update_incremental()  # the new commits only, not the whole log again
             version = int(table.version())
+        self._read_back(path, version)
         log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(actions), rows)
         return Commit(path, version, len(actions), rows)
+
+    def _fenced(self, path: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """The commit's info with the run's lease epoch, the lease checked just before."""
+        if self.fence is None:
+            return meta
+        self.fence.before(path)
+        return {**meta, "run_id": self.fence.run_id, "epoch": self.fence.epoch}
+
+    def _read_back(self, path: str, version: int) -> None:
+        """The version just committed read back: this run's, and the lease still its."""
+        if self.fence is None:
+            return
+        info = self.commit_info(path, version) or {}
+        self.fence.after(path, version, info.get("cdr.run_id"), info.get("cdr.epoch"))
+
+    def _lost(self, path: str, version: int | None) -> LockedError:
+        """Another writer committed first: one line naming the table and the holder."""
+        from pipeline.lease import holder
+
+        now = holder(self.store)
+        who = "nobody holds the lease" if now is None else f"the lease is held by {now.describe()}"
+        at = f"version {version}" if version is not None else "its next version"
+        return LockedError(f"{path}: another writer committed {at} first; {who}")
 
     def _put_files(
         self, path: str, files: list[Path], meta: dict[str, Any], dt: date | None
@@ -410,7 +433,7 @@ class Lake:
         if all(config.get(k) == v for k, v in self.properties.items()):
             return
         log.info("%s: table properties set to %s", path, self.properties)
-        info = _commit_info({**meta, "operation": "set the retention"})
+        info = _commit_info({**self._fenced(path, meta), "operation": "set the retention"})
         table.alter.set_table_properties(
             self.properties, commit_properties=CommitProperties(custom_metadata=info)
         )

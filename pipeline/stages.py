@@ -79,11 +79,12 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     store = open_store(config.store)
     if not ctx.dry_run:  # a dry run writes nothing to the store: it needs no lease
         require_atomic_create(store)  # what the lease rests on, checked
-        lease.acquire(store, ctx.run_id, lease.SECONDS)
+        held = lease.acquire(store, ctx.run_id, lease.SECONDS, _epoch_of(ctx))
+        ctx = replace(ctx, epoch=held.epoch)  # the later stages re-enter with it
         try:
             _refuse_a_published_run_id(store, config, ctx.run_id)
         except StageError:
-            lease.release(store, ctx.run_id)
+            lease.release(store, ctx.run_id, ctx.epoch)
             raise
     _clear_work(opts.work_dir, ctx)
     ctx.save()
@@ -95,7 +96,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
                 _record_stopped(store, ctx, config.retention_days)
             except Exception as e:  # the ingest error is the one to report
                 log.warning("ingest: could not record the stopped run %s: %s", ctx.run_id, e)
-            lease.release(store, ctx.run_id)
+            lease.release(store, ctx.run_id, ctx.epoch)
         raise
     return ctx
 
@@ -243,8 +244,10 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     store = open_store(config.store)
     summary = load_summary(ctx)
     verdict = load_verdict(ctx, summary)
-    lease.acquire(store, ctx.run_id, lease.SECONDS)  # still this run's, renewed
-    lake = Lake(store, config.retention_days)
+    # still this run's, renewed; or taken again (new epoch) by a retry after a release
+    held = lease.acquire(store, ctx.run_id, lease.SECONDS, ctx.epoch or None)
+    ctx = replace(ctx, epoch=held.epoch)
+    lake = Lake(store, config.retention_days, fence(store, ctx))
     runs = read_runs(lake)
     done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
@@ -266,14 +269,13 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     row = run_row(
         ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
     )
-    lease.check(store, ctx.run_id)  # not taken over while it committed
-    record_run(lake, row, ctx.work / "commit")  # the run is now visible as a whole
+    record_run(lake, row, ctx.work / "commit")  # fenced: the run is now visible as a whole
     if verdict.passed:  # a copy at a fixed place, for people (its retry writes it too)
         store.write_bytes(layout.date_report(ctx.dt), body)
     store.delete_prefix(layout.staging_dir(ctx.run_id))  # committed: copied into the tables
     # The store is free for the next run. A publish that failed on the way keeps the
     # lease for its retry; ``finish`` releases it in the end.
-    lease.release(store, ctx.run_id)
+    lease.release(store, ctx.run_id, ctx.epoch)
     if not verdict.passed:
         raise GateError("; ".join(verdict.failures))
     return report
@@ -352,7 +354,7 @@ def _published_already(
     log.info("publish: run %s is recorded as %s already", ctx.run_id, row.status)
     store.delete_prefix(layout.staging_dir(ctx.run_id))  # if the first attempt left it
     if not row.published:  # its gate failed, or it stopped before publish
-        lease.release(store, ctx.run_id)
+        lease.release(store, ctx.run_id, ctx.epoch)
         raise GateError(
             "; ".join(verdict.failures)
             or f"run {ctx.run_id} is recorded as failed already: start a new run"
@@ -361,13 +363,26 @@ def _published_already(
     latest = published_by_date(runs).get(ctx.dt)
     if latest is not None and latest.run_id == ctx.run_id:  # the copy may be missing
         store.write_bytes(layout.date_report(ctx.dt), body)
-    lease.release(store, ctx.run_id)
+    lease.release(store, ctx.run_id, ctx.epoch)
     return dict(json.loads(body))
+
+
+def _epoch_of(ctx: RunContext) -> str | None:
+    """The lease epoch an earlier attempt of this run's ingest recorded in its work
+    folder (an Airflow retry re-enters the lease with it); None for a new run."""
+    earlier = [r for r in runs_of(ctx.work.parent, ctx.dt) if r.run_id == ctx.run_id]
+    return (earlier[-1].epoch or None) if earlier else None
+
+
+def fence(store: Store, ctx: RunContext) -> lease.Fence | None:
+    """What guards the run's commits; None for a run ingested by an older release
+    (no epoch in its work folder): its commits are checked as they were."""
+    return lease.Fence(store, ctx.run_id, ctx.epoch) if ctx.epoch else None
 
 
 def _record_stopped(store: Store, ctx: RunContext, retention_days: int) -> None:
     """The ``runs`` row of a run that stopped before publish (an error, a kill), once."""
-    lake = Lake(store, retention_days)
+    lake = Lake(store, retention_days, fence(store, ctx))
     if has_row(lake, ctx.run_id):
         return
     inputs = None
@@ -411,7 +426,7 @@ def finish(config: Config, ctx: RunContext) -> None:
         _record_stopped(
             store, ctx, config.retention_days
         )  # publish writes the row of a run that got that far
-    if lease.release(store, ctx.run_id):
+    if lease.release(store, ctx.run_id, ctx.epoch):
         return
     current = lease.holder(store)
     if current is not None:

@@ -10,11 +10,13 @@ the published tables) and in Spark tasks (the export files, ``exports.fetch``).
 
 from __future__ import annotations
 
+import hashlib
 import mimetypes
 import os
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
@@ -29,6 +31,9 @@ class Store(Protocol):
     def read_bytes(self, key: str) -> bytes: ...
     def write_bytes(self, key: str, data: bytes) -> None: ...
     def create(self, key: str, data: bytes) -> bool: ...
+    def read_token(self, key: str) -> tuple[bytes, str] | None: ...
+    def replace_if(self, key: str, data: bytes, token: str) -> bool: ...
+    def delete_if(self, key: str, token: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
@@ -103,6 +108,47 @@ class FileStore:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    # Compare-and-swap of one object (the lease): its token is the sha256 of its bytes,
+    # and the swaps of a key take a lock of their own (``fcntl``), so that a replace or
+    # delete decided on what it read is never applied to what another one wrote since.
+
+    @contextmanager
+    def _swapping(self, key: str) -> Iterator[None]:
+        import fcntl
+
+        p = self._p(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p.with_name(f".{p.name}.swap"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def read_token(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and the token a conditional replace or delete of them
+        names; None when there is no such object."""
+        try:
+            data = self._p(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, hashlib.sha256(data).hexdigest()
+
+    def replace_if(self, key: str, data: bytes, token: str) -> bool:
+        """Replace the object only if it still holds what ``token`` names."""
+        with self._swapping(key):
+            now = self.read_token(key)
+            if now is None or now[1] != token:
+                return False
+            self.write_bytes(key, data)
+            return True
+
+    def delete_if(self, key: str, token: str) -> bool:
+        """Delete the object only if it still holds what ``token`` names."""
+        with self._swapping(key):
+            now = self.read_token(key)
+            if now is None or now[1] != token:
+                return False
+            self._p(key).unlink()
+            return True
 
     def list(self, prefix: str) -> list[str]:
         base = self._p(prefix)
@@ -224,6 +270,44 @@ class S3Store:
             return True
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in LOST_RACE:
+                return False
+            raise self._fail(key, e) from None
+
+    def read_token(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and its ETag (what ``If-Match`` names); None when absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return bytes(obj["Body"].read()), str(obj["ETag"])
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return None
+            raise self._fail(key, e) from None
+
+    def replace_if(self, key: str, data: bytes, token: str) -> bool:
+        """A conditional put (``If-Match``): False when the object changed or is gone."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfMatch=token)
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in (*LOST_RACE, "404", "NoSuchKey"):
+                return False
+            raise self._fail(key, e) from None
+
+    def delete_if(self, key: str, token: str) -> bool:
+        """A conditional delete (``If-Match``): False when the object changed or is gone."""
+        from botocore.exceptions import ClientError
+
+        if not self.exists(key):
+            return False
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(key), IfMatch=token)
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in (*LOST_RACE, "404", "NoSuchKey"):
                 return False
             raise self._fail(key, e) from None
 

@@ -117,7 +117,7 @@ def vacuum(
     now = now or datetime.now(UTC)
     horizon = now - timedelta(days=retain_days)
     holder = f"vacuum-{now.strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}-{os.getpid()}"
-    lease.acquire(store, holder, lease.SECONDS)
+    held = lease.acquire(store, holder, lease.SECONDS)
     try:
         lake = Lake(store)
         named: dict[str, set[int]] = {}
@@ -159,4 +159,4 @@ def vacuum(
                 store.delete(staged)
         return result
     finally:
-        lease.release(store, holder)
+        lease.release(store, holder, held.epoch)

@@ -8,7 +8,7 @@ after its k-th commit, for a few seeds. A kill lands when the process's own log 
 has reached that point (its stderr, read line by line). After each kill, every table
 reads (with ``deltalake``) as after the first run or as after an uninterrupted rerun,
 never anything else, and ``runs`` names only the first run. The lease the killed run
-left is taken over once expired, or broken with ``cdr unlock``; the run after the last
+left is taken over once expired, or broken with ``cdr unlock --force``; the run after the last
 kill gives the rows of the uninterrupted rerun.
 """
 
@@ -85,7 +85,7 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
     resolving = rng.choice([r"resolve t \.\.\.", r"resolve t: \d+ events", r"cdc t: "])
     killed_at(["run", *argv, "--run-id", "run-k-resolve"], resolving, 1)
     whole_runs("resolve")
-    assert main(["unlock", "--config", str(cfg)]) == 0
+    assert main(["unlock", "--config", str(cfg), "--force"]) == 0
 
     # the DAG's stage processes: validate killed after one of its suites
     killed.append("run-k-stages")
@@ -108,7 +108,7 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
         assert k <= by["run-k-stages"] < len(after), (k, by)
     capsys.readouterr()
 
-    assert main(["unlock", "--config", str(cfg)]) == 0
+    assert main(["unlock", "--config", str(cfg), "--force"]) == 0
     assert main(["run", *argv, "--run-id", "run-next", "--no-data-docs"]) == 0
     killed.append("run-next")
     assert P.all_tables(store, tuple(killed)) == after

@@ -1,5 +1,6 @@
-"""Faults for the publish tests. ``killed_at``: a ``cdr`` command in its own process,
-SIGKILLed when its log reaches a given line.
+"""Faults for the publish tests. ``killed_at``: a ``cdr`` command in its own process
+group, SIGKILLed when its log reaches a given line; ``Paused``: one stopped there
+(SIGSTOP) until the test resumes it.
 
 A loopback HTTP proxy in front of the S3 server that fails writes on demand: from the
 N-th PUT on, every PUT (an upload, a Delta commit, the lease) gets ``403 AccessDenied``,
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -31,12 +33,22 @@ from pipeline import layout
 SEEDS = [int(s) for s in os.environ.get("CDR_CRASH_SEEDS", "1").split(",")]
 
 
-def killed_at(argv: list[str], pattern: str, nth: int) -> list[str]:
-    """Run ``cdr argv`` in its own process and SIGKILL it as soon as the ``nth`` line of
-    its log matching ``pattern`` appears; returns its log up to there."""
+def _start(argv: list[str]) -> subprocess.Popen[str]:
+    """``cdr argv`` in a process group of its own (its Spark JVM is a child process)."""
     cmd = [sys.executable, "-m", "pipeline.cli", *argv]
     env = {**os.environ, "CDR_SHUFFLE_PARTITIONS": "2"}
-    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    return subprocess.Popen(
+        cmd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def _until(p: subprocess.Popen[str], pattern: str, nth: int) -> list[str]:
+    """The process's log up to the ``nth`` line matching ``pattern``."""
     assert p.stderr is not None
     lines, seen = [], 0
     for line in p.stderr:
@@ -44,12 +56,61 @@ def killed_at(argv: list[str], pattern: str, nth: int) -> list[str]:
         if re.search(pattern, line):
             seen += 1
             if seen == nth:
-                p.send_signal(signal.SIGKILL)
-                break
+                return lines
+    raise AssertionError(f"no {nth}th line matching {pattern!r}: " + "".join(lines)[-3000:])
+
+
+def group_gone(pgid: int, timeout: float = 60) -> None:
+    """Wait until no process of the group is left (the JVM exits after its parent)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [q for q in psutil.process_iter(["pid"]) if _group_of(q.pid) == pgid]
+        if not left:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes of group {pgid} still run after {timeout} s")
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def killed_at(argv: list[str], pattern: str, nth: int) -> list[str]:
+    """Run ``cdr argv`` in its own process group and SIGKILL the group as soon as the
+    ``nth`` line of its log matching ``pattern`` appears; returns its log up to there."""
+    p = _start(argv)
+    lines = _until(p, pattern, nth)
+    os.killpg(p.pid, signal.SIGKILL)
+    assert p.stderr is not None
     p.stderr.close()
     code = p.wait()
     assert code == -signal.SIGKILL, (code, "".join(lines))
+    group_gone(p.pid)
     return lines
+
+
+class Paused:
+    """``cdr argv`` in its own process group, stopped (SIGSTOP to the group, JVM and
+    Python workers included) at the ``nth`` line of its log matching ``pattern``."""
+
+    def __init__(self, argv: list[str], pattern: str, nth: int = 1):
+        self.p = _start(argv)
+        self.lines = _until(self.p, pattern, nth)
+        os.killpg(self.p.pid, signal.SIGSTOP)
+
+    def resume(self, timeout: float = 300) -> tuple[int, str]:
+        """SIGCONT, then its exit status and whole log, once every process of it is gone."""
+        os.killpg(self.p.pid, signal.SIGCONT)
+        assert self.p.stderr is not None
+        rest = self.p.stderr.read()
+        code = self.p.wait(timeout=timeout)
+        group_gone(self.p.pid)
+        return code, "".join(self.lines) + rest
 
 
 def expire_lease(store: Any) -> bytes:

@@ -21,18 +21,77 @@ def store(request):
 
 def test_one_run_holds_the_lease_and_another_is_refused(store):
     first = lease.acquire(store, "run-a", 600)
-    assert lease.holder(store) == first
-    again = lease.acquire(store, "run-a", 600)  # a later stage of the same run
+    assert lease.holder(store) == first and first.epoch
+    again = lease.acquire(store, "run-a", 600, first.epoch)  # a later stage of the same run
     assert again.acquired_at == first.acquired_at and again.run_id == "run-a"
+    assert again.epoch == first.epoch and again.expires_at >= first.expires_at
     with pytest.raises(LockedError, match="run-a"):
         lease.acquire(store, "run-b", 600)
-    lease.check(store, "run-a")
+    lease.check(store, "run-a", first.epoch)
     with pytest.raises(LockedError, match="does not hold"):
         lease.check(store, "run-b")
     assert not lease.release(store, "run-b")  # not the holder's: left alone
-    assert lease.release(store, "run-a")
+    assert lease.release(store, "run-a", first.epoch)
     assert lease.holder(store) is None
     assert lease.acquire(store, "run-b", 600).run_id == "run-b"
+
+
+def test_a_second_process_of_the_same_run_id_is_refused(store):
+    """Measured before the epoch: the same run id re-entered from two processes, and both
+    wrote. Re-entry needs the epoch the run got when it took the lease."""
+    first = lease.acquire(store, "run-a", 600)
+    with pytest.raises(LockedError, match="run run-a is running already"):
+        lease.acquire(store, "run-a", 600)  # no epoch: another process
+    with pytest.raises(LockedError, match="run run-a is running already"):
+        lease.acquire(store, "run-a", 600, "another-epoch")
+    with pytest.raises(LockedError, match="does not hold"):
+        lease.check(store, "run-a", "another-epoch")
+    assert not lease.release(store, "run-a", "another-epoch")
+    assert lease.holder(store) == first
+
+
+class _TakenOverBeforeRenewal:
+    """A store whose lease is taken over by run-b between the renewer's read and its put."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def replace_if(self, key: str, data: bytes, token: str) -> bool:
+        expire_lease(self._store)
+        lease.acquire(self._store, "run-b", 600)
+        return bool(self._store.replace_if(key, data, token))
+
+
+def test_a_renewal_is_conditional_and_a_lost_race_names_the_holder(store):
+    first = lease.acquire(store, "run-a", 600)
+    with pytest.raises(LockedError) as e:
+        lease.acquire(_TakenOverBeforeRenewal(store), "run-a", 600, first.epoch)
+    assert "run run-a lost the lease" in str(e.value) and "held by run run-b" in str(e.value)
+    assert "\n" not in str(e.value)  # one line
+    assert lease.holder(store).run_id == "run-b"
+    assert not lease.release(store, "run-a", first.epoch)  # never removes its successor's
+    assert lease.holder(store).run_id == "run-b"
+
+
+def test_a_fence_stops_a_writer_that_lost_the_lease(store):
+    first = lease.acquire(store, "run-a", 600)
+    fence = lease.Fence(store, "run-a", first.epoch)
+    fence.before("published/t/state")
+    fence.after("published/t/state", 3, "run-a", first.epoch)
+    with pytest.raises(
+        LockedError, match=r"version 4 was committed by run run-x, not by run run-a"
+    ):
+        fence.after("published/t/state", 4, "run-x", "other")
+    lease.unlock(store, force=True)
+    second = lease.acquire(store, "run-b", 600)
+    with pytest.raises(LockedError) as e:
+        fence.before("published/t/state")
+    assert str(e.value).startswith("published/t/state: not committed: run run-a does not hold")
+    assert "held by run run-b" in str(e.value)
+    lease.Fence(store, "run-b", second.epoch).before("published/t/state")
 
 
 def test_an_expired_lease_is_taken_over(store, caplog):
@@ -45,9 +104,16 @@ def test_an_expired_lease_is_taken_over(store, caplog):
         lease.check(store, "run-a")
 
 
-def test_unlock_breaks_the_lease_and_a_garbled_one_is_named(store):
+def test_unlock_breaks_an_expired_lease_a_live_one_with_force_and_a_garbled_one_is_named(store):
     lease.acquire(store, "run-a", 600)
-    assert lease.unlock(store).run_id == "run-a"
+    with pytest.raises(LockedError, match=r"is live: run run-a on .* --force"):
+        lease.unlock(store)
+    assert lease.holder(store).run_id == "run-a"
+    assert lease.unlock(store, force=True).run_id == "run-a"
+    assert lease.holder(store) is None
+    lease.acquire(store, "run-c", 600)
+    expire_lease(store)
+    assert lease.unlock(store).run_id == "run-c"
     assert lease.holder(store) is None
     store.write_bytes(layout.LOCK, b"not json")
     with pytest.raises(LockedError, match="is not a lease"):
@@ -84,7 +150,7 @@ def test_of_runs_racing_for_an_expired_lease_exactly_one_takes_it_over(store):
     """Each round: six runs find the same expired lease at once. Exactly one takes it
     over; a takeover never deletes the lease another run has just taken."""
     for round_ in range(4):
-        lease.unlock(store)
+        lease.unlock(store, force=True)
         lease.acquire(store, f"gone-{round_}", 600)
         expire_lease(store)
         won, refused = _race(store, [f"run-{round_}-{i}" for i in range(6)])
@@ -122,11 +188,11 @@ class _RetakenBetweenRequests:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def read_bytes(self, key: str) -> bytes:
+    def read_token(self, key: str):
         if key == layout.LOCK and not self._missed:
             self._missed = True
-            return self._store.read_bytes(f"{key}.gone")  # the store's own "not found"
-        return self._store.read_bytes(key)
+            return self._store.read_token(f"{key}.gone")  # the store's own "not found"
+        return self._store.read_token(key)
 
 
 def test_a_lease_released_and_retaken_between_two_requests_refuses_the_run(store):
@@ -136,3 +202,16 @@ def test_a_lease_released_and_retaken_between_two_requests_refuses_the_run(store
     lease.acquire(store, "run-a", 600)
     with pytest.raises(LockedError, match="run-a"):
         lease.acquire(_RetakenBetweenRequests(store), "run-b", 600)
+
+
+def test_conditional_replace_and_delete_act_on_what_was_read_only(store):
+    store.write_bytes("k", b"one")
+    data, token = store.read_token("k")
+    assert data == b"one"
+    assert store.replace_if("k", b"two", token)
+    assert not store.replace_if("k", b"three", token)  # stale: the object changed
+    assert store.read_bytes("k") == b"two"
+    assert not store.delete_if("k", token)
+    assert store.delete_if("k", store.read_token("k")[1])
+    assert not store.exists("k") and store.read_token("k") is None
+    assert not store.replace_if("k", b"x", token) and not store.delete_if("k", token)

@@ -78,7 +78,7 @@ def test_a_verdict_of_another_resolve_is_refused(tmp_path: Path):
 def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, capsys):
     """No Spark: the lease is taken at ingest. Another run, of the same date or another,
     is refused naming the holder; the holder's retry re-enters; finish releases; a dry run
-    needs no lease; ``cdr unlock`` breaks one."""
+    needs no lease; ``cdr unlock`` breaks a live one only with ``--force``."""
     cfg = setup(tmp_path, "warn", SUB)
     lock = tmp_path / "store/published/_lock"
     argv = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
@@ -105,5 +105,8 @@ def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, 
     assert {p.name for p in work.iterdir()} == {"run=night-b", "run=look"}
     assert main(["ingest", *argv, "--date", D, "--run-id", "look-2", "--dry-run"]) == 0
     assert {p.name for p in work.iterdir()} == {"run=night-b", "run=look-2"}
-    assert main(["unlock", "--config", str(cfg)]) == 0 and not lock.exists()
+    capsys.readouterr()
+    assert main(["unlock", "--config", str(cfg)]) == 1 and lock.exists()  # live: kept
+    assert "`cdr unlock --force` breaks it" in capsys.readouterr().err
+    assert main(["unlock", "--config", str(cfg), "--force"]) == 0 and not lock.exists()
     assert "unlocked" in capsys.readouterr().out

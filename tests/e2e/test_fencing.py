@@ -1,0 +1,100 @@
+"""Commits fenced by the lease (issue 47): measured before the fence, a writer that lost
+its lease went on committing, and two writers of one new date both landed.
+
+A publisher stopped (SIGSTOP to its process group, its JVM included) right after its
+first commit; ``cdr unlock`` refuses its live lease and ``--force`` breaks it; a second
+run of the date takes the lease and is stopped after its own first commit. The first,
+resumed, commits nothing more and exits naming the holder; the second, resumed,
+publishes. No ``runs`` row names the first run, and every table is as after one
+uninterrupted run. Then two runs of a new date start at once: one publishes, the other
+stops naming it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.store import open_store
+from tests.helpers import configs
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+from tests.helpers.faults import Paused
+
+SCENARIO = "future_timestamp"  # a conflict and a quarantine: every kind of table
+
+
+def _setup(tmp_path: Path) -> tuple[Path, list[str], Path]:
+    s = json.loads((S.SCENARIOS / f"{SCENARIO}.json").read_text())
+    root = tmp_path / "store"
+    root.mkdir()
+    S.layout_store(s, root)
+    cfg = configs.write(tmp_path / "cdr.yaml", s["config"], store=root)
+    argv = ["--config", str(cfg), "--date", s["date"], "--now", s["now"], "--no-data-docs"]
+    argv += ["--work-dir", str(tmp_path / "work")]
+    if S.missing_exports(s, s["exports"]):
+        argv.append("--allow-missing-exports")
+    return root, argv, cfg
+
+
+def _reference(tmp_path: Path, root: Path, argv: list[str], cfg: Path) -> dict:
+    """The tables after one uninterrupted run, on a copy of the store as it is now."""
+    shutil.copytree(root, tmp_path / "ref")
+    text = cfg.read_text().replace(root.as_uri(), (tmp_path / "ref").as_uri())
+    ref_cfg = tmp_path / "ref.yaml"
+    ref_cfg.write_text(text)
+    ref_argv = [a if a != str(cfg) else str(ref_cfg) for a in argv]
+    ref_argv = [a if a != str(tmp_path / "work") else str(tmp_path / "ref-work") for a in ref_argv]
+    assert main(["run", *ref_argv, "--run-id", "run-ref"]) == 0
+    return P.all_tables(open_store((tmp_path / "ref").as_uri()), ("run-ref",))
+
+
+@pytest.mark.timeout(900)
+def test_a_writer_that_lost_its_lease_commits_nothing_more(tmp_path: Path, spark, capsys):
+    root, argv, cfg = _setup(tmp_path)
+    after = _reference(tmp_path, root, argv, cfg)
+    store = open_store(root.as_uri())
+
+    first = Paused(["run", *argv, "--run-id", "run-first"], r"commit published/")
+    capsys.readouterr()
+    assert main(["unlock", "--config", str(cfg)]) == 1  # its lease is live
+    assert "is live: run run-first" in capsys.readouterr().err
+    assert main(["unlock", "--config", str(cfg), "--force"]) == 0
+    second = Paused(["run", *argv, "--run-id", "run-second"], r"commit published/")
+
+    code, log = first.resume()
+    assert code == 1, log
+    assert "not committed: run run-first does not hold the lease" in log, log
+    assert "held by run run-second on" in log, log
+    assert "Traceback" not in log, log
+    assert sum("commit published/" in line for line in log.splitlines()) == 1  # none after
+
+    code, log = second.resume()
+    assert code == 0, log
+    assert [(r["run_id"], r["status"]) for r in P.runs(store)] == [("run-second", "published")]
+    assert P.all_tables(store, ("run-second",)) == after  # nothing of the first run is left
+
+
+@pytest.mark.timeout(900)
+def test_of_two_runs_of_a_new_date_started_at_once_one_publishes(tmp_path: Path, spark):
+    root, argv, cfg = _setup(tmp_path)
+    after = _reference(tmp_path, root, argv, cfg)
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", *argv]
+    procs = [
+        subprocess.Popen([*cmd, "--run-id", f"run-{i}"], stderr=subprocess.PIPE, text=True)
+        for i in (1, 2)
+    ]
+    done = [(p.wait(timeout=600), p.stderr.read() if p.stderr else "") for p in procs]
+    codes = sorted(code for code, _ in done)
+    assert codes == [0, 1], done
+    (loser_log,) = [log for code, log in done if code == 1]
+    assert "is being written by run run-" in loser_log and "Traceback" not in loser_log
+    store = open_store(root.as_uri())
+    runs = P.runs(store)
+    assert [r["status"] for r in runs] == ["published"]  # the loser never got the lease
+    assert P.all_tables(store, (runs[0]["run_id"],)) == after  # its rows once
