@@ -96,9 +96,9 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     return _configured(b.config("spark.driver.extraJavaOptions", " ".join(options)))
 
 
-#: Delta Lake in the session (the writer of every published table): its SQL extension and
-#: catalog, and its log replayed in few tasks (the default, 50, costs a small table
-#: seconds of empty tasks at every read)
+#: Delta Lake in the session (the jars of jars.lock): its SQL extension and catalog, and
+#: its log replayed in few tasks (the default, 50, costs a small table seconds of empty
+#: tasks at every read)
 DELTA_SETTINGS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
