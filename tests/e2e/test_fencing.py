@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from pipeline.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
-from tests.helpers.faults import Paused
+from tests.helpers.faults import Paused, started_together, told
 
 SCENARIO = "future_timestamp"  # a conflict and a quarantine: every kind of table
 
@@ -84,15 +82,10 @@ def test_a_writer_that_lost_its_lease_commits_nothing_more(tmp_path: Path, spark
 def test_of_two_runs_of_a_new_date_started_at_once_one_publishes(tmp_path: Path, spark):
     root, argv, cfg = _setup(tmp_path)
     after = _reference(tmp_path, root, argv, cfg)
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", *argv]
-    procs = [
-        subprocess.Popen([*cmd, "--run-id", f"run-{i}"], stderr=subprocess.PIPE, text=True)
-        for i in (1, 2)
-    ]
-    done = [(p.wait(timeout=600), p.stderr.read() if p.stderr else "") for p in procs]
-    codes = sorted(code for code, _ in done)
-    assert codes == [0, 1], done
-    (loser_log,) = [log for code, log in done if code == 1]
+    argvs = {f"run-{i}": ["run", *argv, "--run-id", f"run-{i}"] for i in (1, 2)}
+    codes, errors = started_together(argvs, tmp_path)
+    assert sorted(codes.values()) == [0, 1], told(codes, errors)
+    (loser_log,) = [errors[r] for r, code in codes.items() if code == 1]
     assert "is being written by run run-" in loser_log and "Traceback" not in loser_log
     store = open_store(root.as_uri())
     runs = P.runs(store)

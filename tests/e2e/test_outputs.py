@@ -4,13 +4,11 @@ next date) one writes, the others are refused naming it, and nothing is mixed
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from pipeline.cli import main
 from tests.helpers import published as P
+from tests.helpers.faults import started_together, told
 from tests.spark.test_outputs import _config, _exports, _run
 
 D1, D2, D3 = "2026-11-20", "2026-11-21", "2026-11-22"
@@ -28,23 +26,12 @@ def test_runs_started_at_once_in_their_own_processes_one_writes(tmp_path: Path, 
         _exports(tmp_path, d, ("t",))
     assert _run(cfg, tmp_path, D1) == 0 and _run(cfg, tmp_path, D2) == 0
     racers = {"backfill": D1, "next-a": D3, "next-b": D3}
-    env = {**os.environ, "CDR_SHUFFLE_PARTITIONS": "2"}
     argv = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
-    cdr = [sys.executable, "-m", "pipeline.cli", "ingest", *argv, "--no-data-docs"]
-    procs = {
-        run_id: subprocess.Popen(
-            [*cdr, "--date", d, "--run-id", run_id],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        for run_id, d in racers.items()
-    }
-    errors = {run_id: p.communicate()[1] for run_id, p in procs.items()}
-    codes = {run_id: p.returncode for run_id, p in procs.items()}
+    ingest = ["ingest", *argv, "--no-data-docs"]
+    argvs = {r: [*ingest, "--date", d, "--run-id", r] for r, d in racers.items()}
+    codes, errors = started_together(argvs, tmp_path)
     winners = [r for r, c in codes.items() if c == 0]
-    assert len(winners) == 1, (codes, errors)
+    assert len(winners) == 1, told(codes, errors)
     (winner,) = winners
     for loser in set(racers) - {winner}:
         assert codes[loser] == 1, errors[loser]

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -45,6 +46,28 @@ def _start(argv: list[str]) -> subprocess.Popen[str]:
         env=env,
         start_new_session=True,
     )
+
+
+def started_together(
+    argvs: dict[str, list[str]], logs: Path, env: dict[str, str] | None = None
+) -> tuple[dict[str, int], dict[str, str]]:
+    """``cdr argv`` for each name at once; their exit statuses and stderr. The stderr goes
+    to files, not pipes: a process is never held up by a pipe the test is not reading yet,
+    and ``PYTHONFAULTHANDLER`` makes one that dies of a signal leave its threads' stacks."""
+    env = {**os.environ, "CDR_SHUFFLE_PARTITIONS": "2", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    procs = {}
+    for name, argv in argvs.items():
+        with (logs / f"{name}.stderr").open("w") as err:
+            cmd = [sys.executable, "-m", "pipeline.cli", *argv]
+            procs[name] = subprocess.Popen(cmd, stderr=err, stdout=subprocess.DEVNULL, env=env)
+    codes = {name: p.wait(timeout=600) for name, p in procs.items()}
+    return codes, {name: (logs / f"{name}.stderr").read_text() for name in argvs}
+
+
+def told(codes: dict[str, int], errors: dict[str, str]) -> str:
+    """The exit statuses and the end of each process's stderr, for an assertion."""
+    ends = (f"--- {n} (exit {codes[n]}), its stderr ends:\n{errors[n][-3000:]}" for n in codes)
+    return f"{codes}\n" + "\n".join(ends)
 
 
 def _until(p: subprocess.Popen[str], pattern: str, nth: int) -> list[str]:
