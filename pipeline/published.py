@@ -16,49 +16,40 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.lake import Lake, parquet_files
+from pipeline.outputs import outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.uploads import Upload, outputs
 
 log = logging.getLogger(__name__)
 
 
 class Committer:
-    """Commits the outputs of one run: the files the resolve stage's tasks put in the store
-    (``pipeline.uploads``), or, for a run resolved without them, the files of its
-    ``resolved`` folder, uploaded here."""
+    """Commits the outputs of one run: the Parquet files of each output folder of its
+    ``resolved`` folder, read by the executors and written into their table."""
 
-    def __init__(
-        self,
-        lake: Lake,
-        resolved: Path,
-        uploads: dict[str, list[Upload]] | None,
-        meta: dict[str, Any],
-    ):
-        self.lake, self.resolved, self.uploads, self.meta = lake, resolved, uploads, meta
+    def __init__(self, lake: Lake, resolved: Path, meta: dict[str, Any]):
+        self.lake, self.resolved, self.meta = lake, resolved, meta
 
     def commit(self, folder: str, path: str, dt: date | None) -> int | None:
         """Commit the output ``folder`` (relative to ``resolved``) to table ``path``
         (replacing the ``dt`` partition, or the whole table); returns the version. A run
         that wrote no such output (no foreign keys: no orphans) replaces an earlier run's
-        partition with nothing, and creates no table."""
+        partition with nothing, and creates no table. A table whose latest commit is this
+        run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
-        if self.uploads is None:
-            files = parquet_files(self.resolved / folder)
-            if not files and lake.table(path) is None:
-                return None
-            schema = pq.read_schema(files[0]) if files else None
-            version = lake.commit(path, files, schema, meta, dt=dt).version
-        else:
-            uploads = self.uploads.get(folder, [])
-            if not uploads and lake.table(path) is None:
-                return None
-            schema = uploads[0].arrow_schema() if uploads else None
-            version = lake.commit_uploaded(path, uploads, schema, meta, dt=dt).version
+        files = parquet_files(self.resolved / folder)
+        current = lake.version(path)
+        if not files and current is None:
+            return None
+        if current is not None:
+            last = lake.commit_meta(path, current)
+            if last.get("run_id") == meta["run_id"] and "operation" not in last:
+                log.info("commit %s: this run's commit is there already", path)
+                return current
+        frame = lake.session().read.parquet(*map(str, files)) if files else None
+        version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version
 
@@ -110,9 +101,9 @@ def has_row(lake: Lake, run_id: str) -> bool:
     return any(r.run_id == run_id for r in read_runs(lake))
 
 
-def record_run(lake: Lake, row: RunRow, work: Path) -> None:
+def record_run(lake: Lake, row: RunRow) -> None:
     """Append the run's ``runs`` row: its last commit."""
-    version = append(lake, row, work)
+    version = append(lake, row)
     log.info("runs: %s %s (version %d)", row.run_id, row.status, version)
 
 

@@ -71,11 +71,16 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if under_spark_submit():
         return _configured(b)
-    b = b.master(master or os.environ.get("CDR_SPARK_MASTER") or "local[*]")
+    master = master or os.environ.get("CDR_SPARK_MASTER") or "local[*]"
+    b = b.master(master)
     b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
     # the locked jars (Delta Lake, s3a) on the driver's class path: local jar paths,
-    # never a package resolved at run time; the class-data archive maps their classes
-    b = b.config("spark.driver.extraClassPath", os.pathsep.join(map(str, jars.classpath())))
+    # never a package resolved at run time; the class-data archive maps their classes.
+    # A cluster's executors get them from the driver (spark.jars).
+    paths = [str(p) for p in jars.classpath()]
+    b = b.config("spark.driver.extraClassPath", os.pathsep.join(paths))
+    if not master.startswith("local"):
+        b = b.config("spark.jars", ",".join(paths))
     archive = None if dump else jvmstart.usable_archive()
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     try:
@@ -138,6 +143,13 @@ def _configured(b: Any) -> SparkSession:
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # a file:// store without Hadoop's .crc sidecar beside every data file it writes (the
+    # JVM's one local file system, which local mode's executors share; s3a needs it to
+    # stay a LocalFileSystem, so its class is kept)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+    local.setWriteChecksum(False)
     return spark
 
 

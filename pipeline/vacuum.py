@@ -16,10 +16,11 @@ Everything else under a table's folder goes: files of versions replaced before t
 failed before its commit). The logs of a failed run (``_failed/run=<id>/``) go whole,
 Delta log included, once their last commit is older than the window and no retained row
 is that run's (a failed run past the window, or one killed before its row went in).
-Takeover markers of the lease older than the window go too, and the staging folders of
-runs killed before their publish removed them (``published/_staging/``). Vacuum holds the
+Takeover markers of the lease older than the window go too, and the staging folders
+runs of releases before delta-spark left (``published/_staging/``). Vacuum holds the
 store's lease while it works, so that no run is committing files it would take for
-strays (a run resumed after a vacuum took its staged files stops at publish, naming one).
+strays. Deletion-vector files (``deletion_vector_*.bin``) are not data files here: vacuum
+leaves them all, live or not (to be reclaimed once vacuum reads them from the log).
 The published tables' Delta logs are left whole.
 """
 

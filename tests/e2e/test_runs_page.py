@@ -1,5 +1,5 @@
 """The Conflicts page's trends (extensions.md E6), rendered by headless Chromium. (The
-page's numbers: tests/unit/test_runs_page.py.)"""
+page's numbers: tests/spark/test_runs_page.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.lake import Lake
 from pipeline.runs import list_reports, render_page
 from pipeline.store import FileStore
 from tests.helpers.browser import render
-from tests.unit.test_runs_page import runs_store
+from tests.spark.test_runs_page import runs_store
 
 
 @pytest.fixture

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from pipeline import layout
-from pipeline.errors import StoreError
+from pipeline.errors import LockedError, StoreError
 from pipeline.lake import Lake
 from pipeline.runs_table import RunRow, append, latest_date, latest_published, now, read_runs
 from tests.helpers import published as P
+
+pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
 
 D1, D2, D3 = date(2026, 11, 19), date(2026, 11, 20), date(2026, 11, 21)
 
@@ -45,7 +47,7 @@ def test_runs_are_appended_and_the_prior_run_is_the_last_published(file_store, t
         row("r5", D3, "dry_run", minutes=4),
         row("r6", D2, "failed", minutes=5),  # nor does one after it
     ]
-    versions = [append(lake, r, tmp_path / "work") for r in rows]
+    versions = [append(lake, r) for r in rows]
     assert versions == [0, 1, 2, 3, 4, 5]
     got = read_runs(lake)
     assert [r.run_id for r in got] == ["r1", "r2", "r3", "r4", "r5", "r6"]
@@ -69,10 +71,7 @@ def test_version_of_names_the_commit_that_appended_a_runs_row(file_store, tmp_pa
     from pipeline.runs_table import version_of
 
     lake = Lake(file_store)
-    versions = {
-        f"r{i}": append(lake, row(f"r{i}", D1, "published", minutes=i), tmp_path / "w")
-        for i in range(25)
-    }
+    versions = {f"r{i}": append(lake, row(f"r{i}", D1, "published", minutes=i)) for i in range(25)}
     assert versions["r0"] == 0 and versions["r24"] == 24
     for run_id in ("r24", "r10", "r0"):  # r0 is past the newest 20 commits
         assert version_of(lake, run_id) == versions[run_id]
@@ -88,7 +87,7 @@ def test_runs_are_ordered_by_their_commit_not_by_a_hosts_clock(file_store, tmp_p
         row("r2", D2, "published", minutes=0),
         row("r2-rerun", D2, "published", minutes=-60),
     ):
-        append(lake, r, tmp_path / "work")
+        append(lake, r)
     got = read_runs(lake)
     assert [(r.run_id, r.seq) for r in got] == [("r1", 0), ("r2", 1), ("r2-rerun", 2)]
     assert latest_published(got, "orders", D3).run_id == "r2-rerun"
@@ -96,13 +95,13 @@ def test_runs_are_ordered_by_their_commit_not_by_a_hosts_clock(file_store, tmp_p
 
 def test_a_row_names_the_version_its_commit_made_or_is_not_committed(file_store, tmp_path: Path):
     lake = Lake(file_store)
-    append(lake, row("r1", D1, "published"), tmp_path / "work")
+    append(lake, row("r1", D1, "published"))
     meta = {"run_id": "late"}
     version = lake.next_version(layout.RUNS, meta)  # 1
-    append(lake, row("r2", D2, "published"), tmp_path / "work")  # another writer took it
+    append(lake, row("r2", D2, "published"))  # another writer took it
     late = row("late", D3, "published").to_arrow()
-    with pytest.raises(StoreError, match="not 0"):
-        lake.write(layout.RUNS, late, meta, mode="append", work=tmp_path, version=version)
+    with pytest.raises(LockedError, match="at version 1, not 0: another writer"):
+        lake.write(layout.RUNS, late, meta, mode="append", version=version)
     assert [r.run_id for r in read_runs(lake)] == ["r1", "r2"]
     assert lake.read(layout.RUNS).num_rows == 2
 
@@ -110,6 +109,6 @@ def test_a_row_names_the_version_its_commit_made_or_is_not_committed(file_store,
 def test_on_an_older_store_a_row_names_the_commit_after_the_retentions(file_store, tmp_path: Path):
     """The first run of a store written without the retention: its runs table gets the
     retention in a commit of its own, and the row names the commit after it."""
-    append(Lake(file_store), row("old", D1, "published"), tmp_path / "work")
-    assert append(Lake(file_store, 30), row("new", D2, "published"), tmp_path / "work") == 2
+    append(Lake(file_store), row("old", D1, "published"))
+    assert append(Lake(file_store, 30), row("new", D2, "published")) == 2
     assert [(r.run_id, r.seq) for r in read_runs(Lake(file_store))] == [("old", 0), ("new", 2)]

@@ -16,6 +16,8 @@ from pipeline.runs import list_reports, render_page, table_runs
 from pipeline.runs_table import append
 from pipeline.store import FileStore
 
+pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
+
 
 def _report(dt: str, status: str = "published", run: str = "r", **tables) -> dict:
     return {
@@ -28,7 +30,7 @@ def _report(dt: str, status: str = "published", run: str = "r", **tables) -> dic
     }
 
 
-def _put(s: FileStore, report: dict, work: Path) -> None:
+def _put(s: FileStore, report: dict) -> None:
     """As publish writes it: the run's own report, its ``runs`` row, and a published
     run's copy for its date."""
     body = json.dumps(report).encode()
@@ -45,7 +47,7 @@ def _put(s: FileStore, report: dict, work: Path) -> None:
         report,
         {},
     )
-    append(Lake(s), row, work)
+    append(Lake(s), row)
     if report["status"] == "published":
         s.write_bytes(f"published/reports/dt={report['dt']}/run_report.json", body)
 
@@ -70,14 +72,13 @@ def runs_store(tmp_path: Path) -> FileStore:
     """A store with the reports and ``runs`` rows of three dates (a failed rerun among
     them), the Data Docs of one run, and a file the page must not serve."""
     s = FileStore(tmp_path / "store")
-    work = tmp_path / "work"
     for r in (
         _report("2026-11-20", products={"distinct_events": 3, "applied": 3}),
         _report("2026-11-20", "failed", run="rerun", products={}),  # a later failed rerun
         _report("2026-11-21", "failed", run="a", orders={}),
         _report("2026-11-21", "failed", run="bb", orders=ORDERS, **{"<b>x</b>": {}}),
     ):
-        _put(s, r, work)
+        _put(s, r)
     docs = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs/index.html"
     s.write_bytes(docs, b"<h1>docs")
     s.write_bytes("published/secret.json", b"{}")
@@ -116,7 +117,7 @@ def test_a_run_is_shown_once_its_runs_row_is_in(store, tmp_path: Path):
     )
     assert [r["dt"] for r in list_reports(store)] == ["2026-11-21", "2026-11-20"]
     row = run_row("stopped", date(2026, 11, 22), "failed", "", None, None, None, {})
-    append(Lake(store), row, tmp_path / "work")
+    append(Lake(store), row)
     (stopped, *_) = list_reports(store)
     assert stopped["run_id"] == "stopped" and stopped["tables"] == {}
     assert stopped["failures"] == ["the run stopped before it published"]
@@ -157,7 +158,7 @@ def test_hostile_values_in_every_report_field_render_as_text(store, tmp_path: Pa
     }
     report = _report("2026-11-22", status=HOSTILE, run="x", **{HOSTILE: bad})
     report["failures"] = [HOSTILE]
-    _put(store, report, tmp_path / "work2")
+    _put(store, report)
     html = render_page(list_reports(store), "2026-11-22", docs_href="/d/{dt}/{run_id}/")
     assert "<script>" not in html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 10
