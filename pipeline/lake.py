@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pipeline import layout
 from pipeline.errors import CdrError, LockedError, StoreError
 from pipeline.store import Store
 
@@ -39,6 +41,11 @@ if TYPE_CHECKING:
     from pipeline.lease import Fence
 
 log = logging.getLogger(__name__)
+
+#: what the log store's refusal of a commit starts with (``FencedLogStore.NOT_HELD``)
+LEASE_NOT_HELD = "cdr: the lease is not held"
+#: held while a commit sets the session's commit metadata (commits run in threads)
+_SESSION_METADATA = threading.Lock()
 
 #: the partition column of dated tables
 DT = "dt"
@@ -302,20 +309,31 @@ class Lake:
         by ``dt`` and the commit replaces that partition (``mode="overwrite"``) or adds to
         it (``"append"``); without it, ``overwrite`` replaces the whole table. ``frame``
         None: the table's partition (or the table) emptied. ``version``: the commit makes
-        exactly that version (from :meth:`next_version`) or fails."""
+        exactly that version (from :meth:`next_version`) or fails.
+
+        Replacing a partition that holds no file is an append: Delta then needs no state
+        of the table (which costs it a few Spark jobs over the whole log), and a night's
+        first commit of its date costs the night. The partition is looked up in the log
+        the commit starts from; a writer that appends there while another commits the same
+        partition is one whose lease was lost, which the fence reports."""
         self.session()  # s3a pointed at the store
-        current = self.version(path)
-        if current is not None:
-            self._settle(path, meta)
-            current = self.version(path)
+        t = self.table(path)
+        if t is not None and self._settle(path, meta, t):
+            t = self.table(path)
+        current = None if t is None else int(t.version())
         if version is not None and version != (current + 1 if current is not None else 0):
             raise LockedError(f"{path}: at version {current}, not {version - 1}: another writer")
+        if mode == "overwrite" and t is not None and not add_actions(t, dt):
+            mode = "append"  # nothing to replace
+            if frame is None:
+                log.debug("commit %s: %s empty already, no commit", path, dt or "the table")
+                return Commit(path, int(t.version()))
         if frame is None:
-            if current is None:
+            if t is None:
                 raise ValueError(f"{path}: a new table needs rows or a schema")
             frame = self.frame(path).where("false")
         meta = self._fenced(path, meta)
-        self._write(path, frame, meta, dt, mode, new=current is None)
+        self._write(path, frame, meta, dt, mode, new=t is None)
         got = self.version(path)
         assert got is not None
         if version is not None and got != version:
@@ -349,6 +367,8 @@ class Lake:
         if new:
             for k, v in {**FEATURES, **self.properties}.items():
                 writer = writer.option(k, v)
+        for k, v in self._lease_settings().items():  # for the log store's check
+            writer = writer.option(k, v)
         try:
             writer.save(self.spark_uri(path))
         except Exception as e:  # py4j's and Spark's errors: one line, naming the table
@@ -356,6 +376,8 @@ class Lake:
 
     def _failed(self, path: str, e: Exception) -> CdrError:
         text = str(e)
+        if LEASE_NOT_HELD in text:  # the log store's check, just before the commit file
+            return self._lost(path, None)
         if (
             "ConcurrentAppend" in text
             or "ConcurrentModification" in text
@@ -368,37 +390,46 @@ class Lake:
         first = said[-1] if said else (lines[0] if lines else type(e).__name__)
         return StoreError(f"{self.uri(path)}: the Delta commit failed ({first[:500]})")
 
-    def _settle(self, path: str, meta: dict[str, Any]) -> None:
-        """Give an existing table the writer's retention and the project's features if
-        its own differ: a commit of their own, fenced like the others."""
-        t = self.table(path)
+    def _settle(self, path: str, meta: dict[str, Any], t: Any) -> bool:
+        """Give an existing table (``t``, its log) the writer's retention and the project's
+        features if its own differ: a commit of their own, fenced like the others. True if
+        it committed."""
         config = t.metadata().configuration
         wanted = {**FEATURES, **self.properties}
         if all(config.get(k) == v for k, v in wanted.items()):
-            return
+            return False
         log.info("%s: table properties set to %s", path, wanted)
         info = {**self._fenced(path, meta), "operation": "set the table properties"}
         spark = self.session()
         props = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
-        key = "spark.databricks.delta.commitInfo.userMetadata"
-        spark.conf.set(key, json.dumps(info, sort_keys=True, default=str))
-        try:
-            spark.sql(f"ALTER TABLE delta.`{self.spark_uri(path)}` SET TBLPROPERTIES ({props})")
-        except Exception as e:
-            raise self._failed(path, e) from None
-        finally:
-            spark.conf.unset(key)
+        settings = {
+            "spark.databricks.delta.commitInfo.userMetadata": json.dumps(
+                info, sort_keys=True, default=str
+            ),
+            **self._lease_settings(),
+        }
+        with _SESSION_METADATA:  # the session's settings: one table's commit at a time
+            for k, v in settings.items():
+                spark.conf.set(k, v)
+            try:
+                spark.sql(f"ALTER TABLE delta.`{self.spark_uri(path)}` SET TBLPROPERTIES ({props})")
+            except Exception as e:
+                raise self._failed(path, e) from None
+            finally:
+                for k in settings:
+                    spark.conf.unset(k)
         got = self.version(path)
         assert got is not None
         self._read_back(path, got)
+        return True
 
     def next_version(self, path: str, meta: dict[str, Any]) -> int:
         """The version the next commit of ``path`` makes, its properties settled first:
         for a commit whose rows record their own version (the ``runs`` table)."""
-        current = self.version(path)
-        if current is None:
+        t = self.table(path)
+        if t is None:
             return 0
-        self._settle(path, meta)
+        self._settle(path, meta, t)
         return int(self.version(path) or 0) + 1
 
     def _fenced(self, path: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -407,6 +438,17 @@ class Lake:
             return meta
         self.fence.before(path)
         return {**meta, "run_id": self.fence.run_id, "epoch": self.fence.epoch}
+
+    def _lease_settings(self) -> dict[str, str]:
+        """The Hadoop settings that make the log store check the run's lease just before
+        it puts a commit file (``FencedLogStore``); none for an unfenced writer."""
+        if self.fence is None:
+            return {}
+        return {
+            "fs.cdr.lease.path": self.spark_uri(layout.LOCK),
+            "fs.cdr.lease.run_id": self.fence.run_id,
+            "fs.cdr.lease.epoch": self.fence.epoch,
+        }
 
     def _read_back(self, path: str, version: int) -> None:
         """The version just committed read back: this run's, and the lease still its."""

@@ -12,6 +12,8 @@ two commits leaves every table as after the previous run or as after this one, a
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -57,28 +59,58 @@ class Committer:
 def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[str, int]:
     """The logs of a run that failed its gate, for inspection (semantics.md §12 "A failed
     run"), as tables of their own: the date's published logs stay as they are."""
-    versions = {}
-    for t in tables:
-        for kind in layout.LOGS:
-            path = layout.failed_output(committer.meta["run_id"], t, kind)
-            v = committer.commit(f"{t}/{kind}", path, dt)
-            if v is not None:
-                versions[path] = v
+    run_id = committer.meta["run_id"]
+    batch = [
+        (f"{t}/{kind}", layout.failed_output(run_id, t, kind), dt)
+        for t in tables
+        for kind in layout.LOGS
+    ]
+    return _in_parallel(committer, batch)
+
+
+#: how many tables a publish commits at once: a small commit is mostly the driver's
+#: planning and the log's state, which overlap with another table's
+COMMIT_THREADS = 4
+
+
+def _in_parallel(
+    committer: Committer, batch: Sequence[tuple[str, str, date | None]]
+) -> dict[str, int]:
+    """Commit (folder, table, dt) triples at once, one table per thread; table -> version.
+    Every commit is tried; the first failure is raised after all have ended."""
+    if not batch:
+        return {}
+    with ThreadPoolExecutor(min(COMMIT_THREADS, len(batch)), "cdr-commit") as pool:
+        futures = {
+            path: pool.submit(committer.commit, folder, path, dt) for folder, path, dt in batch
+        }
+    versions, failed = {}, []
+    for path, f in futures.items():
+        try:
+            v = f.result()
+        except Exception as e:  # all are awaited; the first failure is raised below
+            failed.append(e)
+            continue
+        if v is not None:
+            versions[path] = v
+    if failed:
+        raise failed[0]
     return versions
 
 
 def publish_tables(
     committer: Committer, config: Config, dt: date, runs: list[RunRow]
 ) -> dict[str, int]:
-    """Commit every output of a validated run (``uploads.outputs``); returns table path ->
-    version. The CDC description tables go before the logs (a consumer finds a stream
-    described before it reads it), the snapshots last, each only if its date is not older
-    than the newest published one (a backfill never moves it back)."""
-    versions: dict[str, int] = {}
+    """Commit every output of a validated run (``outputs``); returns table path ->
+    version. In three steps, the tables of a step committed at once: the CDC description
+    tables (a consumer finds a stream described before it reads it), the logs, and the
+    snapshots last, each only if its date is not older than the newest published one (a
+    backfill never moves it back)."""
     every = outputs(config)
-    snapshots = [o for o in every if o.path.endswith(f"/{layout.SNAPSHOT}")]
-    for o in [o for o in every if o not in snapshots] + snapshots:
-        if o in snapshots:
+    descriptions = {layout.cdc_table_dir(n) for n in layout.CDC_TABLES}
+    steps: list[list[tuple[str, str, date | None]]] = [[], [], []]
+    for o in every:
+        if o.path.endswith(f"/{layout.SNAPSHOT}"):
             t = o.folder.split("/")[0]
             newest = latest_date(runs, t)
             if newest is not None and newest > dt:
@@ -86,9 +118,13 @@ def publish_tables(
                     "publish %s: snapshot stays on %s (this run is for an earlier date)", t, newest
                 )
                 continue
-        v = committer.commit(o.folder, o.path, dt if o.dated else None)
-        if v is not None:
-            versions[o.path] = v
+            step = 2
+        else:
+            step = 0 if o.path in descriptions else 1
+        steps[step].append((o.folder, o.path, dt if o.dated else None))
+    versions: dict[str, int] = {}
+    for batch in steps:
+        versions.update(_in_parallel(committer, batch))
     return versions
 
 

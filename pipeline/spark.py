@@ -101,13 +101,19 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     return _configured(b.config("spark.driver.extraJavaOptions", " ".join(options)))
 
 
-#: Delta Lake in the session (the jars of jars.lock): its SQL extension and catalog, and
-#: its log replayed in few tasks (the default, 50, costs a small table seconds of empty
-#: tasks at every read)
+#: Delta Lake in the session (the jars of jars.lock): its SQL extension and catalog, its
+#: log replayed in few tasks (the default, 50, costs a small table seconds of empty tasks
+#: at every read), and the project's log store for local files and s3a (a commit file
+#: created only if absent, across processes, and only under the run's lease:
+#: ``pipeline/jvm/FencedLogStore.java``)
+LOG_STORE = "cdr.delta.FencedLogStore"
 DELTA_SETTINGS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.delta.logStore.file.impl": LOG_STORE,
+    "spark.delta.logStore.s3a.impl": LOG_STORE,
+    "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
 }
 
 
@@ -148,7 +154,9 @@ def _configured(b: Any) -> SparkSession:
     # stay a LocalFileSystem, so its class is kept)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(
+        spark.sparkContext._jsc.hadoopConfiguration()
+    )
     local.setWriteChecksum(False)
     return spark
 
@@ -250,6 +258,9 @@ def use_s3a(spark: SparkSession, bucket: str) -> None:
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
     hconf.set(prefix + "endpoint.region", region)
+    # no HEAD and LIST before each new object: data files have names of their own, and a
+    # commit file is put only if absent by the log store's condition (If-None-Match)
+    hconf.set(prefix + "create.performance", "true")
     if endpoint:
         hconf.set(prefix + "endpoint", endpoint)
         hconf.set(prefix + "path.style.access", "true")
