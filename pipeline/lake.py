@@ -377,6 +377,11 @@ class Lake:
     def _failed(self, path: str, e: Exception) -> CdrError:
         text = str(e)
         if LEASE_NOT_HELD in text:  # the log store's check, just before the commit file
+            if self.fence is not None:
+                try:
+                    self.fence.before(path)  # raises naming the run that holds it now
+                except LockedError as lost:
+                    return lost
             return self._lost(path, None)
         if (
             "ConcurrentAppend" in text
