@@ -241,12 +241,15 @@ def _maven(pom: str, goals: list[str], cwd: Path) -> None:
 
 
 def fetch(where: Path | None = None, jars: list[Jar] | None = None) -> Path:
-    """Put the locked jars (or ``jars``) in the folder, each checked against its sha256;
-    quick when they are there already."""
+    """Put the locked jars (or ``jars``) in the folder, each checked against its sha256,
+    and with the lock's, the project's log store (:func:`build_own`); quick when they are
+    there already."""
     where = where or folder()
+    ours = jars is None  # the project's lock: its log store goes with it
     jars = locked() if jars is None else jars
     if checked(where, jars):
-        build_own(where)
+        if ours:
+            build_own(where)
         return where
     where.mkdir(parents=True, exist_ok=True)
     (where / STAMP).unlink(missing_ok=True)
@@ -273,7 +276,8 @@ def fetch(where: Path | None = None, jars: list[Jar] | None = None) -> Path:
         if old.name not in names and not old.name.startswith(OWN_PREFIX):
             old.unlink()
     (where / STAMP).write_text(_stamp(where, jars))
-    build_own(where)
+    if ours:
+        build_own(where)
     return where
 
 
