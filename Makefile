@@ -86,7 +86,7 @@ bytecode: $(STAMP)
 # empty one).
 JARS := $(VENV)/share/cdr/jars/.locked
 jars: $(JARS)
-$(JARS): jars.lock pipeline/jvm/FencedLogStore.java | $(STAMP)
+$(JARS): jars.lock $(wildcard pipeline/jvm/*.java) | $(STAMP)
 	$(call debian_install,maven default-jdk-headless)
 	$(BIN)/cdr jars fetch
 	@touch $(JARS)

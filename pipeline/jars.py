@@ -16,10 +16,12 @@ and a jar whose artifact pyspark already ships (Jackson, Parquet, Hadoop's clien
 left out, so the class path holds one version of each. ``python -m pipeline.jars lock``
 writes the lock again (a maintainer's step; ``make jars-lock``).
 
-Beside them, one jar of the project's own: the Delta log store every table is written
-through (``pipeline/jvm/FencedLogStore.java``: a commit file created only if absent, across
-processes, and only while the run holds the store's lease), compiled by ``cdr jars fetch``
-with the JDK's ``javac`` into ``cdr-logstore-<digest of its source>.jar``.
+Beside them, one jar of the project's own, compiled by ``cdr jars fetch`` with the JDK's
+``javac`` into ``cdr-logstore-<digest of its sources>.jar``: the Delta log store every table
+is written through (``pipeline/jvm/FencedLogStore.java``: a commit file created only if
+absent, across processes, and only while the run holds the store's lease), and the
+replacement of a table's files that needs no scan of its state
+(``pipeline/jvm/Replace.java``).
 
 Where the jars are: ``CDR_JARS`` (a folder), else ``<venv>/share/cdr/jars``. Where
 Maven keeps its downloads: its own local repository, or ``CDR_MAVEN_REPO`` (CI gives it
@@ -65,7 +67,7 @@ EXCLUDED = (
 #: the file in the jar folder that says its jars were checked against this lock
 STAMP = ".locked"
 #: the project's own Java source (package data), and the jar it is compiled into
-OWN_SOURCE = "jvm/FencedLogStore.java"
+OWN_SOURCES = ("jvm/FencedLogStore.java", "jvm/Replace.java")
 OWN_PREFIX = "cdr-logstore-"
 
 
@@ -158,13 +160,16 @@ def classpath(where: Path | None = None) -> list[Path]:
     return [*(where / j.file_name for j in locked()), own]
 
 
-def _own_source() -> bytes:
-    return resources.files("pipeline").joinpath(OWN_SOURCE).read_bytes()
+def _own_sources() -> dict[str, bytes]:
+    return {n: resources.files("pipeline").joinpath(n).read_bytes() for n in OWN_SOURCES}
 
 
 def own_jar_name() -> str:
-    """The own jar's name: it changes with its source."""
-    return f"{OWN_PREFIX}{hashlib.sha256(_own_source()).hexdigest()[:12]}.jar"
+    """The own jar's name: it changes with its sources."""
+    digest = hashlib.sha256()
+    for name, text in _own_sources().items():
+        digest.update(name.encode() + b"\0" + text)
+    return f"{OWN_PREFIX}{digest.hexdigest()[:12]}.jar"
 
 
 def _javac() -> str:
@@ -191,15 +196,21 @@ def build_own(where: Path) -> Path:
         return target
     deps = [str(where / j.file_name) for j in locked()] + [str(spark_jars() / "*")]
     with tempfile.TemporaryDirectory(prefix="cdr-javac-") as tmp:
-        src = Path(tmp) / Path(OWN_SOURCE).name
-        src.write_bytes(_own_source())
+        sources = []
+        for name, text in _own_sources().items():
+            sources.append(Path(tmp) / Path(name).name)
+            sources[-1].write_bytes(text)
         classes = Path(tmp) / "classes"
         argv = [_javac(), "--release", "17", "-nowarn", "-d", str(classes)]
         done = subprocess.run(
-            [*argv, "-cp", os.pathsep.join(deps), str(src)], capture_output=True, text=True
+            [*argv, "-cp", os.pathsep.join(deps), *map(str, sources)],
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
-            raise JarsError(f"javac could not build {OWN_SOURCE}: {done.stderr.strip()[-800:]}")
+            raise JarsError(
+                f"javac could not build {', '.join(OWN_SOURCES)}: {done.stderr.strip()[-800:]}"
+            )
         part = where / f".{target.name}.part"
         with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as jar:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")

@@ -358,8 +358,11 @@ class Lake:
 
         if dt is not None and DT not in frame.columns:
             frame = frame.withColumn(DT, F.lit(dt))
+        text = json.dumps(meta, sort_keys=True, default=str)
+        if mode == "overwrite" and not new and self._replace(path, frame, dt, text):
+            return
         writer = frame.write.format("delta").mode(mode).option("mergeSchema", "true")
-        writer = writer.option("userMetadata", json.dumps(meta, sort_keys=True, default=str))
+        writer = writer.option("userMetadata", text)
         if dt is not None:
             writer = writer.partitionBy(DT)
             if mode == "overwrite":
@@ -373,6 +376,30 @@ class Lake:
             writer.save(self.spark_uri(path))
         except Exception as e:  # py4j's and Spark's errors: one line, naming the table
             raise self._failed(path, e) from None
+
+    def _replace(self, path: str, frame: DataFrame, dt: date | None, meta: str) -> bool:
+        """Replace the table's files (of partition ``dt``) by ``frame`` with the files to
+        remove taken from the checksum of the version read (``pipeline/jvm/Replace.java``),
+        which spares Delta's scan of the table's state; False (nothing done) when that
+        checksum lists no files or the schema changes: then Delta's own overwrite."""
+        spark = self.session()
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        where = f"{DT} = DATE'{dt.isoformat()}'" if dt is not None else None
+        try:
+            version = jvm.cdr.delta.Replace.replace(
+                spark._jsparkSession,
+                self.spark_uri(path),
+                frame._jdf,
+                self._lease_settings(),
+                DT if dt is not None else None,
+                dt.isoformat() if dt is not None else None,
+                where,
+                meta,
+            )
+        except Exception as e:  # as the writer's: one line, naming the table
+            raise self._failed(path, e) from None
+        return bool(version >= 0)
 
     def _failed(self, path: str, e: Exception) -> CdrError:
         text = str(e)

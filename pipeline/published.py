@@ -50,10 +50,19 @@ class Committer:
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 return current
+        if current is not None and not _rows_in(files):
+            files = []  # an empty output: the partition emptied, if it holds anything
         frame = lake.session().read.parquet(*map(str, files)) if files else None
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version
+
+
+def _rows_in(files: list[Path]) -> int:
+    """The rows of the run's own Parquet files, from their footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in files)
 
 
 def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[str, int]:

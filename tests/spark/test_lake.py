@@ -119,3 +119,60 @@ def test_readers_agree_on_a_version_after_a_merge_that_updated_and_deleted(store
     by_duckdb = sorted((r["id"], r["v"]) for r in P.duckdb_rows(store, path))
     assert by_spark == by_rs == by_duckdb == want
     assert sorted((r["id"], r["v"]) for r in lake.read(path, version=1).to_pylist()) == want
+
+
+def _jobs_of(spark, work) -> int:
+    """The Spark jobs ``work()`` ran."""
+    sc = spark.sparkContext
+    group = f"cdr-test-{id(work)}"
+    sc.setJobGroup(group, group)
+    try:
+        work()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_replace_takes_the_files_it_removes_from_the_checksum_not_a_scan(store, spark):
+    """A partition replaced after a MERGE that left a deletion vector: the partition's
+    files go (the one with its vector too), the other date's stay, and the commit ran one
+    Spark job (the write), not Delta's reconstruction of the table's state."""
+    from delta.tables import DeltaTable
+
+    lake, path = Lake(store, spark=spark), "published/t/state"
+    lake.commit(path, spark.createDataFrame([(i, "a") for i in range(6)], SCHEMA), {}, dt=D1)
+    lake.commit(path, spark.createDataFrame([(9, "b")], SCHEMA), {}, dt=D2)
+    (
+        DeltaTable.forPath(spark, lake.spark_uri(path))
+        .alias("t")
+        .merge(spark.createDataFrame([(2, "x")], SCHEMA).alias("s"), "t.id = s.id")
+        .whenMatchedDelete()
+        .execute()
+    )
+    rows = spark.createDataFrame([(7, "c")], SCHEMA)
+    jobs = _jobs_of(spark, lambda: lake.commit(path, rows, {"run_id": "r"}, dt=D1))
+    assert jobs == 1
+    assert ids(P.rows(store, path, D1)) == [7] and ids(P.rows(store, path, D2)) == [9]
+    assert ids(P.duckdb_rows(store, path)) == [7, 9]
+    assert P.commit_meta(lake.history(path, 1)[0]).get("run_id") == "r"
+    whole = spark.createDataFrame([(8, "d")], SCHEMA)
+    lake.commit("published/t/snapshot", whole, {})  # a new table: Delta's own writer
+    assert _jobs_of(spark, lambda: lake.commit("published/t/snapshot", rows, {})) == 1
+    assert ids(P.rows(store, "published/t/snapshot")) == [7]
+
+
+def test_without_a_file_list_in_the_checksum_a_replace_is_deltas_own(store, spark):
+    """No checksum file (a table another writer made), or a new column: Delta's overwrite
+    (its scan of the state, its schema merge) does the replace, with the same result."""
+    lake, path = Lake(store, spark=spark), "published/t/ledger"
+    lake.commit(path, spark.createDataFrame([(1, "a")], SCHEMA), {}, dt=D1)
+    lake.commit(path, spark.createDataFrame([(2, "b")], SCHEMA), {}, dt=D2)
+    store.delete([k for k in store.list(f"{path}/_delta_log/") if k.endswith(".crc")])
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # its copy too
+    rows = spark.createDataFrame([(3, "c")], SCHEMA)
+    assert _jobs_of(spark, lambda: lake.commit(path, rows, {}, dt=D1)) > 1
+    assert ids(P.rows(store, path, D1)) == [3] and ids(P.rows(store, path, D2)) == [2]
+    wider = spark.createDataFrame([(4, "d", 1)], SCHEMA + ", n int")
+    lake.commit(path, wider, {}, dt=D2)
+    assert [(r["id"], r["n"]) for r in P.rows(store, path, D2)] == [(4, 1)]
+    assert [(r["id"], r["n"]) for r in P.rows(store, path, D1)] == [(3, None)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import layout
-from pipeline.errors import LockedError, StoreError
+from pipeline.errors import LockedError
 from pipeline.lake import Lake
 from pipeline.runs_table import RunRow, append, latest_date, latest_published, now, read_runs
 from tests.helpers import published as P
