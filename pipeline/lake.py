@@ -100,6 +100,60 @@ def add_actions(table: Any, dt: date | None = None) -> list[dict[str, Any]]:
     return actions
 
 
+#: Z85, the base-85 alphabet Delta encodes a deletion vector file's UUID in
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+#: a deletion vector file's name, in its table's folder (or a random prefix's)
+DV_PREFIX, DV_SUFFIX = "deletion_vector_", ".bin"
+
+
+def deletion_vector_file(descriptor: dict[str, Any]) -> str | None:
+    """The file (relative to its table) of a deletion vector descriptor stored in one,
+    (PROTOCOL.md "Deletion Vector Descriptor": storage type ``u``, an optional random
+    prefix and the Z85 of a UUID); None for a vector inline or at an absolute path."""
+    import uuid
+
+    if descriptor.get("storageType") != "u":
+        return None
+    text = descriptor["pathOrInlineDv"]
+    prefix, encoded = text[:-20], text[-20:]
+    raw = b""
+    for i in range(0, 20, 5):
+        n = 0
+        for c in encoded[i : i + 5]:
+            n = n * 85 + _Z85.index(c)
+        raw += n.to_bytes(4, "big")
+    name = f"{DV_PREFIX}{uuid.UUID(bytes=raw)}{DV_SUFFIX}"
+    return f"{prefix}/{name}" if prefix else name
+
+
+def deletion_vector_files(store: Store, path: str) -> set[str]:
+    """The deletion vector files (relative to the table) that any add action of the
+    table's log refers to, in its commits and checkpoints: every version a reader can
+    still ask for is in the log, so a vector file outside this set is no version's."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    found: set[str] = set()
+
+    def note(add: dict[str, Any] | None) -> None:
+        dv = (add or {}).get("deletionVector")
+        name = deletion_vector_file(dv) if dv else None
+        if name is not None:
+            found.add(name)
+
+    for key in store.list(f"{path}/_delta_log/"):
+        if key.endswith(".json"):
+            for line in store.read_bytes(key).decode().splitlines():
+                if '"deletionVector"' in line:
+                    note(json.loads(line).get("add"))
+        elif key.endswith(".parquet"):  # a checkpoint (or a part of one)
+            actions = pq.read_table(io.BytesIO(store.read_bytes(key)), columns=["add"])
+            for add in actions.column("add").to_pylist():
+                note(add)
+    return found
+
+
 def parquet_files(folder: Path) -> list[Path]:
     """The data files Spark wrote in ``folder``, without its markers."""
     if not folder.is_dir():

@@ -11,6 +11,7 @@ two commits leaves every table as after the previous run or as after this one, a
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +53,10 @@ class Committer:
                 return current
         if current is not None and not _rows_in(files):
             files = []  # an empty output: the partition emptied, if it holds anything
-        frame = lake.session().read.parquet(*map(str, files)) if files else None
+        frame = None
+        if files:  # the schema Spark wrote in their footers: no Spark job to infer it
+            reader, schema = lake.session().read, _spark_schema(files[0])
+            frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version
@@ -63,6 +67,19 @@ def _rows_in(files: list[Path]) -> int:
     import pyarrow.parquet as pq
 
     return sum(pq.read_metadata(f).num_rows for f in files)
+
+
+#: the footer key under which Spark writes a Parquet file's schema
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def _spark_schema(file: Path) -> Any:
+    """The Spark schema a run's Parquet file was written with (None if not Spark's)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import StructType
+
+    said = (pq.read_schema(file).metadata or {}).get(SPARK_SCHEMA_KEY)
+    return StructType.fromJson(json.loads(said)) if said else None
 
 
 def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[str, int]:

@@ -6,8 +6,6 @@ s3a a commit is many requests: CI fails a few of them (the first, the last, seed
 
 from __future__ import annotations
 
-import os
-import random
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,22 +16,13 @@ from pipeline.lake import Lake
 from pipeline.s3server import create_bucket, restore_env, use_endpoint
 from pipeline.store import open_store
 from tests.helpers import published as P
-from tests.helpers.faults import SEEDS, faulty_proxy
+from tests.helpers.faults import fault_points, faulty_proxy
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 
 
 def ids(store, path: str) -> list[int]:
     return sorted(r["id"] for r in P.rows(store, path))
-
-
-def fault_points(puts: int) -> list[int]:
-    """The PUTs to fail: the first, the second, the last and two seeded ones; every one
-    with ``CDR_FULL_FAULT_SWEEP=1`` (a publish through s3a is many requests)."""
-    if os.environ.get("CDR_FULL_FAULT_SWEEP") == "1":
-        return list(range(1, puts + 1))
-    rng = random.Random(SEEDS[0])
-    return sorted({1, min(2, puts), puts, *rng.sample(range(1, puts + 1), min(2, puts))})
 
 
 @contextmanager

@@ -159,3 +159,31 @@ def test_vacuum_removes_the_staging_folders_of_killed_runs(file_store):
     assert res.removed == {layout.STAGING: [key]} and file_store.exists(key)
     assert vacuum(file_store, retain_days=7).removed == {layout.STAGING: [key]}
     assert not file_store.exists(key)
+
+
+def test_vacuum_keeps_the_deletion_vectors_the_log_refers_to_and_removes_the_others(
+    file_store, spark
+):
+    """A MERGE leaves a deletion vector on a file of the state; a crashed one left a
+    vector file no commit refers to. Vacuum removes that one only, and the rows the kept
+    vector removes stay removed for every reader."""
+    from delta.tables import DeltaTable
+
+    lake = Lake(file_store, spark=spark)
+    lake.write(STATE, pa.table({"id": list(range(10))}), {"run_id": "d1"}, dt=D1)
+    (
+        DeltaTable.forPath(spark, lake.spark_uri(STATE))
+        .alias("t")
+        .merge(spark.createDataFrame([(3,)], "id long").alias("s"), "t.id = s.id")
+        .whenMatchedDelete()
+        .execute()
+    )
+    (live,) = [k for k in file_store.list(STATE) if k.endswith(".bin")]
+    stray = f"{STATE}/deletion_vector_00000000-0000-4000-8000-000000000000.bin"
+    file_store.write_bytes(stray, b"\x01")
+    res = vacuum(file_store, retain_days=7)
+    assert res.removed == {STATE: [stray]}
+    assert file_store.exists(live) and not file_store.exists(stray)
+    want = [i for i in range(10) if i != 3]
+    assert _ids(file_store, STATE) == want
+    assert sorted(r["id"] for r in P.duckdb_rows(file_store, STATE)) == want
