@@ -54,7 +54,6 @@ def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, 
         save_summary(ctx, summary)
     built = time.perf_counter()
     measure_stage(spark, config, ctx, summary)
-    measured = time.perf_counter()
     assert stages.validate(config, ctx).passed
     judged = time.perf_counter()
     report = stages.publish(config, ctx, spark)

@@ -4,10 +4,10 @@ group, SIGKILLed when its log reaches a given line; ``Paused``: one stopped ther
 
 A loopback HTTP proxy (a process of its own) in front of the S3 server that fails writes
 on demand: from the N-th PUT on, every PUT (an upload, a Delta commit, the lease) gets
-``403 AccessDenied``, an error no client retries, as if the writer lost its credentials or its machine
-mid-publish. Reads and deletes go through. Both boto3 and delta-rs reach S3 through it
-(``AWS_ENDPOINT_URL_S3``), so every write of a publish is counted, whichever client
-makes it."""
+``403 AccessDenied``, an error no client retries, as if the writer lost its credentials
+or its machine mid-publish. Reads and deletes go through. Every client (boto3, delta-rs,
+s3a) reaches S3 through it (``AWS_ENDPOINT_URL_S3``), so every write of a publish is
+counted, whichever client makes it."""
 
 from __future__ import annotations
 
