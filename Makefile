@@ -24,10 +24,12 @@ $(ASSETS): pipeline/datadocs.py | $(STAMP)
 # - docker-compose: its `config` check validates docker-compose.yaml (Docker itself is not
 #   needed);
 # - maven: fetches the jars of jars.lock (make jars);
+# - default-jdk-headless: its javac builds the project's Delta log store (make jars);
 # - postgresql-15 and its wal2json plugin: the real-source test (tests/e2e/test_real_sources.py)
 #   starts three servers on loopback and exports their changes.
 # What is missing is installed in one apt-get call.
 HAS_maven := command -v mvn
+HAS_default-jdk-headless := command -v javac
 HAS_chromium := command -v chromium
 HAS_docker-compose := command -v docker-compose
 HAS_postgresql-15 := test -x /usr/lib/postgresql/15/bin/initdb
@@ -79,13 +81,15 @@ bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q pipeline dags plugins > /dev/null
 
 # The JVM packages of jars.lock (Delta Lake, s3a), fetched once with Maven and checked
-# against the lock's sha256s (pipeline/jars.py); CDR_MAVEN_REPO names Maven's local
-# repository (CI gives it an empty one).
+# against the lock's sha256s, and the project's log store built with javac
+# (pipeline/jars.py); CDR_MAVEN_REPO names Maven's local repository (CI gives it an
+# empty one).
 JARS := $(VENV)/share/cdr/jars/.locked
 jars: $(JARS)
-$(JARS): jars.lock | $(STAMP)
-	$(call debian_install,maven)
+$(JARS): jars.lock $(wildcard pipeline/jvm/*.java) | $(STAMP)
+	$(call debian_install,maven default-jdk-headless)
 	$(BIN)/cdr jars fetch
+	@touch $(JARS)
 
 # Resolve jars.lock again from pipeline/jars.py's ROOTS (a maintainer's step).
 jars-lock: $(STAMP)

@@ -6,9 +6,9 @@ A round resolves the run (into an emptied ``published/``), then times what publi
 takes from the resolved run. Printed: ``ratio_commit``, the publish stage itself
 (``stages.publish``: the Delta commits, the report, the ``runs`` row); ``ratio_publish``,
 everything after the resolve stage: the history stage (``history.history_stage``, the
-Spark job that builds the table from the run's changes, in the resolve task), the
-uploads of every output by Spark tasks (``uploads.upload_outputs``) and the publish
-stage, against the uploads and the publish stage without history; the history stage's
+Spark job that builds the table from the run's changes, in the resolve task) and the
+publish stage (delta-spark's commits), against the publish stage without history; the
+history stage's
 share of the resolve stage; ``ratio_resolve``, what recording the changes (which the
 history needs, as the CDC log does) costs the resolve stage; and
 ``ratio_resolve_and_publish``, all of it: the resolve stage and everything after it.
@@ -43,7 +43,6 @@ HISTORY = bench_config(history=True)
 def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
     from pipeline.history import history_stage
     from pipeline.resolve import resolve_stage, save_summary
-    from pipeline.uploads import upload_outputs
     from pipeline.validation import measure_stage
 
     shutil.rmtree(store / layout.PUBLISHED, ignore_errors=True)  # a run publishes once
@@ -55,19 +54,16 @@ def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, 
         save_summary(ctx, summary)
     built = time.perf_counter()
     measure_stage(spark, config, ctx, summary)
-    measured = time.perf_counter()
-    upload_outputs(spark, config, ctx)
-    uploaded = time.perf_counter()
     assert stages.validate(config, ctx).passed
     judged = time.perf_counter()
-    report = stages.publish(config, ctx)
+    report = stages.publish(config, ctx, spark)
     done = time.perf_counter()
     assert report["status"] == "published"
     return {
         "resolve": round(resolved - t, 1),
         "history": round(built - resolved, 1),
         "commit": round(done - judged, 1),
-        "publish": round((built - resolved) + (uploaded - measured) + (done - judged), 1),
+        "publish": round((built - resolved) + (done - judged), 1),
         "rows": summary.tables["items"].history.get("rows", 0),
     }
 

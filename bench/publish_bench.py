@@ -9,9 +9,9 @@ validate once, then alternates two rounds each of:
   conflicts, quarantine, divergence, ledger) from the run's work folder and writes each
   as plain Parquet under a folder of the store;
 - the publish stage (``cdr publish`` of the same run, into an emptied ``published/``
-  each round, as a run publishes once, with the files the resolve stage's tasks staged):
-  every output committed to its Delta table (the staged files linked in place, their
-  statistics read at the upload, one commit per table), the report and the ``runs`` row.
+  each round, as a run publishes once): every output read from the work folder by the
+  executors and written into its Delta table by delta-spark (one commit per table), the
+  report and the ``runs`` row.
 
 It prints the best wall seconds of each, the ratio publish / baseline (target: at most
 1.5) and the publish stage's share of the whole run. The machine is shared: read the
@@ -88,13 +88,9 @@ def bench(n: int, rounds: int = 2) -> None:
 
         base = [timed(lambda i=i: baseline(i)) for i in range(rounds)]
 
-        staged = store_dir / layout.STAGING  # the resolve stage's tasks put the files there
-        shutil.copytree(staged, tmp / "staged")
-
         def publish() -> None:
             shutil.rmtree(store_dir / "published", ignore_errors=True)  # a run publishes once
-            shutil.copytree(tmp / "staged", staged)  # and removes its staging folder
-            report = stages.publish(config, ctx)
+            report = stages.publish(config, ctx, spark)
             assert report["status"] == "published"  # every output committed
             assert {layout.table_path(table, k) for k in OUTPUTS} <= set(report["versions"])
 

@@ -4,7 +4,7 @@ its generations and streams-description tables (cdc.md; seed 003).
 Input: the changes the resolve stage recorded (``resolved/<table>/changes``: what each
 applied event did to the row a reader sees, ``schema.change_schema``) and the rows a
 foreign-key quarantine removed. Output, under ``resolved/cdc/``: the log of each table and
-the four description tables, which the publish stage uploads with the run.
+the four description tables, which the publish stage writes with the run's tables.
 
 - **Order**: ``cdc$time`` is a version-1 timeuuid whose time is the event's ``ts`` and
   whose other 55 bits are ``tie_rank + 1`` (9 bits), the event's position among the

@@ -361,7 +361,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
                 raise CdrError("; ".join(verdict.failures))
             _emit(args, {"passed": True}, f"validated {args.date}: passed")
         else:
-            report = stages.publish(config, ctx)
+            report = stages.publish(config, ctx, lambda: get_spark(opts.master, small=True))
             _emit(args, report, format_report(report) + _where(config, report))
     log.info("done in %.1fs", time.monotonic() - started)
     return 0
@@ -505,8 +505,6 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
 
 
 def _cmd_quarantine(args: argparse.Namespace) -> int:
-    import tempfile
-
     from pipeline import lease, retry
     from pipeline.errors import StageError
     from pipeline.lake import Lake
@@ -535,9 +533,7 @@ def _cmd_quarantine(args: argparse.Namespace) -> int:
     held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
     lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
     try:
-        with tempfile.TemporaryDirectory() as work:
-            runs = read_runs(lake)
-            status = retry.act(lake, runs, args.table, args.event_id, args.action, Path(work))
+        status = retry.act(lake, read_runs(lake), args.table, args.event_id, args.action)
     finally:
         lease.release(store, holder, held.epoch)
     text = f"{args.table} {args.event_id}: {status}"

@@ -41,7 +41,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
 from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
-from pipeline.frames import LEDGER_SCHEMA, fold_input, fold_outputs
+from pipeline.frames import fold_input, fold_outputs
 from pipeline.policy import QuarantineReason, Scope
 from pipeline.rowfold import Event, FoldSpec
 from pipeline.schema import GROUPS
@@ -184,7 +184,7 @@ class RowRun:
     dt: date
     run_id: str
     out: Path
-    ledger: list[Path]
+    ledger: DataFrame | None  # the window's event ids (``resolve.read_ledger``)
 
 
 def resolve_rows(
@@ -234,14 +234,12 @@ def resolve_rows(
     return specials.truncates
 
 
-def with_seen(copies: DataFrame, ledger: list[Path]) -> DataFrame:
-    """``seen``: an earlier night resolved the copy's event (its id is in one of the ledger
-    partitions ingest staged); such a copy is a duplicate."""
-    files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
-    if not files:
+def with_seen(copies: DataFrame, ledger: DataFrame | None) -> DataFrame:
+    """``seen``: an earlier night resolved the copy's event (its id is in ``ledger``, the
+    ids of the window ingest pinned: ``resolve.read_ledger``); such a copy is a duplicate."""
+    if ledger is None:
         return copies.withColumn("seen", F.lit(False))
-    spark = copies.sparkSession
-    ids = spark.read.schema(LEDGER_SCHEMA).parquet(*files).select("event_id").distinct()
+    ids = ledger
     # no broadcast hint: ten nights of a busy table's ids are too many for one
     flagged = copies.join(ids.withColumn("seen", F.lit(True)), "event_id", "left")
     return flagged.withColumn("seen", F.coalesce("seen", F.lit(False)))

@@ -119,7 +119,7 @@ class StagedTable:
     def records(self) -> int:
         """How much resolve reads: the export records, the state it starts from and the
         replicas' full copies (what sizes the run's Spark settings)."""
-        prior = (self.prior or {}).get("state_rows", 0)
+        prior = max(0, (self.prior or {}).get("state_rows", 0))
         exported = sum(e.rows for e in self.exports.values())
         return exported + prior + (self.base_rows or 0) + sum(self.snapshots.values())
 
@@ -652,9 +652,7 @@ def ingest(
         st = out[tname] = _stage_exports(config, store, ctx, tname, tasks)
         _stage_snapshots(config, store, ctx, tname, st, tasks)
         _stage_start(config, store, lake, runs, ctx, tname, st, gaps, tasks)
-        st.ledger = prior.stage_ledger(
-            store, lake, tname, ctx.dt, config.gc_grace_seconds, ctx.staged / tname / "ledger"
-        )
+        _pin_read_tables(config, store, lake, ctx, tname, st)
         retry.stage(
             config,
             lake,
@@ -664,9 +662,6 @@ def ingest(
             ctx.now_us,
             ctx.staged / tname / "retry",
         )
-        if config.tables[tname].history is not None:  # E4: the run rewrites it whole
-            path = layout.table_path(tname, layout.HISTORY)
-            prior.stage_table(store, lake, path, ctx.staged / tname / layout.HISTORY)
     if gaps:
         raise ExportError(
             f"cannot run {ctx.dt}: {'; '.join(gaps)}. Each date starts from the state of the "
@@ -685,10 +680,25 @@ def ingest(
         out[x.table].late_exports.append(str(x))
     if config.cdc.enabled:
         name = "cdc_generation_descriptions"
-        prior.stage_table(store, lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
+        prior.stage_small(lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
     save_inputs(ctx, out)
     save_plan(ctx, tasks)
     return out
+
+
+def _pin_read_tables(
+    config: Config, store: Store, lake: Lake, ctx: RunContext, tname: str, st: StagedTable
+) -> None:
+    """The published tables the run reads besides its prior state, pinned: the ledger's
+    window and (E4) the history the run rewrites whole."""
+    ledger = prior.pin_ledger(store, lake, tname, ctx.dt, config.gc_grace_seconds)
+    if ledger is not None:
+        ledger.save(ctx.staged / tname / prior.LEDGER_PIN)
+        st.ledger = list(ledger.dates or ())
+    if config.tables[tname].history is not None:
+        history = prior.pin_table(store, lake, layout.table_path(tname, layout.HISTORY))
+        if history is not None:
+            history.save(ctx.staged / tname / prior.HISTORY_PIN)
 
 
 def _stage_exports(
@@ -776,9 +786,10 @@ def _stage_start(
     dest = ctx.staged / tname / "prior"
     run = latest_published(runs, tname, ctx.dt)
     if run is not None:
-        staged = prior.stage_state(store, lake, run, tname, dest)
-        st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": staged.rows}
-        st.start = f"the state of {run.dt} (run {run.run_id}, {staged.rows} rows)"
+        pin = prior.pin_state(store, lake, run, tname)
+        pin.save(ctx.staged / tname / prior.PRIOR_PIN)
+        st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": pin.rows}
+        st.start = f"the state of {run.dt} (run {run.run_id}, {pin.rows} rows)"
     elif not runs and (pointer := prior.legacy_prior(store, tname, ctx.dt)) is not None:
         staged = prior.stage_legacy_state(store, tname, pointer, dest)
         log.warning(

@@ -315,21 +315,30 @@ def as_of_run(history: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
 
 
 def _staged_history(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame | None:
-    folder = ctx.staged / table.name / HISTORY
-    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+    """The published history ingest pinned, read by the executors through Delta."""
+    from pipeline.lake import Pin, read_pinned
+    from pipeline.prior import HISTORY_PIN
+
+    pin = Pin.load(ctx.staged / table.name / HISTORY_PIN)
+    if pin is None:
         return None
-    return spark.read.schema(history_schema(table)).parquet(str(folder))
+    df = read_pinned(spark, pin)
+    schema = history_schema(table)
+    return df.select(
+        *[
+            (F.col(f"`{f.name}`") if f.name in df.columns else F.lit(None))
+            .cast(f.dataType)
+            .alias(f.name)
+            for f in schema.fields
+        ]
+    )
 
 
-def _continues(ctx: RunContext, table: Table) -> bool:
+def _continues(spark: SparkSession, ctx: RunContext, table: Table) -> bool:
     """Whether the published history holds versions of an earlier date than the run's:
     if not, the run starts it from the prior state."""
-    folder = ctx.staged / table.name / HISTORY
-    for f in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
-        dts = pq.read_table(f, columns=["dt"]).column("dt").to_pylist()
-        if any(d is not None and d < ctx.dt for d in dts):
-            return True
-    return False
+    history = _staged_history(spark, ctx, table)
+    return history is not None and bool(history.where(F.col("dt") < F.lit(ctx.dt)).take(1))
 
 
 def _seed(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame:
@@ -364,7 +373,7 @@ def build_history(
     the versions of later dates a backfill keeps as they are."""
     staged = _staged_history(spark, ctx, table)
     kept = None if staged is None else staged.where(F.col("dt") != F.lit(ctx.dt))
-    if kept is None or not _continues(ctx, table):
+    if kept is None or not _continues(spark, ctx, table):
         seed = _seed(spark, ctx, table)
         kept = seed if kept is None else seed.unionByName(kept)
     ranks = F.create_map(*[x for r, o in sorted(origins.items()) for x in (F.lit(r), F.lit(o))])

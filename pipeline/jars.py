@@ -16,6 +16,13 @@ and a jar whose artifact pyspark already ships (Jackson, Parquet, Hadoop's clien
 left out, so the class path holds one version of each. ``python -m pipeline.jars lock``
 writes the lock again (a maintainer's step; ``make jars-lock``).
 
+Beside them, one jar of the project's own, compiled by ``cdr jars fetch`` with the JDK's
+``javac`` into ``cdr-logstore-<digest of its sources>.jar``: the Delta log store every table
+is written through (``pipeline/jvm/FencedLogStore.java``: a commit file created only if
+absent, across processes, and only while the run holds the store's lease), and the
+replacement of a table's files that needs no scan of its state
+(``pipeline/jvm/Replace.java``).
+
 Where the jars are: ``CDR_JARS`` (a folder), else ``<venv>/share/cdr/jars``. Where
 Maven keeps its downloads: its own local repository, or ``CDR_MAVEN_REPO`` (CI gives it
 an empty one, so a broken fetch fails CI).
@@ -31,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,6 +66,9 @@ EXCLUDED = (
 )
 #: the file in the jar folder that says its jars were checked against this lock
 STAMP = ".locked"
+#: the project's own Java source (package data), and the jar it is compiled into
+OWN_SOURCES = ("jvm/FencedLogStore.java", "jvm/Replace.java")
+OWN_PREFIX = "cdr-logstore-"
 
 
 @dataclass(frozen=True)
@@ -136,14 +147,80 @@ def checked(where: Path | None = None, jars: list[Jar] | None = None) -> bool:
 
 
 def classpath(where: Path | None = None) -> list[Path]:
-    """The locked jars, in the lock's order; an error says how to fetch them."""
+    """The locked jars, in the lock's order, and the project's own; an error says how to
+    fetch them."""
     where = where or folder()
-    if not checked(where):
+    own = where / own_jar_name()
+    if not checked(where) or not own.is_file():
         raise JarsError(
-            f"the JVM packages of {LOCK_NAME} (Delta Lake, s3a) are not in {where}: run "
-            f"`cdr jars fetch` (make does), or set {JARS_ENV} to a folder that holds them"
+            f"the JVM packages of {LOCK_NAME} (Delta Lake, s3a) and the project's log store "
+            f"are not in {where}: run `cdr jars fetch` (make does), or set {JARS_ENV} to a "
+            "folder that holds them"
         )
-    return [where / j.file_name for j in locked()]
+    return [*(where / j.file_name for j in locked()), own]
+
+
+def _own_sources() -> dict[str, bytes]:
+    return {n: resources.files("pipeline").joinpath(n).read_bytes() for n in OWN_SOURCES}
+
+
+def own_jar_name() -> str:
+    """The own jar's name: it changes with its sources."""
+    digest = hashlib.sha256()
+    for name, text in _own_sources().items():
+        digest.update(name.encode() + b"\0" + text)
+    return f"{OWN_PREFIX}{digest.hexdigest()[:12]}.jar"
+
+
+def _javac() -> str:
+    home = os.environ.get("JAVA_HOME")
+    found = home and Path(home, "bin", "javac")
+    if found and found.is_file():
+        return str(found)
+    javac = shutil.which("javac")
+    if javac is None:
+        raise JarsError(
+            "a JDK's javac is needed to build the project's Delta log store: on Debian, "
+            "apt-get install default-jdk-headless"
+        )
+    return javac
+
+
+def build_own(where: Path) -> Path:
+    """Compile the project's Java source against the locked jars and Spark's, into the
+    jar folder (whole, or not at all)."""
+    from pipeline.jvmstart import spark_jars
+
+    target = where / own_jar_name()
+    if target.is_file():
+        return target
+    deps = [str(where / j.file_name) for j in locked()] + [str(spark_jars() / "*")]
+    with tempfile.TemporaryDirectory(prefix="cdr-javac-") as tmp:
+        sources = []
+        for name, text in _own_sources().items():
+            sources.append(Path(tmp) / Path(name).name)
+            sources[-1].write_bytes(text)
+        classes = Path(tmp) / "classes"
+        argv = [_javac(), "--release", "17", "-nowarn", "-d", str(classes)]
+        done = subprocess.run(
+            [*argv, "-cp", os.pathsep.join(deps), *map(str, sources)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise JarsError(
+                f"javac could not build {', '.join(OWN_SOURCES)}: {done.stderr.strip()[-800:]}"
+            )
+        part = where / f".{target.name}.part"
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+            for cls in sorted(classes.rglob("*.class")):
+                jar.write(cls, cls.relative_to(classes).as_posix())
+        os.replace(part, target)
+    for old in where.glob(f"{OWN_PREFIX}*.jar"):  # of an older source
+        if old != target:
+            old.unlink()
+    return target
 
 
 def _pom(jars: list[Jar]) -> str:
@@ -175,11 +252,15 @@ def _maven(pom: str, goals: list[str], cwd: Path) -> None:
 
 
 def fetch(where: Path | None = None, jars: list[Jar] | None = None) -> Path:
-    """Put the locked jars (or ``jars``) in the folder, each checked against its sha256;
-    quick when they are there already."""
+    """Put the locked jars (or ``jars``) in the folder, each checked against its sha256,
+    and with the lock's, the project's log store (:func:`build_own`); quick when they are
+    there already."""
     where = where or folder()
+    ours = jars is None  # the project's lock: its log store goes with it
     jars = locked() if jars is None else jars
     if checked(where, jars):
+        if ours:
+            build_own(where)
         return where
     where.mkdir(parents=True, exist_ok=True)
     (where / STAMP).unlink(missing_ok=True)
@@ -203,9 +284,11 @@ def fetch(where: Path | None = None, jars: list[Jar] | None = None) -> Path:
             os.replace(where / f".{j.file_name}.part", where / j.file_name)
     names = {j.file_name for j in jars}
     for old in where.glob("*.jar"):  # of an older lock
-        if old.name not in names:
+        if old.name not in names and not old.name.startswith(OWN_PREFIX):
             old.unlink()
     (where / STAMP).write_text(_stamp(where, jars))
+    if ours:
+        build_own(where)
     return where
 
 

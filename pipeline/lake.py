@@ -1,16 +1,19 @@
-"""The published tables as Delta Lake tables (formats.md "Outputs"), written with delta-rs.
+"""The published tables as Delta Lake tables (formats.md "Outputs"), written by delta-spark.
 
-The resolve stage writes each output as Parquet files in the run's work folder, and its
-Spark tasks put them under the folder of their table (``pipeline.uploads``); a commit
-(:meth:`Lake.commit_uploaded`) registers them with one Delta commit: add actions with the
-files' statistics, and, for a dated table, the removal of every file of the date's
-partition (a rerun replaces the date whole). Small tables made on the driver (the
-``runs`` table) are put there by :meth:`Lake.commit` itself. Every commit carries the run
-id, the date and the verdict in its commit info.
+delta-spark is the one writer of every table: a run's outputs (Parquet in its work
+folder) are read by the executors and written into their tables, one commit per table
+(a dated table's partition replaced, ``replaceWhere``; an undated one replaced whole, or
+appended to). Every table is created with deletion vectors on and the writer's
+retention (:data:`FEATURES`, :func:`retention_properties`), checked at each commit. The
+run id, date and verdict go in each commit's ``userMetadata`` (JSON; :func:`meta_of`
+also reads the ``cdr.*`` commit info keys of tables an older release wrote with
+delta-rs). A run's commits are fenced by its lease (:class:`pipeline.lease.Fence`).
 
-Readers take a table at a version; the pipeline's own Spark reads a table through the
-file list of the version it pins (:meth:`Lake.files`), never by listing the folder,
-which still holds the files of older versions until ``cdr vacuum``.
+Readers take a table at a version through a Delta reader, never through its file list
+and Parquet (that would return the rows a deletion vector removed): Spark's for the
+data a run reads (:meth:`Lake.frame`), delta-rs' query engine for the small control
+tables a process without a JVM reads (:meth:`Lake.read`: the ``runs`` table, the
+conflict statistics).
 """
 
 from __future__ import annotations
@@ -18,28 +21,36 @@ from __future__ import annotations
 import json
 import logging
 import os
-import uuid
-from dataclasses import dataclass
+import threading
+from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.errors import LockedError, NotFoundError, StoreError
+from pipeline import layout
+from pipeline.errors import CdrError, LockedError, StoreError
 from pipeline.store import Store
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
+    from collections.abc import Callable
+
+    from pyspark.sql import DataFrame, SparkSession
 
     from pipeline.lease import Fence
-    from pipeline.uploads import Upload
 
 log = logging.getLogger(__name__)
 
+#: what the log store's refusal of a commit starts with (``FencedLogStore.NOT_HELD``)
+LEASE_NOT_HELD = "cdr: the lease is not held"
+#: held while a commit sets the session's commit metadata (commits run in threads)
+_SESSION_METADATA = threading.Lock()
+
 #: the partition column of dated tables
 DT = "dt"
+#: the table features every table is created with, and checked at every commit
+FEATURES = {"delta.enableDeletionVectors": "true"}
 #: the Delta table properties that keep a table's log (and its removed files, for a
 #: Delta vacuum) as long as the runs ``cdr vacuum`` keeps: checkpoints and log clean-up
 #: never remove a version a retained ``runs`` row names
@@ -57,8 +68,6 @@ class Commit:
 
     path: str  # the table's key in the store, e.g. published/orders/state
     version: int
-    files: int
-    rows: int
 
 
 def storage_options(uri: str) -> dict[str, str]:
@@ -82,52 +91,6 @@ def storage_options(uri: str) -> dict[str, str]:
     return opts
 
 
-def file_stats(path: Path) -> tuple[int, str]:
-    """The file's row count and Delta statistics (numRecords, and min, max and null count
-    of the top-level primitive columns), from its Parquet footer alone."""
-    meta = pq.ParquetFile(path).metadata
-    rows = meta.num_rows
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    schema = meta.schema.to_arrow_schema()
-    for i, field in enumerate(schema):
-        if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
-            continue
-        lo = hi = None
-        n_null = 0
-        ok = True
-        for g in range(meta.num_row_groups):
-            col = meta.row_group(g).column(i)
-            st = col.statistics
-            if st is None or not st.has_null_count:
-                ok = False
-                break
-            n_null += st.null_count
-            if st.has_min_max:
-                lo = st.min if lo is None else min(lo, st.min)
-                hi = st.max if hi is None else max(hi, st.max)
-        if not ok:
-            continue
-        nulls[field.name] = n_null
-        if lo is not None and _plain(lo) and _plain(hi):
-            mins[field.name], maxs[field.name] = _json_value(lo), _json_value(hi)
-    stats = {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    return rows, json.dumps(stats, default=str)
-
-
-def _plain(v: Any) -> bool:
-    return isinstance(v, int | float | str | bool | date) and not (
-        isinstance(v, float) and v != v  # NaN
-    )
-
-
-def _json_value(v: Any) -> Any:
-    if isinstance(v, date):
-        return v.isoformat()
-    return v
-
-
 def add_actions(table: Any, dt: date | None = None) -> list[dict[str, Any]]:
     """The add actions (``path``, ``num_records``, ``partition.dt``, ...) of a loaded table
     version: the files a reader of that version reads (of partition ``dt``)."""
@@ -137,32 +100,180 @@ def add_actions(table: Any, dt: date | None = None) -> list[dict[str, Any]]:
     return actions
 
 
+#: Z85, the base-85 alphabet Delta encodes a deletion vector file's UUID in
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+#: a deletion vector file's name, in its table's folder (or a random prefix's)
+DV_PREFIX, DV_SUFFIX = "deletion_vector_", ".bin"
+
+
+def deletion_vector_file(descriptor: dict[str, Any]) -> str | None:
+    """The file (relative to its table) of a deletion vector descriptor stored in one,
+    (PROTOCOL.md "Deletion Vector Descriptor": storage type ``u``, an optional random
+    prefix and the Z85 of a UUID); None for a vector inline or at an absolute path."""
+    import uuid
+
+    if descriptor.get("storageType") != "u":
+        return None
+    text = descriptor["pathOrInlineDv"]
+    prefix, encoded = text[:-20], text[-20:]
+    raw = b""
+    for i in range(0, 20, 5):
+        n = 0
+        for c in encoded[i : i + 5]:
+            n = n * 85 + _Z85.index(c)
+        raw += n.to_bytes(4, "big")
+    name = f"{DV_PREFIX}{uuid.UUID(bytes=raw)}{DV_SUFFIX}"
+    return f"{prefix}/{name}" if prefix else name
+
+
+def deletion_vector_files(store: Store, path: str) -> set[str]:
+    """The deletion vector files (relative to the table) that any add action of the
+    table's log refers to, in its commits and checkpoints: every version a reader can
+    still ask for is in the log, so a vector file outside this set is no version's."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    found: set[str] = set()
+
+    def note(add: dict[str, Any] | None) -> None:
+        dv = (add or {}).get("deletionVector")
+        name = deletion_vector_file(dv) if dv else None
+        if name is not None:
+            found.add(name)
+
+    for key in store.list(f"{path}/_delta_log/"):
+        if key.endswith(".json"):
+            for line in store.read_bytes(key).decode().splitlines():
+                if '"deletionVector"' in line:
+                    note(json.loads(line).get("add"))
+        elif key.endswith(".parquet"):  # a checkpoint (or a part of one)
+            actions = pq.read_table(io.BytesIO(store.read_bytes(key)), columns=["add"])
+            for add in actions.column("add").to_pylist():
+                note(add)
+    return found
+
+
 def parquet_files(folder: Path) -> list[Path]:
-    """The data files Spark (or pyarrow) wrote in ``folder``, without its markers."""
+    """The data files Spark wrote in ``folder``, without its markers."""
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith((".", "_")))
 
 
+@dataclass(frozen=True)
+class Pin:
+    """A published table at one version (and some of its partitions), as a run reads it:
+    ingest pins it (``pipeline.prior``) in the run's staged folder, the executors read
+    it (:func:`read_pinned`). ``rows``: the rows the reader must find (-1: unchecked);
+    ``what``: how an error names it."""
+
+    uri: str  # for Spark: file: or s3a://
+    version: int
+    dates: tuple[str, ...] | None = None  # the partitions read; None: the whole table
+    rows: int = -1
+    what: str = ""
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @staticmethod
+    def load(path: Path) -> Pin | None:
+        if not path.is_file():
+            return None
+        d = json.loads(path.read_text())
+        dates = tuple(d["dates"]) if d.get("dates") is not None else None
+        return Pin(d["uri"], int(d["version"]), dates, int(d.get("rows", -1)), d.get("what", ""))
+
+
+def read_pinned(spark: SparkSession, pin: Pin) -> DataFrame:
+    """The pinned version (of its partitions), read by the executors through Delta."""
+    from pyspark.sql import functions as F
+
+    from pipeline.spark import use_s3a
+
+    if pin.uri.startswith("s3a://"):
+        use_s3a(spark, pin.uri.removeprefix("s3a://").split("/")[0])
+    df = spark.read.format("delta").option("versionAsOf", pin.version).load(pin.uri)
+    if pin.dates is not None:
+        df = df.where(F.col(DT).isin([date.fromisoformat(d) for d in pin.dates]))
+    return df
+
+
+def meta_of(info: dict[str, Any]) -> dict[str, Any]:
+    """What a commit says of the run that made it: its ``userMetadata`` (JSON), or the
+    ``cdr.*`` commit info keys of a table an older release wrote with delta-rs."""
+    raw = info.get("userMetadata")
+    if raw:
+        try:
+            meta = json.loads(raw)
+        except ValueError:
+            return {}
+        return meta if isinstance(meta, dict) else {}
+    return {k[4:]: _legacy(v) for k, v in info.items() if k.startswith("cdr.")}
+
+
+def _legacy(v: Any) -> Any:
+    if isinstance(v, str) and v[:1] in "[{":
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
 class Lake:
     """The Delta tables under one store's ``published/`` folder. A writer gives the
-    config's ``retention_days``: every table it creates carries that retention, and an
-    existing table that does not (an older store, a changed setting) gets it at its next
-    commit, by a commit of its own just before."""
+    config's ``retention_days`` (every table it creates carries that retention, and an
+    existing table that does not gets it at its next commit, by a commit of its own just
+    before), its run's :class:`~pipeline.lease.Fence`, and its Spark session (or a
+    function that makes one: a process that only reads starts no JVM)."""
 
-    def __init__(self, store: Store, retention_days: int | None = None, fence: Fence | None = None):
+    def __init__(
+        self,
+        store: Store,
+        retention_days: int | None = None,
+        fence: Fence | None = None,
+        spark: SparkSession | Callable[[], SparkSession] | None = None,
+    ):
         self.store = store
         self.options = storage_options(store.uri)
         self.properties = retention_properties(retention_days) if retention_days else {}
         self.fence = fence  # a run's writes: every commit checked against its lease
+        self._spark = spark
+
+    # ------------------------------------------------------------------ where
 
     def uri(self, path: str) -> str:
         """The table's URI for delta-rs (a local path on ``file://``)."""
         local = self.store.local_path(path)
         return str(local) if local is not None else f"{self.store.uri}/{path}"
 
+    def spark_uri(self, path: str) -> str:
+        """The table's URI for Spark: ``file:`` or ``s3a://``."""
+        local = self.store.local_path(path)
+        if local is not None:  # not Path.as_uri(): Hadoop takes "%3D" for the name's own
+            return f"file://{local}"
+        return "s3a://" + f"{self.store.uri}/{path}".removeprefix("s3://")
+
+    def session(self) -> SparkSession:
+        """The writer's Spark session (made on first use), pointed at the store."""
+        from pyspark.sql import SparkSession
+
+        from pipeline.spark import get_spark, use_s3a
+
+        if not isinstance(self._spark, SparkSession):
+            self._spark = self._spark() if self._spark is not None else get_spark(small=True)
+        if self.store.uri.startswith("s3://"):
+            use_s3a(self._spark, self.store.uri.removeprefix("s3://").split("/")[0])
+        return self._spark
+
+    # ------------------------------------------------------------------ reading
+
     def table(self, path: str, version: int | None = None) -> Any:
-        """The table at ``version`` (default: its latest), or None if it does not exist."""
+        """The table's log at ``version`` (default: its latest) through delta-rs (its
+        version, schema, history, files; not its rows), or None if it does not exist."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
@@ -177,292 +288,47 @@ class Lake:
         t = self.table(path)
         return None if t is None else int(t.version())
 
-    def files(self, path: str, version: int | None = None, dt: date | None = None) -> list[str]:
-        """The data files of the table at ``version`` (of partition ``dt``), as URIs a
-        reader opens (local paths on ``file://``)."""
-        t = self.table(path, version)
-        if t is None:
-            return []
-        filters = [(DT, "=", dt.isoformat())] if dt is not None else None
-        return list(t.file_uris(partition_filters=filters))
-
     def read(
-        self, path: str, version: int | None = None, dt: date | None = None, columns: Any = None
+        self,
+        path: str,
+        version: int | None = None,
+        dt: date | None = None,
+        columns: Any = None,
+        where: str | None = None,
     ) -> pa.Table | None:
-        """A small table (or one partition of it) read whole, with pyarrow."""
+        """A small table (or one partition of it, or the rows ``where`` keeps: SQL) read
+        whole on the driver, through delta-rs' query engine (which applies deletion
+        vectors)."""
+        from deltalake import QueryBuilder
+
         t = self.table(path, version)
         if t is None:
             return None
-        filters = [(DT, "=", dt.isoformat())] if dt is not None else None
-        return t.to_pyarrow_table(partitions=filters, columns=columns)
+        cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+        conds = [f"\"{DT}\" = DATE '{dt.isoformat()}'"] if dt is not None else []
+        conds += [where] if where else []
+        sql = f"SELECT {cols} FROM t" + (f" WHERE {' AND '.join(conds)}" if conds else "")
+        batches = QueryBuilder().register("t", t).execute(sql)
+        got = pa.table(batches.read_all())
+        schema = pa.schema(t.schema().to_arrow())
+        names = list(columns) if columns else schema.names
+        return got.select(names).cast(pa.schema([schema.field(n) for n in names]))
 
-    # ------------------------------------------------------------------ writing
+    def frame(self, path: str, version: int | None = None, dt: date | None = None) -> DataFrame:
+        """The table (of partition ``dt``) at ``version``, for Spark: the executors read
+        it, deletion vectors applied."""
+        reader = self.session().read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        df = reader.load(self.spark_uri(path))
+        if dt is not None:
+            from pyspark.sql import functions as F
 
-    def _put(self, src: Path, path: str, rel: str) -> None:
-        self.store.upload(src, f"{path}/{rel}")
-
-    def commit(
-        self,
-        path: str,
-        files: list[Path],
-        schema: pa.Schema | None,
-        meta: dict[str, Any],
-        *,
-        dt: date | None = None,
-        mode: str = "overwrite",
-        version: int | None = None,
-    ) -> Commit:
-        """Put ``files`` (local Parquet, without the ``dt`` column) into the table and
-        commit them in one version. ``dt``: the table is partitioned by ``dt`` and the
-        commit replaces that partition (``mode="overwrite"``) or adds to it
-        (``"append"``); without it, ``overwrite`` replaces the whole table. ``schema`` is
-        the files' schema (None without files: the table's own); a dated table adds ``dt``
-        (a date) to it. ``version``: the commit makes exactly that version (from
-        :meth:`next_version`) or fails, never a later one."""
-        table = self.table(path)
-        full = self._full_schema(path, table, schema, dt)
-        actions, rows = self._put_files(path, files, meta, dt)
-        return self._commit_actions(path, table, full, actions, rows, meta, dt, mode, version)
-
-    def next_version(self, path: str, meta: dict[str, Any]) -> int:
-        """The version the next commit of ``path`` makes, its retention settled first: for
-        a commit whose rows record their own version (the ``runs`` table)."""
-        table = self.table(path)
-        if table is None:
-            return 0
-        self._set_properties(path, table, meta)
-        return int(table.version()) + 1
-
-    def commit_uploaded(
-        self,
-        path: str,
-        uploads: list[Upload],
-        schema: pa.Schema | None,
-        meta: dict[str, Any],
-        *,
-        dt: date | None = None,
-    ) -> Commit:
-        """Commit files the resolve stage's tasks put in the run's staging folder
-        (``pipeline.uploads``), replacing the ``dt`` partition (or the table): the store
-        copies each under ``path`` (publish moves no byte of them), then one commit
-        registers them. A table whose latest version is this run's commit of these files
-        (a retried publish) is left as it is; a staged file that is gone stops the commit,
-        naming it."""
-        table = self.table(path)
-        full = self._full_schema(path, table, schema, dt)
-        rows = sum(u.rows for u in uploads)
-        if self._committed_already(path, table, uploads, meta, dt):
-            assert table is not None
-            log.info("commit %s: this run's files are committed already", path)
-            return Commit(path, int(table.version()), len(uploads), rows)
-        from deltalake.transaction import AddAction
-
-        self._copy_in(path, uploads)
-        partition = {DT: dt.isoformat()} if dt is not None else {}
-        actions = [AddAction(u.rel, u.size, partition, u.mtime_ms, True, u.stats) for u in uploads]
-        return self._commit_actions(path, table, full, actions, rows, meta, dt, "overwrite")
-
-    def _copy_in(self, path: str, uploads: list[Upload]) -> None:
-        """The staged files copied under ``path`` by the store (a few at once)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def copy(u: Upload) -> None:
-            try:
-                self.store.copy(u.key, f"{path}/{u.rel}")
-            except NotFoundError:
-                raise StoreError(
-                    f"{self.store.uri}/{u.key}: the file the resolve stage uploaded for "
-                    f"{path} is gone; resolve the run again"
-                ) from None
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(copy, uploads))
-
-    def _full_schema(
-        self, path: str, table: DeltaTable | None, schema: pa.Schema | None, dt: date | None
-    ) -> pa.Schema:
-        """The files' schema (the table's own when None), with ``dt`` for a dated table."""
-        if schema is None:
-            if table is None:
-                raise ValueError(f"{path}: a new table needs a schema")
-            schema = pa.schema(table.schema().to_arrow())
-            if dt is not None:
-                schema = schema.remove(schema.get_field_index(DT))
-        return schema.append(pa.field(DT, pa.date32())) if dt is not None else schema
-
-    def _committed_already(
-        self,
-        path: str,
-        table: DeltaTable | None,
-        uploads: list[Upload],
-        meta: dict[str, Any],
-        dt: date | None,
-    ) -> bool:
-        if table is None:
-            return False
-        info = self.commit_info(path, int(table.version())) or {}
-        if info.get("cdr.run_id") != meta.get("run_id"):
-            return False
-        return {a["path"] for a in add_actions(table, dt)} == {u.rel for u in uploads}
-
-    def _commit_actions(
-        self,
-        path: str,
-        table: DeltaTable | None,
-        full: pa.Schema,
-        actions: list[Any],
-        rows: int,
-        meta: dict[str, Any],
-        dt: date | None,
-        mode: str,
-        version: int | None = None,
-    ) -> Commit:
-        from deltalake.exceptions import CommitFailedError
-
-        meta = self._fenced(path, meta)
-        try:
-            self._transaction(path, table, full, actions, meta, dt, mode, version)
-        except OSError as e:  # how delta-rs reports a commit the store refused
-            raise StoreError(f"{self.uri(path)}: the Delta commit failed ({e})") from None
-        except CommitFailedError:
-            raise self._lost(path, version) from None
-        if table is None:
-            version = 0  # the commit that created the table
-        else:
-            table.update_incremental()  # the new commits only, not the whole log again
-            version = int(table.version())
-        self._read_back(path, version)
-        log.debug("commit %s v%d: %d file(s), %d row(s)", path, version, len(actions), rows)
-        return Commit(path, version, len(actions), rows)
-
-    def _fenced(self, path: str, meta: dict[str, Any]) -> dict[str, Any]:
-        """The commit's info with the run's lease epoch, the lease checked just before."""
-        if self.fence is None:
-            return meta
-        self.fence.before(path)
-        return {**meta, "run_id": self.fence.run_id, "epoch": self.fence.epoch}
-
-    def _read_back(self, path: str, version: int) -> None:
-        """The version just committed read back: this run's, and the lease still its."""
-        if self.fence is None:
-            return
-        info = self.commit_info(path, version) or {}
-        self.fence.after(path, version, info.get("cdr.run_id"), info.get("cdr.epoch"))
-
-    def _lost(self, path: str, version: int | None) -> LockedError:
-        """Another writer committed first: one line naming the table and the holder."""
-        from pipeline.lease import holder
-
-        now = holder(self.store)
-        who = "nobody holds the lease" if now is None else f"the lease is held by {now.describe()}"
-        at = f"version {version}" if version is not None else "its next version"
-        return LockedError(f"{path}: another writer committed {at} first; {who}")
-
-    def _put_files(
-        self, path: str, files: list[Path], meta: dict[str, Any], dt: date | None
-    ) -> tuple[list[Any], int]:
-        """Upload the files under new names (never over a live file) and describe each
-        for the commit: its add action, with its statistics; and the rows they hold."""
-        from deltalake.transaction import AddAction
-
-        folder = f"{DT}={dt.isoformat()}/" if dt is not None else ""
-        batch = uuid.uuid4().hex[:12]  # a new name per attempt
-        partition = {DT: dt.isoformat()} if dt is not None else {}
-        actions, rows = [], 0
-        for i, f in enumerate(files):
-            rel = f"{folder}{meta.get('run_id', 'run')}-{batch}-{i:05d}.parquet"
-            n, stats = file_stats(f)
-            self._put(f, path, rel)
-            rows += n
-            size, mtime = f.stat().st_size, int(f.stat().st_mtime * 1000)
-            actions.append(AddAction(rel, size, partition, mtime, True, stats))
-        return actions, rows
-
-    def _transaction(
-        self,
-        path: str,
-        table: DeltaTable | None,
-        full: pa.Schema,
-        actions: list[Any],
-        meta: dict[str, Any],
-        dt: date | None,
-        mode: str,
-        version: int | None,
-    ) -> None:
-        """One commit of the add actions: the table's first, or a new version that
-        replaces the ``dt`` partition (or the table) or appends to it; exactly
-        ``version`` when given."""
-        from deltalake import CommitProperties, Schema
-        from deltalake.transaction import create_table_with_add_actions
-
-        partition_by = [DT] if dt is not None else None
-        retries = None if version is None else 0  # another writer's commit: fail, not retry
-        props = CommitProperties(custom_metadata=_commit_info(meta), max_commit_retries=retries)
-        if table is None:
-            if version not in (None, 0):
-                raise StoreError(f"{self.uri(path)}: the table is gone, not at {version - 1}")
-            create_table_with_add_actions(
-                self.uri(path),
-                Schema.from_arrow(full),
-                actions,
-                "append" if mode == "append" else "overwrite",
-                partition_by=partition_by,
-                configuration=self.properties or None,
-                storage_options=self.options,
-                commit_properties=props,
-            )
-            return
-        self._set_properties(path, table, meta)
-        if version is not None and version != int(table.version()) + 1:
-            raise StoreError(f"{self.uri(path)}: at version {table.version()}, not {version - 1}")
-        filters = [(DT, "=", dt.isoformat())] if dt is not None and mode == "overwrite" else None
-        table.create_write_transaction(
-            actions,
-            mode,
-            full,
-            partition_by=partition_by,
-            partition_filters=filters,
-            commit_properties=props,
-        )
-
-    def _set_properties(self, path: str, table: DeltaTable, meta: dict[str, Any]) -> None:
-        """Give an existing table the writer's retention if its own differs."""
-        from deltalake import CommitProperties
-
-        config = table.metadata().configuration
-        if all(config.get(k) == v for k, v in self.properties.items()):
-            return
-        log.info("%s: table properties set to %s", path, self.properties)
-        info = _commit_info({**self._fenced(path, meta), "operation": "set the retention"})
-        table.alter.set_table_properties(
-            self.properties, commit_properties=CommitProperties(custom_metadata=info)
-        )
-
-    def write(
-        self,
-        path: str,
-        data: pa.Table,
-        meta: dict[str, Any],
-        *,
-        dt: date | None = None,
-        mode: str = "overwrite",
-        work: Path,
-        version: int | None = None,
-    ) -> Commit:
-        """A small table made on the driver (the runs table, the CDC description tables):
-        written as one file in ``work``, then committed like Spark's files."""
-        work.mkdir(parents=True, exist_ok=True)
-        local = work / f"{uuid.uuid4().hex}.parquet"
-        body = data.drop_columns([DT]) if dt is not None and DT in data.column_names else data
-        pq.write_table(body, local)
-        try:
-            return self.commit(path, [local], body.schema, meta, dt=dt, mode=mode, version=version)
-        finally:
-            local.unlink(missing_ok=True)
+            df = df.where(F.col(DT) == F.lit(dt))
+        return df
 
     def commit_info(self, path: str, version: int) -> dict[str, Any] | None:
-        """The commit info of one version, read from its log entry (delta-rs' history of a
-        table loaded at an older version numbers the newer commits wrongly)."""
+        """The commit info of one version, read from its log entry."""
         key = f"{path}/_delta_log/{version:020d}.json"
         if not self.store.exists(key):
             return None
@@ -473,11 +339,231 @@ class Lake:
                 return info
         return {}
 
+    def commit_meta(self, path: str, version: int) -> dict[str, Any]:
+        """What the commit of ``version`` says of its run (:func:`meta_of`)."""
+        return meta_of(self.commit_info(path, version) or {})
+
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         t = self.table(path)
         return [] if t is None else list(t.history(limit))
 
+    # ------------------------------------------------------------------ writing
 
-def _commit_info(meta: dict[str, Any]) -> dict[str, Any]:
-    """The run's id, date and verdict, as commit info values (strings)."""
-    return {"cdr." + k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+    def commit(
+        self,
+        path: str,
+        frame: DataFrame | None,
+        meta: dict[str, Any],
+        *,
+        dt: date | None = None,
+        mode: str = "overwrite",
+        version: int | None = None,
+    ) -> Commit:
+        """Write ``frame`` into the table in one commit. ``dt``: the table is partitioned
+        by ``dt`` and the commit replaces that partition (``mode="overwrite"``) or adds to
+        it (``"append"``); without it, ``overwrite`` replaces the whole table. ``frame``
+        None: the table's partition (or the table) emptied. ``version``: the commit makes
+        exactly that version (from :meth:`next_version`) or fails.
+
+        Replacing a partition that holds no file is an append: Delta then needs no state
+        of the table (which costs it a few Spark jobs over the whole log), and a night's
+        first commit of its date costs the night. The partition is looked up in the log
+        the commit starts from; a writer that appends there while another commits the same
+        partition is one whose lease was lost, which the fence reports."""
+        self.session()  # s3a pointed at the store
+        t = self.table(path)
+        if t is not None and self._settle(path, meta, t):
+            t = self.table(path)
+        current = None if t is None else int(t.version())
+        if version is not None and version != (current + 1 if current is not None else 0):
+            raise LockedError(f"{path}: at version {current}, not {version - 1}: another writer")
+        if mode == "overwrite" and t is not None and not add_actions(t, dt):
+            mode = "append"  # nothing to replace
+            if frame is None:
+                log.debug("commit %s: %s empty already, no commit", path, dt or "the table")
+                return Commit(path, int(t.version()))
+        if frame is None:
+            if t is None:
+                raise ValueError(f"{path}: a new table needs rows or a schema")
+            frame = self.frame(path).where("false")
+        meta = self._fenced(path, meta)
+        self._write(path, frame, meta, dt, mode, new=t is None)
+        got = self.version(path)
+        assert got is not None
+        if version is not None and got != version:
+            raise self._lost(path, version)
+        if got == current:  # nothing to add or remove (an empty partition emptied): no commit
+            log.debug("commit %s: nothing changed, still version %d", path, got)
+            return Commit(path, got)
+        self._read_back(path, got)
+        log.debug("commit %s v%d", path, got)
+        return Commit(path, got)
+
+    def _write(
+        self,
+        path: str,
+        frame: DataFrame,
+        meta: dict[str, Any],
+        dt: date | None,
+        mode: str,
+        new: bool,
+    ) -> None:
+        from pyspark.sql import functions as F
+
+        if dt is not None and DT not in frame.columns:
+            frame = frame.withColumn(DT, F.lit(dt))
+        text = json.dumps(meta, sort_keys=True, default=str)
+        if mode == "overwrite" and not new and self._replace(path, frame, dt, text):
+            return
+        writer = frame.write.format("delta").mode(mode).option("mergeSchema", "true")
+        writer = writer.option("userMetadata", text)
+        if dt is not None:
+            writer = writer.partitionBy(DT)
+            if mode == "overwrite":
+                writer = writer.option("replaceWhere", f"{DT} = DATE'{dt.isoformat()}'")
+        if new:
+            for k, v in {**FEATURES, **self.properties}.items():
+                writer = writer.option(k, v)
+        for k, v in self._lease_settings().items():  # for the log store's check
+            writer = writer.option(k, v)
+        try:
+            writer.save(self.spark_uri(path))
+        except Exception as e:  # py4j's and Spark's errors: one line, naming the table
+            raise self._failed(path, e) from None
+
+    def _replace(self, path: str, frame: DataFrame, dt: date | None, meta: str) -> bool:
+        """Replace the table's files (of partition ``dt``) by ``frame`` with the files to
+        remove taken from the checksum of the version read (``pipeline/jvm/Replace.java``),
+        which spares Delta's scan of the table's state; False (nothing done) when that
+        checksum lists no files or the schema changes: then Delta's own overwrite."""
+        spark = self.session()
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        where = f"{DT} = DATE'{dt.isoformat()}'" if dt is not None else None
+        try:
+            version = jvm.cdr.delta.Replace.replace(
+                spark._jsparkSession,
+                self.spark_uri(path),
+                frame._jdf,
+                self._lease_settings(),
+                DT if dt is not None else None,
+                dt.isoformat() if dt is not None else None,
+                where,
+                meta,
+            )
+        except Exception as e:  # as the writer's: one line, naming the table
+            raise self._failed(path, e) from None
+        return bool(version >= 0)
+
+    def _failed(self, path: str, e: Exception) -> CdrError:
+        text = str(e)
+        if LEASE_NOT_HELD in text:  # the log store's check, just before the commit file
+            if self.fence is not None:
+                try:
+                    self.fence.before(path)  # raises naming the run that holds it now
+                except LockedError as lost:
+                    return lost
+            return self._lost(path, None)
+        if (
+            "ConcurrentAppend" in text
+            or "ConcurrentModification" in text
+            or "ProtocolChanged" in text
+        ):
+            return self._lost(path, None)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # py4j's first line names only the call; the JVM's exception and its cause follow
+        said = [x for x in lines if ("Exception" in x or "Error" in x) and not x.startswith("at ")]
+        first = said[-1] if said else (lines[0] if lines else type(e).__name__)
+        return StoreError(f"{self.uri(path)}: the Delta commit failed ({first[:500]})")
+
+    def _settle(self, path: str, meta: dict[str, Any], t: Any) -> bool:
+        """Give an existing table (``t``, its log) the writer's retention and the project's
+        features if its own differ: a commit of their own, fenced like the others. True if
+        it committed."""
+        config = t.metadata().configuration
+        wanted = {**FEATURES, **self.properties}
+        if all(config.get(k) == v for k, v in wanted.items()):
+            return False
+        log.info("%s: table properties set to %s", path, wanted)
+        info = {**self._fenced(path, meta), "operation": "set the table properties"}
+        spark = self.session()
+        props = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
+        settings = {
+            "spark.databricks.delta.commitInfo.userMetadata": json.dumps(
+                info, sort_keys=True, default=str
+            ),
+            **self._lease_settings(),
+        }
+        with _SESSION_METADATA:  # the session's settings: one table's commit at a time
+            for k, v in settings.items():
+                spark.conf.set(k, v)
+            try:
+                spark.sql(f"ALTER TABLE delta.`{self.spark_uri(path)}` SET TBLPROPERTIES ({props})")
+            except Exception as e:
+                raise self._failed(path, e) from None
+            finally:
+                for k in settings:
+                    spark.conf.unset(k)
+        got = self.version(path)
+        assert got is not None
+        self._read_back(path, got)
+        return True
+
+    def next_version(self, path: str, meta: dict[str, Any]) -> int:
+        """The version the next commit of ``path`` makes, its properties settled first:
+        for a commit whose rows record their own version (the ``runs`` table)."""
+        t = self.table(path)
+        if t is None:
+            return 0
+        self._settle(path, meta, t)
+        return int(self.version(path) or 0) + 1
+
+    def _fenced(self, path: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """The commit's metadata with the run's lease epoch, the lease checked just before."""
+        if self.fence is None:
+            return meta
+        self.fence.before(path)
+        return {**meta, "run_id": self.fence.run_id, "epoch": self.fence.epoch}
+
+    def _lease_settings(self) -> dict[str, str]:
+        """The Hadoop settings that make the log store check the run's lease just before
+        it puts a commit file (``FencedLogStore``); none for an unfenced writer."""
+        if self.fence is None:
+            return {}
+        return {
+            "fs.cdr.lease.path": self.spark_uri(layout.LOCK),
+            "fs.cdr.lease.run_id": self.fence.run_id,
+            "fs.cdr.lease.epoch": self.fence.epoch,
+        }
+
+    def _read_back(self, path: str, version: int) -> None:
+        """The version just committed read back: this run's, and the lease still its."""
+        if self.fence is None:
+            return
+        meta = self.commit_meta(path, version)
+        self.fence.after(path, version, meta.get("run_id"), meta.get("epoch"))
+
+    def _lost(self, path: str, version: int | None) -> LockedError:
+        """Another writer committed first: one line naming the table and the holder."""
+        from pipeline.lease import holder
+
+        now = holder(self.store)
+        who = "nobody holds the lease" if now is None else f"the lease is held by {now.describe()}"
+        at = f"version {version}" if version is not None else "its next version"
+        return LockedError(f"{path}: another writer committed {at} first; {who}")
+
+    def write(
+        self,
+        path: str,
+        data: pa.Table,
+        meta: dict[str, Any],
+        *,
+        dt: date | None = None,
+        mode: str = "overwrite",
+        version: int | None = None,
+    ) -> Commit:
+        """A small table made on the driver (the ``runs`` table, an outcome of the
+        quarantine): its rows handed to Spark, then committed like a run's outputs."""
+        body = data.drop_columns([DT]) if dt is not None and DT in data.column_names else data
+        frame = self.session().createDataFrame(body).coalesce(1)  # a few rows: one file
+        return self.commit(path, frame, meta, dt=dt, mode=mode, version=version)

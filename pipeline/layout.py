@@ -125,13 +125,9 @@ def validation_dir(dt: date, run_id: str) -> str:
     return f"{run_dir(dt, run_id)}/validation"
 
 
-#: the output files of runs not yet published, one folder per run (``pipeline.uploads``):
-#: publish copies them into their tables, then removes the run's folder
+#: where releases before delta-spark staged a run's output files (one folder per run):
+#: ``cdr vacuum`` removes what killed runs of those releases left
 STAGING = f"{PUBLISHED}/_staging"
-
-
-def staging_dir(run_id: str) -> str:
-    return f"{STAGING}/run={run_id}"
 
 
 FAILED = f"{PUBLISHED}/_failed"

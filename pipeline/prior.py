@@ -3,9 +3,13 @@ its table published for the latest date before it, checked against that run's ``
 row; else ``base/`` (a table new to the config, or the first run); else nothing. And the
 event ids of the ledger's window, which the run does not resolve again.
 
-Files are found through the Delta log of the pinned version, never by listing folders;
-each is staged into the run's work folder (on ``file://`` read where it lies) and its
-row count checked against the log, so that a deleted or truncated file stops the run.
+Ingest *pins* each published table the run reads (:class:`pipeline.lake.Pin`: its URI,
+the version, the partitions), checked on the driver from the Delta log and one listing
+of the table's folder: the version the ``runs`` row names, the run id in that commit,
+every file the log names present at its size (a deleted or truncated file stops the
+run, naming it). The executors read the pinned versions through Delta's reader
+(``pipeline.state.read_prior``, ``pipeline.resolve.read_ledger``); no byte of them goes
+through the driver, and the row count the ``runs`` row recorded is checked as they read.
 """
 
 from __future__ import annotations
@@ -19,53 +23,42 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import layout
 from pipeline.errors import PriorStateError, StoreError
-from pipeline.lake import DT, Lake, add_actions
+from pipeline.lake import DT, Lake, Pin, add_actions
 from pipeline.runs_table import RunRow
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Staged:
-    """Files staged for Spark: local paths, with the row count the Delta log gives."""
-
-    files: list[str] = field(default_factory=list)
-    rows: int = 0
+#: the pins of a staged table
+PRIOR_PIN = "prior.pin.json"
+LEDGER_PIN = "ledger.pin.json"
+HISTORY_PIN = "history.pin.json"
 
 
-def _stage(store: Store, path: str, actions: list[dict], dest: Path) -> Staged:
-    """Each file of ``actions`` downloaded into ``dest``, its row count checked."""
-    out = Staged()
-    dest.mkdir(parents=True, exist_ok=True)
+def _check_files(store: Store, path: str, actions: list[dict[str, Any]]) -> None:
+    """Every file ``actions`` names is in the store at the size the log gives."""
+    folders = {posixpath.dirname(a["path"]) for a in actions}
+    sizes: dict[str, int] = {}
+    for folder in folders:
+        sizes |= store.sizes(f"{path}/{folder}".rstrip("/"))
     for a in actions:
         key = f"{path}/{a['path']}"
-        local = dest / posixpath.basename(a["path"])
-        try:
-            store.download(key, local)
-        except (StoreError, OSError):
-            raise PriorStateError(f"{store.uri}/{key}: missing ({a['num_records']} rows)") from None
-        try:
-            rows = pq.ParquetFile(local).metadata.num_rows
-        except (pa.ArrowInvalid, OSError) as e:
-            raise PriorStateError(f"{store.uri}/{key}: not a readable Parquet file ({e})") from None
-        if rows != a["num_records"]:
+        if key not in sizes:
+            raise PriorStateError(f"{store.uri}/{key}: missing ({a['num_records']} rows)")
+        if sizes[key] != a["size_bytes"]:
             raise PriorStateError(
-                f"{store.uri}/{key}: {rows} rows, but the Delta log says {a['num_records']}"
+                f"{store.uri}/{key}: not the file the Delta log names ({sizes[key]} bytes, "
+                f"the log says {a['size_bytes']})"
             )
-        out.files.append(str(local))
-        out.rows += rows
-    return out
 
 
-def stage_state(store: Store, lake: Lake, run: RunRow, table: str, dest: Path) -> Staged:
+def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
     """The ``state`` partition of ``run.dt`` as ``run`` committed it, checked against its
-    ``runs`` row: the version it names, the run id in that commit, the row count."""
+    ``runs`` row: the version it names, the run id in that commit, its files."""
     path = layout.table_path(table, layout.STATE)
     where = f"the state of {table} published for {run.dt} by run {run.run_id}"
     version = run.versions.get(path)
@@ -77,19 +70,15 @@ def stage_state(store: Store, lake: Lake, run: RunRow, table: str, dest: Path) -
         raise PriorStateError(f"{where}: {e}") from None
     if t is None:
         raise PriorStateError(f"{where}: {lake.uri(path)} has no Delta log")
-    committed_by = (lake.commit_info(path, version) or {}).get("cdr.run_id")
+    committed_by = lake.commit_meta(path, version).get("run_id")
     if committed_by != run.run_id:
         raise PriorStateError(
             f"{where}: version {version} of {path} was committed by {committed_by!r}"
         )
-    expected = int(run.tables().get(table, {}).get("state_rows", -1))
-    actions = add_actions(t, run.dt)
-    found = sum(int(a["num_records"]) for a in actions)
-    if expected >= 0 and found != expected:
-        raise PriorStateError(f"{where}: the Delta log lists {found} rows, the runs row {expected}")
-    staged = _stage(store, path, actions, dest)
-    log.info("prior %s: %d state rows of %s (run %s)", table, staged.rows, run.dt, run.run_id)
-    return staged
+    _check_files(store, path, add_actions(t, run.dt))
+    rows = int(run.tables().get(table, {}).get("state_rows", -1))
+    log.info("prior %s: the state of %s (run %s), version %d", table, run.dt, run.run_id, version)
+    return Pin(lake.spark_uri(path), version, (run.dt.isoformat(),), rows, where)
 
 
 def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:
@@ -99,37 +88,54 @@ def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:
     return dt - timedelta(days=gc_grace_seconds // 86400), dt
 
 
-def stage_ledger(
-    store: Store, lake: Lake, table: str, dt: date, gc_grace_seconds: int, dest: Path
-) -> list[str]:
-    """The ledger partitions of the window at the table's latest version, each into
-    ``dest/dt=<D>/``; returns their dates."""
+def pin_ledger(store: Store, lake: Lake, table: str, dt: date, gc_grace_seconds: int) -> Pin | None:
+    """The ledger partitions of the window at the table's latest version (None when
+    there are none)."""
     path = layout.table_path(table, layout.LEDGER)
     t = lake.table(path)
     if t is None:
-        return []
+        return None
     first, end = ledger_window(dt, gc_grace_seconds)
-    by_date: dict[date, list[dict]] = {}
-    for a in add_actions(t):
-        d = a[f"partition.{DT}"]
-        if first <= d < end:
-            by_date.setdefault(d, []).append(a)
-    for d, actions in by_date.items():
-        _stage(store, path, actions, dest / f"dt={d.isoformat()}")
-    dates = sorted(d.isoformat() for d in by_date)
-    if dates:
-        log.info("ingest %s: the ledger of %s", table, ", ".join(dates))
-    return dates
+    actions = [a for a in add_actions(t) if first <= a[f"partition.{DT}"] < end]
+    dates = sorted({a[f"partition.{DT}"].isoformat() for a in actions})
+    if not dates:
+        return None
+    _check_files(store, path, actions)
+    log.info("ingest %s: the ledger of %s", table, ", ".join(dates))
+    return Pin(lake.spark_uri(path), int(t.version()), tuple(dates))
 
 
-def stage_table(store: Store, lake: Lake, path: str, dest: Path) -> int:
-    """A whole small table at its latest version (the CDC generations a run starts
-    from), into ``dest``; returns its row count (0 when there is no such table)."""
+def pin_table(store: Store, lake: Lake, path: str) -> Pin | None:
+    """A whole table at its latest version (the history a run continues), or None."""
     t = lake.table(path)
-    return 0 if t is None else _stage(store, path, add_actions(t), dest).rows
+    if t is None:
+        return None
+    _check_files(store, path, add_actions(t))
+    return Pin(lake.spark_uri(path), int(t.version()))
+
+
+def stage_small(lake: Lake, path: str, dest: Path) -> int:
+    """A small control table at its latest version (the CDC generations a run starts
+    from), read through delta-rs' query engine into ``dest`` as one Parquet file;
+    returns its row count (0 when there is no such table)."""
+    data = lake.read(path)
+    if data is None:
+        return 0
+    dest.mkdir(parents=True, exist_ok=True)
+    pq.write_table(data, dest / "part-00000.parquet")
+    return int(data.num_rows)
 
 
 # ---------------------------------------------------------------------- the earlier layout
+
+
+@dataclass
+class Staged:
+    """Files of the earlier (pre-Delta) layout staged for Spark, with their row count."""
+
+    files: list[str] = field(default_factory=list)
+    rows: int = 0
+
 
 _POINTER_RE = re.compile(r"dt=(\d{4}-\d{2}-\d{2})\.json$")
 

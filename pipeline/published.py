@@ -11,83 +11,132 @@ two commits leaves every table as after the previous run or as after this one, a
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.lake import Lake, parquet_files
+from pipeline.outputs import outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.uploads import Upload, outputs
 
 log = logging.getLogger(__name__)
 
 
 class Committer:
-    """Commits the outputs of one run: the files the resolve stage's tasks put in the store
-    (``pipeline.uploads``), or, for a run resolved without them, the files of its
-    ``resolved`` folder, uploaded here."""
+    """Commits the outputs of one run: the Parquet files of each output folder of its
+    ``resolved`` folder, read by the executors and written into their table."""
 
-    def __init__(
-        self,
-        lake: Lake,
-        resolved: Path,
-        uploads: dict[str, list[Upload]] | None,
-        meta: dict[str, Any],
-    ):
-        self.lake, self.resolved, self.uploads, self.meta = lake, resolved, uploads, meta
+    def __init__(self, lake: Lake, resolved: Path, meta: dict[str, Any]):
+        self.lake, self.resolved, self.meta = lake, resolved, meta
 
     def commit(self, folder: str, path: str, dt: date | None) -> int | None:
         """Commit the output ``folder`` (relative to ``resolved``) to table ``path``
         (replacing the ``dt`` partition, or the whole table); returns the version. A run
         that wrote no such output (no foreign keys: no orphans) replaces an earlier run's
-        partition with nothing, and creates no table."""
+        partition with nothing, and creates no table. A table whose latest commit is this
+        run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
-        if self.uploads is None:
-            files = parquet_files(self.resolved / folder)
-            if not files and lake.table(path) is None:
-                return None
-            schema = pq.read_schema(files[0]) if files else None
-            version = lake.commit(path, files, schema, meta, dt=dt).version
-        else:
-            uploads = self.uploads.get(folder, [])
-            if not uploads and lake.table(path) is None:
-                return None
-            schema = uploads[0].arrow_schema() if uploads else None
-            version = lake.commit_uploaded(path, uploads, schema, meta, dt=dt).version
+        files = parquet_files(self.resolved / folder)
+        current = lake.version(path)
+        if not files and current is None:
+            return None
+        if current is not None:
+            last = lake.commit_meta(path, current)
+            if last.get("run_id") == meta["run_id"] and "operation" not in last:
+                log.info("commit %s: this run's commit is there already", path)
+                return current
+        if current is not None and not _rows_in(files):
+            files = []  # an empty output: the partition emptied, if it holds anything
+        frame = None
+        if files:  # the schema Spark wrote in their footers: no Spark job to infer it
+            reader, schema = lake.session().read, _spark_schema(files[0])
+            frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
+        version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version
+
+
+def _rows_in(files: list[Path]) -> int:
+    """The rows of the run's own Parquet files, from their footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in files)
+
+
+#: the footer key under which Spark writes a Parquet file's schema
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def _spark_schema(file: Path) -> Any:
+    """The Spark schema a run's Parquet file was written with (None if not Spark's)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import StructType
+
+    said = (pq.read_schema(file).metadata or {}).get(SPARK_SCHEMA_KEY)
+    return StructType.fromJson(json.loads(said)) if said else None
 
 
 def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[str, int]:
     """The logs of a run that failed its gate, for inspection (semantics.md §12 "A failed
     run"), as tables of their own: the date's published logs stay as they are."""
-    versions = {}
-    for t in tables:
-        for kind in layout.LOGS:
-            path = layout.failed_output(committer.meta["run_id"], t, kind)
-            v = committer.commit(f"{t}/{kind}", path, dt)
-            if v is not None:
-                versions[path] = v
+    run_id = committer.meta["run_id"]
+    batch = [
+        (f"{t}/{kind}", layout.failed_output(run_id, t, kind), dt)
+        for t in tables
+        for kind in layout.LOGS
+    ]
+    return _in_parallel(committer, batch)
+
+
+#: how many tables a publish commits at once: a small commit is mostly the driver's
+#: planning and the log's state, which overlap with another table's
+COMMIT_THREADS = 4
+
+
+def _in_parallel(
+    committer: Committer, batch: Sequence[tuple[str, str, date | None]]
+) -> dict[str, int]:
+    """Commit (folder, table, dt) triples at once, one table per thread; table -> version.
+    Every commit is tried; the first failure is raised after all have ended."""
+    if not batch:
+        return {}
+    with ThreadPoolExecutor(min(COMMIT_THREADS, len(batch)), "cdr-commit") as pool:
+        futures = {
+            path: pool.submit(committer.commit, folder, path, dt) for folder, path, dt in batch
+        }
+    versions, failed = {}, []
+    for path, f in futures.items():
+        try:
+            v = f.result()
+        except Exception as e:  # all are awaited; the first failure is raised below
+            failed.append(e)
+            continue
+        if v is not None:
+            versions[path] = v
+    if failed:
+        raise failed[0]
     return versions
 
 
 def publish_tables(
     committer: Committer, config: Config, dt: date, runs: list[RunRow]
 ) -> dict[str, int]:
-    """Commit every output of a validated run (``uploads.outputs``); returns table path ->
-    version. The CDC description tables go before the logs (a consumer finds a stream
-    described before it reads it), the snapshots last, each only if its date is not older
-    than the newest published one (a backfill never moves it back)."""
-    versions: dict[str, int] = {}
+    """Commit every output of a validated run (``outputs``); returns table path ->
+    version. In three steps, the tables of a step committed at once: the CDC description
+    tables (a consumer finds a stream described before it reads it), the logs, and the
+    snapshots last, each only if its date is not older than the newest published one (a
+    backfill never moves it back)."""
     every = outputs(config)
-    snapshots = [o for o in every if o.path.endswith(f"/{layout.SNAPSHOT}")]
-    for o in [o for o in every if o not in snapshots] + snapshots:
-        if o in snapshots:
+    descriptions = {layout.cdc_table_dir(n) for n in layout.CDC_TABLES}
+    steps: list[list[tuple[str, str, date | None]]] = [[], [], []]
+    for o in every:
+        if o.path.endswith(f"/{layout.SNAPSHOT}"):
             t = o.folder.split("/")[0]
             newest = latest_date(runs, t)
             if newest is not None and newest > dt:
@@ -95,9 +144,13 @@ def publish_tables(
                     "publish %s: snapshot stays on %s (this run is for an earlier date)", t, newest
                 )
                 continue
-        v = committer.commit(o.folder, o.path, dt if o.dated else None)
-        if v is not None:
-            versions[o.path] = v
+            step = 2
+        else:
+            step = 0 if o.path in descriptions else 1
+        steps[step].append((o.folder, o.path, dt if o.dated else None))
+    versions: dict[str, int] = {}
+    for batch in steps:
+        versions.update(_in_parallel(committer, batch))
     return versions
 
 
@@ -110,9 +163,9 @@ def has_row(lake: Lake, run_id: str) -> bool:
     return any(r.run_id == run_id for r in read_runs(lake))
 
 
-def record_run(lake: Lake, row: RunRow, work: Path) -> None:
+def record_run(lake: Lake, row: RunRow) -> None:
     """Append the run's ``runs`` row: its last commit."""
-    version = append(lake, row, work)
+    version = append(lake, row)
     log.info("runs: %s %s (version %d)", row.run_id, row.status, version)
 
 

@@ -38,7 +38,6 @@ from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
     LEDGER_COLUMNS,
-    LEDGER_SCHEMA,
     POSITION,
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
@@ -80,7 +79,7 @@ def resolve_table(
 ) -> TableSummary:
     out = ctx.resolved / table.name
     copies = read_copies(spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us)
-    ledger = [ctx.staged / table.name / "ledger" / f"dt={d}" for d in staged.ledger]
+    ledger = read_ledger(spark, ctx.staged / table.name)
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
         clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
@@ -111,7 +110,7 @@ def _resolve_cells(
     ctx: RunContext,
     copies: DataFrame,
     prior: DataFrame,
-    ledger: list[Path],
+    ledger: DataFrame | None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The cell engine's outputs, written by Spark into the table's folder; returns the
     table's clock-skew evidence (E7)."""
@@ -141,16 +140,27 @@ def _resolve_cells(
     return res.clock_skew
 
 
+def read_ledger(spark: SparkSession, staged_table: Path) -> DataFrame | None:
+    """The event ids of the ledger partitions ingest pinned (the window's nights), read by
+    the executors through Delta; None when there are none."""
+    from pipeline.lake import Pin, read_pinned
+    from pipeline.prior import LEDGER_PIN
+
+    pin = Pin.load(staged_table / LEDGER_PIN)
+    if pin is None:
+        return None
+    return read_pinned(spark, pin).select("event_id").distinct()
+
+
 def set_duplicates_aside(
-    spark: SparkSession, copies: DataFrame, ledger: list[Path]
+    spark: SparkSession, copies: DataFrame, ledger: DataFrame | None
 ) -> tuple[DataFrame, DataFrame | None]:
-    """The copies whose event an earlier night already resolved (its id is in one of the
-    ledger partitions ingest staged) are not resolved again: they get the fate
-    ``duplicate``. ``copies``: ``frames.copy_schema``."""
-    files = sorted(str(f) for part in ledger for f in part.glob("*.parquet"))
-    if not files:
+    """The copies whose event an earlier night already resolved (its id is in ``ledger``,
+    :func:`read_ledger`) are not resolved again: they get the fate ``duplicate``.
+    ``copies``: ``frames.copy_schema``."""
+    if ledger is None:
         return copies, None
-    seen = spark.read.schema(LEDGER_SCHEMA).parquet(*files).select("event_id").distinct()
+    seen = ledger
     # no broadcast hint: ten nights of a busy table's ids are too many for one
     again = copies.join(seen, "event_id", "left_semi")
     rest = copies.join(seen, "event_id", "left_anti")

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from pipeline import layout
@@ -126,16 +125,15 @@ def statuses(quarantine: pa.Table, outcomes: pa.Table | None) -> dict[str, Item]
 
 def read_quarantine(lake: Lake, table: str, before: date | None, columns: list[str]) -> pa.Table:
     """The table's published quarantine (of the dates before ``before``)."""
-    t = lake.table(layout.table_path(table, "quarantine"))
-    if t is None:
+    where = f"dt < DATE '{before.isoformat()}'" if before is not None else None
+    got = lake.read(layout.table_path(table, "quarantine"), columns=columns, where=where)
+    if got is None:
         return pa.table({c: pa.array([], _D if c == "dt" else _S) for c in columns})
-    cond = ds.field("dt") < pa.scalar(before, _D) if before is not None else None
-    return t.to_pyarrow_dataset().to_table(columns=columns, filter=cond)
+    return got
 
 
 def read_outcomes(lake: Lake, table: str) -> pa.Table | None:
-    t = lake.table(layout.table_path(table, OUTCOMES))
-    return None if t is None else t.to_pyarrow_table()
+    return lake.read(layout.table_path(table, OUTCOMES))
 
 
 # ---------------------------------------------------------------------- ingest
@@ -422,7 +420,7 @@ def open_after(staged_table: Path, out: Path) -> int:
     return len(still)
 
 
-def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date, work: Path) -> None:
+def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date) -> None:
     """The CLI's outcome (``dismissed`` or ``reopened``) of ``it``, in partition ``dt``."""
     row = _outcome(it, status, 0, f"{MANUAL}{uuid.uuid4().hex[:12]}")
     row.update(table=table, decided_at=datetime.now(UTC))
@@ -434,7 +432,6 @@ def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date, w
         meta,
         dt=dt,
         mode="append",
-        work=work,
     )
 
 
@@ -468,7 +465,7 @@ def listing(lake: Lake, table: str, status: str | None = None) -> list[dict[str,
     return out
 
 
-def act(lake: Lake, runs: list[RunRow], table: str, event_id: str, action: str, work: Path) -> str:
+def act(lake: Lake, runs: list[RunRow], table: str, event_id: str, action: str) -> str:
     """``cdr quarantine retry | dismiss``: the operator's outcome of one event, in the
     partition of the table's latest published run (the next run reads it). Refuses what
     the action cannot apply to, naming why."""
@@ -494,5 +491,5 @@ def act(lake: Lake, runs: list[RunRow], table: str, event_id: str, action: str, 
     dates = [r.dt for r in runs if r.published and table in r.tables()]
     if not dates:
         raise StageError(f"table {table} has no published run")
-    manual_outcome(lake, table, it, status, max(dates), work)
+    manual_outcome(lake, table, it, status, max(dates))
     return status.value

@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline import layout
-from pipeline.lake import Lake
+from pipeline.lake import Lake, meta_of
 
 SCHEMA = pa.schema(
     [
@@ -117,14 +116,13 @@ def latest_date(rows: list[RunRow], table: str) -> date | None:
     return max(dates) if dates else None
 
 
-def append(lake: Lake, row: RunRow, work: Path) -> int:
+def append(lake: Lake, row: RunRow) -> int:
     """Append the run's row (the run's last commit), naming the version its commit makes;
     returns that version."""
     meta = {"run_id": row.run_id, "dt": row.dt.isoformat(), "status": row.status}
     version = lake.next_version(layout.RUNS, meta)
     mine = replace(row, versions={**row.versions, layout.RUNS: version})
-    data = mine.to_arrow()
-    return lake.write(layout.RUNS, data, meta, mode="append", work=work, version=version).version
+    return lake.write(layout.RUNS, mine.to_arrow(), meta, mode="append", version=version).version
 
 
 def version_of(lake: Lake, run_id: str) -> int | None:
@@ -132,7 +130,8 @@ def version_of(lake: Lake, run_id: str) -> int | None:
     newest commits (a run asks right after its publish), else in the whole history."""
     for limit in (20, None):
         for info in lake.history(layout.RUNS, limit):  # newest first
-            if info.get("cdr.run_id") == run_id:
+            meta = meta_of(info)
+            if meta.get("run_id") == run_id and "operation" not in meta:
                 return int(info["version"])
     return None
 

@@ -71,11 +71,16 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if under_spark_submit():
         return _configured(b)
-    b = b.master(master or os.environ.get("CDR_SPARK_MASTER") or "local[*]")
+    master = master or os.environ.get("CDR_SPARK_MASTER") or "local[*]"
+    b = b.master(master)
     b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
     # the locked jars (Delta Lake, s3a) on the driver's class path: local jar paths,
-    # never a package resolved at run time; the class-data archive maps their classes
-    b = b.config("spark.driver.extraClassPath", os.pathsep.join(map(str, jars.classpath())))
+    # never a package resolved at run time; the class-data archive maps their classes.
+    # A cluster's executors get them from the driver (spark.jars).
+    paths = [str(p) for p in jars.classpath()]
+    b = b.config("spark.driver.extraClassPath", os.pathsep.join(paths))
+    if not master.startswith("local"):
+        b = b.config("spark.jars", ",".join(paths))
     archive = None if dump else jvmstart.usable_archive()
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     try:
@@ -96,13 +101,19 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     return _configured(b.config("spark.driver.extraJavaOptions", " ".join(options)))
 
 
-#: Delta Lake in the session (the jars of jars.lock): its SQL extension and catalog, and
-#: its log replayed in few tasks (the default, 50, costs a small table seconds of empty
-#: tasks at every read)
+#: Delta Lake in the session (the jars of jars.lock): its SQL extension and catalog, its
+#: log replayed in few tasks (the default, 50, costs a small table seconds of empty tasks
+#: at every read), and the project's log store for local files and s3a (a commit file
+#: created only if absent, across processes, and only under the run's lease:
+#: ``pipeline/jvm/FencedLogStore.java``)
+LOG_STORE = "cdr.delta.FencedLogStore"
 DELTA_SETTINGS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.delta.logStore.file.impl": LOG_STORE,
+    "spark.delta.logStore.s3a.impl": LOG_STORE,
+    "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
 }
 
 
@@ -138,6 +149,15 @@ def _configured(b: Any) -> SparkSession:
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # a file:// store without Hadoop's .crc sidecar beside every data file it writes (the
+    # JVM's one local file system, which local mode's executors share; s3a needs it to
+    # stay a LocalFileSystem, so its class is kept)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(
+        spark.sparkContext._jsc.hadoopConfiguration()
+    )
+    local.setWriteChecksum(False)
     return spark
 
 
@@ -238,6 +258,9 @@ def use_s3a(spark: SparkSession, bucket: str) -> None:
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
     hconf.set(prefix + "endpoint.region", region)
+    # no HEAD and LIST before each new object: data files have names of their own, and a
+    # commit file is put only if absent by the log store's condition (If-None-Match)
+    hconf.set(prefix + "create.performance", "true")
     if endpoint:
         hconf.set(prefix + "endpoint", endpoint)
         hconf.set(prefix + "path.style.access", "true")

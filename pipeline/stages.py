@@ -35,7 +35,6 @@ from pipeline.published import (
 from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
 from pipeline.summary import RunSummary, TableSummary
-from pipeline.uploads import load_uploads, upload_outputs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -152,15 +151,15 @@ def small_run(ctx: RunContext) -> bool:
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
     write the history of the tables that keep one (E4) and (``cdc.enabled``) the CDC log,
-    then measure what validation judges, then put the output files in the store (Spark
-    tasks): all the run's Spark work, in one Spark application (the DAG's resolve task)."""
+    then measure what validation judges: the run's Spark work before publish, in one
+    Spark application (the DAG's resolve task)."""
     from pipeline.exports import fetch
     from pipeline.resolve import resolve_stage, save_summary
     from pipeline.validation import measure_stage
 
     config = ctx.config(config)
     fetch(spark, config, ctx)
-    small = small_run(ctx)  # measures and uploads: fewer tasks
+    small = small_run(ctx)  # measures: fewer tasks
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if any(t.history is not None for t in config.tables.values()):
@@ -174,8 +173,6 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
         measure_stage(spark, config, ctx, summary, one_task=small)
-    if not ctx.dry_run:  # publish commits them; a dry run publishes nothing
-        upload_outputs(spark, config, ctx, small)
     return summary
 
 
@@ -227,7 +224,9 @@ def run_report(
     }
 
 
-def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
+def publish(
+    config: Config, ctx: RunContext, spark: SparkSession | Callable[[], SparkSession] | None = None
+) -> dict[str, Any]:
     """Publish a validated run: commit every table, then its report, then its ``runs``
     row. A failed run commits only its logs (under ``_failed/``), its report and its
     ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
@@ -247,7 +246,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     # still this run's, renewed; or taken again (new epoch) by a retry after a release
     held = lease.acquire(store, ctx.run_id, lease.SECONDS, ctx.epoch or None)
     ctx = replace(ctx, epoch=held.epoch)
-    lake = Lake(store, config.retention_days, fence(store, ctx))
+    lake = Lake(store, config.retention_days, fence(store, ctx), spark)
     runs = read_runs(lake)
     done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
@@ -258,7 +257,7 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     status = "published" if verdict.passed else "failed"
     report = run_report(config, ctx, summary, verdict, status)
     meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")
-    committer = Committer(lake, ctx.resolved, load_uploads(ctx), meta)
+    committer = Committer(lake, ctx.resolved, meta)
     if not verdict.passed:
         versions = publish_failed(committer, tables, ctx.dt)
     else:
@@ -269,10 +268,9 @@ def publish(config: Config, ctx: RunContext) -> dict[str, Any]:
     row = run_row(
         ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
     )
-    record_run(lake, row, ctx.work / "commit")  # fenced: the run is now visible as a whole
+    record_run(lake, row)  # fenced: the run is now visible as a whole
     if verdict.passed:  # a copy at a fixed place, for people (its retry writes it too)
         store.write_bytes(layout.date_report(ctx.dt), body)
-    store.delete_prefix(layout.staging_dir(ctx.run_id))  # committed: copied into the tables
     # The store is free for the next run. A publish that failed on the way keeps the
     # lease for its retry; ``finish`` releases it in the end.
     lease.release(store, ctx.run_id, ctx.epoch)
@@ -352,7 +350,6 @@ def _published_already(
 ) -> dict[str, Any]:
     """The retry of a publish whose ``runs`` row went in: its report, or its failure."""
     log.info("publish: run %s is recorded as %s already", ctx.run_id, row.status)
-    store.delete_prefix(layout.staging_dir(ctx.run_id))  # if the first attempt left it
     if not row.published:  # its gate failed, or it stopped before publish
         lease.release(store, ctx.run_id, ctx.epoch)
         raise GateError(
@@ -380,16 +377,19 @@ def fence(store: Store, ctx: RunContext) -> lease.Fence | None:
     return lease.Fence(store, ctx.run_id, ctx.epoch) if ctx.epoch else None
 
 
-def _record_stopped(store: Store, ctx: RunContext, retention_days: int) -> None:
-    """The ``runs`` row of a run that stopped before publish (an error, a kill), once."""
-    lake = Lake(store, retention_days, fence(store, ctx))
+def _record_stopped(
+    store: Store, ctx: RunContext, retention_days: int, spark: SparkSession | None = None
+) -> None:
+    """The ``runs`` row of a run that stopped before publish (an error, a kill), once
+    (a Spark session to write it: the run's, or one started for it)."""
+    lake = Lake(store, retention_days, fence(store, ctx), spark)
     if has_row(lake, ctx.run_id):
         return
     inputs = None
     if (ctx.staged / "inputs.json").exists():
         inputs = json.loads((ctx.staged / "inputs.json").read_text())
     row = run_row(ctx.run_id, ctx.dt, "failed", ctx.started, ctx.config_digest, inputs, None, {})
-    record_run(lake, row, ctx.work / "commit")
+    record_run(lake, row)
 
 
 def run(
@@ -408,12 +408,12 @@ def run(
             if not verdict.passed:
                 raise GateError("; ".join(verdict.failures))
             return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
-        return publish(config, ctx)
+        return publish(config, ctx, spark)
     finally:
-        finish(config, ctx)
+        finish(config, ctx, spark)
 
 
-def finish(config: Config, ctx: RunContext) -> None:
+def finish(config: Config, ctx: RunContext, spark: SparkSession | None = None) -> None:
     """The run's last step, whatever happened before (the DAG's ``all_done`` task, the
     end of ``cdr run``): release its lease if it still holds it (publish releases it)."""
     if ctx.dry_run:
@@ -423,9 +423,8 @@ def finish(config: Config, ctx: RunContext) -> None:
     store = open_store(config.store)
     current = lease.holder(store)
     if current is not None and current.run_id == ctx.run_id:
-        _record_stopped(
-            store, ctx, config.retention_days
-        )  # publish writes the row of a run that got that far
+        # publish writes the row of a run that got that far
+        _record_stopped(store, ctx, config.retention_days, spark)
     if lease.release(store, ctx.run_id, ctx.epoch):
         return
     current = lease.holder(store)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import reduce
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,6 +21,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pipeline.config import Table
 from pipeline.errors import ExportError
 from pipeline.exports import RAW_SCHEMA
+
+if TYPE_CHECKING:
+    from pipeline.lake import Pin
 from pipeline.schema import state_schema, typed
 
 #: the staged lines of a row export (``exports.RAW_SCHEMA``): read with it, not inferred (a
@@ -40,15 +44,45 @@ def empty_state(spark: SparkSession, table: Table) -> DataFrame:
 def read_prior(
     spark: SparkSession, staged_table: Path, table: Table, check: bool = True
 ) -> DataFrame:
-    """The state the run starts from. ``check=False``: a base snapshot that this run's
-    resolve already checked is not checked again (a Spark job spared)."""
+    """The state the run starts from: the published state ingest pinned (read by the
+    executors through Delta), a staged state of the earlier layout, or a base snapshot.
+    ``check=False``: what this run's resolve already checked (the pinned state's row
+    count, a base snapshot's rows) is not checked again (a Spark job spared)."""
+    from pipeline.lake import Pin
+    from pipeline.prior import PRIOR_PIN
+
+    pin = Pin.load(staged_table / PRIOR_PIN)
+    if pin is not None:
+        return _pinned_state(spark, pin, table, check)
     prior = staged_table / "prior"
-    if prior.is_dir() and any(prior.glob("*.parquet")):
+    if prior.is_dir() and any(prior.glob("*.parquet")):  # the earlier layout's, staged
         return spark.read.schema(state_schema(table)).parquet(str(prior))
     base = staged_table / "base"
     if base.is_dir():
         return read_base(spark, base, table, check=check)
     return empty_state(spark, table)
+
+
+def _pinned_state(spark: SparkSession, pin: Pin, table: Table, check: bool) -> DataFrame:
+    """The pinned state partition in the state's schema (a column the config added since
+    reads as null); ``check``: its row count is the one its ``runs`` row recorded."""
+    from pipeline.errors import PriorStateError
+    from pipeline.lake import read_pinned
+
+    df = read_pinned(spark, pin)
+    schema = state_schema(table)
+    cols = [
+        (F.col(f"`{f.name}`") if f.name in df.columns else F.lit(None))
+        .cast(f.dataType)
+        .alias(f.name)
+        for f in schema.fields
+    ]
+    state = df.select(*cols)
+    if check and pin.rows >= 0:
+        found = state.count()
+        if found != pin.rows:
+            raise PriorStateError(f"{pin.what}: Delta reads {found} rows, the runs row {pin.rows}")
+    return state
 
 
 def read_base(

@@ -35,6 +35,7 @@ class Store(Protocol):
     def replace_if(self, key: str, data: bytes, token: str) -> bool: ...
     def delete_if(self, key: str, token: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
+    def sizes(self, prefix: str) -> dict[str, int]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
     def copy(self, src_key: str, key: str) -> None: ...
@@ -155,6 +156,10 @@ class FileStore:
         if not base.is_dir():
             return []
         return sorted(str(f.relative_to(self.root).as_posix()) for f in _files_under(base))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """The keys under ``prefix`` with their sizes in bytes."""
+        return {k: self._p(k).stat().st_size for k in self.list(prefix)}
 
     def download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -326,6 +331,23 @@ class S3Store:
         except ClientError as e:
             raise self._fail(prefix, e) from None
         return sorted(keys)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """The keys under ``prefix/`` with their sizes in bytes (one listing)."""
+        from botocore.exceptions import ClientError
+
+        out: dict[str, int] = {}
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._k(prefix).rstrip("/") + "/"
+            )
+            for page in pages:
+                for o in page.get("Contents", []):
+                    out[o["Key"][cut:]] = int(o["Size"])
+        except ClientError as e:
+            raise self._fail(prefix, e) from None
+        return out
 
     def download(self, key: str, dest: Path) -> None:
         from botocore.exceptions import ClientError

@@ -16,11 +16,12 @@ Everything else under a table's folder goes: files of versions replaced before t
 failed before its commit). The logs of a failed run (``_failed/run=<id>/``) go whole,
 Delta log included, once their last commit is older than the window and no retained row
 is that run's (a failed run past the window, or one killed before its row went in).
-Takeover markers of the lease older than the window go too, and the staging folders of
-runs killed before their publish removed them (``published/_staging/``). Vacuum holds the
+Takeover markers of the lease older than the window go too, and the staging folders
+runs of releases before delta-spark left (``published/_staging/``). Vacuum holds the
 store's lease while it works, so that no run is committing files it would take for
-strays (a run resumed after a vacuum took its staged files stops at publish, naming one).
-The published tables' Delta logs are left whole.
+strays. A deletion vector file (``deletion_vector_*.bin``) goes when no add action of
+its table's log refers to it (the log holds every version a reader can ask for, and a
+little more). The published tables' Delta logs are left whole.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pipeline import layout, lease
-from pipeline.lake import Lake, add_actions
+from pipeline.lake import DV_PREFIX, DV_SUFFIX, Lake, add_actions, deletion_vector_files
 from pipeline.runs_table import RunRow, latest_published, read_runs
 from pipeline.store import Store
 
@@ -101,12 +102,20 @@ def _stale_files(
         at = lake.table(path, v)
         if at is not None:
             needed |= {a["path"] for a in add_actions(at)}
+    needed |= deletion_vector_files(lake.store, path)
     data = [
         k
         for k in lake.store.list(path)
-        if k.startswith(f"{path}/") and "/_delta_log/" not in k and k.endswith(".parquet")
+        if k.startswith(f"{path}/")
+        and "/_delta_log/" not in k
+        and (k.endswith(".parquet") or _is_deletion_vector(k))
     ]
     return len(data), [k for k in data if k[len(path) + 1 :] not in needed]
+
+
+def _is_deletion_vector(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return name.startswith(DV_PREFIX) and name.endswith(DV_SUFFIX)
 
 
 def vacuum(

@@ -14,7 +14,7 @@ import yaml
 
 from pipeline.store import FileStore
 from tests.helpers import REPO, configs
-from tests.unit.test_runs_page import _put, _report, runs_store
+from tests.spark.test_runs_page import _put, _report, runs_store
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_the_plugin_serves_nothing_else(client, path, detail):
 def test_a_malformed_report_is_an_error_row_not_a_failed_page(client, store, tmp_path, body):
     """The run's row is in, its report file is damaged: the page shows the run with the
     error, the other runs stay listed, and the JSON says which run cannot be read."""
-    _put(store, _report("2026-11-22", run="x", t={}), tmp_path / "work2")
+    _put(store, _report("2026-11-22", run="x", t={}))
     key = "published/reports/dt=2026-11-22/run=2026-11-22_x/run_report.json"
     store.write_bytes(key, body if isinstance(body, bytes) else body.encode())
     client.headers.update(_token("viewer"))

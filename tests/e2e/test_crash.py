@@ -37,7 +37,7 @@ CDC = {"enabled": True, "vnodes": 4, "shards": 1, "sharding_ignore_msb": 0}
 def _last_commit_by(table: Path) -> str:
     from deltalake import DeltaTable
 
-    return str(DeltaTable(str(table)).history(1)[0]["cdr.run_id"])
+    return str(P.commit_meta(DeltaTable(str(table)).history(1)[0])["run_id"])
 
 
 @pytest.mark.timeout(900)

@@ -1,13 +1,14 @@
 """A publish that fails at any one of its writes (issue 14, "Faults at every write of one
 publish"): on S3, behind a loopback proxy that fails every PUT from the N-th on
-(tests/helpers/faults.py), for every N. The publish is a rerun's, so that every dated table has a
-partition to replace. After each failure every table reads, with ``deltalake``, as after
-the previous run or as after the new one, never a mix; the ``runs`` table names the
-previous run only (or, after the last commit, the new run with every table as after it),
-and the versions it names still give the previous run's rows; and the retry of the same
-publish converges to the uninterrupted result, the date's report copy included. The same
-holds for the publish process SIGKILLed after its k-th commit (a few seeds), where no
-error handler runs."""
+(tests/helpers/faults.py), for N the first, the second, the last and seeded PUTs (every N
+with ``CDR_FULL_FAULT_SWEEP=1``: through s3a a publish is many requests). The publish is
+a rerun's, so that every dated table has a partition to replace. After each failure
+every table reads, with ``deltalake``, as after the previous run or as after the new
+one, never a mix; the ``runs`` table names the previous run only (or, after the last
+commit, the new run with every table as after it), and the versions it names still give
+the previous run's rows; and the retry of the same publish converges to the
+uninterrupted result, the date's report copy included. The same holds for the publish
+process SIGKILLed after its k-th commit (a few seeds), where no error handler runs."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pipeline.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
-from tests.helpers.faults import SEEDS, faulty_proxy, killed_at
+from tests.helpers.faults import SEEDS, fault_points, faulty_proxy, killed_at
 
 SCENARIO = "future_timestamp"  # conflicts and a quarantine
 
@@ -111,7 +112,7 @@ def test_a_publish_failing_at_any_write_leaves_whole_runs(s3_endpoint, tmp_path:
                 k = random.Random(seed).randint(1, len(after) // 2)
                 killed_at(["publish", *argv], r"commit published/", k)
                 whole_runs(f"killed after commit {k}", False)
-            for k in range(1, puts + 1):
+            for k in fault_points(puts):
                 _restore(bucket, saved)
                 proxy.arm(k)
                 assert main(["publish", *argv]) == 1, k

@@ -1,5 +1,5 @@
 """The Conflicts page's trends (extensions.md E6), rendered by headless Chromium. (The
-page's numbers: tests/unit/test_runs_page.py.)"""
+page's numbers: tests/spark/test_runs_page.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.lake import Lake
 from pipeline.runs import list_reports, render_page
 from pipeline.store import FileStore
 from tests.helpers.browser import render
-from tests.unit.test_runs_page import runs_store
+from tests.spark.test_runs_page import runs_store
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def store(tmp_path: Path) -> FileStore:
     return runs_store(tmp_path)
 
 
-def _stats_of_runs(s: FileStore, work: Path, days: int) -> None:
+def _stats_of_runs(s: FileStore, days: int) -> None:
     """``published/conflict_stats`` as ``days`` runs left it (E6), one commit per date:
     orders with conflicts rising by date, products with none but a quarantine."""
     from datetime import timedelta
@@ -61,9 +61,7 @@ def _stats_of_runs(s: FileStore, work: Path, days: int) -> None:
                 "count": 1,
             },
         ]
-        lake.write(
-            stats.PATH, pa.Table.from_pylist(rows, stats.SCHEMA), {"run_id": run}, dt=dt, work=work
-        )
+        lake.write(stats.PATH, pa.Table.from_pylist(rows, stats.SCHEMA), {"run_id": run}, dt=dt)
 
 
 def test_the_trends_draw_each_tables_last_30_runs_in_chromium(store, tmp_path: Path):
@@ -72,7 +70,7 @@ def test_the_trends_draw_each_tables_last_30_runs_in_chromium(store, tmp_path: P
     date and count; rendered by headless Chromium, with a screenshot kept beside the page."""
     from pipeline.stats import trends
 
-    _stats_of_runs(store, tmp_path / "work", 32)
+    _stats_of_runs(store, 32)
     last = trends(Lake(store))
     assert sorted(last) == ["orders", "products"]
     assert [p.dt for p in last["orders"]][:1] == ["2026-10-03"] and len(last["orders"]) == 30

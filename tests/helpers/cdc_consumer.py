@@ -81,6 +81,9 @@ class Consumer:
             streams[r["cdc$stream_id"]].append(r)
         for entries in streams.values():
             entries.sort(key=lambda r: (time_order(r["cdc$time"]), r["cdc$batch_seq_no"]))
+        # an older generation's streams are read to their end before a newer one's (a
+        # consumer's order across generations; rows come in no order of their own)
+        for entries in sorted(streams.values(), key=lambda e: time_order(e[0]["cdc$time"])):
             for r in entries:
                 self.apply(r, check_images)
 

@@ -2,18 +2,19 @@
 group, SIGKILLed when its log reaches a given line; ``Paused``: one stopped there
 (SIGSTOP) until the test resumes it.
 
-A loopback HTTP proxy in front of the S3 server that fails writes on demand: from the
-N-th PUT on, every PUT (an upload, a Delta commit, the lease) gets ``403 AccessDenied``,
-an error no client retries, as if the writer lost its credentials or its machine
-mid-publish. Reads and deletes go through. Both boto3 and delta-rs reach S3 through it
-(``AWS_ENDPOINT_URL_S3``), so every write of a publish is counted, whichever client
-makes it."""
+A loopback HTTP proxy (a process of its own) in front of the S3 server that fails writes
+on demand: from the N-th PUT on, every PUT (an upload, a Delta commit, the lease) gets
+``403 AccessDenied``, an error no client retries, as if the writer lost its credentials
+or its machine mid-publish. Reads and deletes go through. Every client (boto3, delta-rs,
+s3a) reaches S3 through it (``AWS_ENDPOINT_URL_S3``), so every write of a publish is
+counted, whichever client makes it."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -32,6 +33,16 @@ from pipeline import layout
 
 #: seeds of the commit-phase kills: one in CI, more with CDR_CRASH_SEEDS=1,2,3,...
 SEEDS = [int(s) for s in os.environ.get("CDR_CRASH_SEEDS", "1").split(",")]
+
+
+def fault_points(puts: int) -> list[int]:
+    """The PUTs of a write to fail, of ``puts``: the first, the second, the last and two
+    seeded ones; every one with ``CDR_FULL_FAULT_SWEEP=1`` (through s3a, a publish is
+    many requests)."""
+    if os.environ.get("CDR_FULL_FAULT_SWEEP") == "1":
+        return list(range(1, puts + 1))
+    rng = random.Random(SEEDS[0])
+    return sorted({1, min(2, puts), puts, *rng.sample(range(1, puts + 1), min(2, puts))})
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str]:
@@ -188,6 +199,8 @@ class FaultyProxy:
                 pass
 
             def _forward(self) -> None:
+                if self.path.startswith(CONTROL):
+                    return self._control()
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -207,14 +220,29 @@ class FaultyProxy:
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status, resp.reason)
+                head = self.command == "HEAD"  # its Content-Length is the object's
                 for k, v in resp.getheaders():
-                    if k.lower() not in _HOP and k.lower() != "content-length":
+                    if k.lower() not in _HOP and (head or k.lower() != "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
+
+            def _control(self) -> None:
+                """The test's orders: ``arm?from=N`` (or ``none``), and ``state``."""
+                if self.path.startswith(f"{CONTROL}arm"):
+                    said = self.path.split("from=", 1)[1]
+                    proxy.arm(None if said == "none" else int(said))
+                with proxy.lock:
+                    state = {"puts": proxy.puts, "failed": proxy.failed}
+                data = json.dumps(state).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def _read_chunked(self) -> bytes:
                 out = b""
@@ -231,14 +259,65 @@ class FaultyProxy:
         return Handler
 
 
+#: the path under which the proxy takes the test's orders
+CONTROL = "/__cdr_proxy/"
+
+
+class ProxyControl:
+    """The test's side of a proxy in its own process: arm it, read its counts."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def _ask(self, what: str) -> dict[str, int]:
+        u = urlparse(self.endpoint)
+        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=10)
+        try:
+            conn.request("GET", f"{CONTROL}{what}")
+            return dict(json.loads(conn.getresponse().read()))
+        finally:
+            conn.close()
+
+    def arm(self, fail_from: int | None) -> None:
+        self._ask(f"arm?from={'none' if fail_from is None else fail_from}")
+
+    @property
+    def puts(self) -> int:
+        return self._ask("state")["puts"]
+
+    @property
+    def failed(self) -> int:
+        return self._ask("state")["failed"]
+
+
 @contextmanager
-def faulty_proxy(upstream: str) -> Iterator[tuple[str, FaultyProxy]]:
+def faulty_proxy(upstream: str) -> Iterator[tuple[str, ProxyControl]]:
+    """The proxy in a process of its own: a client that holds the GIL while it waits
+    for S3 (delta-rs' query engine does) cannot starve it."""
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.faults", upstream],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        endpoint = p.stdout.readline().strip()
+        if not endpoint.startswith("http://"):
+            raise RuntimeError(f"the fault proxy did not start (exit {p.poll()})")
+        yield endpoint, ProxyControl(endpoint)
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def _serve(upstream: str) -> None:
     proxy = FaultyProxy(upstream)
     server = ThreadingHTTPServer(("127.0.0.1", 0), proxy.handler())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", proxy
-    finally:
-        server.shutdown()
-        server.server_close()
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

@@ -1,5 +1,6 @@
 """Read what a run published, as a downstream user would: Delta tables read with the
-``deltalake`` package (and, where a test says so, DuckDB's ``delta`` extension), plain
+``deltalake`` package's query engine, which applies deletion vectors (and, where a test
+says so, DuckDB's ``delta`` extension), plain
 files for the reports. Never through the pipeline's own reader."""
 
 from __future__ import annotations
@@ -49,8 +50,17 @@ def table(
         t = DeltaTable(uri, version=version, storage_options=_options(uri))
     except TableNotFoundError:
         return None
-    filters = [("dt", "=", str(dt))] if dt is not None else None
-    data: pa.Table = t.to_pyarrow_table(partitions=filters)
+    return query(t, f"WHERE \"dt\" = DATE '{dt}'" if dt is not None else "")
+
+
+def query(t: Any, where: str = "") -> list[dict[str, Any]]:
+    """The rows of a loaded ``deltalake`` table through its query engine (its pyarrow
+    reader refuses tables with deletion vectors), in the table's own schema."""
+    from deltalake import QueryBuilder
+
+    got = pa.table(QueryBuilder().register("t", t).execute(f"SELECT * FROM t {where}").read_all())
+    schema = pa.schema(t.schema().to_arrow())
+    data: pa.Table = got.select(schema.names).cast(schema)
     return data.to_pylist()
 
 
@@ -136,8 +146,16 @@ def snapshot_date(store: Any, name: str) -> str | None:
         t = DeltaTable(uri, storage_options=_options(uri))
     except TableNotFoundError:
         return None
-    dt: str | None = t.history(1)[0].get("cdr.dt")
-    return dt
+    return commit_meta(t.history(1)[0]).get("dt")
+
+
+def commit_meta(info: dict[str, Any]) -> dict[str, Any]:
+    """What a commit says of its run: its ``userMetadata`` (JSON), or the ``cdr.*`` keys
+    of a table an older release wrote."""
+    if info.get("userMetadata"):
+        meta: dict[str, Any] = json.loads(info["userMetadata"])
+        return meta
+    return {k[4:]: v for k, v in info.items() if k.startswith("cdr.")}
 
 
 def run_rows(store: Any, dt: date | str, status: str = "published") -> list[dict[str, Any]]:

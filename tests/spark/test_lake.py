@@ -1,16 +1,178 @@
-"""The Delta commits of tests/unit/test_lake.py (pipeline.lake, read back with deltalake and
-DuckDB's delta extension) on the loopback S3 server."""
+"""The Delta commits of pipeline.lake (delta-spark, deletion vectors on), read back as a
+user reads them (deltalake's query engine and DuckDB's delta extension), on a file store
+and on the loopback S3 server through s3a."""
 
 from __future__ import annotations
 
+from datetime import date
+
+import pyarrow as pa
 import pytest
 
-import tests.unit.test_lake as unit
-from tests.helpers.twins import store_tests
+from pipeline.lake import FEATURES, RETENTION_PROPERTIES, Lake
+from tests.helpers import published as P
 
-globals().update(store_tests(unit))  # the unit module's tests that take a store, on S3
+D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
+SCHEMA = "id long, v string"
 
 
-@pytest.fixture(params=["s3"])
+def ids(rows: list[dict]) -> list[int]:
+    return sorted(r["id"] for r in rows)
+
+
+@pytest.fixture(params=["file", "s3"])
 def store(request):
     return request.getfixturevalue(f"{request.param}_store")
+
+
+def test_a_rerun_of_a_date_replaces_its_partition_and_keeps_the_others(store, spark):
+    lake, path = Lake(store, spark=spark), "published/t/conflicts"
+    rows = spark.createDataFrame([(1, "x"), (2, "y"), (3, "z")], SCHEMA).repartition(2)
+    assert lake.commit(path, rows, {"run_id": "r1"}, dt=D1).version == 0
+    lake.commit(path, spark.createDataFrame([(10, "x")], SCHEMA), {"run_id": "r2"}, dt=D2)
+    c2 = lake.commit(path, spark.createDataFrame([(4, "w")], SCHEMA), {"run_id": "r3"}, dt=D1)
+    assert c2.version == 2
+    assert ids(P.rows(store, path, D1)) == [4]  # the rerun's rows only
+    assert ids(P.rows(store, path, D2)) == [10]
+    assert ids(P.table(store, path, D1, version=0) or []) == [1, 2, 3]  # time travel
+    assert ids(P.duckdb_rows(store, path, D1)) == [4]
+    assert ids(P.duckdb_rows(store, path)) == [4, 10]
+    runs = [P.commit_meta(h).get("run_id") for h in lake.history(path)]
+    assert runs == ["r3", "r2", "r1"]
+    assert ids(r.asDict() for r in lake.frame(path, version=1, dt=D1).collect()) == [1, 2, 3]
+
+
+def test_an_empty_rerun_empties_its_partition(store, spark):
+    lake, path = Lake(store, spark=spark), "published/t/quarantine"
+    lake.commit(path, spark.createDataFrame([(1, "x")], SCHEMA), {"run_id": "r1"}, dt=D1)
+    assert lake.commit(path, None, {"run_id": "r2"}, dt=D1).version == 1
+    assert P.rows(store, path, D1) == []
+    assert lake.commit(path, None, {"run_id": "r3"}, dt=D2).version == 1  # nothing to do
+
+
+def test_an_undated_table_is_replaced_whole(store, spark):
+    lake, path = Lake(store, spark=spark), "published/t/snapshot"
+    lake.commit(path, spark.createDataFrame([(1, "x"), (2, "y")], SCHEMA), {"run_id": "r1"})
+    lake.commit(path, spark.createDataFrame([(3, "z")], SCHEMA), {"run_id": "r2"})
+    assert ids(P.rows(store, path)) == [3]
+    assert ids(P.duckdb_rows(store, path)) == [3]
+
+
+def test_file_statistics_let_a_reader_skip_files(store, spark):
+    lake, path = Lake(store, spark=spark), "published/t/snapshot"
+    rows = spark.createDataFrame([(1, "a"), (5, "e"), (7, "g")], SCHEMA).repartition(1)
+    lake.commit(path, rows, {"run_id": "r1"})
+    (add,) = pa.table(lake.table(path).get_add_actions(flatten=True)).to_pylist()
+    assert (add["num_records"], add["min.id"], add["max.id"], add["null_count.v"]) == (3, 1, 7, 0)
+
+
+def test_every_table_is_created_with_the_projects_features_and_the_writers_retention(store, spark):
+    def config(path: str) -> dict[str, str | None]:
+        c = Lake(store).table(path).metadata().configuration
+        return {k: c.get(k) for k in (*RETENTION_PROPERTIES, *FEATURES)}
+
+    lake, path = Lake(store, retention_days=45, spark=spark), "published/t/snapshot"
+    lake.write(path, _arrow([1]), {"run_id": "a"})
+    want = {**dict.fromkeys(RETENTION_PROPERTIES, "interval 45 days"), **FEATURES}
+    assert config(path) == want
+    assert "deletionVectors" in (Lake(store).table(path).protocol().reader_features or [])
+    longer = Lake(store, retention_days=60, spark=spark)  # the setting changed
+    c = longer.write(path, _arrow([2]), {"run_id": "b"})
+    assert c.version == 2 and ids(P.rows(store, path)) == [2]  # its own commit, then b's
+    assert config(path)["delta.logRetentionDuration"] == "interval 60 days"
+    assert P.commit_meta(longer.history(path)[1]).get("operation") == "set the table properties"
+    assert longer.write(path, _arrow([3]), {}).version == 3  # once
+
+
+def _arrow(values: list[int]):
+    import pyarrow as pa
+
+    return pa.table({"id": pa.array(values, pa.int64())})
+
+
+def test_readers_agree_on_a_version_after_a_merge_that_updated_and_deleted(store, spark):
+    """delta-spark, delta-rs and DuckDB read the same rows at a version after a MERGE
+    that went through deletion vectors; reading the version's files as plain Parquet
+    would not (the rows a deletion vector removed come back)."""
+    from delta.tables import DeltaTable
+
+    lake, path = Lake(store, spark=spark), "published/t/state"
+    rows = spark.createDataFrame([(i, str(i)) for i in range(20)], SCHEMA).repartition(1)
+    lake.commit(path, rows, {"run_id": "r1"}, dt=D1)
+    changes = spark.createDataFrame(
+        [(3, "new", False), (4, None, True)], "id long, v string, gone boolean"
+    )
+    (
+        DeltaTable.forPath(spark, lake.spark_uri(path))
+        .alias("t")
+        .merge(changes.alias("s"), "t.id = s.id")
+        .whenMatchedDelete("s.gone")
+        .whenMatchedUpdate(set={"v": "s.v"})
+        .execute()
+    )
+    assert lake.version(path) == 1
+    metrics = DeltaTable.forPath(spark, lake.spark_uri(path)).history(1).collect()[0]
+    assert metrics.operationMetrics["numTargetDeletionVectorsAdded"] == "1"
+    want = sorted((i, "new" if i == 3 else str(i)) for i in range(20) if i != 4)
+    by_spark = sorted((r.id, r.v) for r in lake.frame(path, version=1).collect())
+    by_rs = sorted((r["id"], r["v"]) for r in P.table(store, path, version=1) or [])
+    by_duckdb = sorted((r["id"], r["v"]) for r in P.duckdb_rows(store, path))
+    assert by_spark == by_rs == by_duckdb == want
+    assert sorted((r["id"], r["v"]) for r in lake.read(path, version=1).to_pylist()) == want
+
+
+def _jobs_of(spark, work) -> int:
+    """The Spark jobs ``work()`` ran."""
+    sc = spark.sparkContext
+    group = f"cdr-test-{id(work)}"
+    sc.setJobGroup(group, group)
+    try:
+        work()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_replace_takes_the_files_it_removes_from_the_checksum_not_a_scan(store, spark):
+    """A partition replaced after a MERGE that left a deletion vector: the partition's
+    files go (the one with its vector too), the other date's stay, and the commit ran one
+    Spark job (the write), not Delta's reconstruction of the table's state."""
+    from delta.tables import DeltaTable
+
+    lake, path = Lake(store, spark=spark), "published/t/state"
+    lake.commit(path, spark.createDataFrame([(i, "a") for i in range(6)], SCHEMA), {}, dt=D1)
+    lake.commit(path, spark.createDataFrame([(9, "b")], SCHEMA), {}, dt=D2)
+    (
+        DeltaTable.forPath(spark, lake.spark_uri(path))
+        .alias("t")
+        .merge(spark.createDataFrame([(2, "x")], SCHEMA).alias("s"), "t.id = s.id")
+        .whenMatchedDelete()
+        .execute()
+    )
+    rows = spark.createDataFrame([(7, "c")], SCHEMA)
+    jobs = _jobs_of(spark, lambda: lake.commit(path, rows, {"run_id": "r"}, dt=D1))
+    assert jobs == 1
+    assert ids(P.rows(store, path, D1)) == [7] and ids(P.rows(store, path, D2)) == [9]
+    assert ids(P.duckdb_rows(store, path)) == [7, 9]
+    assert P.commit_meta(lake.history(path, 1)[0]).get("run_id") == "r"
+    whole = spark.createDataFrame([(8, "d")], SCHEMA)
+    lake.commit("published/t/snapshot", whole, {})  # a new table: Delta's own writer
+    assert _jobs_of(spark, lambda: lake.commit("published/t/snapshot", rows, {})) == 1
+    assert ids(P.rows(store, "published/t/snapshot")) == [7]
+
+
+def test_without_a_file_list_in_the_checksum_a_replace_is_deltas_own(store, spark):
+    """No checksum file (a table another writer made), or a new column: Delta's overwrite
+    (its scan of the state, its schema merge) does the replace, with the same result."""
+    lake, path = Lake(store, spark=spark), "published/t/ledger"
+    lake.commit(path, spark.createDataFrame([(1, "a")], SCHEMA), {}, dt=D1)
+    lake.commit(path, spark.createDataFrame([(2, "b")], SCHEMA), {}, dt=D2)
+    store.delete([k for k in store.list(f"{path}/_delta_log/") if k.endswith(".crc")])
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # its copy too
+    rows = spark.createDataFrame([(3, "c")], SCHEMA)
+    assert _jobs_of(spark, lambda: lake.commit(path, rows, {}, dt=D1)) > 1
+    assert ids(P.rows(store, path, D1)) == [3] and ids(P.rows(store, path, D2)) == [2]
+    wider = spark.createDataFrame([(4, "d", 1)], SCHEMA + ", n int")
+    lake.commit(path, wider, {}, dt=D2)
+    assert [(r["id"], r["n"]) for r in P.rows(store, path, D2)] == [(4, 1)]
+    assert [(r["id"], r["n"]) for r in P.rows(store, path, D1)] == [(3, None)]

@@ -70,7 +70,7 @@ def test_a_deleted_or_damaged_prior_state_file_stops_the_run(tmp_path: Path, spa
     assert f"published/t/state/dt={D1}/{f.name}: missing (1 rows)" in err, err
     f.write_bytes(good[: len(good) // 2])
     assert _run(cfg, tmp_path, D2) == 1
-    assert f"{f.name}: not a readable Parquet file" in capsys.readouterr().err
+    assert f"{f.name}: not the file the Delta log names" in capsys.readouterr().err
     f.write_bytes(good)
     assert _run(cfg, tmp_path, D2) == 0  # restored: the run goes on from it
     assert sorted(r["id"] for r in P.snapshot(tmp_path / "store", "t")) == [20, 21]

@@ -1,16 +1,80 @@
-"""What a run starts from (pipeline.prior), the tests of tests/unit/test_prior.py that take a
-store, on the loopback S3 server."""
+"""What a run starts from (pipeline.prior): the state its previous date published, pinned
+at the version that run's ``runs`` row names, and the ledger's window; a missing, cut or
+foreign file stops the run with a message naming it. On a file store and on the loopback
+S3 server."""
 
 from __future__ import annotations
 
+from datetime import date, timedelta
+
+import pyarrow as pa
 import pytest
 
-import tests.unit.test_prior as unit
-from tests.helpers.twins import store_tests
+from pipeline import layout
+from pipeline.errors import PriorStateError
+from pipeline.lake import Lake, read_pinned
+from pipeline.prior import ledger_window, pin_ledger, pin_state
+from pipeline.runs_table import RunRow, now
 
-globals().update(store_tests(unit))  # the unit module's tests that take a store, on S3
+D1 = date(2026, 11, 20)
+STATE = layout.table_path("t", layout.STATE)
 
 
-@pytest.fixture(params=["s3"])
+@pytest.fixture(params=["file", "s3"])
 def store(request):
     return request.getfixturevalue(f"{request.param}_store")
+
+
+def published(lake: Lake, spark, run_id: str = "r1", rows: int = 3) -> RunRow:
+    frame = spark.createDataFrame([(i, f"e{i}") for i in range(rows)], "id long, event_id string")
+    c = lake.commit(STATE, frame.repartition(1), {"run_id": run_id}, dt=D1)
+    t = now()
+    return RunRow(run_id, D1, "published", t, t, None, "c" * 64,
+                  counts={"tables": {"t": {"state_rows": rows}}},
+                  versions={STATE: c.version})  # fmt: skip
+
+
+def test_the_published_state_is_pinned_and_read_by_the_executors(store, spark):
+    lake = Lake(store, spark=spark)
+    run = published(lake, spark)
+    pin = pin_state(store, lake, run, "t")
+    assert (pin.version, pin.dates, pin.rows) == (0, (D1.isoformat(),), 3)
+    assert sorted(r.id for r in read_pinned(spark, pin).collect()) == [0, 1, 2]
+
+
+def test_a_missing_or_cut_file_stops_the_run(store, spark):
+    lake = Lake(store, spark=spark)
+    run = published(lake, spark)
+    (add,) = pa.table(lake.table(STATE).get_add_actions(flatten=True)).to_pylist()
+    key = f"{STATE}/{add['path']}"
+    store.write_bytes(key, store.read_bytes(key)[:-10])  # the file cut short
+    with pytest.raises(PriorStateError, match=r"not the file the Delta log names"):
+        pin_state(store, lake, run, "t")
+    store.delete([key])
+    with pytest.raises(PriorStateError, match=r"missing \(3 rows\)"):
+        pin_state(store, lake, run, "t")
+
+
+def test_a_version_another_run_committed_stops_the_run(file_store, spark):
+    lake = Lake(file_store, spark=spark)
+    run = published(lake, spark, "r1")
+    published(lake, spark, "r2")  # a later run of the same date, not in r1's row
+    named_later = RunRow(**{**run.__dict__, "versions": {STATE: 1}})
+    with pytest.raises(PriorStateError, match="committed by 'r2'"):
+        pin_state(file_store, lake, named_later, "t")
+
+
+def test_the_ledger_window_is_the_grace_period_before_the_date(file_store, spark):
+    lake, path = Lake(file_store, spark=spark), layout.table_path("t", layout.LEDGER)
+    for back in range(0, 13):  # D1 and the twelve days before it
+        d = D1 - timedelta(days=back)
+        frame = spark.createDataFrame([(back, f"e{back}")], "id long, event_id string")
+        lake.commit(path, frame, {"run_id": "r"}, dt=d)
+    pin = pin_ledger(file_store, lake, "t", D1, 10 * 86_400)
+    assert pin is not None
+    assert pin.dates == tuple((D1 - timedelta(days=b)).isoformat() for b in range(10, 0, -1))
+    days = sorted(r.id for r in read_pinned(spark, pin).collect())
+    assert days == list(range(1, 11))  # [D1 - 10 days, D1): not D1 itself
+    assert pin_ledger(file_store, lake, "t", D1 - timedelta(days=20), 10 * 86_400) is None
+    assert ledger_window(D1, 864000) == (D1 - timedelta(days=10), D1)
+    assert ledger_window(D1, 3600) == (D1, D1)  # under a day: no earlier date

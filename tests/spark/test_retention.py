@@ -2,8 +2,8 @@
 every published table carries the config's ``retention_days`` as its log retention, so
 checkpoints and log clean-up, long after the runs, never remove a version a retained
 ``runs`` row names, and a backfill from the oldest retained date still works. On
-``file://``, where log files can be backdated: delta-rs removes log files older than the
-table's log retention (30 days by default) once a checkpoint follows them."""
+``file://``, where log files can be backdated: delta-spark removes log files older than
+the table's log retention (30 days by default) once a checkpoint follows them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from pipeline.cli import main
 from pipeline.config import parse_config
@@ -25,9 +24,9 @@ from tests.helpers import configs
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
-#: the test's checkpoints come every 10 commits (delta-rs' default: 100), so that it
-#: makes a checkpoint's worth of commits quickly
-INTERVAL = 10
+#: the test's checkpoints come every 2 commits (delta-spark's default is 10: the test
+#: needs two checkpoints, not their number of commits)
+INTERVAL = 2
 CONFIG = configs.config(
     {"items": configs.table({"id": "bigint", "qty": "int"})},
     replicas=("r1", "r2"),
@@ -37,26 +36,34 @@ CONFIG = configs.config(
 
 
 def _age(log: Path, days: int) -> None:
+    """The log's files made ``days`` older, a second apart in their order (as written: a
+    Delta clean-up takes a file no later than the one before it for a commit of the same
+    moment, and finds no checkpoint among files of one time)."""
     old = time.time() - days * 86400
-    for f in log.iterdir():
-        os.utime(f, (old, old))
+    for i, f in enumerate(sorted(log.iterdir())):
+        os.utime(f, (old + i, old + i))
 
 
-def _forty_days_of_commits(uri: str) -> None:
-    """A checkpoint's worth of commits after the table's own, all of them 40 days old by
-    their files' time, then one more commit: its clean-up removes every log file older
-    than the table's log retention that the checkpoint makes unnecessary."""
-    t = DeltaTable(uri)
-    t.alter.set_table_properties({"delta.checkpointInterval": str(INTERVAL)})
-    for _ in range(INTERVAL + 1):
-        t.create_write_transaction([], "append", t.schema())
+def _forty_days_of_commits(spark, uri: str) -> None:
+    """A checkpoint's worth of commits after the table's own (delta-spark's: property
+    changes), all of them 40 days old by their files' time, then one more commit: its
+    checkpoint's clean-up removes every log file older than the table's log retention
+    that the checkpoint makes unnecessary."""
+
+    def alter(props: str) -> None:
+        spark.sql(f"ALTER TABLE delta.`file://{uri}` SET TBLPROPERTIES ({props})")
+
+    alter(f"'delta.checkpointInterval' = '{INTERVAL}'")
+    for i in range(INTERVAL + 1):
+        alter(f"'cdr.test.tick' = '{i}'")
     _age(Path(uri) / "_delta_log", 40)
-    DeltaTable(uri).create_write_transaction([], "append", t.schema())
+    for i in range(INTERVAL):  # to the next checkpoint, which cleans up
+        alter(f"'cdr.test.tock' = '{i}'")
 
 
 def _loads(uri: str, version: int) -> bool:
     try:
-        DeltaTable(uri, version=version).to_pyarrow_table()
+        P.query(DeltaTable(uri, version=version))
         return True
     except Exception:
         return False
@@ -74,8 +81,8 @@ def test_every_retained_version_loads_after_forty_days_of_checkpoints(tmp_path: 
 
     # a table the project did not write: the default retention, the same 40 days
     control = str(tmp_path / "control")
-    write_deltalake(control, pa.table({"id": [1]}))
-    _forty_days_of_commits(control)
+    spark.createDataFrame([(1,)], "id long").write.format("delta").save(f"file://{control}")
+    _forty_days_of_commits(spark, control)
     assert not _loads(control, 0)  # the clean-up ran: version 0's log is gone
 
     paths = table_paths(store)
@@ -84,7 +91,7 @@ def test_every_retained_version_loads_after_forty_days_of_checkpoints(tmp_path: 
         assert {k: props.get(k) for k in RETENTION_PROPERTIES} == dict.fromkeys(
             RETENTION_PROPERTIES, "interval 60 days"
         ), path
-        _forty_days_of_commits(str(root / path))
+        _forty_days_of_commits(spark, str(root / path))
     runs = P.runs(store)
     named = [(path, v) for r in runs for path, v in r["versions"].items()]
     assert len(runs) == 2 and len({p for p, _ in named}) >= 8

@@ -56,3 +56,11 @@ def test_missing_jars_say_how_to_fetch_them(tmp_path, monkeypatch):
     monkeypatch.setenv(jars.JARS_ENV, str(tmp_path))
     with pytest.raises(JarsError, match="cdr jars fetch"):
         jars.classpath()
+
+
+def test_without_javac_the_log_store_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no javac on it
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(JarsError, match=r"javac is needed.*default-jdk-headless"):
+        jars.build_own(tmp_path)
+    assert not list(tmp_path.glob("*.jar"))

@@ -54,33 +54,6 @@ def _setup(tmp: Path, gc_grace_seconds: int = 864000) -> Path:
     return configs.write(tmp / "cdr.yaml", cfg)
 
 
-def test_the_window_is_the_gc_grace_before_the_date_without_the_date(tmp_path: Path):
-    """A run of D reads the ledger partitions of [D - gc_grace_seconds, D): not D's own (a
-    rerun of D resolves its events again), not later dates' (a backfill). An event from
-    before the window is older than the grace, and quarantined as stale anyway."""
-    from datetime import date, timedelta
-
-    import pyarrow as pa
-
-    from pipeline.lake import Lake
-    from pipeline.prior import ledger_window, stage_ledger
-    from pipeline.store import FileStore
-
-    d = date(2026, 11, 21)
-    assert ledger_window(d, 864000) == (d - timedelta(days=10), d)
-    assert ledger_window(d, 3600) == (d, d)  # under a day: no earlier date
-    store = FileStore(tmp_path / "store")
-    lake = Lake(store)
-    for back in (11, 10, 1, 0, -1):
-        day = d - timedelta(days=back)
-        rows = pa.table({"event_id": [f"e{back}"], "fate": ["applied"]})
-        lake.write("published/t/ledger", rows, {"run_id": "r"}, dt=day, work=tmp_path / "w")
-    staged = stage_ledger(store, lake, "t", d, 864000, tmp_path / "staged")
-    assert staged == ["2026-11-11", "2026-11-20"]
-    got = sorted(p.parent.name for p in (tmp_path / "staged").rglob("*.parquet"))
-    assert got == ["dt=2026-11-11", "dt=2026-11-20"]
-
-
 def test_generated_nights_have_their_own_event_ids(tmp_path: Path):
     """``cdr generate`` numbered each night's events from 1 again: the next night's events
     took the ids of the night before, and the ledger set them all aside as duplicates."""

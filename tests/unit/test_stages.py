@@ -12,14 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import main
 from pipeline.context import RunContext
 from pipeline.errors import StageError
 from pipeline.summary import RunSummary
 from pipeline.validation import load_verdict
-from tests.helpers import published as P
 from tests.helpers.fold_helpers import make_config
-from tests.helpers.snapshots import SUB, D, setup
+from tests.helpers.snapshots import SUB, setup
 
 
 def test_a_config_edit_after_ingest_is_refused_by_the_next_stage(tmp_path: Path):
@@ -73,40 +71,3 @@ def test_a_verdict_of_another_resolve_is_refused(tmp_path: Path):
     ctx.results.write_text(json.dumps({**verdict, "run_id": "r0"}))
     with pytest.raises(StageError, match=r"\(run r0, resolve a\)"):
         load_verdict(ctx, resolved["a"])
-
-
-def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, capsys):
-    """No Spark: the lease is taken at ingest. Another run, of the same date or another,
-    is refused naming the holder; the holder's retry re-enters; finish releases; a dry run
-    needs no lease; ``cdr unlock`` breaks a live one only with ``--force``."""
-    cfg = setup(tmp_path, "warn", SUB)
-    lock = tmp_path / "store/published/_lock"
-    argv = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
-    a, b = ["--date", D, "--run-id", "night-a"], ["--date", D, "--run-id", "night-b"]
-    assert main(["ingest", *argv, *a]) == 0 and json.loads(lock.read_text())["run_id"] == "night-a"
-    capsys.readouterr()
-    for other in (b, ["--date", "2026-11-22", "--run-id", "night-c"]):
-        assert main(["ingest", *argv, *other]) == 1
-        assert "is being written by run night-a on" in capsys.readouterr().err
-    assert main(["ingest", *argv, *a]) == 0  # an Airflow retry of the same run
-    dry = ["--date", D, "--run-id", "look", "--dry-run"]
-    assert main(["ingest", *argv, *dry]) == 0  # writes nothing to the store: no lease
-    assert json.loads(lock.read_text())["run_id"] == "night-a"
-    work = tmp_path / "work"
-    assert {p.name for p in work.iterdir()} == {"run=night-a", "run=look"}  # one each
-    assert main(["finish", *argv, *a]) == 0 and not lock.exists()
-    # a run that stopped before publish is in the runs table, as failed
-    assert [(r["run_id"], r["status"]) for r in P.runs(tmp_path / "store")] == [
-        ("night-a", "failed")
-    ]
-    assert main(["ingest", *argv, *b]) == 0 and json.loads(lock.read_text())["run_id"] == "night-b"
-    # the date's earlier real run is over (b holds the lease): its folder goes; the dry
-    # run's stays until the next dry run of the date
-    assert {p.name for p in work.iterdir()} == {"run=night-b", "run=look"}
-    assert main(["ingest", *argv, "--date", D, "--run-id", "look-2", "--dry-run"]) == 0
-    assert {p.name for p in work.iterdir()} == {"run=night-b", "run=look-2"}
-    capsys.readouterr()
-    assert main(["unlock", "--config", str(cfg)]) == 1 and lock.exists()  # live: kept
-    assert "`cdr unlock --force` breaks it" in capsys.readouterr().err
-    assert main(["unlock", "--config", str(cfg), "--force"]) == 0 and not lock.exists()
-    assert "unlocked" in capsys.readouterr().out

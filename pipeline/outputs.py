@@ -1,0 +1,38 @@
+"""What a run publishes: each output folder of its ``resolved`` folder and the table its
+rows go to (``pipeline.published`` commits them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline import layout
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+
+
+@dataclass(frozen=True)
+class Output:
+    """A folder of the run's ``resolved`` outputs and the table its files go to."""
+
+    folder: str  # relative to ``resolved``
+    path: str  # the table's key in the store
+    dated: bool  # partitioned by ``dt``
+
+
+def outputs(config: Config) -> list[Output]:
+    """Every output a publish may commit."""
+    from pipeline import stats
+
+    out = [Output(stats.FOLDER, stats.PATH, True)]  # E6
+    if config.cdc.enabled:
+        out += [Output(f"cdc/{n}", layout.cdc_table_dir(n), False) for n in layout.CDC_TABLES]
+    for t in config.tables:
+        out += [Output(f"{t}/{k}", layout.table_path(t, k), True) for k in layout.DATED]
+        if config.cdc.enabled:
+            out.append(Output(f"cdc/{t}/log", layout.cdc_log_path(t), True))
+        if config.tables[t].history is not None:
+            out.append(Output(f"{t}/{layout.HISTORY}", layout.table_path(t, layout.HISTORY), False))
+        out.append(Output(f"{t}/{layout.SNAPSHOT}", layout.table_path(t, layout.SNAPSHOT), False))
+    return out

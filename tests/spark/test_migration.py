@@ -1,0 +1,52 @@
+"""A store published before delta-spark (``tests/fixtures/store-before-delta-spark``:
+its tables written by delta-rs, ``cdr.*`` commit info, no deletion vectors) is read by the
+next night on the new layer, and a date published before the move can be run again.
+
+The reference is what the release before made of the third night (``after-d3.json``, made
+with the fixture): the new layer's third night leaves every table as that release would
+have."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.cli import main
+from pipeline.lake import FEATURES, Lake
+from pipeline.store import open_store
+from tests.fixtures.make_store_before_delta_spark import DATES, EXPECTED, config_for, tables
+from tests.helpers import configs
+from tests.helpers import published as P
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "store-before-delta-spark"
+D1, D2, D3 = (d.isoformat() for d in DATES)
+
+
+def _night(root: Path, d: str, *extra: str) -> int:
+    cfg = configs.write(root / "cdr.yaml", config_for(root))
+    argv = ["run", "--config", str(cfg), "--date", d, "--work-dir", str(root / "work")]
+    return main([*argv, "--no-data-docs", *extra])
+
+
+def test_the_night_after_the_move_and_a_backfill_from_before_it(tmp_path: Path, spark):
+    moved = tmp_path / "moved"
+    shutil.copytree(FIXTURE, moved)
+    old = open_store((moved / "store").as_uri())
+    before = P.runs(old)
+    assert [(str(r["dt"]), r["status"]) for r in before] == [(D1, "published"), (D2, "published")]
+    assert "cdr.run_id" in Lake(old).commit_info("published/accounts/snapshot", 0)  # delta-rs'
+
+    assert _night(moved, D3) == 0
+    assert [str(r["dt"]) for r in P.runs(old)] == [D1, D2, D3]
+    expected = json.loads((FIXTURE / EXPECTED).read_text())
+    assert tables(moved) == expected
+    snapshot = Lake(old).table("published/accounts/snapshot")
+    assert {k: snapshot.metadata().configuration.get(k) for k in FEATURES} == FEATURES
+
+    # D2 again, a date the release before published: from D1's state as that release left it
+    assert _night(moved, D2, "--run-id", "backfill-d2") == 0
+    assert P.runs(old)[-1]["run_id"] == "backfill-d2" and P.runs(old)[-1]["status"] == "published"
+    assert P.snapshot_date(old, "accounts") == D3  # a backfill never moves it back
+    by_d2 = {r["run_id"] for r in P.log(old, "accounts", "ledger", D2)}
+    assert by_d2 == {"backfill-d2"}
