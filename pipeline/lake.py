@@ -2,12 +2,15 @@
 
 delta-spark is the one writer of every table: a run's outputs (Parquet in its work
 folder) are read by the executors and written into their tables, one commit per table
-(a dated table's partition replaced, ``replaceWhere``; an undated one replaced whole, or
-appended to). Every table is created with deletion vectors on and the writer's
-retention (:data:`FEATURES`, :func:`retention_properties`), checked at each commit. The
-run id, date and verdict go in each commit's ``userMetadata`` (JSON; :func:`meta_of`
-also reads the ``cdr.*`` commit info keys of tables an older release wrote with
-delta-rs). A run's commits are fenced by its lease (:class:`pipeline.lease.Fence`).
+(a dated table's partition replaced; an undated one replaced whole, or appended to). A
+replace takes the files it removes from the checksum file of the version it starts from
+(``pipeline/jvm/Replace.java``: Delta's own overwrite would first reconstruct the table's
+state with Spark jobs); Delta's ``replaceWhere`` does it when the checksum lists no
+files. Every table is created with deletion vectors on and the writer's retention
+(:data:`FEATURES`, :func:`retention_properties`), checked at each commit. The run id,
+date and verdict go in each commit's ``userMetadata`` (JSON; :func:`meta_of` also reads
+the ``cdr.*`` commit info keys of tables an older release wrote with delta-rs). A run's
+commits are fenced by its lease (:class:`pipeline.lease.Fence`).
 
 Readers take a table at a version through a Delta reader, never through its file list
 and Parquet (that would return the rows a deletion vector removed): Spark's for the
