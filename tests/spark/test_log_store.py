@@ -58,7 +58,9 @@ def test_a_commit_of_a_run_that_lost_its_lease_is_refused_at_the_log(store, spar
     monkeypatch.setattr(lease.Fence, "before", lambda self, table: None)
     late = spark.createDataFrame([(2, "y")], SCHEMA)
     with pytest.raises(LockedError, match=f"{path}: another writer.*held by run run-b"):
-        lake.commit(path, late, {}, dt=D2)
+        lake.commit(path, late, {}, dt=D2)  # an append (a new partition)
+    with pytest.raises(LockedError, match=f"{path}: another writer.*held by run run-b"):
+        lake.commit(path, late, {}, dt=D1)  # a replace (pipeline/jvm/Replace.java)
     assert Lake(store).version(path) == 0  # no commit of the late writer
     assert sorted(r["id"] for r in P.rows(store, path)) == [1]
 
