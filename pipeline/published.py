@@ -51,35 +51,36 @@ class Committer:
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 return current
-        if current is not None and not _rows_in(files):
+        rows, schema = _footers(files)
+        if current is not None and not rows:
             files = []  # an empty output: the partition emptied, if it holds anything
         frame = None
-        if files:  # the schema Spark wrote in their footers: no Spark job to infer it
-            reader, schema = lake.session().read, _spark_schema(files[0])
+        if files:  # with the schema Spark wrote in their footers: no Spark job infers it
+            reader = lake.session().read
             frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version
 
 
-def _rows_in(files: list[Path]) -> int:
-    """The rows of the run's own Parquet files, from their footers."""
-    import pyarrow.parquet as pq
-
-    return sum(pq.read_metadata(f).num_rows for f in files)
-
-
 #: the footer key under which Spark writes a Parquet file's schema
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def _spark_schema(file: Path) -> Any:
-    """The Spark schema a run's Parquet file was written with (None if not Spark's)."""
+def _footers(files: list[Path]) -> tuple[int, Any]:
+    """What the footers of a run's own Parquet files say: their rows, and the Spark
+    schema they were written with (None if none says it)."""
     import pyarrow.parquet as pq
     from pyspark.sql.types import StructType
 
-    said = (pq.read_schema(file).metadata or {}).get(SPARK_SCHEMA_KEY)
-    return StructType.fromJson(json.loads(said)) if said else None
+    rows, schema = 0, None
+    for f in files:
+        meta = pq.read_metadata(f)
+        rows += meta.num_rows
+        said = (meta.metadata or {}).get(SPARK_SCHEMA_KEY)
+        if schema is None and said:
+            schema = StructType.fromJson(json.loads(said))
+    return rows, schema
 
 
 def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[str, int]:

@@ -21,10 +21,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pipeline.config import Table
 from pipeline.errors import ExportError
 from pipeline.exports import RAW_SCHEMA
+from pipeline.schema import state_schema, typed
 
 if TYPE_CHECKING:
     from pipeline.lake import Pin
-from pipeline.schema import state_schema, typed
 
 #: the staged lines of a row export (``exports.RAW_SCHEMA``): read with it, not inferred (a
 #: Spark job per read)

@@ -317,20 +317,7 @@ class S3Store:
             raise self._fail(key, e) from None
 
     def list(self, prefix: str) -> list[str]:
-        from botocore.exceptions import ClientError
-
-        full = self._k(prefix)
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        keys: list[str] = []
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=full.rstrip("/") + "/"
-            )
-            for page in pages:
-                keys.extend(o["Key"][strip:] for o in page.get("Contents", []))
-        except ClientError as e:
-            raise self._fail(prefix, e) from None
-        return sorted(keys)
+        return sorted(self.sizes(prefix))
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """The keys under ``prefix/`` with their sizes in bytes (one listing)."""
