@@ -890,9 +890,12 @@ def fetch_files(
     spark: SparkSession, tasks: list[FileTask], specs: dict[str, TypingSpec]
 ) -> list[tuple[int, str | None]]:
     """``fetch_file`` of each task in a Spark task of its own, results in the tasks' order.
-    The driver's boto3 settings (``AWS_*``: endpoint, region, credentials) go with the
-    tasks: an executor's environment is not the driver's."""
-    settings = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    Where S3 is goes with the tasks (an executor's environment is not the driver's); the
+    driver's keys only where they may travel (``spark.task_settings``): on a cluster the
+    executors sign with their own credentials."""
+    from pipeline.spark import task_settings
+
+    settings = task_settings(spark)
     payload = [asdict(t) for t in tasks]
     rdd = spark.sparkContext.parallelize(payload, len(payload))
     return rdd.map(lambda t: _fetch_in_task(t, settings, specs.get(t["table"]))).collect()

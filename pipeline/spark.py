@@ -158,6 +158,11 @@ def _configured(b: Any) -> SparkSession:
         spark.sparkContext._jsc.hadoopConfiguration()
     )
     local.setWriteChecksum(False)
+    if not _keys_may_travel(spark):
+        # Spark copies the driver's AWS_* keys into its Hadoop configuration, which goes
+        # with every task: taken out, each side signs with its own provider chain
+        for name in ENV_COPIED_KEYS:
+            spark.sparkContext._jsc.hadoopConfiguration().unset(name)
     return spark
 
 
@@ -245,6 +250,35 @@ def _keys_may_travel(spark: SparkSession) -> bool:
     return conf.get("spark.authenticate", "false") == "true" and (
         conf.get("spark.network.crypto.enabled", "false") == "true"
     )
+
+
+#: what an executor's credentials are: the keys of the AWS provider chain
+SECRET_SETTINGS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+#: the Hadoop settings Spark fills from the driver's ``AWS_*`` environment when it starts
+#: (``SparkHadoopUtil.appendS3CredentialsFromEnvironment``)
+ENV_COPIED_KEYS = tuple(
+    f"{scheme}.{name}"
+    for scheme, names in (
+        ("fs.s3", ("awsAccessKeyId", "awsSecretAccessKey")),
+        ("fs.s3n", ("awsAccessKeyId", "awsSecretAccessKey")),
+        ("fs.s3a", ("access.key", "secret.key", "session.token")),
+    )
+    for name in names
+)
+
+
+def task_settings(spark: SparkSession) -> dict[str, str]:
+    """The driver's ``AWS_*`` settings a Python task may carry to boto3 on an executor:
+    where S3 is (endpoint, region, addressing) always; the keys only where they may travel
+    (:func:`_keys_may_travel`). Elsewhere the executor signs with its own provider chain."""
+    travel = _keys_may_travel(spark)
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("AWS_") and (travel or k not in SECRET_SETTINGS)
+    }
 
 
 def use_s3a(spark: SparkSession, bucket: str) -> None:

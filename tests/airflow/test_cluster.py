@@ -26,8 +26,9 @@ def test_the_dags_spark_submit_task_runs_on_the_cluster(
     """The DAG's ``spark_default`` connection names the cluster, and the trigger's conf a
     subset, orders (which brings products, its foreign key's parent): every task
     succeeds, the resolve stage's Spark application ran on both workers (fetching the
-    exports from S3 with the ``aws_default`` connection the workers' environment does
-    not have), each published snapshot holds exactly the rows a ``local[*]`` ``cdr run``
+    exports from S3 with the workers' own keys, at the endpoint of the ``aws_default``
+    connection, which their environment does not have), each published snapshot holds
+    exactly the rows a ``local[*]`` ``cdr run``
     of the same exports publishes, and the run emitted one asset event for each table it
     published, none for accounts, with the run's counts and ``runs`` version."""
     url, worker_dirs = cluster

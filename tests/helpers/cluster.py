@@ -21,6 +21,11 @@ import pyspark
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
+#: the access key of the workers' environment, which their executors sign with (the test
+#: S3 server accepts any key; its requests show which one signed)
+WORKER_KEYS = {"AWS_ACCESS_KEY_ID": "cdr-worker", "AWS_SECRET_ACCESS_KEY": "cdr-worker-secret"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -38,11 +43,12 @@ def _alive_workers(ui: int) -> int:
 
 @contextmanager
 def standalone_cluster(root: Path) -> Iterator[tuple[str, list[Path]]]:
-    """A master and two workers (one core each) started in ``root``: yields
-    ``spark://127.0.0.1:<port>`` and the two workers' work folders (each executor writes
-    its logs there)."""
-    env = {  # no AWS_* settings: the tasks must bring the driver's
+    """A master and two workers (one core each) started in ``root``, with credentials of
+    their own (``WORKER_KEYS``): yields ``spark://127.0.0.1:<port>`` and the two workers'
+    work folders (each executor writes its logs there)."""
+    env = {  # the workers' own credentials (no endpoint: the driver tells where S3 is)
         **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        **WORKER_KEYS,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_HOME": str(SPARK_CLASS.parent.parent),
     }

@@ -7,7 +7,8 @@ on demand: from the N-th PUT on, every PUT (an upload, a Delta commit, the lease
 ``403 AccessDenied``, an error no client retries, as if the writer lost its credentials
 or its machine mid-publish. Reads and deletes go through. Every client (boto3, delta-rs,
 s3a) reaches S3 through it (``AWS_ENDPOINT_URL_S3``), so every write of a publish is
-counted, whichever client makes it."""
+counted, whichever client makes it. It also keeps a log of every request: its method,
+its object's path and the access key that signed it (``ProxyControl.requests``)."""
 
 from __future__ import annotations
 
@@ -171,6 +172,12 @@ class FaultyProxy:
         self.puts = 0
         self.failed = 0
         self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, str]] = []  # (method, path, access key id)
+
+    def note(self, method: str, path: str, authorization: str | None) -> None:
+        signed = re.search(r"Credential=([^/]+)/", authorization or "")
+        with self.lock:
+            self.requests.append((method, path, signed.group(1) if signed else ""))
 
     def arm(self, fail_from: int | None) -> None:
         with self.lock:
@@ -205,6 +212,7 @@ class FaultyProxy:
                 body = self.rfile.read(length) if length else None
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                     body = self._read_chunked()
+                proxy.note(self.command, self.path, self.headers.get("Authorization"))
                 if proxy._should_fail(self.command):
                     self.send_response(403)
                     self.send_header("Content-Type", "application/xml")
@@ -232,12 +240,15 @@ class FaultyProxy:
                 conn.close()
 
             def _control(self) -> None:
-                """The test's orders: ``arm?from=N`` (or ``none``), and ``state``."""
+                """The test's orders: ``arm?from=N`` (or ``none``), ``state`` and
+                ``requests``."""
                 if self.path.startswith(f"{CONTROL}arm"):
                     said = self.path.split("from=", 1)[1]
                     proxy.arm(None if said == "none" else int(said))
                 with proxy.lock:
-                    state = {"puts": proxy.puts, "failed": proxy.failed}
+                    state: Any = {"puts": proxy.puts, "failed": proxy.failed}
+                    if self.path.startswith(f"{CONTROL}requests"):
+                        state = list(proxy.requests)
                 data = json.dumps(state).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
@@ -269,25 +280,29 @@ class ProxyControl:
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
 
-    def _ask(self, what: str) -> dict[str, int]:
+    def _ask(self, what: str) -> Any:
         u = urlparse(self.endpoint)
         conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=10)
         try:
             conn.request("GET", f"{CONTROL}{what}")
-            return dict(json.loads(conn.getresponse().read()))
+            return json.loads(conn.getresponse().read())
         finally:
             conn.close()
+
+    def requests(self) -> list[tuple[str, str, str]]:
+        """Every request so far: (method, path with its query, the signing access key)."""
+        return [tuple(r) for r in self._ask("requests")]  # type: ignore[misc]
 
     def arm(self, fail_from: int | None) -> None:
         self._ask(f"arm?from={'none' if fail_from is None else fail_from}")
 
     @property
     def puts(self) -> int:
-        return self._ask("state")["puts"]
+        return int(self._ask("state")["puts"])
 
     @property
     def failed(self) -> int:
-        return self._ask("state")["failed"]
+        return int(self._ask("state")["failed"])
 
 
 @contextmanager
