@@ -156,9 +156,9 @@ def staged_input(cfg: dict, n: int, root: Path, spark) -> tuple[Config, RunConte
 def refetch(spark, config: Config, ctx: RunContext) -> None:
     """Fetch the exports again (the fetch types every record: it is part of what the
     resolve stage pays, measured with it)."""
-    (ctx.staged / "fetched.json").unlink(missing_ok=True)
+    (ctx.staged / "fetched.json").unlink()
     for d in ctx.staged.glob("*/replica=*/copies"):
-        shutil.rmtree(d)
+        d.rmtree()
     fetch(spark, config, ctx)
 
 

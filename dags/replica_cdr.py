@@ -106,7 +106,7 @@ def _run_context(plan: dict[str, Any]) -> Any:
     """The pipeline's context of the plan's run (what ingest left in the work folder)."""
     from pipeline.context import RunContext
 
-    return RunContext.load(Path(WORK_DIR), _date(plan), plan.get("run_id"))
+    return RunContext.load(WORK_DIR, _date(plan), plan.get("run_id"))
 
 
 def _missing_manifests(plan: dict[str, Any]) -> list[str]:

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -44,6 +42,7 @@ from pipeline.spark import read_output
 from pipeline.streams import Generation, Generations, StreamId, Topology, next_generations
 from pipeline.summary import RunSummary
 from pipeline.tokens import serialize_key, tokens
+from pipeline.workpath import WorkPath, metadata, read_folder, write_table
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +132,9 @@ def description_tables(gens: list[Generation]) -> dict[str, pa.Table]:
     return out
 
 
-def write_description_tables(gens: list[Generation], dest: Path) -> None:
+def write_description_tables(gens: list[Generation], dest: WorkPath) -> None:
     for name, t in description_tables(gens).items():
-        (dest / name).mkdir(parents=True, exist_ok=True)
-        pq.write_table(t, dest / name / "part-00000.parquet")
+        write_table(t, dest / name / "part-00000.parquet")
 
 
 def _micros(v: Any) -> int | None:
@@ -145,11 +143,11 @@ def _micros(v: Any) -> int | None:
     return int(pa.scalar(v, _TIME).cast(pa.int64()).as_py())
 
 
-def read_generations(folder: Path) -> list[Generation]:
+def read_generations(folder: WorkPath) -> list[Generation]:
     """The generations of a staged ``cdc_generation_descriptions`` (stream ids as stored:
     a later change of how ids are made never renames an existing stream)."""
-    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
-    return generations([r for f in files for r in pq.read_table(f).to_pylist()])
+    rows = read_folder(folder)
+    return generations([] if rows is None else rows.to_pylist())
 
 
 def generations(rows: list[dict[str, Any]]) -> list[Generation]:
@@ -226,11 +224,11 @@ def timeuuid(ts: Column, rank: Column, ordinal: Column, event_id: Column) -> Col
 
 
 def removals(
-    spark: SparkSession, path: Path, table: Table, at_us: int, put_back: bool = False
+    spark: SparkSession, path: WorkPath, table: Table, at_us: int, put_back: bool = False
 ) -> DataFrame | None:
     """Rows the foreign-key quarantine moved out of the table, as row deletes; with
     ``put_back``, the rows a retry put back (extensions.md E5), as inserts."""
-    if not path.is_dir() or not any(path.glob("*.parquet")):
+    if not path.parquet_files():
         return None
     rows = read_output(spark, path)
     key = F.struct(*[F.col(c) for c in table.key])
@@ -255,7 +253,7 @@ def removals(
     return out.select(*[F.col(f.name).cast(f.dataType) for f in change_schema(table).fields])
 
 
-def run_changes(spark: SparkSession, src: Path, table: Table, removed_at: int) -> DataFrame:
+def run_changes(spark: SparkSession, src: WorkPath, table: Table, removed_at: int) -> DataFrame:
     """The changes the resolve stage recorded for one table, the foreign-key quarantine's
     removals as row deletes and the rows a retry put back as inserts
     (``schema.change_schema``)."""
@@ -344,8 +342,8 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
     )
 
 
-def _parquet_rows(path: Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
+def _parquet_rows(path: WorkPath) -> int:
+    return sum(metadata(f).num_rows for f in path.parquet_files())
 
 
 def cdc_stage(

@@ -16,9 +16,12 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import CdrError, ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.workpath import WorkPath
 
 log = logging.getLogger("cdr")
 
@@ -64,6 +67,17 @@ def _date(text: str) -> date:
         raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
 
 
+def _work(text: str) -> WorkPath:
+    """``--work-dir``: a local folder (made absolute: the stages' processes agree on it),
+    a ``file://`` or an ``s3://`` URI."""
+    from pipeline.workpath import WorkPath
+
+    try:
+        return WorkPath.of(text)
+    except CdrError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, type=Path, help="cdr.yaml")
     p.add_argument("--date", required=True, type=_date, help="the logical date D (YYYY-MM-DD)")
@@ -71,9 +85,10 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--now", help="the run's clock, RFC 3339 (default: D+1T00:00:00Z; env CDR_NOW)")
     p.add_argument(
         "--work-dir",
-        type=Path,
-        default=Path(".cdr-work"),
-        help="local folder the stages of a run share (default .cdr-work)",
+        type=_work,
+        default=".cdr-work",
+        help="where the stages of a run hand data to each other: a local folder (default "
+        ".cdr-work; on a cluster, one every node mounts) or s3://BUCKET/PREFIX",
     )
     p.add_argument(
         "--run-id",
@@ -148,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--date", required=True, type=_date)
     w.add_argument("--store", help="override the config's store")
     w.add_argument("--name", help="the comparison's name (default: the config file's stem)")
-    w.add_argument("--work-dir", type=Path, default=Path(".cdr-work"))
+    w.add_argument("--work-dir", type=_work, default=".cdr-work")
     w.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
     _generate_options(
         sub.add_parser("generate", help="write seeded synthetic exports to the store")
@@ -286,7 +301,7 @@ def _options(args: argparse.Namespace) -> Any:
     from pipeline.stages import RunOptions
 
     return RunOptions(
-        work_dir=args.work_dir.resolve(),
+        work_dir=args.work_dir,
         now=args.now,
         run_id=args.run_id,
         allow_missing_exports=args.allow_missing_exports,
@@ -546,7 +561,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
 
     config = _load(args)
     name = args.name or args.config.stem
-    result = whatif(config, args.date, name, args.work_dir.resolve(), args.master)
+    result = whatif(config, args.date, name, args.work_dir, args.master)
     lines = [f"what-if {name} for {args.date}: {config.store}/{report_key(args.date, name)}"]
     for t, c in result["tables"].items():
         lines.append(f"  {t}: {c['differing_rows']['count']} row(s) differ")

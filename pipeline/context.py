@@ -1,10 +1,11 @@
-"""One run: its logical date, its clock, its id and its local work folder.
+"""One run: its logical date, its clock, its id and its work folder.
 
 The clock ``now`` is the end of the data interval (``D+1T00:00:00Z``), never the wall
 clock, so that a rerun of D gives the same rows (semantics.md §1, §12). ``--now`` or
 ``CDR_NOW`` pins it. The stages of one run (``cdr ingest``, ``resolve``, ``validate``,
 ``publish``) hand data to each other through the run's own work folder
-``<work_dir>/run=<run_id>/``: two runs never touch each other's files.
+``<work_dir>/run=<run_id>/`` (a local folder or an S3 prefix: ``pipeline.workpath``): two
+runs never touch each other's files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import CdrError, StageError
+from pipeline.errors import CdrError, StageError, StoreError
+from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -96,7 +98,7 @@ class RunContext:
     dt: date
     now_us: int
     run_id: str
-    work: Path
+    work: WorkPath
     tables: tuple[str, ...] | None = None
     on_divergence: str | None = None
     dry_run: bool = False
@@ -118,19 +120,19 @@ class RunContext:
         return config.select(self.tables, self.on_divergence)
 
     @property
-    def staged(self) -> Path:
+    def staged(self) -> WorkPath:
         return self.work / "staged"
 
     @property
-    def resolved(self) -> Path:
+    def resolved(self) -> WorkPath:
         return self.work / "resolved"
 
     @property
-    def validation(self) -> Path:
+    def validation(self) -> WorkPath:
         return self.work / "validation"
 
     @property
-    def results(self) -> Path:
+    def results(self) -> WorkPath:
         """The validate stage's verdict; its presence means the run was validated."""
         return self.validation / "results.json"
 
@@ -139,13 +141,13 @@ class RunContext:
         return to_micros(datetime(self.dt.year, self.dt.month, self.dt.day, tzinfo=UTC))
 
     def save(self) -> None:
-        self.work.mkdir(parents=True, exist_ok=True)
-        data = asdict(self) | {"dt": self.dt.isoformat(), "work": str(self.work)}
+        data = asdict(self) | {"dt": self.dt.isoformat(), "work": self.work.as_uri()}
         (self.work / "run.json").write_text(json.dumps(data, indent=2))
 
     @staticmethod
-    def load(work_dir: Path, dt: date, run_id: str | None = None) -> RunContext:
+    def load(work_dir: WorkPath | Path | str, dt: date, run_id: str | None = None) -> RunContext:
         """The run ``run_id`` of ``dt`` in ``work_dir``; without an id, the date's latest."""
+        work_dir = WorkPath.of(work_dir)
         if run_id is not None:
             run = _read(work_dir / f"run={check_run_id(run_id)}" / "run.json")
             found = [run] if run is not None else []
@@ -154,7 +156,7 @@ class RunContext:
         if not found:
             which = f"run {run_id}" if run_id else "no ingested run"
             raise StageError(
-                f"{which} for {dt} under {work_dir}: run `cdr ingest` for that date first"
+                f"{which} for {dt} under {work_dir.as_uri()}: run `cdr ingest` for that date first"
             )
         if found[-1].dt != dt:
             raise StageError(f"run {found[-1].run_id} is a run of {found[-1].dt}, not of {dt}")
@@ -162,7 +164,7 @@ class RunContext:
 
     @staticmethod
     def create(
-        work_dir: Path,
+        work_dir: WorkPath | Path | str,
         dt: date,
         now_us: int,
         run_id: str | None,
@@ -177,7 +179,7 @@ class RunContext:
             dt,
             now_us,
             rid,
-            work_dir / f"run={rid}",
+            WorkPath.of(work_dir) / f"run={rid}",
             tables,
             on_divergence,
             dry_run,
@@ -187,25 +189,25 @@ class RunContext:
         )
 
 
-def runs_of(work_dir: Path, dt: date) -> list[RunContext]:
+def runs_of(work_dir: WorkPath | Path | str, dt: date) -> list[RunContext]:
     """The runs of ``dt`` whose work folders are in ``work_dir``, oldest first."""
-    runs = [_read(p) for p in work_dir.glob("run=*/run.json")]
+    runs = [_read(p) for p in WorkPath.of(work_dir).glob("run=*/run.json")]
     return sorted((r for r in runs if r is not None and r.dt == dt), key=lambda r: r.started)
 
 
-def _read(run_json: Path) -> RunContext | None:
-    """The run a ``run.json`` describes; None when it is gone or unreadable (a folder
-    being removed)."""
+def _read(run_json: WorkPath) -> RunContext | None:
+    """The run a ``run.json`` describes, in the folder it is in; None when it is gone or
+    unreadable (a folder being removed)."""
     try:
         d = json.loads(run_json.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, StoreError):
         return None
     tables = d.get("tables")
     return RunContext(
         date.fromisoformat(d["dt"]),
         d["now_us"],
         d["run_id"],
-        Path(d["work"]),
+        run_json.parent,
         tuple(tables) if tables is not None else None,
         d.get("on_divergence"),
         bool(d.get("dry_run", False)),

@@ -29,6 +29,7 @@ from pipeline.blocks import BlockTyper
 from pipeline.frames import copy_schema
 from pipeline.guards import JsonNumber, LongLine, Typer, TypingSpec, long_line, not_utf8, text_of
 from pipeline.jsonvalues import dumps
+from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -65,7 +66,7 @@ def columns_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
 
 
 class CopyWriter:
-    """Typed copies of one file, written in batches to one Parquet file."""
+    """Typed copies of one file, written in batches to one local Parquet file."""
 
     def __init__(self, dest: Path, spec: TypingSpec, replica: str, file: str):
         self.typer, self.replica, self.file = Typer(spec), replica, file
@@ -190,14 +191,14 @@ def type_adapted(
 
 
 def _adapted(
-    spark: SparkSession, rep_dir: Path, export: StagedExport, spec: TypingSpec
+    spark: SparkSession, rep_dir: WorkPath, export: StagedExport, spec: TypingSpec
 ) -> DataFrame | None:
     """An adapter's export mapped to canonical records (Spark), or None when it is empty."""
     from pipeline import adapters
     from pipeline.state import read_staged
 
     def staged(kind: str) -> list[str]:
-        return sorted(str(p) for p in (rep_dir / kind).glob("*.parquet"))
+        return [str(p) for p in (rep_dir / kind).parquet_files()]
 
     table, fmt = spec.table, export.format
     if fmt in ("wal2json", "debezium"):
@@ -215,7 +216,7 @@ def read_copies(
     spark: SparkSession,
     config: Config,
     table: Table,
-    table_dir: Path,
+    table_dir: WorkPath,
     exports: Mapping[str, StagedExport],
     now_us: int,
 ) -> DataFrame:
@@ -233,7 +234,7 @@ def read_copies(
                     type_adapted(spec), schema
                 )
                 typed.write.mode("overwrite").parquet(str(rep_dir / COPIES))
-        files += sorted(str(p) for p in (rep_dir / COPIES).glob("*.parquet"))
+        files += [str(p) for p in (rep_dir / COPIES).parquet_files()]
     files += retry.copies_of(table_dir)  # E5: quarantined events offered again
     if not files:
         return spark.createDataFrame([], schema)

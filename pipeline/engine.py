@@ -24,16 +24,13 @@ before it, on Spark or on the driver:
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass
 from datetime import date
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -53,6 +50,7 @@ from pipeline.shuffle import (
     split_special,
     standing_order,
 )
+from pipeline.workpath import WorkPath, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +181,7 @@ class RowRun:
     now_us: int
     dt: date
     run_id: str
-    out: Path
+    out: WorkPath
     ledger: DataFrame | None  # the window's event ids (``resolve.read_ledger``)
 
 
@@ -208,7 +206,7 @@ def resolve_rows(
         tuple(specials.truncates),
         run.dt,
         run.run_id,
-        str(run.out),
+        run.out,
         config.captures(table),
         QuarantineReason.UPDATE_MISSING in config.retry,
         schemas,
@@ -224,11 +222,11 @@ def resolve_rows(
             len(disputed),
         )
         for kind in schemas:
-            shutil.rmtree(run.out / kind, ignore_errors=True)
+            (run.out / kind).rmtree()
         fold(spark, settle_disputes(main, disputed), prior, config, table, job, coupled)
     _write_specials(specials, job)
     for kind, schema in schemas.items():  # an output no task wrote is still there, empty
-        if not any((run.out / kind).glob("*.parquet")):
+        if not (run.out / kind).parquet_files():
             empty = pa.Table.from_pylist([], to_arrow_schema(schema))
             write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
     return specials.truncates
@@ -282,7 +280,7 @@ def fold(
     tasks.collect()
 
 
-def disputes(fates: Path) -> list[str]:
+def disputes(fates: WorkPath) -> list[str]:
     """Events whose copies sit under different keys (or some under a key that does not
     read): each key's task chose a copy of its own (the fates' ``chosen``)."""
     t = _local(fates, ["event_id", "chosen"])
@@ -293,17 +291,17 @@ def disputes(fates: Path) -> list[str]:
     return sorted(counts.filter(pc.greater(counts["count_all"], 1))["event_id"].to_pylist())
 
 
-def _local(folder: Path, columns: list[str]) -> pa.Table:
-    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
-    if not files:
+def _local(folder: WorkPath, columns: list[str]) -> pa.Table:
+    got = read_folder(folder, columns)
+    if got is None:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    return got
 
 
 def _write_specials(specials: Specials, job: FoldJob) -> None:
     """The special copies' fates and quarantine (settled on the driver), beside the
     tasks'."""
-    out = Path(job.out)
+    out = job.out
     if specials.fates:
         rows = [
             {"event_id": e, "replica": r, "fate": f, "chosen": False} for e, r, f in specials.fates

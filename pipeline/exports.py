@@ -12,8 +12,9 @@ Guarantees:
   ``allow_missing_exports`` is set (then the replica counts as having exported nothing).
 
 Where the bytes go: ingest reads manifests only. Each file is downloaded by a Spark task
-(boto3 in the task), checked, and staged in the run's work folder, which the driver and
-the executors must share (local disk under ``local[*]``; a shared mount on a cluster).
+(boto3 in the task, with the executor's credentials), checked, and staged in the run's
+work location: a local folder (``local[*]``, or a mount every node shares) or an S3
+prefix (``pipeline.workpath``).
 JSONL (also gzipped), and the line formats of the adapters (wal2json, Debezium), are staged
 as Parquet rows ``(replica, file, line, raw)`` so that Spark reads them in parallel and the
 quarantine can name the file and line of a bad record; lines that are not records
@@ -52,6 +53,7 @@ from pipeline.copies import COPIES, CopyWriter, parquet_records
 from pipeline.errors import ExportError, StoreError
 from pipeline.guards import LONG_LINE_KEPT, LongLine, TypingSpec, long_line, not_utf8
 from pipeline.store import Store, open_store
+from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -460,11 +462,12 @@ class FileTask:
     rows: int
     format: str
     options: dict[str, Any]
-    dest: str  # the staged file
+    dest: str  # the staged file: its key in the work location
     replica: str
     table: str
     kind: str  # "export" (its framing lines count), "snapshot" or "base"
     max_record_bytes: int | None = None  # a longer line is malformed, not read whole
+    work: str = ""  # the work location's root (``WorkPath.root``)
 
     @property
     def name(self) -> str:
@@ -475,7 +478,7 @@ def plan_export(
     store: Store,
     folder: str,
     manifest: dict[str, Any],
-    dest: Path,
+    dest: WorkPath,
     replica: str,
     table: str,
     kind: str = "export",
@@ -499,11 +502,12 @@ def plan_export(
                 entry["rows"],
                 fmt,
                 options,
-                str(target),
+                target.key,
                 replica,
                 table,
                 kind,
                 max_record_bytes,
+                target.root,
             )
         )
     rows = sum(t.rows for t in tasks)
@@ -512,24 +516,27 @@ def plan_export(
 
 
 def fetch_file(task: FileTask, spec: TypingSpec | None = None) -> tuple[int, str | None]:
-    """Download, verify and stage one file (in a Spark task: any machine whose disk the
-    work folder is on); an export's records are typed there (``spec``, ``pipeline.copies``).
-    Returns (framing lines, None), or (0, the error naming the file): an error is the
-    driver's to raise, with the file's name, not a task's traceback."""
-    dest = Path(task.dest)
-    local = dest.parent / f".{dest.name}.download"
+    """Download, verify and stage one file (in a Spark task, on any machine: staged into
+    the work location, a local folder or S3); an export's records are typed there
+    (``spec``, ``pipeline.copies``). Returns (framing lines, None), or (0, the error naming
+    the file): an error is the driver's to raise, with the file's name, not a task's
+    traceback."""
+    dest = WorkPath(task.work, task.dest)
     try:
-        try:
-            open_store(task.store).download(task.key, local)
-        except StoreError as e:
-            raise ExportError(
-                f"{task.name}: listed in the manifest but cannot be read ({e})"
-            ) from None
-        return _check_and_stage(task, local, dest, spec), None
+        with dest.parent.writing() as folder:  # uploaded from there, on S3
+            local = folder / f".{dest.name}.download"
+            try:
+                try:
+                    open_store(task.store).download(task.key, local)
+                except StoreError as e:
+                    raise ExportError(
+                        f"{task.name}: listed in the manifest but cannot be read ({e})"
+                    ) from None
+                return _check_and_stage(task, local, folder / dest.name, spec), None
+            finally:
+                local.unlink(missing_ok=True)
     except ExportError as e:
         return 0, str(e)
-    finally:
-        local.unlink(missing_ok=True)
 
 
 def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec | None) -> int:
@@ -827,7 +834,6 @@ def _stage_start(
 
 
 def save_inputs(ctx: RunContext, tables: dict[str, StagedTable]) -> None:
-    ctx.staged.mkdir(parents=True, exist_ok=True)
     data = {t: asdict(s) for t, s in tables.items()}
     (ctx.staged / "inputs.json").write_text(json.dumps(data, indent=2))
 

@@ -25,18 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.config import Table
 from pipeline.copies import copy_record
@@ -70,6 +66,7 @@ from pipeline.rowfold import (
 from pipeline.schema import GROUPS
 from pipeline.skew import seen_later
 from pipeline.spark import SPARK_SCHEMA_KEY
+from pipeline.workpath import WorkPath, write_table
 
 #: the outputs a fold task writes, each in a folder of that name
 OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "skew", "changes")
@@ -86,7 +83,7 @@ class FoldJob:
     truncates: tuple[Event, ...]  # the run's TRUNCATEs: they touch every key
     dt: date
     run_id: str
-    out: str  # the table's folder in the run's work location
+    out: WorkPath  # the table's folder in the run's work location
     trace: bool = False  # record the changes (the CDC log's input)
     #: extensions.md E5: quarantine an UPDATE skipped for want of its row too
     retry_update_missing: bool = False
@@ -464,17 +461,13 @@ def arrow_schemas(job: FoldJob) -> dict[str, pa.Schema]:
     return {k: to_arrow_schema(s, timezone="UTC") for k, s in job.schemas.items()}
 
 
-def write_parquet(table: pa.Table, path: Path, spark_schema: Any) -> None:
-    """``table`` as one Parquet file at ``path``, written whole under a temporary name
-    then renamed (a reader never sees half a file; a retried task replaces it), with the
-    Spark schema in its footer as Spark writes it (``spark.read_output`` then needs no
-    Spark job to read it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_parquet(table: pa.Table, path: WorkPath, spark_schema: Any) -> None:
+    """``table`` as one Parquet file at ``path``, written whole (``workpath.write_table``),
+    with the Spark schema in its footer as Spark writes it (``spark.read_output`` then
+    needs no Spark job to read it)."""
     meta = {SPARK_SCHEMA_KEY: spark_schema.json().encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    write_table(table, path, compression="zstd")
 
 
 class TaskOutputs:
@@ -511,7 +504,7 @@ class TaskOutputs:
         for kind in self.arrow:
             self._batch(kind)
             if self.tables[kind]:
-                path = Path(self.job.out) / kind / f"part-{self.name}.parquet"
+                path = self.job.out / kind / f"part-{self.name}.parquet"
                 write_parquet(pa.concat_tables(self.tables[kind]), path, self.job.schemas[kind])
         return self.counts
 

@@ -31,10 +31,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from functools import reduce
-from pathlib import Path
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -47,6 +45,7 @@ from pipeline.policy import ChangeKind, Granularity
 from pipeline.schema import row_struct_type
 from pipeline.state import read_prior
 from pipeline.summary import RunSummary
+from pipeline.workpath import WorkPath, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -417,9 +416,11 @@ def history_stage(
 COUNTS = ("rows", "new", "late")
 
 
-def _counts(dest: Path, ctx: RunContext) -> tuple[int, int, int]:
+def _counts(dest: WorkPath, ctx: RunContext) -> tuple[int, int, int]:
     """The history's versions, those this run appended, and those of them that are late."""
-    t = pq.read_table(dest, columns=["_run_id", "_late"])
+    t = read_folder(dest, ["_run_id", "_late"])
+    if t is None:
+        return 0, 0, 0
     mine = pc.equal(t["_run_id"], ctx.run_id)
     late = pc.and_(mine, t["_late"])
     return t.num_rows, pc.sum(mine).as_py() or 0, pc.sum(late).as_py() or 0

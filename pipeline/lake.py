@@ -27,7 +27,6 @@ import os
 import threading
 from dataclasses import asdict, dataclass
 from datetime import date
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -35,6 +34,7 @@ import pyarrow as pa
 from pipeline import layout
 from pipeline.errors import CdrError, LockedError, StoreError
 from pipeline.store import Store
+from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -157,13 +157,6 @@ def deletion_vector_files(store: Store, path: str) -> set[str]:
     return found
 
 
-def parquet_files(folder: Path) -> list[Path]:
-    """The data files Spark wrote in ``folder``, without its markers."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith((".", "_")))
-
-
 @dataclass(frozen=True)
 class Pin:
     """A published table at one version (and some of its partitions), as a run reads it:
@@ -177,12 +170,11 @@ class Pin:
     rows: int = -1
     what: str = ""
 
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def save(self, path: WorkPath) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
 
     @staticmethod
-    def load(path: Path) -> Pin | None:
+    def load(path: WorkPath) -> Pin | None:
         if not path.is_file():
             return None
         d = json.loads(path.read_text())

@@ -20,7 +20,6 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -30,6 +29,7 @@ from pipeline.errors import PriorStateError, StoreError
 from pipeline.lake import DT, Lake, Pin, add_actions
 from pipeline.runs_table import RunRow
 from pipeline.store import Store
+from pipeline.workpath import WorkPath, write_table
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +114,14 @@ def pin_table(store: Store, lake: Lake, path: str) -> Pin | None:
     return Pin(lake.spark_uri(path), int(t.version()))
 
 
-def stage_small(lake: Lake, path: str, dest: Path) -> int:
+def stage_small(lake: Lake, path: str, dest: WorkPath) -> int:
     """A small control table at its latest version (the CDC generations a run starts
     from), read through delta-rs' query engine into ``dest`` as one Parquet file;
     returns its row count (0 when there is no such table)."""
     data = lake.read(path)
     if data is None:
         return 0
-    dest.mkdir(parents=True, exist_ok=True)
-    pq.write_table(data, dest / "part-00000.parquet")
+    write_table(data, dest / "part-00000.parquet")
     return int(data.num_rows)
 
 
@@ -155,7 +154,7 @@ def legacy_prior(store: Store, table: str, dt: date) -> dict[str, Any] | None:
     return pointer
 
 
-def stage_legacy_state(store: Store, table: str, pointer: dict[str, Any], dest: Path) -> Staged:
+def stage_legacy_state(store: Store, table: str, pointer: dict[str, Any], dest: WorkPath) -> Staged:
     """The state an earlier-layout pointer names, whole: no file, an unreadable file or a
     row count other than the one its run recorded stops the run, naming it."""
     where = (
@@ -167,17 +166,17 @@ def stage_legacy_state(store: Store, table: str, pointer: dict[str, Any], dest: 
     if not keys:
         raise PriorStateError(f"{where} has no files at {store.uri}/{pointer['state']}: {fix}")
     out = Staged()
-    dest.mkdir(parents=True, exist_ok=True)
-    for key in keys:
-        local = dest / posixpath.basename(key)
-        store.download(key, local)
-        try:
-            out.rows += pq.ParquetFile(local).metadata.num_rows
-        except Exception as e:  # pyarrow raises several types for a damaged footer
-            raise PriorStateError(
-                f"{where}: {store.uri}/{key} is unreadable ({e}): {fix}"
-            ) from None
-        out.files.append(str(local))
+    with dest.writing() as folder:
+        for key in keys:
+            local = folder / posixpath.basename(key)
+            store.download(key, local)
+            try:
+                out.rows += pq.ParquetFile(local).metadata.num_rows
+            except Exception as e:  # pyarrow raises several types for a damaged footer
+                raise PriorStateError(
+                    f"{where}: {store.uri}/{key} is unreadable ({e}): {fix}"
+                ) from None
+            out.files.append(str(dest / local.name))
     expected = pointer.get("state_rows")  # absent in pointers published before it was kept
     if expected is not None and out.rows != expected:
         raise PriorStateError(

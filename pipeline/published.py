@@ -16,14 +16,14 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 from pipeline import layout
 from pipeline.config import Config
-from pipeline.lake import Lake, parquet_files
+from pipeline.lake import Lake
 from pipeline.outputs import outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
+from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Committer:
     """Commits the outputs of one run: the Parquet files of each output folder of its
     ``resolved`` folder, read by the executors and written into their table."""
 
-    def __init__(self, lake: Lake, resolved: Path, meta: dict[str, Any]):
+    def __init__(self, lake: Lake, resolved: WorkPath, meta: dict[str, Any]):
         self.lake, self.resolved, self.meta = lake, resolved, meta
 
     def commit(self, folder: str, path: str, dt: date | None) -> int | None:
@@ -42,7 +42,7 @@ class Committer:
         partition with nothing, and creates no table. A table whose latest commit is this
         run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
-        files = parquet_files(self.resolved / folder)
+        files = (self.resolved / folder).parquet_files()
         current = lake.version(path)
         if not files and current is None:
             return None
@@ -56,6 +56,7 @@ class Committer:
             files = []  # an empty output: the partition emptied, if it holds anything
         frame = None
         if files:  # with the schema Spark wrote in their footers: no Spark job infers it
+            self.resolved.attach(lake.session())
             reader = lake.session().read
             frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
         version = lake.commit(path, frame, meta, dt=dt).version
@@ -67,15 +68,16 @@ class Committer:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def _footers(files: list[Path]) -> tuple[int, Any]:
+def _footers(files: list[WorkPath]) -> tuple[int, Any]:
     """What the footers of a run's own Parquet files say: their rows, and the Spark
     schema they were written with (None if none says it)."""
-    import pyarrow.parquet as pq
     from pyspark.sql.types import StructType
+
+    from pipeline.workpath import metadata
 
     rows, schema = 0, None
     for f in files:
-        meta = pq.read_metadata(f)
+        meta = metadata(f)
         rows += meta.num_rows
         said = (meta.metadata or {}).get(SPARK_SCHEMA_KEY)
         if schema is None and said:

@@ -11,17 +11,14 @@ error resolvers) are decided by the validate stage.
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -51,6 +48,7 @@ from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
 from pipeline.store import open_store
 from pipeline.summary import RunSummary, Stopped, TableSummary
+from pipeline.workpath import WorkPath, metadata, read_folder, read_table, write_table
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ def _run_cols(ctx: RunContext, table: str) -> list[Column]:
     return [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
 
 
-def _write(df: DataFrame, path: Path, mode: str = "overwrite") -> None:
+def _write(df: DataFrame, path: WorkPath, mode: str = "overwrite") -> None:
     import time
 
     t = time.monotonic()
@@ -136,11 +134,11 @@ def _resolve_cells(
     )
     if res.changes is not None:
         _write(res.changes, out / "changes")
-    shutil.rmtree(out / RESOLUTION)  # read by the writes above, no further
+    (out / RESOLUTION).rmtree()  # read by the writes above, no further
     return res.clock_skew
 
 
-def read_ledger(spark: SparkSession, staged_table: Path) -> DataFrame | None:
+def read_ledger(spark: SparkSession, staged_table: WorkPath) -> DataFrame | None:
     """The event ids of the ledger partitions ingest pinned (the window's nights), read by
     the executors through Delta; None when there are none."""
     from pipeline.lake import Pin, read_pinned
@@ -175,7 +173,7 @@ def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
 
 
-def _write_ledger(fates: pa.Table, out: Path, ctx: RunContext, table: str) -> None:
+def _write_ledger(fates: pa.Table, out: WorkPath, ctx: RunContext, table: str) -> None:
     """The ids of the events that reached a final fate (applied or discarded), from the
     fates: published with the run, read by the next nights' runs."""
     final = fates.filter(
@@ -190,20 +188,18 @@ def _write_ledger(fates: pa.Table, out: Path, ctx: RunContext, table: str) -> No
         ids["fate"].cast(pa.string()),
     ]
     ledger = pa.table(dict(zip(LEDGER_COLUMNS, columns, strict=True)))
-    (out / "ledger").mkdir(parents=True, exist_ok=True)
-    pq.write_table(ledger, out / "ledger" / "part-00000.parquet", compression="zstd")
+    write_table(ledger, out / "ledger" / "part-00000.parquet", compression="zstd")
 
 
-def _write_differing(rows: list[dict[str, Any]], out: Path, ctx: RunContext, table: str) -> int:
+def _write_differing(rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext, table: str) -> int:
     """The ``differing_copies`` log of the table (only when it has rows); returns the
     number of events."""
     if not rows:
         return 0
     run = {"run_id": ctx.run_id, "table": table}
     folder = out / "differing_copies"
-    folder.mkdir(parents=True, exist_ok=True)
     data = pa.Table.from_pylist([{**run, **r} for r in rows], DIFFERING_SCHEMA)
-    pq.write_table(data, folder / "part-00000.parquet", compression="zstd")
+    write_table(data, folder / "part-00000.parquet", compression="zstd")
     return len({r["event_id"] for r in rows})
 
 
@@ -214,12 +210,12 @@ def _stops(fates: pa.Table) -> bool:
     return bool(pc.any(pc.equal(fates["fate"], Outcome.ERRORED.value)).as_py())
 
 
-def _cut_at_error(out: Path, table: Table, config: Config) -> Stopped:
+def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
     """§12: the fold stopped at an ``error``; the conflict log keeps the conflicts up to
     the first errored one in canonical order (every table's key was folded on its own).
     Returns that conflict."""
-    files = sorted((out / "conflicts").glob("*.parquet"))
-    log_ = pa.concat_tables([pq.read_table(f) for f in files])
+    files = (out / "conflicts").parquet_files()
+    log_ = pa.concat_tables([read_table(f) for f in files])
     ranks = config.tie_ranks(table.tie_break)
 
     def position(r: dict[str, Any]) -> tuple[int, int, str]:
@@ -230,25 +226,27 @@ def _cut_at_error(out: Path, table: Table, config: Config) -> Stopped:
     kept = pa.Table.from_pylist([r for r in rows if position(r) <= position(e)], schema=log_.schema)
     for f in files:
         f.unlink()
-    pq.write_table(kept, out / "conflicts" / "part-00000.parquet", compression="zstd")
+    write_table(kept, out / "conflicts" / "part-00000.parquet", compression="zstd")
     return Stopped(table.name, e["key"], e["conflict_type"], e["remote_event_id"], e["reason"])
 
 
-def _empty(folder: Path) -> None:
+def _empty(folder: WorkPath) -> None:
     """The output in ``folder`` with its schema and no rows."""
-    files = sorted(folder.glob("*.parquet"))
-    schema = pq.read_schema(files[0])
+    files = folder.parquet_files()
+    meta = metadata(files[0])
+    said = {k: v for k, v in (meta.metadata or {}).items() if k != b"ARROW:schema"}
+    schema = meta.schema.to_arrow_schema().with_metadata(said)  # Spark's schema kept
     for f in files:
         f.unlink()
-    pq.write_table(schema.empty_table(), folder / "part-00000.parquet")
+    write_table(schema.empty_table(), folder / "part-00000.parquet")
 
 
-def _local_table(path: Path, columns: list[str]) -> pa.Table:
+def _local_table(path: WorkPath, columns: list[str]) -> pa.Table:
     """A small output read back with pyarrow: counting it needs no Spark job."""
-    files = sorted(path.glob("*.parquet")) if path.exists() else []
-    if not files:
+    got = read_folder(path, columns)
+    if got is None:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    return got
 
 
 def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
@@ -279,7 +277,7 @@ def _events_by_fate(fates: pa.Table) -> dict[str, int]:
 
 def _table_counts(
     table: Table,
-    out: Path,
+    out: WorkPath,
     fates: pa.Table,
     staged: StagedTable,
     stopped: Stopped | None,
@@ -328,8 +326,8 @@ def _table_counts(
     )
 
 
-def _parquet_rows(path: Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
+def _parquet_rows(path: WorkPath) -> int:
+    return sum(metadata(f).num_rows for f in path.parquet_files())
 
 
 # ---------------------------------------------------------------------- foreign keys
@@ -535,9 +533,9 @@ def _write_fk_outputs(
         _write(restored.select(*table.column_names), out / "fk_restored")
     if removed or restored is not None:
         _write(state, out / "state")
-        shutil.rmtree(out / "state_pre")
+        (out / "state_pre").rmtree()
     else:
-        (out / "state_pre").rename(out / "state")
+        (out / "state_pre").move_to(out / "state")
     live = read_output(spark, out / "state").where(~F.col("_deleted"))
     _write(live.select(*snapshot_columns(table)), out / "snapshot")
     counts["rows"] = _parquet_rows(out / "snapshot")
@@ -572,18 +570,16 @@ def compare_snapshots(
                     path,
                 )
                 counts[replica] = _parquet_rows(path)
-                (out / "divergence").mkdir(exist_ok=True)
-                for f in path.glob("*.parquet"):  # published with the rest of the divergence
-                    f.rename(out / "divergence" / f"snapshot-{replica}-{f.name}")
-                shutil.rmtree(path)
+                for f in path.parquet_files():  # published with the rest of the divergence
+                    f.move_to(out / "divergence" / f"snapshot-{replica}-{f.name}")
+                path.rmtree()
         summary = summary.with_table(t, snapshot_divergent_keys=counts)
     return summary
 
 
 def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSummary:
     inputs = load_inputs(ctx)
-    if ctx.resolved.exists():
-        shutil.rmtree(ctx.resolved)
+    ctx.resolved.rmtree()
     tables: dict[str, TableSummary] = {}
     for name, table in config.tables.items():
         log.info("resolve %s ...", name)

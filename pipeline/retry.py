@@ -30,15 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline import layout
 from pipeline.policy import RETRYABLE, Fate, QuarantineReason
+from pipeline.workpath import WorkPath, read_folder, read_table, write_table
 
 if TYPE_CHECKING:
     from pipeline.config import Config, Table
@@ -140,7 +139,13 @@ def read_outcomes(lake: Lake, table: str) -> pa.Table | None:
 
 
 def stage(
-    config: Config, lake: Lake, runs: list[RunRow], table: Table, dt: date, now_us: int, dest: Path
+    config: Config,
+    lake: Lake,
+    runs: list[RunRow],
+    table: Table,
+    dt: date,
+    now_us: int,
+    dest: WorkPath,
 ) -> None:
     """Into ``dest``: the ids of the table's quarantined events open before the run
     (``open.parquet``), those offered to it (``offers.parquet``), those to type again
@@ -157,9 +162,8 @@ def stage(
         before = pa.concat_tables([earlier, pa.Table.from_pylist(kept, earlier.schema)])
     items = statuses(quarantine, before)
     open_items = [it for it in items.values() if not it.status.closed]
-    dest.mkdir(parents=True, exist_ok=True)
     ids = pa.array(sorted(it.event_id for it in open_items), _S)
-    pq.write_table(pa.table({"event_id": ids}), dest / OPEN)
+    write_table(pa.table({"event_id": ids}), dest / OPEN)
     dates = sorted({r.dt for r in runs if r.published and table.name in r.tables()})
     offers, expired = [], []
     for it in open_items:
@@ -198,9 +202,9 @@ def _outcome(it: Item, status: Status, attempts: int, run_id: str = "") -> dict[
     }
 
 
-def _write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+def _write(path: WorkPath, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
     cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
-    pq.write_table(pa.table(cols, schema=schema), path)
+    write_table(pa.table(cols, schema=schema), path)
 
 
 def _write_offers(
@@ -210,7 +214,7 @@ def _write_offers(
     dt: date,
     now_us: int,
     offers: list[tuple[Item, int, bool]],
-    dest: Path,
+    dest: WorkPath,
 ) -> None:
     """The offers with the records their quarantine kept; the events to type again as
     copies of their replica, typed with this run's clock."""
@@ -244,21 +248,23 @@ def _write_offers(
     for o in out:
         if o["reason"] in _TYPED_AGAIN:
             by_replica.setdefault(o["replica"], []).append(o)
-    for replica, group in sorted(by_replica.items()):
-        path = dest / "copies" / f"part-{replica}.parquet"
-        with CopyWriter(path, spec, replica, f"quarantine of {group[0]['quarantined_dt']}") as w:
-            for o in group:
-                w.line(None, o["event"])
+    with (dest / "copies").writing() as folder:
+        for replica, group in sorted(by_replica.items()):
+            path = folder / f"part-{replica}.parquet"
+            what = f"quarantine of {group[0]['quarantined_dt']}"
+            with CopyWriter(path, spec, replica, what) as w:
+                for o in group:
+                    w.line(None, o["event"])
 
 
-def copies_of(staged_table: Path) -> list[str]:
+def copies_of(staged_table: WorkPath) -> list[str]:
     """The typed copies ingest staged for the offered events (read with the night's)."""
-    return sorted(str(p) for p in (staged_table / "retry" / "copies").glob("*.parquet"))
+    return [str(p) for p in (staged_table / "retry" / "copies").parquet_files()]
 
 
-def offers_of(staged_table: Path) -> list[dict[str, Any]]:
+def offers_of(staged_table: WorkPath) -> list[dict[str, Any]]:
     p = staged_table / "retry" / "offers.parquet"
-    return pq.read_table(p).to_pylist() if p.exists() else []
+    return read_table(p).to_pylist() if p.is_file() else []
 
 
 # ---------------------------------------------------------------------- resolve
@@ -276,7 +282,9 @@ class Settled:
 _RESOLVED_BY = {Fate.APPLIED.value: "applied", Fate.DISCARDED.value: "discarded"}
 
 
-def settle(offers: list[dict[str, Any]], fates: pa.Table, out: Path) -> tuple[pa.Table, Settled]:
+def settle(
+    offers: list[dict[str, Any]], fates: pa.Table, out: WorkPath
+) -> tuple[pa.Table, Settled]:
     """The fates of the night's own copies (``fates``' columns; ``out/fates`` rewritten to
     hold them only: the accounting suite checks them against the exports), and what became
     of the offered events. An offered event quarantined again keeps its first quarantine
@@ -289,7 +297,8 @@ def settle(offers: list[dict[str, Any]], fates: pa.Table, out: Path) -> tuple[pa
     for r in fates.filter(pc.is_in(fates["event_id"], ids)).to_pylist():
         if r["fate"] != Fate.DUPLICATE.value or r["event_id"] not in fate_of:
             fate_of[r["event_id"]] = r["fate"]
-    every = pa.concat_tables([pq.read_table(f) for f in sorted((out / "fates").glob("*.parquet"))])
+    every = read_folder(out / "fates")
+    assert every is not None, "the fold writes its fates"
     mine = pc.fill_null(pc.is_in(every["event_id"], ids), False)
     keep = _drop_offered_copies(every.filter(mine).to_pylist(), offered)
     own = pa.concat_tables(
@@ -339,22 +348,20 @@ def _drop_offered_copies(
     return left
 
 
-def _drop_requarantined(folder: Path, ids: pa.Array) -> None:
-    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
-    if not files:
+def _drop_requarantined(folder: WorkPath, ids: pa.Array) -> None:
+    q = read_folder(folder)
+    if q is None:
         return
-    q = pa.concat_tables([pq.read_table(f) for f in files])
     again = pc.fill_null(pc.is_in(q["event_id"], ids), False)
     if pc.any(again).as_py():
         _replace(folder, q.filter(pc.invert(again)))
 
 
-def _replace(folder: Path, data: pa.Table) -> None:
+def _replace(folder: WorkPath, data: pa.Table) -> None:
     """A small output's files replaced by one holding ``data``."""
-    for f in folder.glob("*.parquet"):
+    for f in folder.parquet_files():
         f.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(data, folder / "part-00000.parquet", compression="zstd")
+    write_table(data, folder / "part-00000.parquet", compression="zstd")
 
 
 def fk_outcomes(offers: list[dict[str, Any]], restored: set[str], written: set[str]) -> Settled:
@@ -378,45 +385,44 @@ def fk_outcomes(offers: list[dict[str, Any]], restored: set[str], written: set[s
 
 
 def start_outcomes(
-    staged_table: Path, out: Path, run_id: str, table: str, settled: Settled
+    staged_table: WorkPath, out: WorkPath, run_id: str, table: str, settled: Settled
 ) -> None:
     """The table's outcomes decided at ingest and those of the offered copies, into
     ``out/quarantine_outcomes`` (only when there are some)."""
     kept = staged_table / "retry" / "outcomes.parquet"
-    rows = pq.read_table(kept).to_pylist() if kept.exists() else []
+    rows = read_table(kept).to_pylist() if kept.is_file() else []
     manual = [r for r in rows if str(r["run_id"]).startswith(MANUAL)]
     decided = [r for r in rows if not str(r["run_id"]).startswith(MANUAL)]
     _save(out, manual, table)
     add_outcomes(out, run_id, table, Settled([*decided, *settled.outcomes]))
 
 
-def add_outcomes(out: Path, run_id: str, table: str, settled: Settled) -> None:
+def add_outcomes(out: WorkPath, run_id: str, table: str, settled: Settled) -> None:
     """More of the run's outcomes of one table."""
     now = datetime.now(UTC)
     _save(out, [{**r, "run_id": run_id, "decided_at": now} for r in settled.outcomes], table)
 
 
-def _save(out: Path, rows: list[dict[str, Any]], table: str) -> None:
+def _save(out: WorkPath, rows: list[dict[str, Any]], table: str) -> None:
     path = out / OUTCOMES / "part-00000.parquet"
     if not rows:
         return
-    before = pq.read_table(path).to_pylist() if path.exists() else []
-    path.parent.mkdir(parents=True, exist_ok=True)
+    before = read_table(path).to_pylist() if path.is_file() else []
     _write(path, [*before, *[{**r, "table": table} for r in rows]], OUTCOME_SCHEMA)
 
 
-def open_after(staged_table: Path, out: Path) -> int:
+def open_after(staged_table: WorkPath, out: WorkPath) -> int:
     """The table's quarantined events open after the run: those open before it, less
     those its outcomes closed, with those it quarantined (each event once)."""
     before = staged_table / "retry" / OPEN
-    still = set(pq.read_table(before)["event_id"].to_pylist()) if before.exists() else set()
+    still = set(read_table(before)["event_id"].to_pylist()) if before.is_file() else set()
     path = out / OUTCOMES / "part-00000.parquet"
-    if path.exists():
-        rows = pq.read_table(path, columns=["run_id", "event_id", "status"]).to_pylist()
+    if path.is_file():
+        rows = read_table(path, columns=["run_id", "event_id", "status"]).to_pylist()
         still -= {r["event_id"] for r in rows if Status(r["status"]).closed}
-    files = sorted((out / "quarantine").glob("*.parquet"))
-    for f in files:
-        still |= {i for i in pq.read_table(f, columns=["event_id"])["event_id"].to_pylist() if i}
+    quarantined = read_folder(out / "quarantine", ["event_id"])
+    if quarantined is not None:
+        still |= {i for i in quarantined["event_id"].to_pylist() if i}
     return len(still)
 
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import reduce
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -39,6 +38,9 @@ EVENTS, MAX_SECONDS = "events", "max_seconds"
 Evidence = tuple[str, str, int]
 _SAW = ("INSERT", "UPDATE")  # what an event may have seen
 _SAWS = ("UPDATE", "DELETE")  # what may have seen it
+
+if TYPE_CHECKING:
+    from pipeline.workpath import WorkPath
 
 
 def _matches(table: Table, seen: str) -> Column:
@@ -134,14 +136,14 @@ def seen_later(
                 yield replica, prev["origin"], prev["ts"] - cur["ts"]
 
 
-def from_fold(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
+def from_fold(folder: WorkPath) -> dict[str, dict[str, dict[str, Any]]]:
     """``{behind: {ahead: {events, max_seconds}}}`` of the evidence the fold tasks wrote."""
-    import pyarrow.parquet as pq
+    from pipeline.workpath import read_table
 
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for f in sorted(folder.glob("*.parquet")):
+    for f in folder.parquet_files():
         for behind, ahead, lag in zip(
-            *pq.read_table(f, columns=list(SKEW_FIELDS)).to_pydict().values(), strict=True
+            *read_table(f, columns=list(SKEW_FIELDS)).to_pydict().values(), strict=True
         ):
             pair = out.setdefault(behind, {}).setdefault(ahead, {EVENTS: 0, MAX_SECONDS: 0.0})
             pair[EVENTS] += 1

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from pipeline.workpath import WorkPath
+
 LOG4J = Path(__file__).with_name("log4j2.properties")
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,7 @@ def _configured(b: Any) -> SparkSession:
         "spark.ui.retainedStages": "50",
         "spark.ui.retainedTasks": "2000",
         **DELTA_SETTINGS,
+        **_where_s3_is(),
     }
     for k, v in settings.items():
         b = b.config(k, v)
@@ -223,16 +226,17 @@ def sized(spark: SparkSession, records: int) -> Iterator[bool]:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def read_output(spark: SparkSession, folder: Path) -> DataFrame:
-    """A Parquet folder this run's Spark wrote, on a path the driver can read, with the
-    schema Spark stored in its first file's footer (read on the driver): Spark's own
-    schema inference would be a Spark job per read. A folder without that footer key
-    (not written by Spark) is inferred as usual."""
-    import pyarrow.parquet as pq
+def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
+    """A Parquet folder this run's Spark wrote in the work location, with the schema Spark
+    stored in its first file's footer (read on the driver): Spark's own schema inference
+    would be a Spark job per read. A folder without that footer key (not written by
+    Spark) is inferred as usual."""
     from pyspark.sql.types import StructType
 
-    first = min(folder.glob("*.parquet"), default=None)
-    stored = None if first is None else (pq.read_schema(first).metadata or {}).get(SPARK_SCHEMA_KEY)
+    from pipeline.workpath import metadata
+
+    first = min(folder.parquet_files(), default=None)
+    stored = None if first is None else (metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)
     if stored is None:
         return spark.read.parquet(str(folder))
     schema = StructType.fromJson(json.loads(stored))
@@ -250,6 +254,17 @@ def _keys_may_travel(spark: SparkSession) -> bool:
     return conf.get("spark.authenticate", "false") == "true" and (
         conf.get("spark.network.crypto.enabled", "false") == "true"
     )
+
+
+#: where S3 is: the settings of the driver's environment every executor gets (its Python
+#: tasks reach the store and the work location with boto3)
+WHERE_S3_IS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def _where_s3_is() -> dict[str, str]:
+    """``spark.executorEnv.*`` for the endpoint and region (never the keys: an executor
+    signs with its own, ``task_settings``)."""
+    return {f"spark.executorEnv.{k}": os.environ[k] for k in WHERE_S3_IS if os.environ.get(k)}
 
 
 #: what an executor's credentials are: the keys of the AWS provider chain

@@ -35,6 +35,7 @@ from pipeline.published import (
 from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store, replace_tree
 from pipeline.summary import RunSummary, TableSummary
+from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunOptions:
-    work_dir: Path
+    work_dir: WorkPath | Path  # a local folder or an S3 prefix (``pipeline.workpath``)
     now: str | None = None
     run_id: str | None = None
     allow_missing_exports: bool = False
@@ -112,19 +113,16 @@ def _refuse_a_published_run_id(store: Store, config: Config, run_id: str) -> Non
             )
 
 
-def _clear_work(work_dir: Path, ctx: RunContext) -> None:
+def _clear_work(work_dir: WorkPath | Path, ctx: RunContext) -> None:
     """Remove this run's work folder (a retry of its ingest) and those of the date's
     earlier runs of the same kind: a run's folder stays until the date is run again, for
     inspection. A real run holds the lease, so the runs it clears are over; a dry run
     clears earlier dry runs only."""
-    import shutil
-
     for run in runs_of(work_dir, ctx.dt):
         if run.run_id != ctx.run_id and run.dry_run == ctx.dry_run:
             log.info("ingest: removing the work folder of the earlier run %s", run.run_id)
-            shutil.rmtree(run.work, ignore_errors=True)
-    if ctx.work.exists():
-        shutil.rmtree(ctx.work)
+            run.work.rmtree()
+    ctx.work.rmtree()
 
 
 def staged_records(ctx: RunContext) -> int:
@@ -158,6 +156,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     from pipeline.validation import measure_stage
 
     config = ctx.config(config)
+    ctx.work.attach(spark)
     fetch(spark, config, ctx)
     small = small_run(ctx)  # measures: fewer tasks
     with sized_for(spark, ctx):
@@ -190,6 +189,7 @@ def validate(
         if spark is None:
             raise StageError(f"the resolved run of {ctx.dt} has no measures: resolve it again")
         session = spark()
+        ctx.work.attach(session)
         with sized_for(session, ctx):
             measure_stage(session, config, ctx, summary, one_task=small_run(ctx))
     verdict = judge_stage(config, ctx, summary)
@@ -253,7 +253,8 @@ def publish(
         return _published_already(store, ctx, done[-1], runs, verdict)
     tables = list(config.tables)
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
-    replace_tree(store, ctx.validation, layout.validation_dir(ctx.dt, ctx.run_id))
+    with ctx.validation.fetched() as validation:
+        replace_tree(store, validation, layout.validation_dir(ctx.dt, ctx.run_id))
     status = "published" if verdict.passed else "failed"
     report = run_report(config, ctx, summary, verdict, status)
     meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")

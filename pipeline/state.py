@@ -10,7 +10,6 @@ line: the base is the operator's input, not replicated data.
 from __future__ import annotations
 
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
@@ -22,6 +21,7 @@ from pipeline.config import Table
 from pipeline.errors import ExportError
 from pipeline.exports import RAW_SCHEMA
 from pipeline.schema import state_schema, typed
+from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
     from pipeline.lake import Pin
@@ -42,7 +42,7 @@ def empty_state(spark: SparkSession, table: Table) -> DataFrame:
 
 
 def read_prior(
-    spark: SparkSession, staged_table: Path, table: Table, check: bool = True
+    spark: SparkSession, staged_table: WorkPath, table: Table, check: bool = True
 ) -> DataFrame:
     """The state the run starts from: the published state ingest pinned (read by the
     executors through Delta), a staged state of the earlier layout, or a base snapshot.
@@ -55,7 +55,7 @@ def read_prior(
     if pin is not None:
         return _pinned_state(spark, pin, table, check)
     prior = staged_table / "prior"
-    if prior.is_dir() and any(prior.glob("*.parquet")):  # the earlier layout's, staged
+    if prior.parquet_files():  # the earlier layout's, staged
         return spark.read.schema(state_schema(table)).parquet(str(prior))
     base = staged_table / "base"
     if base.is_dir():
@@ -86,17 +86,21 @@ def _pinned_state(spark: SparkSession, pin: Pin, table: Table, check: bool) -> D
 
 
 def read_base(
-    spark: SparkSession, base: Path, table: Table, label: str | None = None, check: bool = True
+    spark: SparkSession,
+    base: WorkPath,
+    table: Table,
+    label: str | None = None,
+    check: bool = True,
 ) -> DataFrame:
     """Rows of the table's columns (optional ``_ts``, ``_origin``) staged from a base
     snapshot or a replica's snapshot export (``label`` names it in errors; ``check``:
     stop at the first row that does not fit, one Spark job)."""
     label = label or f"base/table={table.name}"
     parts: list[DataFrame] = []
-    jsonl = sorted(str(p) for p in base.glob("jsonl/*.parquet"))
+    jsonl = [str(p) for p in (base / "jsonl").parquet_files()]
     if jsonl:
         parts.append(_base_from_json(read_staged(spark, jsonl), table, label, check))
-    pq_files = sorted(str(p) for p in base.glob("parquet/*.parquet"))
+    pq_files = [str(p) for p in (base / "parquet").parquet_files()]
     if pq_files:
         df = spark.read.parquet(*pq_files)
         raw = df.select(

@@ -21,16 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline import layout
 from pipeline.lake import Lake
 from pipeline.summary import RunSummary, TableSummary
+from pipeline.workpath import WorkPath, read_folder, write_table
 
 PATH = f"{layout.PUBLISHED}/conflict_stats"
 FOLDER = "conflict_stats"  # in the run's ``resolved`` folder
@@ -68,24 +67,20 @@ def _table_rows(s: TableSummary, conflicts: pa.Table) -> Iterator[dict[str, Any]
         yield {"kind": "retried", "outcome": outcome, "count": n}
 
 
-def write_stats(resolved: Path, summary: RunSummary, others: pa.Table | None) -> int:
+def write_stats(resolved: WorkPath, summary: RunSummary, others: pa.Table | None) -> int:
     """The run's statistics into ``resolved/conflict_stats`` (with ``others``: the date's
     published rows of the tables this run leaves alone); returns the row count."""
     rows: list[dict[str, Any]] = []
     for name, s in summary.tables.items():
-        files = sorted((resolved / name / "conflicts").glob("*.parquet"))
         cols = ["conflict_type", "resolver", "outcome"]
-        log = (
-            pa.concat_tables([pq.read_table(f, columns=cols) for f in files])
-            if files
-            else pa.table({c: pa.array([], _S) for c in cols})
-        )
+        log = read_folder(resolved / name / "conflicts", cols)
+        if log is None:
+            log = pa.table({c: pa.array([], _S) for c in cols})
         rows += [{"run_id": summary.run_id, "table": name, **r} for r in _table_rows(s, log)]
     data = pa.Table.from_pylist(rows, SCHEMA)
     if others is not None and others.num_rows:
         data = pa.concat_tables([data, others.select(SCHEMA.names).cast(SCHEMA)])
-    (resolved / FOLDER).mkdir(parents=True, exist_ok=True)
-    pq.write_table(data, resolved / FOLDER / "part-00000.parquet", compression="zstd")
+    write_table(data, resolved / FOLDER / "part-00000.parquet", compression="zstd")
     return data.num_rows
 
 

@@ -34,6 +34,7 @@ class Store(Protocol):
     def read_token(self, key: str) -> tuple[bytes, str] | None: ...
     def replace_if(self, key: str, data: bytes, token: str) -> bool: ...
     def delete_if(self, key: str, token: str) -> bool: ...
+    def read_tail(self, key: str, n: int) -> tuple[int, bytes]: ...
     def list(self, prefix: str) -> list[str]: ...
     def sizes(self, prefix: str) -> dict[str, int]: ...
     def download(self, key: str, dest: Path) -> None: ...
@@ -83,6 +84,16 @@ class FileStore:
     def read_bytes(self, key: str) -> bytes:
         try:
             return self._object(key).read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.uri}/{key}: not found") from None
+
+    def read_tail(self, key: str, n: int) -> tuple[int, bytes]:
+        """The object's size and its last ``n`` bytes (all of it, if smaller)."""
+        try:
+            with self._object(key).open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - n))
+                return size, f.read()
         except FileNotFoundError:
             raise NotFoundError(f"{self.uri}/{key}: not found") from None
 
@@ -315,6 +326,20 @@ class S3Store:
             if e.response.get("Error", {}).get("Code") in (*LOST_RACE, "404", "NoSuchKey"):
                 return False
             raise self._fail(key, e) from None
+
+    def read_tail(self, key: str, n: int) -> tuple[int, bytes]:
+        """The object's size and its last ``n`` bytes (all of it, if smaller): one GET."""
+        from botocore.exceptions import ClientError
+
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key), Range=f"bytes=-{n}")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise NotFoundError(f"s3://{self.bucket}/{self._k(key)}: not found") from None
+            raise self._fail(key, e) from None
+        data = r["Body"].read()
+        total = str(r.get("ContentRange", "")).rsplit("/", 1)[-1]
+        return (int(total) if total.isdigit() else len(data)), data
 
     def list(self, prefix: str) -> list[str]:
         return sorted(self.sizes(prefix))

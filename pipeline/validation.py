@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -48,6 +46,7 @@ from pipeline.suites import (
     render_suite,
 )
 from pipeline.summary import RunSummary
+from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
 SAMPLE = 3  # offending rows named in a failure message
@@ -103,7 +102,7 @@ def message(table: str, c: Check) -> str:
 # ---------------------------------------------------------------------- frames
 
 
-def _read(spark: SparkSession, path: Path) -> DataFrame:
+def _read(spark: SparkSession, path: WorkPath) -> DataFrame:
     return read_output(spark, path)
 
 
@@ -242,15 +241,14 @@ def judge_stage(config: Config, ctx: RunContext, summary: RunSummary) -> Verdict
         )
     measures = json.loads((ctx.resolved / MEASURES).read_text())["suites"]
     verdict = gate_from_summary(summary)
-    if ctx.validation.exists():
-        shutil.rmtree(ctx.validation)
-    if (ctx.work / "gx").exists():  # a rerun of this stage starts a new project
-        shutil.rmtree(ctx.work / "gx")
-    project = Project(ctx.work, ctx.validation / "data_docs", ctx.run_id)
-    verdict += _judge(project, measures, ctx.data_docs)
-    if ctx.data_docs:
-        bundle(ctx.validation / "data_docs")  # pages that open without internet
-    ctx.validation.mkdir(parents=True, exist_ok=True)
+    ctx.validation.rmtree()
+    (ctx.work / "gx").rmtree()  # a rerun of this stage starts a new project
+    with ctx.work.writing() as root:  # GX's project on a local disk (uploaded, on S3)
+        docs = root / ctx.validation.name / "data_docs"
+        project = Project(root, docs, ctx.run_id)
+        verdict += _judge(project, measures, ctx.data_docs)
+        if ctx.data_docs:
+            bundle(docs)  # pages that open without internet
     ctx.results.write_text(
         json.dumps(
             {

@@ -27,7 +27,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline import layout
 from pipeline.config import Config, Table
@@ -37,6 +36,7 @@ from pipeline.lake import Lake
 from pipeline.runs_table import published_by_date, read_runs
 from pipeline.store import open_store
 from pipeline.summary import RunSummary
+from pipeline.workpath import WorkPath, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def report_key(dt: date, name: str, ext: str = "json") -> str:
 
 
 def whatif(
-    config: Config, dt: date, name: str, work_dir: Path, master: str | None = None
+    config: Config, dt: date, name: str, work_dir: WorkPath | Path, master: str | None = None
 ) -> dict[str, Any]:
     """Resolve D's published inputs under ``config``, compare, write the JSON and HTML
     into the store; returns the comparison."""
@@ -121,14 +121,13 @@ def compare_table(
     published: dict[str, Any],
     lake: Lake,
     dt: date,
-    resolved: Path,
+    resolved: WorkPath,
     summary: RunSummary,
 ) -> dict[str, Any]:
     state = lake.read(layout.table_path(table.name, layout.STATE), dt=dt)
     if state is not None:
         state = state.filter(pc.invert(pc.fill_null(state["_deleted"], False)))
-    files = sorted((resolved / layout.SNAPSHOT).glob("*.parquet"))
-    mine = pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+    mine = read_folder(resolved / layout.SNAPSHOT)
     cols = list(table.column_names)
     if mine is not None and state is not None:  # compared as values of the same types
         mine = mine.select(cols).cast(state.select(cols).schema)

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
-from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -30,6 +29,7 @@ from pipeline.shuffle import (
     with_special_copies,
 )
 from pipeline.skew import tally, with_evidence
+from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def resolve_cells(
     refs: DataFrame,
     prior: DataFrame,
     now_us: int,
-    scratch: Path,
+    scratch: WorkPath,
 ) -> Resolved:
     """Resolve one cell-granularity table. ``refs``: the typed copies of the staged
     exports (``frames.copy_schema``); ``prior``: the state the run starts from (not yet
@@ -259,7 +259,7 @@ def _state_rows(prior: DataFrame, table: Table) -> DataFrame:
 
 
 def _settled(
-    main: DataFrame, table: Table, resolve: Callable[[DataFrame], DataFrame], scratch: Path
+    main: DataFrame, table: Table, resolve: Callable[[DataFrame], DataFrame], scratch: WorkPath
 ) -> DataFrame:
     """``resolve(main)``, written once; if some event's copies sit under different keys,
     they are moved to their winner's key and resolved again (rare; see ``engine``)."""
@@ -284,7 +284,7 @@ def _settled(
     return out
 
 
-def _written(df: DataFrame, path: Path) -> DataFrame:
+def _written(df: DataFrame, path: WorkPath) -> DataFrame:
     """``df`` written to ``path`` as Parquet and read back. The outputs are read from
     these files: their jobs neither compute the resolution again nor analyse, optimise
     and ship its plan (large even for a table of a few columns: the slots' structs, the

@@ -177,7 +177,7 @@ def test_a_dry_run_of_one_table_publishes_nothing(
     assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
     ctx = RunContext.load(tmp_path / "work", datetime(2026, 11, 21).date())
     assert ctx.tables == ("orders",) and ctx.dry_run
-    staged = {p.name for p in ctx.staged.iterdir() if p.is_dir()} - {"cdc"}
+    staged = {p.name for p in ctx.staged.glob("*") if p.is_dir()} - {"cdc"}
     assert staged == {"orders", "products"}
 
 

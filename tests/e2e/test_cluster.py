@@ -8,11 +8,13 @@ data: the driver and the workers sign with keys of their own (issue 47)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -51,9 +53,10 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
     configs.write(tmp_path / "cluster.yaml", config, store=s3_store.uri)
     run = ["run", "--date", D, "--now", f"{D}T23:59:00Z", "--no-data-docs"]
 
+    work = {"local": str(tmp_path / "work"), "cluster": s3_store.uri.rsplit("/", 1)[0] + "/work"}
+
     def args(name: str) -> list[str]:
-        work = tmp_path / f"work-{name}"  # the cluster's: shared by the driver and workers
-        return [*run, "--config", str(tmp_path / f"{name}.yaml"), "--work-dir", str(work)]
+        return [*run, "--config", str(tmp_path / f"{name}.yaml"), "--work-dir", work[name]]
 
     ids = {"local": "run-in-process", "cluster": "run-on-the-cluster"}  # no column has them
     assert main([*args("local"), "--run-id", ids["local"]]) == 0
@@ -75,6 +78,7 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
         )
         requests = proxy.requests()
     (tmp_path / "cluster-run.log").write_text(p.stderr)
+    (tmp_path / "requests.json").write_text(json.dumps(requests, indent=0))
     assert p.returncode == 0, p.stderr[-3000:]
     mine = P.all_tables(open_store(local.as_uri()), (ids["local"],))
     remote = P.all_tables(s3_store, (ids["cluster"],))
@@ -84,21 +88,58 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
     check_executors(worker_dirs, before=set())
     driver, worker = DRIVER_KEYS["AWS_ACCESS_KEY_ID"], WORKER_KEYS["AWS_ACCESS_KEY_ID"]
     assert {key for _, _, key in requests} == {driver, worker}
-    by_driver = [(m, p) for m, p, key in requests if key == driver and _data(p)]
+    store = [(m, k, key) for m, p, key in requests if (k := _under(p, "prod")) is not None]
+    by_driver = [(m, k) for m, k, key in store if key == driver and _data(k)]
     assert by_driver == [], by_driver[:20]
-    by_workers = [(m, p) for m, p, key in requests if key == worker]
-    assert any(m == "GET" and "/exports/" in p and _data(p) for m, p in by_workers)
-    assert any(m == "PUT" and "/published/" in p and _data(p) for m, p in by_workers)
+    by_workers = [(m, k) for m, k, key in store if key == worker and _data(k)]
+    assert any(m == "GET" and k.startswith("exports/") for m, k in by_workers)
+    assert any(m == "PUT" and k.startswith("published/") for m, k in by_workers)
+    # the work location: the executors stage the exports and write the fold's outputs;
+    # the driver never reads a staged export. What it still reads or writes of the run's
+    # outputs there (counts, footers, Spark's job commit) is the list DRIVER_WORK_LEFT.
+    work = [(m, k, key) for m, p, key in requests if (k := _under(p, "work")) is not None]
+    wrote = [k for m, k, key in work if key == worker and m == "PUT"]
+    for where in ("/staged/", "/fates/", "/state_pre/", "/snapshot/"):
+        assert any(where in k for k in wrote), where
+    touched = {(m, _kind(k)) for m, k, key in work if key == driver and _data(k) and m != "HEAD"}
+    assert touched and all(kind != "staged" for _, kind in touched), touched
+    assert touched <= DRIVER_WORK_LEFT, touched - DRIVER_WORK_LEFT
 
 
 #: the key the driver's environment gives it
 DRIVER_KEYS = {"AWS_ACCESS_KEY_ID": "cdr-driver", "AWS_SECRET_ACCESS_KEY": "cdr-driver-secret"}
 
+#: what the driver still reads and writes of a run's outputs in the work location (issue
+#: 47, not done): it counts the fates, conflicts, quarantine and divergence with pyarrow,
+#: reads footers (row counts, schemas), writes the ledger, the skew evidence and the
+#: statistics, rewrites the logs a retry or an error cuts, and Spark's job commit copies
+#: each written file into place (PUT with a copy source, then DELETE)
+DRIVER_WORK_LEFT = {
+    *{("GET", k) for k in ("fates", "conflicts", "quarantine", "divergence", "ledger")},
+    *{("GET", k) for k in ("skew", "state", "state_pre", "snapshot", "conflict_stats")},
+    *{("PUT", k) for k in ("conflicts", "quarantine", "divergence", "ledger", "skew")},
+    *{("PUT", k) for k in ("state", "snapshot", "conflict_stats", "fates", "state_pre")},
+    *{("DELETE", k) for k in ("state", "snapshot", "fates", "state_pre", "conflicts")},
+}
 
-def _data(path: str) -> bool:
-    """Whether a request's path is a data object: an export's file (not its manifest), or
-    a Delta table's data file or deletion vector (not its log)."""
-    key = path.split("?")[0]
-    if "/exports/" in key or "/base/" in key:
+
+def _under(path: str, prefix: str) -> str | None:
+    """A request's object key under ``/<bucket>/<prefix>/``, or None."""
+    parts = unquote(path.split("?")[0]).split("/", 3)
+    return parts[3] if len(parts) == 4 and parts[2] == prefix else None
+
+
+def _data(key: str) -> bool:
+    """Whether a key is a data object: an export's file (not its manifest), a Delta
+    table's data file or deletion vector (not its log), or a Parquet file of a run."""
+    if key.startswith(("exports/", "base/")):
         return not key.endswith("/_manifest.json")
-    return "/published/" in key and "/_delta_log/" not in key and key.endswith((".parquet", ".bin"))
+    return "/_delta_log/" not in key and key.endswith((".parquet", ".bin"))
+
+
+def _kind(key: str) -> str:
+    """What a work location's object is: ``staged``, or the run's output it belongs to."""
+    parts = key.split("/")  # run=<id>/staged/... or run=<id>/resolved/<table>/<output>/file
+    if parts[1] == "staged":
+        return "staged"
+    return parts[2] if parts[2] == "conflict_stats" else parts[3]

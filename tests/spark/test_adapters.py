@@ -19,6 +19,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.exports import FRAMING, read_manifest, stage_jsonl
 from pipeline.store import open_store
+from pipeline.workpath import WorkPath
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import sources as src
@@ -297,7 +298,9 @@ def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
     )
     folder = f"exports/replica=pg1/table=items/dt={DT}"
     manifest = read_manifest(store, folder, {})
-    staged, tasks = plan_export(store, folder, manifest, tmp_path / "staged", "pg1", "items")
+    staged, tasks = plan_export(
+        store, folder, manifest, WorkPath.of(tmp_path / "staged"), "pg1", "items"
+    )
     assert fetch_files(spark, tasks, {}) == [(0, None), (0, None)]
     assert staged.records == 5
     rows = adapters.read_dms(

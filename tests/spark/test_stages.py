@@ -15,6 +15,7 @@ import yaml
 from pipeline.cli import main
 from pipeline.context import RunContext
 from pipeline.errors import StageError
+from pipeline.workpath import WorkPath
 from tests.helpers import published as P
 from tests.helpers.snapshots import SUB, D, setup
 
@@ -160,7 +161,7 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
     sc = spark.sparkContext
     sc.setJobGroup("read_output", "read_output")
     try:
-        got = read_output(spark, tmp_path / "out")
+        got = read_output(spark, WorkPath.of(tmp_path / "out"))
         assert sc.statusTracker().getJobIdsForGroup("read_output") == []
         assert got.schema == spark.read.parquet(str(tmp_path / "out")).schema
         assert len(sc.statusTracker().getJobIdsForGroup("read_output")) == 1  # the check can fail
@@ -168,7 +169,7 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     (tmp_path / "arrow").mkdir()
     pq.write_table(pa.table({"k": [1, 2]}), tmp_path / "arrow" / "part-0.parquet")
-    assert read_output(spark, tmp_path / "arrow").collect() == [(1,), (2,)]
+    assert read_output(spark, WorkPath.of(tmp_path / "arrow")).collect() == [(1,), (2,)]
 
 
 def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypatch):

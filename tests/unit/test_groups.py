@@ -25,6 +25,7 @@ from pipeline.frames import FOLD_INPUT, fold_input_schema, fold_outputs
 from pipeline.guards import Typer, TypingSpec
 from pipeline.jsonvalues import dumps
 from pipeline.rowfold import FoldSpec
+from pipeline.workpath import WorkPath
 from tests.helpers import configs
 
 NOW = 1795305600000000  # 2026-11-22T00:00:00Z
@@ -133,7 +134,7 @@ def _run_task(tmp: Path, rows: list[dict], cuts: list[int], table) -> dict[str, 
         (),
         date(2026, 11, 21),
         "run-1",
-        str(tmp),
+        WorkPath.of(tmp),
         trace=True,
         schemas=fold_outputs(table, True),
     )

@@ -25,6 +25,7 @@ from pipeline.streams import (
     shard_of_array,
     vnode_ends,
 )
+from pipeline.workpath import WorkPath
 
 DAY = 86_400_000_000
 RING = Topology((-(2**62), -100, 0, 100, 2**62), 3, 0)  # range 0 wraps: (2^62, -2^62]
@@ -189,8 +190,9 @@ def test_description_tables_round_trip(tmp_path: Path):
     gens, _ = next_generations(
         next_generations([], RING, 0)[0], Topology(vnode_ends(4), 2, 12), 10 * DAY
     )
-    write_description_tables(gens, tmp_path)
-    assert read_generations(tmp_path / "cdc_generation_descriptions") == gens
+    work = WorkPath.of(tmp_path)
+    write_description_tables(gens, work)
+    assert read_generations(work / "cdc_generation_descriptions") == gens
     t = description_tables(gens)
     assert t["cdc_generation_timestamps"].to_pylist()[0]["expired"] is not None
     v2 = t["cdc_streams_descriptions_v2"].to_pylist()
