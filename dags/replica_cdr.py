@@ -15,7 +15,8 @@ a time and a task waits for its previous run's success (``depends_on_past``).
 
 Settings (environment of the Airflow services):
 - ``CDR_CONFIG``: path of cdr.yaml (default: ``cdr.yaml`` beside the dags folder);
-- ``CDR_WORK_DIR``: local folder the tasks of a run share (default ``$AIRFLOW_HOME/cdr-work``);
+- ``CDR_WORK_DIR``: where the tasks of a run hand data to each other: a folder they all
+  mount, or ``s3://BUCKET/PREFIX`` (default ``$AIRFLOW_HOME/cdr-work``);
 - connection ``spark_default``: the Spark master (``local[*]``, or ``spark://host:7077``);
 - connection ``aws_default`` (optional): S3 credentials and ``endpoint_url`` for the store.
 """
