@@ -50,7 +50,7 @@ from pipeline.shuffle import (
     split_special,
     standing_order,
 )
-from pipeline.workpath import WorkPath, read_folder
+from pipeline.workpath import WorkPath, read_columns
 
 log = logging.getLogger(__name__)
 
@@ -283,19 +283,12 @@ def fold(
 def disputes(fates: WorkPath) -> list[str]:
     """Events whose copies sit under different keys (or some under a key that does not
     read): each key's task chose a copy of its own (the fates' ``chosen``)."""
-    t = _local(fates, ["event_id", "chosen"])
+    t = read_columns(fates, ["event_id", "chosen"])
     if t.num_rows == 0:  # a night without events for the table: its tasks wrote no fates
         return []
     chosen = t.filter(pc.fill_null(t["chosen"], False))
     counts = chosen.group_by("event_id").aggregate([([], "count_all")])
     return sorted(counts.filter(pc.greater(counts["count_all"], 1))["event_id"].to_pylist())
-
-
-def _local(folder: WorkPath, columns: list[str]) -> pa.Table:
-    got = read_folder(folder, columns)
-    if got is None:
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return got
 
 
 def _write_specials(specials: Specials, job: FoldJob) -> None:

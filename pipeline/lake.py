@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from pipeline import layout
 from pipeline.errors import CdrError, LockedError, StoreError
-from pipeline.store import Store
+from pipeline.store import Store, s3a_uri
 from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ class Lake:
         local = self.store.local_path(path)
         if local is not None:  # not Path.as_uri(): Hadoop takes "%3D" for the name's own
             return f"file://{local}"
-        return "s3a://" + f"{self.store.uri}/{path}".removeprefix("s3://")
+        return s3a_uri(f"{self.store.uri}/{path}")
 
     def session(self) -> SparkSession:
         """The writer's Spark session (made on first use), pointed at the store."""

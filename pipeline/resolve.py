@@ -48,7 +48,7 @@ from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
 from pipeline.store import open_store
 from pipeline.summary import RunSummary, Stopped, TableSummary
-from pipeline.workpath import WorkPath, metadata, read_folder, read_table, write_table
+from pipeline.workpath import WorkPath, metadata, read_columns, read_table, write_table
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def resolve_table(
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
         resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = from_fold(out / "skew")  # found by the fold's tasks
-    fates = _local_table(out / "fates", ["event_id", "replica", "fate"])  # counted on the driver
+    fates = read_columns(out / "fates", ["event_id", "replica", "fate"])  # counted on the driver
     stopped = _cut_at_error(out, table, config) if _stops(fates) else None
     if stopped is not None:  # §12: divergence is not checked after an error
         _empty(out / "divergence")
@@ -241,14 +241,6 @@ def _empty(folder: WorkPath) -> None:
     write_table(schema.empty_table(), folder / "part-00000.parquet")
 
 
-def _local_table(path: WorkPath, columns: list[str]) -> pa.Table:
-    """A small output read back with pyarrow: counting it needs no Spark job."""
-    got = read_folder(path, columns)
-    if got is None:
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return got
-
-
 def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
     if t.num_rows == 0:
         return []
@@ -292,16 +284,16 @@ def _table_counts(
         per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
     conflicts: dict[str, dict[str, int]] = {}
     for r in _counts(
-        _local_table(out / "conflicts", ["conflict_type", "outcome"]), "conflict_type", "outcome"
+        read_columns(out / "conflicts", ["conflict_type", "outcome"]), "conflict_type", "outcome"
     ):
         conflicts.setdefault(r["conflict_type"], {})[r["outcome"]] = r["count_all"]
     quarantined = {
         r["reason"]: r["count_all"]
-        for r in _counts(_local_table(out / "quarantine", ["reason"]), "reason")
+        for r in _counts(read_columns(out / "quarantine", ["reason"]), "reason")
     }
     divergent = {
         r["replica"]: r["count_all"]
-        for r in _counts(_local_table(out / "divergence", ["replica"]), "replica")
+        for r in _counts(read_columns(out / "divergence", ["replica"]), "replica")
     }
     base = "base" if staged.base_rows is not None else None
     return TableSummary(

@@ -408,6 +408,11 @@ class S3Store:
         self.delete(self.list(prefix))
 
 
+def s3a_uri(uri: str) -> str:
+    """An ``s3://`` URI as Spark's Hadoop reads it (``s3a://``)."""
+    return "s3a://" + uri.removeprefix("s3://")
+
+
 def open_store(uri: str) -> Store:
     """``s3://BUCKET[/PREFIX]`` or ``file:///PATH``; anything else is a StoreError."""
     u = urlparse(uri)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import fnmatch
 import io
 import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.store import Store, open_store
+from pipeline.store import Store, open_store, s3a_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -90,7 +89,7 @@ class WorkPath:
         """Where Spark finds it: a local path, or ``s3a://bucket/prefix/key``."""
         if (local := self.local) is not None:
             return str(local)
-        return "s3a://" + f"{self.root}/{self.key}".rstrip("/").removeprefix("s3://")
+        return s3a_uri(f"{self.root}/{self.key}".rstrip("/"))
 
     def as_uri(self) -> str:
         if (local := self.local) is not None:
@@ -214,6 +213,12 @@ def read_folder(folder: WorkPath, columns: list[str] | None = None) -> pa.Table 
     return pa.concat_tables([read_table(f, columns) for f in files])
 
 
+def read_columns(folder: WorkPath, columns: list[str]) -> pa.Table:
+    """Columns of every Parquet file of a folder; no rows (as text) when it has none."""
+    got = read_folder(folder, columns)
+    return pa.table({c: pa.array([], pa.string()) for c in columns}) if got is None else got
+
+
 def write_table(table: pa.Table, p: WorkPath, **options: Any) -> None:
     """One Parquet file, written whole: locally under a temporary name then renamed, on S3
     by one PUT (a reader never sees half a file; a retried task replaces it)."""
@@ -271,13 +276,3 @@ class _Tail(io.RawIOBase):
         data = self.tail[start:end]
         self.pos += len(data)
         return data
-
-
-def copy_tree(src: WorkPath, dest: Path) -> None:
-    """A folder of the work location copied to a local one."""
-    if (local := src.local) is not None:
-        shutil.copytree(local, dest, dirs_exist_ok=True)
-        return
-    cut = len(src.key) + 1
-    for k in src.store.list(src.key):
-        src.store.download(k, dest / k[cut:])
