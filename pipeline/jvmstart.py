@@ -35,8 +35,19 @@ log = logging.getLogger(__name__)
 ARCHIVE_ENV = "CDR_JVM_ARCHIVE"
 START_ENV = "CDR_JVM_START"
 START_MODES = ("auto", "plain")
-#: the JIT's first tier and one GC thread: a small run's JVM
-SMALL_RUN_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+#: the JIT's first tier and one GC thread: a small run's JVM. With the first tier only,
+#: HotSpot reserves a client VM's 48 MB of code cache, which the archive's workload (and a
+#: small run of many tables) fills: the compiler is then disabled and a method adapter
+#: that finds no space stops the JVM ("Out of space in CodeCache for adapters"). The tiered
+#: default's 240 MB is only reserved address space; the JVM commits what it uses
+SMALL_RUN_OPTIONS = (
+    "-XX:TieredStopAtLevel=1",
+    "-XX:ReservedCodeCacheSize=240m",
+    "-XX:+UseSerialGC",
+)
+#: the share of the code cache the archive's workload may fill before its build fails
+#: (it used 52 of 240 MB when measured): a small run's JVM must not run out of it
+CODE_CACHE_HEADROOM = 0.5
 #: JVM warnings to stderr: stdout is the run's report (``--log-format json`` parses it)
 LOG_OPTIONS = ("-Xlog:all=off:stdout", "-Xlog:all=warning:stderr")
 #: the archive's build: the classes it cannot archive (signed jars, generated accessors)
@@ -163,8 +174,15 @@ def build() -> Path:
             spark = get_spark("local[*]", app="cdr-jvm-archive", small=True, dump=part)
             try:
                 _workload(spark, Path(tmp))
+                peak, size = code_cache(spark)
             finally:
                 code = stop_jvm(spark)
+        if peak > size * CODE_CACHE_HEADROOM:
+            raise StageError(
+                f"the archive's workload used {peak >> 20} MB of the driver's "
+                f"{size >> 20} MB of code cache: raise -XX:ReservedCodeCacheSize in "
+                "pipeline.jvmstart.SMALL_RUN_OPTIONS"
+            )
         if code != 0 or not part.is_file() or part.stat().st_size == 0:
             raise StageError(f"the JVM wrote no class-data archive (exit status {code})")
         os.replace(part, target)
@@ -202,6 +220,16 @@ def _workload(spark: object, tmp: Path) -> None:
     dt = date(2026, 1, 15)
     generate(config, open_store(store.as_uri()), dt, GenerateOptions(events=WORKLOAD_EVENTS))
     run(config, dt, RunOptions(work_dir=tmp / "work", data_docs=False), spark)  # type: ignore[arg-type]
+
+
+def code_cache(spark: Any) -> tuple[int, int]:
+    """The driver JVM's code cache: the most it held, and its size (bytes)."""
+    beans = spark._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+    heaps = [b for b in beans if str(b.getName()).startswith(("CodeCache", "CodeHeap"))]
+    return (
+        sum(int(b.getPeakUsage().getUsed()) for b in heaps),
+        sum(int(b.getUsage().getMax()) for b in heaps),
+    )
 
 
 def stop_jvm(spark: object) -> int:

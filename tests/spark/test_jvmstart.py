@@ -13,13 +13,18 @@ from pathlib import Path
 
 from pipeline import jvmstart
 
-#: a new process starts a session and runs one job; the JVM logs where each class came from
-START = "from pipeline.spark import get_spark; get_spark(small=True).range(3).count()"
+#: a new process starts a small run's session and runs one job, and prints its code
+#: cache's size; the JVM logs where each class came from
+START = (
+    "from pipeline.spark import get_spark; from pipeline.jvmstart import code_cache; "
+    "s = get_spark(small=True); s.range(3).count(); print(code_cache(s)[1])"
+)
 
 
-def _start(tmp_path: Path, **env: str) -> tuple[str, str]:
+def _start(tmp_path: Path, **env: str) -> tuple[str, str, str]:
     """Start a driver in a new process; returns where SparkContext's class came from
-    (the class-load log of the driver's JVM, ``JDK_JAVA_OPTIONS``) and the stderr."""
+    (the class-load log of the driver's JVM, ``JDK_JAVA_OPTIONS``), the stdout and the
+    stderr."""
     logs = tmp_path / "classes"
     logs.mkdir(parents=True)
     done = subprocess.run(
@@ -38,16 +43,19 @@ def _start(tmp_path: Path, **env: str) -> tuple[str, str]:
     for log in logs.glob("jvm-*.log"):
         for line in log.read_text().splitlines():
             if " org.apache.spark.SparkContext source: " in line:
-                return line.split(" source: ", 1)[1], done.stderr
+                return line.split(" source: ", 1)[1], done.stdout, done.stderr
     raise AssertionError("no driver JVM loaded SparkContext")
 
 
 def test_a_new_driver_maps_sparks_classes_from_the_archive(tmp_path: Path):
     archive = jvmstart.usable_archive()
     assert archive is not None, "no class-data archive: `make test` builds it (cdr jvm-archive)"
-    source, _ = _start(tmp_path / "archive")
+    source, stdout, _ = _start(tmp_path / "archive")
     assert source == "shared objects file (top)"  # the archive on top of the JDK's own
-    source, _ = _start(tmp_path / "plain", CDR_JVM_START="plain")
+    # the first JIT tier alone would reserve a client VM's 48 MB, which a small run of many
+    # tables fills (Spark passes -XX:+IgnoreUnrecognizedVMOptions: a misspelt flag is lost)
+    assert int(stdout.split()[-1]) >= 240 << 20
+    source, _, _ = _start(tmp_path / "plain", CDR_JVM_START="plain")
     assert "/pyspark/jars/spark-core" in source  # read from its jar
 
 
@@ -59,7 +67,7 @@ def test_a_damaged_archive_is_refused_and_the_driver_starts_without_it(tmp_path:
     cut = tmp_path / "cut.jsa"
     with archive.open("rb") as f:
         cut.write_bytes(f.read(1 << 20))
-    source, stderr = _start(tmp_path, CDR_JVM_ARCHIVE=str(cut))
+    source, _, stderr = _start(tmp_path, CDR_JVM_ARCHIVE=str(cut))
     assert "/pyspark/jars/spark-core" in source
     assert f"the JVM did not start with {cut}; starting it without" in stderr
     assert not list(tmp_path.glob("hs_err*"))  # its crash report is not left where it ran
