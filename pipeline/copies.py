@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import retry
@@ -276,22 +275,23 @@ def copy_record(r: Mapping[str, Any], columns: tuple[str, ...]) -> dict[str, Any
     return out
 
 
-def differing_copies(
-    spark: SparkSession, copies: DataFrame, fates: pa.Table, table: Table
-) -> list[dict[str, Any]]:
+def differing_copies(copies: DataFrame, fates: DataFrame, table: Table) -> list[dict[str, Any]]:
     """The copies of every event that one replica's export holds more than once in
     different versions (issue 16), the standing one first. Read only when some replica
-    holds an event twice (its fates say so): the copies of those events alone."""
+    holds an event twice (its fates say so: ``resolve.Facts``): the copies of those events
+    alone."""
     from pyspark.sql import functions as F
 
     from pipeline.shuffle import standing_order
 
-    counts = fates.group_by(["event_id", "replica"]).aggregate([([], "count_all")])
-    repeated = counts.filter(pc.greater(counts["count_all"], 1)).select(["event_id", "replica"])
-    if repeated.num_rows == 0:
-        return []
-    wanted = F.broadcast(spark.createDataFrame(repeated.to_pandas()))
-    picked = copies.join(wanted, ["event_id", "replica"], "left_semi")
+    repeated = (
+        fates.where(F.col("event_id").isNotNull())
+        .groupBy("event_id", "replica")
+        .count()
+        .where(F.col("count") > 1)
+        .select("event_id", "replica")
+    )
+    picked = copies.join(repeated, ["event_id", "replica"], "left_semi")
     rows = picked.orderBy("event_id", *standing_order()).toArrow().to_pylist()
     out: list[dict[str, Any]] = []
     for _, group in itertools.groupby(rows, key=lambda r: (r["event_id"], r["replica"])):

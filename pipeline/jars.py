@@ -67,7 +67,11 @@ EXCLUDED = (
 #: the file in the jar folder that says its jars were checked against this lock
 STAMP = ".locked"
 #: the project's own Java source (package data), and the jar it is compiled into
-OWN_SOURCES = ("jvm/FencedLogStore.java", "jvm/Replace.java")
+OWN_SOURCES = (
+    "jvm/FencedLogStore.java",
+    "jvm/Replace.java",
+    "jvm/PathCommitProtocol.java",
+)
 OWN_PREFIX = "cdr-logstore-"
 
 

@@ -10,6 +10,11 @@ from pipeline import layout
 
 if TYPE_CHECKING:
     from pipeline.config import Config
+    from pipeline.workpath import WorkPath
+
+#: a table's state as the fold wrote it (``pipeline.resolve``): its final ``state`` unless
+#: the foreign-key step rewrote it
+STATE_PRE = "state_pre"
 
 
 @dataclass(frozen=True)
@@ -36,3 +41,17 @@ def outputs(config: Config) -> list[Output]:
             out.append(Output(f"{t}/{layout.HISTORY}", layout.table_path(t, layout.HISTORY), False))
         out.append(Output(f"{t}/{layout.SNAPSHOT}", layout.table_path(t, layout.SNAPSHOT), False))
     return out
+
+
+def final_state(table_out: WorkPath) -> WorkPath:
+    """Where a table's final state is in the run's ``resolved`` folder: ``state`` when the
+    foreign-key step rewrote it, else where the fold wrote it (never moved: on S3 a move
+    is a copy of every file, signed by whoever moves it)."""
+    rewritten = table_out / layout.STATE
+    return rewritten if rewritten.parquet_files() else table_out / STATE_PRE
+
+
+def located(resolved: WorkPath, folder: str) -> WorkPath:
+    """Where the files of an output ``folder`` are in the run's ``resolved`` folder."""
+    table, _, kind = folder.partition("/")
+    return final_state(resolved / table) if kind == layout.STATE else resolved / folder

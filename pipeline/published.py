@@ -21,7 +21,7 @@ from typing import Any
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.lake import Lake
-from pipeline.outputs import outputs
+from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
 from pipeline.workpath import WorkPath
 
@@ -42,7 +42,7 @@ class Committer:
         partition with nothing, and creates no table. A table whose latest commit is this
         run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
-        files = (self.resolved / folder).parquet_files()
+        files = located(self.resolved, folder).parquet_files()
         current = lake.version(path)
         if not files and current is None:
             return None

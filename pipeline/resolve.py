@@ -2,10 +2,12 @@
 
 Per table: read the typed copies of its exports (``pipeline.copies``), dedupe them and
 resolve the events against the prior state (``pipeline.engine``, ``pipeline.cells``), then
-check foreign keys across tables (semantics.md §10). Writes ``resolved/<table>/{state,
-snapshot,conflicts,quarantine,divergence,orphans,fates,ledger}`` and
-``resolved/summary.json`` with the counts of the run report. Gates (divergence, FK,
-error resolvers) are decided by the validate stage.
+check foreign keys across tables (semantics.md §10). Writes ``resolved/<table>/{state_pre
+(and state, when the foreign keys change it: ``outputs.final_state``), snapshot,
+conflicts,quarantine,divergence,orphans,fates,ledger}`` and ``resolved/summary.json``
+with the counts of the run report. The executors write every output and count its rows
+(``Facts``); the driver gets the counts. Gates (divergence, FK, error resolvers) are
+decided by the validate stage.
 """
 
 from __future__ import annotations
@@ -13,18 +15,17 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from pipeline import retry, stats
+from pipeline import layout, retry, stats
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
@@ -40,6 +41,7 @@ from pipeline.frames import (
     RUN_COLUMNS,
 )
 from pipeline.lake import Lake
+from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
 from pipeline.skew import from_fold, skew_warnings
@@ -48,7 +50,7 @@ from pipeline.spark import read_output
 from pipeline.state import read_base, read_prior
 from pipeline.store import open_store
 from pipeline.summary import RunSummary, Stopped, TableSummary
-from pipeline.workpath import WorkPath, metadata, read_columns, read_table, write_table
+from pipeline.workpath import WorkPath, metadata, read_table, write_table
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +66,16 @@ def _run_cols(ctx: RunContext, table: str) -> list[Column]:
     return [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
 
 
-def _write(df: DataFrame, path: WorkPath, mode: str = "overwrite") -> None:
+def _write(df: DataFrame, path: WorkPath, mode: str = "overwrite") -> int:
+    """``df`` written as Parquet into ``path`` by the executors; returns its rows, counted
+    as they were written (no file of it is read again to count them)."""
     import time
 
     t = time.monotonic()
-    df.write.mode(mode).parquet(str(path))
+    written = Observation()
+    df.observe(written, F.count(F.lit(1)).alias("rows")).write.mode(mode).parquet(str(path))
     log.debug("write %s: %.2fs", path.name, time.monotonic() - t)
+    return int(written.get["rows"])
 
 
 def resolve_table(
@@ -86,19 +92,123 @@ def resolve_table(
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
         resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = from_fold(out / "skew")  # found by the fold's tasks
-    fates = read_columns(out / "fates", ["event_id", "replica", "fate"])  # counted on the driver
-    stopped = _cut_at_error(out, table, config) if _stops(fates) else None
+    facts = Facts.of(spark, out)  # counted by the executors, one Spark job
+    stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # §12: divergence is not checked after an error
         _empty(out / "divergence")
+    fates = _read_known(spark, out / "fates", FATE_COLUMNS)
     _write_ledger(fates, out, ctx, table.name)
-    differing = _write_differing(
-        differing_copies(spark, copies, fates, table), out, ctx, table.name
-    )
+    differing = 0
+    if facts.repeated:  # some replica exported an event twice: were its copies the same?
+        found = differing_copies(copies, fates, table)
+        differing = _write_differing(found, out, ctx, table.name)
     staged_table = ctx.staged / table.name
-    own, settled = retry.settle(retry.offers_of(staged_table), fates, out)
+    settled = retry.settle(retry.offers_of(staged_table), out)
     retry.start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
-    counts = _table_counts(table, out, own, staged, stopped, differing)
+    if stopped is not None or settled.rewrote:  # the logs were cut, the fates rewritten
+        facts = Facts.of(spark, out)
+    counts = _table_counts(table, facts, staged, stopped, differing)
     return replace(counts, clock_skew=clock_skew, retried=settled.retried)
+
+
+#: the columns of the fates the counts and the ledger read, as the fold writes them
+FATE_COLUMNS = "event_id string, replica string, fate string"
+
+
+def _read_known(spark: SparkSession, folder: WorkPath, ddl: str) -> DataFrame:
+    """Columns of a run's output folder, by name with their known types (the driver lists
+    the folder and reads no file of it); no rows if it holds no file."""
+    if not folder.parquet_files():
+        return spark.createDataFrame([], ddl)
+    return spark.read.schema(ddl).parquet(str(folder))
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the run report counts of a table's outputs (:meth:`of`)."""
+
+    #: distinct events per fate: an event counts once per fate its copies got, a record
+    #: without an event id once; an event counts as a duplicate only when all its records
+    #: are (an earlier night resolved it)
+    events: Mapping[str, int]
+    #: records per replica and fate
+    replicas: Mapping[str, Mapping[str, int]]
+    #: (event, replica) pairs with more than one record: a replica exported it twice
+    repeated: int
+    conflicts: Mapping[str, Mapping[str, int]]
+    quarantined: Mapping[str, int]
+    divergent: Mapping[str, int]
+
+    @classmethod
+    def of(cls, spark: SparkSession, out: WorkPath) -> Facts:
+        """Counted by the executors in one Spark job: its result, a few rows, is all the
+        driver reads."""
+        fates = _read_known(spark, out / "fates", FATE_COLUMNS)
+        with_id = fates.where(F.col("event_id").isNotNull())
+        mine = F.array_remove(F.collect_set("fate"), DUPLICATE)
+        per_event = with_id.groupBy("event_id").agg(
+            F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates")
+        )
+        nothing = F.lit(None).cast("string")
+        repeats = with_id.groupBy("event_id", "replica").count().where(F.col("count") > 1)
+        parts = [
+            per_event.select(F.explode("fates").alias("a"), nothing.alias("b"))
+            .unionByName(
+                fates.where(F.col("event_id").isNull()).select(
+                    F.col("fate").alias("a"), nothing.alias("b")
+                )
+            )
+            .groupBy("a", "b")
+            .count()
+            .withColumn("kind", F.lit("events")),
+            _grouped(fates, "replicas", "replica", "fate"),
+            repeats.select(nothing.alias("a"), nothing.alias("b"))
+            .groupBy("a", "b")
+            .count()
+            .withColumn("kind", F.lit("repeated")),
+            _grouped(
+                _read_known(spark, out / "conflicts", "conflict_type string, outcome string"),
+                "conflicts",
+                "conflict_type",
+                "outcome",
+            ),
+            _grouped(
+                _read_known(spark, out / "quarantine", "reason string"), "quarantined", "reason"
+            ),
+            _grouped(
+                _read_known(spark, out / "divergence", "replica string"), "divergent", "replica"
+            ),
+        ]
+        found: dict[str, list[tuple[str, str, int]]] = {}
+        for r in reduce(DataFrame.unionByName, parts).collect():
+            found.setdefault(r["kind"], []).append((r["a"], r["b"], int(r["count"])))
+        nested: dict[str, dict[str, dict[str, int]]] = {"replicas": {}, "conflicts": {}}
+        for kind, rows in nested.items():
+            for a, b, n in found.get(kind, []):
+                rows.setdefault(a, {})[b] = n
+        flat = {
+            k: {a: n for a, _, n in found.get(k, [])}
+            for k in ("events", "quarantined", "divergent")
+        }
+        return cls(
+            events=flat["events"],
+            replicas=nested["replicas"],
+            repeated=sum(n for _, _, n in found.get("repeated", [])),
+            conflicts=nested["conflicts"],
+            quarantined=flat["quarantined"],
+            divergent=flat["divergent"],
+        )
+
+
+def _grouped(df: DataFrame, kind: str, a: str, b: str | None = None) -> DataFrame:
+    """Rows of ``df`` counted by ``a`` (and ``b``), as (a, b, count, kind)."""
+    second = F.col(b) if b else F.lit(None).cast("string")
+    return (
+        df.select(F.col(a).alias("a"), second.alias("b"))
+        .groupBy("a", "b")
+        .count()
+        .withColumn("kind", F.lit(kind))
+    )
 
 
 def _resolve_cells(
@@ -116,7 +226,7 @@ def _resolve_cells(
     copies, duplicates = set_duplicates_aside(spark, copies, ledger)
     res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, out / RESOLUTION)
     fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
-    _write(res.state, out / "state_pre")
+    _write(res.state, out / STATE_PRE)
     _write(repeats_as_duplicates(fates), out / "fates")
     _write(
         res.conflicts.coalesce(1)
@@ -173,22 +283,15 @@ def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
 
 
-def _write_ledger(fates: pa.Table, out: WorkPath, ctx: RunContext, table: str) -> None:
+def _write_ledger(fates: DataFrame, out: WorkPath, ctx: RunContext, table: str) -> None:
     """The ids of the events that reached a final fate (applied or discarded), from the
-    fates: published with the run, read by the next nights' runs."""
-    final = fates.filter(
-        pc.and_(pc.is_valid(fates["event_id"]), pc.is_in(fates["fate"], pa.array(FINAL_FATES)))
-    )
-    ids = final.group_by(["event_id", "fate"]).aggregate([]).sort_by("event_id")
-    n = ids.num_rows
-    columns = [
-        pa.array([ctx.run_id] * n, pa.string()),
-        pa.array([table] * n, pa.string()),
-        ids["event_id"].cast(pa.string()),
-        ids["fate"].cast(pa.string()),
-    ]
-    ledger = pa.table(dict(zip(LEDGER_COLUMNS, columns, strict=True)))
-    write_table(ledger, out / "ledger" / "part-00000.parquet", compression="zstd")
+    fates, written by the executors: published with the run, read by the next nights'
+    runs."""
+    final = fates.where(F.col("event_id").isNotNull() & F.col("fate").isin(*FINAL_FATES))
+    ids = final.select("event_id", "fate").distinct()
+    run = [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
+    ledger = ids.select(*run, "event_id", "fate").toDF(*LEDGER_COLUMNS)
+    _write(ledger.coalesce(1).sortWithinPartitions("event_id"), out / layout.LEDGER)
 
 
 def _write_differing(rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext, table: str) -> int:
@@ -201,13 +304,6 @@ def _write_differing(rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext,
     data = pa.Table.from_pylist([{**run, **r} for r in rows], DIFFERING_SCHEMA)
     write_table(data, folder / "part-00000.parquet", compression="zstd")
     return len({r["event_id"] for r in rows})
-
-
-def _stops(fates: pa.Table) -> bool:
-    """Whether the converged fold stopped on an ``error`` (§12): the event of the errored
-    conflict has the fate ``errored``. Known from the written fates, so that the runs that
-    did not stop (nearly all) spare the Spark job that finds the conflict."""
-    return bool(pc.any(pc.equal(fates["fate"], Outcome.ERRORED.value)).as_py())
 
 
 def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
@@ -241,60 +337,19 @@ def _empty(folder: WorkPath) -> None:
     write_table(schema.empty_table(), folder / "part-00000.parquet")
 
 
-def _counts(t: pa.Table, *cols: str) -> list[dict[str, Any]]:
-    if t.num_rows == 0:
-        return []
-    return t.group_by(list(cols)).aggregate([([], "count_all")]).to_pylist()
-
-
-def _events_by_fate(fates: pa.Table) -> dict[str, int]:
-    """Distinct events per fate: an event counts once; a record without an event id counts
-    as one event; an event counts as a duplicate only when all its records are (an
-    earlier night resolved it)."""
-    with_id = fates.filter(pc.is_valid(fates["event_id"]))
-    events = with_id.group_by(["event_id", "fate"]).aggregate([])
-    is_dup = pc.equal(events["fate"], DUPLICATE)
-    resolved = events.filter(pc.invert(is_dup))
-    resolved_ids = resolved["event_id"].combine_chunks()
-    only_dup = events.filter(
-        pc.and_(is_dup, pc.invert(pc.is_in(events["event_id"], value_set=resolved_ids)))
-    )
-    by_fate = {r["fate"]: r["count_all"] for r in _counts(resolved, "fate")}
-    if only_dup.num_rows:
-        by_fate[DUPLICATE] = only_dup.num_rows
-    for r in _counts(fates.filter(pc.is_null(fates["event_id"])), "fate"):
-        by_fate[r["fate"]] = by_fate.get(r["fate"], 0) + r["count_all"]
-    return by_fate
-
-
 def _table_counts(
     table: Table,
-    out: WorkPath,
-    fates: pa.Table,
+    facts: Facts,
     staged: StagedTable,
     stopped: Stopped | None,
     differing: int,
 ) -> TableSummary:
-    by_fate = _events_by_fate(fates)
-    duplicate_records = fates.filter(pc.equal(fates["fate"], DUPLICATE)).num_rows
+    by_fate = facts.events
     per_replica: dict[str, dict[str, int]] = {
         r: {"records": e.records, "framing": e.framing} for r, e in staged.exports.items()
     }
-    for r in _counts(fates, "replica", "fate"):
-        per_replica.setdefault(r["replica"], {"records": 0})[r["fate"]] = r["count_all"]
-    conflicts: dict[str, dict[str, int]] = {}
-    for r in _counts(
-        read_columns(out / "conflicts", ["conflict_type", "outcome"]), "conflict_type", "outcome"
-    ):
-        conflicts.setdefault(r["conflict_type"], {})[r["outcome"]] = r["count_all"]
-    quarantined = {
-        r["reason"]: r["count_all"]
-        for r in _counts(read_columns(out / "quarantine", ["reason"]), "reason")
-    }
-    divergent = {
-        r["replica"]: r["count_all"]
-        for r in _counts(read_columns(out / "divergence", ["replica"]), "replica")
-    }
+    for replica, fates in facts.replicas.items():
+        per_replica.setdefault(replica, {"records": 0}).update(fates)
     base = "base" if staged.base_rows is not None else None
     return TableSummary(
         policy=table.preset.value,
@@ -302,13 +357,13 @@ def _table_counts(
         distinct_events=sum(by_fate.values()),
         applied=by_fate.get("applied", 0),
         discarded=by_fate.get("discarded", 0),
-        duplicates=duplicate_records,
+        duplicates=sum(f.get(DUPLICATE, 0) for f in facts.replicas.values()),
         differing_copies=differing,
         errored=by_fate.get("errored", 0),
         not_reached=by_fate.get("not_reached", 0),
-        quarantined=quarantined,
-        conflicts=conflicts,
-        divergent_keys=divergent,
+        quarantined=dict(facts.quarantined),
+        conflicts={t: dict(o) for t, o in facts.conflicts.items()},
+        divergent_keys=dict(facts.divergent),
         replicas=per_replica,
         missing_exports=staged.missing,
         late_exports=staged.late_exports,
@@ -316,10 +371,6 @@ def _table_counts(
         start=staged.start,
         stopped=stopped,
     )
-
-
-def _parquet_rows(path: WorkPath) -> int:
-    return sum(metadata(f).num_rows for f in path.parquet_files())
 
 
 # ---------------------------------------------------------------------- foreign keys
@@ -335,7 +386,10 @@ def check_foreign_keys(
     """§10: orphans after resolution; with ``quarantine`` they leave state and snapshot,
     repeatedly, until none is left. Writes ``orphans``, the final ``state`` and the
     ``snapshot`` of every table; returns the summary with their counts."""
-    states = {t: read_output(spark, ctx.resolved / t / "state_pre") for t in config.tables}
+    states = {
+        t: read_output(spark, ctx.resolved / t / STATE_PRE, state_schema(table))
+        for t, table in config.tables.items()
+    }
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     removed: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     restored: dict[str, DataFrame] = {}
@@ -500,11 +554,10 @@ def _write_fk_outputs(
     counts: dict[str, Any] = {}
     if found:
         unique_orphans = reduce(DataFrame.unionByName, found).dropDuplicates(["key"]).persist()
-        _write(
+        counts["orphans"] = _write(
             unique_orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
             out / "orphans",
         )
-        counts["orphans"] = _parquet_rows(out / "orphans")
         if config.on_fk_violation is FkPolicy.QUARANTINE:
             _write(
                 unique_orphans.select(
@@ -524,14 +577,15 @@ def _write_fk_outputs(
     if restored is not None and config.captures(table):
         _write(restored.select(*table.column_names), out / "fk_restored")
     if removed or restored is not None:
-        _write(state, out / "state")
-        (out / "state_pre").rmtree()
-    else:
-        (out / "state_pre").move_to(out / "state")
-    live = read_output(spark, out / "state").where(~F.col("_deleted"))
-    _write(live.select(*snapshot_columns(table)), out / "snapshot")
-    counts["rows"] = _parquet_rows(out / "snapshot")
-    counts["state_rows"] = _parquet_rows(out / "state")  # the next run checks it
+        _write(state, out / layout.STATE)
+        (out / STATE_PRE).rmtree()
+    # else the fold's state is the final one, where it is (on S3 a move is a copy)
+    final = read_output(spark, final_state(out), state_schema(table))
+    seen = Observation()
+    final = final.observe(seen, F.count(F.lit(1)).alias("state_rows"))
+    live = final.where(~F.col("_deleted"))
+    counts["rows"] = _write(live.select(*snapshot_columns(table)), out / layout.SNAPSHOT)
+    counts["state_rows"] = int(seen.get["state_rows"])  # the next run checks it
     return counts
 
 
@@ -554,17 +608,13 @@ def compare_snapshots(
                 label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
                 mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)
                 diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us)
-                path = out / f"snapshot_divergence={replica}"
-                _write(
+                counts[replica] = _write(  # published with the rest of the divergence
                     diff.select(
                         *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_FIELDS
                     ),
-                    path,
+                    out / "divergence",
+                    mode="append",
                 )
-                counts[replica] = _parquet_rows(path)
-                for f in path.parquet_files():  # published with the rest of the divergence
-                    f.move_to(out / "divergence" / f"snapshot-{replica}-{f.name}")
-                path.rmtree()
         summary = summary.with_table(t, snapshot_divergent_keys=counts)
     return summary
 

@@ -277,28 +277,29 @@ class Settled:
 
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     retried: dict[str, int] = field(default_factory=dict)
+    #: whether the run's fates and quarantine were rewritten (some event was offered)
+    rewrote: bool = False
 
 
 _RESOLVED_BY = {Fate.APPLIED.value: "applied", Fate.DISCARDED.value: "discarded"}
 
 
-def settle(
-    offers: list[dict[str, Any]], fates: pa.Table, out: WorkPath
-) -> tuple[pa.Table, Settled]:
-    """The fates of the night's own copies (``fates``' columns; ``out/fates`` rewritten to
-    hold them only: the accounting suite checks them against the exports), and what became
-    of the offered events. An offered event quarantined again keeps its first quarantine
-    row: the night's is removed from ``out/quarantine``."""
+def settle(offers: list[dict[str, Any]], out: WorkPath) -> Settled:
+    """What became of the offered events; ``out/fates`` rewritten to hold the fates of the
+    night's own copies only (the accounting suite checks them against the exports). An
+    offered event quarantined again keeps its first quarantine row: the night's is
+    removed from ``out/quarantine``. Read on the driver, only when some event was
+    offered."""
     offered = [o for o in offers if o["reason"] in _TYPED_AGAIN]
     if not offered:
-        return fates, Settled()
+        return Settled()
     ids = pa.array([o["event_id"] for o in offered], _S)
-    fate_of: dict[str, str] = {}
-    for r in fates.filter(pc.is_in(fates["event_id"], ids)).to_pylist():
-        if r["fate"] != Fate.DUPLICATE.value or r["event_id"] not in fate_of:
-            fate_of[r["event_id"]] = r["fate"]
     every = read_folder(out / "fates")
     assert every is not None, "the fold writes its fates"
+    fate_of: dict[str, str] = {}
+    for r in every.filter(pc.is_in(every["event_id"], ids)).to_pylist():
+        if r["fate"] != Fate.DUPLICATE.value or r["event_id"] not in fate_of:
+            fate_of[r["event_id"]] = r["fate"]
     mine = pc.fill_null(pc.is_in(every["event_id"], ids), False)
     keep = _drop_offered_copies(every.filter(mine).to_pylist(), offered)
     own = pa.concat_tables(
@@ -315,7 +316,7 @@ def settle(
         if status is not None:
             outcomes.append(_offer_outcome(o, status))
             retried[what] = retried.get(what, 0) + 1
-    return own.select(fates.column_names), Settled(outcomes, retried)
+    return Settled(outcomes, retried, rewrote=True)
 
 
 def _decided(fate: str | None, last: bool) -> tuple[Status | None, str]:

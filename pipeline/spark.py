@@ -117,6 +117,15 @@ DELTA_SETTINGS = {
     "spark.delta.logStore.s3a.impl": LOG_STORE,
     "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
 }
+#: the run's Parquet writes into the work location: Hadoop's committer for the path's file
+#: system, S3A's magic committer on s3a (the tasks upload, the job commit completes their
+#: uploads; Spark's default commit renames every file into place from the driver, on S3
+#: a copy signed with the driver's key), the file committer on local paths
+#: (``pipeline/jvm/PathCommitProtocol.java``)
+COMMIT_SETTINGS = {
+    "spark.sql.sources.commitProtocolClass": "cdr.spark.PathCommitProtocol",
+    "spark.hadoop.fs.s3a.committer.name": "magic",
+}
 
 
 def _configured(b: Any) -> SparkSession:
@@ -146,6 +155,7 @@ def _configured(b: Any) -> SparkSession:
         "spark.ui.retainedStages": "50",
         "spark.ui.retainedTasks": "2000",
         **DELTA_SETTINGS,
+        **COMMIT_SETTINGS,
         **_where_s3_is(),
     }
     for k, v in settings.items():
@@ -226,14 +236,18 @@ def sized(spark: SparkSession, records: int) -> Iterator[bool]:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
-    """A Parquet folder this run's Spark wrote in the work location, with the schema Spark
-    stored in its first file's footer (read on the driver): Spark's own schema inference
-    would be a Spark job per read. A folder without that footer key (not written by
-    Spark) is inferred as usual."""
+def read_output(spark: SparkSession, folder: WorkPath, schema: Any = None) -> DataFrame:
+    """A Parquet folder this run wrote in the work location, with ``schema`` (a
+    ``StructType``) when it is known; else with the schema Spark stored in its first
+    file's footer (read on the driver): Spark's own schema inference would be a Spark job
+    per read. A folder without that footer key (not written by Spark) is inferred as
+    usual."""
     from pyspark.sql.types import StructType
 
     from pipeline.workpath import metadata
+
+    if schema is not None:
+        return spark.read.schema(schema).parquet(str(folder))
 
     first = min(folder.parquet_files(), default=None)
     stored = None if first is None else (metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)

@@ -35,6 +35,7 @@ from pipeline.config import Config, Table
 from pipeline.context import RunContext
 from pipeline.datadocs import bundle
 from pipeline.errors import StageError
+from pipeline.outputs import final_state
 from pipeline.spark import read_output
 from pipeline.suites import (
     SUITES,
@@ -122,7 +123,7 @@ class Frames:
             )
         for t in config.tables:
             out = ctx.resolved / t
-            _read(spark, out / "state").createOrReplaceTempView(f"cdr_state_{t}")
+            _read(spark, final_state(out)).createOrReplaceTempView(f"cdr_state_{t}")
             _read(spark, out / "snapshot").createOrReplaceTempView(f"cdr_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
