@@ -30,7 +30,6 @@ from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -50,7 +49,7 @@ from pipeline.shuffle import (
     split_special,
     standing_order,
 )
-from pipeline.workpath import WorkPath, read_columns
+from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +212,7 @@ def resolve_rows(
     )
     coupled = coupled_keys(main, prior, table, specials.moved)
     fold(spark, main, prior, config, table, job, coupled)
-    disputed = disputes(run.out / "fates")
+    disputed = disputes(spark, run.out / "fates")
     if disputed:  # rare: move every copy of those events to their winner's key, and redo
         log.warning(
             "table %s: %d event(s) have copies under different keys; the winning "
@@ -280,15 +279,15 @@ def fold(
     tasks.collect()
 
 
-def disputes(fates: WorkPath) -> list[str]:
+def disputes(spark: SparkSession, fates: WorkPath) -> list[str]:
     """Events whose copies sit under different keys (or some under a key that does not
-    read): each key's task chose a copy of its own (the fates' ``chosen``)."""
-    t = read_columns(fates, ["event_id", "chosen"])
-    if t.num_rows == 0:  # a night without events for the table: its tasks wrote no fates
+    read): each key's task chose a copy of its own (the fates' ``chosen``). Counted by
+    the executors; the driver gets the ids (rare: none)."""
+    if not fates.parquet_files():  # a night without events for the table
         return []
-    chosen = t.filter(pc.fill_null(t["chosen"], False))
-    counts = chosen.group_by("event_id").aggregate([([], "count_all")])
-    return sorted(counts.filter(pc.greater(counts["count_all"], 1))["event_id"].to_pylist())
+    chosen = spark.read.schema("event_id string, chosen boolean").parquet(str(fates))
+    twice = chosen.where(F.col("chosen")).groupBy("event_id").count().where(F.col("count") > 1)
+    return sorted(r.event_id for r in twice.select("event_id").collect())
 
 
 def _write_specials(specials: Specials, job: FoldJob) -> None:

@@ -80,7 +80,9 @@ def _write(df: DataFrame, path: WorkPath, mode: str = "overwrite") -> int:
 
 def resolve_table(
     spark: SparkSession, config: Config, table: Table, ctx: RunContext, staged: StagedTable
-) -> TableSummary:
+) -> tuple[TableSummary, Facts]:
+    """One table's outputs into ``resolved/<table>``; returns its counts for the run
+    report, and what they were counted from."""
     out = ctx.resolved / table.name
     copies = read_copies(spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us)
     ledger = read_ledger(spark, ctx.staged / table.name)
@@ -108,7 +110,7 @@ def resolve_table(
     if stopped is not None or settled.rewrote:  # the logs were cut, the fates rewritten
         facts = Facts.of(spark, out)
     counts = _table_counts(table, facts, staged, stopped, differing)
-    return replace(counts, clock_skew=clock_skew, retried=settled.retried)
+    return replace(counts, clock_skew=clock_skew, retried=settled.retried), facts
 
 
 #: the columns of the fates the counts and the ledger read, as the fold writes them
@@ -135,7 +137,8 @@ class Facts:
     replicas: Mapping[str, Mapping[str, int]]
     #: (event, replica) pairs with more than one record: a replica exported it twice
     repeated: int
-    conflicts: Mapping[str, Mapping[str, int]]
+    #: the conflict log's rows per (conflict type, resolver, outcome)
+    conflicts: Mapping[tuple[str, str, str], int]
     quarantined: Mapping[str, int]
     divergent: Mapping[str, int]
 
@@ -152,24 +155,20 @@ class Facts:
         nothing = F.lit(None).cast("string")
         repeats = with_id.groupBy("event_id", "replica").count().where(F.col("count") > 1)
         parts = [
-            per_event.select(F.explode("fates").alias("a"), nothing.alias("b"))
-            .unionByName(
-                fates.where(F.col("event_id").isNull()).select(
-                    F.col("fate").alias("a"), nothing.alias("b")
-                )
-            )
-            .groupBy("a", "b")
-            .count()
-            .withColumn("kind", F.lit("events")),
-            _grouped(fates, "replicas", "replica", "fate"),
-            repeats.select(nothing.alias("a"), nothing.alias("b"))
-            .groupBy("a", "b")
-            .count()
-            .withColumn("kind", F.lit("repeated")),
             _grouped(
-                _read_known(spark, out / "conflicts", "conflict_type string, outcome string"),
+                per_event.select(F.explode("fates").alias("fate")).unionByName(
+                    fates.where(F.col("event_id").isNull()).select("fate")
+                ),
+                "events",
+                "fate",
+            ),
+            _grouped(fates, "replicas", "replica", "fate"),
+            _grouped(repeats.select(nothing.alias("none")), "repeated", "none"),
+            _grouped(
+                _read_known(spark, out / "conflicts", CONFLICT_COUNTED),
                 "conflicts",
                 "conflict_type",
+                "resolver",
                 "outcome",
             ),
             _grouped(
@@ -179,36 +178,35 @@ class Facts:
                 _read_known(spark, out / "divergence", "replica string"), "divergent", "replica"
             ),
         ]
-        found: dict[str, list[tuple[str, str, int]]] = {}
+        found: dict[str, list[tuple[Any, ...]]] = {}
         for r in reduce(DataFrame.unionByName, parts).collect():
-            found.setdefault(r["kind"], []).append((r["a"], r["b"], int(r["count"])))
-        nested: dict[str, dict[str, dict[str, int]]] = {"replicas": {}, "conflicts": {}}
-        for kind, rows in nested.items():
-            for a, b, n in found.get(kind, []):
-                rows.setdefault(a, {})[b] = n
+            found.setdefault(r["kind"], []).append((r["a"], r["b"], r["c"], int(r["count"])))
+        replicas: dict[str, dict[str, int]] = {}
+        for replica, fate, _, n in found.get("replicas", []):
+            replicas.setdefault(replica, {})[fate] = n
         flat = {
-            k: {a: n for a, _, n in found.get(k, [])}
+            k: {a: n for a, _, _, n in found.get(k, [])}
             for k in ("events", "quarantined", "divergent")
         }
         return cls(
             events=flat["events"],
-            replicas=nested["replicas"],
-            repeated=sum(n for _, _, n in found.get("repeated", [])),
-            conflicts=nested["conflicts"],
+            replicas=replicas,
+            repeated=sum(n for *_, n in found.get("repeated", [])),
+            conflicts={(a, b, c): n for a, b, c, n in found.get("conflicts", [])},
             quarantined=flat["quarantined"],
             divergent=flat["divergent"],
         )
 
 
-def _grouped(df: DataFrame, kind: str, a: str, b: str | None = None) -> DataFrame:
-    """Rows of ``df`` counted by ``a`` (and ``b``), as (a, b, count, kind)."""
-    second = F.col(b) if b else F.lit(None).cast("string")
-    return (
-        df.select(F.col(a).alias("a"), second.alias("b"))
-        .groupBy("a", "b")
-        .count()
-        .withColumn("kind", F.lit(kind))
-    )
+def _grouped(df: DataFrame, kind: str, *by: str) -> DataFrame:
+    """Rows of ``df`` counted by up to three columns, as (a, b, c, count, kind)."""
+    keys = [F.col(c) for c in by] + [F.lit(None).cast("string")] * (3 - len(by))
+    named = df.select(*[k.alias(n) for k, n in zip(keys, "abc", strict=True)])
+    return named.groupBy("a", "b", "c").count().withColumn("kind", F.lit(kind))
+
+
+#: the columns of the conflict log the counts read
+CONFLICT_COUNTED = "conflict_type string, resolver string, outcome string"
 
 
 def _resolve_cells(
@@ -337,6 +335,14 @@ def _empty(folder: WorkPath) -> None:
     write_table(schema.empty_table(), folder / "part-00000.parquet")
 
 
+def _by_type(conflicts: Mapping[tuple[str, str, str], int]) -> dict[str, dict[str, int]]:
+    """The run report's conflicts: per conflict type and outcome, every resolver's."""
+    out: dict[str, dict[str, int]] = {}
+    for (kind, _, outcome), n in conflicts.items():
+        out.setdefault(kind, {})[outcome] = out.get(kind, {}).get(outcome, 0) + n
+    return out
+
+
 def _table_counts(
     table: Table,
     facts: Facts,
@@ -362,7 +368,7 @@ def _table_counts(
         errored=by_fate.get("errored", 0),
         not_reached=by_fate.get("not_reached", 0),
         quarantined=dict(facts.quarantined),
-        conflicts={t: dict(o) for t, o in facts.conflicts.items()},
+        conflicts=_by_type(facts.conflicts),
         divergent_keys=dict(facts.divergent),
         replicas=per_replica,
         missing_exports=staged.missing,
@@ -623,10 +629,12 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
     inputs = load_inputs(ctx)
     ctx.resolved.rmtree()
     tables: dict[str, TableSummary] = {}
+    conflicts: dict[str, Mapping[tuple[str, str, str], int]] = {}
     for name, table in config.tables.items():
         log.info("resolve %s ...", name)
         try:
-            tables[name] = t = resolve_table(spark, config, table, ctx, inputs[name])
+            t, facts = resolve_table(spark, config, table, ctx, inputs[name])
+            tables[name], conflicts[name] = t, facts.conflicts
         finally:
             spark.catalog.clearCache()  # a table's persisted fold output is written by now
         log.info(
@@ -648,7 +656,7 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         summary = summary.with_table(name, quarantine_open=still)
     assert config.store
     others = stats.kept_rows(Lake(open_store(config.store)), ctx.dt, config.tables)
-    stats.write_stats(ctx.resolved, summary, others)  # E6
+    stats.write_stats(ctx.resolved, summary, conflicts, others)  # E6
     for w in skew_warnings(summary.tables, config.max_clock_skew_seconds):
         log.warning("resolve: %s", w)
     save_summary(ctx, summary)

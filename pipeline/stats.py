@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from pipeline import layout
 from pipeline.lake import Lake
 from pipeline.summary import RunSummary, TableSummary
-from pipeline.workpath import WorkPath, read_folder, write_table
+from pipeline.workpath import WorkPath, write_table
 
 PATH = f"{layout.PUBLISHED}/conflict_stats"
 FOLDER = "conflict_stats"  # in the run's ``resolved`` folder
@@ -51,12 +51,18 @@ SCHEMA = pa.schema(
 TREND_KINDS = ("conflicts", "quarantined", "divergent_keys")
 
 
-def _table_rows(s: TableSummary, conflicts: pa.Table) -> Iterator[dict[str, Any]]:
+def _table_rows(
+    s: TableSummary, conflicts: Mapping[tuple[str, str, str], int]
+) -> Iterator[dict[str, Any]]:
     yield {"kind": "events", "count": s.distinct_events}  # every run of the table has a row
-    if conflicts.num_rows:
-        cols = ["conflict_type", "resolver", "outcome"]
-        for r in conflicts.group_by(cols).aggregate([([], "count_all")]).to_pylist():
-            yield {"kind": "conflicts", **{c: r[c] for c in cols}, "count": r["count_all"]}
+    for (conflict_type, resolver, outcome), n in sorted(conflicts.items(), key=_by_names):
+        yield {
+            "kind": "conflicts",
+            "conflict_type": conflict_type,
+            "resolver": resolver,
+            "outcome": outcome,
+            "count": n,
+        }
     for reason, n in sorted(s.quarantined.items()):
         yield {"kind": "quarantined", "reason": reason, "count": n}
     for replica, n in sorted(s.divergent_keys.items()):
@@ -67,16 +73,24 @@ def _table_rows(s: TableSummary, conflicts: pa.Table) -> Iterator[dict[str, Any]
         yield {"kind": "retried", "outcome": outcome, "count": n}
 
 
-def write_stats(resolved: WorkPath, summary: RunSummary, others: pa.Table | None) -> int:
-    """The run's statistics into ``resolved/conflict_stats`` (with ``others``: the date's
-    published rows of the tables this run leaves alone); returns the row count."""
+def _by_names(item: tuple[tuple[str, str, str], int]) -> tuple[str, ...]:
+    return tuple(name or "" for name in item[0])  # a conflict without a resolver: null
+
+
+def write_stats(
+    resolved: WorkPath,
+    summary: RunSummary,
+    conflicts: Mapping[str, Mapping[tuple[str, str, str], int]],
+    others: pa.Table | None,
+) -> int:
+    """The run's statistics into ``resolved/conflict_stats``, from its report and each
+    table's conflict log counted per conflict type, resolver and outcome (by the
+    executors: ``resolve.Facts``); with ``others``, the date's published rows of the
+    tables this run leaves alone. Returns the row count."""
     rows: list[dict[str, Any]] = []
     for name, s in summary.tables.items():
-        cols = ["conflict_type", "resolver", "outcome"]
-        log = read_folder(resolved / name / "conflicts", cols)
-        if log is None:
-            log = pa.table({c: pa.array([], _S) for c in cols})
-        rows += [{"run_id": summary.run_id, "table": name, **r} for r in _table_rows(s, log)]
+        table_rows = _table_rows(s, conflicts.get(name, {}))
+        rows += [{"run_id": summary.run_id, "table": name, **r} for r in table_rows]
     data = pa.Table.from_pylist(rows, SCHEMA)
     if others is not None and others.num_rows:
         data = pa.concat_tables([data, others.select(SCHEMA.names).cast(SCHEMA)])

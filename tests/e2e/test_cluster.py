@@ -113,10 +113,11 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
 DRIVER_KEYS = {"AWS_ACCESS_KEY_ID": "cdr-driver", "AWS_SECRET_ACCESS_KEY": "cdr-driver-secret"}
 
 #: what the driver still reads and writes of a run's outputs in the work location (issue
-#: 47, not done): footers (row counts and schemas of the publish, the schema of a folder
-#: read back), the fold's disputes (the fates' chosen copies), the skew evidence and the
-#: conflict statistics (read and written on the driver), and the empty file of an output
-#: no task wrote
+#: 47, not done): Parquet footers (the schema of a folder read back, the row counts and
+#: schemas the publish takes from every file), the skew evidence (a row per task and
+#: replica), the conflict statistics (a row per thing counted) and the empty file of an
+#: output no task wrote. It no longer reads a log or the fates to count them (one Spark
+#: job), nor writes the ledger, nor copies or deletes a file
 DRIVER_WORK_LEFT = {
     *{("GET", k) for k in ("fates", "conflicts", "quarantine", "divergence", "ledger")},
     *{("GET", k) for k in ("skew", "state_pre", "snapshot", "conflict_stats")},
