@@ -36,10 +36,11 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
+from pipeline.facts import Facts
 from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
 from pipeline.frames import fold_input, fold_outputs
 from pipeline.policy import QuarantineReason, Scope
-from pipeline.rowfold import Event, FoldSpec
+from pipeline.rowfold import FoldSpec
 from pipeline.schema import GROUPS
 from pipeline.shuffle import (
     Specials,
@@ -191,10 +192,11 @@ def resolve_rows(
     copies: DataFrame,
     prior: DataFrame,
     run: RowRun,
-) -> list[Event]:
+) -> Facts:
     """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
     are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
-    run starts from (already purged). Returns the run's TRUNCATEs."""
+    run starts from (already purged). Returns what the run report counts of them, counted
+    by the executors in the same job that finds the events to fold again (disputes)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies)
     main = admit_transactions(main, prior, config, table)
@@ -211,24 +213,28 @@ def resolve_rows(
         schemas,
     )
     coupled = coupled_keys(main, prior, table, specials.moved)
-    fold(spark, main, prior, config, table, job, coupled)
-    disputed = disputes(spark, run.out / "fates")
-    if disputed:  # rare: move every copy of those events to their winner's key, and redo
+
+    def resolve(main: DataFrame) -> Facts:
+        fold(spark, main, prior, config, table, job, coupled)
+        _write_specials(specials, job)
+        for kind, schema in schemas.items():  # an output no task wrote is still there, empty
+            if not (run.out / kind).parquet_files():
+                empty = pa.Table.from_pylist([], to_arrow_schema(schema))
+                write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
+        return Facts.of(spark, run.out)
+
+    facts = resolve(main)
+    if facts.disputed:  # rare: move every copy of those events to their winner's key, and redo
         log.warning(
             "table %s: %d event(s) have copies under different keys; the winning "
             "copy's key is used",
             table.name,
-            len(disputed),
+            len(facts.disputed),
         )
         for kind in schemas:
             (run.out / kind).rmtree()
-        fold(spark, settle_disputes(main, disputed), prior, config, table, job, coupled)
-    _write_specials(specials, job)
-    for kind, schema in schemas.items():  # an output no task wrote is still there, empty
-        if not (run.out / kind).parquet_files():
-            empty = pa.Table.from_pylist([], to_arrow_schema(schema))
-            write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
-    return specials.truncates
+        facts = resolve(settle_disputes(main, list(facts.disputed)))
+    return facts
 
 
 def with_seen(copies: DataFrame, ledger: DataFrame | None) -> DataFrame:
@@ -277,17 +283,6 @@ def fold(
     )
     tasks = keyed if coupled is None else keyed.unionByName(single)
     tasks.collect()
-
-
-def disputes(spark: SparkSession, fates: WorkPath) -> list[str]:
-    """Events whose copies sit under different keys (or some under a key that does not
-    read): each key's task chose a copy of its own (the fates' ``chosen``). Counted by
-    the executors; the driver gets the ids (rare: none)."""
-    if not fates.parquet_files():  # a night without events for the table
-        return []
-    chosen = spark.read.schema("event_id string, chosen boolean").parquet(str(fates))
-    twice = chosen.where(F.col("chosen")).groupBy("event_id").count().where(F.col("count") > 1)
-    return sorted(r.event_id for r in twice.select("event_id").collect())
 
 
 def _write_specials(specials: Specials, job: FoldJob) -> None:

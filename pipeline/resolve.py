@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import reduce
 from typing import Any
 
@@ -32,6 +32,7 @@ from pipeline.context import RunContext
 from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies
 from pipeline.engine import RowRun, purge, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
+from pipeline.facts import FATE_COLUMNS, Facts, read_known
 from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
@@ -89,16 +90,16 @@ def resolve_table(
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
         clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
+        facts = Facts.of(spark, out)  # counted by the executors, one Spark job
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
-        resolve_rows(spark, config, table, copies, prior, run)
+        facts = resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = from_fold(out / "skew")  # found by the fold's tasks
-    facts = Facts.of(spark, out)  # counted by the executors, one Spark job
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # §12: divergence is not checked after an error
         _empty(out / "divergence")
-    fates = _read_known(spark, out / "fates", FATE_COLUMNS)
+    fates = read_known(spark, out / "fates", FATE_COLUMNS)
     _write_ledger(fates, out, ctx, table.name)
     differing = 0
     if facts.repeated:  # some replica exported an event twice: were its copies the same?
@@ -111,102 +112,6 @@ def resolve_table(
         facts = Facts.of(spark, out)
     counts = _table_counts(table, facts, staged, stopped, differing)
     return replace(counts, clock_skew=clock_skew, retried=settled.retried), facts
-
-
-#: the columns of the fates the counts and the ledger read, as the fold writes them
-FATE_COLUMNS = "event_id string, replica string, fate string"
-
-
-def _read_known(spark: SparkSession, folder: WorkPath, ddl: str) -> DataFrame:
-    """Columns of a run's output folder, by name with their known types (the driver lists
-    the folder and reads no file of it); no rows if it holds no file."""
-    if not folder.parquet_files():
-        return spark.createDataFrame([], ddl)
-    return spark.read.schema(ddl).parquet(str(folder))
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the run report counts of a table's outputs (:meth:`of`)."""
-
-    #: distinct events per fate: an event counts once per fate its copies got, a record
-    #: without an event id once; an event counts as a duplicate only when all its records
-    #: are (an earlier night resolved it)
-    events: Mapping[str, int]
-    #: records per replica and fate
-    replicas: Mapping[str, Mapping[str, int]]
-    #: (event, replica) pairs with more than one record: a replica exported it twice
-    repeated: int
-    #: the conflict log's rows per (conflict type, resolver, outcome)
-    conflicts: Mapping[tuple[str, str, str], int]
-    quarantined: Mapping[str, int]
-    divergent: Mapping[str, int]
-
-    @classmethod
-    def of(cls, spark: SparkSession, out: WorkPath) -> Facts:
-        """Counted by the executors in one Spark job: its result, a few rows, is all the
-        driver reads."""
-        fates = _read_known(spark, out / "fates", FATE_COLUMNS)
-        with_id = fates.where(F.col("event_id").isNotNull())
-        mine = F.array_remove(F.collect_set("fate"), DUPLICATE)
-        per_event = with_id.groupBy("event_id").agg(
-            F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates")
-        )
-        nothing = F.lit(None).cast("string")
-        repeats = with_id.groupBy("event_id", "replica").count().where(F.col("count") > 1)
-        parts = [
-            _grouped(
-                per_event.select(F.explode("fates").alias("fate")).unionByName(
-                    fates.where(F.col("event_id").isNull()).select("fate")
-                ),
-                "events",
-                "fate",
-            ),
-            _grouped(fates, "replicas", "replica", "fate"),
-            _grouped(repeats.select(nothing.alias("none")), "repeated", "none"),
-            _grouped(
-                _read_known(spark, out / "conflicts", CONFLICT_COUNTED),
-                "conflicts",
-                "conflict_type",
-                "resolver",
-                "outcome",
-            ),
-            _grouped(
-                _read_known(spark, out / "quarantine", "reason string"), "quarantined", "reason"
-            ),
-            _grouped(
-                _read_known(spark, out / "divergence", "replica string"), "divergent", "replica"
-            ),
-        ]
-        found: dict[str, list[tuple[Any, ...]]] = {}
-        for r in reduce(DataFrame.unionByName, parts).collect():
-            found.setdefault(r["kind"], []).append((r["a"], r["b"], r["c"], int(r["count"])))
-        replicas: dict[str, dict[str, int]] = {}
-        for replica, fate, _, n in found.get("replicas", []):
-            replicas.setdefault(replica, {})[fate] = n
-        flat = {
-            k: {a: n for a, _, _, n in found.get(k, [])}
-            for k in ("events", "quarantined", "divergent")
-        }
-        return cls(
-            events=flat["events"],
-            replicas=replicas,
-            repeated=sum(n for *_, n in found.get("repeated", [])),
-            conflicts={(a, b, c): n for a, b, c, n in found.get("conflicts", [])},
-            quarantined=flat["quarantined"],
-            divergent=flat["divergent"],
-        )
-
-
-def _grouped(df: DataFrame, kind: str, *by: str) -> DataFrame:
-    """Rows of ``df`` counted by up to three columns, as (a, b, c, count, kind)."""
-    keys = [F.col(c) for c in by] + [F.lit(None).cast("string")] * (3 - len(by))
-    named = df.select(*[k.alias(n) for k, n in zip(keys, "abc", strict=True)])
-    return named.groupBy("a", "b", "c").count().withColumn("kind", F.lit(kind))
-
-
-#: the columns of the conflict log the counts read
-CONFLICT_COUNTED = "conflict_type string, resolver string, outcome string"
 
 
 def _resolve_cells(
