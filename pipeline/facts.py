@@ -4,6 +4,8 @@ counts, never the outputs."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import reduce
@@ -14,6 +16,8 @@ from pyspark.sql import functions as F
 
 from pipeline.policy import Fate
 from pipeline.workpath import WorkPath
+
+log = logging.getLogger(__name__)
 
 #: the columns of the fates the counts and the ledger read, as the engines write them
 FATE_COLUMNS = "event_id string, replica string, fate string, chosen boolean"
@@ -56,24 +60,40 @@ class Facts:
         driver reads."""
         fates = read_known(spark, out / "fates", FATE_COLUMNS)
         with_id = fates.where(F.col("event_id").isNotNull())
-        mine = F.array_remove(F.collect_set("fate"), DUPLICATE)
+        # one shuffle of the fates, by event: each event's copies (replica and fate) and
+        # how many keys chose it; every count of the fates is made from it (a branch of
+        # its own for each count cost twice as much: 6.9 s against 2.6 s for 1M records)
         per_event = with_id.groupBy("event_id").agg(
-            F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates")
+            F.collect_list(F.struct("replica", "fate")).alias("copies"),
+            F.count_if(F.col("chosen")).alias("chosen"),
+        )
+        mine = F.array_remove(F.array_distinct(F.col("copies.fate")), DUPLICATE)
+        events = per_event.select(
+            "event_id",
+            "copies",
+            F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates"),
+            (F.size("copies") > F.size(F.array_distinct(F.col("copies.replica")))).alias("again"),
+            (F.col("chosen") > 1).alias("disputed"),
         )
         nothing = F.lit(None).cast("string")
-        repeats = with_id.groupBy("event_id", "replica").count().where(F.col("count") > 1)
-        chosen = fates.where(F.col("chosen")).groupBy("event_id").count()
         parts = [
             _grouped(
-                per_event.select(F.explode("fates").alias("fate")).unionByName(
+                events.select(F.explode("fates").alias("fate")).unionByName(
                     fates.where(F.col("event_id").isNull()).select("fate")
                 ),
                 "events",
                 "fate",
             ),
-            _grouped(fates, "replicas", "replica", "fate"),
-            _grouped(repeats.select(nothing.alias("none")), "repeated", "none"),
-            _grouped(chosen.where(F.col("count") > 1), "disputed", "event_id"),
+            _grouped(
+                events.select(F.explode("copies").alias("c"))
+                .select("c.*")
+                .unionByName(fates.where(F.col("event_id").isNull()).select("replica", "fate")),
+                "replicas",
+                "replica",
+                "fate",
+            ),
+            _grouped(events.where("again").select(nothing.alias("none")), "repeated", "none"),
+            _grouped(events.where("disputed"), "disputed", "event_id"),
             _grouped(
                 read_known(spark, out / "conflicts", CONFLICT_COUNTED),
                 "conflicts",
@@ -89,7 +109,10 @@ class Facts:
             ),
         ]
         found: dict[str, list[tuple[Any, ...]]] = {}
-        for r in reduce(DataFrame.unionByName, parts).collect():
+        t = time.monotonic()
+        counted = reduce(DataFrame.unionByName, parts).collect()
+        log.debug("count %s: %.2fs", out.name, time.monotonic() - t)
+        for r in counted:
             found.setdefault(r["kind"], []).append((r["a"], r["b"], r["c"], int(r["count"])))
         replicas: dict[str, dict[str, int]] = {}
         for replica, fate, _, n in found.get("replicas", []):

@@ -194,7 +194,9 @@ def _write_ledger(fates: DataFrame, out: WorkPath, ctx: RunContext, table: str) 
     ids = final.select("event_id", "fate").distinct()
     run = [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
     ledger = ids.select(*run, "event_id", "fate").toDF(*LEDGER_COLUMNS)
-    _write(ledger.coalesce(1).sortWithinPartitions("event_id"), out / layout.LEDGER)
+    # one file, sorted; the ids made distinct in parallel first (a coalesce would do it in
+    # one task)
+    _write(ledger.repartition(1).sortWithinPartitions("event_id"), out / layout.LEDGER)
 
 
 def _write_differing(rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext, table: str) -> int:
