@@ -58,42 +58,7 @@ class Facts:
     def of(cls, spark: SparkSession, out: WorkPath) -> Facts:
         """Counted by the executors in one Spark job: its result, a few rows, is all the
         driver reads."""
-        fates = read_known(spark, out / "fates", FATE_COLUMNS)
-        with_id = fates.where(F.col("event_id").isNotNull())
-        # one shuffle of the fates, by event: each event's copies (replica and fate) and
-        # how many keys chose it; every count of the fates is made from it (a branch of
-        # its own for each count cost twice as much: 6.9 s against 2.6 s for 1M records)
-        per_event = with_id.groupBy("event_id").agg(
-            F.collect_list(F.struct("replica", "fate")).alias("copies"),
-            F.count_if(F.col("chosen")).alias("chosen"),
-        )
-        mine = F.array_remove(F.array_distinct(F.col("copies.fate")), DUPLICATE)
-        events = per_event.select(
-            "event_id",
-            "copies",
-            F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates"),
-            (F.size("copies") > F.size(F.array_distinct(F.col("copies.replica")))).alias("again"),
-            (F.col("chosen") > 1).alias("disputed"),
-        )
-        nothing = F.lit(None).cast("string")
-        parts = [
-            _grouped(
-                events.select(F.explode("fates").alias("fate")).unionByName(
-                    fates.where(F.col("event_id").isNull()).select("fate")
-                ),
-                "events",
-                "fate",
-            ),
-            _grouped(
-                events.select(F.explode("copies").alias("c"))
-                .select("c.*")
-                .unionByName(fates.where(F.col("event_id").isNull()).select("replica", "fate")),
-                "replicas",
-                "replica",
-                "fate",
-            ),
-            _grouped(events.where("again").select(nothing.alias("none")), "repeated", "none"),
-            _grouped(events.where("disputed"), "disputed", "event_id"),
+        logs = [
             _grouped(
                 read_known(spark, out / "conflicts", CONFLICT_COUNTED),
                 "conflicts",
@@ -108,6 +73,7 @@ class Facts:
                 read_known(spark, out / "divergence", "replica string"), "divergent", "replica"
             ),
         ]
+        parts = _fate_counts(read_known(spark, out / "fates", FATE_COLUMNS)) + logs
         found: dict[str, list[tuple[Any, ...]]] = {}
         t = time.monotonic()
         counted = reduce(DataFrame.unionByName, parts).collect()
@@ -130,6 +96,37 @@ class Facts:
             divergent=flat["divergent"],
             disputed=tuple(sorted(a for a, *_ in found.get("disputed", []))),
         )
+
+
+def _fate_counts(fates: DataFrame) -> list[DataFrame]:
+    """The counts of the fates, from one shuffle of them by event: each event's copies
+    (replica and fate) and how many keys chose it (a branch of its own for each count
+    cost twice as much: 6.9 s against 2.6 s for 1M records, in a warm JVM)."""
+    with_id = fates.where(F.col("event_id").isNotNull())
+    without_id = fates.where(F.col("event_id").isNull())  # each record counts on its own
+    per_event = with_id.groupBy("event_id").agg(
+        F.collect_list(F.struct("replica", "fate")).alias("copies"),
+        F.count_if(F.col("chosen")).alias("chosen"),
+    )
+    mine = F.array_remove(F.array_distinct(F.col("copies.fate")), DUPLICATE)
+    events = per_event.select(
+        "event_id",
+        "copies",
+        F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates"),
+        (F.size("copies") > F.size(F.array_distinct(F.col("copies.replica")))).alias("again"),
+        (F.col("chosen") > 1).alias("disputed"),
+    )
+    by_event = events.select(F.explode("fates").alias("fate"))
+    by_copy = events.select(F.explode("copies").alias("c")).select("c.*")
+    nothing = F.lit(None).cast("string")
+    return [
+        _grouped(by_event.unionByName(without_id.select("fate")), "events", "fate"),
+        _grouped(
+            by_copy.unionByName(without_id.select("replica", "fate")), "replicas", "replica", "fate"
+        ),
+        _grouped(events.where("again").select(nothing.alias("none")), "repeated", "none"),
+        _grouped(events.where("disputed"), "disputed", "event_id"),
+    ]
 
 
 def _grouped(df: DataFrame, kind: str, *by: str) -> DataFrame:
