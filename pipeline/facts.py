@@ -13,6 +13,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from pipeline.policy import Fate
 from pipeline.workpath import WorkPath
@@ -26,12 +27,13 @@ CONFLICT_COUNTED = "conflict_type string, resolver string, outcome string"
 DUPLICATE = Fate.DUPLICATE.value
 
 
-def read_known(spark: SparkSession, folder: WorkPath, ddl: str) -> DataFrame:
-    """Columns of a run's output folder, by name with their known types (the driver lists
-    the folder and reads no file of it); no rows if it holds no file."""
+def read_known(spark: SparkSession, folder: WorkPath, schema: str | StructType) -> DataFrame:
+    """Columns of a run's output folder, by name with their known types (a DDL string or a
+    ``StructType``; the driver lists the folder and reads no file of it); no rows if it
+    holds no file."""
     if not folder.parquet_files():
-        return spark.createDataFrame([], ddl)
-    return spark.read.schema(ddl).parquet(str(folder))
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(str(folder))
 
 
 @dataclass(frozen=True)

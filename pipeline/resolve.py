@@ -300,7 +300,7 @@ def check_foreign_keys(
     repeatedly, until none is left. Writes ``orphans``, the final ``state`` and the
     ``snapshot`` of every table; returns the summary with their counts."""
     states = {
-        t: read_output(spark, ctx.resolved / t / STATE_PRE, state_schema(table))
+        t: read_known(spark, ctx.resolved / t / STATE_PRE, state_schema(table))
         for t, table in config.tables.items()
     }
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
@@ -493,7 +493,7 @@ def _write_fk_outputs(
         _write(state, out / layout.STATE)
         (out / STATE_PRE).rmtree()
     # else the fold's state is the final one, where it is (on S3 a move is a copy)
-    final = read_output(spark, final_state(out), state_schema(table))
+    final = read_known(spark, final_state(out), state_schema(table))
     seen = Observation()
     final = final.observe(seen, F.count(F.lit(1)).alias("state_rows"))
     live = final.where(~F.col("_deleted"))

@@ -236,18 +236,14 @@ def sized(spark: SparkSession, records: int) -> Iterator[bool]:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def read_output(spark: SparkSession, folder: WorkPath, schema: Any = None) -> DataFrame:
-    """A Parquet folder this run wrote in the work location, with ``schema`` (a
-    ``StructType``) when it is known; else with the schema Spark stored in its first
-    file's footer (read on the driver): Spark's own schema inference would be a Spark job
-    per read. A folder without that footer key (not written by Spark) is inferred as
-    usual."""
+def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
+    """A Parquet folder this run wrote in the work location, with the schema Spark stored
+    in its first file's footer (read on the driver): Spark's own schema inference would be
+    a Spark job per read. A folder without that footer key (not written by Spark) is
+    inferred as usual. (Columns whose schema is known: ``facts.read_known``, no footer.)"""
     from pyspark.sql.types import StructType
 
     from pipeline.workpath import metadata
-
-    if schema is not None:
-        return spark.read.schema(schema).parquet(str(folder))
 
     first = min(folder.parquet_files(), default=None)
     stored = None if first is None else (metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)
