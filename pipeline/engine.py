@@ -36,7 +36,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
-from pipeline.facts import Facts
+from pipeline.facts import COUNTED_BY, Count, Facts, write_ledger
 from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
 from pipeline.frames import fold_input, fold_outputs
 from pipeline.policy import QuarantineReason, Scope
@@ -196,7 +196,8 @@ def resolve_rows(
     """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
     are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
     run starts from (already purged). Returns what the run report counts of them, counted
-    by the executors in the same job that finds the events to fold again (disputes)."""
+    by the fold's tasks and as the ledger is written (the job that finds the events to
+    fold again: disputes)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies)
     main = admit_transactions(main, prior, config, table)
@@ -215,13 +216,14 @@ def resolve_rows(
     coupled = coupled_keys(main, prior, table, specials.moved)
 
     def resolve(main: DataFrame) -> Facts:
-        fold(spark, main, prior, config, table, job, coupled)
+        counts = fold(spark, main, prior, config, table, job, coupled)
         _write_specials(specials, job)
         for kind, schema in schemas.items():  # an output no task wrote is still there, empty
             if not (run.out / kind).parquet_files():
                 empty = pa.Table.from_pylist([], to_arrow_schema(schema))
                 write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
-        return Facts.of(spark, run.out)
+        tally = write_ledger(spark, run.out, run.run_id, table.name)
+        return Facts.of([*counts, *_special_counts(specials), *tally.counts], tally.disputed)
 
     facts = resolve(main)
     if facts.disputed:  # rare: move every copy of those events to their winner's key, and redo
@@ -256,11 +258,12 @@ def fold(
     table: Table,
     job: FoldJob,
     coupled: DataFrame | None,
-) -> None:
+) -> list[Count]:
     """The one Spark job of the row engine: every key's prior row and copies meet in its
     partition, sorted, and each task folds its keys and writes their outputs
     (``foldrun``); the keys coupled by a key change or a unique value are folded as one
-    group in a task of their own (``coupled``: :func:`coupled_keys`)."""
+    group in a task of their own (``coupled``: :func:`coupled_keys`). Returns what the
+    tasks counted of their outputs (``facts.COUNTED_BY``)."""
     items = build_items(main, prior, config, table)
     order = [F.col("is_event"), F.col("event_id"), *standing_order()]
     if coupled is not None:
@@ -282,7 +285,18 @@ def fold(
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )
     tasks = keyed if coupled is None else keyed.unionByName(single)
-    tasks.collect()
+    return [
+        (COUNTED_BY[r["output"]][0], r["a"], r["b"], r["c"], r["rows"])
+        for r in tasks.collect()
+        if r["output"] in COUNTED_BY
+    ]
+
+
+def _special_counts(specials: Specials) -> list[Count]:
+    """What the run report counts of the special copies' outputs (:func:`_write_specials`;
+    their events are counted with the others' as the ledger is written)."""
+    fates = [("replicas", r, f, None, 1) for _, r, f in specials.fates]
+    return fates + [("quarantined", q[2], None, None, 1) for q in specials.quarantined]
 
 
 def _write_specials(specials: Specials, job: FoldJob) -> None:

@@ -1,20 +1,28 @@
-"""What the run report counts of a table's outputs, counted by the executors in one Spark
-job (the resolve stage's; the row engine's disputes too): the driver gets a few rows of
-counts, never the outputs."""
+"""What the run report counts of a table's outputs, counted by the executors: the driver
+gets a few rows of counts, never the outputs.
+
+- the events' counts (distinct events per fate, a replica's repeated copies, the
+  disputes) are observed as the ledger is written (:func:`write_ledger`): that job
+  shuffles the fates by event anyway, so they cost no job of their own;
+- the outputs' counts (:data:`COUNTED_BY`) are the row engine's fold tasks' own (each
+  task counts what it writes), and one Spark job over the outputs for the cell engine
+  (:func:`count_outputs`)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from pipeline import layout
+from pipeline.frames import LEDGER_COLUMNS, RUN_COLUMNS
 from pipeline.policy import Fate
 from pipeline.workpath import WorkPath
 
@@ -22,9 +30,20 @@ log = logging.getLogger(__name__)
 
 #: the columns of the fates the counts and the ledger read, as the engines write them
 FATE_COLUMNS = "event_id string, replica string, fate string, chosen boolean"
-#: the columns of the conflict log the counts read
-CONFLICT_COUNTED = "conflict_type string, resolver string, outcome string"
 DUPLICATE = Fate.DUPLICATE.value
+#: the fates after which an event is never resolved again (the ledger's)
+FINAL_FATES = tuple(f.value for f in Fate if f.final)
+#: what the run report counts each output's rows by (up to three text columns), and the
+#: name of those counts in :class:`Facts`
+COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "fates": ("replicas", ("replica", "fate")),
+    "conflicts": ("conflicts", ("conflict_type", "resolver", "outcome")),
+    "quarantine": ("quarantined", ("reason",)),
+    "divergence": ("divergent", ("replica",)),
+}
+#: one count: its kind (``COUNTED_BY``'s names, ``events``, ``repeated``), up to three
+#: values it is counted by, and the rows
+Count = tuple[str, Any, Any, Any, int]
 
 
 def read_known(spark: SparkSession, folder: WorkPath, schema: str | StructType) -> DataFrame:
@@ -38,7 +57,7 @@ def read_known(spark: SparkSession, folder: WorkPath, schema: str | StructType) 
 
 @dataclass(frozen=True)
 class Facts:
-    """What the run report counts of a table's outputs (:meth:`of`)."""
+    """What the run report counts of a table's outputs."""
 
     #: distinct events per fate: an event counts once per fate its copies got, a record
     #: without an event id once; an event counts as a duplicate only when all its records
@@ -57,55 +76,46 @@ class Facts:
     disputed: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, spark: SparkSession, out: WorkPath) -> Facts:
-        """Counted by the executors in one Spark job: its result, a few rows, is all the
-        driver reads."""
-        logs = [
-            _grouped(
-                read_known(spark, out / "conflicts", CONFLICT_COUNTED),
-                "conflicts",
-                "conflict_type",
-                "resolver",
-                "outcome",
-            ),
-            _grouped(
-                read_known(spark, out / "quarantine", "reason string"), "quarantined", "reason"
-            ),
-            _grouped(
-                read_known(spark, out / "divergence", "replica string"), "divergent", "replica"
-            ),
-        ]
-        parts = _fate_counts(read_known(spark, out / "fates", FATE_COLUMNS)) + logs
-        found: dict[str, list[tuple[Any, ...]]] = {}
-        t = time.monotonic()
-        counted = reduce(DataFrame.unionByName, parts).collect()
-        log.debug("count %s: %.2fs", out.name, time.monotonic() - t)
-        for r in counted:
-            found.setdefault(r["kind"], []).append((r["a"], r["b"], r["c"], int(r["count"])))
+    def of(cls, counts: Iterable[Count], disputed: Iterable[str] = ()) -> Facts:
+        """The facts from counts (rows of the same kind and values are added)."""
+        found: dict[str, dict[tuple[Any, ...], int]] = {}
+        for kind, a, b, c, n in counts:
+            into = found.setdefault(kind, {})
+            into[(a, b, c)] = into.get((a, b, c), 0) + int(n)
         replicas: dict[str, dict[str, int]] = {}
-        for replica, fate, _, n in found.get("replicas", []):
+        for (replica, fate, _), n in found.get("replicas", {}).items():
             replicas.setdefault(replica, {})[fate] = n
         flat = {
-            k: {a: n for a, _, _, n in found.get(k, [])}
+            k: {a: n for (a, _, _), n in found.get(k, {}).items()}
             for k in ("events", "quarantined", "divergent")
         }
         return cls(
             events=flat["events"],
             replicas=replicas,
-            repeated=sum(n for *_, n in found.get("repeated", [])),
-            conflicts={(a, b, c): n for a, b, c, n in found.get("conflicts", [])},
+            repeated=sum(found.get("repeated", {}).values()),
+            conflicts=dict(found.get("conflicts", {})),
             quarantined=flat["quarantined"],
             divergent=flat["divergent"],
-            disputed=tuple(sorted(a for a, *_ in found.get("disputed", []))),
+            disputed=tuple(sorted(disputed)),
         )
 
+    @classmethod
+    def counted(cls, spark: SparkSession, out: WorkPath) -> Facts:
+        """Everything counted again from the outputs in ``out`` (after a rare rewrite of
+        them): two Spark jobs."""
+        events = events_of(read_known(spark, out / "fates", FATE_COLUMNS))
+        observed = events.agg(*_event_metrics()).first()
+        assert observed is not None
+        counts = [*count_outputs(spark, out), *_event_counts(observed.asDict())]
+        return cls.of(counts, _disputed(events) if observed["disputed"] else ())
 
-def _fate_counts(fates: DataFrame) -> list[DataFrame]:
-    """The counts of the fates, from one shuffle of them by event: each event's copies
-    (replica and fate) and how many keys chose it (a branch of its own for each count
-    cost twice as much: 6.9 s against 2.6 s for 1M records, in a warm JVM)."""
+
+def events_of(fates: DataFrame) -> DataFrame:
+    """One row per event of the fates (``FATE_COLUMNS``): its copies (replica and fate),
+    the fates it counts under (``fates``), whether a replica exported it twice
+    (``again``) and whether more than one key chose it (``disputed``); a record without
+    an event id is a row of its own."""
     with_id = fates.where(F.col("event_id").isNotNull())
-    without_id = fates.where(F.col("event_id").isNull())  # each record counts on its own
     per_event = with_id.groupBy("event_id").agg(
         F.collect_list(F.struct("replica", "fate")).alias("copies"),
         F.count_if(F.col("chosen")).alias("chosen"),
@@ -118,21 +128,79 @@ def _fate_counts(fates: DataFrame) -> list[DataFrame]:
         (F.size("copies") > F.size(F.array_distinct(F.col("copies.replica")))).alias("again"),
         (F.col("chosen") > 1).alias("disputed"),
     )
-    by_event = events.select(F.explode("fates").alias("fate"))
-    by_copy = events.select(F.explode("copies").alias("c")).select("c.*")
-    nothing = F.lit(None).cast("string")
+    alone = fates.where(F.col("event_id").isNull()).select(
+        "event_id",
+        F.array(F.struct("replica", "fate")).alias("copies"),
+        F.array("fate").alias("fates"),
+        F.lit(False).alias("again"),
+        F.lit(False).alias("disputed"),
+    )
+    return events.unionByName(alone)
+
+
+def _event_metrics() -> list[Column]:
+    """The events' counts, as aggregates over :func:`events_of`."""
     return [
-        _grouped(by_event.unionByName(without_id.select("fate")), "events", "fate"),
-        _grouped(
-            by_copy.unionByName(without_id.select("replica", "fate")), "replicas", "replica", "fate"
-        ),
-        _grouped(events.where("again").select(nothing.alias("none")), "repeated", "none"),
-        _grouped(events.where("disputed"), "disputed", "event_id"),
+        *[F.sum(F.array_contains("fates", f.value).cast("long")).alias(f.value) for f in Fate],
+        F.count_if("again").alias("repeated"),
+        F.count_if("disputed").alias("disputed"),
     ]
 
 
-def _grouped(df: DataFrame, kind: str, *by: str) -> DataFrame:
-    """Rows of ``df`` counted by up to three columns, as (a, b, c, count, kind)."""
-    keys = [F.col(c) for c in by] + [F.lit(None).cast("string")] * (3 - len(by))
-    named = df.select(*[k.alias(n) for k, n in zip(keys, "abc", strict=True)])
-    return named.groupBy("a", "b", "c").count().withColumn("kind", F.lit(kind))
+def _event_counts(observed: Mapping[str, Any]) -> list[Count]:
+    found = [("events", f.value, None, None, observed[f.value] or 0) for f in Fate]
+    return [*found, ("repeated", None, None, None, observed["repeated"] or 0)]
+
+
+def _disputed(events: DataFrame) -> list[str]:
+    """The ids of the disputed events (a job of its own: only when there are some)."""
+    return [r["event_id"] for r in events.where("disputed").select("event_id").collect()]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The events' counts observed as the ledger was written (:func:`write_ledger`)."""
+
+    counts: tuple[Count, ...]
+    disputed: tuple[str, ...]
+
+
+def write_ledger(spark: SparkSession, out: WorkPath, run_id: str, table: str) -> Tally:
+    """The ledger of a table's run, written by the executors into ``out``: the ids of the
+    events that reached a final fate, one file sorted by id (published with the run,
+    read by the next nights' runs); the events' counts observed as it is written."""
+    events = events_of(read_known(spark, out / "fates", FATE_COLUMNS))
+    seen = Observation()
+    final = F.filter("fates", lambda f: f.isin(*FINAL_FATES))
+    values = (run_id, table)
+    run: list[Column] = [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, values, strict=True)]
+    ledger = (
+        events.observe(seen, *_event_metrics())
+        .where(F.col("event_id").isNotNull())
+        .select(*run, "event_id", F.explode(final).alias("fate"))
+        .select(*LEDGER_COLUMNS)
+    )
+    t = time.monotonic()
+    # one file, sorted; the events grouped in parallel first
+    ledger.repartition(1).sortWithinPartitions("event_id").write.mode("overwrite").parquet(
+        str(out / layout.LEDGER)
+    )
+    log.debug("ledger %s: %.2fs", out.name, time.monotonic() - t)
+    observed = seen.get
+    disputed = _disputed(events) if observed["disputed"] else []
+    return Tally(tuple(_event_counts(observed)), tuple(disputed))
+
+
+def count_outputs(spark: SparkSession, out: WorkPath) -> list[Count]:
+    """The outputs' counts (:data:`COUNTED_BY`), counted by the executors in one Spark
+    job: its result, a few rows, is all the driver reads."""
+    parts = []
+    for output, (kind, by) in COUNTED_BY.items():
+        rows = read_known(spark, out / output, ", ".join(f"{c} string" for c in by))
+        keys = [F.col(c) for c in by] + [F.lit(None).cast("string")] * (3 - len(by))
+        named = rows.select(*[k.alias(n) for k, n in zip(keys, "abc", strict=True)])
+        parts.append(named.groupBy("a", "b", "c").count().withColumn("kind", F.lit(kind)))
+    t = time.monotonic()
+    counted = reduce(DataFrame.unionByName, parts).collect()
+    log.debug("count %s: %.2fs", out.name, time.monotonic() - t)
+    return [(r["kind"], r["a"], r["b"], r["c"], r["count"]) for r in counted]

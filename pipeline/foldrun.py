@@ -18,7 +18,8 @@ value come as one group):
 
 Each task writes one Parquet file per output (:data:`OUTPUTS`) into the table's folder of
 the run's work location, which the driver and the executors share, named after the task's
-partition (a retried task replaces its file); the Spark job returns one row per task.
+partition (a retried task replaces its file); the Spark job returns what each task
+counts of its files (the run report's counts: no job reads the outputs to count them).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import Table
 from pipeline.copies import copy_record
+from pipeline.facts import COUNTED_BY
 from pipeline.frames import SKEW_FIELDS
 from pipeline.groups import (
     Groups,
@@ -478,7 +480,6 @@ class TaskOutputs:
         self.arrow = arrow_schemas(job)
         self.rows: dict[str, list[dict[str, Any]]] = {k: [] for k in self.arrow}
         self.tables: dict[str, list[pa.Table]] = {k: [] for k in self.arrow}
-        self.counts: dict[str, int] = dict.fromkeys(self.arrow, 0)
 
     def add(self, kind: str, row: dict[str, Any]) -> None:
         rows = self.rows[kind]
@@ -489,7 +490,6 @@ class TaskOutputs:
     def add_table(self, kind: str, table: pa.Table) -> None:
         self._batch(kind)
         self.tables[kind].append(table)
-        self.counts[kind] += table.num_rows
 
     def _batch(self, kind: str) -> None:
         rows = self.rows[kind]
@@ -497,16 +497,32 @@ class TaskOutputs:
             rows.sort(key=_position)
         if rows:
             self.tables[kind].append(pa.Table.from_pylist(rows, schema=self.arrow[kind]))
-            self.counts[kind] += len(rows)
             self.rows[kind] = []
 
-    def close(self) -> dict[str, int]:
+    def close(self) -> list[dict[str, Any]]:
+        """Writes the files; returns what the run report counts of them (the task's
+        rows of :data:`TASK_RESULT`)."""
+        counts = []
         for kind in self.arrow:
             self._batch(kind)
             if self.tables[kind]:
+                whole = pa.concat_tables(self.tables[kind])
                 path = self.job.out / kind / f"part-{self.name}.parquet"
-                write_parquet(pa.concat_tables(self.tables[kind]), path, self.job.schemas[kind])
-        return self.counts
+                write_parquet(whole, path, self.job.schemas[kind])
+                counts += [{"task": self.name, **c} for c in _counted(kind, whole)]
+        return counts
+
+
+def _counted(output: str, rows: pa.Table) -> list[dict[str, Any]]:
+    """An output's rows counted as the run report counts them (``facts.COUNTED_BY``)."""
+    by = list(COUNTED_BY[output][1]) if output in COUNTED_BY else []
+    if not by:
+        return [{"output": output, "rows": rows.num_rows}]
+    grouped = rows.group_by(by).aggregate([([], "count_all")]).to_pylist()
+    names = dict(zip(by, "abc", strict=False))
+    return [
+        {"output": output, **{names[c]: g[c] for c in by}, "rows": g["count_all"]} for g in grouped
+    ]
 
 
 def _position(r: dict[str, Any]) -> tuple[int, int, str, int]:
@@ -562,11 +578,7 @@ def fold_function(
                 carry = t.slice(cut)
             if carry is not None and carry.num_rows:
                 stream.stretch(carry)
-        counts = out.close()
-        yield pa.RecordBatch.from_pylist(
-            [{"task": name, "output": k, "rows": n} for k, n in counts.items()],
-            schema=TASK_RESULT,
-        )
+        yield pa.RecordBatch.from_pylist(out.close(), schema=TASK_RESULT)
 
     return run
 
@@ -626,6 +638,9 @@ def _python_groups(t: pa.Table, groups: Groups) -> Iterator[list[dict[str, Any]]
         yield rows[a:b]
 
 
-#: what each fold task returns: its rows per output
-TASK_RESULT = pa.schema([("task", pa.string()), ("output", pa.string()), ("rows", pa.int64())])
-TASK_COLUMNS = "task string, output string, rows bigint"
+#: what each fold task returns: its rows per output, and per the values the run report
+#: counts them by (``facts.COUNTED_BY``: up to three, ``a`` to ``c``)
+TASK_RESULT = pa.schema(
+    [(c, pa.string()) for c in ("task", "output", "a", "b", "c")] + [("rows", pa.int64())]
+)
+TASK_COLUMNS = "task string, output string, a string, b string, c string, rows bigint"

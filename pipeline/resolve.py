@@ -32,11 +32,10 @@ from pipeline.context import RunContext
 from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies
 from pipeline.engine import RowRun, purge, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
-from pipeline.facts import FATE_COLUMNS, Facts, read_known
+from pipeline.facts import FATE_COLUMNS, Facts, count_outputs, read_known, write_ledger
 from pipeline.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
-    LEDGER_COLUMNS,
     POSITION,
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
@@ -55,8 +54,6 @@ from pipeline.workpath import WorkPath, metadata, read_table, write_table
 
 log = logging.getLogger(__name__)
 
-#: the fates after which an event is never resolved again (the ledger's)
-FINAL_FATES = tuple(f.value for f in Fate if f.final)
 DUPLICATE = Fate.DUPLICATE.value
 #: a cell table's resolution, in the table's folder until its outputs are written
 RESOLUTION = "_resolution"
@@ -90,7 +87,8 @@ def resolve_table(
     prior = read_prior(spark, ctx.staged / table.name, table)
     if table.granularity is Granularity.CELL:
         clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
-        facts = Facts.of(spark, out)  # counted by the executors, one Spark job
+        tally = write_ledger(spark, out, ctx.run_id, table.name)
+        facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
@@ -99,17 +97,16 @@ def resolve_table(
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # §12: divergence is not checked after an error
         _empty(out / "divergence")
-    fates = read_known(spark, out / "fates", FATE_COLUMNS)
-    _write_ledger(fates, out, ctx, table.name)
     differing = 0
     if facts.repeated:  # some replica exported an event twice: were its copies the same?
+        fates = read_known(spark, out / "fates", FATE_COLUMNS)
         found = differing_copies(copies, fates, table)
         differing = _write_differing(found, out, ctx, table.name)
     staged_table = ctx.staged / table.name
     settled = retry.settle(retry.offers_of(staged_table), out)
     retry.start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
     if stopped is not None or settled.rewrote:  # the logs were cut, the fates rewritten
-        facts = Facts.of(spark, out)
+        facts = Facts.counted(spark, out)
     counts = _table_counts(table, facts, staged, stopped, differing)
     return replace(counts, clock_skew=clock_skew, retried=settled.retried), facts
 
@@ -184,19 +181,6 @@ def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     n = F.row_number().over(Window.partitionBy("event_id", "replica").orderBy("fate"))
     again = F.col("event_id").isNotNull() & (n > 1)
     return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
-
-
-def _write_ledger(fates: DataFrame, out: WorkPath, ctx: RunContext, table: str) -> None:
-    """The ids of the events that reached a final fate (applied or discarded), from the
-    fates, written by the executors: published with the run, read by the next nights'
-    runs."""
-    final = fates.where(F.col("event_id").isNotNull() & F.col("fate").isin(*FINAL_FATES))
-    ids = final.select("event_id", "fate").distinct()
-    run = [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
-    ledger = ids.select(*run, "event_id", "fate").toDF(*LEDGER_COLUMNS)
-    # one file, sorted; the ids made distinct in parallel first (a coalesce would do it in
-    # one task)
-    _write(ledger.repartition(1).sortWithinPartitions("event_id"), out / layout.LEDGER)
 
 
 def _write_differing(rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext, table: str) -> int:
