@@ -357,29 +357,39 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             f"ingested {args.date} into {ctx.work} (run {ctx.run_id})",
         )
     else:
-        from pipeline.spark import get_spark
-
-        ctx = RunContext.load(opts.work_dir, args.date, opts.run_id)
-        if args.command == "resolve":
-            spark = get_spark(opts.master, small=stages.small_run(ctx))
-            summary = stages.resolve(config, ctx, spark)
-            _emit(args, summary.to_dict(), f"resolved {args.date}: {ctx.resolved}")
-        elif args.command == "finish":
-            stages.finish(config, ctx)
-            _emit(args, {"run_id": ctx.run_id}, f"finished run {ctx.run_id} of {args.date}")
-        elif args.command == "validate":  # Spark only for a run resolved without measures
-            verdict = stages.validate(config, ctx, lambda: get_spark(opts.master))
-            if ctx.data_docs:
-                docs = ctx.validation / "data_docs" / "index.html"
-                print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)
-            if not verdict.passed:
-                raise CdrError("; ".join(verdict.failures))
-            _emit(args, {"passed": True}, f"validated {args.date}: passed")
-        else:
-            report = stages.publish(config, ctx, lambda: get_spark(opts.master, small=True))
-            _emit(args, report, format_report(report) + _where(config, report))
+        _one_stage(args, config, RunContext.load(opts.work_dir, args.date, opts.run_id))
     log.info("done in %.1fs", time.monotonic() - started)
     return 0
+
+
+def _one_stage(args: argparse.Namespace, config: Any, ctx: Any) -> None:
+    """``cdr resolve``, ``validate``, ``publish`` or ``finish``: one stage of a run ingest
+    started (the DAG's tasks)."""
+    from pipeline import stages
+    from pipeline.report import format_report
+    from pipeline.spark import get_spark
+
+    opts = _options(args)
+    if args.command == "resolve":
+        spark = get_spark(opts.master, small=stages.small_run(ctx))
+        with stages.naming_a_lost_lease(config, ctx):
+            summary = stages.resolve(config, ctx, spark)
+        _emit(args, summary.to_dict(), f"resolved {args.date}: {ctx.resolved}")
+    elif args.command == "finish":
+        stages.finish(config, ctx)
+        _emit(args, {"run_id": ctx.run_id}, f"finished run {ctx.run_id} of {args.date}")
+    elif args.command == "validate":  # Spark only for a run resolved without measures
+        verdict = stages.validate(config, ctx, lambda: get_spark(opts.master))
+        if ctx.data_docs:
+            docs = ctx.validation / "data_docs" / "index.html"
+            print(f"Data Docs: {docs.as_uri()}", file=sys.stderr)
+        if not verdict.passed:
+            raise CdrError("; ".join(verdict.failures))
+        _emit(args, {"passed": True}, f"validated {args.date}: passed")
+    else:
+        with stages.naming_a_lost_lease(config, ctx):
+            report = stages.publish(config, ctx, lambda: get_spark(opts.master, small=True))
+        _emit(args, report, format_report(report) + _where(config, report))
 
 
 def _print_failed_report(args: argparse.Namespace, config: Any, run_id: str) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -20,7 +20,7 @@ from pipeline import layout, lease
 from pipeline.config import Config
 from pipeline.context import RunContext, resolve_now, runs_of
 from pipeline.doctor import require_atomic_create
-from pipeline.errors import GateError, StageError
+from pipeline.errors import GateError, LockedError, StageError
 from pipeline.exports import ingest as ingest_exports
 from pipeline.lake import Lake
 from pipeline.published import (
@@ -402,16 +402,35 @@ def run(
 
     ctx = ingest(config, dt, opts)
     try:
-        spark = spark or get_spark(opts.master, preload=GX_MODULES, small=small_run(ctx))
-        summary = resolve(config, ctx, spark)
-        verdict = validate(config, ctx)
-        if ctx.dry_run:
-            if not verdict.passed:
-                raise GateError("; ".join(verdict.failures))
-            return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
-        return publish(config, ctx, spark)
+        with naming_a_lost_lease(config, ctx):
+            spark = spark or get_spark(opts.master, preload=GX_MODULES, small=small_run(ctx))
+            summary = resolve(config, ctx, spark)
+            verdict = validate(config, ctx)
+            if ctx.dry_run:
+                if not verdict.passed:
+                    raise GateError("; ".join(verdict.failures))
+                return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
+            return publish(config, ctx, spark)
     finally:
         finish(config, ctx, spark)
+
+
+@contextmanager
+def naming_a_lost_lease(config: Config, ctx: RunContext) -> Iterator[None]:
+    """A run whose lease was broken (``cdr unlock --force``) or taken over while it worked
+    fails naming the holder, whatever failed first: the next holder's ingest removes this
+    run's work folder (``_clear_work``), so a paused run may next fail reading it."""
+    try:
+        yield
+    except Exception as e:
+        store = ctx.config(config).store
+        if isinstance(e, LockedError) or ctx.dry_run or not ctx.epoch or not store:
+            raise
+        try:
+            lease.check(open_store(store), ctx.run_id, ctx.epoch)
+        except LockedError as lost:
+            raise LockedError(f"{lost} (what failed first: {type(e).__name__})") from e
+        raise
 
 
 def finish(config: Config, ctx: RunContext, spark: SparkSession | None = None) -> None:

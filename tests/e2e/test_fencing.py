@@ -72,28 +72,56 @@ def test_a_writer_that_lost_its_lease_commits_nothing_more(tmp_path: Path, spark
     store = open_store(root.as_uri())
 
     first = Paused(["run", *argv, "--run-id", "run-first"], r"commit published/")
-    made = _commits_of(store, "run-first")  # its commits so far (a step's tables go at once)
-    assert made
-    capsys.readouterr()
-    assert main(["unlock", "--config", str(cfg)]) == 1  # its lease is live
-    assert "is live: run run-first" in capsys.readouterr().err
-    assert main(["unlock", "--config", str(cfg), "--force"]) == 0
-    second = Paused(["run", *argv, "--run-id", "run-second"], r"commit published/")
+    second = None
+    try:
+        made = _commits_of(store, "run-first")  # its commits so far (a step's tables go at once)
+        assert made
+        capsys.readouterr()
+        assert main(["unlock", "--config", str(cfg)]) == 1  # its lease is live
+        assert "is live: run run-first" in capsys.readouterr().err
+        assert main(["unlock", "--config", str(cfg), "--force"]) == 0
+        second = Paused(["run", *argv, "--run-id", "run-second"], r"commit published/")
 
-    code, log = first.resume()
+        code, log = first.resume()
+        assert code == 1, log
+        # refused by the check before its next commit, or (paused a moment later than its
+        # log line, inside that commit) by the read-back after it: both name the holder
+        refused = ("run run-first does not hold the lease", "not by run run-first")
+        assert any(r in log for r in refused), log
+        assert "held by run run-second on" in log, log
+        assert "Traceback" not in log, log
+        assert _commits_of(store, "run-first") == made  # none after
+
+        code, log = second.resume()
+        assert code == 0, log
+        assert [(r["run_id"], r["status"]) for r in P.runs(store)] == [("run-second", "published")]
+        assert P.all_tables(store, ("run-second",)) == after  # nothing of the first run is left
+    finally:  # a failed test leaves no process stopped
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+
+
+@pytest.mark.timeout(900)
+def test_a_run_paused_before_publish_stops_naming_the_lease_holder(tmp_path: Path, spark):
+    """Broken while it validates: the next run of the date removes its work folder, and
+    publishing, it fails on the lease, not on its missing files (before: "StageError: no
+    resolved run for <date>: run `cdr resolve` first")."""
+    root, argv, cfg = _setup(tmp_path)
+    store = open_store(root.as_uri())
+    first = Paused(["run", *argv, "--run-id", "run-first"], r"validate: \d+ suites")
+    try:
+        assert main(["unlock", "--config", str(cfg), "--force"]) == 0
+        assert main(["run", *argv, "--run-id", "run-second"]) == 0
+        assert not (tmp_path / "work" / "run=run-first").exists()  # removed by the second
+        code, log = first.resume()
+    finally:
+        first.kill()
     assert code == 1, log
-    # refused by the check before its next commit, or (paused a moment later than its
-    # log line, inside that commit) by the read-back after it: both name the holder
-    refused = ("not committed: run run-first does not hold the lease", "not by run run-first")
-    assert any(r in log for r in refused), log
-    assert "held by run run-second on" in log, log
+    assert "cdr run: LockedError: run run-first does not hold the lease" in log, log
     assert "Traceback" not in log, log
-    assert _commits_of(store, "run-first") == made  # none after
-
-    code, log = second.resume()
-    assert code == 0, log
+    assert not _commits_of(store, "run-first")
     assert [(r["run_id"], r["status"]) for r in P.runs(store)] == [("run-second", "published")]
-    assert P.all_tables(store, ("run-second",)) == after  # nothing of the first run is left
 
 
 @pytest.mark.timeout(900)

@@ -147,6 +147,12 @@ class Paused:
         group_gone(self.p.pid)
         return code, "".join(self.lines) + rest
 
+    def kill(self) -> None:
+        """Its whole group killed, if it still runs (a failed test leaves none stopped)."""
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(timeout=60)
+
 
 def expire_lease(store: Any) -> bytes:
     """Make the store's lease one that has expired (its run gone for hours); its bytes."""
