@@ -419,12 +419,14 @@ def run(
 def naming_a_lost_lease(config: Config, ctx: RunContext) -> Iterator[None]:
     """A run whose lease was broken (``cdr unlock --force``) or taken over while it worked
     fails naming the holder, whatever failed first: the next holder's ingest removes this
-    run's work folder (``_clear_work``), so a paused run may next fail reading it."""
+    run's work folder (``_clear_work``), so a paused run may next fail reading it. A
+    failed gate is the run's own verdict, raised after publish released the lease."""
     try:
         yield
     except Exception as e:
         store = ctx.config(config).store
-        if isinstance(e, LockedError) or ctx.dry_run or not ctx.epoch or not store:
+        ours = isinstance(e, LockedError | GateError)
+        if ours or ctx.dry_run or not ctx.epoch or not store:
             raise
         try:
             lease.check(open_store(store), ctx.run_id, ctx.epoch)

@@ -28,8 +28,8 @@ from tests.helpers.faults import Paused, started_together, told
 SCENARIO = "future_timestamp"  # a conflict and a quarantine: every kind of table
 
 
-def _setup(tmp_path: Path) -> tuple[Path, list[str], Path]:
-    s = json.loads((S.SCENARIOS / f"{SCENARIO}.json").read_text())
+def _setup(tmp_path: Path, scenario: str = SCENARIO) -> tuple[Path, list[str], Path]:
+    s = json.loads((S.SCENARIOS / f"{scenario}.json").read_text())
     root = tmp_path / "store"
     root.mkdir()
     S.layout_store(s, root)
@@ -122,6 +122,16 @@ def test_a_run_paused_before_publish_stops_naming_the_lease_holder(tmp_path: Pat
     assert "Traceback" not in log, log
     assert not _commits_of(store, "run-first")
     assert [(r["run_id"], r["status"]) for r in P.runs(store)] == [("run-second", "published")]
+
+
+def test_a_run_that_fails_its_gate_says_so_not_the_lease_it_released(tmp_path: Path, spark, capsys):
+    """Publish releases the lease of a failed run before it raises the gate's failure:
+    that failure is the message, not the lease (``stages.naming_a_lost_lease``)."""
+    _, argv, _ = _setup(tmp_path, "divergence_skip_fails")
+    capsys.readouterr()
+    assert main(["run", *argv]) == 1
+    err = capsys.readouterr().err
+    assert "cdr run: GateError: " in err and "LockedError" not in err, err
 
 
 @pytest.mark.timeout(900)
