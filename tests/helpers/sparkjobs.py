@@ -48,3 +48,17 @@ def codegen_modes(monkeypatch) -> list[bool]:
 
     monkeypatch.setattr(pipeline.spark, "fit_codegen", spy)
     return seen
+
+
+def settled_disputes(monkeypatch: Any, module: Any) -> list[list[str]]:
+    """The ids of the events ``module.settle_disputes`` moves, one sorted list per call
+    (a run folds again the events whose copies sit under different keys)."""
+    calls: list[list[str]] = []
+    settle = module.settle_disputes
+
+    def spy(copies: Any, ids: list[str]) -> Any:
+        calls.append(sorted(ids))
+        return settle(copies, ids)
+
+    monkeypatch.setattr(module, "settle_disputes", spy)
+    return calls

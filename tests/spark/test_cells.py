@@ -27,7 +27,7 @@ from pipeline.schema import spark_type
 from tests.helpers import GOLDEN, configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
-from tests.helpers.sparkjobs import codegen_modes
+from tests.helpers.sparkjobs import codegen_modes, settled_disputes
 
 
 def _values(kind: ColumnType, rnd: random.Random) -> list[Any]:
@@ -285,14 +285,7 @@ def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_k
         rows[:] = [{**standing[r["event_id"]], "seq": r["seq"]} for r in rows]
     assert moved["exports"] != s["exports"]  # some copies did move
 
-    settled: list[list[str]] = []
-    settle = cell_stage.settle_disputes
-
-    def spy(copies: Any, ids: list[str]) -> Any:
-        settled.append(sorted(ids))
-        return settle(copies, ids)
-
-    monkeypatch.setattr(cell_stage, "settle_disputes", spy)
+    settled = settled_disputes(monkeypatch, cell_stage)
     runs = {}
     for name, scenario in (("as exported", s), ("moved", moved)):
         (tmp_path / name).mkdir()

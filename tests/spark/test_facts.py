@@ -10,9 +10,9 @@ from typing import Any
 
 from pipeline import engine, resolve
 from pipeline.facts import Facts
+from tests.helpers import GOLDEN
 from tests.helpers import scenarios as S
-
-GOLDEN = Path(__file__).parent.parent / "golden"
+from tests.helpers.sparkjobs import settled_disputes
 
 
 def test_the_folds_counts_equal_the_outputs_counted_again(tmp_path: Path, spark, monkeypatch):
@@ -30,15 +30,8 @@ def test_the_folds_counts_equal_the_outputs_counted_again(tmp_path: Path, spark,
         seen.append((facts, Facts.counted(spark_, run.out)))
         return facts
 
-    settled: list[list[str]] = []
-    settle = engine.settle_disputes
-
-    def spy(copies: Any, ids: list[str]) -> Any:
-        settled.append(sorted(ids))
-        return settle(copies, ids)
-
     monkeypatch.setattr(resolve, "resolve_rows", both)
-    monkeypatch.setattr(engine, "settle_disputes", spy)
+    settled = settled_disputes(monkeypatch, engine)
     got, failed = S.run_scenario(s, tmp_path)
     assert not failed and got["status"] == "published", got
     [(fast, again)] = seen
