@@ -21,7 +21,9 @@ Beside them, one jar of the project's own, compiled by ``cdr jars fetch`` with t
 is written through (``pipeline/jvm/FencedLogStore.java``: a commit file created only if
 absent, across processes, and only while the run holds the store's lease), and the
 replacement of a table's files that needs no scan of its state
-(``pipeline/jvm/Replace.java``).
+(``pipeline/jvm/Replace.java``), the commit protocol of the run's Parquet writes
+(``pipeline/jvm/PathCommitProtocol.java``) and the local file system that starts no
+process per file (``pipeline/jvm/LocalFileSystem.java``).
 
 Where the jars are: ``CDR_JARS`` (a folder), else ``<venv>/share/cdr/jars``. Where
 Maven keeps its downloads: its own local repository, or ``CDR_MAVEN_REPO`` (CI gives it
@@ -71,6 +73,7 @@ OWN_SOURCES = (
     "jvm/FencedLogStore.java",
     "jvm/Replace.java",
     "jvm/PathCommitProtocol.java",
+    "jvm/LocalFileSystem.java",
 )
 OWN_PREFIX = "cdr-logstore-"
 

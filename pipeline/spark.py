@@ -83,6 +83,9 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     b = b.config("spark.driver.extraClassPath", os.pathsep.join(paths))
     if not master.startswith("local"):
         b = b.config("spark.jars", ",".join(paths))
+    else:  # one JVM: its class path has the project's file system (executors would not)
+        for k, v in LOCAL_FILE_SETTINGS.items():
+            b = b.config(k, v)
     archive = None if dump else jvmstart.usable_archive()
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     try:
@@ -125,6 +128,20 @@ DELTA_SETTINGS = {
 COMMIT_SETTINGS = {
     "spark.sql.sources.commitProtocolClass": "cdr.spark.PathCommitProtocol",
     "spark.hadoop.fs.s3a.committer.name": "magic",
+}
+#: local files without a process per file: Hadoop's local file system sets a permission
+#: by running ``chmod`` (``pipeline/jvm/LocalFileSystem.java`` sets it in the JVM), and
+#: the rename of a Delta checksum file through Hadoop's FileContext runs ``readlink``
+#: (Spark's file-system-based manager renames it with one call). Measured on four small
+#: scenario runs: 1,220 child processes of the driver's JVM before, and 8% less time.
+#: In local mode only (a cluster's executors load a file system class before the jars
+#: the driver sends them).
+LOCAL_FILE_SETTINGS = {
+    "spark.hadoop.fs.file.impl": "cdr.fs.LocalFileSystem",
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing."
+        "FileSystemBasedCheckpointFileManager"
+    ),
 }
 
 

@@ -86,3 +86,30 @@ def test_merge_with_deletion_vectors_through_s3a(spark):
     assert got == _expected()
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]]
     assert any(k.startswith("t/deletion_vector_") for k in keys)
+
+
+def test_local_files_get_their_permissions_without_a_child_process(spark, tmp_path):
+    """``file://`` is the project's local file system (``pipeline/jvm/LocalFileSystem.java``):
+    the JDK sets the bits chmod would; a Delta commit still writes its checksum file (renamed
+    into place by Spark's file-system-based manager, not FileContext's readlink)."""
+    import os
+    import stat
+
+    from deltalake import DeltaTable
+
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf)
+    assert fs.getClass().getName() == "cdr.fs.LocalFileSystem"
+    f = tmp_path / "f"
+    f.write_text("x")
+    for mode in (0o640, 0o755, 0o600, 0o000, 0o777):
+        fs.setPermission(
+            jvm.org.apache.hadoop.fs.Path(f.as_uri()),
+            jvm.org.apache.hadoop.fs.permission.FsPermission(mode),
+        )
+        assert stat.S_IMODE(os.stat(f).st_mode) == mode
+    table = tmp_path / "t"
+    spark.sql(BASE).write.format("delta").save(table.as_uri())
+    assert (table / "_delta_log" / "00000000000000000000.crc").is_file()
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 100
