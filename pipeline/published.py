@@ -23,6 +23,7 @@ from pipeline.config import Config
 from pipeline.lake import Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
+from pipeline.spark import SPARK_SCHEMA_KEY
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,6 @@ class Committer:
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version
-
-
-#: the footer key under which Spark writes a Parquet file's schema
-SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
 def _footers(files: list[WorkPath]) -> tuple[int, Any]:
