@@ -12,6 +12,7 @@ stops naming it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -118,11 +119,17 @@ def test_a_run_paused_before_publish_stops_naming_the_lease_holder(tmp_path: Pat
     finally:
         first.kill()
     assert code == 1, log
-    # on the lease: its check on the failure, or its renewal if that comes first
+    # on the lease: its check on the failure, its renewal if that comes first, or the next
+    # commit (naming its table) if the stop came as publish began
     lost = ("does not hold the lease", "lost the lease")
-    assert "cdr run: LockedError: run run-first " in log and any(m in log for m in lost), log
+    assert re.search(r"cdr run: LockedError: (\S+: not committed: )?run run-first ", log), log
+    assert any(m in log for m in lost), log
     assert "Traceback" not in log, log
-    assert not _commits_of(store, "run-first")
+    # stopped as publish began (CI met it: the stop lands a moment after the line), a commit
+    # whose lease check had passed lands: the residual window the README states, at most
+    # one per table, and no runs row names it
+    landed = _commits_of(store, "run-first")
+    assert len({table for table, _ in landed}) == len(landed), landed
     assert [(r["run_id"], r["status"]) for r in P.runs(store)] == [("run-second", "published")]
 
 
