@@ -14,13 +14,10 @@ package cdr.fs;
 
 import java.io.IOException;
 import java.nio.file.Files;
-import java.nio.file.attribute.PosixFilePermission;
-import java.util.EnumSet;
-import java.util.Set;
+import java.nio.file.attribute.PosixFilePermissions;
 
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.RawLocalFileSystem;
-import org.apache.hadoop.fs.permission.FsAction;
 import org.apache.hadoop.fs.permission.FsPermission;
 
 public class LocalFileSystem extends org.apache.hadoop.fs.LocalFileSystem {
@@ -33,34 +30,13 @@ public class LocalFileSystem extends org.apache.hadoop.fs.LocalFileSystem {
     public static class Raw extends RawLocalFileSystem {
         @Override
         public void setPermission(Path p, FsPermission permission) throws IOException {
-            if (permission.getStickyBit()) {
-                super.setPermission(p, permission);
-                return;
-            }
-            Set<PosixFilePermission> bits = EnumSet.noneOf(PosixFilePermission.class);
-            add(bits, permission.getUserAction(), PosixFilePermission.OWNER_READ,
-                    PosixFilePermission.OWNER_WRITE, PosixFilePermission.OWNER_EXECUTE);
-            add(bits, permission.getGroupAction(), PosixFilePermission.GROUP_READ,
-                    PosixFilePermission.GROUP_WRITE, PosixFilePermission.GROUP_EXECUTE);
-            add(bits, permission.getOtherAction(), PosixFilePermission.OTHERS_READ,
-                    PosixFilePermission.OTHERS_WRITE, PosixFilePermission.OTHERS_EXECUTE);
             try {
-                Files.setPosixFilePermissions(pathToFile(p).toPath(), bits);
-            } catch (UnsupportedOperationException e) {
+                // "rwxr-x---": the nine symbols chmod would set; a sticky bit ("t"), which
+                // the JDK cannot set, is refused and goes to Hadoop's own way
+                Files.setPosixFilePermissions(pathToFile(p).toPath(),
+                        PosixFilePermissions.fromString(permission.toString()));
+            } catch (UnsupportedOperationException | IllegalArgumentException e) {
                 super.setPermission(p, permission);
-            }
-        }
-
-        private static void add(Set<PosixFilePermission> bits, FsAction action,
-                PosixFilePermission read, PosixFilePermission write, PosixFilePermission execute) {
-            if (action.implies(FsAction.READ)) {
-                bits.add(read);
-            }
-            if (action.implies(FsAction.WRITE)) {
-                bits.add(write);
-            }
-            if (action.implies(FsAction.EXECUTE)) {
-                bits.add(execute);
             }
         }
     }

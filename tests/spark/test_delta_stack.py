@@ -103,7 +103,7 @@ def test_local_files_get_their_permissions_without_a_child_process(spark, tmp_pa
     assert fs.getClass().getName() == "cdr.fs.LocalFileSystem"
     f = tmp_path / "f"
     f.write_text("x")
-    for mode in (0o640, 0o755, 0o600, 0o000, 0o777):
+    for mode in (0o640, 0o755, 0o600, 0o000, 0o777, 0o1777):  # the sticky bit: by chmod
         fs.setPermission(
             jvm.org.apache.hadoop.fs.Path(f.as_uri()),
             jvm.org.apache.hadoop.fs.permission.FsPermission(mode),
