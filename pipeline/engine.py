@@ -36,9 +36,10 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
-from pipeline.facts import COUNTED_BY, Count, Facts, write_ledger
-from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, write_parquet
+from pipeline.facts import COUNTED_BY, EVENT_COUNTS, Count, Facts, split_events, tally, write_ledger
+from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, ledger_rows, write_parquet
 from pipeline.frames import fold_input, fold_outputs
+from pipeline.layout import LEDGER
 from pipeline.policy import QuarantineReason, Scope
 from pipeline.rowfold import FoldSpec
 from pipeline.schema import GROUPS
@@ -196,8 +197,8 @@ def resolve_rows(
     """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
     are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
     run starts from (already purged). Returns what the run report counts of them, counted
-    by the fold's tasks and as the ledger is written (the job that finds the events to
-    fold again: disputes)."""
+    by the fold's tasks (which write the ledger's rows of their events too), and the
+    disputes one more job finds (``facts.split_events``: folded again)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies)
     main = admit_transactions(main, prior, config, table)
@@ -217,13 +218,16 @@ def resolve_rows(
 
     def resolve(main: DataFrame) -> Facts:
         counts = fold(spark, main, prior, config, table, job, coupled)
-        _write_specials(specials, job)
+        counts += _write_specials(specials, job)
         for kind, schema in schemas.items():  # an output no task wrote is still there, empty
             if not (run.out / kind).parquet_files():
                 empty = pa.Table.from_pylist([], to_arrow_schema(schema))
                 write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
-        tally = write_ledger(spark, run.out, run.run_id, table.name)
-        return Facts.of([*counts, *_special_counts(specials), *tally.counts], tally.disputed)
+        disputed, split = split_events(spark, run.out)
+        if split and not disputed:  # rare: the events' counts and ledger made again
+            again = write_ledger(spark, run.out, run.run_id, table.name)
+            counts = [c for c in counts if c[0] not in EVENT_COUNTS] + list(again.counts)
+        return Facts.of(counts, disputed)
 
     facts = resolve(main)
     if facts.disputed:  # rare: move every copy of those events to their winner's key, and redo
@@ -285,44 +289,43 @@ def fold(
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )
     tasks = keyed if coupled is None else keyed.unionByName(single)
+    named = {**{o: kind for o, (kind, _) in COUNTED_BY.items()}, **{k: k for k in EVENT_COUNTS}}
     return [
-        (COUNTED_BY[r["output"]][0], r["a"], r["b"], r["c"], r["rows"])
+        (named[r["output"]], r["a"], r["b"], r["c"], r["rows"])
         for r in tasks.collect()
-        if r["output"] in COUNTED_BY
+        if r["output"] in named
     ]
 
 
-def _special_counts(specials: Specials) -> list[Count]:
-    """What the run report counts of the special copies' outputs (:func:`_write_specials`;
-    their events are counted with the others' as the ledger is written)."""
-    fates = [("replicas", r, f, None, 1) for _, r, f in specials.fates]
-    return fates + [("quarantined", q[2], None, None, 1) for q in specials.quarantined]
+def _write_specials(specials: Specials, job: FoldJob) -> list[Count]:
+    """The special copies' fates, quarantine and ledger rows (settled on the driver),
+    beside the tasks'; returns what the run report counts of them."""
+    out, run = job.out, {"run_id": job.run_id, "table": job.table.name}
 
+    def write(kind: str, rows: list[dict[str, Any]] | pa.Table) -> None:
+        schema = job.schemas[kind]
+        arrow = to_arrow_schema(schema)
+        data = rows.cast(arrow) if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, arrow)
+        write_parquet(data, out / kind / "part-special.parquet", schema)
 
-def _write_specials(specials: Specials, job: FoldJob) -> None:
-    """The special copies' fates and quarantine (settled on the driver), beside the
-    tasks'."""
-    out = job.out
+    counts: list[Count] = [("replicas", r, f, None, 1) for _, r, f in specials.fates]
+    counts += [("quarantined", q[2], None, None, 1) for q in specials.quarantined]
     if specials.fates:
         rows = [
             {"event_id": e, "replica": r, "fate": f, "chosen": False} for e, r, f in specials.fates
         ]
-        schema = job.schemas["fates"]
-        write_parquet(
-            pa.Table.from_pylist(rows, to_arrow_schema(schema)),
-            out / "fates" / "part-special.parquet",
-            schema,
-        )
+        write("fates", rows)
+        pairs, events = tally(pa.Table.from_pylist(rows, to_arrow_schema(job.schemas["fates"])))
+        counts += events
+        if pairs.num_rows:
+            write(LEDGER, ledger_rows(pairs, job.run_id, job.table.name))
     if specials.quarantined:
-        run = {"run_id": job.run_id, "table": job.table.name}
         names = ("replica", "event_id", "reason", "detail", "event")
-        rows = [{**run, **dict(zip(names, q, strict=True))} for q in specials.quarantined]
-        schema = job.schemas["quarantine"]
-        write_parquet(
-            pa.Table.from_pylist(rows, to_arrow_schema(schema)),
-            out / "quarantine" / "part-special.parquet",
-            schema,
+        write(
+            "quarantine",
+            [{**run, **dict(zip(names, q, strict=True))} for q in specials.quarantined],
         )
+    return counts
 
 
 def on_the_driver(keys: DataFrame | None) -> DataFrame | None:

@@ -1,11 +1,13 @@
 """What the run report counts of a table's outputs, counted by the executors: the driver
 gets a few rows of counts, never the outputs.
 
-- the events' counts (distinct events per fate, a replica's repeated copies, the
-  disputes) are observed as the ledger is written (:func:`write_ledger`): that job
-  shuffles the fates by event anyway, so they cost no job of their own;
-- the outputs' counts (:data:`COUNTED_BY`) are the row engine's fold tasks' own (each
-  task counts what it writes), and one Spark job over the outputs for the cell engine
+- the row engine's fold tasks count what they write (:data:`COUNTED_BY`) and, since every
+  copy of an event meets in one task, tally its events and write their ledger rows
+  (:func:`tally`); one Spark job then looks for the rare events whose copies two tasks
+  saw (:func:`split_events`: the disputes, folded again, and the rest counted again by
+  :func:`write_ledger`);
+- the cell engine's events are counted as its ledger is written (:func:`write_ledger`: that
+  job shuffles the fates by event anyway), and its outputs by one Spark job
   (:func:`count_outputs`)."""
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -41,8 +45,11 @@ COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "quarantine": ("quarantined", ("reason",)),
     "divergence": ("divergent", ("replica",)),
 }
-#: one count: its kind (``COUNTED_BY``'s names, ``events``, ``repeated``), up to three
-#: values it is counted by, and the rows
+#: the counts of the events (not of an output's rows): distinct events per fate, and the
+#: events a replica exported twice
+EVENT_COUNTS = ("events", "repeated")
+#: one count: its kind (``COUNTED_BY``'s names, ``EVENT_COUNTS``), up to three values it is
+#: counted by, and the rows
 Count = tuple[str, Any, Any, Any, int]
 
 
@@ -145,6 +152,58 @@ def _event_metrics() -> list[Column]:
         F.count_if("again").alias("repeated"),
         F.count_if("disputed").alias("disputed"),
     ]
+
+
+def tally(fates: pa.Table) -> tuple[pa.Table, list[Count]]:
+    """What :func:`events_of` and :func:`_event_metrics` find of ``fates`` (``FATES``)
+    when every copy of their events is in it (a fold task's, or the driver's special
+    copies): the ledger's (event, fate) pairs, sorted by event, and the events' counts
+    (disputes aside: :func:`split_events`)."""
+    has_id = pc.is_valid(fates["event_id"])
+    with_id = fates.filter(has_id)
+    pairs = with_id.select(["event_id", "fate"]).group_by(["event_id", "fate"]).aggregate([])
+    mine = pc.not_equal(pairs["fate"], DUPLICATE)
+    per_event = pairs.append_column("mine", mine).group_by("event_id").aggregate([("mine", "any")])
+    only_duplicates = per_event.num_rows - (
+        pc.sum(per_event["mine_any"].cast(pa.int64())).as_py() or 0
+    )
+    counted: dict[str, int] = dict.fromkeys((f.value for f in Fate), 0)
+    alone = fates.filter(pc.invert(has_id))  # a record without an event id counts alone
+    for values in (pairs.filter(mine)["fate"], alone["fate"]):
+        for v in pc.value_counts(values).to_pylist():
+            counted[v["values"]] += v["counts"]
+    counted[DUPLICATE] += only_duplicates
+    copies = with_id.group_by(["event_id", "replica"]).aggregate([("fate", "count")])
+    twice = copies.filter(pc.greater(copies["fate_count"], 1))
+    repeated = len(pc.unique(twice["event_id"]))
+    final = pairs.filter(pc.is_in(pairs["fate"], pa.array(FINAL_FATES)))
+    final = final.sort_by([("event_id", "ascending"), ("fate", "ascending")])
+    counts = [*_event_counts({**counted, "repeated": repeated})]
+    return final, counts
+
+
+def split_events(spark: SparkSession, out: WorkPath) -> tuple[list[str], bool]:
+    """The events of the fates in ``out`` that the fold's tasks could not tally alone (one
+    Spark job; its result, a few rows or none, is all the driver reads): the disputed
+    ones (chosen under more than one key: folded again under their winner's), and
+    whether some event has copies in the files of more than one task (its counts and
+    ledger rows are then made again by :func:`write_ledger`)."""
+    folder = out / "fates"
+    if not folder.parquet_files():
+        return [], False
+    fates = spark.read.schema(FATE_COLUMNS).parquet(str(folder))
+    file = F.substring_index(F.col("_metadata.file_path"), "/", -1)
+    found = (
+        fates.where(F.col("event_id").isNotNull())
+        .groupBy("event_id")
+        .agg(
+            (F.min(file) != F.max(file)).alias("split"),
+            (F.count_if("chosen") > 1).alias("disputed"),
+        )
+        .where(F.col("split") | F.col("disputed"))
+        .collect()
+    )
+    return sorted(r["event_id"] for r in found if r["disputed"]), any(r["split"] for r in found)
 
 
 def _event_counts(observed: Mapping[str, Any]) -> list[Count]:

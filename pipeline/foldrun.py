@@ -20,6 +20,8 @@ Each task writes one Parquet file per output (:data:`OUTPUTS`) into the table's 
 the run's work location, which the driver and the executors share, named after the task's
 partition (a retried task replaces its file); the Spark job returns what each task
 counts of its files (the run report's counts: no job reads the outputs to count them).
+Every copy of an event meets in one task (its key's), so the task also writes the
+ledger's rows of its events and counts them (``facts.tally``).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import layout
 from pipeline.config import Table
 from pipeline.copies import copy_record
-from pipeline.facts import COUNTED_BY
-from pipeline.frames import SKEW_FIELDS
+from pipeline.facts import COUNTED_BY, tally
+from pipeline.frames import LEDGER_COLUMNS, SKEW_FIELDS
 from pipeline.groups import (
     Groups,
     find_groups,
@@ -71,7 +74,16 @@ from pipeline.spark import SPARK_SCHEMA_KEY
 from pipeline.workpath import WorkPath, write_table
 
 #: the outputs a fold task writes, each in a folder of that name
-OUTPUTS = ("state_pre", "fates", "conflicts", "quarantine", "divergence", "skew", "changes")
+OUTPUTS = (
+    "state_pre",
+    "fates",
+    "conflicts",
+    "quarantine",
+    "divergence",
+    "skew",
+    "changes",
+    layout.LEDGER,
+)
 _UPDATE_MISSING = QuarantineReason.UPDATE_MISSING.value
 _ROWS = 8192  # rows of an output buffered before they go to its file
 
@@ -500,9 +512,21 @@ class TaskOutputs:
             self.rows[kind] = []
 
     def close(self) -> list[dict[str, Any]]:
-        """Writes the files; returns what the run report counts of them (the task's
-        rows of :data:`TASK_RESULT`)."""
-        counts = []
+        """Writes the files, the ledger's made from the fates; returns what the run
+        report counts of them and of their events (the task's rows of
+        :data:`TASK_RESULT`)."""
+        self._batch("fates")
+        fates = self.arrow["fates"].empty_table()
+        if self.tables["fates"]:
+            fates = pa.concat_tables(self.tables["fates"])
+        ledger, events = tally(fates)
+        if ledger.num_rows:
+            rows = ledger_rows(ledger, self.job.run_id, self.job.table.name)
+            self.tables[layout.LEDGER] = [rows.cast(self.arrow[layout.LEDGER])]
+        counts = [
+            {"task": self.name, "output": kind, "a": a, "b": b, "c": c, "rows": n}
+            for kind, a, b, c, n in events
+        ]
         for kind in self.arrow:
             self._batch(kind)
             if self.tables[kind]:
@@ -511,6 +535,15 @@ class TaskOutputs:
                 write_parquet(whole, path, self.job.schemas[kind])
                 counts += [{"task": self.name, **c} for c in _counted(kind, whole)]
         return counts
+
+
+def ledger_rows(pairs: pa.Table, run_id: str, table: str) -> pa.Table:
+    """The ledger's rows (``frames.LEDGER_COLUMNS``) of (event, fate) pairs."""
+    n = pairs.num_rows
+    run = [pa.array([run_id] * n, pa.string()), pa.array([table] * n, pa.string())]
+    return pa.Table.from_arrays(
+        [*run, pairs["event_id"], pairs["fate"]], names=list(LEDGER_COLUMNS)
+    )
 
 
 def _counted(output: str, rows: pa.Table) -> list[dict[str, Any]]:

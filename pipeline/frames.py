@@ -10,6 +10,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from pipeline.config import Table
+from pipeline.layout import LEDGER
 from pipeline.schema import key_struct_type, row_struct_type
 
 _S, _L, _I, _B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
@@ -188,6 +189,7 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
     )
     if changes:
         out["changes"] = change_schema(table)
+    out[LEDGER] = LEDGER_SCHEMA  # the ledger's rows of the events a task folded
     return out
 
 

@@ -104,7 +104,7 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
         assert any(where in k for k in wrote), where
     touched = {(m, _kind(k)) for m, k, key in work if key == driver and _data(k) and m != "HEAD"}
     assert touched and all(kind != "staged" for _, kind in touched), touched
-    assert {("COMPLETE", "snapshot"), ("COMPLETE", "ledger")} <= touched, touched
+    assert ("COMPLETE", "snapshot") in touched, touched  # the ledger: the fold's tasks
     left = {t for t in touched if t[0] != "COMPLETE"}
     assert left <= DRIVER_WORK_LEFT, left - DRIVER_WORK_LEFT
 

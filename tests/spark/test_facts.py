@@ -1,15 +1,24 @@
 """The run report's counts of the row engine, as the fold's tasks count what they write
-and the ledger's job observes the events (``pipeline.facts``), against the same counts
-taken again from the outputs those tasks wrote (``Facts.counted``)."""
+and tally their events (``pipeline.facts``), against the same counts taken again from
+the outputs those tasks wrote (``Facts.counted``); the tasks' tally against the Spark
+job that makes it for the cell engine and for the events two tasks saw."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
-from pipeline import engine, resolve
-from pipeline.facts import Facts
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import engine, layout, resolve
+from pipeline.facts import Facts, split_events, tally, write_ledger
+from pipeline.frames import FATES
+from pipeline.policy import Fate
+from pipeline.workpath import WorkPath
 from tests.helpers import GOLDEN
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import settled_disputes
@@ -36,7 +45,94 @@ def test_the_folds_counts_equal_the_outputs_counted_again(tmp_path: Path, spark,
     assert not failed and got["status"] == "published", got
     [(fast, again)] = seen
     assert fast == again
-    assert settled == [["B-002", "C-002"]]  # the disputes the ledger's job found
+    assert settled == [["B-002", "C-002"]]  # the disputes split_events found
     assert fast.repeated == 1 and not fast.disputed  # folded again: none left
     assert fast.events["quarantined"] == 2  # C-003, and the record without an id
     assert fast.replicas["A"]["duplicate"] == 1
+
+
+def _scenario_with_a_repeat() -> dict[str, Any]:
+    s = json.loads((GOLDEN / "differing_copies.json").read_text())
+    a = s["exports"]["A"]["t"]
+    a.append({**a[0], "seq": 7})  # A exported A-001 twice
+    return s
+
+
+def test_an_event_two_tasks_saw_is_counted_again_by_spark(tmp_path: Path, spark, monkeypatch):
+    """When ``split_events`` finds an event whose copies two tasks' files hold (and no
+    dispute), the events' counts and the ledger are made again by ``write_ledger``: they
+    equal the outputs counted again, and the ledger holds each final event once."""
+    seen: list[tuple[Facts, Facts, list[str]]] = []
+    resolve_rows, find = resolve.resolve_rows, engine.split_events
+    again: list[int] = []
+
+    def split(spark_: Any, out: Any) -> tuple[list[str], bool]:
+        disputed, _ = find(spark_, out)
+        again.append(1)
+        return disputed, True  # as if some event had copies in two tasks' files
+
+    def both(spark_: Any, config: Any, table: Any, copies: Any, prior: Any, run: Any) -> Facts:
+        facts = resolve_rows(spark_, config, table, copies, prior, run)
+        ledger = spark_.read.parquet(str(run.out / layout.LEDGER)).collect()
+        seen.append((facts, Facts.counted(spark_, run.out), [r["event_id"] for r in ledger]))
+        return facts
+
+    monkeypatch.setattr(engine, "split_events", split)
+    monkeypatch.setattr(resolve, "resolve_rows", both)
+    got, failed = S.run_scenario(_scenario_with_a_repeat(), tmp_path)
+    assert not failed and got["status"] == "published", got
+    [(fast, recounted, ledger)] = seen
+    assert again and fast == recounted and fast.repeated == 1
+    assert ledger and len(ledger) == len(set(ledger))
+
+
+def _fates(rng: random.Random, n: int) -> pa.Table:
+    """Copies of a few events: several replicas, a replica's repeated copy, duplicates
+    beside other fates, records without an event id."""
+    fates = [f.value for f in Fate]
+    rows = []
+    for _ in range(n):
+        event = rng.choice([None, *[f"e{i}" for i in range(n // 3)]])
+        fate = rng.choice([*fates, Fate.DUPLICATE.value])
+        rows.append((event, rng.choice("ABC"), fate, rng.random() < 0.3))
+    names = ("event_id", "replica", "fate", "chosen")
+    return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tasks_tally_equals_the_spark_job(seed: int, tmp_path: Path, spark):
+    """``facts.tally`` (a fold task's, in pyarrow) and ``write_ledger`` (Spark) find the
+    same events' counts and the same ledger pairs on the same fates."""
+    fates = _fates(random.Random(seed), 60)
+    out = WorkPath.of(tmp_path)
+    (tmp_path / "fates").mkdir()
+    pq.write_table(fates, tmp_path / "fates" / "part-0.parquet")
+    pairs, counts = tally(fates)
+    by_spark = write_ledger(spark, out, "run", "t")
+    assert sorted(counts, key=repr) == sorted(by_spark.counts, key=repr)
+    ledger = spark.read.parquet(str(tmp_path / layout.LEDGER)).collect()
+    assert pairs.to_pylist() == sorted(
+        ({"event_id": r["event_id"], "fate": r["fate"]} for r in ledger),
+        key=lambda r: (r["event_id"], r["fate"]),
+    )
+    assert pairs["event_id"].to_pylist() == sorted(pairs["event_id"].to_pylist())
+
+
+def test_split_events_finds_the_events_two_files_hold(tmp_path: Path, spark):
+    """An event whose copies are in two tasks' files is split; one chosen in two is
+    disputed; one whose copies are all in one file is neither."""
+    folder = tmp_path / "fates"
+    folder.mkdir()
+    task_a = [("x", "A", "applied", True), ("y", "A", "applied", True), ("z", "A", "applied", True)]
+    task_b = [
+        ("x", "B", "duplicate", False),
+        ("y", "B", "applied", True),
+        ("z", "B", "applied", False),
+    ]
+    for name, rows in (("a", task_a), ("b", task_b)):
+        t = pa.Table.from_pylist([dict(zip(FATES.names, r, strict=True)) for r in rows])
+        pq.write_table(t, folder / f"part-{name}.parquet")
+    pq.write_table(t.slice(0, 0), folder / "part-c.parquet")
+    assert split_events(spark, WorkPath.of(tmp_path)) == (["y"], True)
+    (folder / "part-b.parquet").unlink()
+    assert split_events(spark, WorkPath.of(tmp_path)) == ([], False)
