@@ -71,8 +71,8 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     # Python workers must run the interpreter that has this package and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if under_spark_submit():
-        return _configured(b)
+    if under_spark_submit():  # the DAG's Spark stages: spark-submit chose the master
+        return _configured(_local_files(b, _submitted_master()))
     master = master or os.environ.get("CDR_SPARK_MASTER") or "local[*]"
     b = b.master(master)
     b = b.config("spark.driver.memory", os.environ.get("CDR_DRIVER_MEMORY", "4g"))
@@ -83,9 +83,7 @@ def _session(b: Any, master: str | None, small: bool = False, dump: Path | None 
     b = b.config("spark.driver.extraClassPath", os.pathsep.join(paths))
     if not master.startswith("local"):
         b = b.config("spark.jars", ",".join(paths))
-    else:  # one JVM: its class path has the project's file system (executors would not)
-        for k, v in LOCAL_FILE_SETTINGS.items():
-            b = b.config(k, v)
+    b = _local_files(b, master)
     archive = None if dump else jvmstart.usable_archive()
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     try:
@@ -143,6 +141,26 @@ LOCAL_FILE_SETTINGS = {
         "FileSystemBasedCheckpointFileManager"
     ),
 }
+
+
+def local_file_settings(master: str) -> dict[str, str]:
+    """:data:`LOCAL_FILE_SETTINGS` for a local master (one JVM, whose class path has the
+    project's file system; a cluster's executors would not), none for another."""
+    return dict(LOCAL_FILE_SETTINGS) if master.startswith("local") else {}
+
+
+def _local_files(b: Any, master: str) -> Any:
+    for k, v in local_file_settings(master).items():
+        b = b.config(k, v)
+    return b
+
+
+def _submitted_master() -> str:
+    """The master spark-submit gave the JVM it started (a system property there)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # the gateway to spark-submit's JVM
+    return str(SparkConf().get("spark.master", ""))
 
 
 def _configured(b: Any) -> SparkSession:

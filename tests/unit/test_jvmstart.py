@@ -54,3 +54,15 @@ def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_
     assert jvmstart.archive_path() is None and jvmstart.usable_archive() is None
     monkeypatch.setenv(jvmstart.ARCHIVE_ENV, str(tmp_path / "none.jsa"))
     assert jvmstart.usable_archive() is None  # named, but not built
+
+
+def test_a_local_master_reads_local_files_through_the_projects_file_system():
+    """In local mode (a run of `cdr`, or the DAG's Spark stages under spark-submit with a
+    `local[...]` master) the session uses the project's file system; a cluster's does not
+    (its executors load file systems before the driver's jars)."""
+    from pipeline.spark import LOCAL_FILE_SETTINGS, local_file_settings
+
+    assert local_file_settings("local[2]") == LOCAL_FILE_SETTINGS
+    assert local_file_settings("local") == LOCAL_FILE_SETTINGS
+    assert local_file_settings("spark://master:7077") == {}
+    assert local_file_settings("") == {}  # spark-submit without a master it could tell
