@@ -38,11 +38,11 @@ from pipeline.config import CdcConfig, Config, Table
 from pipeline.context import RunContext
 from pipeline.policy import CDC_POST_IMAGE, CDC_PRE_IMAGE, ChangeKind
 from pipeline.schema import change_schema, row_struct_type
-from pipeline.spark import read_output
+from pipeline.spark import read_output, write_output
 from pipeline.streams import Generation, Generations, StreamId, Topology, next_generations
 from pipeline.summary import RunSummary
 from pipeline.tokens import serialize_key, tokens
-from pipeline.workpath import WorkPath, metadata, read_folder, write_table
+from pipeline.workpath import WorkPath, read_folder, write_table
 
 log = logging.getLogger(__name__)
 
@@ -342,10 +342,6 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
     )
 
 
-def _parquet_rows(path: WorkPath) -> int:
-    return sum(metadata(f).num_rows for f in path.parquet_files())
-
-
 def cdc_stage(
     spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
 ) -> dict[str, Any]:
@@ -366,8 +362,9 @@ def cdc_stage(
             continue  # an error resolver stopped the table: nothing is published
         changes = run_changes(spark, ctx.resolved / name, table, removed_at)
         dest = out / name / "log"
-        build_log(changes, table, lookup, config.cdc).write.mode("overwrite").parquet(str(dest))
-        tables[name] = {"log_rows": _parquet_rows(dest)}
+        tables[name] = {
+            "log_rows": write_output(build_log(changes, table, lookup, config.cdc), dest)
+        }
         log.info("cdc %s: %d log rows", name, tables[name]["log_rows"])
     operating = gens[-1]
     report = {

@@ -51,6 +51,7 @@ from pipeline.shuffle import (
     split_special,
     standing_order,
 )
+from pipeline.spark import note_output
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -217,8 +218,8 @@ def resolve_rows(
     coupled = coupled_keys(main, prior, table, specials.moved)
 
     def resolve(main: DataFrame) -> Facts:
-        counts = fold(spark, main, prior, config, table, job, coupled)
-        counts += _write_specials(specials, job)
+        counts, rows = fold(spark, main, prior, config, table, job, coupled)
+        counts += _write_specials(specials, job, rows)
         for kind, schema in schemas.items():  # an output no task wrote is still there, empty
             if not (run.out / kind).parquet_files():
                 empty = pa.Table.from_pylist([], to_arrow_schema(schema))
@@ -227,6 +228,9 @@ def resolve_rows(
         if split and not disputed:  # rare: the events' counts and ledger made again
             again = write_ledger(spark, run.out, run.run_id, table.name)
             counts = [c for c in counts if c[0] not in EVENT_COUNTS] + list(again.counts)
+            rows[LEDGER] = None  # not counted
+        for kind, schema in schemas.items():  # what the tasks wrote, for its readers
+            note_output(run.out / kind, schema, rows.get(kind, 0))
         return Facts.of(counts, disputed)
 
     facts = resolve(main)
@@ -262,12 +266,13 @@ def fold(
     table: Table,
     job: FoldJob,
     coupled: DataFrame | None,
-) -> list[Count]:
+) -> tuple[list[Count], dict[str, int | None]]:
     """The one Spark job of the row engine: every key's prior row and copies meet in its
     partition, sorted, and each task folds its keys and writes their outputs
     (``foldrun``); the keys coupled by a key change or a unique value are folded as one
     group in a task of their own (``coupled``: :func:`coupled_keys`). Returns what the
-    tasks counted of their outputs (``facts.COUNTED_BY``)."""
+    tasks counted of their outputs (``facts.COUNTED_BY``, ``facts.EVENT_COUNTS``) and
+    the rows of each output."""
     items = build_items(main, prior, config, table)
     order = [F.col("is_event"), F.col("event_id"), *standing_order()]
     if coupled is not None:
@@ -290,16 +295,25 @@ def fold(
     )
     tasks = keyed if coupled is None else keyed.unionByName(single)
     named = {**{o: kind for o, (kind, _) in COUNTED_BY.items()}, **{k: k for k in EVENT_COUNTS}}
-    return [
+    results = tasks.collect()
+    rows: dict[str, int | None] = {}
+    for r in results:
+        if r["output"] not in EVENT_COUNTS:
+            rows[r["output"]] = (rows.get(r["output"]) or 0) + r["rows"]
+    counts = [
         (named[r["output"]], r["a"], r["b"], r["c"], r["rows"])
-        for r in tasks.collect()
+        for r in results
         if r["output"] in named
     ]
+    return counts, rows
 
 
-def _write_specials(specials: Specials, job: FoldJob) -> list[Count]:
+def _write_specials(
+    specials: Specials, job: FoldJob, written: dict[str, int | None]
+) -> list[Count]:
     """The special copies' fates, quarantine and ledger rows (settled on the driver),
-    beside the tasks'; returns what the run report counts of them."""
+    beside the tasks' (their rows added to ``written``); returns what the run report
+    counts of them."""
     out, run = job.out, {"run_id": job.run_id, "table": job.table.name}
 
     def write(kind: str, rows: list[dict[str, Any]] | pa.Table) -> None:
@@ -307,6 +321,7 @@ def _write_specials(specials: Specials, job: FoldJob) -> list[Count]:
         arrow = to_arrow_schema(schema)
         data = rows.cast(arrow) if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, arrow)
         write_parquet(data, out / kind / "part-special.parquet", schema)
+        written[kind] = (written.get(kind) or 0) + data.num_rows
 
     counts: list[Count] = [("replicas", r, f, None, 1) for _, r, f in specials.fates]
     counts += [("quarantined", q[2], None, None, 1) for q in specials.quarantined]

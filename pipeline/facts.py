@@ -28,6 +28,7 @@ from pyspark.sql.types import StructType
 from pipeline import layout
 from pipeline.frames import LEDGER_COLUMNS, RUN_COLUMNS
 from pipeline.policy import Fate
+from pipeline.spark import write_output
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -241,9 +242,7 @@ def write_ledger(spark: SparkSession, out: WorkPath, run_id: str, table: str) ->
     )
     t = time.monotonic()
     # one file, sorted; the events grouped in parallel first
-    ledger.repartition(1).sortWithinPartitions("event_id").write.mode("overwrite").parquet(
-        str(out / layout.LEDGER)
-    )
+    write_output(ledger.repartition(1).sortWithinPartitions("event_id"), out / layout.LEDGER)
     log.debug("ledger %s: %.2fs", out.name, time.monotonic() - t)
     observed = seen.get
     disputed = _disputed(events) if observed["disputed"] else []

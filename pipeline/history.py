@@ -43,6 +43,7 @@ from pipeline.context import RunContext
 from pipeline.layout import HISTORY
 from pipeline.policy import ChangeKind, Granularity
 from pipeline.schema import row_struct_type
+from pipeline.spark import write_output
 from pipeline.state import read_prior
 from pipeline.summary import RunSummary
 from pipeline.workpath import WorkPath, read_folder
@@ -401,9 +402,7 @@ def history_stage(
         changes = run_changes(spark, src, table, removed_at)
         dest = src / HISTORY
         try:
-            build_history(spark, changes, table, ctx, origins).write.mode("overwrite").parquet(
-                str(dest)
-            )
+            write_output(build_history(spark, changes, table, ctx, origins), dest)
         finally:
             spark.catalog.clearCache()
         counts = _counts(dest, ctx)

@@ -23,7 +23,7 @@ from pipeline.config import Config
 from pipeline.lake import Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.spark import SPARK_SCHEMA_KEY
+from pipeline.spark import SPARK_SCHEMA_KEY, output_info
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ class Committer:
         partition with nothing, and creates no table. A table whose latest commit is this
         run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
-        files = located(self.resolved, folder).parquet_files()
+        where = located(self.resolved, folder)
+        files = where.parquet_files()
         current = lake.version(path)
         if not files and current is None:
             return None
@@ -52,11 +53,11 @@ class Committer:
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 return current
-        rows, schema = _footers(files)
-        if current is not None and not rows:
+        rows, schema = _output(where, files)
+        if current is not None and rows == 0:
             files = []  # an empty output: the partition emptied, if it holds anything
         frame = None
-        if files:  # with the schema Spark wrote in their footers: no Spark job infers it
+        if files:  # with the schema they were written with: no Spark job infers it
             self.resolved.attach(lake.session())
             reader = lake.session().read
             frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
@@ -65,13 +66,17 @@ class Committer:
         return version
 
 
-def _footers(files: list[WorkPath]) -> tuple[int, Any]:
-    """What the footers of a run's own Parquet files say: their rows, and the Spark
-    schema they were written with (None if none says it)."""
+def _output(folder: WorkPath, files: list[WorkPath]) -> tuple[int | None, Any]:
+    """An output's rows (None: not counted) and the Spark schema it was written with
+    (None if nothing says it): as recorded beside its files (``spark.output_info``), else
+    what their footers say (an output written without that record)."""
     from pyspark.sql.types import StructType
 
     from pipeline.workpath import metadata
 
+    info = output_info(folder)
+    if info is not None:
+        return info[1], info[0]
     rows, schema = 0, None
     for f in files:
         meta = metadata(f)

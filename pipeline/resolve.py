@@ -46,7 +46,8 @@ from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
 from pipeline.skew import from_fold, skew_warnings
 from pipeline.snapshots import snapshot_divergence
-from pipeline.spark import read_output
+from pipeline.spark import read_output, recount_output
+from pipeline.spark import write_output as _write  # the executors write, the rows counted
 from pipeline.state import read_base, read_prior
 from pipeline.store import open_store
 from pipeline.summary import RunSummary, Stopped, TableSummary
@@ -62,18 +63,6 @@ RESOLUTION = "_resolution"
 def _run_cols(ctx: RunContext, table: str) -> list[Column]:
     """``frames.RUN_COLUMNS``: this run's id and the table."""
     return [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (ctx.run_id, table), strict=True)]
-
-
-def _write(df: DataFrame, path: WorkPath, mode: str = "overwrite") -> int:
-    """``df`` written as Parquet into ``path`` by the executors; returns its rows, counted
-    as they were written (no file of it is read again to count them)."""
-    import time
-
-    t = time.monotonic()
-    written = Observation()
-    df.observe(written, F.count(F.lit(1)).alias("rows")).write.mode(mode).parquet(str(path))
-    log.debug("write %s: %.2fs", path.name, time.monotonic() - t)
-    return int(written.get["rows"])
 
 
 def resolve_table(
@@ -212,6 +201,7 @@ def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
     for f in files:
         f.unlink()
     write_table(kept, out / "conflicts" / "part-00000.parquet", compression="zstd")
+    recount_output(out / "conflicts", kept.num_rows)
     return Stopped(table.name, e["key"], e["conflict_type"], e["remote_event_id"], e["reason"])
 
 
@@ -224,6 +214,7 @@ def _empty(folder: WorkPath) -> None:
     for f in files:
         f.unlink()
     write_table(schema.empty_table(), folder / "part-00000.parquet")
+    recount_output(folder, 0)
 
 
 def _by_type(conflicts: Mapping[tuple[str, str, str], int]) -> dict[str, dict[str, int]]:

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from pipeline import layout
 from pipeline.policy import RETRYABLE, Fate, QuarantineReason
+from pipeline.spark import recount_output
 from pipeline.workpath import WorkPath, read_folder, read_table, write_table
 
 if TYPE_CHECKING:
@@ -363,6 +364,7 @@ def _replace(folder: WorkPath, data: pa.Table) -> None:
     for f in folder.parquet_files():
         f.unlink()
     write_table(data, folder / "part-00000.parquet", compression="zstd")
+    recount_output(folder, data.num_rows)
 
 
 def fk_outcomes(offers: list[dict[str, Any]], restored: set[str], written: set[str]) -> Settled:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from pipeline.workpath import WorkPath
 
@@ -271,15 +272,71 @@ def sized(spark: SparkSession, records: int) -> Iterator[bool]:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
+#: a control file beside the files of an output folder of the run (Spark skips names
+#: that start with ``_``): the Spark schema they were written with and how many rows they
+#: hold (null: not counted), written by the driver that started their write, so that no
+#: reader opens a file of the folder on the driver
+OUTPUT_INFO = "_output.json"
+
+
+def note_output(folder: WorkPath, schema: StructType, rows: int | None) -> None:
+    """Record the schema and the rows of the output written in ``folder``."""
+    text = json.dumps({"schema": schema.jsonValue(), "rows": rows}, separators=(",", ":"))
+    (folder / OUTPUT_INFO).write_text(text)
+
+
+def output_info(folder: WorkPath) -> tuple[StructType, int | None] | None:
+    """What :func:`note_output` recorded of ``folder``, if it did."""
+    from pyspark.sql.types import StructType
+
+    p = folder / OUTPUT_INFO
+    if not p.is_file():
+        return None
+    said = json.loads(p.read_text())
+    return StructType.fromJson(said["schema"]), said["rows"]
+
+
+def recount_output(folder: WorkPath, rows: int) -> None:
+    """The rows recorded of ``folder`` once the driver rewrote its files (a rare cut of a
+    small output), its schema kept."""
+    info = output_info(folder)
+    if info is not None:
+        note_output(folder, info[0], rows)
+
+
+def write_output(df: DataFrame, folder: WorkPath, mode: str = "overwrite") -> int:
+    """``df`` written as Parquet into ``folder`` by the executors, its schema and rows
+    recorded beside (:func:`note_output`); returns its rows, counted as they were written
+    (no file of it is read again to count them)."""
+    import time
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    t = time.monotonic()
+    before = output_info(folder) if mode == "append" else None
+    written = Observation()
+    df.observe(written, F.count(F.lit(1)).alias("rows")).write.mode(mode).parquet(str(folder))
+    rows = int(written.get["rows"])
+    earlier = before[1] if before is not None else 0
+    note_output(folder, df.schema, None if earlier is None else earlier + rows)
+    log.debug("write %s: %.2fs", folder.name, time.monotonic() - t)
+    return rows
+
+
 def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
-    """A Parquet folder this run wrote in the work location, with the schema Spark stored
-    in its first file's footer (read on the driver): Spark's own schema inference would be
-    a Spark job per read. A folder without that footer key (not written by Spark) is
-    inferred as usual. (Columns whose schema is known: ``facts.read_known``, no footer.)"""
+    """A Parquet folder this run wrote in the work location, with the schema recorded
+    beside its files (:func:`output_info`), else the one Spark stored in its first file's
+    footer (read on the driver): Spark's own schema inference would be a Spark job per
+    read. A folder with neither (not written by Spark) is inferred as usual. (Columns
+    whose schema is known: ``facts.read_known``.)"""
     from pyspark.sql.types import StructType
 
     from pipeline.workpath import metadata
 
+    info = output_info(folder)
+    if info is not None:
+        return spark.read.schema(info[0]).parquet(str(folder))
     first = min(folder.parquet_files(), default=None)
     stored = None if first is None else (metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)
     if stored is None:

@@ -113,14 +113,14 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
 DRIVER_KEYS = {"AWS_ACCESS_KEY_ID": "cdr-driver", "AWS_SECRET_ACCESS_KEY": "cdr-driver-secret"}
 
 #: what the driver still reads and writes of a run's outputs in the work location (issue
-#: 47, not done): Parquet footers (the schema of a folder read back, the row counts and
-#: schemas the publish takes from every file), the skew evidence (a row per task and
-#: replica), the conflict statistics (a row per thing counted) and the empty file of an
-#: output no task wrote. It no longer reads a log or the fates to count them (one Spark
-#: job), nor writes the ledger, nor copies or deletes a file
+#: 47, not done): it reads the skew evidence (a row per task and replica), the quarantine's
+#: event ids (the retries' outcomes) and the conflict statistics it wrote itself, and
+#: writes those statistics and the empty file of an output no task wrote. It no longer
+#: reads a footer (each output's schema and rows are recorded beside its files:
+#: ``spark.OUTPUT_INFO``), a log or the fates to count them, nor writes the ledger, nor
+#: copies or deletes a file
 DRIVER_WORK_LEFT = {
-    *{("GET", k) for k in ("fates", "conflicts", "quarantine", "divergence", "ledger")},
-    *{("GET", k) for k in ("skew", "state_pre", "snapshot", "conflict_stats")},
+    *{("GET", k) for k in ("quarantine", "skew", "conflict_stats")},
     *{("PUT", k) for k in ("conflicts", "quarantine", "divergence", "skew", "conflict_stats")},
 }
 

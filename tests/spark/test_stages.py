@@ -274,3 +274,66 @@ def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, 
     assert "`cdr unlock --force` breaks it" in capsys.readouterr().err
     assert main(["unlock", "--config", str(cfg), "--force"]) == 0 and not lock.exists()
     assert "unlocked" in capsys.readouterr().out
+
+
+def test_write_output_records_the_schema_and_rows_and_readers_take_them(
+    spark, tmp_path: Path, monkeypatch
+):
+    """``write_output`` records beside the files the schema and the rows it wrote (an
+    append adds its rows); ``read_output`` then opens no file of the folder on the driver
+    (a footer that cannot be read is never read)."""
+    import pyarrow as pa
+
+    from pipeline import workpath
+    from pipeline.spark import OUTPUT_INFO, output_info, read_output, write_output
+
+    out = WorkPath.of(tmp_path / "out")
+    df = spark.createDataFrame([(1, "a"), (2, None)], "k bigint, v string")
+    assert write_output(df, out) == 2
+    assert output_info(out) == (df.schema, 2)
+    assert write_output(df.limit(1), out, mode="append") == 1
+    assert output_info(out) == (df.schema, 3)
+    for f in out.parquet_files():  # footers no reader may open
+        f.write_bytes(b"not parquet")
+    with monkeypatch.context() as m:
+        m.setattr(workpath, "metadata", lambda p: pytest.fail(f"footer of {p} read"))
+        assert read_output(spark, out).schema == df.schema
+    (tmp_path / "out" / OUTPUT_INFO).unlink()
+    with pytest.raises(pa.ArrowInvalid):  # without the record the footers are read
+        read_output(spark, out)
+
+
+def test_no_footer_of_an_output_with_its_record_is_read_on_the_driver(
+    tmp_path: Path, spark, monkeypatch
+):
+    """A whole run (a golden scenario with disputes, a repeated copy, a record without an
+    event id): the fold's outputs, the ledger and the snapshot are published from what
+    was recorded beside them, and no reader opens a footer of a folder with that record."""
+    from pipeline import published, resolve, workpath
+    from pipeline.spark import OUTPUT_INFO, output_info
+    from tests.helpers import GOLDEN
+    from tests.helpers import scenarios as S
+
+    opened: list[str] = []
+    recorded: dict[str, bool] = {}
+    footer, output = workpath.metadata, published._output
+
+    def metadata(p: WorkPath) -> object:
+        if (p.parent / OUTPUT_INFO).is_file():
+            opened.append(str(p))
+        return footer(p)
+
+    def spy(folder: WorkPath, files: list[WorkPath]) -> object:
+        recorded[f"{folder.parent.name}/{folder.name}"] = output_info(folder) is not None
+        return output(folder, files)
+
+    for module in (workpath, resolve):
+        monkeypatch.setattr(module, "metadata", metadata)
+    monkeypatch.setattr(published, "_output", spy)
+    s = json.loads((GOLDEN / "differing_copies.json").read_text())
+    got, failed = S.run_scenario(s, tmp_path)
+    assert not failed and got["status"] == "published", got
+    assert opened == []
+    tables = {k for k in recorded if k.startswith("t/")}
+    assert tables >= {"t/state_pre", "t/snapshot", "t/ledger", "t/conflicts", "t/quarantine"}
+    assert all(recorded[k] for k in tables), recorded
