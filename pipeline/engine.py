@@ -36,7 +36,16 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.config import Config, Table
-from pipeline.facts import COUNTED_BY, EVENT_COUNTS, Count, Facts, split_events, tally, write_ledger
+from pipeline.facts import (
+    COUNTED_BY,
+    EVENT_COUNTS,
+    SKEW,
+    Count,
+    Facts,
+    split_events,
+    tally,
+    write_ledger,
+)
 from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, ledger_rows, write_parquet
 from pipeline.frames import fold_input, fold_outputs
 from pipeline.layout import LEDGER
@@ -220,17 +229,12 @@ def resolve_rows(
     def resolve(main: DataFrame) -> Facts:
         counts, rows = fold(spark, main, prior, config, table, job, coupled)
         counts += _write_specials(specials, job, rows)
-        for kind, schema in schemas.items():  # an output no task wrote is still there, empty
-            if not (run.out / kind).parquet_files():
-                empty = pa.Table.from_pylist([], to_arrow_schema(schema))
-                write_parquet(empty, run.out / kind / "part-empty.parquet", schema)
+        for kind, schema in schemas.items():  # what the tasks wrote, for its readers (an
+            note_output(run.out / kind, schema, rows.get(kind, 0))  # output none wrote: empty)
         disputed, split = split_events(spark, run.out)
         if split and not disputed:  # rare: the events' counts and ledger made again
             again = write_ledger(spark, run.out, run.run_id, table.name)
             counts = [c for c in counts if c[0] not in EVENT_COUNTS] + list(again.counts)
-            rows[LEDGER] = None  # not counted
-        for kind, schema in schemas.items():  # what the tasks wrote, for its readers
-            note_output(run.out / kind, schema, rows.get(kind, 0))
         return Facts.of(counts, disputed)
 
     facts = resolve(main)
@@ -294,7 +298,8 @@ def fold(
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )
     tasks = keyed if coupled is None else keyed.unionByName(single)
-    named = {**{o: kind for o, (kind, _) in COUNTED_BY.items()}, **{k: k for k in EVENT_COUNTS}}
+    named = {o: kind for o, (kind, _) in COUNTED_BY.items()}
+    named |= {k: k for k in (*EVENT_COUNTS, SKEW)}
     results = tasks.collect()
     rows: dict[str, int | None] = {}
     for r in results:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
@@ -26,8 +26,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from pipeline import layout
-from pipeline.frames import LEDGER_COLUMNS, RUN_COLUMNS
+from pipeline.frames import LEDGER_COLUMNS, RUN_COLUMNS, SKEW_FIELDS
 from pipeline.policy import Fate
+from pipeline.skew import EVENTS, MAX_SECONDS
 from pipeline.spark import write_output
 from pipeline.workpath import WorkPath
 
@@ -49,6 +50,9 @@ COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
 #: the counts of the events (not of an output's rows): distinct events per fate, and the
 #: events a replica exported twice
 EVENT_COUNTS = ("events", "repeated")
+#: the clock-skew evidence (E7) the row engine's tasks write, counted by them per pair of
+#: replicas (the one behind, the one ahead) and largest difference in µs (:func:`skew_counts`)
+SKEW = "skew"
 #: one count: its kind (``COUNTED_BY``'s names, ``EVENT_COUNTS``), up to three values it is
 #: counted by, and the rows
 Count = tuple[str, Any, Any, Any, int]
@@ -82,6 +86,8 @@ class Facts:
     #: events whose copies sit under different keys: each key's task chose a copy of its
     #: own (the fates' ``chosen``; the row engine folds them again, ``engine``)
     disputed: tuple[str, ...] = ()
+    #: E7, the row engine's: ``{behind: {ahead: {events, max_seconds}}}``
+    clock_skew: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, counts: Iterable[Count], disputed: Iterable[str] = ()) -> Facts:
@@ -105,6 +111,7 @@ class Facts:
             quarantined=flat["quarantined"],
             divergent=flat["divergent"],
             disputed=tuple(sorted(disputed)),
+            clock_skew=_clock_skew(found.get(SKEW, {})),
         )
 
     @classmethod
@@ -116,6 +123,29 @@ class Facts:
         assert observed is not None
         counts = [*count_outputs(spark, out), *_event_counts(observed.asDict())]
         return cls.of(counts, _disputed(events) if observed["disputed"] else ())
+
+
+def skew_counts(evidence: pa.Table) -> list[dict[str, Any]]:
+    """A task's clock-skew evidence (``frames.SKEW_FIELDS``) as its counts: per pair of
+    replicas, the events (``rows``) and the largest difference (``c``, µs as text)."""
+    behind, ahead, lag = SKEW_FIELDS
+    pairs = evidence.group_by([behind, ahead]).aggregate([([], "count_all"), (lag, "max")])
+    return [
+        {"a": p[behind], "b": p[ahead], "c": str(p[f"{lag}_max"]), "rows": p["count_all"]}
+        for p in pairs.to_pylist()
+    ]
+
+
+def _clock_skew(
+    counted: Mapping[tuple[Any, ...], int],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The tasks' :func:`skew_counts` of every pair added up (its largest difference)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (behind, ahead, lag), n in sorted(counted.items()):
+        pair = out.setdefault(behind, {}).setdefault(ahead, {EVENTS: 0, MAX_SECONDS: 0.0})
+        pair[EVENTS] += n
+        pair[MAX_SECONDS] = max(pair[MAX_SECONDS], int(lag) / 1_000_000)
+    return out
 
 
 def events_of(fates: DataFrame) -> DataFrame:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from pipeline import layout
 from pipeline.config import Table
 from pipeline.copies import copy_record
-from pipeline.facts import COUNTED_BY, tally
+from pipeline.facts import COUNTED_BY, SKEW, skew_counts, tally
 from pipeline.frames import LEDGER_COLUMNS, SKEW_FIELDS
 from pipeline.groups import (
     Groups,
@@ -547,7 +547,10 @@ def ledger_rows(pairs: pa.Table, run_id: str, table: str) -> pa.Table:
 
 
 def _counted(output: str, rows: pa.Table) -> list[dict[str, Any]]:
-    """An output's rows counted as the run report counts them (``facts.COUNTED_BY``)."""
+    """An output's rows counted as the run report counts them (``facts.COUNTED_BY``, the
+    clock-skew evidence by ``facts.skew_counts``)."""
+    if output == SKEW:
+        return [{"output": output, **c} for c in skew_counts(rows)]
     by = list(COUNTED_BY[output][1]) if output in COUNTED_BY else []
     if not by:
         return [{"output": output, "rows": rows.num_rows}]

@@ -23,7 +23,7 @@ from pipeline.config import Config
 from pipeline.lake import Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.spark import SPARK_SCHEMA_KEY, output_info
+from pipeline.spark import SPARK_SCHEMA_KEY, output_info, small_output
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -38,29 +38,34 @@ class Committer:
 
     def commit(self, folder: str, path: str, dt: date | None) -> int | None:
         """Commit the output ``folder`` (relative to ``resolved``) to table ``path``
-        (replacing the ``dt`` partition, or the whole table); returns the version. A run
-        that wrote no such output (no foreign keys: no orphans) replaces an earlier run's
-        partition with nothing, and creates no table. A table whose latest commit is this
-        run's (a retried publish) is left as it is."""
+        (replacing the ``dt`` partition, or the whole table); returns the version. An
+        output with no rows (its record only: no task wrote a file of it) replaces an
+        earlier run's partition with nothing, or creates its table empty; a run that wrote
+        no such output at all (no foreign keys: no orphans) creates no table. A table whose
+        latest commit is this run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
         where = located(self.resolved, folder)
         files = where.parquet_files()
+        rows, schema = _output(where, files)
         current = lake.version(path)
-        if not files and current is None:
+        if not files and (current is None and schema is None):
             return None
         if current is not None:
             last = lake.commit_meta(path, current)
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 return current
-        rows, schema = _output(where, files)
-        if current is not None and rows == 0:
-            files = []  # an empty output: the partition emptied, if it holds anything
         frame = None
-        if files:  # with the schema they were written with: no Spark job infers it
+        if current is not None and rows == 0:
+            pass  # an empty output: the partition emptied, if it holds anything
+        elif (small := small_output(lake.session(), where)) is not None:
+            frame = small  # a few rows the driver made, recorded with the output
+        elif files:  # with the schema they were written with: no Spark job infers it
             self.resolved.attach(lake.session())
             reader = lake.session().read
             frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
+        else:  # an output with no rows on a first night: its table, empty
+            frame = lake.session().createDataFrame([], schema)
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version

@@ -44,14 +44,14 @@ from pipeline.lake import Lake
 from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
-from pipeline.skew import from_fold, skew_warnings
+from pipeline.skew import skew_warnings
 from pipeline.snapshots import snapshot_divergence
-from pipeline.spark import read_output, recount_output
+from pipeline.spark import read_output, replace_output
 from pipeline.spark import write_output as _write  # the executors write, the rows counted
 from pipeline.state import read_base, read_prior
 from pipeline.store import open_store
 from pipeline.summary import RunSummary, Stopped, TableSummary
-from pipeline.workpath import WorkPath, metadata, read_table, write_table
+from pipeline.workpath import WorkPath, read_table, write_table
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ def resolve_table(
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
         facts = resolve_rows(spark, config, table, copies, prior, run)
-        clock_skew = from_fold(out / "skew")  # found by the fold's tasks
+        clock_skew = facts.clock_skew  # counted by the fold's tasks
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # §12: divergence is not checked after an error
-        _empty(out / "divergence")
+        replace_output(out / "divergence", None)  # its record kept
     differing = 0
     if facts.repeated:  # some replica exported an event twice: were its copies the same?
         fates = read_known(spark, out / "fates", FATE_COLUMNS)
@@ -198,23 +198,8 @@ def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
     rows = log_.to_pylist()
     e = min((r for r in rows if r["outcome"] == Outcome.ERRORED.value), key=position)
     kept = pa.Table.from_pylist([r for r in rows if position(r) <= position(e)], schema=log_.schema)
-    for f in files:
-        f.unlink()
-    write_table(kept, out / "conflicts" / "part-00000.parquet", compression="zstd")
-    recount_output(out / "conflicts", kept.num_rows)
+    replace_output(out / "conflicts", kept)
     return Stopped(table.name, e["key"], e["conflict_type"], e["remote_event_id"], e["reason"])
-
-
-def _empty(folder: WorkPath) -> None:
-    """The output in ``folder`` with its schema and no rows."""
-    files = folder.parquet_files()
-    meta = metadata(files[0])
-    said = {k: v for k, v in (meta.metadata or {}).items() if k != b"ARROW:schema"}
-    schema = meta.schema.to_arrow_schema().with_metadata(said)  # Spark's schema kept
-    for f in files:
-        f.unlink()
-    write_table(schema.empty_table(), folder / "part-00000.parquet")
-    recount_output(folder, 0)
 
 
 def _by_type(conflicts: Mapping[tuple[str, str, str], int]) -> dict[str, dict[str, int]]:
@@ -534,7 +519,7 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
     finally:
         spark.catalog.clearCache()
     for name in summary.tables:  # E5
-        still = retry.open_after(ctx.staged / name, ctx.resolved / name)
+        still = retry.open_after(spark, ctx.staged / name, ctx.resolved / name)
         summary = summary.with_table(name, quarantine_open=still)
     assert config.store
     others = stats.kept_rows(Lake(open_store(config.store)), ctx.dt, config.tables)

@@ -37,10 +37,12 @@ import pyarrow.compute as pc
 
 from pipeline import layout
 from pipeline.policy import RETRYABLE, Fate, QuarantineReason
-from pipeline.spark import recount_output
+from pipeline.spark import output_info, replace_output
 from pipeline.workpath import WorkPath, read_folder, read_table, write_table
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from pipeline.config import Config, Table
     from pipeline.lake import Lake
     from pipeline.runs_table import RunRow
@@ -306,7 +308,7 @@ def settle(offers: list[dict[str, Any]], out: WorkPath) -> Settled:
     own = pa.concat_tables(
         [every.filter(pc.invert(mine)), pa.Table.from_pylist(keep, every.schema)]
     )
-    _replace(out / "fates", own)
+    replace_output(out / "fates", own)
     # the night's own copy of an offered event (an export that sent it again) keeps its row
     again = {r["event_id"] for r in keep if r["fate"] == Fate.QUARANTINED.value}
     _drop_requarantined(out / "quarantine", pa.array(sorted(set(ids.to_pylist()) - again), _S))
@@ -356,15 +358,7 @@ def _drop_requarantined(folder: WorkPath, ids: pa.Array) -> None:
         return
     again = pc.fill_null(pc.is_in(q["event_id"], ids), False)
     if pc.any(again).as_py():
-        _replace(folder, q.filter(pc.invert(again)))
-
-
-def _replace(folder: WorkPath, data: pa.Table) -> None:
-    """A small output's files replaced by one holding ``data``."""
-    for f in folder.parquet_files():
-        f.unlink()
-    write_table(data, folder / "part-00000.parquet", compression="zstd")
-    recount_output(folder, data.num_rows)
+        replace_output(folder, q.filter(pc.invert(again)))
 
 
 def fk_outcomes(offers: list[dict[str, Any]], restored: set[str], written: set[str]) -> Settled:
@@ -414,19 +408,28 @@ def _save(out: WorkPath, rows: list[dict[str, Any]], table: str) -> None:
     _write(path, [*before, *[{**r, "table": table} for r in rows]], OUTCOME_SCHEMA)
 
 
-def open_after(staged_table: WorkPath, out: WorkPath) -> int:
+def open_after(spark: SparkSession, staged_table: WorkPath, out: WorkPath) -> int:
     """The table's quarantined events open after the run: those open before it, less
-    those its outcomes closed, with those it quarantined (each event once)."""
+    those its outcomes closed, with those it quarantined (each event once; the
+    quarantine's ids are counted by the executors, in one small job when it has rows)."""
+    from pyspark.sql import functions as F
+
+    from pipeline.facts import read_known
+
     before = staged_table / "retry" / OPEN
     still = set(read_table(before)["event_id"].to_pylist()) if before.is_file() else set()
     path = out / OUTCOMES / "part-00000.parquet"
     if path.is_file():
         rows = read_table(path, columns=["run_id", "event_id", "status"]).to_pylist()
         still -= {r["event_id"] for r in rows if Status(r["status"]).closed}
-    quarantined = read_folder(out / "quarantine", ["event_id"])
-    if quarantined is not None:
-        still |= {i for i in quarantined["event_id"].to_pylist() if i}
-    return len(still)
+    info = output_info(out / "quarantine")
+    if info is not None and info[1] == 0:
+        return len(still)
+    ids = read_known(spark, out / "quarantine", "event_id string").where("event_id IS NOT NULL")
+    known = F.col("event_id").isin(sorted(still)) if still else F.lit(False)
+    got = ids.distinct().agg(F.count("*").alias("new"), F.count_if(known).alias("known")).first()
+    assert got is not None
+    return len(still) + got["new"] - got["known"]
 
 
 def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date) -> None:

@@ -40,7 +40,7 @@ _SAW = ("INSERT", "UPDATE")  # what an event may have seen
 _SAWS = ("UPDATE", "DELETE")  # what may have seen it
 
 if TYPE_CHECKING:
-    from pipeline.workpath import WorkPath
+    pass
 
 
 def _matches(table: Table, seen: str) -> Column:
@@ -134,21 +134,6 @@ def seen_later(
                 and _agree(cur, prev, columns)
             ):
                 yield replica, prev["origin"], prev["ts"] - cur["ts"]
-
-
-def from_fold(folder: WorkPath) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{behind: {ahead: {events, max_seconds}}}`` of the evidence the fold tasks wrote."""
-    from pipeline.workpath import read_table
-
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for f in folder.parquet_files():
-        for behind, ahead, lag in zip(
-            *read_table(f, columns=list(SKEW_FIELDS)).to_pydict().values(), strict=True
-        ):
-            pair = out.setdefault(behind, {}).setdefault(ahead, {EVENTS: 0, MAX_SECONDS: 0.0})
-            pair[EVENTS] += 1
-            pair[MAX_SECONDS] = max(pair[MAX_SECONDS], lag / 1_000_000)
-    return {b: dict(sorted(a.items())) for b, a in sorted(out.items())}
 
 
 def skew_warnings(tables: Mapping[str, TableSummary], max_seconds: int) -> list[str]:

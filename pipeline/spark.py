@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -285,6 +286,29 @@ def note_output(folder: WorkPath, schema: StructType, rows: int | None) -> None:
     (folder / OUTPUT_INFO).write_text(text)
 
 
+def note_small_output(folder: WorkPath, schema: StructType, rows: list[tuple[Any, ...]]) -> None:
+    """A few rows the driver made (a report's: text and integers only), recorded whole
+    with their schema in ``folder``'s record and in no Parquet file: its readers and the
+    publish hand them to Spark (:func:`small_output`), and no file of the run's outputs
+    is written or read on the driver."""
+    said = {"schema": schema.jsonValue(), "rows": len(rows), "data": rows}
+    (folder / OUTPUT_INFO).write_text(json.dumps(said, separators=(",", ":")))
+
+
+def small_output(spark: SparkSession, folder: WorkPath) -> DataFrame | None:
+    """The rows :func:`note_small_output` recorded in ``folder``, if it did."""
+    from pyspark.sql.types import StructType
+
+    p = folder / OUTPUT_INFO
+    if not p.is_file():
+        return None
+    said = json.loads(p.read_text())
+    if "data" not in said:
+        return None
+    schema = StructType.fromJson(said["schema"])
+    return spark.createDataFrame([tuple(r) for r in said["data"]], schema)
+
+
 def output_info(folder: WorkPath) -> tuple[StructType, int | None] | None:
     """What :func:`note_output` recorded of ``folder``, if it did."""
     from pyspark.sql.types import StructType
@@ -302,6 +326,20 @@ def recount_output(folder: WorkPath, rows: int) -> None:
     info = output_info(folder)
     if info is not None:
         note_output(folder, info[0], rows)
+
+
+def replace_output(folder: WorkPath, data: pa.Table | None) -> None:
+    """The driver's rare cut of a small output (it only removes rows: an error's cut of
+    the conflict log, a retry's rewrite of the fates and the quarantine): its files
+    replaced by one holding ``data`` (None: no rows, its record alone), its rows
+    recorded again."""
+    from pipeline.workpath import write_table
+
+    for f in folder.parquet_files():
+        f.unlink()
+    if data is not None:
+        write_table(data, folder / "part-00000.parquet", compression="zstd")
+    recount_output(folder, 0 if data is None else data.num_rows)
 
 
 def write_output(df: DataFrame, folder: WorkPath, mode: str = "overwrite") -> int:
@@ -334,6 +372,9 @@ def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
 
     from pipeline.workpath import metadata
 
+    small = small_output(spark, folder)
+    if small is not None:
+        return small
     info = output_info(folder)
     if info is not None:
         return spark.read.schema(info[0]).parquet(str(folder))

@@ -28,8 +28,9 @@ import pyarrow.compute as pc
 
 from pipeline import layout
 from pipeline.lake import Lake
+from pipeline.spark import note_small_output
 from pipeline.summary import RunSummary, TableSummary
-from pipeline.workpath import WorkPath, write_table
+from pipeline.workpath import WorkPath
 
 PATH = f"{layout.PUBLISHED}/conflict_stats"
 FOLDER = "conflict_stats"  # in the run's ``resolved`` folder
@@ -86,7 +87,10 @@ def write_stats(
     """The run's statistics into ``resolved/conflict_stats``, from its report and each
     table's conflict log counted per conflict type, resolver and outcome (by the
     executors: ``resolve.Facts``); with ``others``, the date's published rows of the
-    tables this run leaves alone. Returns the row count."""
+    tables this run leaves alone. A few rows: recorded whole beside the outputs
+    (``spark.note_small_output``), in no file. Returns the row count."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     rows: list[dict[str, Any]] = []
     for name, s in summary.tables.items():
         table_rows = _table_rows(s, conflicts.get(name, {}))
@@ -94,7 +98,8 @@ def write_stats(
     data = pa.Table.from_pylist(rows, SCHEMA)
     if others is not None and others.num_rows:
         data = pa.concat_tables([data, others.select(SCHEMA.names).cast(SCHEMA)])
-    write_table(data, resolved / FOLDER / "part-00000.parquet", compression="zstd")
+    as_rows = [tuple(r.values()) for r in data.to_pylist()]
+    note_small_output(resolved / FOLDER, from_arrow_schema(SCHEMA), as_rows)
     return data.num_rows
 
 

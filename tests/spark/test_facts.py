@@ -136,3 +136,33 @@ def test_split_events_finds_the_events_two_files_hold(tmp_path: Path, spark):
     assert split_events(spark, WorkPath.of(tmp_path)) == (["y"], True)
     (folder / "part-b.parquet").unlink()
     assert split_events(spark, WorkPath.of(tmp_path)) == ([], False)
+
+
+def test_the_clock_skew_evidence_is_counted_by_the_tasks_and_added_up() -> None:
+    """E7: each task counts its evidence per pair of replicas with its largest lag
+    (``skew_counts``); the report's evidence adds the tasks' counts and keeps the largest
+    lag, as counting every row of the evidence at once does."""
+    from pipeline.facts import skew_counts
+    from pipeline.foldrun import _counted
+
+    rnd = random.Random(3)
+    rows = [
+        {"behind": rnd.choice("AB"), "ahead": rnd.choice("BC"), "lag_us": rnd.randint(1, 9_000_000)}
+        for _ in range(60)
+    ]
+    whole: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        pair = whole.setdefault(r["behind"], {}).setdefault(r["ahead"], {"events": 0})
+        pair["events"] += 1
+        pair["max_seconds"] = max(pair.get("max_seconds", 0), r["lag_us"] / 1_000_000)
+    counts = []
+    for task in (rows[:25], rows[25:], []):  # three tasks, one without evidence
+        mine = _counted("skew", pa.Table.from_pylist(task, _SKEW))
+        counts += [("skew", c["a"], c["b"], c["c"], c["rows"]) for c in mine]
+        assert sum(c["rows"] for c in mine) == len(task)  # the output's rows, as before
+    assert Facts.of(counts).clock_skew == whole
+    assert Facts.of([]).clock_skew == {}
+    assert len(skew_counts(pa.Table.from_pylist(rows, _SKEW))) == sum(map(len, whole.values()))
+
+
+_SKEW = pa.schema([("behind", pa.string()), ("ahead", pa.string()), ("lag_us", pa.int64())])
