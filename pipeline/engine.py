@@ -42,11 +42,20 @@ from pipeline.facts import (
     SKEW,
     Count,
     Facts,
+    event_digests,
+    may_split,
     split_events,
     tally,
     write_ledger,
 )
-from pipeline.foldrun import TASK_COLUMNS, FoldJob, fold_function, ledger_rows, write_parquet
+from pipeline.foldrun import (
+    TASK_COLUMNS,
+    TASK_EVENTS,
+    FoldJob,
+    fold_function,
+    ledger_rows,
+    write_parquet,
+)
 from pipeline.frames import fold_input, fold_outputs
 from pipeline.layout import LEDGER
 from pipeline.policy import QuarantineReason, Scope
@@ -208,7 +217,8 @@ def resolve_rows(
     are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
     run starts from (already purged). Returns what the run report counts of them, counted
     by the fold's tasks (which write the ledger's rows of their events too), and the
-    disputes one more job finds (``facts.split_events``: folded again)."""
+    disputes one more job finds (``facts.split_events``: folded again), run only when
+    what the tasks told of their events says an event may be split (``facts.may_split``)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies)
     main = admit_transactions(main, prior, config, table)
@@ -227,11 +237,12 @@ def resolve_rows(
     coupled = coupled_keys(main, prior, table, specials.moved)
 
     def resolve(main: DataFrame) -> Facts:
-        counts, rows = fold(spark, main, prior, config, table, job, coupled)
+        counts, rows, told = fold(spark, main, prior, config, table, job, coupled)
         counts += _write_specials(specials, job, rows)
         for kind, schema in schemas.items():  # what the tasks wrote, for its readers (an
             note_output(run.out / kind, schema, rows.get(kind, 0))  # output none wrote: empty)
-        disputed, split = split_events(spark, run.out)
+        told.append(event_digests(e for e, _, _ in specials.fates).tobytes())
+        disputed, split = split_events(spark, run.out) if may_split(told) else ([], False)
         if split and not disputed:  # rare: the events' counts and ledger made again
             again = write_ledger(spark, run.out, run.run_id, table.name)
             counts = [c for c in counts if c[0] not in EVENT_COUNTS] + list(again.counts)
@@ -270,13 +281,13 @@ def fold(
     table: Table,
     job: FoldJob,
     coupled: DataFrame | None,
-) -> tuple[list[Count], dict[str, int | None]]:
+) -> tuple[list[Count], dict[str, int | None], list[bytes]]:
     """The one Spark job of the row engine: every key's prior row and copies meet in its
     partition, sorted, and each task folds its keys and writes their outputs
     (``foldrun``); the keys coupled by a key change or a unique value are folded as one
     group in a task of their own (``coupled``: :func:`coupled_keys`). Returns what the
-    tasks counted of their outputs (``facts.COUNTED_BY``, ``facts.EVENT_COUNTS``) and
-    the rows of each output."""
+    tasks counted of their outputs (``facts.COUNTED_BY``, ``facts.EVENT_COUNTS``), the
+    rows of each output, and what each task told of its events (``facts.task_events``)."""
     items = build_items(main, prior, config, table)
     order = [F.col("is_event"), F.col("event_id"), *standing_order()]
     if coupled is not None:
@@ -301,16 +312,17 @@ def fold(
     named = {o: kind for o, (kind, _) in COUNTED_BY.items()}
     named |= {k: k for k in (*EVENT_COUNTS, SKEW)}
     results = tasks.collect()
+    told: list[bytes] = [r["events"] for r in results if r["output"] == TASK_EVENTS]
     rows: dict[str, int | None] = {}
     for r in results:
-        if r["output"] not in EVENT_COUNTS:
+        if r["output"] not in (*EVENT_COUNTS, TASK_EVENTS):
             rows[r["output"]] = (rows.get(r["output"]) or 0) + r["rows"]
     counts = [
         (named[r["output"]], r["a"], r["b"], r["c"], r["rows"])
         for r in results
         if r["output"] in named
     ]
-    return counts, rows
+    return counts, rows, told
 
 
 def _write_specials(

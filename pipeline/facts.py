@@ -3,8 +3,10 @@ gets a few rows of counts, never the outputs.
 
 - the row engine's fold tasks count what they write (:data:`COUNTED_BY`) and, since every
   copy of an event meets in one task, tally its events and write their ledger rows
-  (:func:`tally`); one Spark job then looks for the rare events whose copies two tasks
-  saw (:func:`split_events`: the disputes, folded again, and the rest counted again by
+  (:func:`tally`); each tells the driver the digests of its events' ids
+  (:func:`task_events`), and only when two tasks told the same one (:func:`may_split`)
+  does one Spark job look for the rare events whose copies two tasks saw
+  (:func:`split_events`: the disputes, folded again, and the rest counted again by
   :func:`write_ledger`);
 - the cell engine's events are counted as its ledger is written (:func:`write_ledger`: that
   job shuffles the fates by event anyway), and its outputs by one Spark job
@@ -17,8 +19,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
+from hashlib import blake2b
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -211,6 +215,36 @@ def tally(fates: pa.Table) -> tuple[pa.Table, list[Count]]:
     final = final.sort_by([("event_id", "ascending"), ("fate", "ascending")])
     counts = [*_event_counts({**counted, "repeated": repeated})]
     return final, counts
+
+
+def event_digests(ids: Iterable[str | None]) -> np.ndarray:
+    """Distinct event ids as the first 8 bytes of their BLAKE2b digests, sorted (the same
+    in every process: Python's own ``hash`` of a text is not)."""
+    digests = [blake2b(i.encode(), digest_size=8).digest() for i in set(ids) if i is not None]
+    return np.sort(np.frombuffer(b"".join(digests), dtype=np.uint64))
+
+
+def task_events(fates: pa.Table) -> bytes:
+    """What a fold task tells the driver of its events (``FATES``), for
+    :func:`may_split`: the digests of their ids (:func:`event_digests`), and once more
+    the digest of each event it chose more than once (under two of its keys: a dispute)."""
+    with_id = fates.filter(pc.is_valid(fates["event_id"]))
+    chosen = with_id.filter(with_id["chosen"]).group_by("event_id").aggregate([([], "count_all")])
+    twice = chosen.filter(pc.greater(chosen["count_all"], 1))["event_id"].to_pylist()
+    mine = event_digests(pc.unique(with_id["event_id"]).to_pylist())
+    return np.concatenate([mine, event_digests(twice)]).tobytes()
+
+
+def may_split(told: Iterable[bytes]) -> bool:
+    """Whether an event of the fold's tasks (each told by :func:`task_events`) may have
+    fates in two tasks' files or be disputed: a digest told twice. No digest twice: no
+    event is (the common case: :func:`split_events` needs no job); two ids that share a
+    digest only cost that job."""
+    every = np.concatenate([np.frombuffer(t, dtype=np.uint64) for t in told] or [_NONE])
+    return len(np.unique(every)) < len(every)
+
+
+_NONE = np.zeros(0, dtype=np.uint64)
 
 
 def split_events(spark: SparkSession, out: WorkPath) -> tuple[list[str], bool]:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from pipeline import layout
 from pipeline.config import Table
 from pipeline.copies import copy_record
-from pipeline.facts import COUNTED_BY, SKEW, skew_counts, tally
+from pipeline.facts import COUNTED_BY, SKEW, skew_counts, tally, task_events
 from pipeline.frames import LEDGER_COLUMNS, SKEW_FIELDS
 from pipeline.groups import (
     Groups,
@@ -527,6 +527,8 @@ class TaskOutputs:
             {"task": self.name, "output": kind, "a": a, "b": b, "c": c, "rows": n}
             for kind, a, b, c, n in events
         ]
+        told = task_events(fates)
+        counts.append({"task": self.name, "output": TASK_EVENTS, "events": told, "rows": 0})
         for kind in self.arrow:
             self._batch(kind)
             if self.tables[kind]:
@@ -675,8 +677,14 @@ def _python_groups(t: pa.Table, groups: Groups) -> Iterator[list[dict[str, Any]]
 
 
 #: what each fold task returns: its rows per output, and per the values the run report
-#: counts them by (``facts.COUNTED_BY``: up to three, ``a`` to ``c``)
+#: counts them by (``facts.COUNTED_BY``: up to three, ``a`` to ``c``); and one row
+#: (``output`` :data:`TASK_EVENTS`) telling its events (``facts.task_events``)
 TASK_RESULT = pa.schema(
-    [(c, pa.string()) for c in ("task", "output", "a", "b", "c")] + [("rows", pa.int64())]
+    [(c, pa.string()) for c in ("task", "output", "a", "b", "c")]
+    + [("rows", pa.int64()), ("events", pa.binary())]
 )
-TASK_COLUMNS = "task string, output string, a string, b string, c string, rows bigint"
+TASK_COLUMNS = (
+    "task string, output string, a string, b string, c string, rows bigint, events binary"
+)
+#: the ``output`` of the row of a task's :data:`TASK_RESULT` that tells its events
+TASK_EVENTS = "_events"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,45 @@ def test_the_clock_skew_evidence_is_counted_by_the_tasks_and_added_up() -> None:
 
 
 _SKEW = pa.schema([("behind", pa.string()), ("ahead", pa.string()), ("lag_us", pa.int64())])
+
+
+def test_the_tasks_digests_say_when_an_event_may_be_split_or_disputed() -> None:
+    """``may_split``: false for tasks whose events differ (records without an id aside),
+    true when two tasks hold an event, or one task chose an event under two keys."""
+    from pipeline.facts import may_split, task_events
+
+    def fates(*rows: tuple[str | None, str, bool]) -> pa.Table:
+        cols = ("event_id", "replica", "chosen")
+        return pa.Table.from_pylist([dict(zip(cols, r, strict=True)) for r in rows])
+
+    a = task_events(fates(("e1", "A", True), ("e1", "B", False), (None, "A", False)))
+    b = task_events(fates(("e2", "A", True), ("e3", "B", True), (None, "A", False)))
+    assert not may_split([a, b]) and not may_split([a]) and not may_split([])
+    assert may_split([a, b, task_events(fates(("e3", "C", False)))])  # e3 in two tasks
+    assert may_split([task_events(fates(("e4", "A", True), ("e4", "B", True)))])  # disputed
+    assert not may_split([task_events(fates(("e4", "A", True), ("e4", "B", False)))])
+
+
+def test_a_night_no_event_of_which_two_tasks_saw_runs_no_split_job(
+    tmp_path: Path, spark, monkeypatch
+) -> None:
+    """The common night: the tasks' digests show no event in two tasks, and the job that
+    looks for them (``split_events``) does not run; the counts are still exact."""
+    seen: list[Facts] = []
+    resolve_rows = resolve.resolve_rows
+
+    def counted(spark_: Any, config: Any, table: Any, copies: Any, prior: Any, run: Any) -> Facts:
+        facts = resolve_rows(spark_, config, table, copies, prior, run)
+        assert replace(facts, clock_skew={}) == Facts.counted(spark_, run.out)
+        seen.append(facts)
+        return facts
+
+    def refused(*_: Any) -> Any:
+        raise AssertionError("split_events ran")
+
+    monkeypatch.setattr(engine, "split_events", refused)
+    monkeypatch.setattr(resolve, "resolve_rows", counted)
+    s = json.loads((GOLDEN / "before_image_detection.json").read_text())
+    got, failed = S.run_scenario(s, tmp_path)
+    assert not failed and got["status"] == "published", got
+    assert seen and all(f.events for f in seen)
