@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline import layout
 from pipeline.config import Config
+from pipeline.errors import StageError
 from pipeline.lake import Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
@@ -64,6 +65,8 @@ class Committer:
             self.resolved.attach(lake.session())
             reader = lake.session().read
             frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
+        elif rows:  # its record counts rows, and no file holds them: never published empty
+            raise StageError(f"{where}: {rows} row(s) recorded, but no file of them is there")
         else:  # an output with no rows on a first night: its table, empty
             frame = lake.session().createDataFrame([], schema)
         version = lake.commit(path, frame, meta, dt=dt).version

@@ -348,3 +348,27 @@ def test_no_footer_of_an_output_with_its_record_is_read_on_the_driver(
     for name in empty & logs:
         assert P.table(store, f"published/{name}") is not None, name
         assert P.rows(store, f"published/{name}", s["date"]) == [], name
+
+
+def test_a_recorded_output_whose_files_are_gone_is_never_published_empty(
+    tmp_path: Path, spark
+) -> None:
+    """An output whose record counts rows but whose folder holds no file of them stops
+    the publish naming the folder; one recorded with no rows creates its table empty."""
+    from pyspark.sql import types as T
+
+    from pipeline.lake import Lake
+    from pipeline.published import Committer
+    from pipeline.spark import note_output
+    from pipeline.store import open_store
+
+    resolved = WorkPath.of(tmp_path / "resolved")
+    schema = T.StructType([T.StructField("event_id", T.StringType())])
+    note_output(resolved / "t" / "conflicts", schema, 3)
+    note_output(resolved / "t" / "divergence", schema, 0)
+    lake = Lake(open_store((tmp_path / "store").as_uri()), spark=spark)
+    committer = Committer(lake, resolved, {"run_id": "r1"})
+    with pytest.raises(StageError, match="3 row\\(s\\) recorded, but no file"):
+        committer.commit("t/conflicts", "published/t/conflicts", date.fromisoformat(D))
+    assert committer.commit("t/divergence", "published/t/divergence", date.fromisoformat(D)) == 0
+    assert P.table(tmp_path / "store", "published/t/divergence") == []
