@@ -420,7 +420,8 @@ def naming_a_lost_lease(config: Config, ctx: RunContext) -> Iterator[None]:
     """A run whose lease was broken (``cdr unlock --force``) or taken over while it worked
     fails naming the holder, whatever failed first: the next holder's ingest removes this
     run's work folder (``_clear_work``), so a paused run may next fail reading it. A
-    failed gate is the run's own verdict, raised after publish released the lease."""
+    failed gate is the run's own verdict, raised after publish released the lease. A
+    lease that cannot be checked (the store out of reach) leaves the first error as it is."""
     try:
         yield
     except Exception as e:
@@ -432,6 +433,8 @@ def naming_a_lost_lease(config: Config, ctx: RunContext) -> Iterator[None]:
             lease.check(open_store(store), ctx.run_id, ctx.epoch)
         except LockedError as lost:
             raise LockedError(f"{lost} (what failed first: {type(e).__name__})") from e
+        except Exception as unchecked:  # the run's own error stays what it fails with
+            log.warning("the lease could not be checked after the run failed: %s", unchecked)
         raise
 
 

@@ -215,3 +215,29 @@ def test_conditional_replace_and_delete_act_on_what_was_read_only(store):
     assert store.delete_if("k", store.read_token("k")[1])
     assert not store.exists("k") and store.read_token("k") is None
     assert not store.replace_if("k", b"x", token) and not store.delete_if("k", token)
+
+
+def test_a_run_whose_lease_cannot_be_checked_fails_with_its_own_error(store, monkeypatch, caplog):
+    """``stages.naming_a_lost_lease``: when the lease check itself fails (the store out
+    of reach), the run's first error is what it fails with, the check's only logged."""
+    from types import SimpleNamespace
+
+    from pipeline import stages
+    from pipeline.errors import StoreError
+
+    def unreachable(*_):
+        raise StoreError("the store is out of reach")
+
+    monkeypatch.setattr(stages.lease, "check", unreachable)
+    ctx = SimpleNamespace(
+        config=lambda c: SimpleNamespace(store=store.uri),
+        dry_run=False,
+        epoch="1",
+        run_id="r1",
+    )
+    with (
+        pytest.raises(ValueError, match="the run's own failure"),
+        stages.naming_a_lost_lease(None, ctx),
+    ):
+        raise ValueError("the run's own failure")
+    assert "out of reach" in caplog.text
