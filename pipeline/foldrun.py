@@ -83,6 +83,7 @@ OUTPUTS = (
     "skew",
     "changes",
     layout.LEDGER,
+    layout.SNAPSHOT,
 )
 _UPDATE_MISSING = QuarantineReason.UPDATE_MISSING.value
 _ROWS = 8192  # rows of an output buffered before they go to its file
@@ -529,6 +530,11 @@ class TaskOutputs:
         ]
         told = task_events(fates)
         counts.append({"task": self.name, "output": TASK_EVENTS, "events": told, "rows": 0})
+        self._batch("state_pre")
+        if self.tables["state_pre"]:  # the snapshot: the live rows of the task's state
+            state = pa.concat_tables(self.tables["state_pre"])
+            live = state.filter(pc.invert(state["_deleted"]))
+            self.tables[layout.SNAPSHOT] = [live.select(self.arrow[layout.SNAPSHOT].names)]
         for kind in self.arrow:
             self._batch(kind)
             if self.tables[kind]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from pipeline.config import Table
-from pipeline.layout import LEDGER
+from pipeline.layout import LEDGER, SNAPSHOT
 from pipeline.schema import key_struct_type, row_struct_type
 
 _S, _L, _I, _B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
@@ -171,8 +171,9 @@ SKEW_FIELDS = ("behind", "ahead", "lag_us")
 
 def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
     """What the row engine's fold tasks write (``foldrun.OUTPUTS``), each output's schema:
-    the state, the fates, and the run's logs as they are published."""
-    from pipeline.schema import change_schema, state_schema
+    the state (and its live rows, the snapshot), the fates, and the run's logs as they
+    are published."""
+    from pipeline.schema import change_schema, snapshot_schema, state_schema
 
     run = [T.StructField(n, _S) for n in RUN_COLUMNS]
     out = {
@@ -190,6 +191,7 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
     if changes:
         out["changes"] = change_schema(table)
     out[LEDGER] = LEDGER_SCHEMA  # the ledger's rows of the events a task folded
+    out[SNAPSHOT] = snapshot_schema(table)  # unless the foreign-key step changes the state
     return out
 
 

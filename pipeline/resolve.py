@@ -46,7 +46,7 @@ from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
 from pipeline.skew import skew_warnings
 from pipeline.snapshots import snapshot_divergence
-from pipeline.spark import read_output, replace_output
+from pipeline.spark import output_info, read_output, replace_output
 from pipeline.spark import write_output as _write  # the executors write, the rows counted
 from pipeline.state import read_base, read_prior
 from pipeline.store import open_store
@@ -452,6 +452,8 @@ def _write_fk_outputs(
     if removed or restored is not None:
         _write(state, out / layout.STATE)
         (out / STATE_PRE).rmtree()
+    elif (folded := _folded_snapshot(out)) is not None:  # the fold's state is final, and
+        return {**counts, **folded}  # its tasks wrote the snapshot beside it
     # else the fold's state is the final one, where it is (on S3 a move is a copy)
     final = read_known(spark, final_state(out), state_schema(table))
     seen = Observation()
@@ -460,6 +462,15 @@ def _write_fk_outputs(
     counts["rows"] = _write(live.select(*snapshot_columns(table)), out / layout.SNAPSHOT)
     counts["state_rows"] = int(seen.get["state_rows"])  # the next run checks it
     return counts
+
+
+def _folded_snapshot(out: WorkPath) -> dict[str, Any] | None:
+    """The snapshot's and the state's rows when the row engine's fold tasks wrote the
+    snapshot beside the state (its live rows), which is then final; else None."""
+    snapshot, state = output_info(out / layout.SNAPSHOT), output_info(out / STATE_PRE)
+    if snapshot is None or state is None:
+        return None
+    return {"rows": snapshot[1], "state_rows": state[1]}
 
 
 def compare_snapshots(

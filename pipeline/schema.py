@@ -165,3 +165,9 @@ def change_schema(table: Table) -> T.StructType:
 
 def snapshot_columns(table: Table) -> list[str]:
     return [*table.column_names, "_ts", "_origin"]
+
+
+def snapshot_schema(table: Table) -> T.StructType:
+    """The snapshot's columns (:func:`snapshot_columns`) as the state has them."""
+    fields = {f.name: f for f in state_schema(table).fields}
+    return T.StructType([fields[c] for c in snapshot_columns(table)])

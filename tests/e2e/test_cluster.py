@@ -107,8 +107,6 @@ def test_a_run_on_a_standalone_cluster_publishes_what_a_local_run_does(
     for where in ("/staged/", "/fates/", "/state_pre/", "/snapshot/", "/ledger/"):
         assert any(where in k for k in wrote), where
     touched = {(m, _kind(k)) for m, k, key in work if key == driver and _data(k) and m != "HEAD"}
-    assert touched and all(kind != "staged" for _, kind in touched), touched
-    assert ("COMPLETE", "snapshot") in touched, touched  # the ledger: the fold's tasks
     assert {t for t in touched if t[0] != "COMPLETE"} == set(), touched
 
 
