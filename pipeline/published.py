@@ -24,7 +24,7 @@ from pipeline.errors import StageError
 from pipeline.lake import Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.spark import SPARK_SCHEMA_KEY, output_info, small_output
+from pipeline.spark import SPARK_SCHEMA_KEY, OutputInfo, output_record
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ class Committer:
         lake, meta = self.lake, self.meta
         where = located(self.resolved, folder)
         files = where.parquet_files()
-        rows, schema = _output(where, files)
+        info = output_record(where)
+        rows, schema = _output(info, files)
         current = lake.version(path)
         if not files and (current is None and schema is None):
             return None
@@ -59,7 +60,7 @@ class Committer:
         frame = None
         if current is not None and rows == 0:
             pass  # an empty output: the partition emptied, if it holds anything
-        elif (small := small_output(lake.session(), where)) is not None:
+        elif info is not None and (small := info.small_frame(lake.session())) is not None:
             frame = small  # a few rows the driver made, recorded with the output
         elif files:  # with the schema they were written with: no Spark job infers it
             self.resolved.attach(lake.session())
@@ -74,15 +75,14 @@ class Committer:
         return version
 
 
-def _output(folder: WorkPath, files: list[WorkPath]) -> tuple[int | None, Any]:
+def _output(info: OutputInfo | None, files: list[WorkPath]) -> tuple[int | None, Any]:
     """An output's rows (None: not counted) and the Spark schema it was written with
-    (None if nothing says it): as recorded beside its files (``spark.output_info``), else
-    what their footers say (an output written without that record)."""
+    (None if nothing says it): as recorded beside its files (``info``), else what their
+    footers say (an output written without that record)."""
     from pyspark.sql.types import StructType
 
     from pipeline.workpath import metadata
 
-    info = output_info(folder)
     if info is not None:
         return info[1], info[0]
     rows, schema = 0, None

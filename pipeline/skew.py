@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -38,9 +38,6 @@ EVENTS, MAX_SECONDS = "events", "max_seconds"
 Evidence = tuple[str, str, int]
 _SAW = ("INSERT", "UPDATE")  # what an event may have seen
 _SAWS = ("UPDATE", "DELETE")  # what may have seen it
-
-if TYPE_CHECKING:
-    pass
 
 
 def _matches(table: Table, seen: str) -> Column:

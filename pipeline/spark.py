@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -289,35 +289,42 @@ def note_output(folder: WorkPath, schema: StructType, rows: int | None) -> None:
 def note_small_output(folder: WorkPath, schema: StructType, rows: list[tuple[Any, ...]]) -> None:
     """A few rows the driver made (a report's: text and integers only), recorded whole
     with their schema in ``folder``'s record and in no Parquet file: its readers and the
-    publish hand them to Spark (:func:`small_output`), and no file of the run's outputs
-    is written or read on the driver."""
+    publish hand them to Spark (:attr:`OutputInfo.data`), and no file of the run's
+    outputs is written or read on the driver."""
     said = {"schema": schema.jsonValue(), "rows": len(rows), "data": rows}
     (folder / OUTPUT_INFO).write_text(json.dumps(said, separators=(",", ":")))
 
 
-def small_output(spark: SparkSession, folder: WorkPath) -> DataFrame | None:
-    """The rows :func:`note_small_output` recorded in ``folder``, if it did."""
+class OutputInfo(NamedTuple):
+    """What the record of an output folder says (:data:`OUTPUT_INFO`)."""
+
+    schema: StructType
+    rows: int | None  # None: not counted
+    data: list[tuple[Any, ...]] | None = None  # the rows themselves (:func:`note_small_output`)
+
+    def small_frame(self, spark: SparkSession) -> DataFrame | None:
+        """The recorded rows as a DataFrame, if the record holds them."""
+        if self.data is None:
+            return None
+        return spark.createDataFrame([tuple(r) for r in self.data], self.schema)
+
+
+def output_record(folder: WorkPath) -> OutputInfo | None:
+    """What :func:`note_output` (or :func:`note_small_output`) recorded of ``folder``, if
+    it did."""
     from pyspark.sql.types import StructType
 
     p = folder / OUTPUT_INFO
     if not p.is_file():
         return None
     said = json.loads(p.read_text())
-    if "data" not in said:
-        return None
-    schema = StructType.fromJson(said["schema"])
-    return spark.createDataFrame([tuple(r) for r in said["data"]], schema)
+    return OutputInfo(StructType.fromJson(said["schema"]), said["rows"], said.get("data"))
 
 
 def output_info(folder: WorkPath) -> tuple[StructType, int | None] | None:
-    """What :func:`note_output` recorded of ``folder``, if it did."""
-    from pyspark.sql.types import StructType
-
-    p = folder / OUTPUT_INFO
-    if not p.is_file():
-        return None
-    said = json.loads(p.read_text())
-    return StructType.fromJson(said["schema"]), said["rows"]
+    """The schema and the rows :func:`output_record` reads."""
+    record = output_record(folder)
+    return None if record is None else (record.schema, record.rows)
 
 
 def recount_output(folder: WorkPath, rows: int) -> None:
@@ -372,12 +379,10 @@ def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
 
     from pipeline.workpath import metadata
 
-    small = small_output(spark, folder)
-    if small is not None:
-        return small
-    info = output_info(folder)
+    info = output_record(folder)
     if info is not None:
-        return spark.read.schema(info[0]).parquet(str(folder))
+        small = info.small_frame(spark)
+        return small if small is not None else spark.read.schema(info[0]).parquet(str(folder))
     first = min(folder.parquet_files(), default=None)
     stored = None if first is None else (metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)
     if stored is None:

@@ -310,13 +310,13 @@ def test_no_footer_of_an_output_with_its_record_is_read_on_the_driver(
     event id): the fold's outputs, the ledger and the snapshot are published from what
     was recorded beside them, and no reader opens a footer of a folder with that record."""
     from pipeline import published, workpath
-    from pipeline.spark import OUTPUT_INFO, output_info
+    from pipeline.spark import OUTPUT_INFO
     from tests.helpers import GOLDEN
     from tests.helpers import scenarios as S
 
     opened: list[str] = []
     recorded: dict[str, bool] = {}
-    footer, output = workpath.metadata, published._output
+    footer, read_record = workpath.metadata, published.output_record
 
     def metadata(p: WorkPath) -> object:
         if (p.parent / OUTPUT_INFO).is_file():
@@ -325,15 +325,15 @@ def test_no_footer_of_an_output_with_its_record_is_read_on_the_driver(
 
     empty: set[str] = set()  # outputs recorded with no rows, of which no file was written
 
-    def spy(folder: WorkPath, files: list[WorkPath]) -> object:
-        name, info = f"{folder.parent.name}/{folder.name}", output_info(folder)
+    def spy(folder: WorkPath) -> object:  # the publish's read of each output's record
+        name, info = f"{folder.parent.name}/{folder.name}", read_record(folder)
         recorded[name] = info is not None
-        if info is not None and info[1] == 0 and not files:
+        if info is not None and info[1] == 0 and not folder.parquet_files():
             empty.add(name)
-        return output(folder, files)
+        return info
 
     monkeypatch.setattr(workpath, "metadata", metadata)
-    monkeypatch.setattr(published, "_output", spy)
+    monkeypatch.setattr(published, "output_record", spy)
     s = json.loads((GOLDEN / "differing_copies.json").read_text())
     got, failed = S.run_scenario(s, tmp_path)
     assert not failed and got["status"] == "published", got
