@@ -19,11 +19,11 @@ writes the lock again (a maintainer's step; ``make jars-lock``).
 Beside them, one jar of the project's own, compiled by ``cdr jars fetch`` with the JDK's
 ``javac`` into ``cdr-logstore-<digest of its sources>.jar``: the Delta log store every table
 is written through (``pipeline/jvm/FencedLogStore.java``: a commit file created only if
-absent, across processes, and only while the run holds the store's lease), and the
-replacement of a table's files that needs no scan of its state
-(``pipeline/jvm/Replace.java``), the commit protocol of the run's Parquet writes
-(``pipeline/jvm/PathCommitProtocol.java``) and the local file system that starts no
-process per file (``pipeline/jvm/LocalFileSystem.java``).
+absent, across processes, and only while the run holds the store's lease), the
+replacement of a table's files that needs no scan of its state, and the commit of files a
+run's tasks wrote as they are (``pipeline/jvm/Replace.java``), the commit protocol of the
+run's Parquet writes (``pipeline/jvm/PathCommitProtocol.java``) and the local file system
+that starts no process per file (``pipeline/jvm/LocalFileSystem.java``).
 
 Where the jars are: ``CDR_JARS`` (a folder), else ``<venv>/share/cdr/jars``. Where
 Maven keeps its downloads: its own local repository, or ``CDR_MAVEN_REPO`` (CI gives it

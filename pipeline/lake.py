@@ -1,12 +1,14 @@
 """The published tables as Delta Lake tables (formats.md "Outputs"), written by delta-spark.
 
 delta-spark is the one writer of every table: a run's outputs (Parquet in its work
-folder) are read by the executors and written into their tables, one commit per table
-(a dated table's partition replaced; an undated one replaced whole, or appended to). A
-replace takes the files it removes from the checksum file of the version it starts from
-(``pipeline/jvm/Replace.java``: Delta's own overwrite would first reconstruct the table's
-state with Spark jobs); Delta's ``replaceWhere`` does it when the checksum lists no
-files. Every table is created with deletion vectors on and the writer's retention
+folder) go into their tables, one commit per table (a dated table's partition replaced; an
+undated one replaced whole, or appended to). Output files are added as they are
+(:class:`Files`): the executors copy them into the table's folder with their statistics
+read from their footers, and the commit adds them; rows made elsewhere are written by
+Delta's writer. A replace takes the files it removes from the checksum file of the version
+it starts from (``pipeline/jvm/Replace.java``: Delta's own overwrite would first
+reconstruct the table's state with Spark jobs); Delta's ``replaceWhere`` does it when the
+checksum lists no files. Every table is created with deletion vectors on and the writer's retention
 (:data:`FEATURES`, :func:`retention_properties`), checked at each commit. The run id,
 date and verdict go in each commit's ``userMetadata`` (JSON; :func:`meta_of` also reads
 the ``cdr.*`` commit info keys of tables an older release wrote with delta-rs). A run's
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from pipeline.lease import Fence
 
@@ -63,6 +66,20 @@ RETENTION_PROPERTIES = ("delta.logRetentionDuration", "delta.deletedFileRetentio
 def retention_properties(days: int) -> dict[str, str]:
     """The table properties of a retention of ``days`` (config ``retention_days``)."""
     return dict.fromkeys(RETENTION_PROPERTIES, f"interval {days} days")
+
+
+@dataclass(frozen=True)
+class Files:
+    """Rows a run's tasks wrote already: Parquet files (Spark URIs) of ``schema``.
+    Committed as they are (:meth:`Lake.commit`): the executors copy them into the table,
+    which adds them, and no row is decoded again."""
+
+    uris: list[str]
+    schema: StructType
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        """Their rows, read by the executors with the schema they were written with."""
+        return spark.read.schema(self.schema).parquet(*self.uris)
 
 
 @dataclass(frozen=True)
@@ -347,18 +364,19 @@ class Lake:
     def commit(
         self,
         path: str,
-        frame: DataFrame | None,
+        frame: DataFrame | Files | None,
         meta: dict[str, Any],
         *,
         dt: date | None = None,
         mode: str = "overwrite",
         version: int | None = None,
     ) -> Commit:
-        """Write ``frame`` into the table in one commit. ``dt``: the table is partitioned
-        by ``dt`` and the commit replaces that partition (``mode="overwrite"``) or adds to
-        it (``"append"``); without it, ``overwrite`` replaces the whole table. ``frame``
-        None: the table's partition (or the table) emptied. ``version``: the commit makes
-        exactly that version (from :meth:`next_version`) or fails.
+        """Write ``frame`` (rows, or :class:`Files` of them) into the table in one commit.
+        ``dt``: the table is partitioned by ``dt`` and the commit replaces that partition
+        (``mode="overwrite"``) or adds to it (``"append"``); without it, ``overwrite``
+        replaces the whole table. ``frame`` None: the table's partition (or the table)
+        emptied. ``version``: the commit makes exactly that version (from
+        :meth:`next_version`) or fails.
 
         Replacing a partition that holds no file is an append: Delta then needs no state
         of the table (which costs it a few Spark jobs over the whole log), and a night's
@@ -397,7 +415,7 @@ class Lake:
     def _write(
         self,
         path: str,
-        frame: DataFrame,
+        frame: DataFrame | Files,
         meta: dict[str, Any],
         dt: date | None,
         mode: str,
@@ -405,6 +423,10 @@ class Lake:
     ) -> None:
         from pyspark.sql import functions as F
 
+        if isinstance(frame, Files):
+            if self._adopt(path, frame, dt, mode, json.dumps(meta, sort_keys=True, default=str)):
+                return
+            frame = frame.frame(self.session())
         if dt is not None and DT not in frame.columns:
             frame = frame.withColumn(DT, F.lit(dt))
         text = json.dumps(meta, sort_keys=True, default=str)
@@ -444,6 +466,37 @@ class Lake:
                 DT if dt is not None else None,
                 dt.isoformat() if dt is not None else None,
                 where,
+                meta,
+            )
+        except Exception as e:  # as the writer's: one line, naming the table
+            raise self._failed(path, e) from None
+        return bool(version >= 0)
+
+    def _adopt(self, path: str, files: Files, dt: date | None, mode: str, meta: str) -> bool:
+        """Add ``files`` to the table as they are, copied into its folder by the executors
+        (``pipeline/jvm/Replace.java``), removing the partition's (or the table's) files
+        with ``mode="overwrite"``, or creating the table; False (nothing done) when the
+        schema differs or the checksum of the version read lists no files."""
+        from pyspark.sql.types import DateType, StructField, StructType
+
+        schema = files.schema
+        if dt is not None and DT not in schema.names:
+            schema = StructType([*schema.fields, StructField(DT, DateType())])
+        spark = self.session()
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        try:
+            version = jvm.cdr.delta.Replace.adopt(
+                spark._jsparkSession,
+                self.spark_uri(path),
+                files.uris,
+                schema.json(),
+                self._lease_settings(),
+                {**FEATURES, **self.properties},
+                mode == "overwrite",
+                DT if dt is not None else None,
+                dt.isoformat() if dt is not None else None,
+                f"{DT} = DATE'{dt.isoformat()}'" if dt is not None else None,
                 meta,
             )
         except Exception as e:  # as the writer's: one line, naming the table

@@ -16,23 +16,27 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.errors import StageError
-from pipeline.lake import Lake
+from pipeline.lake import Files, Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
 from pipeline.spark import SPARK_SCHEMA_KEY, OutputInfo, output_record
 from pipeline.workpath import WorkPath
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
 
 class Committer:
     """Commits the outputs of one run: the Parquet files of each output folder of its
-    ``resolved`` folder, read by the executors and written into their table."""
+    ``resolved`` folder, copied into their table by the executors and added to it as they
+    are (:class:`pipeline.lake.Files`)."""
 
     def __init__(self, lake: Lake, resolved: WorkPath, meta: dict[str, Any]):
         self.lake, self.resolved, self.meta = lake, resolved, meta
@@ -57,15 +61,17 @@ class Committer:
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 return current
-        frame = None
+        frame: DataFrame | Files | None = None
         if current is not None and rows == 0:
             pass  # an empty output: the partition emptied, if it holds anything
         elif info is not None and (small := info.small_frame(lake.session())) is not None:
             frame = small  # a few rows the driver made, recorded with the output
-        elif files:  # with the schema they were written with: no Spark job infers it
+        elif files and schema is not None:  # the files as they are, copied into the table
             self.resolved.attach(lake.session())
-            reader = lake.session().read
-            frame = (reader.schema(schema) if schema else reader).parquet(*map(str, files))
+            frame = Files([str(f) for f in files], schema)
+        elif files:  # written without a record of their schema: Spark infers it
+            self.resolved.attach(lake.session())
+            frame = lake.session().read.parquet(*map(str, files))
         elif rows:  # its record counts rows, and no file holds them: never published empty
             raise StageError(f"{where}: {rows} row(s) recorded, but no file of them is there")
         else:  # an output with no rows on a first night: its table, empty

@@ -9,7 +9,7 @@ from datetime import date
 import pyarrow as pa
 import pytest
 
-from pipeline.lake import FEATURES, RETENTION_PROPERTIES, Lake
+from pipeline.lake import FEATURES, RETENTION_PROPERTIES, Files, Lake
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
@@ -64,6 +64,43 @@ def test_file_statistics_let_a_reader_skip_files(store, spark):
     lake.commit(path, rows, {"run_id": "r1"})
     (add,) = pa.table(lake.table(path).get_add_actions(flatten=True)).to_pylist()
     assert (add["num_records"], add["min.id"], add["max.id"], add["null_count.v"]) == (3, 1, 7, 0)
+
+
+def test_files_a_task_wrote_are_committed_as_they_are_with_their_statistics(store, spark, tmp_path):
+    """A run's Parquet files (written by its tasks with pyarrow) become the table's files:
+    copied into the date's folder by the executors, with statistics from their footers (a
+    long string's bounds left out), read alike by every reader; a rerun of the date removes
+    them in its one commit and another date's stay."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import StructType
+
+    lake, path = Lake(store, spark=spark), "published/t/conflicts"
+    long_text = "x" * 40
+    parts = [[(1, "a"), (5, None)], [(7, long_text)]]
+    uris = []
+    for i, rows in enumerate(parts):
+        f = tmp_path / f"part-{i}.parquet"
+        ids_, vs = zip(*rows, strict=True)
+        pq.write_table(pa.table({"id": pa.array(ids_, pa.int64()), "v": list(vs)}), f)
+        uris.append(str(f))
+    schema = StructType.fromDDL(SCHEMA)
+    assert lake.commit(path, Files(uris, schema), {"run_id": "r1"}, dt=D1).version == 0
+    lake.commit(path, Files(uris[1:], schema), {"run_id": "r2"}, dt=D2)
+    adds = pa.table(lake.table(path).get_add_actions(flatten=True)).to_pylist()
+    first = sorted((a for a in adds if a["partition.dt"] == D1), key=lambda a: a["num_records"])
+    assert [a["num_records"] for a in first] == [1, 2]
+    assert (first[1]["min.id"], first[1]["max.id"], first[1]["null_count.v"]) == (1, 5, 1)
+    assert (first[1]["min.v"], first[1]["max.v"]) == ("a", "a")
+    assert first[0]["min.v"] is None and first[0]["min.id"] == 7  # 40 characters: no bounds
+    assert all(a["path"].startswith("dt=") for a in adds)
+    want = [1, 5, 7]
+    assert ids(P.rows(store, path, D1)) == ids(P.duckdb_rows(store, path, D1)) == want
+    assert ids(r.asDict() for r in lake.frame(path, dt=D1).collect()) == want
+    assert "deletionVectors" in (Lake(store).table(path).protocol().reader_features or [])
+    assert lake.commit(path, Files(uris[:1], schema), {"run_id": "r3"}, dt=D1).version == 2
+    assert ids(P.rows(store, path, D1)) == [1, 5]
+    assert ids(P.rows(store, path, D2)) == [7]
+    assert ids(P.table(store, path, D1, version=0) or []) == want  # time travel
 
 
 def test_every_table_is_created_with_the_projects_features_and_the_writers_retention(store, spark):
