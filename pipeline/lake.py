@@ -476,7 +476,7 @@ class Lake:
         """Add ``files`` to the table as they are, copied into its folder by the executors
         (``pipeline/jvm/Replace.java``), removing the partition's (or the table's) files
         with ``mode="overwrite"``, or creating the table; False (nothing done) when the
-        schema differs or the checksum of the version read lists no files."""
+        schema differs."""
         from pyspark.sql.types import DateType, StructField, StructType
 
         schema = files.schema

@@ -96,10 +96,10 @@ public final class Replace {
      * folder (the partition's, if {@code column} is set) by the executors, as rows of {@code
      * schemaJson} (the table's schema, partition column included), each with its rows in
      * its statistics. With {@code overwrite}, the files of the partition (or
-     * of the table) are removed in the same commit. A table that does not exist yet is
-     * created by that commit, with the properties {@code configuration}. Returns the
-     * version committed, or -1 (nothing done) when the schema is not the table's or an
-     * overwrite's checksum lists no files.
+     * of the table) are removed in the same commit: those the checksum lists, else those
+     * Delta's scan of the table's state finds. A table that does not exist yet is created
+     * by that commit, with the properties {@code configuration}. Returns the version
+     * committed, or -1 (nothing done) when the schema is not the table's.
      */
     public static long adopt(
             SparkSession spark,
@@ -131,10 +131,13 @@ public final class Replace {
             txn.updateMetadataForNewTable(metadata);
         } else if (overwrite) {
             actions = removals(txn, schema, column, value);
+            if (actions == null && sameSchema(txn, schema)) {  // no list: Delta's own scan
+                actions = remove(txn.filterFiles(), column, value);
+            }
             if (actions == null) {
                 return -1;
             }
-        } else if (!txn.snapshot().metadata().schema().asNullable().equals(schema.asNullable())) {
+        } else if (!sameSchema(txn, schema)) {
             return -1;
         }
         String folder = column == null ? "" : column + "=" + value + "/";
@@ -316,17 +319,26 @@ public final class Replace {
         if (snapshot.version() < 0 || crc.isEmpty() || crc.get().allFiles().isEmpty()) {
             return null;
         }
-        if (!snapshot.metadata().schema().asNullable().equals(schema.asNullable())) {
+        if (!sameSchema(txn, schema)) {
             return null;
         }
+        return remove(crc.get().allFiles().get(), column, value);
+    }
+
+    /** The remove actions of those of {@code files} in the partition (or of every one). */
+    private static List<Action> remove(Seq<AddFile> files, String column, String value) {
         List<Action> actions = new ArrayList<>();
         long now = System.currentTimeMillis();
-        for (AddFile f : CollectionConverters.asJava(crc.get().allFiles().get())) {
+        for (AddFile f : CollectionConverters.asJava(files)) {
             if (column == null || value.equals(f.partitionValues().getOrElse(column, () -> null))) {
                 actions.add(f.removeWithTimestamp(now, true));
             }
         }
         return actions;
+    }
+
+    private static boolean sameSchema(OptimisticTransaction txn, StructType schema) {
+        return txn.snapshot().metadata().schema().asNullable().equals(schema.asNullable());
     }
 
     private static long commit(

@@ -103,6 +103,30 @@ def test_files_a_task_wrote_are_committed_as_they_are_with_their_statistics(stor
     assert ids(P.table(store, path, D1, version=0) or []) == want  # time travel
 
 
+def test_files_replace_a_date_without_a_file_list_in_the_checksum(store, spark, tmp_path):
+    """With no checksum file, a date's files still go in the one commit that adds the new
+    ones as they are (Delta's scan of the state finds them); a new column: Delta's writer."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import StructType
+
+    lake, path = Lake(store, spark=spark), "published/t/ledger"
+    lake.commit(path, spark.createDataFrame([(1, "a")], SCHEMA), {}, dt=D1)
+    lake.commit(path, spark.createDataFrame([(2, "b")], SCHEMA), {}, dt=D2)
+    store.delete([k for k in store.list(f"{path}/_delta_log/") if k.endswith(".crc")])
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # its copy too
+    f = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": pa.array([3], pa.int64()), "v": ["c"]}), f)
+    assert lake.commit(path, Files([str(f)], StructType.fromDDL(SCHEMA)), {}, dt=D1).version == 2
+    assert ids(P.rows(store, path, D1)) == [3] and ids(P.rows(store, path, D2)) == [2]
+    adds = pa.table(Lake(store).table(path).get_add_actions(flatten=True)).to_pylist()
+    (add,) = [a for a in adds if a["partition.dt"] == D1]
+    assert add["path"].startswith("dt=2026-11-20/cdr-")  # the file itself, not rewritten
+    wide = tmp_path / "part-1.parquet"
+    pq.write_table(pa.table({"id": pa.array([4], pa.int64()), "v": ["d"], "n": [1]}), wide)
+    lake.commit(path, Files([str(wide)], StructType.fromDDL(SCHEMA + ", n long")), {}, dt=D2)
+    assert [(r["id"], r["n"]) for r in P.rows(store, path, D2)] == [(4, 1)]
+
+
 def test_every_table_is_created_with_the_projects_features_and_the_writers_retention(store, spark):
     def config(path: str) -> dict[str, str | None]:
         c = Lake(store).table(path).metadata().configuration
