@@ -236,7 +236,9 @@ def read_copies(
         files += [str(p) for p in (rep_dir / COPIES).parquet_files()]
     files += retry.copies_of(table_dir)  # E5: quarantined events offered again
     if not files:
-        return spark.createDataFrame([], schema)
+        from pipeline.spark import local_frame
+
+        return local_frame(spark, [], schema)
     return spark.read.schema(schema).parquet(*files)
 
 

@@ -33,7 +33,7 @@ from pipeline import layout
 from pipeline.frames import LEDGER_COLUMNS, RUN_COLUMNS, SKEW_FIELDS
 from pipeline.policy import Fate
 from pipeline.skew import EVENTS, MAX_SECONDS
-from pipeline.spark import write_output
+from pipeline.spark import local_frame, write_output
 from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def read_known(spark: SparkSession, folder: WorkPath, schema: str | StructType) 
     ``StructType``; the driver lists the folder and reads no file of it); no rows if it
     holds no file."""
     if not folder.parquet_files():
-        return spark.createDataFrame([], schema)
+        return local_frame(spark, [], schema)
     return spark.read.schema(schema).parquet(str(folder))
 
 

@@ -75,7 +75,7 @@ class Committer:
         elif rows:  # its record counts rows, and no file holds them: never published empty
             raise StageError(f"{where}: {rows} row(s) recorded, but no file of them is there")
         else:  # an output with no rows on a first night: its table, empty
-            frame = lake.session().createDataFrame([], schema)
+            frame = Files([], schema)
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
         return version

@@ -306,7 +306,25 @@ class OutputInfo(NamedTuple):
         """The recorded rows as a DataFrame, if the record holds them."""
         if self.data is None:
             return None
-        return spark.createDataFrame([tuple(r) for r in self.data], self.schema)
+        return local_frame(spark, [tuple(r) for r in self.data], self.schema)
+
+
+def local_frame(
+    spark: SparkSession, rows: Sequence[tuple[Any, ...]], schema: StructType | str
+) -> DataFrame:
+    """A few rows the driver holds, as a DataFrame whose plan holds them (handed over as
+    Arrow): its jobs start no Python worker, where ``createDataFrame`` of a list makes
+    Python tasks that serve the rows (about a second on a cold executor)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    struct = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    assert isinstance(struct, StructType)
+    arrow = to_arrow_schema(struct, timezone="UTC")
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in struct.fields]
+    data = [pa.array(list(c), f.type) for c, f in zip(columns, arrow, strict=True)]
+    return spark.createDataFrame(pa.Table.from_arrays(data, schema=arrow), struct)
 
 
 def output_record(folder: WorkPath) -> OutputInfo | None:

@@ -38,7 +38,9 @@ def read_staged(spark: SparkSession, files: list[str]) -> DataFrame:
 
 
 def empty_state(spark: SparkSession, table: Table) -> DataFrame:
-    return spark.createDataFrame([], state_schema(table))
+    from pipeline.spark import local_frame
+
+    return local_frame(spark, [], state_schema(table))
 
 
 def read_prior(

@@ -36,7 +36,7 @@ from pipeline.context import RunContext
 from pipeline.datadocs import bundle
 from pipeline.errors import StageError
 from pipeline.outputs import final_state
-from pipeline.spark import read_output
+from pipeline.spark import local_frame, read_output
 from pipeline.suites import (
     SUITES,
     Check,
@@ -118,7 +118,7 @@ class Frames:
 
             self.cdc_gens = read_generations(ctx.resolved / "cdc" / "cdc_generation_descriptions")
             streams = [(g.time, s.to_bytes()) for g in self.cdc_gens for s in g.all_streams()]
-            spark.createDataFrame(streams, "time long, stream_id binary").createOrReplaceTempView(
+            local_frame(spark, streams, "time long, stream_id binary").createOrReplaceTempView(
                 "cdr_cdc_streams"
             )
         for t in config.tables:
@@ -128,7 +128,7 @@ class Frames:
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
             records = [(r, int(v.get("records", 0))) for r, v in summary.tables[t].replicas.items()]
-            spark.createDataFrame(records, "replica string, records long").createOrReplaceTempView(
+            local_frame(spark, records, "replica string, records long").createOrReplaceTempView(
                 f"cdr_records_{t}"
             )
 

@@ -150,10 +150,12 @@ public final class Replace {
         SerializableConfiguration shared = new SerializableConfiguration(conf);
         List<String> columns = new ArrayList<>(List.of(schema.fieldNames()));
         List<String[]> written =
-                JavaSparkContext.fromSparkContext(spark.sparkContext())
-                        .parallelize(copies, Math.max(1, copies.size()))
-                        .map(c -> copy(shared.value(), c[0], c[1], columns))
-                        .collect();
+                copies.isEmpty()  // a table created empty: no job
+                        ? List.of()
+                        : JavaSparkContext.fromSparkContext(spark.sparkContext())
+                                .parallelize(copies, copies.size())
+                                .map(c -> copy(shared.value(), c[0], c[1], columns))
+                                .collect();
         scala.collection.immutable.Map<String, String> partition =
                 column == null
                         ? scala.collection.immutable.Map$.MODULE$.empty()

@@ -276,6 +276,25 @@ def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, 
     assert "unlocked" in capsys.readouterr().out
 
 
+def test_a_local_frame_holds_its_rows_in_its_plan(spark):
+    """Rows the driver holds reach Spark in the plan itself (no Python task serves them),
+    with their types; no rows too."""
+    from datetime import date
+    from decimal import Decimal
+
+    from pyspark.sql.types import StructType
+
+    from pipeline.spark import local_frame
+
+    ddl = "name string, n long, d date, amount decimal(10,2), raw binary"
+    rows = [("a", 1, date(2026, 11, 21), Decimal("1.50"), b"\x00"), ("b", None, None, None, None)]
+    for given in (rows, []):
+        df = local_frame(spark, given, ddl)
+        assert "LocalTableScan" in df._jdf.queryExecution().executedPlan().toString()
+        assert [tuple(r) for r in df.collect()] == [tuple(r) for r in given]
+        assert df.schema == StructType.fromDDL(ddl)
+
+
 def test_write_output_records_the_schema_and_rows_and_readers_take_them(
     spark, tmp_path: Path, monkeypatch
 ):
