@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import retry
@@ -75,6 +76,7 @@ class CopyWriter:
         self._writer = pq.ParquetWriter(dest, self.schema)
         self._rows: list[dict[str, Any]] = []
         self.count = 0
+        self.specials = 0  # copies ``shuffle.split_special`` brings to the driver
 
     def line(self, number: int | None, text: str) -> None:
         self._add(number, self.typer.line(text, self.replica))
@@ -85,7 +87,7 @@ class CopyWriter:
         clean, rest = self.blocks.split(numbered, self.replica, self.file)
         if clean is not None and clean.num_rows:
             self._flush()
-            self._writer.write_table(clean)
+            self._write(clean)
             self.count += clean.num_rows
         for number, text in rest:
             try:
@@ -115,8 +117,12 @@ class CopyWriter:
 
     def _flush(self) -> None:
         if self._rows:
-            self._writer.write_table(columns_table(self._rows, self.schema))
+            self._write(columns_table(self._rows, self.schema))
             self._rows = []
+
+    def _write(self, copies: pa.Table) -> None:
+        self._writer.write_table(copies)
+        self.specials += special_count(copies)
 
     def close(self) -> None:
         self._flush()
@@ -127,6 +133,24 @@ class CopyWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def special_count(copies: pa.Table) -> int:
+    """The typed copies ``shuffle.split_special`` brings to the driver: a TRUNCATE, a
+    record without an event id, or a change of its key (the same rule, in pyarrow, for
+    the tasks that type the copies)."""
+    special = pc.or_kleene(pc.is_null(copies["event_id"]), pc.equal(copies["op"], "TRUNCATE"))
+    brought = pc.or_kleene(special, pc.is_valid(copies["new_key"]))
+    return int(pc.sum(pc.fill_null(brought, False)).as_py() or 0)
+
+
+def special_free(exports: Mapping[str, Any], table_dir: WorkPath) -> bool:
+    """Whether the fetch's typing counted no copy ``special_count`` counts in any of the
+    table's exports (an adapter's export, typed later, is not counted) and no quarantined
+    event is offered again: then ``shuffle.split_special`` has nothing to bring."""
+    if any(e.specials != 0 for e in exports.values()):
+        return False
+    return not retry.copies_of(table_dir)
 
 
 # ---------------------------------------------------------------------- canonical Parquet

@@ -196,13 +196,15 @@ def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Tabl
 @dataclass(frozen=True)
 class RowRun:
     """Where and when one table's row engine runs: the run's clock, date and id, the
-    table's output folder, and the ledger partitions of the nights before."""
+    table's output folder, the ledger partitions of the nights before, and whether any
+    copy may be special (``copies.special_free``)."""
 
     now_us: int
     dt: date
     run_id: str
     out: WorkPath
     ledger: DataFrame | None  # the window's event ids (``resolve.read_ledger``)
+    any_special: bool = True  # False: no copy for ``shuffle.split_special`` to bring
 
 
 def resolve_rows(
@@ -220,7 +222,7 @@ def resolve_rows(
     disputes one more job finds (``facts.split_events``: folded again), run only when
     what the tasks told of their events says an event may be split (``facts.may_split``)."""
     copies = with_seen(copies, run.ledger)
-    main, specials = split_special(copies)
+    main, specials = split_special(copies, run.any_special)
     main = admit_transactions(main, prior, config, table)
     schemas = fold_outputs(table, config.captures(table))
     job = FoldJob(

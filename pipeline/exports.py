@@ -96,6 +96,9 @@ class StagedExport:
     watermark: str | None = None
     framing: int = 0  # lines that are no record (wal2json's B and C, Kafka tombstones)
     options: dict[str, Any] = field(default_factory=dict)
+    #: typed copies the driver settles or that change their key, as the fetch's typing
+    #: counted them (``copies.special_count``); None: not counted (an adapter's export)
+    specials: int | None = None
 
     @property
     def records(self) -> int:
@@ -515,12 +518,13 @@ def plan_export(
     return StagedExport(replica, fmt, rows, files, manifest.get("watermark"), 0, options), tasks
 
 
-def fetch_file(task: FileTask, spec: TypingSpec | None = None) -> tuple[int, str | None]:
+def fetch_file(task: FileTask, spec: TypingSpec | None = None) -> tuple[int, int, str | None]:
     """Download, verify and stage one file (in a Spark task, on any machine: staged into
     the work location, a local folder or S3); an export's records are typed there
-    (``spec``, ``pipeline.copies``). Returns (framing lines, None), or (0, the error naming
-    the file): an error is the driver's to raise, with the file's name, not a task's
-    traceback."""
+    (``spec``, ``pipeline.copies``). Returns (its framing lines, the copies its typing
+    counted that the driver settles (``copies.special_count``), None), or (0, 0, the
+    error naming the file): an error is the driver's to raise, with the file's name, not
+    a task's traceback."""
     dest = WorkPath(task.work, task.dest)
     try:
         with dest.parent.writing() as folder:  # uploaded from there, on S3
@@ -532,24 +536,26 @@ def fetch_file(task: FileTask, spec: TypingSpec | None = None) -> tuple[int, str
                     raise ExportError(
                         f"{task.name}: listed in the manifest but cannot be read ({e})"
                     ) from None
-                return _check_and_stage(task, local, folder / dest.name, spec), None
+                return (*_check_and_stage(task, local, folder / dest.name, spec), None)
             finally:
                 local.unlink(missing_ok=True)
     except ExportError as e:
-        return 0, str(e)
+        return 0, 0, str(e)
 
 
-def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec | None) -> int:
+def _check_and_stage(
+    task: FileTask, local: Path, dest: Path, spec: TypingSpec | None
+) -> tuple[int, int]:
     """The downloaded file checked against its manifest entry and staged; returns its
-    framing lines."""
+    framing lines and the copies of its typing that the driver settles."""
     digest = _sha256(local)
     if digest != task.sha256:
         raise ExportError(f"{task.name}: sha256 mismatch (manifest {task.sha256}, file {digest})")
-    framing = 0
+    framing = specials = 0
     if local.stat().st_size == 0:  # no bytes: no records, in every format
-        rows = _stage_copies(task, None, dest, spec) if _typed(task) else 0
+        rows, specials = _stage_copies(task, None, dest, spec) if _typed(task) else (0, 0)
     elif _typed(task):
-        rows = _stage_copies(task, local, dest, spec)
+        rows, specials = _stage_copies(task, local, dest, spec)
     elif task.format == "parquet" or (task.format == "dms" and _is_parquet(local)):
         rows = _parquet_rows(local, task.name)
         if task.format == "dms":
@@ -565,35 +571,38 @@ def _check_and_stage(task: FileTask, local: Path, dest: Path, spec: TypingSpec |
         )
     if rows != task.rows:
         raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
-    return framing
+    return framing, specials
 
 
 def _typed(task: FileTask) -> bool:
     return task.kind == "export" and task.format in TYPED_FORMATS
 
 
-def _stage_copies(task: FileTask, local: Path | None, dest: Path, spec: TypingSpec | None) -> int:
+def _stage_copies(
+    task: FileTask, local: Path | None, dest: Path, spec: TypingSpec | None
+) -> tuple[int, int]:
     """An export's records typed and written as copies (``pipeline.copies``); returns its
-    rows (JSONL: its non-blank lines). ``local`` None: a file of no bytes."""
+    rows (JSONL: its non-blank lines) and the copies the driver settles. ``local`` None: a
+    file of no bytes."""
     assert spec is not None, f"{task.name}: an export is typed where it is fetched"
+    rows: int | None = 0
     with CopyWriter(dest, spec, task.replica, task.entry) as out:
-        if local is None:
-            return 0
-        if task.format == "parquet":
+        if local is not None and task.format == "parquet":
             rows = _parquet_rows(local, task.name)
             for number, fields, text in parquet_records(local):
                 out.record(number, fields, text)
-            return rows
-        limit = task.max_record_bytes
-        for first, lines in _line_chunks(local, task.name, limit):
-            numbered = []
-            for i, ln in enumerate(lines):
-                if isinstance(ln, LongLine):
-                    out.long_line(first + i, ln, limit)
-                elif ln.strip():
-                    numbered.append((first + i, ln.rstrip(b"\r")))
-            out.lines(numbered)
-        return out.count
+        elif local is not None:
+            rows = None  # its lines, as the writer counts them
+            limit = task.max_record_bytes
+            for first, lines in _line_chunks(local, task.name, limit):
+                numbered = []
+                for i, ln in enumerate(lines):
+                    if isinstance(ln, LongLine):
+                        out.long_line(first + i, ln, limit)
+                    elif ln.strip():
+                        numbered.append((first + i, ln.rstrip(b"\r")))
+                out.lines(numbered)
+    return (out.count if rows is None else rows), out.specials
 
 
 def _is_parquet(path: Path) -> bool:
@@ -876,7 +885,7 @@ def fetch(spark: SparkSession, config: Config, ctx: RunContext) -> None:
         t: TypingSpec.of(config, config.tables[t], ctx.now_us) for t in {x.table for x in tasks}
     }
     results = fetch_files(spark, tasks, specs) if tasks else []
-    errors = [error for _, error in results if error]
+    errors = [error for _, _, error in results if error]
     if errors:
         more = f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""
         raise ExportError(errors[0] + more)
@@ -884,9 +893,13 @@ def fetch(spark: SparkSession, config: Config, ctx: RunContext) -> None:
     for st in inputs.values():
         for export in st.exports.values():
             export.framing = 0
-    for t, (framing, _) in zip(tasks, results, strict=True):
+            export.specials = 0 if export.format in TYPED_FORMATS else None
+    for t, (framing, specials, _) in zip(tasks, results, strict=True):
         if t.kind == "export":
-            inputs[t.table].exports[t.replica].framing += framing
+            export = inputs[t.table].exports[t.replica]
+            export.framing += framing
+            if export.specials is not None:
+                export.specials += specials
     save_inputs(ctx, inputs)
     done.write_text(json.dumps({"files": len(tasks)}))
     log.info("fetch: %d file(s) checked and staged in Spark tasks", len(tasks))
@@ -894,7 +907,7 @@ def fetch(spark: SparkSession, config: Config, ctx: RunContext) -> None:
 
 def fetch_files(
     spark: SparkSession, tasks: list[FileTask], specs: dict[str, TypingSpec]
-) -> list[tuple[int, str | None]]:
+) -> list[tuple[int, int, str | None]]:
     """``fetch_file`` of each task in a Spark task of its own, results in the tasks' order.
     Where S3 is goes with the tasks (an executor's environment is not the driver's); the
     driver's keys only where they may travel (``spark.task_settings``): on a cluster the
@@ -909,7 +922,7 @@ def fetch_files(
 
 def _fetch_in_task(
     task: dict[str, Any], settings: dict[str, str], spec: TypingSpec | None
-) -> tuple[int, str | None]:
+) -> tuple[int, int, str | None]:
     os.environ.update(settings)
     return fetch_file(FileTask(**task), spec)
 

@@ -29,7 +29,7 @@ from pipeline import layout, retry, stats
 from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
-from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies
+from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies, special_free
 from pipeline.engine import RowRun, purge, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.facts import FATE_COLUMNS, Facts, count_outputs, read_known, write_ledger
@@ -74,13 +74,14 @@ def resolve_table(
     copies = read_copies(spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us)
     ledger = read_ledger(spark, ctx.staged / table.name)
     prior = read_prior(spark, ctx.staged / table.name, table)
+    any_special = not special_free(staged.exports, ctx.staged / table.name)
     if table.granularity is Granularity.CELL:
-        clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger)
+        clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger, any_special)
         tally = write_ledger(spark, out, ctx.run_id, table.name)
         facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
         prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
-        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger)
+        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special)
         facts = resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = facts.clock_skew  # counted by the fold's tasks
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
@@ -108,12 +109,16 @@ def _resolve_cells(
     copies: DataFrame,
     prior: DataFrame,
     ledger: DataFrame | None,
+    any_special: bool,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The cell engine's outputs, written by Spark into the table's folder; returns the
-    table's clock-skew evidence (E7)."""
+    table's clock-skew evidence (E7). ``any_special`` False: no copy is special
+    (``copies.special_free``)."""
     out = ctx.resolved / table.name
     copies, duplicates = set_duplicates_aside(spark, copies, ledger)
-    res = resolve_cells(spark, config, table, copies, prior, ctx.now_us, out / RESOLUTION)
+    res = resolve_cells(
+        spark, config, table, copies, prior, ctx.now_us, out / RESOLUTION, any_special=any_special
+    )
     fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
     _write(res.state, out / STATE_PRE)
     _write(repeats_as_duplicates(fates), out / "fates")

@@ -82,10 +82,14 @@ class Specials:
     moved: list[Any]
 
 
-def split_special(copies: DataFrame) -> tuple[DataFrame, Specials]:
+def split_special(copies: DataFrame, possible: bool = True) -> tuple[DataFrame, Specials]:
     """The copies both engines resolve by key, and the special ones (TRUNCATEs, records
     without an event id) settled on the driver, with the keys of the key changes: one job
-    that brings the few copies of those kinds (most nights have none)."""
+    that brings the few copies of those kinds (most nights have none). ``possible`` False:
+    the fetch's typing counted none (``copies.special_free``, the same rule in pyarrow),
+    and no job runs."""
+    if not possible:
+        return copies, Specials([], [], [], [])
     special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
     special = F.coalesce(special, F.lit(False))
     main = copies.where(~special)

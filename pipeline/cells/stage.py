@@ -191,12 +191,13 @@ def resolve_cells(
     prior: DataFrame,
     now_us: int,
     scratch: WorkPath,
+    any_special: bool = True,
 ) -> Resolved:
-    """Resolve one cell-granularity table. ``refs``: the typed copies of the staged
-    exports (``frames.copy_schema``); ``prior``: the state the run starts from (not yet
-    purged); ``scratch``: a folder of the run's work location for the resolution."""
+    """Resolve one cell-granularity table. ``refs``: the typed copies of the exports
+    (``frames.copy_schema``; ``any_special`` False: none is special); ``prior``: the state
+    the run starts from (not yet purged); ``scratch``: a work folder for the resolution."""
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
-    main, specials = split_special(refs)
+    main, specials = split_special(refs, any_special)
     truncs = specials.truncates
     has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
     tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()

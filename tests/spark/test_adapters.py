@@ -301,7 +301,7 @@ def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
     staged, tasks = plan_export(
         store, folder, manifest, WorkPath.of(tmp_path / "staged"), "pg1", "items"
     )
-    assert fetch_files(spark, tasks, {}) == [(0, None), (0, None)]
+    assert fetch_files(spark, tasks, {}) == [(0, 0, None), (0, 0, None)]
     assert staged.records == 5
     rows = adapters.read_dms(
         spark,

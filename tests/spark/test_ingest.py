@@ -41,6 +41,11 @@ def test_ingest_from_s3_stages_every_export(s3_store, ctx, spark):
     assert {r: e.rows for r, e in staged["t"].exports.items()} == {"pub": 2, "sub": 1}
     assert load_inputs(ctx)["t"].exports["pub"].rows == 2
     assert list((ctx.staged / "t" / "replica=pub" / "copies").glob("*.parquet"))
+    # no copy for the driver to settle (no TRUNCATE, every id given, no key change)
+    assert {r: e.specials for r, e in load_inputs(ctx)["t"].exports.items()} == {
+        "pub": 0,
+        "sub": 0,
+    }
 
 
 def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, spark, monkeypatch):
@@ -179,3 +184,45 @@ def test_a_prior_state_that_is_gone_stops_the_run(s3_store, ctx):
         "files" in msg
     )
     assert "published/t/state/run=run-2026-11-20" in msg and "rerun 2026-11-20" in msg
+
+
+SPECIAL_KINDS = {
+    "plain": {},
+    "truncate": {"op": "TRUNCATE", "key": None, "after": None},
+    "no event id": {"event_id": None},
+    "key change": {"op": "UPDATE", "new_key": {"id": 2}},
+}
+
+
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+def test_the_typing_counts_what_split_special_brings_to_the_driver(kind, spark, tmp_path):
+    """The fetch's typing counts the copies ``split_special`` brings (the same rule in
+    pyarrow): none for a plain copy, and then the run skips that job safely; one for a
+    TRUNCATE, a record without an event id or a key change, which the job finds."""
+    from pipeline.config import parse_config
+    from pipeline.copies import CopyWriter
+    from pipeline.frames import copy_schema
+    from pipeline.guards import TypingSpec
+    from pipeline.shuffle import split_special
+    from tests.helpers import configs
+
+    config = parse_config(configs.config({"t": configs.table()}))
+    table = config.tables["t"]
+    record = {
+        "op": "INSERT",
+        "key": {"id": 1},
+        "after": {"id": 1, "v": "a"},
+        "ts": 1795305600000000,
+        "origin": "pub",
+        "event_id": "pub-1",
+        "seq": 1,
+    }
+    record = {k: v for k, v in {**record, **SPECIAL_KINDS[kind]}.items() if v is not None}
+    path = tmp_path / "copies.parquet"
+    with CopyWriter(path, TypingSpec.of(config, table, 1795305600000000), "pub", "f") as out:
+        out.lines([(1, json.dumps(record).encode())])
+    copies = spark.read.schema(copy_schema(table)).parquet(str(path))
+    _, found = split_special(copies)
+    brought = len(found.truncates) + len(found.fates) + len(found.moved)
+    assert out.specials == (0 if kind == "plain" else 1)
+    assert (out.specials > 0) == (brought > 0)
