@@ -8,7 +8,8 @@ read from their footers, and the commit adds them; rows made elsewhere are writt
 Delta's writer. A replace takes the files it removes from the checksum file of the version
 it starts from (``pipeline/jvm/Replace.java``: Delta's own overwrite would first
 reconstruct the table's state with Spark jobs); Delta's ``replaceWhere`` does it when the
-checksum lists no files. Every table is created with deletion vectors on and the writer's retention
+checksum lists no files (files added as they are take Delta's scan of the state then).
+Every table is created with deletion vectors on and the writer's retention
 (:data:`FEATURES`, :func:`retention_properties`), checked at each commit. The run id,
 date and verdict go in each commit's ``userMetadata`` (JSON; :func:`meta_of` also reads
 the ``cdr.*`` commit info keys of tables an older release wrote with delta-rs). A run's
@@ -423,13 +424,13 @@ class Lake:
     ) -> None:
         from pyspark.sql import functions as F
 
+        text = json.dumps(meta, sort_keys=True, default=str)
         if isinstance(frame, Files):
-            if self._adopt(path, frame, dt, mode, json.dumps(meta, sort_keys=True, default=str)):
+            if self._adopt(path, frame, dt, mode, text):
                 return
-            frame = frame.frame(self.session())
+            frame = frame.frame(self.session())  # another schema: Delta's writer merges it
         if dt is not None and DT not in frame.columns:
             frame = frame.withColumn(DT, F.lit(dt))
-        text = json.dumps(meta, sort_keys=True, default=str)
         if mode == "overwrite" and not new and self._replace(path, frame, dt, text):
             return
         writer = frame.write.format("delta").mode(mode).option("mergeSchema", "true")
