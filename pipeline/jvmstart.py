@@ -127,11 +127,20 @@ def driver_options(small: bool, archive: Path | None) -> list[str]:
 
 
 def usable_archive() -> Path | None:
-    """The archive a JVM starting now maps, if it exists."""
+    """The archive a JVM starting now maps, if it exists; one that should and does not
+    (never built, or built for other jars: a new pyspark, the project's jar rebuilt) is
+    said, since the JVM then starts seconds slower without a word."""
     if start_mode() == "plain":
         return None
     path = archive_path()
-    return path if path is not None and path.is_file() else None
+    if path is not None and not path.is_file():
+        log.info(
+            "no class-data archive for this JDK and these jars (%s): `cdr jvm-archive` "
+            "builds it, and the driver's JVM starts a few seconds faster",
+            path.name,
+        )
+        return None
+    return path
 
 
 def submit_conf() -> dict[str, str]:

@@ -69,6 +69,14 @@ def retention_properties(days: int) -> dict[str, str]:
     return dict.fromkeys(RETENTION_PROPERTIES, f"interval {days} days")
 
 
+def _where(dt: date | None) -> tuple[str | None, str | None, str | None]:
+    """A commit's partition for ``Replace.java``: its column, its value and the predicate
+    that names it (None each: the whole table)."""
+    if dt is None:
+        return None, None, None
+    return DT, dt.isoformat(), f"{DT} = DATE'{dt.isoformat()}'"
+
+
 @dataclass(frozen=True)
 class Files:
     """Rows a run's tasks wrote already: Parquet files (Spark URIs) of ``schema``.
@@ -438,7 +446,7 @@ class Lake:
         if dt is not None:
             writer = writer.partitionBy(DT)
             if mode == "overwrite":
-                writer = writer.option("replaceWhere", f"{DT} = DATE'{dt.isoformat()}'")
+                writer = writer.option("replaceWhere", _where(dt)[2])
         if new:
             for k, v in {**FEATURES, **self.properties}.items():
                 writer = writer.option(k, v)
@@ -454,24 +462,13 @@ class Lake:
         remove taken from the checksum of the version read (``pipeline/jvm/Replace.java``),
         which spares Delta's scan of the table's state; False (nothing done) when that
         checksum lists no files or the schema changes: then Delta's own overwrite."""
-        spark = self.session()
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        where = f"{DT} = DATE'{dt.isoformat()}'" if dt is not None else None
-        try:
-            version = jvm.cdr.delta.Replace.replace(
-                spark._jsparkSession,
-                self.spark_uri(path),
-                frame._jdf,
-                self._lease_settings(),
-                DT if dt is not None else None,
-                dt.isoformat() if dt is not None else None,
-                where,
-                meta,
-            )
-        except Exception as e:  # as the writer's: one line, naming the table
-            raise self._failed(path, e) from None
-        return bool(version >= 0)
+        session = self.session()._jsparkSession
+        return self._replace_class(
+            path,
+            lambda replace: replace.replace(
+                session, self.spark_uri(path), frame._jdf, self._lease_settings(), *_where(dt), meta
+            ),
+        )
 
     def _adopt(self, path: str, files: Files, dt: date | None, mode: str, meta: str) -> bool:
         """Add ``files`` to the table as they are, copied into its folder by the executors
@@ -483,23 +480,31 @@ class Lake:
         schema = files.schema
         if dt is not None and DT not in schema.names:
             schema = StructType([*schema.fields, StructField(DT, DateType())])
-        spark = self.session()
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        try:
-            version = jvm.cdr.delta.Replace.adopt(
-                spark._jsparkSession,
+        session = self.session()._jsparkSession
+        settings = self._lease_settings()
+        created = {**FEATURES, **self.properties}
+        return self._replace_class(
+            path,
+            lambda replace: replace.adopt(
+                session,
                 self.spark_uri(path),
                 files.uris,
                 schema.json(),
-                self._lease_settings(),
-                {**FEATURES, **self.properties},
+                settings,
+                created,
                 mode == "overwrite",
-                DT if dt is not None else None,
-                dt.isoformat() if dt is not None else None,
-                f"{DT} = DATE'{dt.isoformat()}'" if dt is not None else None,
+                *_where(dt),
                 meta,
-            )
+            ),
+        )
+
+    def _replace_class(self, path: str, call: Callable[[Any], int]) -> bool:
+        """One commit of ``pipeline/jvm/Replace.java`` (``call`` of the class); False when
+        it did nothing (it returned -1). Its failure: one line naming the table."""
+        jvm = self.session().sparkContext._jvm
+        assert jvm is not None
+        try:
+            version = call(jvm.cdr.delta.Replace)
         except Exception as e:  # as the writer's: one line, naming the table
             raise self._failed(path, e) from None
         return bool(version >= 0)

@@ -94,10 +94,10 @@ public final class Replace {
     /**
      * Add the Parquet files {@code sources} (URIs) to table {@code path}, copied into its
      * folder (the partition's, if {@code column} is set) by the executors, as rows of {@code
-     * schemaJson} (the table's schema, partition column included), each with its rows in
-     * its statistics. With {@code overwrite}, the files of the partition (or
-     * of the table) are removed in the same commit: those the checksum lists, else those
-     * Delta's scan of the table's state finds. A table that does not exist yet is created
+     * schemaJson} (the table's schema, partition column included), each with the
+     * statistics its footer gives ({@link #statistics}). With {@code overwrite}, the files
+     * of the partition (or of the table) are removed in the same commit: those the
+     * checksum lists, else those Delta's scan of the table's state finds. A table that does not exist yet is created
      * by that commit, with the properties {@code configuration}. Returns the version
      * committed, or -1 (nothing done) when the schema is not the table's.
      */

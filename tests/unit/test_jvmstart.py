@@ -4,6 +4,7 @@ archive, and from a damaged one: tests/spark/test_jvmstart.py.)"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def test_driver_options_by_run_size_and_mode(monkeypatch, tmp_path: Path):
         jvmstart.driver_options(True, archive)
 
 
-def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_path: Path):
+def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_path: Path, caplog):
     jdk, jars = tmp_path / "jdk", tmp_path / "jars"
     jdk.mkdir()
     jars.mkdir()
@@ -53,7 +54,9 @@ def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_
     monkeypatch.setenv(jvmstart.ARCHIVE_ENV, "off")
     assert jvmstart.archive_path() is None and jvmstart.usable_archive() is None
     monkeypatch.setenv(jvmstart.ARCHIVE_ENV, str(tmp_path / "none.jsa"))
-    assert jvmstart.usable_archive() is None  # named, but not built
+    with caplog.at_level(logging.INFO, logger="pipeline.jvmstart"):
+        assert jvmstart.usable_archive() is None  # named, but not built
+    assert "no class-data archive" in caplog.text and "cdr jvm-archive" in caplog.text
 
 
 def test_a_local_master_reads_local_files_through_the_projects_file_system():
