@@ -585,14 +585,13 @@ def _stage_copies(
     rows (JSONL: its non-blank lines) and the copies the driver settles. ``local`` None: a
     file of no bytes."""
     assert spec is not None, f"{task.name}: an export is typed where it is fetched"
-    rows: int | None = 0
+    rows = 0
     with CopyWriter(dest, spec, task.replica, task.entry) as out:
         if local is not None and task.format == "parquet":
             rows = _parquet_rows(local, task.name)
             for number, fields, text in parquet_records(local):
                 out.record(number, fields, text)
         elif local is not None:
-            rows = None  # its lines, as the writer counts them
             limit = task.max_record_bytes
             for first, lines in _line_chunks(local, task.name, limit):
                 numbered = []
@@ -602,7 +601,8 @@ def _stage_copies(
                     elif ln.strip():
                         numbered.append((first + i, ln.rstrip(b"\r")))
                 out.lines(numbered)
-    return (out.count if rows is None else rows), out.specials
+            rows = out.count  # its non-blank lines, each a copy
+    return rows, out.specials  # counted as the writer closed
 
 
 def _is_parquet(path: Path) -> bool:
