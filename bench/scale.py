@@ -10,7 +10,7 @@ round copies that store again (not timed) and times, alternated, as new processe
 
 - ``cdr run`` of the night: ingest, resolve, validation (no Data Docs), publish;
 - the bare job, in the project's own Spark session (``pipeline.spark.get_spark``): read
-  the state table's Parquet files (its latest version's) and the night's JSONL exports,
+  the state table's latest version (through Delta's reader) and the night's JSONL exports,
   keep the latest version of each key (``row_number`` over the key by timestamp,
   the state row's ``_ts`` against the events' ``ts``), drop deleted keys, write the new
   state as Parquet.
@@ -65,8 +65,9 @@ spark.stop()
 
 
 def bare(spark, store_uri: str, out: str, table: str = "items") -> None:
-    """The bare job: the state's Parquet files and the night's JSONL in, the latest
-    version of each key, deleted keys dropped, the new state's Parquet out."""
+    """The bare job: the state's latest version (through Delta's reader) and the night's
+    JSONL in, the latest version of each key, deleted keys dropped, the new state's
+    Parquet out."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -75,8 +76,10 @@ def bare(spark, store_uri: str, out: str, table: str = "items") -> None:
     from pipeline.state import TEXT_MAP
     from pipeline.store import open_store
 
-    files = Lake(open_store(store_uri)).files(layout.table_path(table, layout.STATE))
-    state = spark.read.parquet(*files)
+    uri = Lake(open_store(store_uri)).spark_uri(layout.table_path(table, layout.STATE))
+    state = spark.read.format("delta").load(uri)
+    if "dt" in state.columns:  # a state partitioned by date: the newest date's
+        state = state.where(F.col("dt") == state.agg(F.max("dt")).first()[0])
     values = [c for c in state.columns if not c.startswith("_") and c not in ("id", "dt")]
     prior = state.select(
         F.to_json(F.struct("id")).alias("key"),
