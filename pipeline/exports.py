@@ -794,14 +794,15 @@ def _stage_start(
     tasks: list[FileTask],
 ) -> None:
     """What the table starts from (formats.md "Backfills"): the state published for the
-    latest date before the run's, checked against that run's ``runs`` row; on a store of
-    the earlier layout, its pointer (once); else ``base/`` (a table new to the config,
-    or the first run); else nothing."""
-    from pipeline.runs_table import latest_published
+    latest date before the run's, within the retention and checked against that run's
+    ``runs`` row; on a store of the earlier layout, its pointer (once); else ``base/`` (a
+    table new to the config, or the first run); else nothing."""
+    from pipeline.runs_table import latest_published, now
 
     dest = ctx.staged / tname / "prior"
     run = latest_published(runs, tname, ctx.dt)
     if run is not None:
+        prior.refuse_outside_retention(runs, run, tname, ctx.dt, config.retention_days, now())
         pin = prior.pin_state(store, lake, run, tname)
         pin.save(ctx.staged / tname / prior.PRIOR_PIN)
         st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": pin.rows}

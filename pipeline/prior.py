@@ -19,7 +19,7 @@ import logging
 import posixpath
 import re
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from pipeline import layout
 from pipeline.errors import PriorStateError, StoreError
 from pipeline.lake import DT, Lake, Pin, add_actions
-from pipeline.runs_table import RunRow
+from pipeline.runs_table import RunRow, retained_rows
 from pipeline.store import Store
 from pipeline.workpath import WorkPath, write_table
 
@@ -57,8 +57,10 @@ def _check_files(store: Store, path: str, actions: list[dict[str, Any]]) -> None
 
 
 def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
-    """The ``state`` partition of ``run.dt`` as ``run`` committed it, checked against its
-    ``runs`` row: the version it names, the run id in that commit, its files."""
+    """The state of ``run.dt`` as ``run`` committed it, checked against its ``runs`` row:
+    the version it names, the run id in that commit, its files. That version's partition
+    of ``run.dt`` in a table partitioned by date (each date's state a copy of its own),
+    else the version whole (a table updated in place)."""
     path = layout.table_path(table, layout.STATE)
     where = f"the state of {table} published for {run.dt} by run {run.run_id}"
     version = run.versions.get(path)
@@ -75,10 +77,31 @@ def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
         raise PriorStateError(
             f"{where}: version {version} of {path} was committed by {committed_by!r}"
         )
-    _check_files(store, path, add_actions(t, run.dt))
+    # the state of a date: its partition of a table partitioned by date, else the version
+    dated = DT in t.metadata().partition_columns
+    _check_files(store, path, add_actions(t, run.dt if dated else None))
     rows = int(run.tables().get(table, {}).get("state_rows", -1))
     log.info("prior %s: the state of %s (run %s), version %d", table, run.dt, run.run_id, version)
-    return Pin(lake.spark_uri(path), version, (run.dt.isoformat(),), rows, where)
+    dates = (run.dt.isoformat(),) if dated else None
+    return Pin(lake.spark_uri(path), version, dates, rows, where)
+
+
+def refuse_outside_retention(
+    runs: list[RunRow], run: RunRow, table: str, dt: date, days: int, at: datetime
+) -> None:
+    """formats.md "Backfills": a run starts from a published state whose versions
+    ``cdr vacuum`` keeps (:func:`pipeline.runs_table.retained_rows` with the config's
+    ``retention_days``, the longest window a vacuum may use); an older one is refused,
+    naming the horizon, before anything reads it."""
+    horizon = at - timedelta(days=days)
+    if run.run_id in {r.run_id for r in retained_rows(runs, horizon)}:
+        return
+    raise PriorStateError(
+        f"table {table!r}: a run of {dt} starts from the state of {run.dt} (run {run.run_id}, "
+        f"finished {run.finished_at:%Y-%m-%d %H:%M} UTC), which is before the retention "
+        f"horizon {horizon:%Y-%m-%d %H:%M} UTC (retention_days: {days}): `cdr vacuum` may "
+        "have removed its versions. Backfills start from dates within the retention."
+    )
 
 
 def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:

@@ -100,6 +100,17 @@ def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | N
     return max(mine, key=lambda r: (r.dt, r.order()), default=None)
 
 
+def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
+    """The ``runs`` rows whose versions stay readable (``cdr vacuum`` keeps them):
+    finished within the window, or the last published run of a table."""
+    chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
+    for table in {t for r in runs for t in r.tables()}:
+        last = latest_published(runs, table, date.max)
+        if last is not None:
+            chosen[last.run_id] = last
+    return list(chosen.values())
+
+
 def published_by_date(rows: list[RunRow]) -> dict[date, RunRow]:
     """Each date's run published last (in commit order): the run whose report, snapshot
     version and state the date stands for."""

@@ -30,12 +30,12 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pipeline import layout, lease
 from pipeline.lake import DV_PREFIX, DV_SUFFIX, Lake, add_actions, deletion_vector_files
-from pipeline.runs_table import RunRow, latest_published, read_runs
+from pipeline.runs_table import read_runs, retained_rows
 from pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -49,17 +49,6 @@ class VacuumResult:
     @property
     def files(self) -> int:
         return sum(len(v) for v in self.removed.values())
-
-
-def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
-    """The ``runs`` rows whose versions stay readable: finished within the window, or the
-    last published run of a table."""
-    chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
-    for table in {t for r in runs for t in r.tables()}:
-        last = latest_published(runs, table, date.max)
-        if last is not None:
-            chosen[last.run_id] = last
-    return list(chosen.values())
 
 
 def table_paths(store: Store) -> list[str]:

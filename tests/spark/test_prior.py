@@ -42,6 +42,22 @@ def test_the_published_state_is_pinned_and_read_by_the_executors(store, spark):
     assert sorted(r.id for r in read_pinned(spark, pin).collect()) == [0, 1, 2]
 
 
+def test_a_state_updated_in_place_is_pinned_whole_at_its_version(file_store, spark):
+    """A state table without date partitions: the state of a date is the version its
+    runs row names, whole."""
+    lake = Lake(file_store, spark=spark)
+    frame = spark.createDataFrame([(i, f"e{i}") for i in range(3)], "id long, event_id string")
+    c = lake.commit(STATE, frame, {"run_id": "r1"})
+    lake.commit(STATE, frame.where("id = 0"), {"run_id": "r2"})  # a later date's
+    t = now()
+    counts = {"tables": {"t": {"state_rows": 3}}}
+    run = RunRow("r1", D1, "published", t, t, None, "c" * 64, counts=counts, versions={STATE: 0})
+    assert c.version == 0
+    pin = pin_state(file_store, lake, run, "t")
+    assert (pin.version, pin.dates, pin.rows) == (0, None, 3)
+    assert sorted(r.id for r in read_pinned(spark, pin).collect()) == [0, 1, 2]
+
+
 def test_a_missing_or_cut_file_stops_the_run(store, spark):
     lake = Lake(store, spark=spark)
     run = published(lake, spark)

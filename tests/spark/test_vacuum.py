@@ -14,9 +14,9 @@ import pytest
 from pipeline import layout
 from pipeline.errors import LockedError
 from pipeline.lake import Lake
-from pipeline.runs_table import RunRow, append, read_runs
+from pipeline.runs_table import RunRow, append, read_runs, retained_rows
 from pipeline.store import FileStore
-from pipeline.vacuum import retained_rows, vacuum
+from pipeline.vacuum import vacuum
 from tests.helpers import published as P
 
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
