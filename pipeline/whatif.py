@@ -9,10 +9,11 @@ dry run that publishes nothing, and compares, per table:
 - conflicts by type and outcome, divergent keys per replica and orphans, side by side.
 
 The comparison goes to ``published/reports/dt=<D>/whatif/<name>.json`` and an HTML page
-beside it (``name``: the config file's stem). The published side is D's ``state``
-partition (its live rows are D's snapshot, even once a later date moved the snapshot on).
-Both snapshots are compared on the driver (pyarrow): fine for the tables of a night's
-review; a table of tens of millions of rows wants a Spark join here.
+beside it (``name``: the config file's stem). The published side is the live rows of the
+state D's ``runs`` row names (D's snapshot, even once a later date moved the snapshot
+on), read by the executors through Delta and checked as a run's prior is
+(``prior.pin_state``); a Spark join on the key compares it with the what-if snapshot, and
+only the counts and the first differing rows reach the driver.
 """
 
 from __future__ import annotations
@@ -25,18 +26,17 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 
 from pipeline import layout
 from pipeline.config import Config, Table
 from pipeline.errors import StageError
-from pipeline.jsonvalues import dumps
-from pipeline.lake import Lake
-from pipeline.runs_table import published_by_date, read_runs
-from pipeline.store import open_store
+from pipeline.lake import Lake, read_pinned
+from pipeline.runs_table import RunRow, published_by_date, read_runs
+from pipeline.store import Store, open_store
 from pipeline.summary import RunSummary
-from pipeline.workpath import WorkPath, read_folder
+from pipeline.workpath import WorkPath
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,11 @@ def whatif(
         "same_exports": staged == published if published else None,
         "tables": {
             t: compare_table(
-                table, report["tables"].get(t, {}), lake, dt, ctx.resolved / t, summary
+                table,
+                report["tables"].get(t, {}),
+                _published_state(spark, store, lake, run, table),
+                _whatif_snapshot(spark, ctx.resolved / t / layout.SNAPSHOT, table),
+                summary,
             )
             for t, table in config.tables.items()
         },
@@ -108,31 +112,48 @@ def _inputs(ctx: Any) -> list[list[dict[str, Any]]]:
     return [s.manifests for s in load_inputs(ctx).values()]
 
 
-def _rows(t: pa.Table | None, table: Table) -> dict[str, dict[str, Any]]:
-    """Rows by their key (as JSON), with the columns a reader sees."""
-    if t is None or t.num_rows == 0:
-        return {}
-    t = t.select(list(table.column_names))
-    return {dumps({c: r[c] for c in table.key}): r for r in t.to_pylist()}
+def _published_state(
+    spark: SparkSession, store: Store, lake: Lake, run: RunRow, table: Table
+) -> DataFrame:
+    """The state ``run`` published for ``table``, checked and read as a run's prior is
+    (empty for a table the run did not publish)."""
+    from pipeline.prior import pin_state
+    from pipeline.state import empty_state
+
+    if layout.table_path(table.name, layout.STATE) not in run.versions:
+        return empty_state(spark, table)
+    return read_pinned(spark, pin_state(store, lake, run, table.name))
+
+
+def _whatif_snapshot(spark: SparkSession, folder: WorkPath, table: Table) -> DataFrame:
+    from pipeline.spark import output_record, read_output
+    from pipeline.state import empty_state
+
+    if output_record(folder) is None and not folder.parquet_files():
+        return empty_state(spark, table)  # the table's resolve wrote none
+    return read_output(spark, folder)
 
 
 def compare_table(
     table: Table,
     published: dict[str, Any],
-    lake: Lake,
-    dt: date,
-    resolved: WorkPath,
+    state: DataFrame,
+    mine: DataFrame,
     summary: RunSummary,
 ) -> dict[str, Any]:
-    state = lake.read(layout.table_path(table.name, layout.STATE), dt=dt)
-    if state is not None:
-        state = state.filter(pc.invert(pc.fill_null(state["_deleted"], False)))
-    mine = read_folder(resolved / layout.SNAPSHOT)
-    cols = list(table.column_names)
-    if mine is not None and state is not None:  # compared as values of the same types
-        mine = mine.select(cols).cast(state.select(cols).schema)
-    before, after = _rows(state, table), _rows(mine, table)
-    differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    """The published run's live state rows against the what-if snapshot, joined on the
+    key by Spark (``state``, ``mine``: frames of at least the table's columns): one job
+    counts both sides and the rows that differ, one more lists the first differing keys
+    with both versions (at most :data:`MAX_KEYS` rows reach the driver)."""
+    key = list(table.key)
+    joined = _joined(table, state, mine)
+    n = joined.agg(
+        F.count("pub").alias("pub"),
+        F.count("mine").alias("mine"),
+        F.sum(F.col("differ").cast("long")).alias("differ"),
+    ).first()
+    count = int(n["differ"] or 0) if n else 0
+    first = joined.where("differ").orderBy(*key).limit(MAX_KEYS).collect()
     s = summary.tables.get(table.name)
     what = {
         "conflicts": s.conflicts if s else {},
@@ -141,14 +162,18 @@ def compare_table(
         "quarantined": s.quarantined if s else {},
     }
     return {
-        "rows": {"published": len(before), "whatif": len(after)},
+        "rows": {"published": int(n["pub"]) if n else 0, "whatif": int(n["mine"]) if n else 0},
         "differing_rows": {
-            "count": len(differ),
-            "keys": [json.loads(k) for k in differ[:MAX_KEYS]],
-            "keys_truncated": len(differ) > MAX_KEYS,
+            "count": count,
+            "keys": [{c: r[c] for c in key} for r in first],
+            "keys_truncated": count > MAX_KEYS,
             "sample": [
-                {"key": json.loads(k), "published": before.get(k), "whatif": after.get(k)}
-                for k in differ[:SAMPLE]
+                {
+                    "key": {c: r[c] for c in key},
+                    "published": _row(r["pub"]),
+                    "whatif": _row(r["mine"]),
+                }
+                for r in first[:SAMPLE]
             ],
         },
         **{
@@ -156,6 +181,35 @@ def compare_table(
             for k, v in what.items()
         },
     }
+
+
+def _joined(table: Table, state: DataFrame, mine: DataFrame) -> DataFrame:
+    """Per key of either side: its key columns, ``pub`` and ``mine`` (the row of the
+    table's columns, or null) and whether they ``differ``."""
+    cols, key = list(table.column_names), list(table.key)
+    live = F.coalesce(F.col("_deleted"), F.lit(False))
+    theirs = state.where(~live).select(*[_col(c) for c in cols])
+    types = {f.name: f.dataType for f in theirs.schema.fields}
+    ours = mine.select(*[_col(c).cast(types[c]).alias(c) for c in cols])
+
+    def side(df: DataFrame, name: str) -> DataFrame:
+        row = F.struct(*[_col(c) for c in cols])
+        return df.select(*[_col(c).alias(f"_k_{c}") for c in key], row.alias(name))
+
+    on = [F.col(f"a._k_{c}").eqNullSafe(F.col(f"b._k_{c}")) for c in key]
+    both = side(theirs, "pub").alias("a").join(side(ours, "mine").alias("b"), on, "full_outer")
+    keys = [F.coalesce(F.col(f"a._k_{c}"), F.col(f"b._k_{c}")).alias(c) for c in key]
+    return both.select(*keys, "pub", "mine").withColumn(
+        "differ", ~F.col("pub").eqNullSafe(F.col("mine"))
+    )
+
+
+def _col(name: str) -> Column:
+    return F.col(f"`{name}`")
+
+
+def _row(r: Row | None) -> dict[str, Any] | None:
+    return None if r is None else r.asDict()
 
 
 # ---------------------------------------------------------------------- the page
