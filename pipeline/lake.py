@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -42,7 +44,7 @@ from pipeline.workpath import WorkPath
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from pipeline.lease import Fence
@@ -56,6 +58,8 @@ _SESSION_METADATA = threading.Lock()
 
 #: the partition column of dated tables
 DT = "dt"
+#: the column of :meth:`Lake.merge`'s rows that says the key's row goes
+DROP = "_drop"
 #: the table features every table is created with, and checked at every commit
 FEATURES = {"delta.enableDeletionVectors": "true"}
 #: the Delta table properties that keep a table's log (and its removed files, for a
@@ -368,6 +372,23 @@ class Lake:
         t = self.table(path)
         return [] if t is None else list(t.history(limit))
 
+    def written_rows(self, path: str, version: int, dt: date | None = None) -> int | None:
+        """The rows of the version's files (of partition ``dt``) as their writer counted
+        them (the log's ``numRecords``; None if a file's statistics do not say), from the
+        log alone. delta-rs' add actions do not show deletion vectors, so this is what a
+        reader finds only for files no DELETE or MERGE touched since they were written:
+        those of the partition (or the table) a commit just replaced."""
+        t = self.table(path, version)
+        if t is None:
+            return None
+        total = 0
+        for a in add_actions(t, dt):
+            n = a.get("num_records")
+            if n is None:
+                return None
+            total += int(n)
+        return total
+
     # ------------------------------------------------------------------ writing
 
     def commit(
@@ -539,29 +560,79 @@ class Lake:
         if all(config.get(k) == v for k, v in wanted.items()):
             return False
         log.info("%s: table properties set to %s", path, wanted)
-        info = {**self._fenced(path, meta), "operation": "set the table properties"}
-        spark = self.session()
         props = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
+        sql = f"ALTER TABLE {{table}} SET TBLPROPERTIES ({props})"
+        self._sql_commit(path, meta, "set the table properties", sql)
+        return True
+
+    def restore(self, path: str, version: int, meta: dict[str, Any]) -> int:
+        """Make the table's content that of ``version`` again, in a new commit fenced like
+        the others (Delta's ``RESTORE``; its files stay, so every version still reads);
+        returns the new version."""
+        sql = f"RESTORE TABLE {{table}} TO VERSION AS OF {int(version)}"
+        return self._sql_commit(path, meta, f"restored version {version}", sql)
+
+    def _sql_commit(self, path: str, meta: dict[str, Any], operation: str, sql: str) -> int:
+        """One SQL statement on the table (``{table}`` in ``sql``) as a commit of the run
+        ``meta`` names, its ``operation`` said (a retried publish does not take it for one
+        of the run's own output commits), read back; returns its version."""
+        statement = sql.replace("{table}", f"delta.`{self.spark_uri(path)}`")
+        info = {**self._fenced(path, meta), "operation": operation}
+        with self._session_commit(path, info) as spark:
+            spark.sql(statement)
+        return self._committed(path)
+
+    def merge(self, path: str, rows: DataFrame, key: Sequence[str], meta: dict[str, Any]) -> Commit:
+        """``rows`` merged into the existing table by ``key`` in one commit (Delta's MERGE:
+        the rows it replaces or deletes are marked in deletion vectors, no file holding
+        none of them is rewritten): a row whose ``DROP`` column is true deletes its key's
+        row, any other replaces it or is added. Fenced and read back like every commit;
+        the ``DROP`` column is not written."""
+        from delta.tables import DeltaTable
+
+        on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in key)
+        values: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in rows.columns if c != DROP}
+        with self._session_commit(path, self._fenced(path, meta)) as spark:
+            (
+                DeltaTable.forPath(spark, self.spark_uri(path))
+                .alias("t")
+                .merge(rows.alias("s"), on)
+                .whenMatchedDelete(f"s.`{DROP}`")
+                .whenMatchedUpdate(set=values)
+                .whenNotMatchedInsert(condition=f"NOT s.`{DROP}`", values=values)
+                .execute()
+            )
+        return Commit(path, self._committed(path))
+
+    @contextmanager
+    def _session_commit(self, path: str, info: dict[str, Any]) -> Iterator[SparkSession]:
+        """The session set for one commit of ``path`` that takes no writer options (SQL,
+        Delta's table API): its metadata and the log store's lease check, for that commit
+        only (one table's at a time); a failure is one line naming the table."""
+        spark = self.session()
         settings = {
             "spark.databricks.delta.commitInfo.userMetadata": json.dumps(
                 info, sort_keys=True, default=str
             ),
             **self._lease_settings(),
         }
-        with _SESSION_METADATA:  # the session's settings: one table's commit at a time
+        with _SESSION_METADATA:
             for k, v in settings.items():
                 spark.conf.set(k, v)
             try:
-                spark.sql(f"ALTER TABLE delta.`{self.spark_uri(path)}` SET TBLPROPERTIES ({props})")
+                yield spark
             except Exception as e:
                 raise self._failed(path, e) from None
             finally:
                 for k in settings:
                     spark.conf.unset(k)
+
+    def _committed(self, path: str) -> int:
+        """The version a commit just made, read back (this run's, its lease still held)."""
         got = self.version(path)
         assert got is not None
         self._read_back(path, got)
-        return True
+        return got
 
     def next_version(self, path: str, meta: dict[str, Any]) -> int:
         """The version the next commit of ``path`` makes, its properties settled first:

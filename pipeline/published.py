@@ -78,7 +78,32 @@ class Committer:
             frame = Files([], schema)
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
+        if rows is not None:
+            self._check_rows(path, dt, version, rows, current)
         return version
+
+    def _check_rows(
+        self, path: str, dt: date | None, version: int, rows: int, before: int | None
+    ) -> None:
+        """The committed version holds (in partition ``dt``), by its Delta log, the rows
+        the run wrote (the commit replaced them: every file of them is new, so the files'
+        record counts are the rows a reader finds): else the table goes back to the
+        version ``before`` it in a new commit and the publish stops, so that no ``runs``
+        row names the version. (A table the commit created stays at that version, which
+        no ``runs`` row names.)"""
+        lake = self.lake
+        counted = lake.written_rows(path, version, dt)
+        if counted is None or counted == rows:
+            return
+        if before is None:
+            undone = "a new table, which no runs row names"
+        else:
+            undone = f"version {before} restored as version {lake.restore(path, before, self.meta)}"
+        raise StageError(
+            f"commit {path}{f' dt={dt}' if dt else ''}: version {version} holds {counted} "
+            f"rows by its Delta log, but the run wrote {rows} ({undone}); the publish stops "
+            "and writes no runs row"
+        )
 
 
 def _output(info: OutputInfo | None, files: list[WorkPath]) -> tuple[int | None, Any]:

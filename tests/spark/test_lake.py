@@ -237,3 +237,47 @@ def test_without_a_file_list_in_the_checksum_a_replace_is_deltas_own(store, spar
     lake.commit(path, wider, {}, dt=D2)
     assert [(r["id"], r["n"]) for r in P.rows(store, path, D2)] == [(4, 1)]
     assert [(r["id"], r["n"]) for r in P.rows(store, path, D1)] == [(3, None)]
+
+
+def test_a_merge_by_key_replaces_adds_and_deletes_rows_in_one_commit(store, spark):
+    """``Lake.merge``: rows replace their key's row or are added, a ``_drop`` row deletes
+    it; one commit through deletion vectors (no row of the table's file is copied), read
+    the same by delta-spark, delta-rs and DuckDB."""
+    from delta.tables import DeltaTable
+
+    lake, path = Lake(store, spark=spark), "published/t/snapshot"
+    start = spark.createDataFrame([(i, str(i)) for i in range(5)], SCHEMA).repartition(1)
+    lake.commit(path, start, {"run_id": "r1"})
+    rows = spark.createDataFrame(
+        [(1, "one", False), (3, None, True), (9, "nine", False), (8, None, True)],
+        "id long, v string, _drop boolean",
+    )
+    assert lake.merge(path, rows, ["id"], {"run_id": "r2"}).version == 1
+    want = [(0, "0"), (1, "one"), (2, "2"), (4, "4"), (9, "nine")]
+    assert sorted((r["id"], r["v"]) for r in P.rows(store, path)) == want
+    assert sorted((r["id"], r["v"]) for r in P.duckdb_rows(store, path)) == want
+    assert sorted((r.id, r.v) for r in lake.frame(path).collect()) == want
+    assert "_drop" not in lake.frame(path).columns
+    commit = DeltaTable.forPath(spark, lake.spark_uri(path)).history(1).collect()[0]
+    assert commit.operation == "MERGE"
+    assert commit.operationMetrics["numTargetDeletionVectorsAdded"] == "1"
+    assert commit.operationMetrics["numTargetRowsCopied"] == "0"
+    assert P.commit_meta(lake.history(path, 1)[0]).get("run_id") == "r2"
+
+
+def test_a_merge_of_a_run_that_lost_its_lease_commits_nothing(file_store, spark, monkeypatch):
+    from pipeline import lease
+    from pipeline.errors import LockedError
+
+    held = lease.acquire(file_store, "run-a", 600)
+    lake = Lake(file_store, spark=spark, fence=lease.Fence(file_store, "run-a", held.epoch))
+    path = "published/t/snapshot"
+    lake.commit(path, spark.createDataFrame([(1, "x")], SCHEMA), {})
+    lease.unlock(file_store, force=True)
+    lease.acquire(file_store, "run-b", 600)  # another run took the store over
+    monkeypatch.setattr(lease.Fence, "before", lambda self, table: None)  # paused past it
+    rows = spark.createDataFrame([(1, "late", False)], "id long, v string, _drop boolean")
+    with pytest.raises(LockedError, match=f"{path}: another writer.*held by run run-b"):
+        lake.merge(path, rows, ["id"], {})
+    assert Lake(file_store).version(path) == 0
+    assert [r["v"] for r in P.rows(file_store, path)] == ["x"]

@@ -391,3 +391,36 @@ def test_a_recorded_output_whose_files_are_gone_is_never_published_empty(
         committer.commit("t/conflicts", "published/t/conflicts", date.fromisoformat(D))
     assert committer.commit("t/divergence", "published/t/divergence", date.fromisoformat(D)) == 0
     assert P.table(tmp_path / "store", "published/t/divergence") == []
+
+
+def test_a_commit_whose_log_counts_other_rows_than_the_run_wrote_is_undone(
+    tmp_path: Path, spark
+) -> None:
+    """After each commit the publish counts the committed partition's rows from the Delta
+    log; a count other than the output's recorded rows restores the version before in a
+    new commit and stops the publish (no runs row names the version)."""
+    from pyspark.sql import types as T
+
+    from pipeline.lake import Lake
+    from pipeline.published import Committer
+    from pipeline.spark import note_output
+    from pipeline.store import open_store
+
+    resolved = WorkPath.of(tmp_path / "resolved")
+    schema = T.StructType([T.StructField("event_id", T.StringType())])
+    folder, path, dt = resolved / "t" / "conflicts", "published/t/conflicts", date.fromisoformat(D)
+    lake = Lake(open_store((tmp_path / "store").as_uri()), spark=spark)
+    lake.commit(path, spark.createDataFrame([("before",)], schema), {"run_id": "r0"}, dt=dt)
+    spark.createDataFrame([("a",), ("b",)], schema).write.parquet(str(folder))
+    note_output(folder, schema, 2)
+    committer = Committer(lake, resolved, {"run_id": "r1"})
+    assert committer.commit("t/conflicts", path, dt) == 1
+    assert sorted(r["event_id"] for r in P.table(tmp_path / "store", path) or []) == ["a", "b"]
+    note_output(folder, schema, 3)  # the run says 3: the files hold 2
+    again = Committer(lake, resolved, {"run_id": "r2"})
+    said = r"version 2 holds 2 rows by its Delta log, but the run wrote 3 \(version 1 restored"
+    with pytest.raises(StageError, match=said + " as version 3"):
+        again.commit("t/conflicts", path, dt)
+    assert sorted(r["event_id"] for r in P.table(tmp_path / "store", path) or []) == ["a", "b"]
+    restored = P.commit_meta(lake.history(path, 1)[0])
+    assert (restored["run_id"], restored["operation"]) == ("r2", "restored version 1")
