@@ -430,7 +430,11 @@ class Lake:
                 raise ValueError(f"{path}: a new table needs rows or a schema")
             frame = self.frame(path).where("false")
         meta = self._fenced(path, meta)
-        self._write(path, frame, meta, dt, mode, new=t is None)
+        # an undated commit over a table partitioned by date, or the reverse (a store of
+        # the layout before the state was updated in place): the table's layout changes
+        relayout = t is not None and mode == "overwrite"
+        relayout = relayout and (DT in t.metadata().partition_columns) != (dt is not None)
+        self._write(path, frame, meta, dt, mode, new=t is None, relayout=relayout)
         got = self.version(path)
         assert got is not None
         if version is not None and got != version:
@@ -450,19 +454,29 @@ class Lake:
         dt: date | None,
         mode: str,
         new: bool,
+        relayout: bool = False,
     ) -> None:
         from pyspark.sql import functions as F
 
         text = json.dumps(meta, sort_keys=True, default=str)
         if isinstance(frame, Files):
-            if self._adopt(path, frame, dt, mode, text):
+            if not relayout and self._adopt(path, frame, dt, mode, text):
                 return
             frame = frame.frame(self.session())  # another schema: Delta's writer merges it
         if dt is not None and DT not in frame.columns:
             frame = frame.withColumn(DT, F.lit(dt))
-        if mode == "overwrite" and not new and self._replace(path, frame, dt, text):
+        if (
+            mode == "overwrite"
+            and not new
+            and not relayout
+            and self._replace(path, frame, dt, text)
+        ):
             return
-        writer = frame.write.format("delta").mode(mode).option("mergeSchema", "true")
+        writer = frame.write.format("delta").mode(mode)
+        if relayout:  # Delta's overwrite of the schema and the partitioning
+            writer = writer.option("overwriteSchema", "true")
+        else:
+            writer = writer.option("mergeSchema", "true")
         writer = writer.option("userMetadata", text)
         if dt is not None:
             writer = writer.partitionBy(DT)

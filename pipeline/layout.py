@@ -43,7 +43,9 @@ def generated_keys_dir(table: str) -> str:
 
 
 #: a table's outputs, each a Delta table ``published/<table>/<kind>``: ``snapshot`` holds
-#: the latest published date; the others are partitioned by ``dt``
+#: the latest published date, ``state`` the newest date's state (the state of a date is
+#: the version its ``runs`` row names; a run of an older date writes its own,
+#: :func:`backfill_state`); the others are partitioned by ``dt``
 SNAPSHOT = "snapshot"
 STATE = "state"
 LEDGER = "ledger"
@@ -59,7 +61,7 @@ LOGS = (
     "differing_copies",
     "quarantine_outcomes",
 )
-DATED = (STATE, *LOGS, LEDGER)
+DATED = (*LOGS, LEDGER)
 
 
 def table_dir(table: str) -> str:
@@ -67,8 +69,8 @@ def table_dir(table: str) -> str:
 
 
 def table_path(table: str, kind: str) -> str:
-    """``published/<table>/<kind>``: :data:`SNAPSHOT`, :data:`HISTORY` or one of
-    :data:`DATED`."""
+    """``published/<table>/<kind>``: :data:`SNAPSHOT`, :data:`STATE`, :data:`HISTORY` or
+    one of :data:`DATED`."""
     return f"{table_dir(table)}/{kind}"
 
 
@@ -139,7 +141,22 @@ def failed_output(run_id: str, table: str, kind: str) -> str:
     return f"{FAILED}/run={run_id}/{table}/{kind}"
 
 
-def failed_run_of(path: str) -> str | None:
-    """The run id of a :func:`failed_output` table path (None for any other table)."""
-    prefix = f"{FAILED}/run="
-    return path.removeprefix(prefix).split("/", 1)[0] if path.startswith(prefix) else None
+#: the states of runs of an older date than the newest published one (backfills)
+BACKFILLS = f"{PUBLISHED}/_backfills"
+
+
+def backfill_state(run_id: str, table: str) -> str:
+    """The state of a run of an older date than its table's newest published one, as a
+    Delta table of its own that the run's ``runs`` row names: ``state`` stays on the
+    newest date, and a run of the next date starts from this one."""
+    return f"{BACKFILLS}/run={run_id}/{table}/{STATE}"
+
+
+def run_table_of(path: str) -> str | None:
+    """The run id of a table that belongs to one run (:func:`failed_output`,
+    :func:`backfill_state`); None for any other table."""
+    for root in (FAILED, BACKFILLS):
+        prefix = f"{root}/run="
+        if path.startswith(prefix):
+            return path.removeprefix(prefix).split("/", 1)[0]
+    return None

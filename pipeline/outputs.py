@@ -35,6 +35,7 @@ def outputs(config: Config) -> list[Output]:
         out += [Output(f"cdc/{n}", layout.cdc_table_dir(n), False) for n in layout.CDC_TABLES]
     for t in config.tables:
         out += [Output(f"{t}/{k}", layout.table_path(t, k), True) for k in layout.DATED]
+        out.append(Output(f"{t}/{layout.STATE}", layout.table_path(t, layout.STATE), False))
         if config.cdc.enabled:
             out.append(Output(f"cdc/{t}/log", layout.cdc_log_path(t), True))
         if config.tables[t].history is not None:

@@ -61,11 +61,12 @@ def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
     the version it names, the run id in that commit, its files. That version's partition
     of ``run.dt`` in a table partitioned by date (each date's state a copy of its own),
     else the version whole (a table updated in place)."""
-    path = layout.table_path(table, layout.STATE)
     where = f"the state of {table} published for {run.dt} by run {run.run_id}"
-    version = run.versions.get(path)
-    if version is None:
-        raise PriorStateError(f"{where}: its runs row names no version of {path}")
+    path = state_path(run, table)
+    if path is None:
+        named = layout.table_path(table, layout.STATE)
+        raise PriorStateError(f"{where}: its runs row names no version of {named}")
+    version = run.versions[path]
     try:
         t = lake.table(path, version)
     except StoreError as e:
@@ -102,6 +103,15 @@ def refuse_outside_retention(
         f"horizon {horizon:%Y-%m-%d %H:%M} UTC (retention_days: {days}): `cdr vacuum` may "
         "have removed its versions. Backfills start from dates within the retention."
     )
+
+
+def state_path(run: RunRow, table: str) -> str | None:
+    """The table that holds the state ``run`` published for ``table``: ``state``, or the
+    run's own if it ran for an older date than the newest (``layout.backfill_state``)."""
+    for path in (layout.table_path(table, layout.STATE), layout.backfill_state(run.run_id, table)):
+        if path in run.versions:
+            return path
+    return None
 
 
 def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:

@@ -173,25 +173,28 @@ def publish_tables(
 ) -> dict[str, int]:
     """Commit every output of a validated run (``outputs``); returns table path ->
     version. In three steps, the tables of a step committed at once: the CDC description
-    tables (a consumer finds a stream described before it reads it), the logs, and the
-    snapshots last, each only if its date is not older than the newest published one (a
-    backfill never moves it back)."""
+    tables (a consumer finds a stream described before it reads it), the logs and the
+    states, and the snapshots last, each only if its date is not older than the newest
+    published one (a backfill never moves it back; its state goes to a table of its own,
+    ``layout.backfill_state``)."""
     every = outputs(config)
     descriptions = {layout.cdc_table_dir(n) for n in layout.CDC_TABLES}
     steps: list[list[tuple[str, str, date | None]]] = [[], [], []]
     for o in every:
-        if o.path.endswith(f"/{layout.SNAPSHOT}"):
-            t = o.folder.split("/")[0]
-            newest = latest_date(runs, t)
-            if newest is not None and newest > dt:
+        t = o.folder.split("/")[0]
+        newest = latest_date(runs, t)
+        older = newest is not None and newest > dt  # a backfill
+        path, step = o.path, 0 if o.path in descriptions else 1
+        if o.path == layout.table_path(t, layout.SNAPSHOT):
+            if older:
                 log.info(
                     "publish %s: snapshot stays on %s (this run is for an earlier date)", t, newest
                 )
                 continue
             step = 2
-        else:
-            step = 0 if o.path in descriptions else 1
-        steps[step].append((o.folder, o.path, dt if o.dated else None))
+        elif o.path == layout.table_path(t, layout.STATE) and older:
+            path = layout.backfill_state(committer.meta["run_id"], t)  # state stays on newest
+        steps[step].append((o.folder, path, dt if o.dated else None))
     versions: dict[str, int] = {}
     for batch in steps:
         versions.update(_in_parallel(committer, batch))

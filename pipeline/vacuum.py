@@ -13,9 +13,10 @@ belongs to
 
 Everything else under a table's folder goes: files of versions replaced before the window
 (an older run of a rerun date), and files no commit ever registered (an attempt that
-failed before its commit). The logs of a failed run (``_failed/run=<id>/``) go whole,
+failed before its commit). The tables of one run, the logs of a failed run
+(``_failed/run=<id>/``) and the state of a backfill (``_backfills/run=<id>/``), go whole,
 Delta log included, once their last commit is older than the window and no retained row
-is that run's (a failed run past the window, or one killed before its row went in).
+is that run's (a run past the window, or one killed before its row went in).
 Takeover markers of the lease older than the window go too, and the staging folders
 runs of releases before delta-spark left (``published/_staging/``). Vacuum holds the
 store's lease while it works, so that no run is committing files it would take for
@@ -56,14 +57,13 @@ def table_paths(store: Store) -> list[str]:
     return sorted({k.split("/_delta_log/")[0] for k in keys if "/_delta_log/" in k})
 
 
-def _failed_run_table(
-    store: Store, path: str, table: Any, keep: set[str], horizon: datetime
-) -> list[str]:
-    """All the keys of ``path`` if it is the log of a failed run that no retained row
-    keeps and that was last committed before the window; else none. Data files first,
+def _run_table(store: Store, path: str, table: Any, keep: set[str], horizon: datetime) -> list[str]:
+    """All the keys of ``path`` if it is a table of one run (a failed run's log, a
+    backfill's state) that no retained row keeps and that was last committed before the
+    window; else none. Data files first,
     then the Delta log from its newest version down: a vacuum stopped halfway leaves a
     table that still reads, or strays the next vacuum removes."""
-    run_id = layout.failed_run_of(path)
+    run_id = layout.run_table_of(path)
     if run_id is None or run_id in keep:
         return []
     if table.history(1)[0]["timestamp"] / 1000 >= horizon.timestamp():
@@ -129,7 +129,7 @@ def vacuum(
             table = lake.table(path)
             if table is None:
                 continue
-            gone = _failed_run_table(store, path, table, keep_logs_of, horizon)
+            gone = _run_table(store, path, table, keep_logs_of, horizon)
             if gone:
                 log.info("vacuum %s: the logs of a failed run past the window", path)
             else:

@@ -117,10 +117,10 @@ def _published_state(
 ) -> DataFrame:
     """The state ``run`` published for ``table``, checked and read as a run's prior is
     (empty for a table the run did not publish)."""
-    from pipeline.prior import pin_state
+    from pipeline.prior import pin_state, state_path
     from pipeline.state import empty_state
 
-    if layout.table_path(table.name, layout.STATE) not in run.versions:
+    if state_path(run, table.name) is None:
         return empty_state(spark, table)
     return read_pinned(spark, pin_state(store, lake, run, table.name))
 

@@ -168,6 +168,15 @@ def as_of(store: Any, path: str, run: dict[str, Any]) -> list[dict[str, Any]]:
     return table(store, path, version=run["versions"][path]) or []
 
 
+def state(store: Any, table_name: str, dt: date | str) -> list[dict[str, Any]]:
+    """The state published for ``dt``: the table and version its last published run's
+    ``runs`` row names (``state``, or the run's own for a backfill)."""
+    run = run_rows(store, dt)[-1]
+    backfill = f"published/_backfills/run={run['run_id']}/{table_name}/state"
+    path = next(p for p in (f"published/{table_name}/state", backfill) if p in run["versions"])
+    return table(store, path, version=run["versions"][path]) or []
+
+
 def log(store: Any, table_name: str, kind: str, dt: date | str) -> list[dict[str, Any]]:
     """A published dated log (``conflicts``, ``quarantine``, ...) of ``dt``."""
     return rows(store, f"published/{table_name}/{kind}", dt)

@@ -358,7 +358,7 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
             r["_deleted_at"],
             read_groups(r["_groups"]) if r.get("_groups") else None,
         )
-        for r in P.rows(store, "published/t/state", D2)
+        for r in P.state(store, "t", D2)
     }
     assert got_state == state_rows(ref2["state"])
     if "column_groups" in table:  # the run kept rows whose groups differ

@@ -187,6 +187,6 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
         # E7: clocks that agree leave no evidence (UPDATEs that saw another replica's
         # version, as generated ones do, are stamped after it)
         assert report["tables"]["items"]["clock_skew"] == {}
-    state = P.rows(store, "published/items/state", "2026-11-22")
+    state = P.state(store, "items", "2026-11-22")
     assert state and "_groups" in state[0]
     assert any(r["_groups"] for r in state)  # some rows' groups differ

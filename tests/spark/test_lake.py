@@ -157,7 +157,7 @@ def test_readers_agree_on_a_version_after_a_merge_that_updated_and_deleted(store
     would not (the rows a deletion vector removed come back)."""
     from delta.tables import DeltaTable
 
-    lake, path = Lake(store, spark=spark), "published/t/state"
+    lake, path = Lake(store, spark=spark), "published/t/conflicts"
     rows = spark.createDataFrame([(i, str(i)) for i in range(20)], SCHEMA).repartition(1)
     lake.commit(path, rows, {"run_id": "r1"}, dt=D1)
     changes = spark.createDataFrame(
@@ -200,7 +200,7 @@ def test_a_replace_takes_the_files_it_removes_from_the_checksum_not_a_scan(store
     Spark job (the write), not Delta's reconstruction of the table's state."""
     from delta.tables import DeltaTable
 
-    lake, path = Lake(store, spark=spark), "published/t/state"
+    lake, path = Lake(store, spark=spark), "published/t/conflicts"
     lake.commit(path, spark.createDataFrame([(i, "a") for i in range(6)], SCHEMA), {}, dt=D1)
     lake.commit(path, spark.createDataFrame([(9, "b")], SCHEMA), {}, dt=D2)
     (
@@ -281,3 +281,20 @@ def test_a_merge_of_a_run_that_lost_its_lease_commits_nothing(file_store, spark,
         lake.merge(path, rows, ["id"], {})
     assert Lake(file_store).version(path) == 0
     assert [r["v"] for r in P.rows(file_store, path)] == ["x"]
+
+
+def test_an_undated_commit_over_a_table_partitioned_by_date_changes_its_layout(store, spark):
+    """A store of the layout before the state was updated in place: the first run that
+    commits the state whole turns it into a table without date partitions, in one
+    commit; the version before still reads as it was."""
+    lake, path = Lake(store, spark=spark), "published/t/state"
+    lake.commit(path, spark.createDataFrame([(1, "a")], SCHEMA), {"run_id": "r1"}, dt=D1)
+    lake.commit(path, spark.createDataFrame([(3, "c")], SCHEMA), {"run_id": "r1"}, dt=D2)
+    assert (
+        lake.commit(path, spark.createDataFrame([(2, "b")], SCHEMA), {"run_id": "r2"}).version == 2
+    )
+    assert lake.table(path).metadata().partition_columns == []
+    assert ids(P.rows(store, path)) == [2] and ids(P.duckdb_rows(store, path)) == [2]
+    assert lake.frame(path).columns == ["id", "v"]
+    assert ids(P.table(store, path, version=1) or []) == [1, 3]
+    assert P.commit_meta(lake.history(path, 1)[0]).get("run_id") == "r2"

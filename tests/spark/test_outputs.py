@@ -48,10 +48,11 @@ def _run(cfg: Path, tmp: Path, d: str, *extra: str) -> int:
 
 
 def _state_file(store: Path, d: str) -> Path:
-    """The file of ``d``'s state partition that holds its one row."""
+    """The file of ``d``'s state (the state table as ``d``'s run left it) that holds its
+    one row."""
     import pyarrow.parquet as pq
 
-    files = (store / "published/t/state" / f"dt={d}").glob("*.parquet")
+    files = (store / "published/t/state").glob("*.parquet")
     (f,) = [f for f in files if pq.read_metadata(f).num_rows]
     return f
 
@@ -67,7 +68,7 @@ def test_a_deleted_or_damaged_prior_state_file_stops_the_run(tmp_path: Path, spa
     f.unlink()
     assert _run(cfg, tmp_path, D2) == 1
     err = capsys.readouterr().err
-    assert f"published/t/state/dt={D1}/{f.name}: missing (1 rows)" in err, err
+    assert f"published/t/state/{f.name}: missing (1 rows)" in err, err
     f.write_bytes(good[: len(good) // 2])
     assert _run(cfg, tmp_path, D2) == 1
     assert f"{f.name}: not the file the Delta log names" in capsys.readouterr().err
@@ -111,7 +112,8 @@ def test_a_backfill_never_moves_the_snapshot_back(tmp_path: Path, spark, capsys)
         assert main([stage, *argv, "--run-id", "backfill"]) == 0
     assert P.snapshot_date(store, "t") == D2 and P.snapshot(store, "t") == after_d2
     (row,) = [r for r in P.runs(store) if r["run_id"] == "backfill"]
-    assert "published/t/snapshot" not in row["versions"]  # committed state and logs only
-    assert "published/t/state" in row["versions"]
+    assert "published/t/snapshot" not in row["versions"]  # committed its state and logs only
+    assert "published/t/state" not in row["versions"]  # its state is a table of its own
+    assert "published/_backfills/run=backfill/t/state" in row["versions"]
     assert _run(cfg, tmp_path, D2, "--run-id", "next") == 0  # now free; D2 from the new D1
     assert P.snapshot_date(store, "t") == D2

@@ -172,7 +172,7 @@ def outputs(store: Path) -> dict[str, Any]:
     counts = {k: v for k, v in report["tables"]["t"].items() if k not in ("divergent_keys",)}
     return {
         "snapshot": rows(P.snapshot(store, "t")),
-        "state": rows(P.log(store, "t", "state", DATE)),
+        "state": rows(P.state(store, "t", DATE)),
         "conflicts": rows(P.log(store, "t", "conflicts", DATE)),
         "quarantine": rows(P.log(store, "t", "quarantine", DATE)),
         "counts": counts,

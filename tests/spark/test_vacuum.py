@@ -22,19 +22,19 @@ from tests.helpers import published as P
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
-STATE = layout.table_path("t", layout.STATE)
+LOG = layout.table_path("t", "conflicts")  # a dated table
 SNAPSHOT = layout.table_path("t", layout.SNAPSHOT)
 
 
 def _run(lake: Lake, tmp: Path, run_id: str, dt: date, ids: list[int]) -> RunRow:
-    """A run of ``dt`` that commits its state partition and the snapshot (replaced
-    whole), then its runs row."""
-    c = lake.write(STATE, pa.table({"id": ids}), {"run_id": run_id}, dt=dt)
+    """A run of ``dt`` that commits its partition of a dated log and the snapshot
+    (replaced whole), then its runs row."""
+    c = lake.write(LOG, pa.table({"id": ids}), {"run_id": run_id}, dt=dt)
     s = lake.write(SNAPSHOT, pa.table({"id": ids}), {"run_id": run_id})
     t = datetime.now(UTC)
     row = RunRow(run_id, dt, "published", t, t, None, "c" * 64,
                  counts={"tables": {"t": {"state_rows": len(ids)}}},
-                 versions={STATE: c.version, SNAPSHOT: s.version})  # fmt: skip
+                 versions={LOG: c.version, SNAPSHOT: s.version})  # fmt: skip
     append(lake, row)
     return row
 
@@ -58,28 +58,28 @@ def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Pat
     _run(lake, tmp_path, "d1", D1, [1, 2])
     first = _run(lake, tmp_path, "d2-first", D2, [3])
     latest = _run(lake, tmp_path, "d2-again", D2, [4, 5])  # a rerun replaces D2's partition
-    stray = f"{STATE}/dt={D2}/crashed-attempt-00000.parquet"  # never committed
+    stray = f"{LOG}/dt={D2}/crashed-attempt-00000.parquet"  # never committed
     file_store.write_bytes(stray, b"PAR1")
-    files = lambda: sorted(k for k in file_store.list(STATE) if "_delta_log" not in k)  # noqa: E731
+    files = lambda: sorted(k for k in file_store.list(LOG) if "_delta_log" not in k)  # noqa: E731
     before = files()
     assert len(before) == 4
 
     kept = vacuum(file_store, retain_days=7)  # everything is within the week
-    assert kept.files == 1 and kept.removed == {STATE: [stray]}  # only the stray goes
+    assert kept.files == 1 and kept.removed == {LOG: [stray]}  # only the stray goes
     assert len(files()) == 3
 
     later = datetime.now(UTC) + timedelta(days=30)  # a month on: only retained rows count
     res = vacuum(file_store, retain_days=7, now=later, dry_run=True)
-    (gone,) = res.removed[STATE]  # the first run of D2: replaced, and no row keeps it
-    assert gone in _files_of(lake, STATE, first.versions[STATE], D2), gone
+    (gone,) = res.removed[LOG]  # the first run of D2: replaced, and no row keeps it
+    assert gone in _files_of(lake, LOG, first.versions[LOG], D2), gone
     # the snapshots of d1 and d2-first: replaced since, and their rows are past the window
     replaced = _files_of(lake, SNAPSHOT, 0) | _files_of(lake, SNAPSHOT, 1)
     assert sorted(res.removed[SNAPSHOT]) == sorted(replaced)
     assert len(files()) == 3  # a dry run removes nothing
     res = vacuum(file_store, retain_days=7, now=later)
     assert len(files()) == 2 and res.files == 3
-    assert _ids(file_store, STATE) == [1, 2, 4, 5]  # the latest version reads whole
-    assert _ids(file_store, STATE, latest) == [1, 2, 4, 5]  # and the last run's pinned one
+    assert _ids(file_store, LOG) == [1, 2, 4, 5]  # the latest version reads whole
+    assert _ids(file_store, LOG, latest) == [1, 2, 4, 5]  # and the last run's pinned one
     assert _ids(file_store, SNAPSHOT, latest) == _ids(file_store, SNAPSHOT) == [4, 5]
 
 
@@ -130,7 +130,27 @@ def test_vacuum_removes_the_logs_of_failed_runs_past_the_window(file_store, tmp_
     assert not file_store.list("published/_failed/run=killed")
     path = layout.failed_output("new-failure", "t", "conflicts")
     assert [r["id"] for r in P.rows(file_store, path)] == [9]
-    assert _ids(file_store, STATE) == [1] and _ids(file_store, SNAPSHOT) == [1]
+    assert _ids(file_store, LOG) == [1] and _ids(file_store, SNAPSHOT) == [1]
+
+
+def test_vacuum_removes_the_state_of_a_backfill_with_its_row(file_store, tmp_path: Path):
+    """A backfill's state (``_backfills/run=<id>/``) goes whole once its run's row has left
+    the window; a newer backfill keeps its own."""
+    lake = Lake(file_store)
+    _run(lake, tmp_path, "d2", D2, [1])
+    t = datetime.now(UTC)
+    for run_id, finished in (("old-backfill", t), ("new-backfill", t + timedelta(days=20))):
+        path = layout.backfill_state(run_id, "t")
+        c = lake.write(path, pa.table({"id": [7]}), {"run_id": run_id})
+        row = RunRow(run_id, D1, "published", finished, finished, None, "c" * 64,
+                     versions={path: c.version})  # fmt: skip
+        append(lake, row)
+    res = vacuum(file_store, retain_days=14, now=t + timedelta(days=30))
+    gone = {p for p in res.removed if p.startswith(layout.BACKFILLS)}
+    assert gone == {layout.backfill_state("old-backfill", "t")}
+    assert not file_store.list(f"{layout.BACKFILLS}/run=old-backfill")
+    assert [r["id"] for r in P.rows(file_store, layout.backfill_state("new-backfill", "t"))] == [7]
+    assert _ids(file_store, LOG) == [1]
 
 
 def test_vacuum_removes_takeover_markers_past_the_window(file_store):
@@ -170,20 +190,20 @@ def test_vacuum_keeps_the_deletion_vectors_the_log_refers_to_and_removes_the_oth
     from delta.tables import DeltaTable
 
     lake = Lake(file_store, spark=spark)
-    lake.write(STATE, pa.table({"id": list(range(10))}), {"run_id": "d1"}, dt=D1)
+    lake.write(LOG, pa.table({"id": list(range(10))}), {"run_id": "d1"}, dt=D1)
     (
-        DeltaTable.forPath(spark, lake.spark_uri(STATE))
+        DeltaTable.forPath(spark, lake.spark_uri(LOG))
         .alias("t")
         .merge(spark.createDataFrame([(3,)], "id long").alias("s"), "t.id = s.id")
         .whenMatchedDelete()
         .execute()
     )
-    (live,) = [k for k in file_store.list(STATE) if k.endswith(".bin")]
-    stray = f"{STATE}/deletion_vector_00000000-0000-4000-8000-000000000000.bin"
+    (live,) = [k for k in file_store.list(LOG) if k.endswith(".bin")]
+    stray = f"{LOG}/deletion_vector_00000000-0000-4000-8000-000000000000.bin"
     file_store.write_bytes(stray, b"\x01")
     res = vacuum(file_store, retain_days=7)
-    assert res.removed == {STATE: [stray]}
+    assert res.removed == {LOG: [stray]}
     assert file_store.exists(live) and not file_store.exists(stray)
     want = [i for i in range(10) if i != 3]
-    assert _ids(file_store, STATE) == want
-    assert sorted(r["id"] for r in P.duckdb_rows(file_store, STATE)) == want
+    assert _ids(file_store, LOG) == want
+    assert sorted(r["id"] for r in P.duckdb_rows(file_store, LOG)) == want
