@@ -420,7 +420,11 @@ class Lake:
         current = None if t is None else int(t.version())
         if version is not None and version != (current + 1 if current is not None else 0):
             raise LockedError(f"{path}: at version {current}, not {version - 1}: another writer")
-        if mode == "overwrite" and t is not None and not add_actions(t, dt):
+        # an undated commit over a table partitioned by date (a store of the layout before
+        # the state was one table): the table's layout changes, whatever it holds
+        relayout = t is not None and mode == "overwrite" and dt is None
+        relayout = relayout and DT in t.metadata().partition_columns
+        if mode == "overwrite" and t is not None and not relayout and not add_actions(t, dt):
             mode = "append"  # nothing to replace
             if frame is None:
                 log.debug("commit %s: %s empty already, no commit", path, dt or "the table")
@@ -429,11 +433,8 @@ class Lake:
             if t is None:
                 raise ValueError(f"{path}: a new table needs rows or a schema")
             frame = self.frame(path).where("false")
+            frame = frame.drop(DT) if relayout else frame
         meta = self._fenced(path, meta)
-        # an undated commit over a table partitioned by date, or the reverse (a store of
-        # the layout before the state was updated in place): the table's layout changes
-        relayout = t is not None and mode == "overwrite"
-        relayout = relayout and (DT in t.metadata().partition_columns) != (dt is not None)
         self._write(path, frame, meta, dt, mode, new=t is None, relayout=relayout)
         got = self.version(path)
         assert got is not None
@@ -473,7 +474,7 @@ class Lake:
         ):
             return
         writer = frame.write.format("delta").mode(mode)
-        if relayout:  # Delta's overwrite of the schema and the partitioning
+        if relayout:  # Delta's overwrite of the schema and the partitioning (none)
             writer = writer.option("overwriteSchema", "true")
         else:
             writer = writer.option("mergeSchema", "true")
@@ -600,22 +601,30 @@ class Lake:
         """``rows`` merged into the existing table by ``key`` in one commit (Delta's MERGE:
         the rows it replaces or deletes are marked in deletion vectors, no file holding
         none of them is rewritten): a row whose ``DROP`` column is true deletes its key's
-        row, any other replaces it or is added. Fenced and read back like every commit;
-        the ``DROP`` column is not written."""
+        row, any other (false or null) replaces it or is added. Fenced and read back like
+        every commit, the table's properties settled first; the ``DROP`` column is not
+        written. A merge that changes nothing makes no commit (the version stays)."""
         from delta.tables import DeltaTable
 
+        t = self.table(path)
+        if t is not None:
+            self._settle(path, meta, t)
+        before = self.version(path)
         on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in key)
+        drop = f"coalesce(s.`{DROP}`, false)"
         values: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in rows.columns if c != DROP}
         with self._session_commit(path, self._fenced(path, meta)) as spark:
             (
                 DeltaTable.forPath(spark, self.spark_uri(path))
                 .alias("t")
                 .merge(rows.alias("s"), on)
-                .whenMatchedDelete(f"s.`{DROP}`")
+                .whenMatchedDelete(drop)
                 .whenMatchedUpdate(set=values)
-                .whenNotMatchedInsert(condition=f"NOT s.`{DROP}`", values=values)
+                .whenNotMatchedInsert(condition=f"NOT {drop}", values=values)
                 .execute()
             )
+        if before is not None and self.version(path) == before:  # nothing changed: no commit
+            return Commit(path, before)
         return Commit(path, self._committed(path))
 
     @contextmanager

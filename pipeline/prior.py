@@ -58,7 +58,8 @@ def _check_files(store: Store, path: str, actions: list[dict[str, Any]]) -> None
 
 def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
     """The state of ``run.dt`` as ``run`` committed it, checked against its ``runs`` row:
-    the version it names, the run id in that commit, its files. That version's partition
+    the version it names, the run id in that commit (another run's only for a state that
+    stayed empty: no commit), its files. That version's partition
     of ``run.dt`` in a table partitioned by date (each date's state a copy of its own),
     else the version whole (a table updated in place)."""
     where = f"the state of {table} published for {run.dt} by run {run.run_id}"
@@ -73,15 +74,17 @@ def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
         raise PriorStateError(f"{where}: {e}") from None
     if t is None:
         raise PriorStateError(f"{where}: {lake.uri(path)} has no Delta log")
+    # the state of a date: its partition of a table partitioned by date, else the version
+    dated = DT in t.metadata().partition_columns
+    rows = int(run.tables().get(table, {}).get("state_rows", -1))
     committed_by = lake.commit_meta(path, version).get("run_id")
-    if committed_by != run.run_id:
+    # an empty state left empty makes no commit: the run names the version it found
+    still_empty = rows == 0 and lake.written_rows(path, version, run.dt if dated else None) == 0
+    if committed_by != run.run_id and not still_empty:
         raise PriorStateError(
             f"{where}: version {version} of {path} was committed by {committed_by!r}"
         )
-    # the state of a date: its partition of a table partitioned by date, else the version
-    dated = DT in t.metadata().partition_columns
     _check_files(store, path, add_actions(t, run.dt if dated else None))
-    rows = int(run.tables().get(table, {}).get("state_rows", -1))
     log.info("prior %s: the state of %s (run %s), version %d", table, run.dt, run.run_id, version)
     dates = (run.dt.isoformat(),) if dated else None
     return Pin(lake.spark_uri(path), version, dates, rows, where)

@@ -2,11 +2,13 @@
 (``pipeline.lake``) once the verdict is known, then the run's ``runs`` row, last.
 
 A published run replaces its date's partition of every dated table (one commit per
-table), rewrites the CDC description tables, and moves ``snapshot`` only if its date is
-not older than the newest published one (a backfill never moves it back). A failed run
-commits its logs to tables of its own under ``_failed/run=<run_id>/``. A crash between
-two commits leaves every table as after the previous run or as after this one, and no
-``runs`` row: the retry of the same run id commits the same partitions again.
+table), rewrites the CDC description tables, and replaces ``state`` and ``snapshot`` only
+if its date is not older than the newest published one (a backfill never moves them
+back: its state goes to a table of its own). A failed run commits its logs to tables of
+its own under ``_failed/run=<run_id>/``. A crash between two commits leaves every table
+as after the previous run or as after this one, and no ``runs`` row: the retry of the
+same run id commits the same partitions again. Each commit is checked against the Delta
+log before the next step (:meth:`Committer._check_rows`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Committer:
             last = lake.commit_meta(path, current)
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
+                if rows is not None:  # checked again: the attempt that made it may have died
+                    self._check_rows(path, dt, current, rows, current - 1 if current else None)
                 return current
         frame: DataFrame | Files | None = None
         if current is not None and rows == 0:
@@ -78,8 +82,9 @@ class Committer:
             frame = Files([], schema)
         version = lake.commit(path, frame, meta, dt=dt).version
         log.info("commit %s%s: version %d", path, f" dt={dt}" if dt else "", version)
-        if rows is not None:
-            self._check_rows(path, dt, version, rows, current)
+        if rows is not None and version != current:
+            before = version - 1 if current is not None else None  # after any settling
+            self._check_rows(path, dt, version, rows, before)
         return version
 
     def _check_rows(
@@ -89,8 +94,9 @@ class Committer:
         the run wrote (the commit replaced them: every file of them is new, so the files'
         record counts are the rows a reader finds): else the table goes back to the
         version ``before`` it in a new commit and the publish stops, so that no ``runs``
-        row names the version. (A table the commit created stays at that version, which
-        no ``runs`` row names.)"""
+        row names the version. A table the commit created stays at that version, which no
+        ``runs`` row names: a retry of the run finds it its own, checks it again and
+        stops again."""
         lake = self.lake
         counted = lake.written_rows(path, version, dt)
         if counted is None or counted == rows:

@@ -102,12 +102,16 @@ def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | N
 
 def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
     """The ``runs`` rows whose versions stay readable (``cdr vacuum`` keeps them):
-    finished within the window, or the last published run of a table."""
+    finished within the window, and per table the run it was last published by, now and
+    when the window began (a rerun of the newest date after a pause longer than the
+    window starts from the latter)."""
     chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
+    before = [r for r in runs if r.finished_at < horizon]
     for table in {t for r in runs for t in r.tables()}:
-        last = latest_published(runs, table, date.max)
-        if last is not None:
-            chosen[last.run_id] = last
+        for rows in (runs, before):
+            last = latest_published(rows, table, date.max)
+            if last is not None:
+                chosen[last.run_id] = last
     return list(chosen.values())
 
 

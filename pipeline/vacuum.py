@@ -7,9 +7,10 @@ belongs to
 - the latest version of its table,
 - any version committed within the window, or the version that was current at its start
   (time travel to any moment of the window),
-- any version a retained ``runs`` row names: a row finished within the window (a
-  backfill starts from a date within it), and the run each table was last published by
-  (the state the next run starts from).
+- any version a retained ``runs`` row names (``runs_table.retained_rows``): a row
+  finished within the window (a backfill starts from a date within it), and the run each
+  table was last published by, now (the state the next run starts from) and when the
+  window began.
 
 Everything else under a table's folder goes: files of versions replaced before the window
 (an older run of a rerun date), and files no commit ever registered (an attempt that
@@ -131,7 +132,7 @@ def vacuum(
                 continue
             gone = _run_table(store, path, table, keep_logs_of, horizon)
             if gone:
-                log.info("vacuum %s: the logs of a failed run past the window", path)
+                log.info("vacuum %s: a table of one run past the window", path)
             else:
                 count, gone = _stale_files(lake, path, table, named.get(path, set()), horizon)
                 result.kept[path] = count - len(gone)

@@ -41,6 +41,8 @@ from pipeline.workpath import WorkPath
 log = logging.getLogger(__name__)
 
 SAMPLE = 20  # differing rows shown with both versions
+#: the join's own columns (named apart from any column of a table)
+PUB, MINE, DIFFER = "__cdr_published", "__cdr_whatif", "__cdr_differ"
 MAX_KEYS = 10_000  # differing keys listed per table
 
 
@@ -148,12 +150,12 @@ def compare_table(
     key = list(table.key)
     joined = _joined(table, state, mine)
     n = joined.agg(
-        F.count("pub").alias("pub"),
-        F.count("mine").alias("mine"),
-        F.sum(F.col("differ").cast("long")).alias("differ"),
+        F.count(PUB).alias(PUB),
+        F.count(MINE).alias(MINE),
+        F.sum(F.col(DIFFER).cast("long")).alias(DIFFER),
     ).first()
-    count = int(n["differ"] or 0) if n else 0
-    first = joined.where("differ").orderBy(*key).limit(MAX_KEYS).collect()
+    count = int(n[DIFFER] or 0) if n else 0
+    first = joined.where(F.col(DIFFER)).orderBy(*key).limit(MAX_KEYS).collect()
     s = summary.tables.get(table.name)
     what = {
         "conflicts": s.conflicts if s else {},
@@ -162,7 +164,7 @@ def compare_table(
         "quarantined": s.quarantined if s else {},
     }
     return {
-        "rows": {"published": int(n["pub"]) if n else 0, "whatif": int(n["mine"]) if n else 0},
+        "rows": {"published": int(n[PUB]) if n else 0, "whatif": int(n[MINE]) if n else 0},
         "differing_rows": {
             "count": count,
             "keys": [{c: r[c] for c in key} for r in first],
@@ -170,8 +172,8 @@ def compare_table(
             "sample": [
                 {
                     "key": {c: r[c] for c in key},
-                    "published": _row(r["pub"]),
-                    "whatif": _row(r["mine"]),
+                    "published": _row(r[PUB]),
+                    "whatif": _row(r[MINE]),
                 }
                 for r in first[:SAMPLE]
             ],
@@ -184,8 +186,8 @@ def compare_table(
 
 
 def _joined(table: Table, state: DataFrame, mine: DataFrame) -> DataFrame:
-    """Per key of either side: its key columns, ``pub`` and ``mine`` (the row of the
-    table's columns, or null) and whether they ``differ``."""
+    """Per key of either side: its key columns, :data:`PUB` and :data:`MINE` (the row of
+    the table's columns, or null) and whether they differ (:data:`DIFFER`)."""
     cols, key = list(table.column_names), list(table.key)
     live = F.coalesce(F.col("_deleted"), F.lit(False))
     theirs = state.where(~live).select(*[_col(c) for c in cols])
@@ -197,11 +199,9 @@ def _joined(table: Table, state: DataFrame, mine: DataFrame) -> DataFrame:
         return df.select(*[_col(c).alias(f"_k_{c}") for c in key], row.alias(name))
 
     on = [F.col(f"a._k_{c}").eqNullSafe(F.col(f"b._k_{c}")) for c in key]
-    both = side(theirs, "pub").alias("a").join(side(ours, "mine").alias("b"), on, "full_outer")
+    both = side(theirs, PUB).alias("a").join(side(ours, MINE).alias("b"), on, "full_outer")
     keys = [F.coalesce(F.col(f"a._k_{c}"), F.col(f"b._k_{c}")).alias(c) for c in key]
-    return both.select(*keys, "pub", "mine").withColumn(
-        "differ", ~F.col("pub").eqNullSafe(F.col("mine"))
-    )
+    return both.select(*keys, PUB, MINE).withColumn(DIFFER, ~F.col(PUB).eqNullSafe(F.col(MINE)))
 
 
 def _col(name: str) -> Column:

@@ -263,6 +263,11 @@ def test_a_merge_by_key_replaces_adds_and_deletes_rows_in_one_commit(store, spar
     assert commit.operationMetrics["numTargetDeletionVectorsAdded"] == "1"
     assert commit.operationMetrics["numTargetRowsCopied"] == "0"
     assert P.commit_meta(lake.history(path, 1)[0]).get("run_id") == "r2"
+    none = spark.createDataFrame([(7, "seven", None)], "id long, v string, _drop boolean")
+    assert lake.merge(path, none, ["id"], {"run_id": "r3"}).version == 2  # null: not a drop
+    assert ids(P.rows(store, path)) == [0, 1, 2, 4, 7, 9]
+    same = spark.createDataFrame([(8, None, True)], "id long, v string, _drop boolean")
+    assert lake.merge(path, same, ["id"], {"run_id": "r4"}).version == 2  # nothing changed
 
 
 def test_a_merge_of_a_run_that_lost_its_lease_commits_nothing(file_store, spark, monkeypatch):
@@ -298,3 +303,8 @@ def test_an_undated_commit_over_a_table_partitioned_by_date_changes_its_layout(s
     assert lake.frame(path).columns == ["id", "v"]
     assert ids(P.table(store, path, version=1) or []) == [1, 3]
     assert P.commit_meta(lake.history(path, 1)[0]).get("run_id") == "r2"
+    empty = "published/u/state"  # a table of the old layout that never held a row
+    lake.commit(empty, spark.createDataFrame([], SCHEMA), {"run_id": "r1"}, dt=D1)
+    lake.commit(empty, spark.createDataFrame([(5, "e")], SCHEMA), {"run_id": "r2"})
+    assert lake.table(empty).metadata().partition_columns == []
+    assert ids(P.rows(store, empty)) == [5] and lake.frame(empty).columns == ["id", "v"]

@@ -58,6 +58,22 @@ def test_a_state_updated_in_place_is_pinned_whole_at_its_version(file_store, spa
     assert sorted(r.id for r in read_pinned(spark, pin).collect()) == [0, 1, 2]
 
 
+def test_an_empty_state_left_empty_names_the_version_before_it(file_store, spark):
+    """A table whose state stays empty: the second run makes no commit and its row names
+    the first run's version, which the third run accepts; a row that says it has rows
+    does not."""
+    lake = Lake(file_store, spark=spark)
+    empty = spark.createDataFrame([], "id long, event_id string")
+    assert lake.commit(STATE, empty, {"run_id": "r1"}).version == 0
+    t = now()
+    second = RunRow("r2", D1, "published", t, t, None, "c" * 64,
+                    counts={"tables": {"t": {"state_rows": 0}}}, versions={STATE: 0})  # fmt: skip
+    assert pin_state(file_store, lake, second, "t").rows == 0
+    said = RunRow(**{**second.__dict__, "counts": {"tables": {"t": {"state_rows": 3}}}})
+    with pytest.raises(PriorStateError, match="committed by 'r1'"):
+        pin_state(file_store, lake, said, "t")
+
+
 def test_a_missing_or_cut_file_stops_the_run(store, spark):
     lake = Lake(store, spark=spark)
     run = published(lake, spark)

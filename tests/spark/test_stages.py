@@ -424,3 +424,10 @@ def test_a_commit_whose_log_counts_other_rows_than_the_run_wrote_is_undone(
     assert sorted(r["event_id"] for r in P.table(tmp_path / "store", path) or []) == ["a", "b"]
     restored = P.commit_meta(lake.history(path, 1)[0])
     assert (restored["run_id"], restored["operation"]) == ("r2", "restored version 1")
+    # a table the refused commit created: the run's retry finds it its own and stops again
+    new, new_path = resolved / "t" / "divergence", "published/t/divergence"
+    spark.createDataFrame([("x",)], schema).write.parquet(str(new))
+    note_output(new, schema, 2)
+    for _ in range(2):
+        with pytest.raises(StageError, match=r"holds 1 rows .* wrote 2 \(a new table"):
+            again.commit("t/divergence", new_path, dt)

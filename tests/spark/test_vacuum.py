@@ -97,6 +97,11 @@ def test_vacuum_keeps_every_row_of_the_window_and_each_tables_last_run(tmp_path:
     append(lake, row)
     kept = retained_rows(read_runs(lake), t - timedelta(days=7))
     assert {r.run_id for r in kept} == {only.run_id, "u1"}
+    _run(lake, tmp_path, "d0", D1 - timedelta(days=1), [3])  # a backfill of an older date
+    later = _run(lake, tmp_path, "d3", D2 + timedelta(days=1), [4])  # t's last run
+    kept = retained_rows(read_runs(lake), later.finished_at)
+    # and the run t was last published by when the window began (d1, not the backfill)
+    assert {r.run_id for r in kept} == {later.run_id, "u1", only.run_id}
 
 
 def test_vacuum_waits_for_no_run(file_store, tmp_path: Path):

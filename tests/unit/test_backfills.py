@@ -41,6 +41,20 @@ def test_the_last_published_state_is_always_a_start_however_old():
                              date(2026, 11, 29), 30, NOW)  # fmt: skip
 
 
+def test_a_rerun_of_the_newest_date_after_a_long_pause_starts_from_the_date_before():
+    """The table's last published run when the window began is kept too: after a pause
+    longer than the retention, the newest date's rerun starts from it."""
+    before_pause = _row("before-pause", date(2026, 10, 1), 40)
+    runs = [
+        _row("older", date(2026, 9, 30), 41),
+        before_pause,
+        _row("after", date(2026, 11, 28), 1),
+    ]
+    refuse_outside_retention(runs, before_pause, "t", date(2026, 11, 28), 30, NOW)
+    with pytest.raises(PriorStateError, match="state of 2026-09-30"):
+        refuse_outside_retention(runs, runs[0], "t", date(2026, 10, 1), 30, NOW)
+
+
 def test_a_state_within_the_retention_is_a_start():
     recent = _row("recent", date(2026, 11, 20), 5)
     runs = [recent, _row("later", date(2026, 11, 21), 4)]
