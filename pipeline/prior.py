@@ -59,9 +59,9 @@ def _check_files(store: Store, path: str, actions: list[dict[str, Any]]) -> None
 def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
     """The state of ``run.dt`` as ``run`` committed it, checked against its ``runs`` row:
     the version it names, the run id in that commit (another run's only for a state that
-    stayed empty: no commit), its files. That version's partition
-    of ``run.dt`` in a table partitioned by date (each date's state a copy of its own),
-    else the version whole (a table updated in place)."""
+    stayed empty: no commit), its files. That version's partition of ``run.dt`` in a table
+    partitioned by date (the layout before the state was one table), else the version
+    whole."""
     where = f"the state of {table} published for {run.dt} by run {run.run_id}"
     path = state_path(run, table)
     if path is None:
