@@ -77,14 +77,15 @@ def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
     # the state of a date: its partition of a table partitioned by date, else the version
     dated = DT in t.metadata().partition_columns
     rows = int(run.tables().get(table, {}).get("state_rows", -1))
+    actions = add_actions(t, run.dt if dated else None)
     committed_by = lake.commit_meta(path, version).get("run_id")
     # an empty state left empty makes no commit: the run names the version it found
-    still_empty = rows == 0 and lake.written_rows(path, version, run.dt if dated else None) == 0
+    still_empty = rows == 0 and all(a.get("num_records") == 0 for a in actions)
     if committed_by != run.run_id and not still_empty:
         raise PriorStateError(
             f"{where}: version {version} of {path} was committed by {committed_by!r}"
         )
-    _check_files(store, path, add_actions(t, run.dt if dated else None))
+    _check_files(store, path, actions)
     log.info("prior %s: the state of %s (run %s), version %d", table, run.dt, run.run_id, version)
     dates = (run.dt.isoformat(),) if dated else None
     return Pin(lake.spark_uri(path), version, dates, rows, where)

@@ -61,9 +61,9 @@ def table_paths(store: Store) -> list[str]:
 def _run_table(store: Store, path: str, table: Any, keep: set[str], horizon: datetime) -> list[str]:
     """All the keys of ``path`` if it is a table of one run (a failed run's log, a
     backfill's state) that no retained row keeps and that was last committed before the
-    window; else none. Data files first,
-    then the Delta log from its newest version down: a vacuum stopped halfway leaves a
-    table that still reads, or strays the next vacuum removes."""
+    window; else none. Data files first, then the Delta log from its newest version
+    down: a vacuum stopped halfway leaves a table that still reads, or strays the next
+    vacuum removes."""
     run_id = layout.run_table_of(path)
     if run_id is None or run_id in keep:
         return []
