@@ -57,6 +57,7 @@ from pipeline.foldrun import (
     write_parquet,
 )
 from pipeline.frames import fold_input, fold_outputs
+from pipeline.inplace import InPlace, narrow
 from pipeline.layout import LEDGER
 from pipeline.policy import QuarantineReason, Scope
 from pipeline.rowfold import FoldSpec
@@ -75,9 +76,14 @@ from pipeline.workpath import WorkPath
 log = logging.getLogger(__name__)
 
 
+def gc_horizon(now_us: int, gc_grace_seconds: int) -> int:
+    """§7: a tombstone deleted before this instant (µs) is purged."""
+    return now_us - gc_grace_seconds * 1_000_000
+
+
 def purge(prior: DataFrame, now_us: int, gc_grace_seconds: int) -> DataFrame:
     """§7: a tombstone is purged when ``deleted_at < now - gc_grace_seconds``."""
-    horizon = now_us - gc_grace_seconds * 1_000_000
+    horizon = gc_horizon(now_us, gc_grace_seconds)
     return prior.where(~(F.col("_deleted") & (F.col("_deleted_at") < horizon)))
 
 
@@ -205,6 +211,7 @@ class RowRun:
     out: WorkPath
     ledger: DataFrame | None  # the window's event ids (``resolve.read_ledger``)
     any_special: bool = True  # False: no copy for ``shuffle.split_special`` to bring
+    in_place: InPlace | None = None  # merged in place: the fold reads the touched rows
 
 
 def resolve_rows(
@@ -217,12 +224,15 @@ def resolve_rows(
 ) -> Facts:
     """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
     are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
-    run starts from (already purged). Returns what the run report counts of them, counted
-    by the fold's tasks (which write the ledger's rows of their events too), and the
-    disputes one more job finds (``facts.split_events``: folded again), run only when
-    what the tasks told of their events says an event may be split (``facts.may_split``)."""
+    run starts from (its tombstones purged here, :func:`purge`; merged in place, only the
+    rows its events touch are read: ``inplace.narrow``). Returns what the run report
+    counts of them, counted by the fold's tasks (which write the ledger's rows of their
+    events too), and the disputes one more job finds (``facts.split_events``: folded
+    again), run only when what the tasks told of their events says an event may be split
+    (``facts.may_split``)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies, run.any_special)
+    prior = _start_from(prior, main, specials, config, table, run)
     main = admit_transactions(main, prior, config, table)
     schemas = fold_outputs(table, config.captures(table))
     job = FoldJob(
@@ -262,6 +272,26 @@ def resolve_rows(
             (run.out / kind).rmtree()
         facts = resolve(settle_disputes(main, list(facts.disputed)))
     return facts
+
+
+def _start_from(
+    prior: DataFrame,
+    main: DataFrame,
+    specials: Specials,
+    config: Config,
+    table: Table,
+    run: RowRun,
+) -> DataFrame:
+    """The prior rows the fold reads, purged: those the night's events touch when the
+    table is merged in place (the record saved in ``run.out``), else all of them. A
+    TRUNCATE costs the whole table: the table is then replaced, not merged."""
+    if run.in_place is not None and specials.truncates:
+        log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
+    elif run.in_place is not None:
+        horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
+        prior, record = narrow(prior, main, table, horizon, run.out, run.in_place)
+        record.save(run.out)
+    return purge(prior, run.now_us, config.gc_grace_seconds)
 
 
 def with_seen(copies: DataFrame, ledger: DataFrame | None) -> DataFrame:

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from pipeline import layout, prior, retry
+from pipeline import inplace, layout, prior, retry
 from pipeline.adapters import FRAMING, check_options
 from pipeline.config import Config
 from pipeline.context import RunContext
@@ -782,6 +782,30 @@ def _manifest_digest(store: Store, folder: str) -> dict[str, str]:
     return {"manifest": key, "sha256": hashlib.sha256(store.read_bytes(key)).hexdigest()}
 
 
+def _pin_prior(
+    config: Config,
+    store: Store,
+    lake: Lake,
+    runs: list[RunRow],
+    run: RunRow,
+    ctx: RunContext,
+    tname: str,
+    st: StagedTable,
+) -> None:
+    """The published state ``run`` names, pinned; and whether the run merges the table
+    in place (``pipeline.inplace``)."""
+    pin = prior.pin_state(store, lake, run, tname, runs)
+    pin.save(ctx.staged / tname / prior.PRIOR_PIN)
+    st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": pin.rows}
+    st.start = f"the state of {run.dt} (run {run.run_id}, {pin.rows} rows)"
+    plan = inplace.plan(config, lake, runs, run, pin, tname, ctx.dt)
+    if plan.record is not None:
+        st.prior[inplace.STAGED_KEY] = plan.record.to_json()
+        st.start += ", merged in place"
+    else:
+        log.info("ingest %s: the whole table is replaced (%s)", tname, plan.why_not)
+
+
 def _stage_start(
     config: Config,
     store: Store,
@@ -803,10 +827,7 @@ def _stage_start(
     run = latest_published(runs, tname, ctx.dt)
     if run is not None:
         prior.refuse_outside_retention(runs, run, tname, ctx.dt, config.retention_days, now())
-        pin = prior.pin_state(store, lake, run, tname)
-        pin.save(ctx.staged / tname / prior.PRIOR_PIN)
-        st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": pin.rows}
-        st.start = f"the state of {run.dt} (run {run.run_id}, {pin.rows} rows)"
+        _pin_prior(config, store, lake, runs, run, ctx, tname, st)
     elif not runs and (pointer := prior.legacy_prior(store, tname, ctx.dt)) is not None:
         staged = prior.stage_legacy_state(store, tname, pointer, dest)
         log.warning(

@@ -372,6 +372,12 @@ class Lake:
         t = self.table(path)
         return [] if t is None else list(t.history(limit))
 
+    def rows(self, path: str, version: int) -> int:
+        """The rows a reader finds in the table at ``version``, deletion vectors applied:
+        Spark's count of a whole Delta table, which Delta answers from its log (each
+        file's records less its deletion vector's cardinality) without reading a file."""
+        return self.frame(path, version).count()
+
     def written_rows(self, path: str, version: int, dt: date | None = None) -> int | None:
         """The rows of the version's files (of partition ``dt``) as their writer counted
         them (the log's ``numRecords``; None if a file's statistics do not say), from the
@@ -537,8 +543,13 @@ class Lake:
     def _replace_class(self, path: str, call: Callable[[Any], int]) -> bool:
         """One commit of ``pipeline/jvm/Replace.java`` (``call`` of the class); False when
         it did nothing (it returned -1). Its failure: one line naming the table."""
-        jvm = self.session().sparkContext._jvm
+        session = self.session()
+        jvm = session.sparkContext._jvm
         assert jvm is not None
+        # the JVM thread of this Python thread (a publish commits from several) has no
+        # active session of its own; Delta's scan of the table's state needs one (a
+        # version whose checksum lists no files, as after a RESTORE)
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
         try:
             version = call(jvm.cdr.delta.Replace)
         except Exception as e:  # as the writer's: one line, naming the table

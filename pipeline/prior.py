@@ -18,6 +18,7 @@ import json
 import logging
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -56,12 +57,15 @@ def _check_files(store: Store, path: str, actions: list[dict[str, Any]]) -> None
             )
 
 
-def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
+def pin_state(
+    store: Store, lake: Lake, run: RunRow, table: str, runs: Sequence[RunRow] = ()
+) -> Pin:
     """The state of ``run.dt`` as ``run`` committed it, checked against its ``runs`` row:
-    the version it names, the run id in that commit (another run's only for a state that
-    stayed empty: no commit), its files. That version's partition of ``run.dt`` in a table
-    partitioned by date (the layout before the state was one table), else the version
-    whole."""
+    the version it names, the run id in that commit (another run's only when that run's
+    own published row names the same version, a state ``run`` did not move: a merge with
+    nothing to change, or an empty state left empty, makes no commit), its files. That
+    version's partition of ``run.dt`` in a table partitioned by date (the layout before
+    the state was one table), else the version whole."""
     where = f"the state of {table} published for {run.dt} by run {run.run_id}"
     path = state_path(run, table)
     if path is None:
@@ -81,7 +85,10 @@ def pin_state(store: Store, lake: Lake, run: RunRow, table: str) -> Pin:
     committed_by = lake.commit_meta(path, version).get("run_id")
     # an empty state left empty makes no commit: the run names the version it found
     still_empty = rows == 0 and all(a.get("num_records") == 0 for a in actions)
-    if committed_by != run.run_id and not still_empty:
+    kept = any(
+        r.run_id == committed_by and r.published and r.versions.get(path) == version for r in runs
+    )
+    if committed_by != run.run_id and not (still_empty or kept):
         raise PriorStateError(
             f"{where}: version {version} of {path} was committed by {committed_by!r}"
         )

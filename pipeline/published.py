@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.errors import StageError
+from pipeline.inplace import TOUCHED, InPlace, merge_source
 from pipeline.lake import Files, Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.spark import SPARK_SCHEMA_KEY, OutputInfo, output_record
+from pipeline.spark import SPARK_SCHEMA_KEY, OutputInfo, local_frame, output_record, read_output
 from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ class Committer:
         latest commit is this run's (a retried publish) is left as it is."""
         lake, meta = self.lake, self.meta
         where = located(self.resolved, folder)
+        record = InPlace.load(self.resolved / folder.split("/")[0])
+        if record is not None and path in record.versions:
+            return self._merge(folder, path, record)
         files = where.parquet_files()
         info = output_record(where)
         rows, schema = _output(info, files)
@@ -87,18 +91,64 @@ class Committer:
             self._check_rows(path, dt, version, rows, before)
         return version
 
+    def _merge(self, folder: str, path: str, record: InPlace) -> int:
+        """Merge the output ``folder`` into table ``path`` in place (``pipeline.inplace``):
+        the table must be at the version the run started from (or at this run's own
+        commit: a retried publish), and holds the carried rows after (else restored)."""
+        lake, meta = self.lake, self.meta
+        expected = record.rows_of(path)
+        current = lake.version(path)
+        if current != record.versions[path]:
+            last = lake.commit_meta(path, current) if current is not None else {}
+            if last.get("run_id") != meta["run_id"]:
+                raise StageError(
+                    f"commit {path}: at version {current}, but this run started from version "
+                    f"{record.versions[path]}: another writer moved it since ingest; the "
+                    "publish stops (a rerun of the date replaces the whole table)"
+                )
+            if "operation" not in last:  # this run's merge is there already
+                log.info("commit %s: this run's merge is there already", path)
+                assert current is not None
+                self._check_rows(path, None, current, expected, current - 1, lake.rows)
+                return current
+        spark = lake.session()
+        self.resolved.attach(spark)
+        where = located(self.resolved, folder)
+        files = where.parquet_files()
+        info = output_record(where)
+        assert info is not None, f"{where}: no record of its schema"
+        rows = (
+            spark.read.schema(info.schema).parquet(*map(str, files))
+            if files
+            else local_frame(spark, [], info.schema)
+        )
+        touched = read_output(spark, self.resolved / folder.split("/")[0] / TOUCHED)
+        source = merge_source(rows, touched, record.key)
+        version = lake.merge(path, source, record.key, meta).version
+        log.info("commit %s: merged in place, version %d", path, version)
+        if version != current:
+            self._check_rows(path, None, version, expected, version - 1, lake.rows)
+        return version
+
     def _check_rows(
-        self, path: str, dt: date | None, version: int, rows: int, before: int | None
+        self,
+        path: str,
+        dt: date | None,
+        version: int,
+        rows: int,
+        before: int | None,
+        count: Callable[[str, int], int] | None = None,
     ) -> None:
-        """The committed version holds (in partition ``dt``), by its Delta log, the rows
-        the run wrote (the commit replaced them: every file of them is new, so the files'
-        record counts are the rows a reader finds): else the table goes back to the
-        version ``before`` it in a new commit and the publish stops, so that no ``runs``
-        row names the version. A table the commit created stays at that version, which no
-        ``runs`` row names: a retry of the run finds it its own, checks it again and
-        stops again."""
+        """The committed version holds (in partition ``dt``) the rows the run wrote: by
+        its Delta log (the commit replaced them: every file of them is new, so the files'
+        record counts are the rows a reader finds), or by ``count`` (a merge: Delta's
+        count of the version, deletion vectors applied, from the log alone). Else the
+        table goes back to the version ``before`` it in a new commit and the publish
+        stops, so that no ``runs`` row names the version. A table the commit created stays
+        at that version, which no ``runs`` row names: a retry of the run finds it its own,
+        checks it again and stops again."""
         lake = self.lake
-        counted = lake.written_rows(path, version, dt)
+        counted = count(path, version) if count else lake.written_rows(path, version, dt)
         if counted is None or counted == rows:
             return
         if before is None:
@@ -107,8 +157,8 @@ class Committer:
             undone = f"version {before} restored as version {lake.restore(path, before, self.meta)}"
         raise StageError(
             f"commit {path}{f' dt={dt}' if dt else ''}: version {version} holds {counted} "
-            f"rows by its Delta log, but the run wrote {rows} ({undone}); the publish stops "
-            "and writes no runs row"
+            f"rows by its Delta log, but the run counted {rows} ({undone}); the publish stops: "
+            "no published runs row names the version"
         )
 
 

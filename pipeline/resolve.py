@@ -30,7 +30,7 @@ from pipeline.cells import resolve_cells
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies, special_free
-from pipeline.engine import RowRun, purge, resolve_rows
+from pipeline.engine import RowRun, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.facts import FATE_COLUMNS, Facts, count_outputs, read_known, write_ledger
 from pipeline.frames import (
@@ -40,6 +40,7 @@ from pipeline.frames import (
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
+from pipeline.inplace import InPlace, staged_record
 from pipeline.lake import Lake
 from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
@@ -80,8 +81,8 @@ def resolve_table(
         tally = write_ledger(spark, out, ctx.run_id, table.name)
         facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
-        prior = purge(prior, ctx.now_us, config.gc_grace_seconds)
-        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special)
+        in_place = None if staged.snapshots else staged_record(staged.prior)
+        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place)
         facts = resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = facts.clock_skew  # counted by the fold's tasks
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
@@ -475,7 +476,12 @@ def _folded_snapshot(out: WorkPath) -> dict[str, Any] | None:
     snapshot, state = output_info(out / layout.SNAPSHOT), output_info(out / STATE_PRE)
     if snapshot is None or state is None:
         return None
-    return {"rows": snapshot[1], "state_rows": state[1]}
+    record = InPlace.load(out)
+    if record is None or snapshot[1] is None or state[1] is None:
+        return {"rows": snapshot[1], "state_rows": state[1]}
+    record = record.carried(state[1], snapshot[1])  # the tables' rows after the merge
+    record.save(out)
+    return {"rows": record.rows, "state_rows": record.state_rows}
 
 
 def compare_snapshots(

@@ -143,11 +143,14 @@ class Frames:
         if kind == "cdc_log":
             return self._cdc_log(table)
         if kind == "cdc_replay":
+            from pipeline.inplace import touched_prior
             from pipeline.replay import replay_differences
             from pipeline.state import read_prior
 
-            # the run's resolve read (and checked) the same staged state
+            # the run's resolve read (and checked) the same staged state; merged in
+            # place, the rows its fold read: the snapshot holds theirs only
             prior = read_prior(self.spark, self.ctx.staged / table.name, table, check=False)
+            prior = touched_prior(prior, out, table)
             return replay_differences(
                 prior, self._log(table), self.batch("snapshot", table), table, self.ctx.now_us
             )

@@ -61,7 +61,8 @@ def whatif(
     assert config.store
     store = open_store(config.store)
     lake = Lake(store)
-    run = published_by_date(read_runs(lake)).get(dt)
+    runs = read_runs(lake)
+    run = published_by_date(runs).get(dt)
     if run is None:
         raise StageError(f"no published run of {dt} in {config.store}: nothing to compare with")
     report = json.loads(store.read_bytes(layout.run_report(dt, run.run_id)))
@@ -94,7 +95,7 @@ def whatif(
             t: compare_table(
                 table,
                 report["tables"].get(t, {}),
-                _published_state(spark, store, lake, run, table),
+                _published_state(spark, store, lake, run, table, runs),
                 _whatif_snapshot(spark, ctx.resolved / t / layout.SNAPSHOT, table),
                 summary,
             )
@@ -115,7 +116,7 @@ def _inputs(ctx: Any) -> list[list[dict[str, Any]]]:
 
 
 def _published_state(
-    spark: SparkSession, store: Store, lake: Lake, run: RunRow, table: Table
+    spark: SparkSession, store: Store, lake: Lake, run: RunRow, table: Table, runs: list[RunRow]
 ) -> DataFrame:
     """The state ``run`` published for ``table``, checked and read as a run's prior is
     (empty for a table the run did not publish)."""
@@ -124,7 +125,7 @@ def _published_state(
 
     if state_path(run, table.name) is None:
         return empty_state(spark, table)
-    return read_pinned(spark, pin_state(store, lake, run, table.name))
+    return read_pinned(spark, pin_state(store, lake, run, table.name, runs))
 
 
 def _whatif_snapshot(spark: SparkSession, folder: WorkPath, table: Table) -> DataFrame:

@@ -418,7 +418,7 @@ def test_a_commit_whose_log_counts_other_rows_than_the_run_wrote_is_undone(
     assert sorted(r["event_id"] for r in P.table(tmp_path / "store", path) or []) == ["a", "b"]
     note_output(folder, schema, 3)  # the run says 3: the files hold 2
     again = Committer(lake, resolved, {"run_id": "r2"})
-    said = r"version 2 holds 2 rows by its Delta log, but the run wrote 3 \(version 1 restored"
+    said = r"version 2 holds 2 rows by its Delta log, but the run counted 3 \(version 1 restored"
     with pytest.raises(StageError, match=said + " as version 3"):
         again.commit("t/conflicts", path, dt)
     assert sorted(r["event_id"] for r in P.table(tmp_path / "store", path) or []) == ["a", "b"]
@@ -429,5 +429,5 @@ def test_a_commit_whose_log_counts_other_rows_than_the_run_wrote_is_undone(
     spark.createDataFrame([("x",)], schema).write.parquet(str(new))
     note_output(new, schema, 2)
     for _ in range(2):
-        with pytest.raises(StageError, match=r"holds 1 rows .* wrote 2 \(a new table"):
+        with pytest.raises(StageError, match=r"holds 1 rows .* counted 2 \(a new table"):
             again.commit("t/divergence", new_path, dt)

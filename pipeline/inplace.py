@@ -1,0 +1,265 @@
+"""A night that costs the night (formats.md "Outputs": "A night costs the night"): a run
+whose prior is the newest published date reads only the prior rows its events touch,
+folds only them, and MERGEs the resulting rows into ``state`` and ``snapshot`` in place
+(deletion vectors: no data file that holds none of them is rewritten).
+
+Three steps, one per stage:
+
+- **ingest** (:func:`plan`) decides whether the table can be merged in place: a row table
+  with no history and no foreign key (as child or parent), whose prior is the newest
+  published date, with ``state`` and ``snapshot`` still at the versions that date's
+  ``runs`` row names and the state's columns unchanged. Anything else (a rerun of the
+  newest date, a backfill, a table whose latest versions another run moved) takes the
+  whole-table path, which is exact for every case: it starts from the pinned version and
+  replaces the table in one commit.
+- **resolve** (:func:`narrow`) keeps the prior rows the fold needs: the keys the night's
+  events name (a key change's new key included), the live rows holding a unique value
+  an event writes, and the tombstones whose GC is due (purged: deleted from ``state``).
+  Their keys are written as ``touched``; their counts go into the record
+  (:class:`InPlace`), which carries the table's row counts: the prior's, minus the
+  touched rows, plus the fold's output.
+- **publish** (``pipeline.published``) merges each output by key (:func:`merge_source`):
+  the fold's rows replace or add theirs, a touched key the output no longer holds is
+  deleted. Before, the table must still be at the version ingest found; after, the
+  committed version's row count (Delta's, deletion vectors applied) must be the carried
+  count, else the version before is restored.
+
+A TRUNCATE in the night, or a replica's full-copy export, costs the table by nature: the
+resolve then drops the record and takes the whole-table path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from datetime import date
+from typing import TYPE_CHECKING, Any
+
+from pipeline import layout
+from pipeline.config import Config, Granularity, Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pipeline.lake import Lake, Pin
+    from pipeline.runs_table import RunRow
+    from pipeline.workpath import WorkPath
+
+log = logging.getLogger(__name__)
+
+#: the record of a table merged in place, in its ``resolved`` folder
+RECORD = "in_place.json"
+#: the keys of the prior rows the fold read (its ``resolved`` folder)
+TOUCHED = "touched"
+#: the in-place record's key in the staged table's ``prior``
+STAGED_KEY = "in_place"
+#: the marks :func:`narrow` joins with (never a column name of a table: ``__cdr_``)
+_KEY, _MARK, _VALUE = "__cdr_key", "__cdr_mark", "__cdr_value"
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """One table merged in place: the versions it starts from and the counts it carries."""
+
+    key: tuple[str, ...]
+    versions: dict[str, int]  # ``state`` and ``snapshot`` -> the version P's runs row names
+    prior_rows: int  # P's state rows (its runs row's ``state_rows``)
+    prior_live: int  # P's snapshot rows
+    touched_rows: int = 0  # prior rows the fold read
+    touched_live: int = 0  # of them live
+    state_rows: int = -1  # the table's rows after the merge (-1: not yet counted)
+    rows: int = -1  # the snapshot's
+
+    def carried(self, state_out: int, snapshot_out: int) -> InPlace:
+        """With the rows after the merge: the prior's, minus the touched rows (each is in
+        the output, or deleted), plus the output's."""
+        return replace(
+            self,
+            state_rows=self.prior_rows - self.touched_rows + state_out,
+            rows=self.prior_live - self.touched_live + snapshot_out,
+        )
+
+    def rows_of(self, path: str) -> int:
+        """The rows table ``path`` holds after the merge."""
+        return self.rows if path.endswith(f"/{layout.SNAPSHOT}") else self.state_rows
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> InPlace:
+        return InPlace(**{**d, "key": tuple(d["key"]), "versions": dict(d["versions"])})
+
+    def save(self, out: WorkPath) -> None:
+        (out / RECORD).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+
+    @staticmethod
+    def load(out: WorkPath) -> InPlace | None:
+        p = out / RECORD
+        return InPlace.from_json(json.loads(p.read_text())) if p.is_file() else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ingest decided for one table: the record to start from, or why not."""
+
+    record: InPlace | None
+    why_not: str = ""
+    moved: list[str] = field(default_factory=list)  # tables another writer moved (warned)
+
+
+def whole_table_reason(config: Config, table: Table) -> str:
+    """Why ``table`` always takes the whole-table path ("" if it need not)."""
+    if table.granularity is not Granularity.ROW:
+        return "a cell table"
+    if table.history is not None:
+        return "a table with history"
+    if table.foreign_keys or any(
+        fk.references == table.name for t in config.tables.values() for fk in t.foreign_keys
+    ):
+        return "a table in a foreign key"
+    return ""
+
+
+def plan(
+    config: Config, lake: Lake, runs: list[RunRow], run: RunRow, pin: Pin, name: str, dt: date
+) -> Plan:
+    """Whether the run of ``dt`` merges table ``name`` in place, starting from ``run``'s
+    state (``pin``). The latest versions of ``state`` and ``snapshot`` are those ``run``'s
+    row names, or the run takes the whole-table path (a warning names the table and both
+    versions: another run moved it, or restored it after a refused commit)."""
+    from pipeline.runs_table import latest_date
+    from pipeline.schema import state_schema
+
+    table = config.tables[name]
+    why = whole_table_reason(config, table)
+    if why:
+        return Plan(None, why)
+    if latest_date(runs, name) != run.dt or run.dt >= dt:
+        return Plan(None, "the run is not for a date after the newest published one")
+    state, snapshot = (
+        layout.table_path(name, layout.STATE),
+        layout.table_path(name, layout.SNAPSHOT),
+    )
+    if pin.dates is not None or state not in run.versions or snapshot not in run.versions:
+        return Plan(None, "the prior state is in the layout before the state was one table")
+    versions = {p: run.versions[p] for p in (state, snapshot)}
+    moved = []
+    for p, v in versions.items():
+        now = lake.version(p)
+        if now != v:
+            moved.append(
+                f"{p} is at version {now}, not version {v} that run {run.run_id} of {run.dt} names"
+            )
+    if moved:
+        for m in moved:
+            log.warning("ingest %s: %s: this run replaces the whole table", name, m)
+        return Plan(None, "; ".join(moved), moved)
+    t = lake.table(state, versions[state])
+    if [f.name for f in t.schema().fields] != state_schema(table).names:
+        return Plan(None, "the config changed the state's columns")
+    tables = run.tables().get(name, {})
+    record = InPlace(
+        tuple(table.key),
+        versions,
+        int(tables.get("state_rows", pin.rows)),
+        int(tables.get("rows", -1)),
+    )
+    if record.prior_rows < 0 or record.prior_live < 0:
+        return Plan(None, "the prior run's row counts are not recorded")
+    return Plan(record)
+
+
+def staged_record(prior: dict[str, Any] | None) -> InPlace | None:
+    """The record ingest staged with the table's ``prior``, if it merges in place."""
+    d = (prior or {}).get(STAGED_KEY)
+    return InPlace.from_json(d) if d else None
+
+
+def narrow(
+    prior: DataFrame,
+    events: DataFrame,
+    table: Table,
+    horizon_us: int,
+    out: WorkPath,
+    record: InPlace,
+) -> tuple[DataFrame, InPlace]:
+    """The prior rows the night's fold needs (the module's docstring), persisted, their
+    keys written to ``out/touched``; returns them and the record with their counts.
+    ``events``: the typed copies (``frames.copy_schema``); ``horizon_us``: a tombstone
+    deleted before it is purged (``engine.purge``). Each set of marks is broadcast: the
+    night's keys and values, not the table's; the prior is scanned once, not shuffled."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pipeline.shuffle import key_struct
+    from pipeline.spark import write_output
+
+    keys = events.select(
+        F.explode(F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias(_KEY)
+    ).distinct()
+    df = prior.withColumn(_KEY, key_struct(table))
+    df = df.join(F.broadcast(keys.withColumn(f"{_MARK}0", F.lit(True))), _KEY, "left")
+    needed = F.col(f"{_MARK}0").isNotNull() | (
+        F.col("_deleted") & (F.col("_deleted_at") < horizon_us)
+    )
+    names = table.column_names
+    writes = events.where(F.col("op").isin("INSERT", "UPDATE"))
+    for i, c in enumerate(sorted({c for u in table.unique for c in u}), 1):
+        mark = f"{_MARK}{i}"
+        written = F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}"))
+        values = writes.select(written.alias(_VALUE)).where(F.col(_VALUE).isNotNull()).distinct()
+        marks = F.broadcast(values.withColumn(mark, F.lit(True)))
+        df = df.join(marks, df[c] == marks[_VALUE], "left").drop(_VALUE)
+        needed = needed | (~F.col("_deleted") & F.col(mark).isNotNull())
+    narrowed = df.where(needed).select(*prior.columns).persist(StorageLevel.MEMORY_AND_DISK)
+    got = narrowed.agg(
+        F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
+    ).first()
+    assert got is not None
+    write_output(narrowed.select(*table.key), out / TOUCHED)
+    record = replace(record, touched_rows=int(got["rows"]), touched_live=int(got["live"]))
+    log.info(
+        "resolve %s: %d prior row(s) of %d touched, merged in place",
+        table.name,
+        record.touched_rows,
+        record.prior_rows,
+    )
+    return narrowed, record
+
+
+def merge_source(rows: DataFrame, touched: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    """What a MERGE by ``key`` makes of a table from the fold's ``rows`` of the touched
+    keys: each row replaces its key's or is added; a ``touched`` key (the prior rows the
+    fold read) with no row is deleted (``lake.DROP``)."""
+    from pyspark.sql import functions as F
+
+    from pipeline.lake import DROP
+
+    gone = touched.select(*key).join(rows.select(*key), list(key), "left_anti")
+    drops = gone.select(
+        *[
+            F.col(f.name) if f.name in key else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in rows.schema.fields
+        ],
+        F.lit(True).alias(DROP),
+    )
+    return rows.withColumn(DROP, F.lit(False)).unionByName(drops)
+
+
+def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
+    """``prior`` cut to the keys :func:`narrow` recorded in ``out`` (the whole of it for a
+    table not merged in place): what the fold read, for the checks that replay it."""
+    from pipeline.facts import read_known
+    from pipeline.schema import state_schema
+
+    if InPlace.load(out) is None:
+        return prior
+    schema = state_schema(table)
+    keys = read_known(
+        prior.sparkSession,
+        out / TOUCHED,
+        ", ".join(f"`{c}` {schema[c].dataType.simpleString()}" for c in table.key),
+    )
+    return prior.join(keys, list(table.key), "left_semi")

@@ -1,0 +1,270 @@
+"""formats.md "A night costs the night" (``pipeline.inplace``): a night after the newest
+published date reads the prior rows its events touch and MERGEs ``state`` and
+``snapshot`` in place; it publishes what the whole-table path publishes, rewrites no
+file that holds no touched key, and each of its checks has a test that makes it fail."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import inplace, layout
+from pipeline.cli import main
+from pipeline.lake import Lake
+from tests.helpers import configs
+from tests.helpers import published as P
+from tests.helpers import scenarios as S
+
+D1, D2, D3 = "2026-11-20", "2026-11-21", "2026-11-22"
+NOW = {D1: "2026-11-21T00:00:00Z", D2: "2026-11-22T00:00:00Z", D3: "2026-11-23T00:00:00Z"}
+A = configs.table(
+    {"id": "int", "v": "string", "u": "string"},
+    unique=[["u"]],
+    resolvers={"insert_exists": "apply", "multiple_unique_conflicts": "apply"},
+)
+CONFIG = configs.config(
+    {"a": A, "b": configs.table()}, replicas=("r1", "r2"), on_divergence="warn",
+    gc_grace_seconds=129600,
+)  # fmt: skip
+
+
+def _event(op: str, table_key: int, ts: str, n: int, after: dict[str, Any] | None = None):
+    e = {"op": op, "key": {"id": table_key}, "ts": ts, "origin": "r1", "event_id": f"e{n}"}
+    if after and "new_key" in after:  # a key change
+        e["new_key"] = after.pop("new_key")
+    return {**e, "after": after, "seq": n} if after is not None else {**e, "seq": n}
+
+
+#: the nights (a tombstone is kept 36 hours: night 1's is purged by night 3): table a's
+#: events (a delete, an insert whose unique value an untouched row holds, a key change),
+#: table b's on the first night only
+NIGHTS = {
+    D1: {
+        "a": [
+            _event("UPDATE", 1, "2026-11-20T01:00:00Z", 1, {"v": "x"}),
+            _event("DELETE", 2, "2026-11-20T02:00:00Z", 2),
+            _event("INSERT", 100, "2026-11-20T03:00:00Z", 3, {"id": 100, "v": "n", "u": "u100"}),
+        ],
+        "b": [_event("UPDATE", 1, "2026-11-20T01:00:00Z", 4, {"v": "b1"})],
+    },
+    D2: {
+        "a": [
+            _event("INSERT", 101, "2026-11-21T01:00:00Z", 5, {"id": 101, "v": "m", "u": "u5"}),
+            _event("UPDATE", 3, "2026-11-21T02:00:00Z", 6, {"new_key": {"id": 103}, "id": 103}),
+            _event("UPDATE", 1, "2026-11-21T03:00:00Z", 7, {"v": "y"}),
+        ],
+    },
+    D3: {"a": [_event("UPDATE", 100, "2026-11-22T01:00:00Z", 8, {"v": "o"})]},
+}
+
+
+def _store(root: Path) -> Path:
+    root.mkdir()
+    base = {
+        "a": [{"id": i, "v": f"v{i}", "u": f"u{i}", "_ts": 1, "_origin": "r2"} for i in range(40)],
+        "b": [{"id": i, "v": f"w{i}", "_ts": 1, "_origin": "r2"} for i in range(10)],
+    }
+    for t, rows in base.items():
+        S.write_jsonl(root / f"base/table={t}", rows, {"table": t})
+    for d, tables in NIGHTS.items():
+        S.write_exports(root, d, {r: tables for r in ("r1", "r2")})
+    return configs.write(root.parent / f"{root.name}.yaml", CONFIG, store=root)
+
+
+def _run(cfg: Path, d: str, work: Path, *more: str) -> int:
+    args = ["run", "--config", str(cfg), "--date", d, "--now", NOW[d], "--no-data-docs"]
+    return main([*args, "--allow-missing-exports", "--work-dir", str(work), *more])
+
+
+def _tables(store: Any) -> dict[str, Any]:
+    out = {}
+    for t in ("a", "b"):
+        for kind in (layout.STATE, layout.SNAPSHOT):
+            rows = P.rows(store, layout.table_path(t, kind))
+            out[f"{t}/{kind}"] = sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+    return out
+
+
+def _counts(store: Any) -> list[dict[str, Any]]:
+    return [
+        {t: (c["rows"], c["state_rows"]) for t, c in r["counts"]["tables"].items()}
+        for r in P.runs(store)
+    ]
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory, spark) -> dict[str, Any]:
+    """The three nights run twice: merged in place, and on the whole-table path."""
+    tmp = tmp_path_factory.mktemp("inplace")
+    cfg = _store(tmp / "merged")
+    for d in NIGHTS:
+        assert _run(cfg, d, tmp / "w-merged") == 0
+    whole_cfg = _store(tmp / "whole")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(inplace, "plan", lambda *a: inplace.Plan(None, "the whole-table path, for the test"))
+    try:
+        for d in NIGHTS:
+            assert _run(whole_cfg, d, tmp / "w-whole") == 0
+    finally:
+        mp.undo()
+    from pipeline.store import open_store
+
+    return {
+        "merged": open_store((tmp / "merged").as_uri()),
+        "whole": open_store((tmp / "whole").as_uri()),
+        "cfg": cfg,
+        "tmp": tmp,
+    }
+
+
+def test_a_night_merged_in_place_publishes_what_the_whole_table_path_publishes(nights):
+    merged, whole = nights["merged"], nights["whole"]
+    assert _tables(merged) == _tables(whole)
+    assert _counts(merged) == _counts(whole)
+    got = {r["id"]: r for r in P.snapshot(merged, "a")}
+    assert got[1]["v"] == "y" and 2 not in got and 103 in got and 3 not in got
+    assert got[101]["u"] == "u5" and 5 not in got  # apply removed the row that held u5
+    assert not any(r["id"] == 2 for r in P.rows(merged, layout.table_path("a", layout.STATE)))
+    # the runs rows' counts are what a reader finds at the versions they name
+    for run in P.runs(merged):
+        for t, c in run["counts"]["tables"].items():
+            assert len(P.as_of(merged, layout.table_path(t, layout.STATE), run)) == c["state_rows"]
+            assert len(P.as_of(merged, layout.table_path(t, layout.SNAPSHOT), run)) == c["rows"]
+
+
+def test_the_nights_after_the_first_merge_and_rewrite_no_file(nights):
+    """The second and third nights' commits of ``state`` and ``snapshot`` are MERGEs that
+    keep every file of the version before (deletion vectors mark what they replace); the
+    nights with no event of ``b`` commit nothing to ``b``, and their rows name the version
+    of the first night (which each next night pins: another run's commit)."""
+    store = nights["merged"]
+    lake = Lake(store)
+    r1, r2, r3 = P.runs(store)
+    merged = 0
+    for t in ("a", "b"):
+        for kind in (layout.STATE, layout.SNAPSHOT):
+            path = layout.table_path(t, kind)
+            for before, after in ((r1, r2), (r2, r3)):
+                v0, v1 = before["versions"][path], after["versions"][path]
+                if v0 == v1:  # no event of b after the first night
+                    assert t == "b", path
+                    continue
+                merged += 1
+                ops = {lake.commit_info(path, v).get("operation") for v in range(v0 + 1, v1 + 1)}
+                assert ops <= {"MERGE"}, (path, ops)
+                files0 = {a["path"] for a in _adds(lake, path, v0)}
+                files1 = {a["path"] for a in _adds(lake, path, v1)}
+                assert files0 <= files1, (path, files0 - files1)
+    assert merged == 4  # a's state and snapshot, on the second and third nights
+    b = layout.table_path("b", layout.STATE)
+    assert r3["versions"][b] == r1["versions"][b] == 0
+
+
+def _adds(lake: Lake, path: str, version: int) -> list[dict[str, Any]]:
+    from pipeline.lake import add_actions
+
+    return add_actions(lake.table(path, version))
+
+
+def test_a_table_another_writer_moved_takes_the_whole_table_path(nights, tmp_path, capfd):
+    """The state's latest version is not the one the newest run's row names (here a
+    RESTORE by someone else): the night replaces the whole table from the pinned version,
+    and the warning names the table and both versions."""
+    store = nights["merged"]
+    root = Path(store.uri.removeprefix("file://"))
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(root, copy)
+    from pipeline.store import open_store
+
+    moved = open_store(copy.as_uri())
+    lake = Lake(moved)
+    path = layout.table_path("a", layout.STATE)
+    named = P.runs(moved)[-1]["versions"][path]
+    lake.restore(path, named - 1, {"run_id": "someone"})
+    night = "2026-11-23"
+    NOW[night] = "2026-11-24T00:00:00Z"
+    tables = {"a": [_event("UPDATE", 7, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
+    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    assert _run(cfg, night, tmp_path / "w") == 0
+    said = f"{path} is at version {named + 1}, not version {named} that run"
+    assert said in capfd.readouterr().err
+    last = P.runs(moved)[-1]
+    assert lake.commit_info(path, last["versions"][path]).get("operation") != "MERGE"
+    got = {r["id"]: r["v"] for r in P.snapshot(moved, "a")}
+    assert got[7] == "z" and got[1] == "y"  # from the pinned version, not the restored one
+
+
+def test_a_count_that_differs_after_a_merge_restores_the_version_and_publishes_no_run(
+    nights, tmp_path, monkeypatch
+):
+    """The committed version's count (Delta's, deletion vectors applied) must be the
+    carried count: else the version before is restored, and the run's row (failed) names
+    no version of it."""
+    store = nights["merged"]
+    root = Path(store.uri.removeprefix("file://"))
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(root, copy)
+    from pipeline.store import open_store
+
+    bad = open_store(copy.as_uri())
+    night = "2026-11-23"
+    NOW[night] = "2026-11-24T00:00:00Z"
+    tables = {"a": [_event("UPDATE", 8, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
+    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    path = layout.table_path("a", layout.STATE)
+    before = Lake(bad).version(path)
+    real = Lake.rows
+    monkeypatch.setattr(Lake, "rows", lambda self, p, v: real(self, p, v) + (1 if p == path else 0))
+    assert _run(cfg, night, tmp_path / "w") != 0
+    lake = Lake(bad)
+    assert lake.version(path) == before + 2  # the merge, and the restore of the one before
+    assert lake.commit_meta(path, before + 2).get("operation") == f"restored version {before}"
+    assert [r["status"] for r in P.runs(bad)] == ["published"] * 3 + ["failed"]
+    assert path not in P.runs(bad)[-1]["versions"]
+    got = {r["id"]: r["v"] for r in P.snapshot(bad, "a")}
+    assert got[8] == "v8"
+
+
+def test_a_table_moved_between_ingest_and_publish_stops_the_publish(
+    nights, tmp_path, monkeypatch, capfd
+):
+    """Another writer commits to ``state`` after ingest planned the merge from its
+    version: the publish stops, naming the table and both versions, and merges nothing."""
+    store = nights["merged"]
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(Path(store.uri.removeprefix("file://")), copy)
+    from pipeline.store import open_store
+
+    moved = open_store(copy.as_uri())
+    path = layout.table_path("a", layout.STATE)
+    named = P.runs(moved)[-1]["versions"][path]
+    real = inplace.plan
+
+    def then_moved(*args):
+        planned = real(*args)
+        if args[5] == "a":
+            Lake(moved).restore(path, named - 1, {"run_id": "someone"})
+        return planned
+
+    monkeypatch.setattr(inplace, "plan", then_moved)
+    night = "2026-11-23"
+    NOW[night] = "2026-11-24T00:00:00Z"
+    tables = {"a": [_event("UPDATE", 9, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
+    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    assert _run(cfg, night, tmp_path / "w") != 0
+    said = f"commit {path}: at version {named + 1}, but this run started from version {named}"
+    assert said in capfd.readouterr().err
+    assert Lake(moved).version(path) == named + 1  # nothing merged
+    assert P.runs(moved)[-1]["status"] == "failed"
