@@ -202,6 +202,17 @@ def _store_commands(sub: Any) -> None:
         help="a window shorter than the config's retention_days (the default)",
     )
     v.add_argument("--dry-run", action="store_true", help="list the files; remove nothing")
+    c = sub.add_parser(
+        "verify",
+        help="recompute every whole-table check of a published date (counts, keys, "
+        "snapshot = live state, unique, foreign keys) at the versions its runs row names",
+    )
+    c.add_argument("--config", required=True, type=Path)
+    c.add_argument("--store", help="override the config's store")
+    c.add_argument("--date", required=True, type=date.fromisoformat)
+    c.add_argument(
+        "--full", action="store_true", help="over the whole tables (the only mode; the default)"
+    )
     d = sub.add_parser(
         "doctor", help="check a store: credentials, atomic create, the tables' log retention"
     )
@@ -529,6 +540,25 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from pipeline.lake import Lake
+    from pipeline.store import open_store
+    from pipeline.verify import verify
+
+    config = _load(args)
+    assert config.store
+    found = verify(config, Lake(open_store(config.store)), args.date)
+    failed = [f for f in found if not f.ok]
+    lines = [f"verify {args.date} (whole tables, at the versions its runs row names):"]
+    for f in found:
+        want = "" if f.expected is None else f" (must be {f.expected})"
+        mark = "ok" if f.ok else "FAILED"
+        lines.append(f"  {f.table:<16} {f.check:<24} {f.observed}{want}  {mark}")
+    lines.append(f"{len(found)} check(s), {len(failed)} failed")
+    _emit(args, {"date": args.date, "checks": [f.to_json() for f in found]}, "\n".join(lines))
+    return 1 if failed else 0
+
+
 def _cmd_quarantine(args: argparse.Namespace) -> int:
     from pipeline import lease, retry
     from pipeline.errors import StageError
@@ -612,6 +642,7 @@ COMMANDS = {
     "unlock": _cmd_unlock,
     "doctor": _cmd_doctor,
     "vacuum": _cmd_vacuum,
+    "verify": _cmd_verify,
     "quarantine": _cmd_quarantine,
     "whatif": _cmd_whatif,
     "jars": _cmd_jars,

@@ -191,6 +191,7 @@ def narrow(
     deleted before it is purged (``engine.purge``). Each set of marks is broadcast: the
     night's keys and values, not the table's; the prior is scanned once, not shuffled."""
     from pyspark import StorageLevel
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from pipeline.shuffle import key_struct
@@ -214,11 +215,12 @@ def narrow(
         df = df.join(marks, df[c] == marks[_VALUE], "left").drop(_VALUE)
         needed = needed | (~F.col("_deleted") & F.col(mark).isNotNull())
     narrowed = df.where(needed).select(*prior.columns).persist(StorageLevel.MEMORY_AND_DISK)
-    got = narrowed.agg(
-        F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
-    ).first()
-    assert got is not None
-    write_output(narrowed.select(*table.key), out / TOUCHED)
+    seen = Observation()  # counted as the keys are written (the one job that reads them)
+    counted = narrowed.observe(
+        seen, F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
+    )
+    write_output(counted.select(*table.key), out / TOUCHED)
+    got = seen.get
     record = replace(record, touched_rows=int(got["rows"]), touched_live=int(got["live"]))
     log.info(
         "resolve %s: %d prior row(s) of %d touched, merged in place",
@@ -246,6 +248,17 @@ def merge_source(rows: DataFrame, touched: DataFrame, key: tuple[str, ...]) -> D
         F.lit(True).alias(DROP),
     )
     return rows.withColumn(DROP, F.lit(False)).unionByName(drops)
+
+
+def checksum(rows: DataFrame, columns: list[str]) -> tuple[int, int]:
+    """The rows' count and the sum of their hashes (``xxhash64`` of ``columns``): equal
+    for two sets of rows that hold the same rows, in any order and any files."""
+    from pyspark.sql import functions as F
+
+    hashed = F.xxhash64(*[F.col(f"`{c}`") for c in columns]).cast("decimal(38,0)")
+    got = rows.agg(F.count(F.lit(1)), F.sum(hashed)).first()
+    assert got is not None
+    return int(got[0]), int(got[1] or 0)
 
 
 def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:

@@ -378,6 +378,23 @@ class Lake:
         file's records less its deletion vector's cardinality) without reading a file."""
         return self.frame(path, version).count()
 
+    def added_rows(self, path: str, version: int) -> DataFrame:
+        """The rows of the files ``version`` added to the table (those its version before
+        does not name), read by the executors as they were written: a MERGE with
+        deletion vectors writes each row it updates or inserts to a new file, and only
+        those (a file it changes keeps its path and gains a vector)."""
+        after = self.table(path, version)
+        names = {a["path"] for a in add_actions(after)}
+        if version > 0:
+            names -= {a["path"] for a in add_actions(self.table(path, version - 1))}
+        schema = self.frame(path, version).schema
+        if not names:
+            from pipeline.spark import local_frame
+
+            return local_frame(self.session(), [], schema)
+        uri = self.spark_uri(path)
+        return self.session().read.schema(schema).parquet(*[f"{uri}/{n}" for n in sorted(names)])
+
     def written_rows(self, path: str, version: int, dt: date | None = None) -> int | None:
         """The rows of the version's files (of partition ``dt``) as their writer counted
         them (the log's ``numRecords``; None if a file's statistics do not say), from the
@@ -624,7 +641,10 @@ class Lake:
         on = " AND ".join(f"t.`{c}` <=> s.`{c}`" for c in key)
         drop = f"coalesce(s.`{DROP}`, false)"
         values: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in rows.columns if c != DROP}
-        with self._session_commit(path, self._fenced(path, meta)) as spark:
+        # the source is files of the run's work folder, read again as they are: Delta
+        # need not copy it first (its ``auto`` copies any source that is not Delta)
+        once = {"spark.databricks.delta.merge.materializeSource": "none"}
+        with self._session_commit(path, self._fenced(path, meta), once) as spark:
             (
                 DeltaTable.forPath(spark, self.spark_uri(path))
                 .alias("t")
@@ -639,16 +659,19 @@ class Lake:
         return Commit(path, self._committed(path))
 
     @contextmanager
-    def _session_commit(self, path: str, info: dict[str, Any]) -> Iterator[SparkSession]:
+    def _session_commit(
+        self, path: str, info: dict[str, Any], conf: dict[str, str] | None = None
+    ) -> Iterator[SparkSession]:
         """The session set for one commit of ``path`` that takes no writer options (SQL,
-        Delta's table API): its metadata and the log store's lease check, for that commit
-        only (one table's at a time); a failure is one line naming the table."""
+        Delta's table API): its metadata, the log store's lease check and ``conf``, for that
+        commit only (one table's at a time); a failure is one line naming the table."""
         spark = self.session()
         settings = {
             "spark.databricks.delta.commitInfo.userMetadata": json.dumps(
                 info, sort_keys=True, default=str
             ),
             **self._lease_settings(),
+            **(conf or {}),
         }
         with _SESSION_METADATA:
             for k, v in settings.items():

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.errors import StageError
-from pipeline.inplace import TOUCHED, InPlace, merge_source
+from pipeline.inplace import TOUCHED, InPlace, checksum, merge_source
 from pipeline.lake import Files, Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
@@ -128,7 +128,25 @@ class Committer:
         log.info("commit %s: merged in place, version %d", path, version)
         if version != current:
             self._check_rows(path, None, version, expected, version - 1, lake.rows)
+            self._check_merged(path, version, rows)
         return version
+
+    def _check_merged(self, path: str, version: int, rows: DataFrame) -> None:
+        """The rows the merge wrote (the files it added) are the run's ``rows``, by count
+        and checksum (``inplace.checksum``): else the version before is restored and the
+        publish stops."""
+        lake = self.lake
+        cols = rows.columns
+        want, got = checksum(rows, cols), checksum(lake.added_rows(path, version), cols)
+        if want == got:
+            return
+        restored = lake.restore(path, version - 1, self.meta)
+        raise StageError(
+            f"commit {path}: the rows version {version} added ({got[0]}, checksum {got[1]}) "
+            f"are not the run's ({want[0]}, checksum {want[1]}); version {version - 1} "
+            f"restored as version {restored}: the publish stops, no published runs row "
+            "names the version"
+        )
 
     def _check_rows(
         self,

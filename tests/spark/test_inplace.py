@@ -268,3 +268,79 @@ def test_a_table_moved_between_ingest_and_publish_stops_the_publish(
     assert said in capfd.readouterr().err
     assert Lake(moved).version(path) == named + 1  # nothing merged
     assert P.runs(moved)[-1]["status"] == "failed"
+
+
+def test_verify_full_passes_for_every_published_date(nights, capsys):
+    """``cdr verify --full`` recomputes the whole-table checks at each date's versions
+    (time travel): the nights merged in place pass them all."""
+    for d in NIGHTS:
+        args = ["verify", "--config", str(nights["cfg"]), "--date", d, "--full"]
+        assert main(args) == 0, capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "0 failed" in out and "snapshot_is_live_state" in out
+
+
+def test_a_rerun_of_the_newest_date_without_one_export_undoes_what_only_it_changed(
+    nights, tmp_path
+):
+    """The newest date run again with an export that changed key 20, then again without
+    that export: key 20 is back to the row of the date before, the rest as the first run
+    of the date left it, and each table moved by one commit per rerun (a rerun takes the
+    whole-table path from the date before: exact by construction)."""
+    import shutil
+
+    from pipeline.store import open_store
+
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(nights["merged"].uri.removeprefix("file://")), copy)
+    store = open_store(copy.as_uri())
+    before = _tables(store)
+    extra = _event("UPDATE", 20, "2026-11-22T02:00:00Z", 20, {"v": "only-r1"})
+    S.write_exports(copy, D3, {"r1": {"a": [*NIGHTS[D3]["a"], extra]}, "r2": NIGHTS[D3]})
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    assert _run(cfg, D3, tmp_path / "w1") == 0
+    assert {r["id"]: r["v"] for r in P.snapshot(store, "a")}[20] == "only-r1"
+    shutil.rmtree(copy / f"exports/replica=r1/table=a/dt={D3}")
+    lake = Lake(store)
+    paths = [layout.table_path("a", k) for k in (layout.STATE, layout.SNAPSHOT)]
+    versions = {p: lake.version(p) for p in paths}
+    assert _run(cfg, D3, tmp_path / "w2") == 0
+    assert {r["id"]: r["v"] for r in P.snapshot(store, "a")}[20] == "v20"
+    assert {p: lake.version(p) for p in paths} == {p: v + 1 for p, v in versions.items()}
+    assert _tables(store) == before  # r2's export holds every other event of the date
+
+
+def test_rows_a_merge_wrote_other_than_the_runs_restore_the_version(nights, tmp_path, monkeypatch):
+    """The rows the merge added must be the fold's, by count and checksum: a merge whose
+    source was changed on the way (one value, the counts unchanged) is undone."""
+    import shutil
+
+    from pyspark.sql import functions as F
+
+    from pipeline import published
+    from pipeline.store import open_store
+
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(nights["merged"].uri.removeprefix("file://")), copy)
+    store = open_store(copy.as_uri())
+    night = "2026-11-23"
+    NOW[night] = "2026-11-24T00:00:00Z"
+    tables = {"a": [_event("UPDATE", 8, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
+    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
+    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    real = published.merge_source
+
+    def changed(rows, touched, key):
+        source = real(rows, touched, key)
+        if "v" not in source.columns:
+            return source
+        return source.withColumn("v", F.when(F.col("id") == 8, "changed").otherwise(F.col("v")))
+
+    monkeypatch.setattr(published, "merge_source", changed)
+    path = layout.table_path("a", layout.STATE)
+    before = Lake(store).version(path)
+    assert _run(cfg, night, tmp_path / "w") != 0
+    lake = Lake(store)
+    assert lake.commit_meta(path, before + 2).get("operation") == f"restored version {before}"
+    assert {r["id"]: r["v"] for r in P.rows(store, path)}[8] == "v8"
+    assert P.runs(store)[-1]["status"] == "failed"
