@@ -6,7 +6,7 @@ folds only them, and MERGEs the resulting rows into ``state`` and ``snapshot`` i
 Three steps, one per stage:
 
 - **ingest** (:func:`plan`) decides whether the table can be merged in place: a row table
-  with no history and no foreign key (as child or parent), whose prior is the newest
+  with no history, whose prior is the newest
   published date, with ``state`` and ``snapshot`` still at the versions that date's
   ``runs`` row names and the state's columns unchanged. Anything else (a rerun of the
   newest date, a backfill, a table whose latest versions another run moved) takes the
@@ -40,7 +40,7 @@ from pipeline import layout
 from pipeline.config import Config, Granularity, Table
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
     from pipeline.lake import Lake, Pin
     from pipeline.runs_table import RunRow
@@ -109,16 +109,12 @@ class Plan:
     moved: list[str] = field(default_factory=list)  # tables another writer moved (warned)
 
 
-def whole_table_reason(config: Config, table: Table) -> str:
+def whole_table_reason(table: Table) -> str:
     """Why ``table`` always takes the whole-table path ("" if it need not)."""
     if table.granularity is not Granularity.ROW:
         return "a cell table"
     if table.history is not None:
         return "a table with history"
-    if table.foreign_keys or any(
-        fk.references == table.name for t in config.tables.values() for fk in t.foreign_keys
-    ):
-        return "a table in a foreign key"
     return ""
 
 
@@ -133,7 +129,7 @@ def plan(
     from pipeline.schema import state_schema
 
     table = config.tables[name]
-    why = whole_table_reason(config, table)
+    why = whole_table_reason(table)
     if why:
         return Plan(None, why)
     if latest_date(runs, name) != run.dt or run.dt >= dt:
@@ -261,18 +257,79 @@ def checksum(rows: DataFrame, columns: list[str]) -> tuple[int, int]:
     return int(got[0]), int(got[1] or 0)
 
 
-def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
-    """``prior`` cut to the keys :func:`narrow` recorded in ``out`` (the whole of it for a
-    table not merged in place): what the fold read, for the checks that replay it."""
+def _touched(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
     from pipeline.facts import read_known
     from pipeline.schema import state_schema
 
+    schema = state_schema(table)
+    ddl = ", ".join(f"`{c}` {schema[c].dataType.simpleString()}" for c in table.key)
+    return read_known(spark, out / TOUCHED, ddl)
+
+
+def _overlay(published: DataFrame, rows: DataFrame, out: WorkPath, table: Table) -> DataFrame:
+    """The table after the merge: the published rows of the keys not touched, and the
+    run's ``rows`` (those of the touched keys)."""
+    touched = _touched(rows.sparkSession, out, table)
+    untouched = published.join(touched, list(table.key), "left_anti")
+    return untouched.unionByName(rows.select(*published.columns))
+
+
+def whole_state(
+    spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
+) -> DataFrame | None:
+    """The whole state the merge will make of the fold's rows (None: not merged in
+    place): for the checks that need every row (the foreign keys)."""
+    from pipeline.facts import read_known
+    from pipeline.outputs import STATE_PRE
+    from pipeline.schema import state_schema
+    from pipeline.state import read_prior
+
+    if InPlace.load(out) is None:
+        return None
+    prior = read_prior(spark, staged_table, table, check=False)
+    return _overlay(prior, read_known(spark, out / STATE_PRE, state_schema(table)), out, table)
+
+
+def whole_snapshot(
+    spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
+) -> DataFrame | None:
+    """The whole snapshot the merge will make of the run's snapshot rows (None: not
+    merged in place), from the version of ``snapshot`` ingest planned from."""
+    from pipeline.lake import Pin
+    from pipeline.prior import PRIOR_PIN
+    from pipeline.schema import snapshot_columns
+    from pipeline.spark import read_output
+
+    record, pin = InPlace.load(out), Pin.load(staged_table / PRIOR_PIN)
+    if record is None or pin is None:
+        return None
+    path = layout.table_path(table.name, layout.SNAPSHOT)
+    uri = pin.uri.removesuffix(layout.table_path(table.name, layout.STATE)) + path
+    published = spark.read.format("delta").option("versionAsOf", record.versions[path]).load(uri)
+    published = published.select(*snapshot_columns(table))
+    return _overlay(published, read_output(spark, out / layout.SNAPSHOT), out, table)
+
+
+def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
+    """Live published rows the run removes though its fold did not read them (orphans
+    the foreign-key step quarantined): their keys added to ``touched`` (the merge deletes
+    them), counted in the record."""
+    from pipeline.spark import write_output
+
+    record = InPlace.load(out)
+    assert record is not None
+    new = keys.select(*table.key).distinct()
+    new = new.join(_touched(keys.sparkSession, out, table), list(table.key), "left_anti")
+    n = write_output(new, out / TOUCHED, mode="append")
+    more = replace(
+        record, touched_rows=record.touched_rows + n, touched_live=record.touched_live + n
+    )
+    more.save(out)
+
+
+def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
+    """``prior`` cut to the keys :func:`narrow` recorded in ``out`` (the whole of it for a
+    table not merged in place): what the fold read, for the checks that replay it."""
     if InPlace.load(out) is None:
         return prior
-    schema = state_schema(table)
-    keys = read_known(
-        prior.sparkSession,
-        out / TOUCHED,
-        ", ".join(f"`{c}` {schema[c].dataType.simpleString()}" for c in table.key),
-    )
-    return prior.join(keys, list(table.key), "left_semi")
+    return prior.join(_touched(prior.sparkSession, out, table), list(table.key), "left_semi")

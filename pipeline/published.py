@@ -67,7 +67,10 @@ class Committer:
             if last.get("run_id") == meta["run_id"] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 if rows is not None:  # checked again: the attempt that made it may have died
-                    self._check_rows(path, dt, current, rows, current - 1 if current else None)
+                    before = current - 1 if current else None
+                    merged = (lake.commit_info(path, current) or {}).get("operation") == "MERGE"
+                    # a merge of an attempt that planned it (its files are not the rows)
+                    self._check_rows(path, dt, current, rows, before, lake.rows if merged else None)
                 return current
         frame: DataFrame | Files | None = None
         if current is not None and rows == 0:

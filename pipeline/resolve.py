@@ -40,7 +40,7 @@ from pipeline.frames import (
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
-from pipeline.inplace import InPlace, staged_record
+from pipeline.inplace import InPlace, staged_record, touch, whole_state
 from pipeline.lake import Lake
 from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
@@ -269,6 +269,9 @@ def check_foreign_keys(
         t: read_known(spark, ctx.resolved / t / STATE_PRE, state_schema(table))
         for t, table in config.tables.items()
     }
+    for t in _in_foreign_keys(config):  # merged in place: the fold's rows over the table's
+        whole = whole_state(spark, ctx.staged / t, ctx.resolved / t, config.tables[t])
+        states[t] = states[t] if whole is None else whole
     found: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     removed: dict[str, list[DataFrame]] = {t: [] for t in config.tables}
     restored: dict[str, DataFrame] = {}
@@ -284,6 +287,13 @@ def check_foreign_keys(
             counts["quarantined"] = {**summary.tables[t].quarantined, **fk}
         summary = summary.with_table(t, **counts)
     return summary
+
+
+def _in_foreign_keys(config: Config) -> set[str]:
+    """The tables a foreign key joins, as child or parent."""
+    return {
+        n for t in config.tables.values() for fk in t.foreign_keys for n in (t.name, fk.references)
+    }
 
 
 def _put_back(
@@ -456,6 +466,8 @@ def _write_fk_outputs(
     if restored is not None and config.captures(table):
         _write(restored.select(*table.column_names), out / "fk_restored")
     if removed or restored is not None:
+        if InPlace.load(out) is not None:  # merged in place: the touched rows, changed
+            state = _changed_rows(spark, table, out, removed, restored)
         _write(state, out / layout.STATE)
         (out / STATE_PRE).rmtree()
     elif (folded := _folded_snapshot(out)) is not None:  # the fold's state is final, and
@@ -467,7 +479,33 @@ def _write_fk_outputs(
     live = final.where(~F.col("_deleted"))
     counts["rows"] = _write(live.select(*snapshot_columns(table)), out / layout.SNAPSHOT)
     counts["state_rows"] = int(seen.get["state_rows"])  # the next run checks it
+    record = InPlace.load(out)
+    if record is not None:  # the tables' rows after the merge
+        record = record.carried(counts["state_rows"], counts["rows"])
+        record.save(out)
+        counts |= {"rows": record.rows, "state_rows": record.state_rows}
     return counts
+
+
+def _changed_rows(
+    spark: SparkSession,
+    table: Table,
+    out: WorkPath,
+    removed: list[DataFrame],
+    restored: DataFrame | None,
+) -> DataFrame:
+    """A table merged in place, after the foreign-key step: the fold's rows but those it
+    removed, and the rows it put back; the keys of the removed rows the fold did not
+    write (published rows no event touched) join ``touched``: the merge deletes them."""
+    rows = read_known(spark, out / STATE_PRE, state_schema(table))
+    if removed:
+        key = list(table.key)
+        gone = reduce(DataFrame.unionByName, removed).select(*key).distinct()
+        touch(out, gone.join(rows.select(*key), key, "left_anti"), table)  # published rows
+        rows = rows.join(gone, key, "left_anti")
+    if restored is not None:
+        rows = rows.unionByName(restored.select(*rows.columns))
+    return rows
 
 
 def _folded_snapshot(out: WorkPath) -> dict[str, Any] | None:

@@ -124,7 +124,7 @@ class Frames:
         for t in config.tables:
             out = ctx.resolved / t
             _read(spark, final_state(out)).createOrReplaceTempView(f"cdr_state_{t}")
-            _read(spark, out / "snapshot").createOrReplaceTempView(f"cdr_snapshot_{t}")
+            self.whole_snapshot(config.tables[t]).createOrReplaceTempView(f"cdr_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
             records = [(r, int(v.get("records", 0))) for r, v in summary.tables[t].replicas.items()]
@@ -132,10 +132,21 @@ class Frames:
                 f"cdr_records_{t}"
             )
 
+    def whole_snapshot(self, table: Table) -> DataFrame:
+        """The table's snapshot as the publish will leave it: the run's, or, merged in
+        place, the run's rows over the published snapshot's others (``inplace``)."""
+        from pipeline.inplace import whole_snapshot
+
+        out = self.ctx.resolved / table.name
+        whole = whole_snapshot(self.spark, self.ctx.staged / table.name, out, table)
+        return _read(self.spark, out / "snapshot") if whole is None else whole
+
     def batch(self, kind: str, table: Table) -> DataFrame:
         out = self.ctx.resolved / table.name
         if kind in ("snapshot", "divergence", "fates"):
             return _read(self.spark, out / kind)
+        if kind == "whole_snapshot":
+            return self.whole_snapshot(table)
         if kind == "history":
             from pipeline.history import as_of_run
 

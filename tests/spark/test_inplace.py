@@ -31,8 +31,10 @@ CONFIG = configs.config(
 )  # fmt: skip
 
 
-def _event(op: str, table_key: int, ts: str, n: int, after: dict[str, Any] | None = None):
-    e = {"op": op, "key": {"id": table_key}, "ts": ts, "origin": "r1", "event_id": f"e{n}"}
+def _event(
+    op: str, table_key: int, ts: str, n: int, after: dict[str, Any] | None = None, col: str = "id"
+):
+    e = {"op": op, "key": {col: table_key}, "ts": ts, "origin": "r1", "event_id": f"e{n}"}
     if after and "new_key" in after:  # a key change
         e["new_key"] = after.pop("new_key")
     return {**e, "after": after, "seq": n} if after is not None else {**e, "seq": n}
@@ -344,3 +346,74 @@ def test_rows_a_merge_wrote_other_than_the_runs_restore_the_version(nights, tmp_
     assert lake.commit_meta(path, before + 2).get("operation") == f"restored version {before}"
     assert {r["id"]: r["v"] for r in P.rows(store, path)}[8] == "v8"
     assert P.runs(store)[-1]["status"] == "failed"
+
+
+FK_CONFIG = configs.config(
+    {"products": configs.products(), "orders": configs.orders()},
+    replicas=("r1", "r2"), on_divergence="warn", on_fk_violation="quarantine",
+)  # fmt: skip
+
+
+def _order(k: int, product: int) -> dict[str, Any]:
+    after = {"order_id": k, "product_no": product, "qty": 1}
+    return _event("INSERT", k, f"2026-11-22T0{k - 29}:00:00Z", k, after, "order_id")
+
+
+#: a product deleted on the second night orphans two orders no event touches (11, 16);
+#: an order inserted for it on the third is an orphan the fold wrote
+FK_NIGHTS = {
+    D1: {"orders": [_event("UPDATE", 10, "2026-11-20T01:00:00Z", 1, {"qty": 7}, "order_id")]},
+    D2: {"products": [_event("DELETE", 2, "2026-11-21T01:00:00Z", 2, None, "product_no")]},
+    D3: {"orders": [_order(30, 2), _order(31, 3)]},
+}  # fmt: skip
+
+
+def _fk_store(root: Path) -> Path:
+    root.mkdir()
+    base = {
+        "products": [{"product_no": i, "name": f"p{i}", "_ts": 1} for i in range(1, 6)],
+        "orders": [
+            {"order_id": i, "product_no": i % 5 + 1, "qty": 1, "_ts": 1} for i in range(10, 20)
+        ],
+    }  # fmt: skip
+    for t, rows in base.items():
+        S.write_jsonl(root / f"base/table={t}", rows, {"table": t})
+    for d, tables in FK_NIGHTS.items():
+        S.write_exports(root, d, {r: tables for r in ("r1", "r2")})
+    return configs.write(root.parent / f"{root.name}.yaml", FK_CONFIG, store=root)
+
+
+def test_tables_in_a_foreign_key_merged_in_place_publish_what_the_whole_table_path_does(
+    tmp_path, monkeypatch
+):
+    """Orders whose product a night deletes are quarantined and leave state and snapshot
+    though no event touched them; the nights merged in place publish the rows of the
+    whole-table path."""
+    from pipeline.store import open_store
+
+    got = {}
+    for name in ("merged", "whole"):
+        cfg = _fk_store(tmp_path / name)
+        with monkeypatch.context() as mp:
+            if name == "whole":
+                mp.setattr(inplace, "plan", lambda *a: inplace.Plan(None, "for the test"))
+            for d in FK_NIGHTS:
+                assert _run(cfg, d, tmp_path / f"w-{name}") == 0
+        store = open_store((tmp_path / name).as_uri())
+        got[name] = {
+            t: sorted(json.dumps(r, sort_keys=True, default=str) for r in P.rows(store, p))
+            for t in ("products", "orders")
+            for p in (layout.table_path(t, layout.STATE), layout.table_path(t, layout.SNAPSHOT))
+        }
+        got[name]["counts"] = _counts(store)
+        if name == "merged":
+            orders = {r["order_id"] for r in P.snapshot(store, "orders")}
+            assert orders == {10, 12, 13, 14, 15, 17, 18, 19, 31}, orders
+            quarantined = P.log(store, "orders", "quarantine", D2) + P.log(
+                store, "orders", "quarantine", D3
+            )
+            assert sorted(q["reason"] for q in quarantined) == ["fk_violation"] * 3
+            path = layout.table_path("orders", layout.STATE)
+            ops = {Lake(store).commit_info(path, v).get("operation") for v in (1, 2)}
+            assert ops == {"MERGE"}, ops
+    assert got["merged"] == got["whole"]
