@@ -5,7 +5,10 @@ Input: the changes the resolve stage recorded (``resolved/<table>/changes``, the
 input too: what each applied event did to the row a reader sees), the rows the foreign-key
 quarantine removed, the history as published before the run (staged at ingest) and, the
 first time, the state the run starts from. Output: ``resolved/<table>/history``, the whole
-table, which publish commits like the snapshot (one Delta version, readers see whole runs).
+table, which publish commits like the snapshot (one Delta version, readers see whole runs);
+for a night merged in place (``pipeline.inplace``), every version of the keys it touched
+(the closed ones with their ``_valid_to`` set, and the new ones), which publish merges by
+key, date and version number.
 
 - **Versions.** A change that changed the row a reader sees opens a version: its values
   (for a deletion, the row it deleted, with ``_deleted``), its ``_ts``, ``_origin`` and
@@ -37,9 +40,11 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline import layout
 from pipeline.cdc import run_changes
 from pipeline.config import Config, Table
 from pipeline.context import RunContext
+from pipeline.inplace import InPlace, history_keys
 from pipeline.layout import HISTORY
 from pipeline.policy import ChangeKind, Granularity
 from pipeline.schema import row_struct_type
@@ -376,6 +381,10 @@ def build_history(
     if kept is None or not _continues(spark, ctx, table):
         seed = _seed(spark, ctx, table)
         kept = seed if kept is None else seed.unionByName(kept)
+    if merged_in_place(ctx, table):  # only the touched keys' versions, merged by publish
+        kept = kept.join(
+            history_keys(spark, ctx.resolved / table.name, table), list(table.key), "left_semi"
+        )
     ranks = F.create_map(*[x for r, o in sorted(origins.items()) for x in (F.lit(r), F.lit(o))])
     visible = _visible(changes, table, ranks)
     if table.granularity is Granularity.CELL:
@@ -386,6 +395,12 @@ def build_history(
     fields += [F.lit(ctx.dt).alias("dt"), F.lit(True).alias("new")]
     rows = _as_rows(kept, table).unionByName(visible.select("*", *fields))
     return _versions(rows, table, ctx).select(*history_schema(table).fieldNames())
+
+
+def merged_in_place(ctx: RunContext, table: Table) -> bool:
+    """Whether the run merges the table's history in place (``pipeline.inplace``)."""
+    record = InPlace.load(ctx.resolved / table.name)
+    return record is not None and layout.table_path(table.name, HISTORY) in record.versions
 
 
 def history_stage(
@@ -406,6 +421,12 @@ def history_stage(
         finally:
             spark.catalog.clearCache()
         counts = _counts(dest, ctx)
+        if merged_in_place(ctx, table):  # the history's rows after the merge
+            record = InPlace.load(src)
+            assert record is not None
+            record = replace(record, history_rows=record.prior_history + counts[1])
+            record.save(src)
+            counts = (record.history_rows, counts[1], counts[2])
         log.info("history %s: %d versions, %d new (%d late)", name, *counts)
         tables[name] = replace(summary.tables[name], history=dict(zip(COUNTS, counts, strict=True)))
     return replace(summary, tables={**summary.tables, **tables})

@@ -6,7 +6,8 @@ folds only them, and MERGEs the resulting rows into ``state`` and ``snapshot`` i
 Three steps, one per stage:
 
 - **ingest** (:func:`plan`) decides whether the table can be merged in place: a row table
-  with no history, whose prior is the newest
+  (with its ``history``, once published: the versions of the touched keys), whose prior
+  is the newest
   published date, with ``state`` and ``snapshot`` still at the versions that date's
   ``runs`` row names and the state's columns unchanged. Anything else (a rerun of the
   newest date, a backfill, a table whose latest versions another run moved) takes the
@@ -70,6 +71,8 @@ class InPlace:
     touched_live: int = 0  # of them live
     state_rows: int = -1  # the table's rows after the merge (-1: not yet counted)
     rows: int = -1  # the snapshot's
+    prior_history: int = -1  # E4: P's history rows (-1: no history merged)
+    history_rows: int = -1  # the history's after the merge
 
     def carried(self, state_out: int, snapshot_out: int) -> InPlace:
         """With the rows after the merge: the prior's, minus the touched rows (each is in
@@ -82,7 +85,14 @@ class InPlace:
 
     def rows_of(self, path: str) -> int:
         """The rows table ``path`` holds after the merge."""
+        if path.endswith(f"/{layout.HISTORY}"):
+            return self.history_rows
         return self.rows if path.endswith(f"/{layout.SNAPSHOT}") else self.state_rows
+
+    def merge_key(self, path: str) -> tuple[str, ...]:
+        """The columns a row of ``path`` is merged by: the table's key, and in the history
+        the version's date and number (a version is never deleted: no ``touched``)."""
+        return (*self.key, "dt", "_version") if path.endswith(f"/{layout.HISTORY}") else self.key
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,8 +123,6 @@ def whole_table_reason(table: Table) -> str:
     """Why ``table`` always takes the whole-table path ("" if it need not)."""
     if table.granularity is not Granularity.ROW:
         return "a cell table"
-    if table.history is not None:
-        return "a table with history"
     return ""
 
 
@@ -140,7 +148,13 @@ def plan(
     )
     if pin.dates is not None or state not in run.versions or snapshot not in run.versions:
         return Plan(None, "the prior state is in the layout before the state was one table")
-    versions = {p: run.versions[p] for p in (state, snapshot)}
+    paths = [state, snapshot]
+    if table.history is not None:  # E4: merged too, once the prior run published it
+        history = layout.table_path(name, layout.HISTORY)
+        if history not in run.versions:
+            return Plan(None, "the history starts: the prior run did not publish one")
+        paths.append(history)
+    versions = {p: run.versions[p] for p in paths}
     moved = []
     for p, v in versions.items():
         now = lake.version(p)
@@ -161,8 +175,13 @@ def plan(
         versions,
         int(tables.get("state_rows", pin.rows)),
         int(tables.get("rows", -1)),
+        prior_history=int(tables.get("history", {}).get("rows", -1)),
     )
-    if record.prior_rows < 0 or record.prior_live < 0:
+    if (
+        record.prior_rows < 0
+        or record.prior_live < 0
+        or (table.history is not None and record.prior_history < 0)
+    ):
         return Plan(None, "the prior run's row counts are not recorded")
     return Plan(record)
 
@@ -227,14 +246,16 @@ def narrow(
     return narrowed, record
 
 
-def merge_source(rows: DataFrame, touched: DataFrame, key: tuple[str, ...]) -> DataFrame:
+def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...]) -> DataFrame:
     """What a MERGE by ``key`` makes of a table from the fold's ``rows`` of the touched
     keys: each row replaces its key's or is added; a ``touched`` key (the prior rows the
-    fold read) with no row is deleted (``lake.DROP``)."""
+    fold read) with no row is deleted (``lake.DROP``; None: none is)."""
     from pyspark.sql import functions as F
 
     from pipeline.lake import DROP
 
+    if touched is None:
+        return rows.withColumn(DROP, F.lit(False))
     gone = touched.select(*key).join(rows.select(*key), list(key), "left_anti")
     drops = gone.select(
         *[
@@ -325,6 +346,17 @@ def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
         record, touched_rows=record.touched_rows + n, touched_live=record.touched_live + n
     )
     more.save(out)
+
+
+def history_keys(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
+    """The keys whose history a night merged in place rewrites (E4): those the fold read
+    and those its final state holds (new keys included)."""
+    from pipeline.facts import read_known
+    from pipeline.outputs import final_state
+    from pipeline.schema import state_schema
+
+    final = read_known(spark, final_state(out), state_schema(table)).select(*table.key)
+    return final.unionByName(_touched(spark, out, table)).distinct()
 
 
 def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:

@@ -125,9 +125,11 @@ class Committer:
             if files
             else local_frame(spark, [], info.schema)
         )
-        touched = read_output(spark, self.resolved / folder.split("/")[0] / TOUCHED)
-        source = merge_source(rows, touched, record.key)
-        version = lake.merge(path, source, record.key, meta).version
+        key = record.merge_key(path)
+        touched = None  # a version of the history is never deleted
+        if key == record.key:
+            touched = read_output(spark, self.resolved / folder.split("/")[0] / TOUCHED)
+        version = lake.merge(path, merge_source(rows, touched, key), key, meta).version
         log.info("commit %s: merged in place, version %d", path, version)
         if version != current:
             self._check_rows(path, None, version, expected, version - 1, lake.rows)

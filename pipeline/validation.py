@@ -124,7 +124,9 @@ class Frames:
         for t in config.tables:
             out = ctx.resolved / t
             _read(spark, final_state(out)).createOrReplaceTempView(f"cdr_state_{t}")
-            self.whole_snapshot(config.tables[t]).createOrReplaceTempView(f"cdr_snapshot_{t}")
+            _read(spark, out / "snapshot").createOrReplaceTempView(f"cdr_snapshot_{t}")
+            whole = self.whole_snapshot(config.tables[t])  # read only by the suites that ask
+            whole.createOrReplaceTempView(f"cdr_whole_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
             records = [(r, int(v.get("records", 0))) for r, v in summary.tables[t].replicas.items()]

@@ -24,6 +24,7 @@ A = configs.table(
     {"id": "int", "v": "string", "u": "string"},
     unique=[["u"]],
     resolvers={"insert_exists": "apply", "multiple_unique_conflicts": "apply"},
+    history=True,
 )
 CONFIG = configs.config(
     {"a": A, "b": configs.table()}, replicas=("r1", "r2"), on_divergence="warn",
@@ -82,17 +83,27 @@ def _run(cfg: Path, d: str, work: Path, *more: str) -> int:
 
 
 def _tables(store: Any) -> dict[str, Any]:
+    """State, snapshot and a's history (E4), each row as JSON (run ids left out)."""
     out = {}
-    for t in ("a", "b"):
-        for kind in (layout.STATE, layout.SNAPSHOT):
-            rows = P.rows(store, layout.table_path(t, kind))
+    for t, kinds in (("a", (*KINDS, layout.HISTORY)), ("b", KINDS)):
+        for kind in kinds:
+            rows = [
+                {k: v for k, v in r.items() if k != "_run_id"}
+                for r in P.rows(store, layout.table_path(t, kind))
+            ]
             out[f"{t}/{kind}"] = sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
     return out
 
 
+KINDS = (layout.STATE, layout.SNAPSHOT)
+
+
 def _counts(store: Any) -> list[dict[str, Any]]:
     return [
-        {t: (c["rows"], c["state_rows"]) for t, c in r["counts"]["tables"].items()}
+        {
+            t: (c["rows"], c["state_rows"], c.get("history", {}).get("rows"))
+            for t, c in r["counts"]["tables"].items()
+        }
         for r in P.runs(store)
     ]
 
@@ -138,7 +149,8 @@ def test_a_night_merged_in_place_publishes_what_the_whole_table_path_publishes(n
 
 
 def test_the_nights_after_the_first_merge_and_rewrite_no_file(nights):
-    """The second and third nights' commits of ``state`` and ``snapshot`` are MERGEs that
+    """The second and third nights' commits of ``state``, ``snapshot`` and ``history``
+    are MERGEs that
     keep every file of the version before (deletion vectors mark what they replace); the
     nights with no event of ``b`` commit nothing to ``b``, and their rows name the version
     of the first night (which each next night pins: another run's commit)."""
@@ -146,8 +158,8 @@ def test_the_nights_after_the_first_merge_and_rewrite_no_file(nights):
     lake = Lake(store)
     r1, r2, r3 = P.runs(store)
     merged = 0
-    for t in ("a", "b"):
-        for kind in (layout.STATE, layout.SNAPSHOT):
+    for t, kinds in (("a", (*KINDS, layout.HISTORY)), ("b", KINDS)):
+        for kind in kinds:
             path = layout.table_path(t, kind)
             for before, after in ((r1, r2), (r2, r3)):
                 v0, v1 = before["versions"][path], after["versions"][path]
@@ -160,7 +172,7 @@ def test_the_nights_after_the_first_merge_and_rewrite_no_file(nights):
                 files0 = {a["path"] for a in _adds(lake, path, v0)}
                 files1 = {a["path"] for a in _adds(lake, path, v1)}
                 assert files0 <= files1, (path, files0 - files1)
-    assert merged == 4  # a's state and snapshot, on the second and third nights
+    assert merged == 6  # a's state, snapshot and history, on the second and third nights
     b = layout.table_path("b", layout.STATE)
     assert r3["versions"][b] == r1["versions"][b] == 0
 
@@ -171,29 +183,40 @@ def _adds(lake: Lake, path: str, version: int) -> list[dict[str, Any]]:
     return add_actions(lake.table(path, version))
 
 
+#: a fourth night, after the fixture's three
+D4 = "2026-11-23"
+NOW[D4] = "2026-11-24T00:00:00Z"
+
+
+def _copy(nights: dict[str, Any], tmp_path: Path) -> tuple[Path, Any]:
+    """A copy of the store the fixture merged its nights into: its folder and store."""
+    import shutil
+
+    from pipeline.store import open_store
+
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(nights["merged"].uri.removeprefix("file://")), copy)
+    return copy, open_store(copy.as_uri())
+
+
+def _fourth_night(copy: Path, tmp_path: Path, key: int) -> Path:
+    """The exports of a fourth night that updates table a's ``key``; the config."""
+    tables = {"a": [_event("UPDATE", key, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
+    S.write_exports(copy, D4, {r: tables for r in ("r1", "r2")})
+    return configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+
+
 def test_a_table_another_writer_moved_takes_the_whole_table_path(nights, tmp_path, capfd):
     """The state's latest version is not the one the newest run's row names (here a
     RESTORE by someone else): the night replaces the whole table from the pinned version,
     and the warning names the table and both versions."""
-    store = nights["merged"]
-    root = Path(store.uri.removeprefix("file://"))
-    copy = tmp_path / "copy"
-    import shutil
-
-    shutil.copytree(root, copy)
-    from pipeline.store import open_store
-
-    moved = open_store(copy.as_uri())
+    copy, moved = _copy(nights, tmp_path)
     lake = Lake(moved)
     path = layout.table_path("a", layout.STATE)
     named = P.runs(moved)[-1]["versions"][path]
     lake.restore(path, named - 1, {"run_id": "someone"})
-    night = "2026-11-23"
-    NOW[night] = "2026-11-24T00:00:00Z"
-    tables = {"a": [_event("UPDATE", 7, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
-    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
-    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
-    assert _run(cfg, night, tmp_path / "w") == 0
+    cfg = _fourth_night(copy, tmp_path, 7)
+    assert _run(cfg, D4, tmp_path / "w") == 0
     said = f"{path} is at version {named + 1}, not version {named} that run"
     assert said in capfd.readouterr().err
     last = P.runs(moved)[-1]
@@ -208,25 +231,13 @@ def test_a_count_that_differs_after_a_merge_restores_the_version_and_publishes_n
     """The committed version's count (Delta's, deletion vectors applied) must be the
     carried count: else the version before is restored, and the run's row (failed) names
     no version of it."""
-    store = nights["merged"]
-    root = Path(store.uri.removeprefix("file://"))
-    copy = tmp_path / "copy"
-    import shutil
-
-    shutil.copytree(root, copy)
-    from pipeline.store import open_store
-
-    bad = open_store(copy.as_uri())
-    night = "2026-11-23"
-    NOW[night] = "2026-11-24T00:00:00Z"
-    tables = {"a": [_event("UPDATE", 8, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
-    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
-    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    copy, bad = _copy(nights, tmp_path)
+    cfg = _fourth_night(copy, tmp_path, 8)
     path = layout.table_path("a", layout.STATE)
     before = Lake(bad).version(path)
     real = Lake.rows
     monkeypatch.setattr(Lake, "rows", lambda self, p, v: real(self, p, v) + (1 if p == path else 0))
-    assert _run(cfg, night, tmp_path / "w") != 0
+    assert _run(cfg, D4, tmp_path / "w") != 0
     lake = Lake(bad)
     assert lake.version(path) == before + 2  # the merge, and the restore of the one before
     assert lake.commit_meta(path, before + 2).get("operation") == f"restored version {before}"
@@ -241,14 +252,7 @@ def test_a_table_moved_between_ingest_and_publish_stops_the_publish(
 ):
     """Another writer commits to ``state`` after ingest planned the merge from its
     version: the publish stops, naming the table and both versions, and merges nothing."""
-    store = nights["merged"]
-    copy = tmp_path / "copy"
-    import shutil
-
-    shutil.copytree(Path(store.uri.removeprefix("file://")), copy)
-    from pipeline.store import open_store
-
-    moved = open_store(copy.as_uri())
+    copy, moved = _copy(nights, tmp_path)
     path = layout.table_path("a", layout.STATE)
     named = P.runs(moved)[-1]["versions"][path]
     real = inplace.plan
@@ -260,12 +264,8 @@ def test_a_table_moved_between_ingest_and_publish_stops_the_publish(
         return planned
 
     monkeypatch.setattr(inplace, "plan", then_moved)
-    night = "2026-11-23"
-    NOW[night] = "2026-11-24T00:00:00Z"
-    tables = {"a": [_event("UPDATE", 9, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
-    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
-    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
-    assert _run(cfg, night, tmp_path / "w") != 0
+    cfg = _fourth_night(copy, tmp_path, 9)
+    assert _run(cfg, D4, tmp_path / "w") != 0
     said = f"commit {path}: at version {named + 1}, but this run started from version {named}"
     assert said in capfd.readouterr().err
     assert Lake(moved).version(path) == named + 1  # nothing merged
@@ -291,11 +291,7 @@ def test_a_rerun_of_the_newest_date_without_one_export_undoes_what_only_it_chang
     whole-table path from the date before: exact by construction)."""
     import shutil
 
-    from pipeline.store import open_store
-
-    copy = tmp_path / "copy"
-    shutil.copytree(Path(nights["merged"].uri.removeprefix("file://")), copy)
-    store = open_store(copy.as_uri())
+    copy, store = _copy(nights, tmp_path)
     before = _tables(store)
     extra = _event("UPDATE", 20, "2026-11-22T02:00:00Z", 20, {"v": "only-r1"})
     S.write_exports(copy, D3, {"r1": {"a": [*NIGHTS[D3]["a"], extra]}, "r2": NIGHTS[D3]})
@@ -315,21 +311,12 @@ def test_a_rerun_of_the_newest_date_without_one_export_undoes_what_only_it_chang
 def test_rows_a_merge_wrote_other_than_the_runs_restore_the_version(nights, tmp_path, monkeypatch):
     """The rows the merge added must be the fold's, by count and checksum: a merge whose
     source was changed on the way (one value, the counts unchanged) is undone."""
-    import shutil
-
     from pyspark.sql import functions as F
 
     from pipeline import published
-    from pipeline.store import open_store
 
-    copy = tmp_path / "copy"
-    shutil.copytree(Path(nights["merged"].uri.removeprefix("file://")), copy)
-    store = open_store(copy.as_uri())
-    night = "2026-11-23"
-    NOW[night] = "2026-11-24T00:00:00Z"
-    tables = {"a": [_event("UPDATE", 8, "2026-11-23T01:00:00Z", 9, {"v": "z"})]}
-    S.write_exports(copy, night, {r: tables for r in ("r1", "r2")})
-    cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=copy)
+    copy, store = _copy(nights, tmp_path)
+    cfg = _fourth_night(copy, tmp_path, 8)
     real = published.merge_source
 
     def changed(rows, touched, key):
@@ -341,7 +328,7 @@ def test_rows_a_merge_wrote_other_than_the_runs_restore_the_version(nights, tmp_
     monkeypatch.setattr(published, "merge_source", changed)
     path = layout.table_path("a", layout.STATE)
     before = Lake(store).version(path)
-    assert _run(cfg, night, tmp_path / "w") != 0
+    assert _run(cfg, D4, tmp_path / "w") != 0
     lake = Lake(store)
     assert lake.commit_meta(path, before + 2).get("operation") == f"restored version {before}"
     assert {r["id"]: r["v"] for r in P.rows(store, path)}[8] == "v8"

@@ -55,7 +55,7 @@ GOOD = [(1, 10, 5, 100, "pub"), (2, 10, 6, 100, "sub")]
 LIVE_STATE = [(*r, "e", False, None) for r in GOOD]
 VIEWS = {
     "cdr_state_orders": ([*LIVE_STATE, (3, 10, 7, 90, "pub", "e", True, 95)], STATE),
-    "cdr_snapshot_products": (
+    "cdr_whole_snapshot_products": (
         [(10, "p", 100, "pub")],
         "product_no int, name string, _ts bigint, _origin string",
     ),
