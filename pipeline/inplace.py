@@ -1,18 +1,18 @@
 """A night that costs the night (formats.md "Outputs": "A night costs the night"): a run
 whose prior is the newest published date reads only the prior rows its events touch,
-folds only them, and MERGEs the resulting rows into ``state`` and ``snapshot`` in place
-(deletion vectors: no data file that holds none of them is rewritten).
+folds only them, and MERGEs the resulting rows into ``state``, ``snapshot`` and (E4)
+``history`` in place (deletion vectors: no data file that holds none of them is
+rewritten).
 
 Three steps, one per stage:
 
 - **ingest** (:func:`plan`) decides whether the table can be merged in place: a row table
-  (with its ``history``, once published: the versions of the touched keys), whose prior
-  is the newest
-  published date, with ``state`` and ``snapshot`` still at the versions that date's
-  ``runs`` row names and the state's columns unchanged. Anything else (a rerun of the
-  newest date, a backfill, a table whose latest versions another run moved) takes the
-  whole-table path, which is exact for every case: it starts from the pinned version and
-  replaces the table in one commit.
+  whose prior is the newest published date, with its tables (the history too, once the
+  prior run published one) still at the versions that date's ``runs`` row names and the
+  state's columns unchanged. Anything else (a rerun of the newest date, a backfill, a
+  table whose latest versions another run moved) takes the whole-table path, which is
+  exact for every case: it starts from the pinned version and replaces the table in one
+  commit.
 - **resolve** (:func:`narrow`) keeps the prior rows the fold needs: the keys the night's
   events name (a key change's new key included), the live rows holding a unique value
   an event writes, and the tombstones whose GC is due (purged: deleted from ``state``).
@@ -21,12 +21,14 @@ Three steps, one per stage:
   touched rows, plus the fold's output.
 - **publish** (``pipeline.published``) merges each output by key (:func:`merge_source`):
   the fold's rows replace or add theirs, a touched key the output no longer holds is
-  deleted. Before, the table must still be at the version ingest found; after, the
-  committed version's row count (Delta's, deletion vectors applied) must be the carried
-  count, else the version before is restored.
+  deleted (the history's versions are merged by key, date and number, none deleted).
+  Before, the table must still be at the version ingest found; after, the committed
+  version's row count (Delta's, deletion vectors applied) must be the carried count and
+  the rows of the files it added the output's (count and checksum), else the version
+  before is restored.
 
 A TRUNCATE in the night, or a replica's full-copy export, costs the table by nature: the
-resolve then drops the record and takes the whole-table path.
+resolve then writes no record, and the table takes the whole-table path.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class InPlace:
     """One table merged in place: the versions it starts from and the counts it carries."""
 
     key: tuple[str, ...]
-    versions: dict[str, int]  # ``state`` and ``snapshot`` -> the version P's runs row names
+    versions: dict[str, int]  # each table merged -> the version P's runs row names
     prior_rows: int  # P's state rows (its runs row's ``state_rows``)
     prior_live: int  # P's snapshot rows
     touched_rows: int = 0  # prior rows the fold read
