@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +118,6 @@ class Plan:
 
     record: InPlace | None
     why_not: str = ""
-    moved: list[str] = field(default_factory=list)  # tables another writer moved (warned)
 
 
 def whole_table_reason(table: Table) -> str:
@@ -167,7 +166,7 @@ def plan(
     if moved:
         for m in moved:
             log.warning("ingest %s: %s: this run replaces the whole table", name, m)
-        return Plan(None, "; ".join(moved), moved)
+        return Plan(None, "; ".join(moved))
     t = lake.table(state, versions[state])
     if [f.name for f in t.schema().fields] != state_schema(table).names:
         return Plan(None, "the config changed the state's columns")
@@ -280,19 +279,17 @@ def checksum(rows: DataFrame, columns: list[str]) -> tuple[int, int]:
     return int(got[0]), int(got[1] or 0)
 
 
-def _touched(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
-    from pipeline.facts import read_known
-    from pipeline.schema import state_schema
+def _touched(spark: SparkSession, out: WorkPath) -> DataFrame:
+    """The keys :func:`narrow` (and :func:`touch`) wrote, with the schema recorded beside."""
+    from pipeline.spark import read_output
 
-    schema = state_schema(table)
-    ddl = ", ".join(f"`{c}` {schema[c].dataType.simpleString()}" for c in table.key)
-    return read_known(spark, out / TOUCHED, ddl)
+    return read_output(spark, out / TOUCHED)
 
 
 def _overlay(published: DataFrame, rows: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     """The table after the merge: the published rows of the keys not touched, and the
     run's ``rows`` (those of the touched keys)."""
-    touched = _touched(rows.sparkSession, out, table)
+    touched = _touched(rows.sparkSession, out)
     untouched = published.join(touched, list(table.key), "left_anti")
     return untouched.unionByName(rows.select(*published.columns))
 
@@ -342,7 +339,7 @@ def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
     record = InPlace.load(out)
     assert record is not None
     new = keys.select(*table.key).distinct()
-    new = new.join(_touched(keys.sparkSession, out, table), list(table.key), "left_anti")
+    new = new.join(_touched(keys.sparkSession, out), list(table.key), "left_anti")
     n = write_output(new, out / TOUCHED, mode="append")
     more = replace(
         record, touched_rows=record.touched_rows + n, touched_live=record.touched_live + n
@@ -358,7 +355,7 @@ def history_keys(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
     from pipeline.schema import state_schema
 
     final = read_known(spark, final_state(out), state_schema(table)).select(*table.key)
-    return final.unionByName(_touched(spark, out, table)).distinct()
+    return final.unionByName(_touched(spark, out)).distinct()
 
 
 def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
@@ -366,4 +363,4 @@ def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     table not merged in place): what the fold read, for the checks that replay it."""
     if InPlace.load(out) is None:
         return prior
-    return prior.join(_touched(prior.sparkSession, out, table), list(table.key), "left_semi")
+    return prior.join(_touched(prior.sparkSession, out), list(table.key), "left_semi")
