@@ -289,8 +289,8 @@ def _start_from(
         log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
     elif run.in_place is not None:
         horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
-        prior, record = narrow(prior, main, table, horizon, run.out, run.in_place)
-        record.save(run.out)
+        due = F.col("_deleted") & (F.col("_deleted_at") < horizon)  # purged: see purge
+        prior = narrow(prior, main, table, due, run.out, run.in_place)
     return purge(prior, run.now_us, config.gc_grace_seconds)
 
 

@@ -6,16 +6,19 @@ rewritten).
 
 Three steps, one per stage:
 
-- **ingest** (:func:`plan`) decides whether the table can be merged in place: a row table
+- **ingest** (:func:`plan`) decides whether the table can be merged in place: a table
   whose prior is the newest published date, with its tables (the history too, once the
-  prior run published one) still at the versions that date's ``runs`` row names and the
-  state's columns unchanged. Anything else (a rerun of the newest date, a backfill, a
+  prior run published one) still at the versions that date's ``runs`` row names (or
+  at later ones whose commits change no data: Delta's ``OPTIMIZE``) and the state's
+  columns unchanged. Anything else (a rerun of the newest date, a backfill, a
   table whose latest versions another run moved) takes the whole-table path, which is
   exact for every case: it starts from the pinned version and replaces the table in one
   commit.
 - **resolve** (:func:`narrow`) keeps the prior rows the fold needs: the keys the night's
   events name (a key change's new key included), the live rows holding a unique value
-  an event writes, and the tombstones whose GC is due (purged: deleted from ``state``).
+  an event writes, and the tombstones whose GC is due (purged: deleted from ``state``);
+  in a cell table, the rows whose TTL expires since the prior run's clock
+  (``cells.state.due``) and the table tombstone.
   Their keys are written as ``touched``; their counts go into the record
   (:class:`InPlace`), which carries the table's row counts: the prior's, minus the
   touched rows, plus the fold's output.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -43,7 +47,7 @@ from pipeline import layout
 from pipeline.config import Config, Granularity, Table
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from pipeline.lake import Lake, Pin
     from pipeline.runs_table import RunRow
@@ -59,6 +63,8 @@ TOUCHED = "touched"
 STAGED_KEY = "in_place"
 #: the marks :func:`narrow` joins with (never a column name of a table: ``__cdr_``)
 _KEY, _MARK, _VALUE = "__cdr_key", "__cdr_mark", "__cdr_value"
+#: beside each touched key: whether its prior row was live (in the snapshot)
+_LIVE = "__cdr_live"
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class InPlace:
     """One table merged in place: the versions it starts from and the counts it carries."""
 
     key: tuple[str, ...]
-    versions: dict[str, int]  # each table merged -> the version P's runs row names
+    versions: dict[str, int]  # each table merged -> P's version, or a later one of its rows
     prior_rows: int  # P's state rows (its runs row's ``state_rows``)
     prior_live: int  # P's snapshot rows
     touched_rows: int = 0  # prior rows the fold read
@@ -75,6 +81,7 @@ class InPlace:
     rows: int = -1  # the snapshot's
     prior_history: int = -1  # E4: P's history rows (-1: no history merged)
     history_rows: int = -1  # the history's after the merge
+    prior_now_us: int = -1  # P's run's clock: a cell table's TTLs expire since then
 
     def carried(self, state_out: int, snapshot_out: int) -> InPlace:
         """With the rows after the merge: the prior's, minus the touched rows (each is in
@@ -120,13 +127,6 @@ class Plan:
     why_not: str = ""
 
 
-def whole_table_reason(table: Table) -> str:
-    """Why ``table`` always takes the whole-table path ("" if it need not)."""
-    if table.granularity is not Granularity.ROW:
-        return "a cell table"
-    return ""
-
-
 def plan(
     config: Config, lake: Lake, runs: list[RunRow], run: RunRow, pin: Pin, name: str, dt: date
 ) -> Plan:
@@ -138,9 +138,6 @@ def plan(
     from pipeline.schema import state_schema
 
     table = config.tables[name]
-    why = whole_table_reason(table)
-    if why:
-        return Plan(None, why)
     if latest_date(runs, name) != run.dt or run.dt >= dt:
         return Plan(None, "the run is not for a date after the newest published one")
     state, snapshot = (
@@ -155,14 +152,16 @@ def plan(
         if history not in run.versions:
             return Plan(None, "the history starts: the prior run did not publish one")
         paths.append(history)
-    versions = {p: run.versions[p] for p in paths}
-    moved = []
-    for p, v in versions.items():
-        now = lake.version(p)
-        if now != v:
+    versions, moved = {}, []
+    for p in paths:
+        v, now = run.versions[p], lake.version(p)
+        versions[p] = v if now is None else now  # the version the merge starts from
+        if now is None or now < v or any(lake.changes_data(p, n) for n in range(v + 1, now + 1)):
             moved.append(
                 f"{p} is at version {now}, not version {v} that run {run.run_id} of {run.dt} names"
             )
+        elif now != v:  # Delta's OPTIMIZE: the rows of version v in other files
+            log.info("ingest %s: %s versions %d to %d change no data", name, p, v + 1, now)
     if moved:
         for m in moved:
             log.warning("ingest %s: %s: this run replaces the whole table", name, m)
@@ -177,6 +176,7 @@ def plan(
         int(tables.get("state_rows", pin.rows)),
         int(tables.get("rows", -1)),
         prior_history=int(tables.get("history", {}).get("rows", -1)),
+        prior_now_us=int(run.counts.get("now_us", -1)),
     )
     if (
         record.prior_rows < 0
@@ -184,6 +184,8 @@ def plan(
         or (table.history is not None and record.prior_history < 0)
     ):
         return Plan(None, "the prior run's row counts are not recorded")
+    if table.granularity is Granularity.CELL and record.prior_now_us < 0:
+        return Plan(None, "the prior run's clock is not recorded (its TTLs expire since then)")
     return Plan(record)
 
 
@@ -197,15 +199,16 @@ def narrow(
     prior: DataFrame,
     events: DataFrame,
     table: Table,
-    horizon_us: int,
+    due: Column,
     out: WorkPath,
     record: InPlace,
-) -> tuple[DataFrame, InPlace]:
+) -> DataFrame:
     """The prior rows the night's fold needs (the module's docstring), persisted, their
-    keys written to ``out/touched``; returns them and the record with their counts.
-    ``events``: the typed copies (``frames.copy_schema``); ``horizon_us``: a tombstone
-    deleted before it is purged (``engine.purge``). Each set of marks is broadcast: the
-    night's keys and values, not the table's; the prior is scanned once, not shuffled."""
+    keys written to ``out/touched``, their counts saved in the record there.
+    ``events``: the typed copies (``frames.copy_schema``); ``due``: whether a prior row
+    changes tonight though no event touches it (a tombstone purged, a TTL expired). Each
+    set of marks is broadcast: the night's keys and values, not the table's; the prior
+    is scanned once, not shuffled."""
     from pyspark import StorageLevel
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -218,9 +221,7 @@ def narrow(
     ).distinct()
     df = prior.withColumn(_KEY, key_struct(table))
     df = df.join(F.broadcast(keys.withColumn(f"{_MARK}0", F.lit(True))), _KEY, "left")
-    needed = F.col(f"{_MARK}0").isNotNull() | (
-        F.col("_deleted") & (F.col("_deleted_at") < horizon_us)
-    )
+    needed = F.col(f"{_MARK}0").isNotNull() | due
     names = table.column_names
     writes = events.where(F.col("op").isin("INSERT", "UPDATE"))
     for i, c in enumerate(sorted({c for u in table.unique for c in u}), 1):
@@ -235,16 +236,17 @@ def narrow(
     counted = narrowed.observe(
         seen, F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
     )
-    write_output(counted.select(*table.key), out / TOUCHED)
+    write_output(counted.select(*table.key, (~F.col("_deleted")).alias(_LIVE)), out / TOUCHED)
     got = seen.get
     record = replace(record, touched_rows=int(got["rows"]), touched_live=int(got["live"]))
+    record.save(out)
     log.info(
         "resolve %s: %d prior row(s) of %d touched, merged in place",
         table.name,
         record.touched_rows,
         record.prior_rows,
     )
-    return narrowed, record
+    return narrowed
 
 
 def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...]) -> DataFrame:
@@ -257,7 +259,7 @@ def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...
 
     if touched is None:
         return rows.withColumn(DROP, F.lit(False))
-    gone = touched.select(*key).join(rows.select(*key), list(key), "left_anti")
+    gone = by_key(touched.select(*key), rows, key, "left_anti")
     drops = gone.select(
         *[
             F.col(f.name) if f.name in key else F.lit(None).cast(f.dataType).alias(f.name)
@@ -279,6 +281,17 @@ def checksum(rows: DataFrame, columns: list[str]) -> tuple[int, int]:
     return int(got[0]), int(got[1] or 0)
 
 
+def by_key(left: DataFrame, right: DataFrame, key: Sequence[str], how: str) -> DataFrame:
+    """``left``'s rows whose key ``right`` holds (``how``: ``left_semi``) or not
+    (``left_anti``), a null equal to a null as in the merge: a cell table's table
+    tombstone is its one row with no key."""
+    from pyspark.sql import functions as F
+
+    mine, theirs = left.alias("__cdr_l"), right.select(*key).alias("__cdr_r")
+    on = [F.col(f"__cdr_l.`{c}`").eqNullSafe(F.col(f"__cdr_r.`{c}`")) for c in key]
+    return mine.join(theirs, on, how)
+
+
 def _touched(spark: SparkSession, out: WorkPath) -> DataFrame:
     """The keys :func:`narrow` (and :func:`touch`) wrote, with the schema recorded beside."""
     from pipeline.spark import read_output
@@ -286,11 +299,22 @@ def _touched(spark: SparkSession, out: WorkPath) -> DataFrame:
     return read_output(spark, out / TOUCHED)
 
 
+def touched_in(spark: SparkSession, out: WorkPath, path: str) -> DataFrame:
+    """The touched keys whose prior row table ``path`` holds: the snapshot only the live
+    ones. (A MERGE must not be given a row to delete that the table has not, when its key
+    is null: Delta 4 then fails with "did not match any merge clause"; the one such key is
+    a cell table's table tombstone, in ``state`` only.)"""
+    from pyspark.sql import functions as F
+
+    touched = _touched(spark, out)
+    return touched.where(F.col(_LIVE)) if path.endswith(f"/{layout.SNAPSHOT}") else touched
+
+
 def _overlay(published: DataFrame, rows: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     """The table after the merge: the published rows of the keys not touched, and the
     run's ``rows`` (those of the touched keys)."""
     touched = _touched(rows.sparkSession, out)
-    untouched = published.join(touched, list(table.key), "left_anti")
+    untouched = by_key(published, touched, table.key, "left_anti")
     return untouched.unionByName(rows.select(*published.columns))
 
 
@@ -334,13 +358,15 @@ def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
     """Live published rows the run removes though its fold did not read them (orphans
     the foreign-key step quarantined): their keys added to ``touched`` (the merge deletes
     them), counted in the record."""
+    from pyspark.sql import functions as F
+
     from pipeline.spark import write_output
 
     record = InPlace.load(out)
     assert record is not None
     new = keys.select(*table.key).distinct()
-    new = new.join(_touched(keys.sparkSession, out), list(table.key), "left_anti")
-    n = write_output(new, out / TOUCHED, mode="append")
+    new = by_key(new, _touched(keys.sparkSession, out), table.key, "left_anti")
+    n = write_output(new.select("*", F.lit(True).alias(_LIVE)), out / TOUCHED, mode="append")
     more = replace(
         record, touched_rows=record.touched_rows + n, touched_live=record.touched_live + n
     )
@@ -355,7 +381,7 @@ def history_keys(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
     from pipeline.schema import state_schema
 
     final = read_known(spark, final_state(out), state_schema(table)).select(*table.key)
-    return final.unionByName(_touched(spark, out)).distinct()
+    return final.unionByName(_touched(spark, out).select(*table.key)).distinct()
 
 
 def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
@@ -363,4 +389,4 @@ def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     table not merged in place): what the fold read, for the checks that replay it."""
     if InPlace.load(out) is None:
         return prior
-    return prior.join(_touched(prior.sparkSession, out), list(table.key), "left_semi")
+    return by_key(prior, _touched(prior.sparkSession, out), table.key, "left_semi")

@@ -364,6 +364,23 @@ class Lake:
                 return info
         return {}
 
+    def changes_data(self, path: str, version: int) -> bool:
+        """Whether the commit of ``version`` may change what a reader finds: any file it
+        adds or removes says ``dataChange`` (Delta's ``OPTIMIZE`` rewrites files and says
+        false), or it changes the table's metadata or protocol. True when its log entry
+        is no longer there (past the log's retention)."""
+        key = f"{path}/_delta_log/{version:020d}.json"
+        if not self.store.exists(key):
+            return True
+        for line in self.store.read_bytes(key).decode().splitlines():
+            action = json.loads(line)
+            if "metaData" in action or "protocol" in action:
+                return True
+            for kind in ("add", "remove", "cdc"):
+                if kind in action and action[kind].get("dataChange", True):
+                    return True
+        return False
+
     def commit_meta(self, path: str, version: int) -> dict[str, Any]:
         """What the commit of ``version`` says of its run (:func:`meta_of`)."""
         return meta_of(self.commit_info(path, version) or {})

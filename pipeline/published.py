@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from pipeline import layout
 from pipeline.config import Config
 from pipeline.errors import StageError
-from pipeline.inplace import TOUCHED, InPlace, checksum, merge_source
+from pipeline.inplace import InPlace, checksum, merge_source, touched_in
 from pipeline.lake import Files, Lake
 from pipeline.outputs import located, outputs
 from pipeline.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.spark import SPARK_SCHEMA_KEY, OutputInfo, local_frame, output_record, read_output
+from pipeline.spark import SPARK_SCHEMA_KEY, OutputInfo, local_frame, output_record
 from pipeline.workpath import WorkPath
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class Committer:
         key = record.merge_key(path)
         touched = None  # a version of the history is never deleted
         if key == record.key:
-            touched = read_output(spark, self.resolved / folder.split("/")[0] / TOUCHED)
+            touched = touched_in(spark, self.resolved / folder.split("/")[0], path)
         version = lake.merge(path, merge_source(rows, touched, key), key, meta).version
         log.info("commit %s: merged in place, version %d", path, version)
         if version != current:
@@ -324,6 +324,8 @@ def run_row(
     counts = {"tables": report["tables"]} if report is not None else {}
     if report is not None and "cdc" in report:
         counts["cdc"] = report["cdc"]
+    if report is not None:  # the run's clock: a cell table's TTLs expire from it
+        counts["now_us"] = report["now_us"]
     return RunRow(
         run_id=run_id,
         dt=dt,

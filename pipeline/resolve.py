@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import reduce
+from functools import partial, reduce
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ from pyspark.sql.window import Window
 
 from pipeline import layout, retry, stats
 from pipeline.cells import resolve_cells
+from pipeline.cells.state import due as cells_due
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
 from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies, special_free
@@ -40,7 +41,7 @@ from pipeline.frames import (
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
-from pipeline.inplace import InPlace, staged_record, touch, whole_state
+from pipeline.inplace import InPlace, narrow, staged_record, touch, whole_state
 from pipeline.lake import Lake
 from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
@@ -76,12 +77,14 @@ def resolve_table(
     ledger = read_ledger(spark, ctx.staged / table.name)
     prior = read_prior(spark, ctx.staged / table.name, table)
     any_special = not special_free(staged.exports, ctx.staged / table.name)
+    in_place = None if staged.snapshots else staged_record(staged.prior)
     if table.granularity is Granularity.CELL:
-        clock_skew = _resolve_cells(spark, config, table, ctx, copies, prior, ledger, any_special)
+        clock_skew = _resolve_cells(
+            spark, config, table, ctx, copies, prior, ledger, any_special, in_place
+        )
         tally = write_ledger(spark, out, ctx.run_id, table.name)
         facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
-        in_place = None if staged.snapshots else staged_record(staged.prior)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place)
         facts = resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = facts.clock_skew  # counted by the fold's tasks
@@ -111,14 +114,27 @@ def _resolve_cells(
     prior: DataFrame,
     ledger: DataFrame | None,
     any_special: bool,
+    in_place: InPlace | None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The cell engine's outputs, written by Spark into the table's folder; returns the
     table's clock-skew evidence (E7). ``any_special`` False: no copy is special
-    (``copies.special_free``)."""
+    (``copies.special_free``); ``in_place``: the table is merged in place from there."""
     out = ctx.resolved / table.name
     copies, duplicates = set_duplicates_aside(spark, copies, ledger)
+    narrowing = None
+    if in_place is not None:
+        due = cells_due(table, ctx.now_us, config.gc_grace_seconds, in_place.prior_now_us)
+        narrowing = partial(narrow, table=table, due=due, out=out, record=in_place)
     res = resolve_cells(
-        spark, config, table, copies, prior, ctx.now_us, out / RESOLUTION, any_special=any_special
+        spark,
+        config,
+        table,
+        copies,
+        prior,
+        ctx.now_us,
+        out / RESOLUTION,
+        any_special=any_special,
+        narrow=narrowing,
     )
     fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
     _write(res.state, out / STATE_PRE)

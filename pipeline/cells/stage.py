@@ -192,19 +192,19 @@ def resolve_cells(
     now_us: int,
     scratch: WorkPath,
     any_special: bool = True,
+    narrow: Callable[[DataFrame, DataFrame], DataFrame] | None = None,
 ) -> Resolved:
     """Resolve one cell-granularity table. ``refs``: the typed copies of the exports
     (``frames.copy_schema``; ``any_special`` False: none is special); ``prior``: the state
-    the run starts from (not yet purged); ``scratch``: a work folder for the resolution."""
-    prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
+    the run starts from (not yet purged); ``scratch``: a work folder for the resolution;
+    ``narrow``: for a table merged in place (``pipeline.inplace``), the prior rows the
+    events (the second argument) need of it. A TRUNCATE costs the whole table: the
+    table is then replaced, not merged."""
     main, specials = split_special(refs, any_special)
     truncs = specials.truncates
-    has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
-    tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()
-    tt_prior = table_tombstone(tt_rows, [], now_us)
-    tt = table_tombstone(tt_rows, truncs, now_us)
-
-    state_rows = _state_rows(prior.where(has_key), table)
+    prior = _start_from(prior, main, table, truncs, narrow)
+    prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
+    state_rows, tt_prior, tt = _state_rows(prior, table, truncs, now_us)
     capture = config.captures(table)
     out = _settled(
         main,
@@ -244,7 +244,37 @@ def resolve_cells(
     )
 
 
-def _state_rows(prior: DataFrame, table: Table) -> DataFrame:
+def _start_from(
+    prior: DataFrame,
+    main: DataFrame,
+    table: Table,
+    truncs: Sequence[Event],
+    narrow: Callable[[DataFrame, DataFrame], DataFrame] | None,
+) -> DataFrame:
+    """The prior rows the run reads: those ``narrow`` keeps for the ``main`` events, or
+    all of them (not merged in place, or a TRUNCATE: the table is then replaced)."""
+    if narrow is None:
+        return prior
+    if truncs:
+        log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
+        return prior
+    return narrow(prior, main)
+
+
+def _state_rows(
+    prior: DataFrame, table: Table, truncs: Sequence[Event], now_us: int
+) -> tuple[DataFrame, dict | None, dict | None]:
+    """The prior state's rows of the table's keys, in the shape of the shuffle's items;
+    the table tombstone before the run (the state's row with no key), and after it (with
+    the run's TRUNCATEs)."""
+    has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
+    tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()
+    tt_prior = table_tombstone(tt_rows, [], now_us)
+    tt = table_tombstone(tt_rows, truncs, now_us)
+    return _item_rows(prior.where(has_key), table), tt_prior, tt
+
+
+def _item_rows(prior: DataFrame, table: Table) -> DataFrame:
     """The prior state's rows of the table's keys, in the shape of the shuffle's items."""
     return prior.select(
         key_struct(table).alias("key"),

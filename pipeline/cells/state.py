@@ -30,33 +30,48 @@ def table_tombstone(rows: list[Any], truncs: Sequence[Event], now_us: int) -> di
     return {"ts": ts, "deleted_at": deleted_at, "origin": origin, "event_id": event_id or None}
 
 
-def purge_cells(prior: DataFrame, table: Table, now_us: int, grace_s: int) -> DataFrame:
-    """§7: drop the tombstones whose deletion time is before ``now - gc_grace``: dead
-    cells, expired cells (counting from their write time ``expiry - ttl``), the row and
-    table tombstones; a row left with nothing disappears."""
-    horizon = now_us - grace_s * 1_000_000
-    now_s = now_us // 1_000_000
+@dataclass(frozen=True)
+class _Purge:
+    """§7 at the run's clock: which slots are tombstones older than the GC horizon
+    (``now - gc_grace``): dead cells, expired cells (counting from their write time
+    ``expiry - ttl``), the row and table tombstones."""
 
-    def expired_old(x: Column) -> Column:
+    horizon: int  # µs
+    now_s: int
+
+    @staticmethod
+    def at(now_us: int, grace_s: int) -> _Purge:
+        return _Purge(now_us - grace_s * 1_000_000, now_us // 1_000_000)
+
+    def expired_old(self, x: Column) -> Column:
         """An expired TTL write, a tombstone since its write time ``expiry - ttl``."""
-        expired = x["ttl"].isNotNull() & (x["expiry"] <= now_s)
-        return expired & ((x["expiry"] - x["ttl"]) * 1_000_000 < horizon)
+        expired = x["ttl"].isNotNull() & (x["expiry"] <= self.now_s)
+        return expired & ((x["expiry"] - x["ttl"]) * 1_000_000 < self.horizon)
 
-    def keep(x: Column) -> Column:
-        old = F.when(x["dead"], x["deleted_at"] < horizon).otherwise(expired_old(x))
-        return x.isNotNull() & ~F.coalesce(old, F.lit(False))
+    def old(self, x: Column) -> Column:
+        """A cell purged (never null)."""
+        old = F.when(x["dead"], x["deleted_at"] < self.horizon).otherwise(self.expired_old(x))
+        return x.isNotNull() & F.coalesce(old, F.lit(False))
 
-    def keep_marker(x: Column) -> Column:  # a marker is never dead
-        return x.isNotNull() & ~F.coalesce(expired_old(x), F.lit(False))
+    def old_marker(self, x: Column) -> Column:  # a marker is never dead
+        return x.isNotNull() & F.coalesce(self.expired_old(x), F.lit(False))
 
+    def old_tomb(self, x: Column) -> Column:
+        return x.isNotNull() & ~F.coalesce(x["deleted_at"] >= self.horizon, F.lit(False))
+
+
+def purge_cells(prior: DataFrame, table: Table, now_us: int, grace_s: int) -> DataFrame:
+    """§7: drop the tombstones older than the GC horizon (:class:`_Purge`); a row left
+    with nothing disappears."""
+    p = _Purge.at(now_us, grace_s)
     cells = F.col("_cells")
     value_cols = [c for c, _ in value_columns(table)]
-    kept = {c: keep(cells[c]) for c in value_cols}
+    kept = {c: cells[c].isNotNull() & ~p.old(cells[c]) for c in value_cols}
     new_cells = F.when(
         cells.isNotNull(), F.struct(*[F.when(kept[c], cells[c]).alias(c) for c in value_cols])
     )
-    marker = F.when(keep_marker(F.col("_marker")), F.col("_marker"))
-    tomb = F.when(F.col("_tomb")["deleted_at"] >= horizon, F.col("_tomb"))
+    marker = F.when(~p.old_marker(F.col("_marker")), F.col("_marker"))
+    tomb = F.when(~p.old_tomb(F.col("_tomb")), F.col("_tomb"))
     anything = reduce(lambda a, b: a | b, kept.values(), F.lit(False))
     anything = anything | marker.isNotNull() | tomb.isNotNull() | cells.isNull()
     out = prior.select(
@@ -66,6 +81,26 @@ def purge_cells(prior: DataFrame, table: Table, now_us: int, grace_s: int) -> Da
         tomb.alias("_tomb"),
     )
     return out.where(anything).select(*prior.columns)
+
+
+def due(table: Table, now_us: int, grace_s: int, since_us: int) -> Column:
+    """Whether a state row, as the run at ``since_us`` left it, changes at ``now_us``
+    though no event touches its key: a slot of it expires in between (its value, or the
+    row, is no longer live), a tombstone of it is purged (:func:`purge_cells`), or it is
+    the table tombstone (a row with no key: it shadows every key's older writes, so every
+    run reads it). A night merged in place reads these rows and its events' keys only."""
+    p = _Purge.at(now_us, grace_s)
+    since_s = since_us // 1_000_000
+
+    def expires(x: Column) -> Column:
+        between = (x["expiry"] > since_s) & (x["expiry"] <= p.now_s)
+        return x.isNotNull() & F.coalesce(x["ttl"].isNotNull() & between, F.lit(False))
+
+    cells, marker = F.col("_cells"), F.col("_marker")
+    slots = [cells[c] for c, _ in value_columns(table)]
+    changes = [*(p.old(x) | expires(x) for x in slots), p.old_marker(marker), expires(marker)]
+    changes += [p.old_tomb(F.col("_tomb")), *(F.col(c).isNull() for c in table.key)]
+    return reduce(lambda a, b: a | b, changes)
 
 
 @dataclass(frozen=True)

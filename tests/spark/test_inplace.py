@@ -404,3 +404,109 @@ def test_tables_in_a_foreign_key_merged_in_place_publish_what_the_whole_table_pa
             ops = {Lake(store).commit_info(path, v).get("operation") for v in (1, 2)}
             assert ops == {"MERGE"}, ops
     assert got["merged"] == got["whole"]
+
+
+CELL_CONFIG = configs.config(
+    {"c": configs.table({"id": "int", "v": "string", "w": "string"}, policy="scylla")},
+    replicas=("r1", "r2"), on_divergence="warn", gc_grace_seconds=129600,
+)  # fmt: skip
+
+
+def _cell(op: str, k: int | None, ts: str, n: int, after=None, ttl: int | None = None):
+    e = {"op": op, "ts": f"2026-11-{ts}:00:00Z", "origin": "r1", "event_id": f"c{n}", "seq": n}
+    e |= {"key": {"id": k}} if k is not None else {}
+    return e | ({"after": after} if after is not None else {}) | ({"ttl": ttl} if ttl else {})
+
+
+#: a cell table's nights (the GC horizon 36 hours before each night's clock). Night 1: a
+#: TRUNCATE (the table tombstone, purged on night 3), rows 1 to 6, a cell of 7 expiring
+#: between nights 1 and 2 and purged on night 2, a cell of 8 expiring then and purged on
+#: night 3, a row tombstone (2) and a dead cell (3). Nights 2 and 3 touch other keys:
+#: what changes in 2, 3, 7 and 8 is found by the narrowing, not by an event
+CELL_NIGHTS = {
+    D1: {"c": [
+        _cell("TRUNCATE", None, "20T00", 1),
+        *[_cell("INSERT", i, "20T01", 1 + i, {"v": f"v{i}", "w": f"w{i}"}) for i in range(1, 7)],
+        _cell("UPDATE", 7, "20T02", 8, {"v": "t7"}, ttl=100000),
+        _cell("UPDATE", 8, "20T20", 9, {"w": "t8"}, ttl=86400),
+        _cell("DELETE", 2, "20T03", 10),
+        _cell("UPDATE", 3, "20T04", 11, {"w": None}),
+    ]},
+    D2: {"c": [
+        _cell("UPDATE", 1, "21T01", 12, {"v": "y"}),
+        _cell("INSERT", 9, "21T02", 13, {"v": "v9", "w": "w9"}),
+        _cell("UPDATE", 4, "21T02", 14, {"v": "t4"}, ttl=3600),
+    ]},
+    D3: {"c": [_cell("UPDATE", 9, "22T01", 15, {"w": "o"})]},
+}  # fmt: skip
+
+
+def test_a_cell_table_merged_in_place_publishes_what_the_whole_table_path_does(
+    tmp_path, monkeypatch
+):
+    """A cell table's nights after the first MERGE in place: the rows whose TTL expires
+    or whose tombstones are purged since the night before are read with the events'
+    keys (the table tombstone too, kept and then purged), and each night publishes what
+    the whole-table path publishes."""
+    from pipeline.store import open_store
+
+    got = {}
+    for name in ("merged", "whole"):
+        root = tmp_path / name
+        root.mkdir()
+        for d, tables in CELL_NIGHTS.items():
+            S.write_exports(root, d, {r: tables for r in ("r1", "r2")})
+        cfg = configs.write(tmp_path / f"{name}.yaml", CELL_CONFIG, store=root)
+        snapshots = []
+        with monkeypatch.context() as mp:
+            if name == "whole":
+                mp.setattr(inplace, "plan", lambda *a: inplace.Plan(None, "for the test"))
+            for d in CELL_NIGHTS:
+                assert _run(cfg, d, tmp_path / f"w-{name}") == 0
+                store = open_store(root.as_uri())
+                snapshots.append({r["id"]: (r["v"], r["w"]) for r in P.snapshot(store, "c")})
+        got[name] = {
+            kind: sorted(json.dumps(r, sort_keys=True, default=str) for r in P.rows(store, p))
+            for kind in KINDS
+            for p in [layout.table_path("c", kind)]
+        }
+        got[name]["counts"] = _counts(store)
+        got[name]["snapshots"] = snapshots
+        if name == "merged":
+            path = layout.table_path("c", layout.STATE)
+            lake = Lake(store)
+            runs = P.runs(store)
+            ops = [lake.commit_info(path, r["versions"][path]).get("operation") for r in runs]
+            assert ops[1:] == ["MERGE", "MERGE"], ops
+    assert got["merged"] == got["whole"]
+    n1, n2, n3 = got["merged"]["snapshots"]
+    assert n1[7] == ("t7", None) and n1[8] == (None, "t8") and n1[3] == ("v3", None)
+    assert 7 not in n2 and 8 not in n2 and n2[1] == ("y", "w1") and n2[4] == (None, "w4")
+    assert set(n3) == {1, 3, 4, 5, 6, 9} and n3[9] == ("v9", "o")
+    states = [json.loads(r) for r in got["merged"][layout.STATE]]
+    assert {r["id"] for r in states} == {1, 3, 4, 5, 6, 9}  # 2, 7, 8 and the TRUNCATE purged
+
+
+def test_a_table_optimized_between_nights_is_still_merged_in_place(nights, tmp_path, spark):
+    """Delta's ``OPTIMIZE`` of ``state`` and ``snapshot`` after the newest night moves
+    their versions by commits that change no data: the next night merges into the
+    optimized versions, and publishes the rows it would have."""
+    from delta.tables import DeltaTable
+
+    copy, store = _copy(nights, tmp_path)
+    lake = Lake(store)
+    paths = [layout.table_path("a", k) for k in KINDS]
+    for path in paths:
+        before = lake.version(path)
+        DeltaTable.forPath(spark, lake.spark_uri(path)).optimize().executeCompaction()
+        assert lake.version(path) == before + 1 and not lake.changes_data(path, before + 1)
+    optimized = {p: lake.version(p) for p in paths}
+    cfg = _fourth_night(copy, tmp_path, 7)
+    assert _run(cfg, D4, tmp_path / "w") == 0
+    last = P.runs(store)[-1]
+    for path in paths:
+        assert last["versions"][path] == optimized[path] + 1
+        assert lake.commit_info(path, optimized[path] + 1).get("operation") == "MERGE"
+    got = {r["id"]: r["v"] for r in P.snapshot(store, "a")}
+    assert got[7] == "z" and got[1] == "y"
+    assert len(P.rows(store, paths[0])) == last["counts"]["tables"]["a"]["state_rows"]
