@@ -45,16 +45,50 @@ class JsonNumber(str):
     __slots__ = ()
 
 
+class NotJson(ValueError):
+    """A text that is not the JSON the guards read, and why (the quarantine's detail)."""
+
+
+#: a JSON escape of a UTF-16 surrogate (a pair of them is one character)
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members; a name given twice is refused (JSON parsers disagree on
+    which one counts: the last here, the first or an error elsewhere)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise NotJson(f"duplicate key {json.dumps(twice, ensure_ascii=False)[:200]}")
+    return d
+
+
 def parse_json(text: str) -> Any:
     """JSON with numbers kept as their text (:class:`JsonNumber`); ``NaN`` and
-    ``Infinity`` are not JSON. Raises ValueError."""
-    return json.loads(
-        text, parse_int=JsonNumber, parse_float=JsonNumber, parse_constant=_no_constant
-    )
+    ``Infinity`` are not JSON, nor is an object that names a member twice
+    (:class:`NotJson`, which names it) or a value nested deeper than Python's parser
+    goes. Raises ValueError."""
+    try:
+        v = json.loads(
+            text,
+            parse_int=JsonNumber,
+            parse_float=JsonNumber,
+            parse_constant=_no_constant,
+            object_pairs_hook=_members,
+        )
+    except RecursionError:
+        raise NotJson("nested too deep") from None
+    if _SURROGATE.search(text):  # an escaped half of a UTF-16 pair, alone, is no text
+        try:
+            json.dumps(v, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotJson("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
+    return v
 
 
 def _compact(v: Any) -> str:
@@ -79,9 +113,12 @@ def text_of(v: Any) -> str | None:
     return _compact(v)
 
 
+@dataclass(frozen=True)
 class _NotAnObject:
     """An object field that holds something else (a number, an array, a text that is not
-    a JSON object)."""
+    a JSON object: ``why``, when the text says)."""
+
+    why: str = ""
 
 
 NOT_AN_OBJECT = _NotAnObject()
@@ -97,6 +134,8 @@ def object_of(v: Any) -> TextMap | _NotAnObject | None:
     if isinstance(v, str) and not isinstance(v, JsonNumber):
         try:
             v = parse_json(v)
+        except NotJson as e:
+            return _NotAnObject(str(e))
         except ValueError:
             return NOT_AN_OBJECT
     if not isinstance(v, dict):
@@ -125,10 +164,21 @@ _LONG = 2**63
 _INT = 2**31
 
 
+#: the most digits an integer's text may have (a bigint has 19; Python's ``int`` refuses
+#: texts of over 4,300 digits, and would take quadratic time on them)
+_MAX_DIGITS = 40
+
+
 def _integer(bound: int) -> Callable[[str], int | None]:
     def read(text: str) -> int | None:
         if not _INT_RE.match(text):
             return None
+        if len(text) > _MAX_DIGITS:  # leading zeros or blanks: the digits that count
+            t = text.strip()
+            digits = t.lstrip("+-").lstrip("0")
+            if len(digits) > 19:
+                return None
+            text = ("-" if t.startswith("-") else "") + (digits or "0")
         v = int(text)
         return v if -bound <= v < bound else None
 
@@ -325,6 +375,8 @@ class Typer:
         """A JSONL line as a typed copy; a line that is not a JSON object is malformed."""
         try:
             fields = parse_json(line)
+        except NotJson as e:
+            return self.malformed_line(line, replica, f"not a JSON object: {e}")
         except ValueError:
             fields = None
         if not isinstance(fields, dict):
@@ -346,11 +398,20 @@ class Typer:
         """One exported record (its parsed JSON object) as a typed copy
         (``frames.copy_schema``): its fields read, its key, row images and TTL typed, and
         the guard that quarantines it, if any. ``source`` is the text kept for the
-        quarantine (``raw``), when the copy is quarantined."""
-        maps = {}
+        quarantine (``raw``), when the copy is quarantined. A value nested too deep for
+        Python to walk makes the record malformed: no record stops a night."""
+        try:
+            return self._record(fields, source, replica)
+        except RecursionError:
+            return self.malformed_line(source, replica, "not a JSON object: nested too deep")
+
+    def _record(self, fields: dict[str, Any], source: str, replica: str) -> dict[str, Any]:
+        maps, whys = {}, {}
         for n in _OBJECTS:
             m = object_of(fields.get(n))
             maps[n] = None if isinstance(m, _NotAnObject) else m
+            if isinstance(m, _NotAnObject) and m.why:  # named in the detail
+                whys[f"{n} is not a JSON object"] = f"{n} is not a JSON object: {m.why}"
         typed = {n: self._typed(maps[n]) for n in _OBJECTS}
         op, origin = text_of(fields.get("op")), text_of(fields.get("origin"))
         ts_text, seq_text = text_of(fields.get("ts")), text_of(fields.get("seq"))
@@ -360,6 +421,7 @@ class Typer:
         reason, detail = self._verdict(
             fields, maps, typed, eid, op, origin, ts_text, ts, seq_text, seq
         )
+        detail = whys.get(detail or "", detail)
         after, before = maps["after"], maps["before"]
         ttl = _whole_seconds(text_of(fields.get("ttl"))) or None  # §6: a ttl of 0 is none
         expiry = None
@@ -631,6 +693,20 @@ def not_utf8(e: UnicodeDecodeError) -> str:
     return f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
 
 
+def _why_not_json(malformed: str, source: Any) -> str:
+    """An adapter's record its JSON reader (Spark's) did not read: what the guards' reader
+    says of it (a name given twice, named; nested too deep; a lone surrogate), if more."""
+    if not malformed.endswith("not JSON") or not isinstance(source, str):
+        return ""
+    try:
+        parse_json(source)
+    except NotJson as e:
+        return f": {e}"
+    except ValueError:
+        return ""
+    return ": Spark's JSON reader refused it, though it is JSON (a number beyond its range?)"
+
+
 def _record_problem(
     fields: dict[str, Any],
     eid: str | None,
@@ -645,7 +721,7 @@ def _record_problem(
     """The record's own fields, first of the guards (§12)."""
     malformed = text_of(fields.get("_malformed"))
     if malformed is not None:
-        return malformed
+        return malformed + _why_not_json(malformed, fields.get("_source"))
     if eid is None:
         return "no event_id"
     if op not in OPS:

@@ -435,3 +435,78 @@ def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
     assert not t["conflicts"].get("insert_exists")
     snap = P.snapshot(root, "items")
     assert {r["id"]: r["name"] for r in snap} == {1: "pg2's", 2: "b"}
+
+
+# ------------------------------------------------------------------- hostile records
+
+
+def _hostile(line: str, how: str, rng, name: str) -> str:
+    """``line`` (a JSON object) made hostile ``how`` (``dup``: its field ``name`` twice)."""
+    if how == "dup":
+        return line[:-1] + f', "{name}": "d"}}'
+    if how == "deep":
+        n = rng.choice([900, 5000, 100_000])
+        return line[:-1] + ', "extra": ' + "[" * n + "]" * n + "}"
+    if how == "huge":
+        return line.replace('"value": 1', '"value": ' + "9" * 5000, 1)
+    if how == "surrogate":
+        return line.replace('"a"', '"\\ud800"', 1)
+    if how == "cut":
+        return line[: rng.randrange(1, len(line))]
+    if how == "noise":
+        return "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0xD7FF)]))
+                       for _ in range(rng.randrange(1, 40)))  # fmt: skip
+    return line
+
+
+HOSTILE = ("dup", "deep", "huge", "surrogate", "cut", "noise", "none")
+
+
+@pytest.mark.parametrize("fmt", ["wal2json", "debezium"])
+def test_hostile_records_each_get_one_fate_through_the_adapters(tmp_path: Path, spark, fmt):
+    """formats.md "Adapters": 2,000 records of each format, hostile in every way the
+    issue names (a name given twice, nested 100,000 deep, a number of 5,000 digits, a
+    lone surrogate, cut, noise), through the adapter's Spark mapping and the typing: one
+    copy per record, nothing raised; a name given twice is named."""
+    import random
+
+    from pipeline.copies import type_adapted
+    from pipeline.frames import copy_schema
+    from pipeline.guards import TypingSpec
+
+    rng = random.Random(49)
+    cfg = config(tmp_path, (tmp_path / "store").as_uri())
+    name = "action" if fmt == "wal2json" else "op"  # the field given twice
+    if fmt == "wal2json":
+        good = [
+            json.dumps(w2j("I", 800 + i, T0 + i, f"0/{i + 16:X}", columns={"id": 1, "name": "a"}))
+            for i in range(2000)
+        ]
+    else:
+        dbz = src.Debezium("items", ["id"], COLUMNS, schema=False)
+        good = [
+            json.dumps(dbz.envelope("c", None, {"id": 1, "name": "a"}, T0 + i, 40 + i, 900 + i))
+            for i in range(2000)
+        ]
+    hows = [HOSTILE[i % len(HOSTILE)] for i in range(len(good))]
+    records = [
+        _hostile(line, how, rng, name).replace("\n", " ")
+        for line, how in zip(good, hows, strict=True)
+    ]
+    dest, rows, skipped = staged_lines(tmp_path, fmt, records)
+    assert rows == len(records) and skipped == 0
+    raw = spark.read.parquet(str(dest))
+    mapped = getattr(adapters, fmt)(raw, cfg.tables["items"], {})
+    spec = TypingSpec.of(cfg, cfg.tables["items"], T0 + 10**9)
+    typed = mapped.select("replica", "file", "line", "raw").mapInArrow(
+        type_adapted(spec), copy_schema(cfg.tables["items"])
+    )
+    copies = typed.select("line", "reason", "detail").orderBy("line").collect()
+    assert [c.line for c in copies] == list(range(1, len(records) + 1))
+    for c, how in zip(copies, hows, strict=True):
+        if how == "none":
+            assert c.reason is None, c
+        elif how in ("dup", "surrogate"):  # deep: 900 levels is JSON, the field unknown
+            assert c.reason == "malformed", (how, c)
+    dup = next(c for c, how in zip(copies, hows, strict=True) if how == "dup")
+    assert dup.detail.endswith(f'not JSON: duplicate key "{name}"'), dup.detail

@@ -74,6 +74,8 @@ BAD = {
     "u": ["123e4567", 7],
     "bal": [1.5, "x"],
 }
+#: a number of 5,000 digits, put in the JSON text in place of this string
+HUGE = "<huge>"
 MANGLES = [
     "none",
     "none",
@@ -103,6 +105,15 @@ MANGLES = [
     "key_null",
     "trailing_space",
     "no_order_value",
+    # hostile input (formats.md "Adapters"): no record stops a night
+    "huge_int",
+    "huge_ts",
+    "deep",
+    "deep_member",
+    "duplicate_in_after",
+    "duplicate_in_text",
+    "lone_surrogate",
+    "control_chars",
 ]
 
 
@@ -189,7 +200,25 @@ def _mangled(rng: random.Random, rec: dict, mangle: str, cols: list[str]) -> str
         target.pop("t", None)
         if rec["op"] == "DELETE":
             rec.pop("before", None)
-    text = json.dumps(rec, separators=(",", ":"))
+    elif mangle == "huge_int":  # Python's int() refuses over 4,300 digits
+        where = rng.choice(["key", "seq", "after"])
+        rec[where] = {"id": HUGE, "k2": "k"} if where != "seq" else HUGE
+    elif mangle == "huge_ts":
+        rec["ts"] = rng.choice([HUGE, "0" * 5000 + "1", -(10**30)])
+    elif mangle == "control_chars":
+        target["s"] = "\x00\x1f\x7f"
+    elif mangle == "deep_member":  # parses, but walking it nears Python's limit
+        target[rng.choice(cols)] = json.loads("[" * 900 + "]" * 900)
+    text = json.dumps(rec, separators=(",", ":")).replace(f'"{HUGE}"', "9" * 5000)
+    if mangle == "deep":
+        return text[:-1] + ',"x":' + "[" * 100_000 + "]" * 100_000 + "}"
+    if mangle == "duplicate_in_after" and '"after":{' in text:
+        return text.replace('"after":{', '"after":{"s":"dup",', 1)
+    if mangle == "duplicate_in_text":
+        rec["after"] = '{"id":1,"id":2}'
+        return json.dumps(rec, separators=(",", ":"))
+    if mangle == "lone_surrogate":
+        return text[:-1] + ',"txid":"\\ud800"}'
     if mangle == "two_objects":
         return text + " " + text
     if mangle == "bom":

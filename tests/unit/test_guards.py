@@ -23,6 +23,8 @@ INT, BIGINT = ColumnType(Kind.INT), ColumnType(Kind.BIGINT)
         (INT, "12", 12),
         (INT, " +12 ", 12),
         (INT, "00012", 12),
+        (INT, "0" * 5000 + "12", 12),  # leading zeros count for nothing
+        (BIGINT, "9" * 5000, None),  # over Python's 4,300 digits: not read, nothing raised
         (INT, "12.0", None),  # an integer column takes integers only
         (INT, "2147483648", None),
         (BIGINT, "9223372036854775807", 9223372036854775807),
@@ -112,6 +114,13 @@ def test_a_good_record_is_typed_and_ranked() -> None:
     [
         ("[1, 2]", "not a JSON object"),
         ('{"op": "INSERT", "ts": NaN}', "not a JSON object"),
+        # formats.md "Adapters": a name given twice is malformed, and named
+        ('{"op": "DELETE", "op": "INSERT"}', 'not a JSON object: duplicate key "op"'),
+        (rec(after='{"id": 1, "id": 2}'), 'after is not a JSON object: duplicate key "id"'),
+        ("[" * 100_000 + "]" * 100_000, "not a JSON object: nested too deep"),
+        (json.dumps(rec(key={"id": "§"})).replace('"§"', "9" * 5000), "key.id"),
+        (json.dumps(rec(seq="§")).replace('"§"', "9" * 5000), "seq"),
+        (json.dumps(rec(ts="§")).replace('"§"', "9" * 5000), "ts"),
         (rec(_malformed="the adapter's reason"), "the adapter's reason"),
         (rec(event_id=""), "no event_id"),
         (rec(key="not an object"), "key is not a JSON object"),
