@@ -1,13 +1,16 @@
 """replica_cdr_whatif: what another configuration would have made of a published night
 (extensions.md E8), on demand.
 
-Triggered by hand, with a form: the date and the path of the other configuration (its
-store is the one to compare in). One task runs ``cdr whatif``: D's published inputs
-resolved under that configuration as a dry run, compared with what D published, written
-to ``published/reports/dt=<D>/whatif/<name>.json`` and ``.html``. Nothing is published.
+Triggered by hand, with a form: the date and the name of the other configuration:
+``main`` (the main DAG's) or the name of a ``.yaml`` file in the what-if folder (its store
+is the one to compare in). A path is refused without being read. One task runs
+``cdr whatif``: D's published inputs resolved under that configuration as a dry run,
+compared with what D published, written to
+``published/reports/dt=<D>/whatif/<name>.json`` and ``.html``. Nothing is published.
 
-Settings: ``CDR_WORK_DIR`` as for ``replica_cdr``; the connection ``aws_default``
-(optional) for the store's credentials.
+Settings: ``CDR_CONFIG`` and ``CDR_WORK_DIR`` as for ``replica_cdr``; ``CDR_WHATIF_DIR``,
+the folder of the configurations a what-if may run (default: ``whatif/`` beside the
+main config); the connection ``aws_default`` (optional) for the store's credentials.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 from cdr_links import aws_env_from_connection
 
+from pipeline.config import WHATIF_NAME
+
+DAGS = Path(__file__).resolve().parent
 WORK_DIR = os.environ.get(
     "CDR_WORK_DIR", str(Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "cdr-work")
 )
@@ -36,9 +42,12 @@ PARAMS = {
     ),
     "config": Param(
         type="string",
-        minLength=1,
+        pattern=WHATIF_NAME,
         title="Configuration",
-        description="Path of the other cdr.yaml, as the workers see it.",
+        description=(
+            "'main' (the main DAG's config), or the name of a .yaml file in the what-if "
+            "folder (CDR_WHATIF_DIR), without its suffix; not a path."
+        ),
     ),
 }
 
@@ -49,16 +58,20 @@ def whatif(params: dict[str, Any] | None = None) -> dict[str, Any]:
     import json
 
     from pipeline.config import load_config
+    from pipeline.whatif import config_named
     from pipeline.whatif import whatif as run_whatif
 
     assert params is not None
+    main = Path(os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml")))
+    folder = Path(os.environ.get("CDR_WHATIF_DIR", str(main.parent / "whatif")))
+    name = params["config"]
+    path = config_named(name, main, folder)  # a path: refused, nothing read
     aws_env_from_connection()
-    path = Path(params["config"])
     config = load_config(path)
     day = datetime.strptime(params["date"], "%Y-%m-%d").date()
-    result = run_whatif(config, day, path.stem, Path(WORK_DIR))
+    result = run_whatif(config, day, name, Path(WORK_DIR))
     counts = {t: c["differing_rows"]["count"] for t, c in result["tables"].items()}
-    log.info("what-if %s for %s: differing rows %s", path.stem, day, json.dumps(counts))
+    log.info("what-if %s for %s: differing rows %s", name, day, json.dumps(counts))
     return counts
 
 

@@ -52,6 +52,9 @@ class Kind(StrEnum):
 
 NUMERIC_KINDS = frozenset({Kind.INT, Kind.BIGINT, Kind.DOUBLE, Kind.DECIMAL})
 _DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+#: extensions.md E8: how the what-if form names a config (``main``, or a file's name in
+#: the what-if folder: ``pipeline.whatif.config_named``), never a path
+WHATIF_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,8 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline import layout
-from pipeline.config import Config, Table
-from pipeline.errors import StageError
+from pipeline.config import WHATIF_NAME, Config, Table
+from pipeline.errors import ConfigError, StageError
 from pipeline.lake import Lake, read_pinned
 from pipeline.runs_table import RunRow, published_by_date, read_runs
 from pipeline.store import Store, open_store
@@ -44,6 +44,34 @@ SAMPLE = 20  # differing rows shown with both versions
 #: the join's own columns (named apart from any column of a table)
 PUB, MINE, DIFFER = "__cdr_published", "__cdr_whatif", "__cdr_differ"
 MAX_KEYS = 10_000  # differing keys listed per table
+
+
+MAIN = "main"  # the what-if form's name of the main DAG's config
+
+
+def config_named(name: str, main: Path, folder: Path) -> Path:
+    """The config a what-if from the UI runs: ``main`` is the main DAG's (``main``); any
+    other name is ``<name>.yaml`` in the what-if ``folder`` (``CDR_WHATIF_DIR``). A path,
+    or a name that is not one of these, is refused before anything is read: a form must
+    not tell which files a worker holds, nor quote them into a task's log."""
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(WHATIF_NAME, name):
+        given = name[:80] if isinstance(name, str) else repr(name)
+        raise ConfigError(
+            "what-if config",
+            [
+                f"{given!r} is not a name: give '{MAIN}' (the main DAG's config) or the name "
+                "of a .yaml file in the what-if folder (CDR_WHATIF_DIR), without a path or "
+                "a suffix"
+            ],
+        )
+    if name == MAIN:
+        return main
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError("what-if config", [f"'{name}': no {name}.yaml in the what-if folder"])
+    return path
 
 
 def report_key(dt: date, name: str, ext: str = "json") -> str:

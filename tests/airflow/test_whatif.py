@@ -61,7 +61,8 @@ def test_whatif_reports_exactly_the_rows_another_policy_changes(
     store, reference = tmp_path / "store", tmp_path / "reference"
     base = _config(tmp_path / "cdr.yaml", store)
     other = {"resolvers": {t: "latest_timestamp_wins" for t in LWW}}
-    lww = _config(tmp_path / "lww.yaml", store, **other)
+    (tmp_path / "whatif").mkdir()  # the what-if folder beside the main config
+    lww = _config(tmp_path / "whatif" / "lww.yaml", store, **other)
     write_exports(store, D, _night())
     shutil.copytree(store / "exports", reference / "exports")
     work = ["--work-dir", str(tmp_path / "w")]
@@ -111,7 +112,7 @@ def test_whatif_reports_exactly_the_rows_another_policy_changes(
     monkeypatch.setenv("CDR_WORK_DIR", str(tmp_path / "w"))
     dag = dagbag().get_dag("replica_cdr_whatif")
     run = dag.test(
-        logical_date=datetime(2026, 11, 25, tzinfo=UTC), run_conf={"date": D, "config": str(lww)}
+        logical_date=datetime(2026, 11, 25, tzinfo=UTC), run_conf={"date": D, "config": "lww"}
     )
     assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {"whatif": "success"}
     again = json.loads((store / f"published/reports/dt={D}/whatif/lww.json").read_text())
@@ -125,5 +126,8 @@ def test_the_whatif_form_needs_a_date_and_a_config(airflow):
     params: ParamsDict = dagbag().get_dag("replica_cdr_whatif").params
     with pytest.raises(Exception, match=r"date|config|required"):
         params.validate()
-    params.update({"date": D, "config": "/etc/cdr/other.yaml"})
-    assert params.validate() == {"date": D, "config": "/etc/cdr/other.yaml"}
+    params.update({"date": D, "config": "other"})
+    assert params.validate() == {"date": D, "config": "other"}
+    with pytest.raises(Exception, match="config"):  # a path: not a name
+        params.update({"date": D, "config": "/etc/cdr/other.yaml"})
+        params.validate()
