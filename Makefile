@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
 SHELL := /bin/bash
+HERE := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -53,13 +54,7 @@ postgres:
 # Fernet key, the admin's password), random, in .env (git ignores it; Compose reads it).
 # An existing .env is kept.
 compose-env:
-	@test -f .env && echo ".env exists: kept" || { umask 077; python3 -c 'import base64, secrets; \
-	  print(f"CDR_S3_ACCESS_KEY=cdr-{secrets.token_hex(4)}"); \
-	  print(f"CDR_S3_SECRET_KEY={secrets.token_urlsafe(30)}"); \
-	  print(f"CDR_JWT_SECRET={secrets.token_urlsafe(48)}"); \
-	  print(f"CDR_FERNET_KEY={base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()}"); \
-	  print(f"CDR_ADMIN_PASSWORD={secrets.token_urlsafe(12)}")' > .env; \
-	  echo "wrote .env (the Airflow login: admin, password CDR_ADMIN_PASSWORD in .env)"; }
+	@python3 $(HERE)docker/compose_env.py .env
 
 $(STAMP): pyproject.toml constraints.txt
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { \

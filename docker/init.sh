@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # airflow-init: migrate Airflow's database, write the admin's password (from .env) where
-# the simple auth manager reads it, then create the store's bucket in the S3 server
-# (idempotent). Runs once per `docker compose up`.
+# the simple auth manager reads it, then check that the pipeline's S3 user reaches the
+# store's bucket (minio-init created both). Runs once per `docker compose up`.
 set -euo pipefail
 airflow db migrate
 umask 077  # the passwords file is the admin's alone
@@ -18,11 +18,9 @@ from botocore.exceptions import ClientError
 from pipeline.config import load_config
 
 bucket = urlparse(load_config(os.environ["CDR_CONFIG"]).store).netloc
-s3 = boto3.client("s3")
 try:
-    s3.head_bucket(Bucket=bucket)
-    print(f"bucket {bucket} exists")
-except ClientError:
-    s3.create_bucket(Bucket=bucket)
-    print(f"bucket {bucket} created")
+    boto3.client("s3").head_bucket(Bucket=bucket)
+except ClientError as e:
+    raise SystemExit(f"the pipeline's S3 user cannot reach bucket {bucket}: {e}") from None
+print(f"bucket {bucket}: reachable with the pipeline's keys")
 PY

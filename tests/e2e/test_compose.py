@@ -22,6 +22,9 @@ COMPOSE = REPO / "docker-compose.yaml"
 SECRETS = {
     "CDR_S3_ACCESS_KEY": "k",
     "CDR_S3_SECRET_KEY": "s" * 20,
+    "CDR_MINIO_ROOT_USER": "r",
+    "CDR_MINIO_ROOT_PASSWORD": "q" * 20,
+    "CDR_DB_PASSWORD": "d" * 48,
     "CDR_JWT_SECRET": "j" * 40,
     "CDR_FERNET_KEY": "f" * 43 + "=",
     "CDR_ADMIN_PASSWORD": "p" * 16,
@@ -66,7 +69,7 @@ def test_make_compose_env_writes_every_secret_the_stack_needs(tmp_path):
         text=True,
         check=True,
     )
-    assert "password CDR_ADMIN_PASSWORD in .env" in out.stdout
+    assert "password CDR_ADMIN_PASSWORD" in out.stdout
     env = tmp_path / ".env"
     assert env.stat().st_mode & 0o077 == 0
     values = dict(line.split("=", 1) for line in env.read_text().splitlines())
@@ -88,6 +91,18 @@ def test_make_compose_env_writes_every_secret_the_stack_needs(tmp_path):
         "kept" in again.stdout
         and dict(line.split("=", 1) for line in env.read_text().splitlines()) == values
     )
+    # an .env written before a secret was added gets it, and keeps the others
+    env.write_text("".join(f"{k}={v}\n" for k, v in values.items() if k != "CDR_DB_PASSWORD"))
+    subprocess.run(
+        ["make", "-s", "-C", str(tmp_path), "-f", str(REPO / "Makefile"), "compose-env"],
+        check=True,
+        capture_output=True,
+    )
+    more = dict(line.split("=", 1) for line in env.read_text().splitlines())
+    assert set(more) == set(values) and more["CDR_DB_PASSWORD"] != values["CDR_DB_PASSWORD"]
+    assert {k: v for k, v in more.items() if k != "CDR_DB_PASSWORD"} == {
+        k: v for k, v in values.items() if k != "CDR_DB_PASSWORD"
+    }
 
 
 @pytest.mark.parametrize(

@@ -113,3 +113,40 @@ def test_the_image_installs_the_projects_wheel_with_the_lock():
     assert "pip wheel --no-cache-dir --no-deps" in text
     assert '-c /opt/cdr/constraints.txt "$(ls /opt/cdr/dist/replica_cdr-*.whl)[airflow]"' in text
     assert " -e " not in text
+
+
+def test_each_service_gets_only_the_secrets_it_needs():
+    """The Spark services get the S3 keys and none of Airflow's secrets; MinIO's root keys
+    reach ``minio`` and ``minio-init`` alone, which creates the pipeline's own user (the
+    S3 keys every other service uses) with a policy that allows the store's bucket only;
+    the metadata database's password comes from .env, never a literal."""
+    services = _compose()["services"]
+    airflow_only = ("JWT", "FERNET", "SQL_ALCHEMY_CONN", "PASSWORD", "AIRFLOW_CONN")
+    for name in ("spark-master", "spark-worker"):
+        env = services[name]["environment"]
+        assert not [k for k in env if any(w in k for w in airflow_only)], (name, env)
+        assert (
+            env["AWS_ACCESS_KEY_ID"] == "${CDR_S3_ACCESS_KEY:?run make compose-env to write .env}"
+        )
+    root = [n for n, s in services.items() if "CDR_MINIO_ROOT" in json.dumps(s)]
+    assert sorted(root) == ["minio", "minio-init"], root
+    init = services["minio-init"]
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    from pipeline.config import load_config
+
+    bucket = load_config(REPO / "docker" / "cdr.yaml").store.split("/")[2]
+    assert init["environment"]["CDR_BUCKET"] == bucket
+    script = (REPO / "docker" / "minio-init.sh").read_text()
+    for step in ("mc mb --ignore-existing", "mc admin user add", "mc admin policy attach"):
+        assert step in script, step
+    assert '"arn:aws:s3:::$CDR_BUCKET/*"' in script and '"s3:*"' not in script
+    for name, s in services.items():
+        if name.startswith("airflow-"):
+            env = s["environment"]
+            conn = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+            assert conn["login"] == "${CDR_S3_ACCESS_KEY}", name
+            assert s["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+            assert ":${CDR_DB_PASSWORD:?" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], name
+    pg = services["postgres"]["environment"]
+    assert pg["POSTGRES_PASSWORD"].startswith("${CDR_DB_PASSWORD:?")
+    assert "airflow:airflow@" not in COMPOSE.read_text()

@@ -1,0 +1,42 @@
+"""``make compose-env``: the stack's secrets in ``.env`` (readable by its owner only):
+each one the file lacks is written, random; those it has are kept, so that an ``.env``
+written before a secret was added gets the new one and keeps the others."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+#: every secret docker-compose.yaml asks for, and how a new one is made
+SECRETS: dict[str, Callable[[], str]] = {
+    "CDR_S3_ACCESS_KEY": lambda: f"cdr-{secrets.token_hex(4)}",  # the pipeline's MinIO user
+    "CDR_S3_SECRET_KEY": lambda: secrets.token_urlsafe(30),
+    "CDR_MINIO_ROOT_USER": lambda: f"root-{secrets.token_hex(4)}",  # minio-init's only
+    "CDR_MINIO_ROOT_PASSWORD": lambda: secrets.token_urlsafe(30),
+    "CDR_DB_PASSWORD": lambda: secrets.token_hex(24),  # in a URL: hex
+    "CDR_JWT_SECRET": lambda: secrets.token_urlsafe(48),
+    "CDR_FERNET_KEY": lambda: base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    "CDR_ADMIN_PASSWORD": lambda: secrets.token_urlsafe(12),
+}
+
+
+def main(path: Path) -> None:
+    lines = path.read_text().splitlines() if path.exists() else []
+    have = {line.split("=", 1)[0] for line in lines if "=" in line}
+    new = [f"{k}={make()}" for k, make in SECRETS.items() if k not in have]
+    if not new:
+        print(f"{path} has every secret: kept")
+        return
+    os.umask(0o077)
+    path.write_text("".join(f"{line}\n" for line in [*lines, *new]))
+    path.chmod(0o600)
+    names = ", ".join(n.split("=", 1)[0] for n in new)
+    print(f"wrote {names} to {path} (the Airflow login: admin, password CDR_ADMIN_PASSWORD)")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else ".env"))
