@@ -324,7 +324,7 @@ def run_row(
     counts = {"tables": report["tables"]} if report is not None else {}
     if report is not None and "cdc" in report:
         counts["cdc"] = report["cdc"]
-    if report is not None:  # the run's clock: a cell table's TTLs expire from it
+    if report is not None and "now_us" in report:  # the run's clock: TTLs expire from it
         counts["now_us"] = report["now_us"]
     return RunRow(
         run_id=run_id,

@@ -379,3 +379,38 @@ def test_a_rerun_of_the_late_date_then_the_next_needs_no_flag(tmp_path: Path, sp
     assert run_on(tmp_path, store, d1) == 0
     assert run_on(tmp_path, store, d2) == 0
     assert sorted(r["id"] for r in P.snapshot(store, "t")) == [1, 2, 3]
+
+
+def test_hostile_records_are_quarantined_and_the_night_publishes(tmp_path: Path, spark):
+    """formats.md "Adapters": one export with a record of each hostile kind (a name given
+    twice, an integer of 5,000 digits in the key, in ts and in seq, nesting 100,000 deep,
+    a lone surrogate) between good ones: ``cdr run`` publishes, each hostile record is
+    quarantined as malformed naming its problem, the good ones applied.
+    (Before: Python's ValueError or RecursionError stopped every night.)"""
+    store = tmp_path / "store"
+    good = json.dumps(record(1))
+    hostile = {
+        "dup": json.dumps(record(2))[:-1] + ', "op": "DELETE"}',
+        "huge-key": json.dumps(record(3)).replace('{"id": 3}', '{"id": 9' + "9" * 5000 + "}", 1),
+        "huge-ts": json.dumps(record(4)).replace('"2026-11-21T10:00:00Z"', "9" * 5000),
+        "huge-seq": json.dumps(record(5)).replace('"seq": 5', '"seq": ' + "9" * 5000),
+        "deep": json.dumps(record(6))[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "surrogate": json.dumps(record(7)).replace('"v": "a"', '"v": "\\ud800"'),
+    }  # fmt: skip
+    texts = [good, *hostile.values(), json.dumps(record(8))]
+    data = "".join(t + "\n" for t in texts).encode()
+    put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, 8)})
+    assert cdr_run(tmp_path, store) == 0
+    q = sorted(P.log(store, "t", "quarantine", D), key=lambda r: r["detail"])
+    assert [r["reason"] for r in q] == ["malformed"] * len(hostile)
+    details = " | ".join(r["detail"] for r in q)
+    for said in (
+        'duplicate key "op"',
+        "nested too deep",
+        "lone UTF-16 surrogate",
+        "key.id",
+        "ts '9999",
+        "seq '9999",
+    ):
+        assert said in details, (said, details[:2000])
+    assert [r["id"] for r in P.snapshot(store, "t")] == [1, 8]
