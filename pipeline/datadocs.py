@@ -162,6 +162,21 @@ def bundle(site: Path, assets: Path = ASSETS_DIR) -> bool:
     return True
 
 
+def digests(site: Path) -> dict[str, str]:
+    """Every file of a written site (its path inside the site -> its sha256): the run's
+    report lists them, and the Data Docs server serves these files, with these contents,
+    and no other (``plugins/cdr_plugin.py``)."""
+    import hashlib
+
+    if not site.is_dir():
+        return {}
+    return {
+        f.relative_to(site).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(site.rglob("*"))
+        if f.is_file()
+    }
+
+
 if __name__ == "__main__":  # python -m pipeline.datadocs fetch [DEST]
     if len(sys.argv) < 2 or sys.argv[1] != "fetch":
         sys.exit("usage: python -m pipeline.datadocs fetch [DEST]")

@@ -232,6 +232,7 @@ def publish(
     ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
     run's report and validation results go to its own ``reports/dt=<D>/run=<id>/``;
     nothing a published run wrote is replaced by a failed one."""
+    from pipeline.datadocs import digests
     from pipeline.exports import load_inputs
     from pipeline.resolve import load_summary
     from pipeline.validation import load_verdict
@@ -255,8 +256,10 @@ def publish(
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
     with ctx.validation.fetched() as validation:
         replace_tree(store, validation, layout.validation_dir(ctx.dt, ctx.run_id))
+        docs = digests(validation / "data_docs")
     status = "published" if verdict.passed else "failed"
     report = run_report(config, ctx, summary, verdict, status)
+    report["validation"]["data_docs_files"] = docs  # what the Data Docs server may serve
     meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")
     committer = Committer(lake, ctx.resolved, meta)
     if not verdict.passed:

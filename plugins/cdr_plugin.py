@@ -4,7 +4,8 @@ Docs link.
 - ``/cdr/``: per run (date) and table, conflicts by type and outcome with a chart,
   quarantined events, divergent keys and orphans, of the runs the ``runs`` table
   records, from their reports (``pipeline.runs``); listed in the UI's Browse menu as "Conflicts".
-- ``/cdr/docs/<D>/<run id>/...``: the Data Docs of a run of date D, served from the store.
+- ``/cdr/docs/<D>/<run id>/...``: the Data Docs of a run of date D, served from the store:
+  the files the run wrote, by their sha256 (the list in its report), and no other.
 - ``/cdr/api/runs``: the same numbers as JSON.
 
 The store comes from ``CDR_CONFIG`` (as for the DAG) and S3 credentials from the
@@ -12,19 +13,28 @@ environment or the ``aws_default`` connection.
 
 Airflow does not authenticate plugin apps, so this one does: every route needs an Airflow
 user allowed to read the runs of the ``replica_cdr`` DAG (Airflow's own dependency, so the
-configured auth manager decides), but the Data Docs' ``static/`` files (public scripts,
-styles and fonts). A Data Docs file is an HTML file from the bucket: it is served with a
-``sandbox`` Content-Security-Policy, so its scripts run in an opaque origin and can
-neither read Airflow's cookies nor call its API as the user; ``nosniff`` everywhere.
+configured auth manager decides). A Data Docs page is served in a ``sandbox``: its scripts
+run in an opaque origin and can neither read Airflow's cookies nor call its API as the
+user, and its own requests (scripts, styles, fonts) carry no cookie either. So a logged-in
+request for a run's Data Docs is redirected to a *grant* path,
+``/cdr/docs/<D>/<run id>/grant/<expiry>.<hmac>/...``, valid for that run and an hour
+(an HMAC keyed by Airflow's JWT secret), under which the pages and their files are
+served. The policy (:data:`DOCS_POLICY`) allows what the pages need and nothing else: no
+request to another origin (``connect-src 'none'``, every source ``'self'``), no form and
+no popup (the sandbox allows neither; ``form-action 'none'`` besides), no plugin.
+``nosniff`` everywhere.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import logging
 import mimetypes
 import os
+import time
 from datetime import date
 from functools import cache
 from pathlib import Path
@@ -35,18 +45,36 @@ from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from cdr_links import DataDocsLink, export_aws
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 log = logging.getLogger(__name__)
 
 DAG_ID = "replica_cdr"
 #: the routes' guard: an Airflow user who may read the DAG's runs
 READER = Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID))
-#: a Data Docs file's headers: scripts run, sandboxed (no same-origin: no cookies, no API)
-DOCS_HEADERS = {
-    "Content-Security-Policy": "sandbox allow-scripts allow-popups",
-    "X-Content-Type-Options": "nosniff",
-}
+#: a Data Docs file's policy: its scripts run sandboxed (an opaque origin: no cookie, no
+#: API), they and the styles, images and fonts come from the run's files only (inline ones
+#: included: Great Expectations writes them; Vega compiles its charts with ``eval``), and
+#: nothing leaves: no fetch, form, popup, plugin or frame elsewhere
+DOCS_POLICY = "; ".join(
+    [
+        "sandbox allow-scripts",
+        "default-src 'none'",
+        "script-src 'self' 'unsafe-inline' 'unsafe-eval'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'self'",
+        "base-uri 'none'",
+    ]
+)
+DOCS_HEADERS = {"Content-Security-Policy": DOCS_POLICY, "X-Content-Type-Options": "nosniff"}
+#: how long a grant to read a run's Data Docs lasts (seconds)
+GRANT_SECONDS = 3600
+#: what every refused Data Docs request says (never the store, never why in detail)
+NOT_SERVED = "not a file of this run's Data Docs"
 
 app = FastAPI(title="cdr: conflicts and Data Docs", docs_url=None, redoc_url=None)
 
@@ -111,28 +139,60 @@ def runs() -> list[dict[str, Any]]:
     return out
 
 
-@app.get("/docs/{dt}/{run_id}/static/{path:path}")
-def data_docs_static(dt: str, run_id: str, path: str) -> Response:
-    """The Data Docs' scripts, styles, fonts and images: public files, served to anyone
-    (a sandboxed page's requests carry no cookie), sandboxed too, readable cross-origin
-    (its fonts are fetched with CORS from the page's opaque origin)."""
-    response = _docs_file(dt, run_id, f"static/{path}", under="static/")
-    response.headers["Access-Control-Allow-Origin"] = "*"
-    return response
-
-
-@app.get("/docs/{dt}/{run_id}/{path:path}", dependencies=[READER])
-def data_docs(dt: str, run_id: str, path: str) -> Response:
+@app.get("/docs/{dt}/{run_id}/grant/{grant}/{path:path}")
+def data_docs(dt: str, run_id: str, grant: str, path: str) -> Response:
+    """A file of a run's Data Docs, under a grant (:func:`data_docs_entry`)."""
+    if not _granted(dt, run_id, grant):
+        raise HTTPException(403, "this link to the Data Docs expired: open them again")
     return _docs_file(dt, run_id, path)
 
 
-def _docs_file(dt: str, run_id: str, path: str, under: str = "") -> Response:
-    """A file of the run's Data Docs; ``under``: the folder it must be in once its path
-    is normalised (``static/../index.html`` is not a static file)."""
-    from pipeline import layout
-    from pipeline.context import check_run_id
-    from pipeline.errors import CdrError, ExportError, StoreError
+@app.get("/docs/{dt}/{run_id}/{path:path}", dependencies=[READER])
+def data_docs_entry(request: Request, dt: str, run_id: str, path: str) -> Response:
+    """A logged-in reader's way in: the same file under a grant of an hour."""
+    _check_run(dt, run_id)
+    rel = _relpath(path)
+    root = request.scope.get("root_path", "")
+    grant = _grant(dt, run_id, int(time.time()) + GRANT_SECONDS)
+    return RedirectResponse(f"{root}/docs/{dt}/{run_id}/grant/{grant}/{rel}", status_code=303)
+
+
+def _relpath(path: str) -> str:
+    """``path`` inside the Data Docs, normalised; one that leaves them is not served."""
+    from pipeline.errors import ExportError
     from pipeline.exports import safe_relpath
+
+    try:
+        return safe_relpath(path or "index.html", "Data Docs")
+    except ExportError:
+        raise HTTPException(404, NOT_SERVED) from None
+
+
+def _secret() -> bytes:
+    """The grants' key: derived from Airflow's JWT secret (shared by its API servers)."""
+    from airflow.configuration import conf
+
+    secret = conf.get("api_auth", "jwt_secret", fallback="") or ""
+    if not secret:
+        raise HTTPException(503, "Airflow's [api_auth] jwt_secret is not set")
+    return hmac.new(secret.encode(), b"cdr data docs grant", hashlib.sha256).digest()
+
+
+def _grant(dt: str, run_id: str, expires: int) -> str:
+    mac = hmac.new(_secret(), f"{dt}/{run_id}/{expires}".encode(), hashlib.sha256)
+    return f"{expires}.{mac.hexdigest()}"
+
+
+def _granted(dt: str, run_id: str, grant: str) -> bool:
+    expires, _, _mac = grant.partition(".")
+    if not expires.isdigit() or int(expires) < time.time():
+        return False
+    return hmac.compare_digest(grant, _grant(dt, run_id, int(expires)))
+
+
+def _check_run(dt: str, run_id: str) -> None:
+    from pipeline.context import check_run_id
+    from pipeline.errors import CdrError
 
     try:
         date.fromisoformat(dt)
@@ -142,16 +202,51 @@ def _docs_file(dt: str, run_id: str, path: str, under: str = "") -> Response:
         check_run_id(run_id)
     except CdrError as e:
         raise HTTPException(404, str(e)) from None
+
+
+def _listed(dt: str, run_id: str) -> dict[str, str]:
+    """The Data Docs files the run wrote, by sha256, from its report ({}: none)."""
+    import json
+
+    from pipeline import layout
+    from pipeline.errors import StoreError
+
     try:
-        rel = safe_relpath(path or "index.html", "Data Docs")
-        if not rel.startswith(under):
-            raise ExportError(f"Data Docs: {path!r} is not in {under}")
-        key = f"{layout.validation_dir(date.fromisoformat(dt), run_id)}/data_docs/{rel}"
+        report = json.loads(_store().read_bytes(layout.run_report(date.fromisoformat(dt), run_id)))
+    except (StoreError, ValueError) as e:
+        log.info("Data Docs of %s %s: no report (%s)", dt, run_id, e)
+        return {}
+    files = (
+        report.get("validation", {}).get("data_docs_files") if isinstance(report, dict) else None
+    )
+    return files if isinstance(files, dict) else {}
+
+
+def _docs_file(dt: str, run_id: str, path: str) -> Response:
+    """A file of the run's Data Docs: one the run's report lists, with the content it
+    lists (a file written into the bucket later, or changed, is not served)."""
+    from pipeline import layout
+    from pipeline.errors import StoreError
+
+    _check_run(dt, run_id)
+    rel = _relpath(path)
+    digest = _listed(dt, run_id).get(rel)
+    if digest is None:
+        raise HTTPException(404, NOT_SERVED)
+    key = f"{layout.validation_dir(date.fromisoformat(dt), run_id)}/data_docs/{rel}"
+    try:
         body = _store().read_bytes(key)
-    except (ExportError, StoreError) as e:
-        raise HTTPException(404, str(e)) from None
+    except StoreError as e:
+        log.warning("Data Docs of %s %s: %s cannot be read: %s", dt, run_id, rel, e)
+        raise HTTPException(404, NOT_SERVED) from None
+    if hashlib.sha256(body).hexdigest() != digest:
+        log.warning("Data Docs of %s %s: %s changed since the run wrote it", dt, run_id, rel)
+        raise HTTPException(404, NOT_SERVED)
     media = mimetypes.guess_type(rel)[0] or "application/octet-stream"
-    return Response(body, media_type=media, headers=DOCS_HEADERS)
+    # its fonts are fetched with CORS, from the page's opaque origin ("null")
+    return Response(
+        body, media_type=media, headers={**DOCS_HEADERS, "Access-Control-Allow-Origin": "null"}
+    )
 
 
 class CdrPlugin(AirflowPlugin):

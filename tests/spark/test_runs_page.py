@@ -71,16 +71,25 @@ ORDERS = {
 def runs_store(tmp_path: Path) -> FileStore:
     """A store with the reports and ``runs`` rows of three dates (a failed rerun among
     them), the Data Docs of one run, and a file the page must not serve."""
+    import hashlib
+
     s = FileStore(tmp_path / "store")
+    files = {"index.html": b"<h1>docs", "static/styles/x.css": b"h1{}"}
+    bb = _report("2026-11-21", "failed", run="bb", orders=ORDERS, **{"<b>x</b>": {}})
+    bb["validation"] = {
+        "data_docs_files": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}
+    }
     for r in (
         _report("2026-11-20", products={"distinct_events": 3, "applied": 3}),
         _report("2026-11-20", "failed", run="rerun", products={}),  # a later failed rerun
         _report("2026-11-21", "failed", run="a", orders={}),
-        _report("2026-11-21", "failed", run="bb", orders=ORDERS, **{"<b>x</b>": {}}),
+        bb,
     ):
         _put(s, r)
-    docs = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs/index.html"
-    s.write_bytes(docs, b"<h1>docs")
+    docs = "published/reports/dt=2026-11-21/run=2026-11-21_bb/validation/data_docs"
+    for k, v in files.items():
+        s.write_bytes(f"{docs}/{k}", v)
+    s.write_bytes(f"{docs}/later.html", b"<script>steal()</script>")  # not the run's
     s.write_bytes("published/secret.json", b"{}")
     return s
 
