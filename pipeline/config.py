@@ -290,6 +290,7 @@ class ConfigModel(_Strict):
     gc_grace_seconds: int = Field(default=864000, ge=0)
     retention_days: int = Field(default=30, ge=1)
     max_record_bytes: int = Field(default=16 << 20, gt=0)
+    max_expansion: int = Field(default=100, gt=0)
     on_divergence: DivergencePolicy = DivergencePolicy.FAIL
     on_fk_violation: FkPolicy = FkPolicy.FAIL
     allow_missing_exports: bool = False
@@ -402,6 +403,7 @@ class Config:
     max_clock_skew_seconds: int
     gc_grace_seconds: int
     max_record_bytes: int  # a longer line of an export is malformed (not read whole)
+    max_expansion: int  # a gzipped export may decompress to this many times its size
     on_divergence: DivergencePolicy
     on_fk_violation: FkPolicy
     allow_missing_exports: bool
@@ -781,6 +783,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         gc_grace_seconds=m.gc_grace_seconds,
         retention_days=m.retention_days,
         max_record_bytes=m.max_record_bytes,
+        max_expansion=m.max_expansion,
         on_divergence=m.on_divergence,
         on_fk_violation=m.on_fk_violation,
         allow_missing_exports=m.allow_missing_exports,

@@ -184,10 +184,28 @@ def parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any], str]]:
     f = pq.ParquetFile(path)
     number = 0
     for batch in f.iter_batches(batch_size=_BATCH):
-        for row in batch.to_pylist():
+        for row in _rows(batch, number + 1):
             number += 1
             fields = {k: _json_value(v) for k, v in row.items()}
             yield number, fields, text_of(fields) or ""
+
+
+def _rows(batch: pa.RecordBatch, first: int) -> list[dict[str, Any]]:
+    """The batch's rows (the first is the file's row ``first``) as Python values; a row
+    holding a value Python cannot hold (a timestamp or date past year 9999) becomes a
+    record the guards quarantine, saying so."""
+    try:
+        return batch.to_pylist()
+    except (ValueError, OverflowError):
+        pass
+    rows = []
+    for i in range(batch.num_rows):
+        try:
+            rows.append(batch.slice(i, 1).to_pylist()[0])
+        except (ValueError, OverflowError) as e:
+            problem = f"a value Python cannot hold, a date or time past year 9999? ({e})"
+            rows.append({"_malformed": problem, "_source": f"Parquet row {first + i}"})
+    return rows
 
 
 # ---------------------------------------------------------------------- adapted records

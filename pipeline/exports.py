@@ -188,6 +188,30 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: a gzipped file may always decompress to this much, whatever its size
+EXPANSION_FLOOR = 64 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much of an export file is read: a line over ``record_bytes`` is malformed
+    (not read whole); a gzipped file that decompresses to more than ``expansion`` times
+    its size (and :data:`EXPANSION_FLOOR`) is refused. None: no limit."""
+
+    record_bytes: int | None = None
+    expansion: int | None = None
+
+    @staticmethod
+    def of(config: Config) -> Limits:
+        return Limits(config.max_record_bytes, config.max_expansion)
+
+    def budget(self, path: Path) -> int | None:
+        """The most bytes the gzipped file at ``path`` may decompress to."""
+        if self.expansion is None:
+            return None
+        return max(self.expansion * path.stat().st_size, EXPANSION_FLOOR)
+
+
 def _is_gzip(path: Path) -> bool:
     with path.open("rb") as f:
         return f.read(2) == b"\x1f\x8b"
@@ -200,18 +224,31 @@ def _long(head: bytes, length: int) -> LongLine:
 
 
 def _line_chunks(
-    path: Path, name: str, limit: int | None = None, chunk_size: int = _CHUNK
+    path: Path, name: str, limits: Limits | None = None, chunk_size: int = _CHUNK
 ) -> Iterator[tuple[int, list[bytes]]]:
     """(first line number, lines) in chunks; a truncated or corrupt gzip names the file.
-    A line longer than ``limit`` comes as a :class:`LongLine`, without being held whole:
-    the reader holds at most ``limit`` bytes of a line and one chunk."""
-    opener = gzip.open if _is_gzip(path) else open
-    line_no = 1
+    A line longer than ``limits.record_bytes`` comes as a :class:`LongLine`, without being
+    held whole: the reader holds at most that many bytes of a line and one chunk. A gzip
+    that decompresses to more than ``limits.expansion`` times its size is refused as it
+    is read, naming the file (a decompression bomb: it would fill the work volume)."""
+    limits = limits or Limits()
+    limit, gz = limits.record_bytes, _is_gzip(path)
+    budget = limits.budget(path) if gz else None
+    opener = gzip.open if gz else open
+    line_no, read = 1, 0
     try:
         with opener(path, "rb") as f:
             rest = b""
             head, length = b"", -1  # a long line whose end is not read yet (length >= 0)
             while chunk := f.read(chunk_size):
+                read += len(chunk)
+                if budget is not None and read > budget:
+                    raise ExportError(
+                        f"{name}: decompresses to more than {budget:,} bytes, "
+                        f"{limits.expansion} times its {path.stat().st_size:,} "
+                        "(max_expansion): refused as a decompression bomb. If the export is "
+                        "genuine, raise max_expansion in the config"
+                    )
                 if length >= 0:
                     end = chunk.find(b"\n")
                     part = chunk if end < 0 else chunk[:end]
@@ -267,15 +304,17 @@ def stage_jsonl(
     replica: str,
     name: str,
     framing: re.Pattern[bytes] | None = None,
-    limit: int | None = None,
+    limits: Limits | None = None,
 ) -> tuple[int, int]:
     """Write the file's non-blank lines as raw rows, but those that match ``framing``;
-    return (non-blank lines, framing lines). A line over ``limit`` bytes is staged with
-    its first bytes and the reason (``bad``)."""
+    return (non-blank lines, framing lines). A line over ``limits.record_bytes`` is
+    staged with its first bytes and the reason (``bad``)."""
+    limits = limits or Limits()
+    limit = limits.record_bytes
     dest.parent.mkdir(parents=True, exist_ok=True)
     rows = skipped = 0
     with pq.ParquetWriter(dest, RAW_SCHEMA) as w:
-        for first, lines in _line_chunks(src, name, limit):
+        for first, lines in _line_chunks(src, name, limits):
             keep = [
                 (first + i, ln if isinstance(ln, LongLine) else ln.rstrip(b"\r"))
                 for i, ln in enumerate(lines)
@@ -312,11 +351,14 @@ def _parquet_rows(path: Path, name: str) -> int:
         raise ExportError(f"{name}: not a readable Parquet file ({e})") from None
 
 
-def _csv_header(src: Path, delimiter: str) -> list[str]:
+def _csv_header(src: Path, delimiter: str, name: str) -> list[str]:
     import csv
 
     with src.open(newline="", encoding="utf-8", errors="replace") as f:
-        return next(csv.reader(f, delimiter=delimiter), [])
+        try:
+            return next(csv.reader(f, delimiter=delimiter), [])
+        except csv.Error as e:  # e.g. a field over the reader's 128 KiB: no header
+            raise ExportError(f"{name}: its first line is not a CSV header ({e})") from None
 
 
 def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) -> int:
@@ -334,7 +376,7 @@ def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) ->
 
     delimiter = options.get("delimiter", ",")
     header = options.get("header", options.get("columns") is None)
-    names = _csv_header(src, delimiter) if header else list(options["columns"])
+    names = _csv_header(src, delimiter, name) if header else list(options["columns"])
     if not names or len(set(names)) != len(names):
         raise ExportError(f"{name}: the CSV's columns {names} are empty or repeated")
     read = pcsv.ReadOptions(
@@ -471,6 +513,7 @@ class FileTask:
     kind: str  # "export" (its framing lines count), "snapshot" or "base"
     max_record_bytes: int | None = None  # a longer line is malformed, not read whole
     work: str = ""  # the work location's root (``WorkPath.root``)
+    max_expansion: int | None = None  # a gzipped file decompresses to this many times its size
 
     @property
     def name(self) -> str:
@@ -485,9 +528,11 @@ def plan_export(
     replica: str,
     table: str,
     kind: str = "export",
-    max_record_bytes: int | None = None,
+    limits: Limits | None = None,
 ) -> tuple[StagedExport, list[FileTask]]:
-    """What an export holds by its manifest, and a task per file to fetch it."""
+    """What an export holds by its manifest, and a task per file to fetch it, reading
+    within ``limits`` (none: no limit)."""
+    limits = limits or Limits()
     fmt = manifest["format"]
     options = manifest.get("options", {})
     tasks = []
@@ -509,8 +554,9 @@ def plan_export(
                 replica,
                 table,
                 kind,
-                max_record_bytes,
+                limits.record_bytes,
                 target.root,
+                limits.expansion,
             )
         )
     rows = sum(t.rows for t in tasks)
@@ -567,7 +613,12 @@ def _check_and_stage(
     else:
         framing_re = FRAMING.get(task.format)
         rows, framing = stage_jsonl(
-            local, dest, task.replica, task.entry, framing_re, task.max_record_bytes
+            local,
+            dest,
+            task.replica,
+            task.entry,
+            framing_re,
+            Limits(task.max_record_bytes, task.max_expansion),
         )
     if rows != task.rows:
         raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
@@ -593,7 +644,8 @@ def _stage_copies(
                 out.record(number, fields, text)
         elif local is not None:
             limit = task.max_record_bytes
-            for first, lines in _line_chunks(local, task.name, limit):
+            limits = Limits(limit, task.max_expansion)
+            for first, lines in _line_chunks(local, task.name, limits):
                 numbered = []
                 for i, ln in enumerate(lines):
                     if isinstance(ln, LongLine):
@@ -732,8 +784,9 @@ def _stage_exports(
         )
         st.manifests.append(_manifest_digest(store, folder))
         dest = ctx.staged / tname / f"replica={rep}"
-        limit = config.max_record_bytes
-        staged, files = plan_export(store, folder, manifest, dest, rep, tname, "export", limit)
+        staged, files = plan_export(
+            store, folder, manifest, dest, rep, tname, "export", Limits.of(config)
+        )
         st.exports[rep] = staged
         tasks += files
         log.info(
@@ -768,7 +821,7 @@ def _stage_snapshots(
             st.manifests.append(_manifest_digest(store, folder))
             dest = ctx.staged / tname / f"snapshot={rep}"
             snapshot, files = plan_export(
-                store, folder, manifest, dest, rep, tname, "snapshot", config.max_record_bytes
+                store, folder, manifest, dest, rep, tname, "snapshot", Limits.of(config)
             )
             st.snapshots[rep] = snapshot.rows
             tasks += files
@@ -798,7 +851,7 @@ def _pin_prior(
     pin.save(ctx.staged / tname / prior.PRIOR_PIN)
     st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": pin.rows}
     st.start = f"the state of {run.dt} (run {run.run_id}, {pin.rows} rows)"
-    plan = inplace.plan(config, lake, runs, run, pin, tname, ctx.dt)
+    plan = inplace.plan(config, lake, runs, run, pin, tname, ctx.dt, ctx.now_us)
     if plan.record is not None:
         st.prior[inplace.STAGED_KEY] = plan.record.to_json()
         st.start += ", merged in place"
@@ -846,7 +899,7 @@ def _stage_start(
         st.manifests.append(_manifest_digest(store, base))
         dest = ctx.staged / tname / "base"
         staged_base, files = plan_export(
-            store, base, manifest, dest, "base", tname, "base", config.max_record_bytes
+            store, base, manifest, dest, "base", tname, "base", Limits.of(config)
         )
         tasks += files
         st.base_rows = staged_base.rows

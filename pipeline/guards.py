@@ -64,7 +64,7 @@ def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(d) != len(pairs):
         seen: set[str] = set()
         twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise NotJson(f"duplicate key {json.dumps(twice, ensure_ascii=False)[:200]}")
+        raise NotJson(f"duplicate key {json.dumps(twice)[:200]}")  # ASCII: any name is text
     return d
 
 
@@ -382,8 +382,11 @@ class Typer:
         if not isinstance(fields, dict):
             return self.malformed_line(line, replica, "not a JSON object")
         source = line
-        if fields.get("_source") is not None:
-            source = text_of(fields["_source"]) or line  # an adapter's record: as exported
+        if fields.get("_source") is not None:  # an adapter's record: as exported
+            try:
+                source = text_of(fields["_source"]) or line
+            except RecursionError:
+                return self.malformed_line(line, replica, "not a JSON object: nested too deep")
         return self.record(fields, source, replica)
 
     def _typed(self, m: TextMap | None) -> dict[str, Any]:

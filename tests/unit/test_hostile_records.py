@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import parse_config
-from pipeline.copies import CopyWriter
+from pipeline.copies import CopyWriter, arrow_schema, columns_table
 from pipeline.guards import Typer, TypingSpec
 from pipeline.policy import QuarantineReason
 from tests.unit.test_blocks import CONFIG, NOW, _both_ways
@@ -122,7 +122,39 @@ def test_a_typer_line_raises_nothing_on_the_named_cases():
         '{"event_id": "a", "event_id": "b"}': 'duplicate key "event_id"',
         "[" * 100_000 + "]" * 100_000: "nested too deep",
         '{"op": "INSERT", "txid": "\\ud800"}': "lone UTF-16 surrogate",
+        '{"\\udc80": 1, "\\udc80": 2}': 'duplicate key "\\udc80"',  # said in ASCII
+        '{"_malformed": "not JSON", "_source": ' + "[" * 700 + "]" * 700 + "}": "too deep",
     }
+    schema = arrow_schema(config.tables["rows"])
     for line, detail in cases.items():
         c = typer.line(line, "r1")
         assert c["reason"] == "malformed" and detail in c["detail"], (line[:40], c["detail"])
+        columns_table([{**c, "replica": "r1", "file": "f", "line": 1}], schema)  # writable
+
+
+def test_a_parquet_time_past_year_9999_is_quarantined_not_raised(tmp_path):
+    """A canonical Parquet export whose ``ts`` (or a date) Python cannot hold: that row is
+    malformed, saying why; the rows beside it are typed."""
+    import pyarrow as pa
+
+    from pipeline.copies import parquet_records
+
+    path = tmp_path / "part.parquet"
+    good = NOW - 10**9
+    table = pa.table(
+        {
+            "op": ["INSERT", "INSERT", "INSERT"],
+            "key": ['{"id": 1, "k2": "a"}', '{"id": 2, "k2": "a"}', '{"id": 3, "k2": "a"}'],
+            "after": [f'{{"id": {i}, "k2": "a", "s": "x"}}' for i in (1, 2, 3)],
+            "ts": pa.array([good, 2**62, good], pa.timestamp("us", tz="UTC")),
+            "origin": ["r1"] * 3,
+            "event_id": ["e1", "e2", "e3"],
+            "seq": [1, 2, 3],
+        }
+    )
+    pq.write_table(table, path)
+    config = parse_config(CONFIG)
+    typer = Typer(TypingSpec.of(config, config.tables["rows"], NOW))
+    copies = [typer.record(fields, text, "r1") for _, fields, text in parquet_records(path)]
+    assert [c["reason"] for c in copies] == [None, "malformed", None]
+    assert "past year 9999" in copies[1]["detail"]
