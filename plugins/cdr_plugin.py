@@ -34,11 +34,13 @@ import hmac
 import logging
 import mimetypes
 import os
+import re
 import time
 from datetime import date
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
@@ -70,7 +72,15 @@ DOCS_POLICY = "; ".join(
         "base-uri 'none'",
     ]
 )
-DOCS_HEADERS = {"Content-Security-Policy": DOCS_POLICY, "X-Content-Type-Options": "nosniff"}
+DOCS_HEADERS = {
+    "Content-Security-Policy": DOCS_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    # the grant in the path is the key: sent nowhere, kept in no shared cache
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "private, max-age=300",
+}
+#: a grant as :func:`_grant` writes it: its expiry (seconds) and the HMAC's hex
+GRANT = re.compile(r"[0-9]{1,12}\.[0-9a-f]{64}")
 #: how long a grant to read a run's Data Docs lasts (seconds)
 GRANT_SECONDS = 3600
 #: what every refused Data Docs request says (never the store, never why in detail)
@@ -154,7 +164,8 @@ def data_docs_entry(request: Request, dt: str, run_id: str, path: str) -> Respon
     rel = _relpath(path)
     root = request.scope.get("root_path", "")
     grant = _grant(dt, run_id, int(time.time()) + GRANT_SECONDS)
-    return RedirectResponse(f"{root}/docs/{dt}/{run_id}/grant/{grant}/{rel}", status_code=303)
+    to = f"{root}/docs/{dt}/{run_id}/grant/{grant}/{quote(rel)}"
+    return RedirectResponse(to, status_code=303, headers={"Referrer-Policy": "no-referrer"})
 
 
 def _relpath(path: str) -> str:
@@ -184,10 +195,12 @@ def _grant(dt: str, run_id: str, expires: int) -> str:
 
 
 def _granted(dt: str, run_id: str, grant: str) -> bool:
-    expires, _, _mac = grant.partition(".")
-    if not expires.isdigit() or int(expires) < time.time():
+    if not GRANT.fullmatch(grant):
         return False
-    return hmac.compare_digest(grant, _grant(dt, run_id, int(expires)))
+    expires = int(grant.partition(".")[0])
+    return expires >= time.time() and hmac.compare_digest(
+        grant.encode(), _grant(dt, run_id, expires).encode()
+    )
 
 
 def _check_run(dt: str, run_id: str) -> None:
@@ -195,9 +208,11 @@ def _check_run(dt: str, run_id: str) -> None:
     from pipeline.errors import CdrError
 
     try:
-        date.fromisoformat(dt)
+        canonical = date.fromisoformat(dt).isoformat() == dt  # one spelling of a date
     except ValueError:
-        raise HTTPException(404, f"{dt!r} is not a date") from None
+        canonical = False
+    if not canonical:
+        raise HTTPException(404, f"{dt[:40]!r} is not a date (YYYY-MM-DD)")
     try:
         check_run_id(run_id)
     except CdrError as e:
@@ -205,7 +220,23 @@ def _check_run(dt: str, run_id: str) -> None:
 
 
 def _listed(dt: str, run_id: str) -> dict[str, str]:
-    """The Data Docs files the run wrote, by sha256, from its report ({}: none)."""
+    """The Data Docs files the run wrote, by sha256, from its report ({}: none); a run's
+    listing, once found, is kept (a run's report is written once)."""
+    key = (dt, run_id)
+    if key not in _LISTINGS:
+        found = _read_listing(dt, run_id)
+        if not found:
+            return found
+        if len(_LISTINGS) > 256:
+            _LISTINGS.clear()
+        _LISTINGS[key] = found
+    return _LISTINGS[key]
+
+
+_LISTINGS: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def _read_listing(dt: str, run_id: str) -> dict[str, str]:
     import json
 
     from pipeline import layout

@@ -99,11 +99,14 @@ def test_the_data_docs_are_served_under_a_grant_of_the_run_and_an_hour(client, m
     r = client.get(granted)  # no login: the grant is the key
     assert r.status_code == 200 and r.text == "h1{}"
     assert r.headers["access-control-allow-origin"] == "null"  # the page's opaque origin
+    assert r.headers["referrer-policy"] == "no-referrer"  # the grant is sent nowhere
     grant = granted.split("/")[5]
     for other in (
         "/docs/2026-11-21/2026-11-21_a/grant/{g}/index.html",  # another run
         "/docs/2026-11-21/2026-11-21_bb/grant/{g}0/index.html",  # forged
         "/docs/2026-11-21/2026-11-21_bb/grant/1.{g}/index.html",  # expired long ago
+        "/docs/2026-11-21/2026-11-21_bb/grant/\u00b2.{g}/index.html",  # not a digit to int()
+        "/docs/2026-11-21/2026-11-21_bb/grant/" + "9" * 5000 + ".{g}/index.html",
     ):
         r = client.get(other.format(g=grant))
         assert r.status_code == 403 and "docs" not in r.text.replace("Data Docs", ""), other
@@ -133,6 +136,7 @@ def test_only_the_files_the_run_wrote_are_served_as_it_wrote_them(client, store)
     [
         ("/docs/2026-11-22/2026-11-21_bb/index.html", "not a file"),
         ("/docs/yesterday/2026-11-21_bb/index.html", "not a date"),
+        ("/docs/20261121/2026-11-21_bb/index.html", "not a date"),  # one spelling of a date
         ("/docs/2026-11-21/..%2F..%2F..%2F..%2Fsecret.json", "run id"),
         ("/docs/2026-11-21/2026-11-21_bb/..%2F..%2F..%2F..%2Fsecret.json", "not a file"),
         ("/docs/2026-11-21/..%2F..%2Fsecret/index.html", "run id"),
