@@ -1,6 +1,10 @@
 """``make compose-env``: the stack's secrets in ``.env`` (readable by its owner only):
 each one the file lacks is written, random; those it has are kept, so that an ``.env``
-written before a secret was added gets the new one and keeps the others."""
+written before a secret was added gets the new one and keeps the others.
+
+One exception: a stack started before the database password came from ``.env`` has a
+database whose password is ``airflow`` (PostgreSQL's image sets it only when it creates
+its volume), so an older ``.env`` gets that, with how to change it."""
 
 from __future__ import annotations
 
@@ -24,10 +28,24 @@ SECRETS: dict[str, Callable[[], str]] = {
 }
 
 
+#: the database password of a stack started before it came from .env
+OLD_DB_PASSWORD = "airflow"
+ROTATE = """\
+note: the database keeps its password 'airflow' (set when its volume was created). To
+change it: docker compose exec postgres psql -U airflow -c "ALTER ROLE airflow PASSWORD '<new>'"
+then put <new> as CDR_DB_PASSWORD in .env and run docker compose up -d"""
+
+
 def main(path: Path) -> None:
     lines = path.read_text().splitlines() if path.exists() else []
-    have = {line.split("=", 1)[0] for line in lines if "=" in line}
-    new = [f"{k}={make()}" for k, make in SECRETS.items() if k not in have]
+    have = {line.split("=", 1)[0] for line in lines if "=" in line and line.split("=", 1)[1]}
+    lines = [line for line in lines if line.split("=", 1)[0] in have or "=" not in line]
+    upgrade = bool(have) and "CDR_DB_PASSWORD" not in have
+    made = {
+        k: (OLD_DB_PASSWORD if upgrade and k == "CDR_DB_PASSWORD" else make())
+        for k, make in SECRETS.items()
+    }
+    new = [f"{k}={made[k]}" for k in SECRETS if k not in have]
     if not new:
         print(f"{path} has every secret: kept")
         return
@@ -36,6 +54,8 @@ def main(path: Path) -> None:
     path.chmod(0o600)
     names = ", ".join(n.split("=", 1)[0] for n in new)
     print(f"wrote {names} to {path} (the Airflow login: admin, password CDR_ADMIN_PASSWORD)")
+    if upgrade:
+        print(ROTATE)
 
 
 if __name__ == "__main__":

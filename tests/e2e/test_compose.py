@@ -91,18 +91,21 @@ def test_make_compose_env_writes_every_secret_the_stack_needs(tmp_path):
         "kept" in again.stdout
         and dict(line.split("=", 1) for line in env.read_text().splitlines()) == values
     )
-    # an .env written before a secret was added gets it, and keeps the others
-    env.write_text("".join(f"{k}={v}\n" for k, v in values.items() if k != "CDR_DB_PASSWORD"))
-    subprocess.run(
+    # an .env written before a secret was added gets it (an empty one too), and keeps the
+    # others; its database was created with the password 'airflow': that, and how to change
+    older = {k: v for k, v in values.items() if k not in ("CDR_DB_PASSWORD", "CDR_MINIO_ROOT_USER")}
+    env.write_text("".join(f"{k}={v}\n" for k, v in older.items()) + "CDR_MINIO_ROOT_USER=\n")
+    out = subprocess.run(
         ["make", "-s", "-C", str(tmp_path), "-f", str(REPO / "Makefile"), "compose-env"],
         check=True,
         capture_output=True,
+        text=True,
     )
     more = dict(line.split("=", 1) for line in env.read_text().splitlines())
-    assert set(more) == set(values) and more["CDR_DB_PASSWORD"] != values["CDR_DB_PASSWORD"]
-    assert {k: v for k, v in more.items() if k != "CDR_DB_PASSWORD"} == {
-        k: v for k, v in values.items() if k != "CDR_DB_PASSWORD"
-    }
+    assert set(more) == set(values) and more["CDR_DB_PASSWORD"] == "airflow"
+    assert "ALTER ROLE airflow PASSWORD" in out.stdout
+    assert len(more["CDR_MINIO_ROOT_USER"]) >= 12
+    assert {k: more[k] for k in older} == older
 
 
 @pytest.mark.parametrize(
