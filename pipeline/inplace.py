@@ -128,7 +128,14 @@ class Plan:
 
 
 def plan(
-    config: Config, lake: Lake, runs: list[RunRow], run: RunRow, pin: Pin, name: str, dt: date
+    config: Config,
+    lake: Lake,
+    runs: list[RunRow],
+    run: RunRow,
+    pin: Pin,
+    name: str,
+    dt: date,
+    now_us: int,
 ) -> Plan:
     """Whether the run of ``dt`` merges table ``name`` in place, starting from ``run``'s
     state (``pin``). The latest versions of ``state`` and ``snapshot`` are those ``run``'s
@@ -152,16 +159,7 @@ def plan(
         if history not in run.versions:
             return Plan(None, "the history starts: the prior run did not publish one")
         paths.append(history)
-    versions, moved = {}, []
-    for p in paths:
-        v, now = run.versions[p], lake.version(p)
-        versions[p] = v if now is None else now  # the version the merge starts from
-        if now is None or now < v or any(lake.changes_data(p, n) for n in range(v + 1, now + 1)):
-            moved.append(
-                f"{p} is at version {now}, not version {v} that run {run.run_id} of {run.dt} names"
-            )
-        elif now != v:  # Delta's OPTIMIZE: the rows of version v in other files
-            log.info("ingest %s: %s versions %d to %d change no data", name, p, v + 1, now)
+    versions, moved = _start_versions(lake, run, paths, name)
     if moved:
         for m in moved:
             log.warning("ingest %s: %s: this run replaces the whole table", name, m)
@@ -186,7 +184,28 @@ def plan(
         return Plan(None, "the prior run's row counts are not recorded")
     if table.granularity is Granularity.CELL and record.prior_now_us < 0:
         return Plan(None, "the prior run's clock is not recorded (its TTLs expire since then)")
+    if table.granularity is Granularity.CELL and now_us < record.prior_now_us:
+        return Plan(None, "the run's clock is before the prior run's: a TTL may live again")
     return Plan(record)
+
+
+def _start_versions(
+    lake: Lake, run: RunRow, paths: list[str], name: str
+) -> tuple[dict[str, int], list[str]]:
+    """The version of each table the merge starts from (its latest: ``run``'s, or a later
+    one whose commits change no data, Delta's ``OPTIMIZE``), and why each table that
+    moved otherwise cannot be merged into."""
+    versions, moved = {}, []
+    for p in paths:
+        v, now = run.versions[p], lake.version(p)
+        versions[p] = v if now is None else now
+        if now is None or now < v or any(lake.changes_data(p, n) for n in range(v + 1, now + 1)):
+            moved.append(
+                f"{p} is at version {now}, not version {v} that run {run.run_id} of {run.dt} names"
+            )
+        elif now != v:  # Delta's OPTIMIZE: the rows of version v in other files
+            log.info("ingest %s: %s versions %d to %d change no data", name, p, v + 1, now)
+    return versions, moved
 
 
 def staged_record(prior: dict[str, Any] | None) -> InPlace | None:

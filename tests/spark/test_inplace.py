@@ -421,8 +421,9 @@ def _cell(op: str, k: int | None, ts: str, n: int, after=None, ttl: int | None =
 #: a cell table's nights (the GC horizon 36 hours before each night's clock). Night 1: a
 #: TRUNCATE (the table tombstone, purged on night 3), rows 1 to 6, a cell of 7 expiring
 #: between nights 1 and 2 and purged on night 2, a cell of 8 expiring then and purged on
-#: night 3, a row tombstone (2) and a dead cell (3). Nights 2 and 3 touch other keys:
-#: what changes in 2, 3, 7 and 8 is found by the narrowing, not by an event
+#: night 3, a row tombstone (2), a dead cell (3) and a row of 10 whose marker alone
+#: expires then. Nights 2 and 3 touch other keys: what changes in 2, 3, 7, 8 and 10 is
+#: found by the narrowing, not by an event
 CELL_NIGHTS = {
     D1: {"c": [
         _cell("TRUNCATE", None, "20T00", 1),
@@ -431,6 +432,7 @@ CELL_NIGHTS = {
         _cell("UPDATE", 8, "20T20", 9, {"w": "t8"}, ttl=86400),
         _cell("DELETE", 2, "20T03", 10),
         _cell("UPDATE", 3, "20T04", 11, {"w": None}),
+        _cell("INSERT", 10, "20T21", 16, None, ttl=86400),  # its row marker alone expires
     ]},
     D2: {"c": [
         _cell("UPDATE", 1, "21T01", 12, {"v": "y"}),
@@ -481,10 +483,11 @@ def test_a_cell_table_merged_in_place_publishes_what_the_whole_table_path_does(
     assert got["merged"] == got["whole"]
     n1, n2, n3 = got["merged"]["snapshots"]
     assert n1[7] == ("t7", None) and n1[8] == (None, "t8") and n1[3] == ("v3", None)
+    assert n1[10] == (None, None) and 10 not in n2
     assert 7 not in n2 and 8 not in n2 and n2[1] == ("y", "w1") and n2[4] == (None, "w4")
     assert set(n3) == {1, 3, 4, 5, 6, 9} and n3[9] == ("v9", "o")
     states = [json.loads(r) for r in got["merged"][layout.STATE]]
-    assert {r["id"] for r in states} == {1, 3, 4, 5, 6, 9}  # 2, 7, 8 and the TRUNCATE purged
+    assert {r["id"] for r in states} == {1, 3, 4, 5, 6, 9}  # 2, 7, 8, 10, the TRUNCATE purged
 
 
 def test_a_table_optimized_between_nights_is_still_merged_in_place(nights, tmp_path, spark):
