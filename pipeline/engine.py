@@ -57,7 +57,7 @@ from pipeline.foldrun import (
     write_parquet,
 )
 from pipeline.frames import fold_input, fold_outputs
-from pipeline.inplace import InPlace, narrow
+from pipeline.inplace import InPlace, narrowed
 from pipeline.layout import LEDGER
 from pipeline.policy import QuarantineReason, Scope
 from pipeline.rowfold import FoldSpec
@@ -282,15 +282,10 @@ def _start_from(
     table: Table,
     run: RowRun,
 ) -> DataFrame:
-    """The prior rows the fold reads, purged: those the night's events touch when the
-    table is merged in place (the record saved in ``run.out``), else all of them. A
-    TRUNCATE costs the whole table: the table is then replaced, not merged."""
-    if run.in_place is not None and specials.truncates:
-        log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
-    elif run.in_place is not None:
-        horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
-        due = F.col("_deleted") & (F.col("_deleted_at") < horizon)  # purged: see purge
-        prior = narrow(prior, main, table, due, run.out, run.in_place)
+    """The prior rows the fold reads (``inplace.narrowed``), purged."""
+    horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
+    due = F.col("_deleted") & (F.col("_deleted_at") < horizon)  # purged: see purge
+    prior = narrowed(prior, main, specials.truncates, table, due, run.out, run.in_place)
     return purge(prior, run.now_us, config.gc_grace_seconds)
 
 

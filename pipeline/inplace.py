@@ -268,6 +268,26 @@ def narrow(
     return narrowed
 
 
+def narrowed(
+    prior: DataFrame,
+    events: DataFrame,
+    truncates: Sequence[object],
+    table: Table,
+    due: Column,
+    out: WorkPath,
+    record: InPlace | None,
+) -> DataFrame:
+    """The prior rows a table's fold reads: those :func:`narrow` keeps for ``events``
+    when the table is merged in place (``record``), else all of them. A TRUNCATE in the
+    night (``truncates``) costs the whole table: it is then replaced, not merged."""
+    if record is None:
+        return prior
+    if truncates:
+        log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
+        return prior
+    return narrow(prior, events, table, due, out, record)
+
+
 def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...]) -> DataFrame:
     """What a MERGE by ``key`` makes of a table from the fold's ``rows`` of the touched
     keys: each row replaces its key's or is added; a ``touched`` key (the prior rows the

@@ -41,7 +41,7 @@ from pipeline.frames import (
     QUARANTINE_FIELDS,
     RUN_COLUMNS,
 )
-from pipeline.inplace import InPlace, narrow, staged_record, touch, whole_state
+from pipeline.inplace import InPlace, narrowed, staged_record, touch, whole_state
 from pipeline.lake import Lake
 from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
@@ -124,7 +124,7 @@ def _resolve_cells(
     narrowing = None
     if in_place is not None:
         due = cells_due(table, ctx.now_us, config.gc_grace_seconds, in_place.prior_now_us)
-        narrowing = partial(narrow, table=table, due=due, out=out, record=in_place)
+        narrowing = partial(narrowed, table=table, due=due, out=out, record=in_place)
     res = resolve_cells(
         spark,
         config,

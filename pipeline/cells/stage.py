@@ -192,17 +192,16 @@ def resolve_cells(
     now_us: int,
     scratch: WorkPath,
     any_special: bool = True,
-    narrow: Callable[[DataFrame, DataFrame], DataFrame] | None = None,
+    narrow: Callable[[DataFrame, DataFrame, Sequence[Event]], DataFrame] | None = None,
 ) -> Resolved:
     """Resolve one cell-granularity table. ``refs``: the typed copies of the exports
     (``frames.copy_schema``; ``any_special`` False: none is special); ``prior``: the state
     the run starts from (not yet purged); ``scratch``: a work folder for the resolution;
-    ``narrow``: for a table merged in place (``pipeline.inplace``), the prior rows the
-    events (the second argument) need of it. A TRUNCATE costs the whole table: the
-    table is then replaced, not merged."""
+    ``narrow``: for a table merged in place, the prior rows the events (its second
+    argument) need of it, given the night's TRUNCATEs (``inplace.narrowed``)."""
     main, specials = split_special(refs, any_special)
     truncs = specials.truncates
-    prior = _start_from(prior, main, table, truncs, narrow)
+    prior = prior if narrow is None else narrow(prior, main, truncs)
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
     state_rows, tt_prior, tt = _state_rows(prior, table, truncs, now_us)
     capture = config.captures(table)
@@ -242,23 +241,6 @@ def resolve_cells(
         changes,
         tally(out.select(F.explode("skews").alias("skew"))),
     )
-
-
-def _start_from(
-    prior: DataFrame,
-    main: DataFrame,
-    table: Table,
-    truncs: Sequence[Event],
-    narrow: Callable[[DataFrame, DataFrame], DataFrame] | None,
-) -> DataFrame:
-    """The prior rows the run reads: those ``narrow`` keeps for the ``main`` events, or
-    all of them (not merged in place, or a TRUNCATE: the table is then replaced)."""
-    if narrow is None:
-        return prior
-    if truncs:
-        log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
-        return prior
-    return narrow(prior, main)
 
 
 def _state_rows(
