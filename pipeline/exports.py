@@ -519,6 +519,10 @@ class FileTask:
     def name(self) -> str:
         return f"{self.store}/{self.key}"
 
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_record_bytes, self.max_expansion)
+
 
 def plan_export(
     store: Store,
@@ -618,7 +622,7 @@ def _check_and_stage(
             task.replica,
             task.entry,
             framing_re,
-            Limits(task.max_record_bytes, task.max_expansion),
+            task.limits,
         )
     if rows != task.rows:
         raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
@@ -644,8 +648,7 @@ def _stage_copies(
                 out.record(number, fields, text)
         elif local is not None:
             limit = task.max_record_bytes
-            limits = Limits(limit, task.max_expansion)
-            for first, lines in _line_chunks(local, task.name, limits):
+            for first, lines in _line_chunks(local, task.name, task.limits):
                 numbered = []
                 for i, ln in enumerate(lines):
                     if isinstance(ln, LongLine):
