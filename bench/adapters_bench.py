@@ -56,14 +56,19 @@ def _cols(row: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def wal2json(e: dict[str, Any], replica: str, xid: int) -> str:
+    """The event as its transaction: B, the change, C (as wal2json frames each)."""
     ts = _ts_us(e["ts"])
     action = {"INSERT": "I", "UPDATE": "U", "DELETE": "D", "TRUNCATE": "T"}[e["op"]]
-    out: dict[str, Any] = {
-        "action": action,
+    head = {
         "xid": xid,
         "timestamp": _pg_ts(ts),
         "origin": 0 if e["origin"] == replica else int(ORIGIN_IDS[e["origin"]]),
-        "lsn": f"{e['seq'] >> 32:X}/{e['seq'] & 0xFFFFFFFF:X}",
+    }
+    lsn = f"{e['seq'] >> 32:X}/{e['seq'] & 0xFFFFFFFF:X}"
+    out: dict[str, Any] = {
+        "action": action,
+        **head,
+        "lsn": lsn,
         "schema": "public",
         "table": "items",
     }
@@ -71,7 +76,8 @@ def wal2json(e: dict[str, Any], replica: str, xid: int) -> str:
         out["columns"] = _cols({**e.get("key", {}), **(e.get("new_key") or {}), **e["after"]})
     if action in ("U", "D"):
         out["identity"] = _cols({**e["key"], **(e.get("before") or {})})
-    return json.dumps(out)
+    frame = json.dumps({"action": "B", **head, "lsn": lsn})
+    return "\n".join([frame, json.dumps(out), frame.replace('"B"', '"C"', 1)])
 
 
 def debezium(e: dict[str, Any], replica: str, xid: int) -> str:
@@ -114,9 +120,10 @@ def convert(src_dir: Path, dest_root: Path, fmt: str) -> Path:
             if raw[:2] == b"\x1f\x8b":
                 raw = gzip.decompress(raw)
             lines = [
-                write(json.loads(line), replica, 1000 + n)
+                out
                 for n, line in enumerate(raw.splitlines())
                 if line.strip()
+                for out in write(json.loads(line), replica, 1000 + n).split("\n")
             ]
             data = ("\n".join(lines) + "\n").encode()
             name = f"part-{i}.{'csv' if fmt == 'dms' else 'json'}"

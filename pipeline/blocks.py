@@ -84,6 +84,7 @@ class BlockTyper:
                 ("event_id", pa.string()),
                 ("txid", pa.string()),
                 ("seq", pa.int64()),
+                ("pos", pa.int64()),
                 ("ttl", pa.int64()),
                 ("expiry", pa.int64()),
             ]
@@ -267,7 +268,7 @@ class BlockTyper:
             "detail": null_s,
             "raw": null_s,
         }
-        for name in ("event_id", "op", "origin", "seq", "txid", "ts"):
+        for name in ("event_id", "op", "origin", "seq", "pos", "txid", "ts"):
             arrays[name] = col[name]
         return pa.Table.from_arrays(
             [arrays[f.name].cast(f.type) for f in self.schema], schema=self.schema

@@ -240,6 +240,7 @@ def removals(
         F.concat(F.lit("fk_violation:"), F.to_json(key)).alias("event_id"),
         F.lit(at_us).cast("long").alias("ts"),
         F.lit(PIPELINE_RANK).alias("rank"),
+        F.lit(None).cast("long").alias("pos"),
         F.lit(0).alias("idx"),
         F.lit(kind.value).alias("kind"),
         key.alias("key"),
@@ -292,7 +293,7 @@ def _entries(table: Table, cdc: CdcConfig) -> list[Column]:
 
 def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfig) -> DataFrame:
     """The log rows of ``changes`` (``schema.change_schema``), in canonical order."""
-    by_instant = Window.partitionBy("ts", "rank").orderBy("event_id")
+    by_instant = Window.partitionBy("ts", "rank").orderBy("pos", "event_id")
     df = changes.select(
         "*",
         (F.dense_rank().over(by_instant) - 1).alias("ordinal"),
@@ -307,6 +308,7 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
         "event_id",
         "ts",
         "rank",
+        "pos",
         "ordinal",
         "idx",
         "key",
@@ -327,7 +329,7 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
         )
         for c in table.value_columns
     ]
-    return rows.orderBy("ts", "rank", "event_id", "stream", "seq").select(
+    return rows.orderBy("ts", "rank", "pos", "event_id", "stream", "seq").select(
         F.col("stream").alias("cdc$stream_id"),
         timeuuid(F.col("ts"), F.col("rank"), F.col("ordinal"), F.col("event_id")).alias("cdc$time"),
         F.col("seq").alias("cdc$batch_seq_no"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import retry
+from pipeline import pending, retry
 from pipeline.blocks import BlockTyper
 from pipeline.frames import copy_schema
 from pipeline.guards import JsonNumber, LongLine, Typer, TypingSpec, long_line, not_utf8, text_of
@@ -34,6 +35,7 @@ from pipeline.workpath import WorkPath
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from pipeline.adapters.common import Adapted
     from pipeline.config import Config, Table
     from pipeline.exports import StagedExport
 
@@ -231,26 +233,62 @@ def type_adapted(
     return run
 
 
+@dataclass(frozen=True)
+class Adapting:
+    """What mapping an adapter's export needs of the run besides the export: its date and
+    id, the table's output folder (the lines that wait go there: ``pipeline.pending``),
+    the ledger's ids of before issue 49 while its window holds some
+    (``adapters.common.canonical``), and the replicas in config order."""
+
+    dt: date
+    run_id: str
+    out: WorkPath
+    gc_grace_seconds: int
+    replicas: tuple[str, ...]
+    legacy_ids: DataFrame | None = None
+
+
 def _adapted(
-    spark: SparkSession, rep_dir: WorkPath, export: StagedExport, spec: TypingSpec
-) -> DataFrame | None:
-    """An adapter's export mapped to canonical records (Spark), or None when it is empty."""
-    from pipeline import adapters
+    spark: SparkSession,
+    rep_dir: WorkPath,
+    export: StagedExport,
+    spec: TypingSpec,
+    carried: DataFrame | None,
+    run: Adapting,
+) -> Adapted | None:
+    """An adapter's export mapped to canonical records (Spark), or None when it is empty
+    and nothing of it waits."""
+    from pipeline.adapters.debezium import debezium
+    from pipeline.adapters.dms import dms, read_dms
+    from pipeline.adapters.wal2json import wal2json
     from pipeline.state import read_staged
 
     def staged(kind: str) -> list[str]:
         return [str(p) for p in (rep_dir / kind).parquet_files()]
 
-    table, fmt = spec.table, export.format
-    if fmt in ("wal2json", "debezium"):
+    table, fmt, legacy = spec.table, export.format, run.legacy_ids
+    if fmt == "wal2json":
+        if not staged(fmt) and carried is None:
+            return None
+        lines = read_staged(spark, staged(fmt)) if staged(fmt) else _no_lines(spark)
+        give_up = pending.give_up_before(run.dt, run.gc_grace_seconds)
+        return wal2json(lines, table, export.options, carried, give_up, legacy)
+    if fmt == "debezium":
         if not staged(fmt):
             return None
-        adapt = adapters.wal2json if fmt == "wal2json" else adapters.debezium
-        return adapt(read_staged(spark, staged(fmt)), table, export.options)
-    rows = adapters.read_dms(spark, staged("dms/csv"), staged("dms/parquet"))
+        return debezium(read_staged(spark, staged(fmt)), table, export.options, legacy)
+    rows = read_dms(spark, staged("dms/csv"), staged("dms/parquet"))
     if rows is None:
         return None
-    return adapters.dms(rows, export.replica, export.files, table, export.options)
+    return dms(rows, export.replica, export.files, table, export.options, legacy)
+
+
+def _no_lines(spark: SparkSession) -> DataFrame:
+    from pipeline.exports import RAW_SCHEMA
+    from pipeline.spark import local_frame
+
+    ddl = ", ".join(f"{f.name} string" if f.name != "line" else "line bigint" for f in RAW_SCHEMA)
+    return local_frame(spark, [], ddl)
 
 
 def read_copies(
@@ -260,41 +298,89 @@ def read_copies(
     table_dir: WorkPath,
     exports: Mapping[str, StagedExport],
     now_us: int,
-) -> DataFrame:
-    """Every typed copy of the table's exports. An adapter's export is mapped and typed the
-    first time (one Spark job, written beside the others)."""
+    run: Adapting | None = None,
+) -> tuple[DataFrame, dict[str, dict[str, int]]]:
+    """Every typed copy of the table's exports, and per replica what ``pipeline.pending``
+    counts (lines read back, lines left waiting; none when no export of the table waits
+    for anything). An adapter's export is mapped and typed the first time (one Spark job,
+    written beside the others); with ``run`` (the resolve stage's), a wal2json export's
+    open transactions are written to the table's pending output."""
+    from pyspark.sql import functions as F
+
     schema = copy_schema(table)
     spec = TypingSpec.of(config, table, now_us)
+    carried = pending.carried(spark, table_dir) if run is not None else None
     files: list[str] = []
+    waiting: list[DataFrame] = []
     for rep, export in exports.items():
         rep_dir = table_dir / f"replica={rep}"
         if export.format not in ("jsonl", "parquet") and not (rep_dir / COPIES).is_dir():
-            adapted = _adapted(spark, rep_dir, export, spec)
+            theirs = None if carried is None else carried.where(F.col("replica") == rep)
+            adapted = _adapted(spark, rep_dir, export, spec, theirs, run or _alone(table_dir))
             if adapted is not None:
-                typed = adapted.select("replica", "file", "line", "raw").mapInArrow(
+                typed = adapted.records.select("replica", "file", "line", "raw").mapInArrow(
                     type_adapted(spec), schema
                 )
                 typed.write.mode("overwrite").parquet(str(rep_dir / COPIES))
+                if adapted.waiting is not None:
+                    waiting.append(adapted.waiting)
         files += [str(p) for p in (rep_dir / COPIES).parquet_files()]
+    counts = _pending(spark, run, exports, carried, waiting, table.name)
     files += retry.copies_of(table_dir)  # E5: quarantined events offered again
-    if not files:
-        from pipeline.spark import local_frame
+    from pipeline.ledger import DIGEST, content_digest
+    from pipeline.spark import local_frame
 
-        return local_frame(spark, [], schema)
-    return spark.read.schema(schema).parquet(*files)
+    typed = spark.read.schema(schema).parquet(*files) if files else local_frame(spark, [], schema)
+    return typed.withColumn(DIGEST, content_digest(table)), counts
+
+
+def _alone(table_dir: WorkPath) -> Adapting:
+    """A mapping outside a run (a test's, a benchmark's): nothing waits across nights."""
+    return Adapting(date.max, "", table_dir / "_adapting", 0, ())
+
+
+def _pending(
+    spark: SparkSession,
+    run: Adapting | None,
+    exports: Mapping[str, StagedExport],
+    carried: DataFrame | None,
+    waiting: list[DataFrame],
+    table: str,
+) -> dict[str, dict[str, int]]:
+    """The table's pending output (``pipeline.pending``): the lines its wal2json exports
+    left waiting, and those of earlier exports of a replica whose export tonight is not
+    wal2json (kept waiting as they were); the per-replica counts."""
+    from pyspark.sql import functions as F
+
+    uses = any(e.format == "wal2json" for e in exports.values())
+    if run is None or not (uses or carried is not None):
+        return {}
+    mapped = {r for r, e in exports.items() if e.format == "wal2json"}
+    if carried is not None and set(run.replicas) - mapped:
+        waiting.append(carried.where(~F.col("replica").isin(*mapped)) if mapped else carried)
+    back = pending.read_back(carried, run.replicas)
+    left = pending.write(spark, waiting, run.out, run.run_id, table, run.dt, run.replicas)
+    return {
+        r: {pending.READ_BACK: back.get(r, 0), pending.LEFT: left.get(r, 0)}
+        for r in run.replicas
+        if back.get(r) or left.get(r) or r in mapped
+    }
 
 
 # ---------------------------------------------------------------- copies that differ
 
 #: the ``differing_copies`` log (``layout.LOGS``): every copy of an event that one replica's
-#: export holds more than once in different versions, where it is (``file``, ``line``,
-#: ``seq``); ``standing`` marks the one that stood (``shuffle.standing_order``), ``record``
-#: is the copy as it was read
+#: export holds more than once in different versions, and every copy of an event an
+#: earlier night resolved whose content differs from the copy that stood for it then
+#: (``pipeline.ledger``), where it is (``file``, ``line``, ``seq``); ``standing`` marks the
+#: one that stood (``shuffle.standing_order``), ``record`` is the copy as it was read,
+#: ``digest`` its content digest and ``ledger_digest`` the one the ledger holds
 _S, _L = pa.string(), pa.int64()
 _WHERE = ("replica", "event_id", "file", "line", "seq")
 DIFFERING_SCHEMA = pa.schema(
     [(n, _S) for n in ("run_id", "table", *_WHERE[:3])]
     + [("line", _L), ("seq", _L), ("standing", pa.bool_()), ("record", _S)]
+    + [("digest", _L), ("ledger_digest", _L)]
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -347,6 +433,7 @@ def differing_copies(copies: DataFrame, fates: DataFrame, table: Table) -> list[
         if len(set(records)) > 1:
             out += [
                 {**{f: r[f] for f in _WHERE}, "standing": i == 0, "record": rec}
+                | {"digest": r["digest"], "ledger_digest": None}
                 for i, (r, rec) in enumerate(zip(copies_of, records, strict=True))
             ]
     return out

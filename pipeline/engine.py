@@ -59,6 +59,7 @@ from pipeline.foldrun import (
 from pipeline.frames import fold_input, fold_outputs
 from pipeline.inplace import InPlace, narrowed
 from pipeline.layout import LEDGER
+from pipeline.ledger import with_seen as ledger_marks
 from pipeline.policy import QuarantineReason, Scope
 from pipeline.rowfold import FoldSpec
 from pipeline.schema import GROUPS
@@ -183,7 +184,7 @@ def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Tabl
     ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
     ev = copies.select(F.lit(1).alias("is_event"), *copies.columns)
     if "seen" not in copies.columns:
-        ev = ev.withColumn("seen", F.lit(False))
+        ev = ev.withColumn("seen", F.lit(False)).withColumn("differs", F.lit(False))
     st = prior.select(
         key_struct(table).alias("key"),
         F.lit(0).alias("is_event"),
@@ -209,7 +210,7 @@ class RowRun:
     dt: date
     run_id: str
     out: WorkPath
-    ledger: DataFrame | None  # the window's event ids (``resolve.read_ledger``)
+    ledger: DataFrame | None  # the window's events (``ledger.read_ledger``)
     any_special: bool = True  # False: no copy for ``shuffle.split_special`` to bring
     in_place: InPlace | None = None  # merged in place: the fold reads the touched rows
 
@@ -291,13 +292,9 @@ def _start_from(
 
 def with_seen(copies: DataFrame, ledger: DataFrame | None) -> DataFrame:
     """``seen``: an earlier night resolved the copy's event (its id is in ``ledger``, the
-    ids of the window ingest pinned: ``resolve.read_ledger``); such a copy is a duplicate."""
-    if ledger is None:
-        return copies.withColumn("seen", F.lit(False))
-    ids = ledger
-    # no broadcast hint: ten nights of a busy table's ids are too many for one
-    flagged = copies.join(ids.withColumn("seen", F.lit(True)), "event_id", "left")
-    return flagged.withColumn("seen", F.coalesce("seen", F.lit(False)))
+    window ingest pinned: ``ledger.read_ledger``), and ``differs`` (``pipeline.ledger``);
+    such a copy is a duplicate."""
+    return ledger_marks(copies, ledger)
 
 
 def fold(
@@ -371,7 +368,8 @@ def _write_specials(
     counts += [("quarantined", q[2], None, None, 1) for q in specials.quarantined]
     if specials.fates:
         rows = [
-            {"event_id": e, "replica": r, "fate": f, "chosen": False} for e, r, f in specials.fates
+            {"event_id": e, "replica": r, "fate": f, "chosen": False, "digest": None}
+            for e, r, f in specials.fates
         ]
         write("fates", rows)
         pairs, events = tally(pa.Table.from_pylist(rows, to_arrow_schema(job.schemas["fates"])))

@@ -45,8 +45,15 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from pipeline import inplace, layout, prior, retry
-from pipeline.adapters import FRAMING, check_options
+from pipeline import inplace, layout, pending, prior, retry
+from pipeline.adapters import (
+    FRAMING,
+    FRAMING_STAGED,
+    SettingsCheck,
+    check_dms_columns,
+    check_options,
+    check_requirements,
+)
 from pipeline.config import Config
 from pipeline.context import RunContext
 from pipeline.copies import COPIES, CopyWriter, parquet_records
@@ -116,6 +123,9 @@ class StagedTable:
     prior: dict[str, Any] | None = None  # the pointer of the run whose state we start from
     snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows of its full copy
     ledger: list[str] = field(default_factory=list)  # the dates of the ledger window staged
+    #: a run of the window wrote the adapters' ids of before issue 49 (its ledger rows
+    #: have no digest): they are matched too (docs/adapters.md "Upgrading")
+    legacy_ids: bool = False
     manifests: list[dict[str, Any]] = field(default_factory=list)  # key, sha256 (runs row)
     start: str = ""  # what the run starts from, for the report
     late_exports: list[str] = field(default_factory=list)  # accepted (``pipeline.late``)
@@ -305,10 +315,14 @@ def stage_jsonl(
     name: str,
     framing: re.Pattern[bytes] | None = None,
     limits: Limits | None = None,
+    keep_framing: bool = False,
+    settings: SettingsCheck | None = None,
 ) -> tuple[int, int]:
-    """Write the file's non-blank lines as raw rows, but those that match ``framing``;
-    return (non-blank lines, framing lines). A line over ``limits.record_bytes`` is
-    staged with its first bytes and the reason (``bad``)."""
+    """Write the file's non-blank lines as raw rows, but those that match ``framing``
+    (unless ``keep_framing``: they are counted, and staged all the same); return
+    (non-blank lines, framing lines). A line over ``limits.record_bytes`` is staged with
+    its first bytes and the reason (``bad``). ``settings``: the export settings its first
+    record must show (refused otherwise, naming the file and line)."""
     limits = limits or Limits()
     limit = limits.record_bytes
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -321,10 +335,16 @@ def stage_jsonl(
                 if ln.strip()
             ]
             rows += len(keep)
+            if settings is not None and not settings.done:
+                for number, ln in keep:
+                    if settings.done:
+                        break
+                    if not isinstance(ln, LongLine):
+                        settings.feed(number, ln)
             if framing is not None:
                 records = [k for k in keep if not framing.match(k[1])]
                 skipped += len(keep) - len(records)
-                keep = records
+                keep = keep if keep_framing else records
             if not keep:
                 continue
             n = len(keep)
@@ -379,6 +399,7 @@ def _stage_dms_csv(src: Path, dest: Path, name: str, options: dict[str, Any]) ->
     names = _csv_header(src, delimiter, name) if header else list(options["columns"])
     if not names or len(set(names)) != len(names):
         raise ExportError(f"{name}: the CSV's columns {names} are empty or repeated")
+    check_dms_columns(options, names, name)
     read = pcsv.ReadOptions(
         column_names=names, skip_rows=1 if header else 0, block_size=_CHUNK, use_threads=False
     )
@@ -609,20 +630,22 @@ def _check_and_stage(
     elif task.format == "parquet" or (task.format == "dms" and _is_parquet(local)):
         rows = _parquet_rows(local, task.name)
         if task.format == "dms":
+            check_dms_columns(task.options, pq.read_schema(local).names, task.name)
             dest = dest.parent / "parquet" / dest.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         local.replace(dest)
     elif task.format == "dms":
         rows = _stage_dms_csv(local, dest.parent / "csv" / dest.name, task.name, task.options)
     else:
-        framing_re = FRAMING.get(task.format)
         rows, framing = stage_jsonl(
             local,
             dest,
             task.replica,
             task.entry,
-            framing_re,
+            FRAMING.get(task.format),
             task.limits,
+            task.format in FRAMING_STAGED,
+            SettingsCheck(task.format, task.options, task.name) if task.kind == "export" else None,
         )
     if rows != task.rows:
         raise ExportError(f"{task.name}: {rows} rows, but the manifest says {task.rows}")
@@ -723,7 +746,7 @@ def ingest(
         st = out[tname] = _stage_exports(config, store, ctx, tname, tasks)
         _stage_snapshots(config, store, ctx, tname, st, tasks)
         _stage_start(config, store, lake, runs, ctx, tname, st, gaps, tasks)
-        _pin_read_tables(config, store, lake, ctx, tname, st)
+        _pin_read_tables(config, store, lake, runs, ctx, tname, st)
         retry.stage(
             config,
             lake,
@@ -758,14 +781,24 @@ def ingest(
 
 
 def _pin_read_tables(
-    config: Config, store: Store, lake: Lake, ctx: RunContext, tname: str, st: StagedTable
+    config: Config,
+    store: Store,
+    lake: Lake,
+    runs: list[RunRow],
+    ctx: RunContext,
+    tname: str,
+    st: StagedTable,
 ) -> None:
     """The published tables the run reads besides its prior state, pinned: the ledger's
-    window and (E4) the history the run rewrites whole."""
+    window, the lines the run it starts from left waiting (``pipeline.pending``) and (E4)
+    the history the run rewrites whole."""
     ledger = prior.pin_ledger(store, lake, tname, ctx.dt, config.gc_grace_seconds)
     if ledger is not None:
         ledger.save(ctx.staged / tname / prior.LEDGER_PIN)
         st.ledger = list(ledger.dates or ())
+        st.legacy_ids = prior.window_has_legacy_ids(runs, tname, st.ledger)
+    if st.prior is not None and "dt" in st.prior:
+        pending.pin(store, lake, tname, dt_of(st.prior), ctx.staged / tname)
     if config.tables[tname].history is not None:
         history = prior.pin_table(store, lake, layout.table_path(tname, layout.HISTORY))
         if history is not None:
@@ -785,6 +818,8 @@ def _stage_exports(
         manifest = read_manifest(
             store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
         )
+        where = f"{store.uri}/{folder}/{layout.MANIFEST}"
+        check_requirements(manifest["format"], manifest["options"], config.tables[tname], where)
         st.manifests.append(_manifest_digest(store, folder))
         dest = ctx.staged / tname / f"replica={rep}"
         staged, files = plan_export(
@@ -936,11 +971,12 @@ def load_inputs(ctx: RunContext) -> dict[str, StagedTable]:
             s["missing"],
             s["base_rows"],
             s["prior"],
-            s.get("snapshots", {}),
-            s.get("ledger", []),
-            s.get("manifests", []),
-            s.get("start", ""),
-            s.get("late_exports", []),
+            snapshots=s.get("snapshots", {}),
+            ledger=s.get("ledger", []),
+            legacy_ids=s.get("legacy_ids", False),
+            manifests=s.get("manifests", []),
+            start=s.get("start", ""),
+            late_exports=s.get("late_exports", []),
         )
     return out
 

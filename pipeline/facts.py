@@ -39,7 +39,9 @@ from pipeline.workpath import WorkPath
 log = logging.getLogger(__name__)
 
 #: the columns of the fates the counts and the ledger read, as the engines write them
-FATE_COLUMNS = "event_id string, replica string, fate string, chosen boolean"
+FATE_COLUMNS = (
+    "event_id string, replica string, fate string, chosen boolean, digest bigint, differs boolean"
+)
 DUPLICATE = Fate.DUPLICATE.value
 #: the fates after which an event is never resolved again (the ledger's)
 FINAL_FATES = tuple(f.value for f in Fate if f.final)
@@ -51,9 +53,10 @@ COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "quarantine": ("quarantined", ("reason",)),
     "divergence": ("divergent", ("replica",)),
 }
-#: the counts of the events (not of an output's rows): distinct events per fate, and the
-#: events a replica exported twice
-EVENT_COUNTS = ("events", "repeated")
+#: the counts of the events (not of an output's rows): distinct events per fate, the
+#: events a replica exported twice, and the copies of an earlier night's event whose
+#: content differs from the one that stood for it then (``pipeline.ledger``)
+EVENT_COUNTS = ("events", "repeated", "changed")
 #: the clock-skew evidence (E7) the row engine's tasks write, counted by them per pair of
 #: replicas (the one behind, the one ahead) and largest difference in µs (:func:`skew_counts`)
 SKEW = "skew"
@@ -92,6 +95,9 @@ class Facts:
     disputed: tuple[str, ...] = ()
     #: E7, the row engine's: ``{behind: {ahead: {events, max_seconds}}}``
     clock_skew: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    #: copies of events an earlier night resolved, whose content differs from the copy
+    #: that stood for the event then (``pipeline.ledger``)
+    changed: int = 0
 
     @classmethod
     def of(cls, counts: Iterable[Count], disputed: Iterable[str] = ()) -> Facts:
@@ -111,6 +117,7 @@ class Facts:
             events=flat["events"],
             replicas=replicas,
             repeated=sum(found.get("repeated", {}).values()),
+            changed=sum(found.get("changed", {}).values()),
             conflicts=dict(found.get("conflicts", {})),
             quarantined=flat["quarantined"],
             divergent=flat["divergent"],
@@ -161,6 +168,12 @@ def events_of(fates: DataFrame) -> DataFrame:
     per_event = with_id.groupBy("event_id").agg(
         F.collect_list(F.struct("replica", "fate")).alias("copies"),
         F.count_if(F.col("chosen")).alias("chosen"),
+        # the standing copy's (as ``tally``); a cell engine's copies all carry it, unchosen
+        F.coalesce(
+            F.min(F.when(F.col("chosen"), F.col("digest"))),
+            F.min(F.when(F.col("chosen").isNull(), F.col("digest"))),
+        ).alias("digest"),
+        F.count_if(F.coalesce("differs", F.lit(False))).alias("changed"),
     )
     mine = F.array_remove(F.array_distinct(F.col("copies.fate")), DUPLICATE)
     events = per_event.select(
@@ -169,6 +182,8 @@ def events_of(fates: DataFrame) -> DataFrame:
         F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates"),
         (F.size("copies") > F.size(F.array_distinct(F.col("copies.replica")))).alias("again"),
         (F.col("chosen") > 1).alias("disputed"),
+        "digest",
+        "changed",
     )
     alone = fates.where(F.col("event_id").isNull()).select(
         "event_id",
@@ -176,6 +191,8 @@ def events_of(fates: DataFrame) -> DataFrame:
         F.array("fate").alias("fates"),
         F.lit(False).alias("again"),
         F.lit(False).alias("disputed"),
+        F.lit(None).cast("bigint").alias("digest"),
+        F.lit(0).cast("bigint").alias("changed"),
     )
     return events.unionByName(alone)
 
@@ -186,6 +203,7 @@ def _event_metrics() -> list[Column]:
         *[F.sum(F.array_contains("fates", f.value).cast("long")).alias(f.value) for f in Fate],
         F.count_if("again").alias("repeated"),
         F.count_if("disputed").alias("disputed"),
+        F.sum("changed").alias("changed"),
     ]
 
 
@@ -212,9 +230,19 @@ def tally(fates: pa.Table) -> tuple[pa.Table, list[Count]]:
     twice = copies.filter(pc.greater(copies["fate_count"], 1))
     repeated = len(pc.unique(twice["event_id"]))
     final = pairs.filter(pc.is_in(pairs["fate"], pa.array(FINAL_FATES)))
+    final = final.join(_standing_digests(with_id), "event_id", join_type="left outer")
     final = final.sort_by([("event_id", "ascending"), ("fate", "ascending")])
-    counts = [*_event_counts({**counted, "repeated": repeated})]
+    changed = pc.sum(pc.fill_null(with_id["differs"], False).cast(pa.int64())).as_py() or 0
+    counts = [*_event_counts({**counted, "repeated": repeated, "changed": changed})]
     return final, counts
+
+
+def _standing_digests(fates: pa.Table) -> pa.Table:
+    """``event_id, digest``: the digest of the copy that stood for each event (none when
+    no copy was chosen: a copy the driver settled)."""
+    chosen = fates.filter(pc.fill_null(fates["chosen"], False))
+    first = chosen.group_by("event_id").aggregate([("digest", "min")])
+    return pa.table({"event_id": first["event_id"], "digest": first["digest_min"]})
 
 
 def event_digests(ids: Iterable[str | None]) -> np.ndarray:
@@ -272,8 +300,9 @@ def split_events(spark: SparkSession, out: WorkPath) -> tuple[list[str], bool]:
 
 
 def _event_counts(observed: Mapping[str, Any]) -> list[Count]:
-    found = [("events", f.value, None, None, observed[f.value] or 0) for f in Fate]
-    return [*found, ("repeated", None, None, None, observed["repeated"] or 0)]
+    found: list[Count] = [("events", f.value, None, None, observed[f.value] or 0) for f in Fate]
+    found.append(("repeated", None, None, None, observed["repeated"] or 0))
+    return [*found, ("changed", None, None, None, observed.get("changed") or 0)]
 
 
 def _disputed(events: DataFrame) -> list[str]:
@@ -301,7 +330,7 @@ def write_ledger(spark: SparkSession, out: WorkPath, run_id: str, table: str) ->
     ledger = (
         events.observe(seen, *_event_metrics())
         .where(F.col("event_id").isNotNull())
-        .select(*run, "event_id", F.explode(final).alias("fate"))
+        .select(*run, "event_id", F.explode(final).alias("fate"), "digest")
         .select(*LEDGER_COLUMNS)
     )
     t = time.monotonic()

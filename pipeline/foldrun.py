@@ -52,6 +52,7 @@ from pipeline.groups import (
 from pipeline.jsonvalues import dumps
 from pipeline.policy import ConflictType, Fate, Outcome, QuarantineReason
 from pipeline.rowfold import (
+    NO_POS,
     Applied,
     Change,
     Conflict,
@@ -132,6 +133,7 @@ def event_from_row(
         txid=r["txid"],
         rejected=bool(r["rejected"]),
         seqs=seqs,
+        pos=NO_POS if r["pos"] is None else r["pos"],
     )
 
 
@@ -267,6 +269,8 @@ class GroupFolder:
                     "replica": c["replica"],
                     "fate": (Fate.DUPLICATE if again else fate).value,
                     "chosen": chosen and i == 0,
+                    "digest": c["digest"],
+                    "differs": c["differs"],
                 },
             )
 
@@ -358,6 +362,7 @@ class GroupFolder:
             "event_id": e.event_id,
             "ts": e.ts,
             "rank": e.rank,
+            "pos": e.pos,
             "idx": idx,
             "kind": ch.kind.value,
             "key": key,
@@ -407,6 +412,7 @@ class GroupFolder:
             "remote_row": dumps(self._remote_row(e)),
             "reason": c.reason,
             "pos_rank": e.rank,
+            "pos_tx": e.pos,
             "pos_idx": idx,
         }
 
@@ -546,11 +552,11 @@ class TaskOutputs:
 
 
 def ledger_rows(pairs: pa.Table, run_id: str, table: str) -> pa.Table:
-    """The ledger's rows (``frames.LEDGER_COLUMNS``) of (event, fate) pairs."""
+    """The ledger's rows (``frames.LEDGER_COLUMNS``) of (event, fate, digest) triples."""
     n = pairs.num_rows
     run = [pa.array([run_id] * n, pa.string()), pa.array([table] * n, pa.string())]
     return pa.Table.from_arrays(
-        [*run, pairs["event_id"], pairs["fate"]], names=list(LEDGER_COLUMNS)
+        [*run, pairs["event_id"], pairs["fate"], pairs["digest"]], names=list(LEDGER_COLUMNS)
     )
 
 
@@ -569,8 +575,8 @@ def _counted(output: str, rows: pa.Table) -> list[dict[str, Any]]:
     ]
 
 
-def _position(r: dict[str, Any]) -> tuple[int, int, str, int]:
-    return (r["remote_ts"], r["pos_rank"], r["remote_event_id"], r["pos_idx"])
+def _position(r: dict[str, Any]) -> tuple[int, int, int, str, int]:
+    return (r["remote_ts"], r["pos_rank"], r["pos_tx"], r["remote_event_id"], r["pos_idx"])
 
 
 def _passed_through(batch: pa.Table, job: FoldJob) -> pa.Table:
@@ -632,7 +638,7 @@ def _key(t: pa.Table) -> pa.StructArray:
 
 
 #: what the Python fold reads of a copy that does not stand for its event
-_LIGHT = ("is_event", "event_id", "replica", "seq")
+_LIGHT = ("is_event", "event_id", "replica", "seq", "digest", "differs")
 
 
 class _Stream:

@@ -24,10 +24,12 @@ COPY_SOURCE = ("replica", "file", "line")
 def copy_schema(table: Table) -> T.StructType:
     """A typed copy of an event: one record of one export, read and guarded once, where the
     export is fetched (``pipeline.guards.type_copy``; ``pipeline.copies`` writes them).
-    ``pref`` orders the copies of one event (§12 "Duplicates"); ``rank`` is the origin's
-    tie rank; ``after_has``/``before_has`` say which of the table's columns each image
-    holds; ``reason``/``detail`` the guard that quarantines it (null: none); ``raw`` the
-    record as exported, kept for a quarantined copy only."""
+    ``pos`` is the change's place in its origin transaction (the record's, given by an
+    adapter: docs/adapters.md), which orders the events of one transaction; ``pref``
+    orders the copies of one event (§12 "Duplicates"); ``rank`` is the origin's tie rank;
+    ``after_has``/``before_has`` say which of the table's columns each image holds;
+    ``reason``/``detail`` the guard that quarantines it (null: none); ``raw`` the record
+    as exported, kept for a quarantined copy only."""
     key, row = key_struct_type(table), row_struct_type(table)
     flags, names = T.ArrayType(_B), T.ArrayType(_S)
     fields = [
@@ -38,6 +40,7 @@ def copy_schema(table: Table) -> T.StructType:
         ("op", _S),
         ("origin", _S),
         ("seq", _L),
+        ("pos", _L),
         ("pref", _I),
         ("rank", _I),
         ("txid", _S),
@@ -69,6 +72,7 @@ FOLD_INPUT = (
     "event_id",
     "replica",
     "seq",
+    "pos",
     "pref",
     "op",
     "origin",
@@ -84,7 +88,9 @@ FOLD_INPUT = (
     "reason",
     "detail",
     "raw",
+    "digest",
     "seen",
+    "differs",
     "rejected",
     "row",
     "s_ts",
@@ -111,7 +117,9 @@ def fold_input_schema(table: Table) -> T.StructType:
     types = {
         **copy,
         "is_event": _I,
+        "digest": _L,
         "seen": _B,
+        "differs": _B,
         "rejected": _B,
         "row": row_struct_type(table),
         "s_ts": _L,
@@ -142,7 +150,7 @@ CONFLICT = (
 CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
 #: a conflict's place in the canonical order (the event's, then its place among the
 #: event's conflicts); the conflict log is written in this order
-POSITION = ("remote_ts", "pos_rank", "remote_event_id", "pos_idx")
+POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")
 #: a divergence row after ``run_id, table, source`` (semantics.md §9); ``source`` is
 #: "perspective" (§9) or "snapshot" (a replica's full copy)
 DIVERGENCE_FIELDS = ("replica", "key", "replica_row", "converged_row", "repair")
@@ -151,13 +159,17 @@ DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
 
 #: a copy's fate (``applied``, ``discarded``, ``quarantined``, ``duplicate``, ``errored``,
 #: ``not_reached``); ``chosen``: the copy stood for its event (an event chosen under two
-#: keys had copies under both, and is resolved again under its winner's)
+#: keys had copies under both, and is resolved again under its winner's); ``digest`` and
+#: ``differs``: the copy's content digest, and whether it differs from the one the ledger
+#: holds of an earlier night (``pipeline.ledger``)
 FATES = T.StructType(
     [
         T.StructField("event_id", _S),
         T.StructField("replica", _S),
         T.StructField("fate", _S),
         T.StructField("chosen", _B),
+        T.StructField("digest", _L),
+        T.StructField("differs", _B),
     ]
 )
 #: the quarantine, after ``run_id, table``: ``event`` is the record as exported
@@ -200,6 +212,9 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
 #: the columns every log row starts with; its ``dt`` is the partition of the published Delta
 #: table (``pipeline.lake``), not a column of the files
 RUN_COLUMNS = ("run_id", "table")
-LEDGER_COLUMNS = (*RUN_COLUMNS, "event_id", "fate")
-#: how Spark reads the ledger's files (text columns, as ``resolve`` writes them)
-LEDGER_SCHEMA = T.StructType([T.StructField(c, _S) for c in LEDGER_COLUMNS])
+LEDGER_COLUMNS = (*RUN_COLUMNS, "event_id", "fate", "digest")
+#: how Spark reads the ledger's files (as ``resolve`` writes them; ``digest``: the content
+#: digest of the copy that stood for the event, ``pipeline.ledger``)
+LEDGER_SCHEMA = T.StructType(
+    [T.StructField(c, _L if c == "digest" else _S) for c in LEDGER_COLUMNS]
+)

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import Table
 from pipeline.policy import Fate
+from pipeline.rowfold import NO_POS
 
 
 def _differs(a: pa.Array) -> np.ndarray:
@@ -159,6 +160,8 @@ def lone_insert_outputs(
                 "replica": rows.column("replica"),
                 "fate": pa.repeat(pa.scalar(Fate.APPLIED.value), rows.num_rows),
                 "chosen": pa.array(chosen),
+                "digest": rows.column("digest"),
+                "differs": rows.column("differs"),
             },
             schema=schemas["fates"],
         )
@@ -185,6 +188,7 @@ def lone_insert_outputs(
             "event_id": standing.column("event_id"),
             "ts": standing.column("ts"),
             "rank": standing.column("rank"),
+            "pos": pc.fill_null(standing.column("pos"), NO_POS),
             "idx": pa.repeat(pa.scalar(0, pa.int32()), n),
             "kind": pa.repeat(pa.scalar("insert"), n),
             "key": standing.column("key"),

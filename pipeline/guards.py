@@ -420,10 +420,15 @@ class Typer:
         ts_text, seq_text = text_of(fields.get("ts")), text_of(fields.get("seq"))
         ts = event_ts_micros(ts_text)
         seq = None if seq_text is None else _LONG_READER(seq_text)
+        pos_text = text_of(fields.get("pos"))
+        pos = None if pos_text is None else _LONG_READER(pos_text)
         eid = text_of(fields.get("event_id")) or None
         reason, detail = self._verdict(
             fields, maps, typed, eid, op, origin, ts_text, ts, seq_text, seq
         )
+        if pos_text is not None and pos is None and reason != QuarantineReason.MALFORMED.value:
+            reason = QuarantineReason.MALFORMED.value
+            detail = f"pos {_quote(pos_text)} is not an integer"
         detail = whys.get(detail or "", detail)
         after, before = maps["after"], maps["before"]
         ttl = _whole_seconds(text_of(fields.get("ttl"))) or None  # §6: a ttl of 0 is none
@@ -437,6 +442,7 @@ class Typer:
             "op": op,
             "origin": origin,
             "seq": seq,
+            "pos": pos,
             "pref": self._pref(replica, origin),
             "rank": self.ranks.get(origin) if origin is not None else None,
             "txid": text_of(fields.get("txid")),
@@ -653,6 +659,7 @@ class Typer:
             "op": None,
             "origin": None,
             "seq": None,
+            "pos": None,
             "pref": self._pref(replica, None),
             "rank": None,
             "txid": None,

@@ -100,6 +100,7 @@ def _visible(changes: DataFrame, table: Table, origins: Column) -> DataFrame:
         *[F.col(f"key.{c}").alias(c) for c in table.key],
         "ts",
         "rank",
+        "pos",
         "event_id",
         row.alias("row"),
         F.col("post").isNull().alias("deleted"),
@@ -229,6 +230,7 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
         *table.key,
         F.col("at").alias("ts"),
         F.lit(-1).alias("rank"),
+        F.lit(None).cast("long").alias("pos"),
         F.lit("").alias("event_id"),
         F.when(now, row_after).otherwise(row_before).alias("row"),
         (~now).alias("deleted"),
@@ -250,6 +252,7 @@ def _as_rows(versions: DataFrame, table: Table) -> DataFrame:
         F.col("_deleted").alias("deleted"),
         F.unix_micros("_ts").alias("ts"),
         F.lit(None).cast("int").alias("rank"),
+        F.lit(None).cast("long").alias("pos"),
         F.col("_event_id").alias("event_id"),
         F.col("_origin").alias("origin"),
         F.lit(True).alias("opens"),
@@ -269,7 +272,7 @@ def _versions(rows: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
     its row); an opened version starts at its ts, or where the version before it started
     when that is later (``_late``); each version ends where the next one starts."""
     key = list(table.key)
-    position = [F.col(c) for c in ("dt", "version", "ts", "rank", "event_id")]
+    position = [F.col(c) for c in ("dt", "version", "ts", "rank", "pos", "event_id")]
     position[1] = position[1].asc_nulls_last()
     order = Window.partitionBy(*key).orderBy(*position)
     before = order.rowsBetween(Window.unboundedPreceding, -1)

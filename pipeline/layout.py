@@ -61,7 +61,9 @@ LOGS = (
     "differing_copies",
     "quarantine_outcomes",
 )
-DATED = (*LOGS, LEDGER)
+#: the lines of wal2json transactions still waiting for their commit (``pipeline.pending``)
+PENDING = "pending"
+DATED = (*LOGS, LEDGER, PENDING)
 
 
 def table_dir(table: str) -> str:

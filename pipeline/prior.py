@@ -135,17 +135,40 @@ def ledger_window(dt: date, gc_grace_seconds: int) -> tuple[date, date]:
 def pin_ledger(store: Store, lake: Lake, table: str, dt: date, gc_grace_seconds: int) -> Pin | None:
     """The ledger partitions of the window at the table's latest version (None when
     there are none)."""
+    first, end = ledger_window(dt, gc_grace_seconds)
     path = layout.table_path(table, layout.LEDGER)
+    found = pin_dates(store, lake, path, first, end - timedelta(days=1))
+    if found is not None:
+        log.info("ingest %s: the ledger of %s", table, ", ".join(found.dates or ()))
+    return found
+
+
+#: what a run's report says of a table whose ledger rows carry content digests (issue 49:
+#: such a run's adapters made the stable event ids of docs/adapters.md)
+DIGESTS = "ledger_digests"
+
+
+def window_has_legacy_ids(runs: Sequence[RunRow], table: str, dates: Sequence[str]) -> bool:
+    """Whether a date of the ledger's window was published by a run before issue 49 (its
+    report does not say :data:`DIGESTS`): its adapters' event ids are the earlier ones."""
+    last: dict[str, RunRow] = {}
+    for r in runs:  # in commit order: the last published run of a date wrote its partition
+        if r.published and table in r.tables():
+            last[r.dt.isoformat()] = r
+    return any(d in last and not last[d].tables()[table].get(DIGESTS) for d in dates)
+
+
+def pin_dates(store: Store, lake: Lake, path: str, first: date, last: date) -> Pin | None:
+    """The partitions of dated table ``path`` from ``first`` to ``last`` at the table's
+    latest version, their files checked; None when it has none of them."""
     t = lake.table(path)
     if t is None:
         return None
-    first, end = ledger_window(dt, gc_grace_seconds)
-    actions = [a for a in add_actions(t) if first <= a[f"partition.{DT}"] < end]
+    actions = [a for a in add_actions(t) if first <= a[f"partition.{DT}"] <= last]
     dates = sorted({a[f"partition.{DT}"].isoformat() for a in actions})
     if not dates:
         return None
     _check_files(store, path, actions)
-    log.info("ingest %s: the ledger of %s", table, ", ".join(dates))
     return Pin(lake.spark_uri(path), int(t.version()), tuple(dates))
 
 

@@ -30,7 +30,13 @@ from pipeline.cells import resolve_cells
 from pipeline.cells.state import due as cells_due
 from pipeline.config import Config, FkPolicy, Table
 from pipeline.context import RunContext
-from pipeline.copies import DIFFERING_SCHEMA, differing_copies, read_copies, special_free
+from pipeline.copies import (
+    DIFFERING_SCHEMA,
+    Adapting,
+    differing_copies,
+    read_copies,
+    special_free,
+)
 from pipeline.engine import RowRun, resolve_rows
 from pipeline.exports import StagedTable, load_inputs
 from pipeline.facts import FATE_COLUMNS, Facts, count_outputs, read_known, write_ledger
@@ -43,6 +49,7 @@ from pipeline.frames import (
 )
 from pipeline.inplace import InPlace, narrowed, staged_record, touch, whole_state
 from pipeline.lake import Lake
+from pipeline.ledger import changed_copies, legacy_ids, read_ledger, set_aside
 from pipeline.outputs import STATE_PRE, final_state
 from pipeline.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.schema import snapshot_columns, state_schema
@@ -73,8 +80,14 @@ def resolve_table(
     """One table's outputs into ``resolved/<table>``; returns its counts for the run
     report, and what they were counted from."""
     out = ctx.resolved / table.name
-    copies = read_copies(spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us)
     ledger = read_ledger(spark, ctx.staged / table.name)
+    legacy = legacy_ids(ledger) if staged.legacy_ids else None
+    adapting = Adapting(
+        ctx.dt, ctx.run_id, out, config.gc_grace_seconds, config.replica_ids, legacy
+    )
+    copies, waits = read_copies(
+        spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us, adapting
+    )
     prior = read_prior(spark, ctx.staged / table.name, table)
     any_special = not special_free(staged.exports, ctx.staged / table.name)
     in_place = None if staged.snapshots else staged_record(staged.prior)
@@ -91,18 +104,23 @@ def resolve_table(
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # §12: divergence is not checked after an error
         replace_output(out / "divergence", None)  # its record kept
-    differing = 0
+    differing, found = 0, []
     if facts.repeated:  # some replica exported an event twice: were its copies the same?
         fates = read_known(spark, out / "fates", FATE_COLUMNS)
         found = differing_copies(copies, fates, table)
-        differing = _write_differing(found, out, ctx, table.name)
+        differing = len({r["event_id"] for r in found})
+    if facts.changed and ledger is not None:  # an earlier night's event, other content
+        found += changed_copies(copies, ledger, table)
+    _write_differing(found, out, ctx, table.name)
     staged_table = ctx.staged / table.name
     settled = retry.settle(retry.offers_of(staged_table), out)
     retry.start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
     if stopped is not None or settled.rewrote:  # the logs were cut, the fates rewritten
         facts = Facts.counted(spark, out)
-    counts = _table_counts(table, facts, staged, stopped, differing)
-    return replace(counts, clock_skew=clock_skew, retried=settled.retried), facts
+    counts = _table_counts(table, facts, staged, stopped, differing, waits)
+    return replace(
+        counts, clock_skew=clock_skew, retried=settled.retried, changed_copies=facts.changed
+    ), facts
 
 
 def _resolve_cells(
@@ -120,7 +138,7 @@ def _resolve_cells(
     table's clock-skew evidence (E7). ``any_special`` False: no copy is special
     (``copies.special_free``); ``in_place``: the table is merged in place from there."""
     out = ctx.resolved / table.name
-    copies, duplicates = set_duplicates_aside(spark, copies, ledger)
+    copies, duplicates = set_aside(copies, ledger, DUPLICATE)
     narrowing = None
     if in_place is not None:
         due = cells_due(table, ctx.now_us, config.gc_grace_seconds, in_place.prior_now_us)
@@ -136,7 +154,9 @@ def _resolve_cells(
         any_special=any_special,
         narrow=narrowing,
     )
-    fates = res.fates if duplicates is None else res.fates.unionByName(duplicates)
+    fates = res.fates
+    if duplicates is not None:
+        fates = fates.unionByName(duplicates, allowMissingColumns=True)
     _write(res.state, out / STATE_PRE)
     _write(repeats_as_duplicates(fates), out / "fates")
     _write(
@@ -159,33 +179,6 @@ def _resolve_cells(
     return res.clock_skew
 
 
-def read_ledger(spark: SparkSession, staged_table: WorkPath) -> DataFrame | None:
-    """The event ids of the ledger partitions ingest pinned (the window's nights), read by
-    the executors through Delta; None when there are none."""
-    from pipeline.lake import Pin, read_pinned
-    from pipeline.prior import LEDGER_PIN
-
-    pin = Pin.load(staged_table / LEDGER_PIN)
-    if pin is None:
-        return None
-    return read_pinned(spark, pin).select("event_id").distinct()
-
-
-def set_duplicates_aside(
-    spark: SparkSession, copies: DataFrame, ledger: DataFrame | None
-) -> tuple[DataFrame, DataFrame | None]:
-    """The copies whose event an earlier night already resolved (its id is in ``ledger``,
-    :func:`read_ledger`) are not resolved again: they get the fate ``duplicate``.
-    ``copies``: ``frames.copy_schema``."""
-    if ledger is None:
-        return copies, None
-    seen = ledger
-    # no broadcast hint: ten nights of a busy table's ids are too many for one
-    again = copies.join(seen, "event_id", "left_semi")
-    rest = copies.join(seen, "event_id", "left_anti")
-    return rest, again.select("event_id", "replica", F.lit(DUPLICATE).alias("fate"))
-
-
 def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     """A replica that exported one event more than once (export files that overlap): the
     event is resolved once, and that replica's copies after the first are duplicates."""
@@ -194,16 +187,16 @@ def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
 
 
-def _write_differing(rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext, table: str) -> int:
-    """The ``differing_copies`` log of the table (only when it has rows); returns the
-    number of events."""
+def _write_differing(
+    rows: list[dict[str, Any]], out: WorkPath, ctx: RunContext, table: str
+) -> None:
+    """The ``differing_copies`` log of the table (only when it has rows)."""
     if not rows:
-        return 0
+        return
     run = {"run_id": ctx.run_id, "table": table}
     folder = out / "differing_copies"
     data = pa.Table.from_pylist([{**run, **r} for r in rows], DIFFERING_SCHEMA)
     write_table(data, folder / "part-00000.parquet", compression="zstd")
-    return len({r["event_id"] for r in rows})
 
 
 def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
@@ -238,6 +231,7 @@ def _table_counts(
     staged: StagedTable,
     stopped: Stopped | None,
     differing: int,
+    waits: Mapping[str, Mapping[str, int]],
 ) -> TableSummary:
     by_fate = facts.events
     per_replica: dict[str, dict[str, int]] = {
@@ -245,6 +239,8 @@ def _table_counts(
     }
     for replica, fates in facts.replicas.items():
         per_replica.setdefault(replica, {"records": 0}).update(fates)
+    for replica, lines in waits.items():  # ``pipeline.pending``
+        per_replica.setdefault(replica, {"records": 0}).update(lines)
     base = "base" if staged.base_rows is not None else None
     return TableSummary(
         policy=table.preset.value,
@@ -265,6 +261,7 @@ def _table_counts(
         prior=staged.prior["dt"] if staged.prior else base,
         start=staged.start,
         stopped=stopped,
+        ledger_digests=True,
     )
 
 

@@ -39,6 +39,16 @@ _O = Outcome
 _KEEPS_DELTA = frozenset({_O.DISCARDED, _O.SKIPPED})
 
 
+#: the place in its transaction of an event that has none (a canonical record without
+#: ``pos``), and of a version read from the state: it comes before every event of its
+#: transaction that has one (the state's versions were written by earlier nights)
+NO_POS = -1
+
+#: where a version or an event stands in the canonical order (§2): ``ts``, the origin's
+#: tie rank, the place in the origin transaction, the event id
+Position = tuple[int, int, int, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Stamp:
     """Who wrote a column group last (extensions.md E2), in the canonical order's terms."""
@@ -47,9 +57,10 @@ class Stamp:
     rank: int
     event_id: str | None
     origin: str | None
+    pos: int = NO_POS
 
-    def position(self) -> tuple[int, int, str]:
-        return (self.ts, self.rank, self.event_id or "")
+    def position(self) -> Position:
+        return (self.ts, self.rank, self.pos, self.event_id or "")
 
 
 def read_groups(text: str) -> dict[str, Stamp]:
@@ -76,12 +87,15 @@ class Version:
     #: extensions.md E2: each column group's stamp, where the groups differ (None: every
     #: group is the row's own ``ts, origin, event_id, rank``)
     groups: Mapping[str, Stamp] | None = None
+    #: the place in its transaction of the event that wrote it, while the fold that
+    #: applied that event runs (the state does not keep it: :data:`NO_POS`)
+    pos: int = NO_POS
 
-    def position(self) -> tuple[int, int, str]:
-        return (self.ts, self.rank, self.event_id or "")
+    def position(self) -> Position:
+        return (self.ts, self.rank, self.pos, self.event_id or "")
 
     def stamp(self) -> Stamp:
-        return Stamp(self.ts, self.rank, self.event_id, self.origin)
+        return Stamp(self.ts, self.rank, self.event_id, self.origin, self.pos)
 
     def group(self, name: str) -> Version:
         """The row as the last writer of column group ``name`` left it: its values, with
@@ -89,7 +103,7 @@ class Version:
         s = (self.groups or {}).get(name)
         if s is None:
             return self
-        return Version(self.values, s.ts, s.origin, s.event_id, s.rank)
+        return Version(self.values, s.ts, s.origin, s.event_id, s.rank, pos=s.pos)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +123,12 @@ class Event:
     txid: str | None = None
     rejected: bool = False  # its transaction was rejected (delete_wins, scope: transaction)
     seqs: Mapping[str, int] = field(default_factory=dict)
+    pos: int = NO_POS  # its place in its origin transaction (docs/adapters.md)
 
-    def position(self) -> tuple[int, int, str]:
-        """The canonical order (§2): ``(ts, tie_rank(origin), event_id)``."""
-        return (self.ts, self.rank, self.event_id)
+    def position(self) -> Position:
+        """The canonical order (§2): ``(ts, tie_rank(origin), event_id)``, the changes of
+        one transaction (equal ``ts`` and origin) in the order of their places in it."""
+        return (self.ts, self.rank, self.pos, self.event_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +222,7 @@ def _when(x: Event | Version, table: Table) -> tuple[Any, ...]:
 
 
 def _wins_latest(e: Event, loc: Version, table: Table) -> bool:
-    return (_when(e, table), e.rank, e.event_id) > (_when(loc, table), loc.rank, loc.event_id or "")
+    return (_when(e, table), e.position()[1:]) > (_when(loc, table), loc.position()[1:])
 
 
 def _wins_earliest(e: Event, loc: Version, table: Table) -> bool:
@@ -214,7 +230,7 @@ def _wins_earliest(e: Event, loc: Version, table: Table) -> bool:
     we, wl = _when(e, table), _when(loc, table)
     if we != wl:
         return we < wl
-    return (e.rank, e.event_id) > (loc.rank, loc.event_id or "")
+    return e.position()[1:] > loc.position()[1:]
 
 
 Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log shows
@@ -377,6 +393,7 @@ class RowFold:
             e.rank if rank is None else rank,
             deleted=True,
             deleted_at=self.spec.now_us,
+            pos=e.pos if event_id is None else NO_POS,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -454,10 +471,12 @@ class RowFold:
         """The row ``e`` wrote; with ``stamps`` (E2), the row's stamp is its latest
         group's, and the groups are kept where they differ from it."""
         if not stamps:
-            return Version(values, e.ts, e.origin, e.event_id, e.rank)
+            return Version(values, e.ts, e.origin, e.event_id, e.rank, pos=e.pos)
         last = max(stamps.values(), key=Stamp.position)
         groups = None if all(s == last for s in stamps.values()) else dict(stamps)
-        return Version(values, last.ts, last.origin, last.event_id, last.rank, groups=groups)
+        return Version(
+            values, last.ts, last.origin, last.event_id, last.rank, groups=groups, pos=last.pos
+        )
 
     # ------------------------------------------------------------------ resolution
 
@@ -687,7 +706,7 @@ class RowFold:
                 if not out.remote_applied:
                     continue
             won.update(cols)
-            stamps[g] = Stamp(e.ts, e.rank, e.event_id, e.origin)
+            stamps[g] = Stamp(e.ts, e.rank, e.event_id, e.origin, e.pos)
         if not won:
             return self._done(e, False, log)
         values = dict(loc.values)

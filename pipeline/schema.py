@@ -140,16 +140,18 @@ def state_schema(table: Table) -> T.StructType:
 
 def change_schema(table: Table) -> T.StructType:
     """What the resolve stage hands the CDC stage: one row per change an event made to a
-    row a reader sees (``rowfold.visible_changes``; cdc.md "The log"). ``idx`` orders the
-    changes of one event; ``values`` holds the key and the values of ``cols`` (the value
-    columns written or cleared), ``ttl`` and ``expiry`` (s) those of a cell table's TTL
-    writes; ``pre`` and ``post`` the live row before and after."""
+    row a reader sees (``rowfold.visible_changes``; cdc.md "The log"). ``pos`` orders the
+    events of one transaction (``frames.copy_schema``), ``idx`` the changes of one event;
+    ``values`` holds the key and the values of ``cols`` (the value columns written or
+    cleared), ``ttl`` and ``expiry`` (s) those of a cell table's TTL writes; ``pre`` and
+    ``post`` the live row before and after."""
     row = row_struct_type(table)
     L, S, Int = T.LongType(), T.StringType(), T.IntegerType()
     fields = [
         ("event_id", S),
         ("ts", L),
         ("rank", Int),
+        ("pos", L),
         ("idx", Int),
         ("kind", S),
         ("key", key_struct_type(table)),

@@ -156,7 +156,8 @@ def with_special_copies(
     (``split_special``: TRUNCATEs and records without an event id), for both engines."""
     if specials.fates:
         fates = fates.unionByName(
-            spark.createDataFrame(specials.fates, "event_id string, replica string, fate string")
+            spark.createDataFrame(specials.fates, "event_id string, replica string, fate string"),
+            allowMissingColumns=True,
         )
     if specials.quarantined:
         quarantine = quarantine.unionByName(

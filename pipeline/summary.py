@@ -34,6 +34,8 @@ class TableSummary:
     discarded: int = 0
     duplicates: int = 0  # records: of earlier nights' events, or repeats
     differing_copies: int = 0  # events a replica's export holds in different versions
+    #: copies of events an earlier night resolved, with other content (``pipeline.ledger``)
+    changed_copies: int = 0
     errored: int = 0
     not_reached: int = 0
     quarantined: Mapping[str, int] = field(default_factory=dict)  # events by reason
@@ -56,6 +58,9 @@ class TableSummary:
     #: ``discarded``, ``expired``, ...), apart from the night's own events
     retried: Mapping[str, int] = field(default_factory=dict)
     quarantine_open: int = 0  # E5: quarantined events still open after the run
+    #: the ledger rows this run wrote carry content digests (``prior.DIGESTS``): a later
+    #: run's window matches the adapters' ids of before issue 49 only for runs without
+    ledger_digests: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TableSummary:

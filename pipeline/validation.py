@@ -31,6 +31,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline import pending
 from pipeline.config import Config, Table
 from pipeline.context import RunContext
 from pipeline.datadocs import bundle
@@ -131,7 +132,8 @@ class Frames:
                 whole.createOrReplaceTempView(f"cdr_whole_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
-            records = [(r, int(v.get("records", 0))) for r, v in summary.tables[t].replicas.items()]
+            replicas = summary.tables[t].replicas.items()
+            records = [(r, pending.to_account(v)) for r, v in replicas]
             local_frame(spark, records, "replica string, records long").createOrReplaceTempView(
                 f"cdr_records_{t}"
             )

@@ -65,6 +65,7 @@ def _change(
         event[0].alias("event_id"),
         event[1].cast("long").alias("ts"),
         event[2].cast("int").alias("rank"),
+        F.lit(None).cast("long").alias("pos"),  # cells: ordered by their rules (§6)
         F.lit(0).alias("idx"),
         kind.alias("kind"),
         F.col("key").alias("key"),

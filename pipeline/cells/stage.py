@@ -156,12 +156,14 @@ def _outputs(
     conflict = F.struct(
         *[fields[n].alias(n) for n in CONFLICT_FIELDS],
         F.col("rank").alias("pos_rank"),
+        F.lit(None).cast("long").alias("pos_tx"),  # a cell's conflicts: by ts and value (§6)
         F.lit(0).alias("pos_idx"),
     )
     is_event = F.col("is_event") == 1
     quarantined = F.struct("replica", "event_id", "reason", "detail", "raw")
-    fates = F.transform(
-        "copies", lambda r: F.struct(F.col("event_id"), r.alias("replica"), F.col("fate"))
+    fates = F.transform(  # each with the standing copy's digest: the ledger's (``pipeline.ledger``)
+        "copies",
+        lambda r: F.struct(F.col("event_id"), r.alias("replica"), F.col("fate"), F.col("digest")),
     )
     changes = []
     if capture:
@@ -220,7 +222,7 @@ def resolve_cells(
     conflicts = (
         out.where(F.col("conflict").isNotNull())
         .select("conflict.*")
-        .select(*CONFLICT_FIELDS, "pos_rank", "pos_idx")
+        .select(*CONFLICT_FIELDS, "pos_rank", "pos_tx", "pos_idx")
     )
     fates, quarantine = with_special_copies(
         spark,

@@ -15,6 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import adapters
+from pipeline.adapters.debezium import debezium
+from pipeline.adapters.dms import dms, read_dms
+from pipeline.adapters.wal2json import wal2json
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.exports import FRAMING, read_manifest, stage_jsonl
@@ -73,19 +76,22 @@ def w2j(action: str, xid: int, ts: int, lsn: str, **kw: Any) -> dict[str, Any]:
     return out
 
 
-def framing(action: str, xid: int, ts: int) -> dict[str, Any]:
-    return {"action": action, "xid": xid, "timestamp": pg_ts(ts), "origin": 0, "lsn": "0/1"}
+def framing(action: str, xid: int, ts: int, origin: int = 0) -> dict[str, Any]:
+    return {"action": action, "xid": xid, "timestamp": pg_ts(ts), "origin": origin, "lsn": "0/1"}
 
 
-def canonical_rows(df) -> list[dict[str, Any]]:
-    return [json.loads(r.raw) for r in df.orderBy("file", "line").collect()]
+def canonical_rows(adapted) -> list[dict[str, Any]]:
+    """An adapter's canonical records (``Adapted.records``), in the export's order."""
+    return [json.loads(r.raw) for r in adapted.records.orderBy("file", "line").collect()]
 
 
 def staged_lines(tmp_path: Path, fmt: str, records: list[Any]):
     data, _rows = src.lines(records)
     (tmp_path / "in.json").write_bytes(data)
     dest = tmp_path / "staged" / "part-00000.parquet"
-    rows, skipped = stage_jsonl(tmp_path / "in.json", dest, "pg1", "in.json", FRAMING.get(fmt))
+    rows, skipped = stage_jsonl(
+        tmp_path / "in.json", dest, "pg1", "in.json", FRAMING.get(fmt), None, fmt == "wal2json"
+    )
     return dest, rows, skipped
 
 
@@ -107,8 +113,8 @@ def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
         framing("C", 701, T0 + 5),
     ]
     dest, rows, skipped = staged_lines(tmp_path, "wal2json", records)
-    assert (rows, skipped) == (9, 4)  # B and C lines are counted, not staged
-    got = canonical_rows(adapters.wal2json(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
+    assert (rows, skipped) == (9, 4)  # B and C lines are counted as framing, and staged
+    got = canonical_rows(wal2json(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
     assert [g["op"] for g in got] == ["INSERT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"]
     ins, _, upd, dele, trunc = got
     assert ins["after"] == {
@@ -120,8 +126,11 @@ def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
     }
     assert ins["ts"] == T0 and ins["origin"] == "pg1" and ins["txid"] == "700"
     assert ins["seq"] == 0x153BBB8  # the LSN as a 64-bit integer
-    assert ins["event_id"] == f'pg1@{T0}#0000000001/I/{{"id":"1"}}'
-    assert got[1]["event_id"] == f'pg1@{T0}#0000000002/I/{{"id":"2"}}'  # second change of the tx
+    # the id: origin, commit time, op, old key and its place among the transaction's
+    # changes with that op and key; pos: its position in the transaction
+    assert ins["event_id"] == f'pg1@{T0}/I/{{"id":"1"}}#1' and ins["pos"] == 1
+    assert got[1]["event_id"] == f'pg1@{T0}/I/{{"id":"2"}}#1' and got[1]["pos"] == 2
+    assert [upd["pos"], dele["pos"], trunc["pos"]] == [1, 2, 3]
     assert upd["key"] == {"id": "2"} and upd["new_key"] == {"id": "20"}
     assert upd["before"] == {"id": "2"}
     assert dele["key"] == {"id": "1"} and "after" not in dele
@@ -131,17 +140,19 @@ def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
 def test_wal2json_replication_origins_map_to_replicas(tmp_path: Path, spark):
     cfg = config(tmp_path, (tmp_path / "store").as_uri())
     records = [
+        framing("B", 9, T0, origin=3),
         w2j("I", 9, T0, "0/10", columns={"id": 1, "name": "a"}, origin=3),
-        w2j("I", 9, T0, "0/20", columns={"id": 2, "name": "a"}, origin=4),
+        framing("C", 9, T0, origin=3),
+        framing("B", 10, T0, origin=4),
+        w2j("I", 10, T0, "0/20", columns={"id": 2, "name": "a"}, origin=4),
+        framing("C", 10, T0, origin=4),
     ]
     dest, _, _ = staged_lines(tmp_path, "wal2json", records)
-    df = adapters.wal2json(
-        spark.read.parquet(str(dest)), cfg.tables["items"], {"origins": {"3": "pg2"}}
-    )
+    df = wal2json(spark.read.parquet(str(dest)), cfg.tables["items"], {"origins": {"3": "pg2"}})
     mapped, unmapped = canonical_rows(df)
-    assert mapped["origin"] == "pg2" and mapped["event_id"].startswith(f"pg2@{T0}#0000000001/")
+    assert mapped["origin"] == "pg2" and mapped["event_id"] == f'pg2@{T0}/I/{{"id":"1"}}#1'
     assert "replication origin 4 is not mapped to a replica" in unmapped["_malformed"]
-    assert unmapped["_malformed"].startswith("wal2json record at in.json:2: ")
+    assert unmapped["_malformed"].startswith("wal2json record at in.json:5: ")
 
 
 # ------------------------------------------------------------------------------ Debezium
@@ -178,7 +189,7 @@ def test_debezium_envelopes_map_to_canonical_events(tmp_path: Path, spark, wrapp
     ]
     dest, rows, skipped = staged_lines(tmp_path, "debezium", recs)
     assert (rows, skipped) == (5, 1)
-    got = canonical_rows(adapters.debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
+    got = canonical_rows(debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
     assert [g["op"] for g in got] == ["INSERT", "UPDATE", "DELETE", "TRUNCATE"]
     ins, upd, dele, _ = got
     want_seen = "1795251600000001" if wrapped else "2026-11-21T09:00:00.000001Z"
@@ -211,7 +222,7 @@ def test_debezium_unavailable_toast_values_are_not_written(tmp_path: Path, spark
     dest, _, _ = staged_lines(tmp_path, "debezium", recs)
     options = {"unavailable_value_placeholder": placeholder} if placeholder else {}
     raw = spark.read.parquet(str(dest))
-    [upd] = canonical_rows(adapters.debezium(raw, cfg.tables["items"], options))
+    [upd] = canonical_rows(debezium(raw, cfg.tables["items"], options))
     assert upd["after"] == {"id": "1", "price": "2.00", "added": None, "seen": None}
 
 
@@ -231,7 +242,7 @@ def test_debezium_decimal_bytes_decode_exactly(tmp_path: Path, spark, precision:
         for i, v in enumerate(values)
     ]
     dest, _rows, _ = staged_lines(tmp_path, "debezium", recs)
-    got = canonical_rows(adapters.debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
+    got = canonical_rows(debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
     want = [str(Decimal(v).quantize(Decimal(1).scaleb(-scale))) for v in values]
     assert [g["after"]["amount"] for g in got] == want
 
@@ -249,7 +260,7 @@ def test_debezium_nanosecond_commit_times_keep_their_microseconds(tmp_path: Path
         e["source"]["ts_ns"] = ns
         recs.append(e)
     dest, _rows, _ = staged_lines(tmp_path, "debezium", recs)
-    got = canonical_rows(adapters.debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
+    got = canonical_rows(debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
     assert [int(g["ts"]) for g in got] == [ns // 1000 for ns in times_ns]
 
 
@@ -303,14 +314,12 @@ def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
     )
     assert fetch_files(spark, tasks, {}) == [(0, 0, None), (0, 0, None)]
     assert staged.records == 5
-    rows = adapters.read_dms(
+    rows = read_dms(
         spark,
         [str(p) for p in (tmp_path / "staged/dms/csv").glob("*.parquet")],
         [str(p) for p in (tmp_path / "staged/dms/parquet").glob("*.parquet")],
     )
-    got = canonical_rows(
-        adapters.dms(rows, "pg1", staged.files, cfg.tables["items"], manifest["options"])
-    )
+    got = canonical_rows(dms(rows, "pg1", staged.files, cfg.tables["items"], manifest["options"]))
     ops = [g.get("op") for g in got]
     assert ops.count("INSERT") == 1 and ops.count("UPDATE") == 1 and ops.count("DELETE") == 1
     ins = next(g for g in got if g.get("op") == "INSERT")
@@ -346,13 +355,14 @@ def _run(tmp_path: Path, store_root: Path) -> int:
 
 
 def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
-    """pg1 exports wal2json, pg2 Debezium, pg3 DMS. The same change reaches pg2 and pg3 by
-    replication: one event. Broken records of each format are quarantined with their
-    line and reason, kept as they were exported, and the accounting holds."""
+    """pg1 exports wal2json, pg2 Debezium, pg3 DMS, each its own changes (Debezium and
+    DMS cannot tell which replica a replicated change came from: docs/adapters.md).
+    Broken records of each format are quarantined with their line and reason, kept as
+    they were exported, and the accounting holds."""
     root = tmp_path / "store"
     store = open_store(root.as_uri())
     row = {"id": 1, "name": "a", "price": "1.50"}
-    # pg1 inserts id 1 (and id 2); pg2 updates id 1 later; pg3 applied pg1's insert
+    # pg1 inserts id 1 (and id 2); pg2 updates id 1 later; pg3 inserts id 3
     src.put_export(
         store,
         "pg1",
@@ -391,10 +401,10 @@ def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
             )
         },
     )
-    # pg3 applied pg1's insert; a DMS transformation rule adds the origin column
+    # pg3 inserts id 3; a DMS transformation rule adds the origin column (a constant)
     cols = ["id", "name", "price"]
-    insert = src.Change("items", "I", None, row, T0, 700, 1)
-    rows = [[r[0], r[1], "pg1", *r[2:]] for r in src.dms_rows([insert], cols)]
+    insert = src.Change("items", "I", None, {**row, "id": 3, "name": "c"}, T0 + 20, 700, 1)
+    rows = [[r[0], r[1], "pg3", *r[2:]] for r in src.dms_rows([insert], cols)]
     text, n = src.dms_csv(rows)
     text += b"U,,pg3,1,a,1.00\n"  # no commit timestamp
     src.put_export(
@@ -430,11 +440,10 @@ def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
     report = json.loads((root / f"published/reports/dt={DT}/run_report.json").read_text())
     t = report["tables"]["items"]
     assert t["replicas"]["pg1"]["records"] == 5 and t["replicas"]["pg1"]["framing"] == 2
-    # 10 records; the insert of id 1, exported by pg1 (wal2json) and pg3 (DMS), is one event
-    assert t["events"] == 10 and t["distinct_events"] == 9
+    assert t["events"] == 10 and t["distinct_events"] == 10
     assert not t["conflicts"].get("insert_exists")
     snap = P.snapshot(root, "items")
-    assert {r["id"]: r["name"] for r in snap} == {1: "pg2's", 2: "b"}
+    assert {r["id"]: r["name"] for r in snap} == {1: "pg2's", 2: "b", 3: "c"}
 
 
 # ------------------------------------------------------------------- hostile records
@@ -482,6 +491,9 @@ def test_hostile_records_each_get_one_fate_through_the_adapters(tmp_path: Path, 
             json.dumps(w2j("I", 800 + i, T0 + i, f"0/{i + 16:X}", columns={"id": 1, "name": "a"}))
             for i in range(2000)
         ]
+        frames = [  # each change in its transaction (B, the change, C)
+            [json.dumps(framing(a, 800 + i, T0 + i)) for a in "BC"] for i in range(len(good))
+        ]
     else:
         dbz = src.Debezium("items", ["id"], COLUMNS, schema=False)
         good = [
@@ -493,16 +505,21 @@ def test_hostile_records_each_get_one_fate_through_the_adapters(tmp_path: Path, 
         _hostile(line, how, rng, name).replace("\n", " ")
         for line, how in zip(good, hows, strict=True)
     ]
-    dest, rows, skipped = staged_lines(tmp_path, fmt, records)
-    assert rows == len(records) and skipped == 0
+    lines = records
+    if fmt == "wal2json":
+        lines = [x for (b, c), r in zip(frames, records, strict=True) for x in (b, r, c)]
+    dest, rows, skipped = staged_lines(tmp_path, fmt, lines)
+    assert rows == len(lines) and rows - skipped == len(records)
     raw = spark.read.parquet(str(dest))
-    mapped = getattr(adapters, fmt)(raw, cfg.tables["items"], {})
+    adapt = wal2json if fmt == "wal2json" else debezium
+    mapped = adapt(raw, cfg.tables["items"], {}).records
     spec = TypingSpec.of(cfg, cfg.tables["items"], T0 + 10**9)
     typed = mapped.select("replica", "file", "line", "raw").mapInArrow(
         type_adapted(spec), copy_schema(cfg.tables["items"])
     )
     copies = typed.select("line", "reason", "detail").orderBy("line").collect()
-    assert [c.line for c in copies] == list(range(1, len(records) + 1))
+    every = 3 if fmt == "wal2json" else 1  # a record's line: between its B and its C
+    assert [c.line for c in copies] == [i * every + every // 2 + 1 for i in range(len(records))]
     for c, how in zip(copies, hows, strict=True):
         if how == "none":
             assert c.reason is None, c

@@ -95,8 +95,9 @@ def _fates(rng: random.Random, n: int) -> pa.Table:
     for _ in range(n):
         event = rng.choice([None, *[f"e{i}" for i in range(n // 3)]])
         fate = rng.choice([*fates, Fate.DUPLICATE.value])
-        rows.append((event, rng.choice("ABC"), fate, rng.random() < 0.3))
-    names = ("event_id", "replica", "fate", "chosen")
+        digest, differs = rng.randrange(4), fate == Fate.DUPLICATE.value and rng.random() < 0.5
+        rows.append((event, rng.choice("ABC"), fate, rng.random() < 0.3, digest, differs))
+    names = ("event_id", "replica", "fate", "chosen", "digest", "differs")
     return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows])
 
 
@@ -113,7 +114,7 @@ def test_the_tasks_tally_equals_the_spark_job(seed: int, tmp_path: Path, spark):
     assert sorted(counts, key=repr) == sorted(by_spark.counts, key=repr)
     ledger = spark.read.parquet(str(tmp_path / layout.LEDGER)).collect()
     assert pairs.to_pylist() == sorted(
-        ({"event_id": r["event_id"], "fate": r["fate"]} for r in ledger),
+        ({"event_id": r["event_id"], "fate": r["fate"], "digest": r["digest"]} for r in ledger),
         key=lambda r: (r["event_id"], r["fate"]),
     )
     assert pairs["event_id"].to_pylist() == sorted(pairs["event_id"].to_pylist())
@@ -124,11 +125,12 @@ def test_split_events_finds_the_events_two_files_hold(tmp_path: Path, spark):
     disputed; one whose copies are all in one file is neither."""
     folder = tmp_path / "fates"
     folder.mkdir()
-    task_a = [("x", "A", "applied", True), ("y", "A", "applied", True), ("z", "A", "applied", True)]
+    task_a = [("x", "A", "applied", True, 1, False), ("y", "A", "applied", True, 2, False)]
+    task_a.append(("z", "A", "applied", True, 3, False))
     task_b = [
-        ("x", "B", "duplicate", False),
-        ("y", "B", "applied", True),
-        ("z", "B", "applied", False),
+        ("x", "B", "duplicate", False, 1, False),
+        ("y", "B", "applied", True, 2, False),
+        ("z", "B", "applied", False, 3, False),
     ]
     for name, rows in (("a", task_a), ("b", task_b)):
         t = pa.Table.from_pylist([dict(zip(FATES.names, r, strict=True)) for r in rows])

@@ -55,7 +55,13 @@ def test_the_night_after_the_move_and_a_backfill_from_before_it(tmp_path: Path, 
     for name in ("accounts", "orders", "products"):  # state: the newest date's, whole
         path = f"published/{name}/state"
         expected[path] = _newest_state(expected[path], D3)
-    assert tables(moved) == expected
+    got = tables(moved)
+    for name in ("accounts", "orders", "products"):  # the ledger's digests are new (issue 49)
+        path = f"published/{name}/ledger"
+        rows = [(json.loads(text), n) for text, n in got[path].items()]
+        assert all((r.pop("digest") is not None) == (r["dt"] == D3) for r, _ in rows), path
+        got[path] = {json.dumps(r, sort_keys=True, default=str): n for r, n in rows}
+    assert got == expected
     snapshot = Lake(old).table("published/accounts/snapshot")
     assert {k: snapshot.metadata().configuration.get(k) for k in FEATURES} == FEATURES
 

@@ -97,6 +97,7 @@ def _stream(rng: random.Random, typer: Typer, keys: int) -> tuple[list[dict], in
                 copy = typer.line(json.dumps(rec), rep)
                 copy |= {"replica": rep, "file": f"{rep}.jsonl", "line": k}
                 copy |= {"is_event": 1, "seen": kind == "lone_seen", "rejected": False}
+                copy |= {"digest": k * 31 + i, "differs": False}
                 copy["rejected"] = kind == "lone_rejected"
                 rows.append(copy)
     rows.sort(

@@ -10,6 +10,7 @@ from pipeline.rowfold import (
     RowFold,
     RunStopped,
     Stamp,
+    Version,
     fold_converged,
     fold_perspective,
     reader_view,
@@ -389,6 +390,41 @@ def test_delete_wins_lower_system_id_wins_ties():
     state = dict([live(1, "a", T0, "pub", rank=1)])
     res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "s"}, rank=0)])
     assert res.state[(1,)].values["v"] == "a"
+
+
+@pytest.mark.parametrize("policy", ["postgres", "delete_wins"])
+def test_the_changes_of_one_transaction_apply_in_the_order_of_their_places(policy):
+    """Events of one transaction share ``ts`` and origin: their places (``pos``), not
+    their ids' text, order them, also against the version the one before wrote."""
+    sp = spec({"policy": policy})
+    row = {"id": 1, "v": "x", "n": 0}
+    tx = [  # ids that sort against the transaction's order
+        ev("INSERT", 1, T0, "pub", "c", row, pos=1),
+        ev("DELETE", 1, T0, "pub", "b", before=row, pos=2),
+        ev("INSERT", 1, T0, "pub", "a", {**row, "v": "again"}, pos=3),
+    ]
+    res = fold(sp, {}, list(reversed(tx)))
+    assert [a.event.event_id for a in res.applied] == ["c", "b", "a"]
+    assert not res.state[(1,)].deleted and res.state[(1,)].values["v"] == "again"
+    assert all(a.applied for a in res.applied)
+    if policy == "delete_wins":  # a tombstone is a row there: the insert meets it and wins
+        (c,) = [c for a in res.applied for c in a.conflicts]
+        assert (c.type, c.outcome) == (C.INSERT_EXISTS, O.APPLIED)
+    else:
+        assert not any(a.conflicts for a in res.applied)
+
+
+def test_an_event_of_a_transaction_an_earlier_night_began_comes_after_its_version():
+    """The state keeps no place: a version read from it comes before every event of its
+    transaction that has one (the rest of a transaction cut by a night, docs/adapters.md);
+    without places the event ids decide, as before."""
+    sp = spec({"policy": "delete_wins"})
+    gone = Version({"id": 1}, T0, "pub", "z", 0, deleted=True, deleted_at=NOW - H)
+    again = {"id": 1, "v": "b", "n": 0}
+    later = fold(sp, {(1,): gone}, [ev("INSERT", 1, T0, "pub", "a", again, pos=2)])
+    assert not later.state[(1,)].deleted
+    by_id = fold(sp, {(1,): gone}, [ev("INSERT", 1, T0, "pub", "a", again)])
+    assert by_id.state[(1,)].deleted  # "a" sorts before "z": the tombstone stands
 
 
 def test_rejected_transaction_event_is_logged_and_not_applied():
