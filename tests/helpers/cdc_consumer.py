@@ -17,10 +17,7 @@ import math
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import pyarrow.parquet as pq
 
 UUID_EPOCH_OFFSET = 0x01B21DD213814000
 
@@ -114,10 +111,3 @@ class Consumer:
                 row.cells[c] = (r[c], expiry)
             elif r.get(f"cdc$deleted_{c}"):
                 row.cells[c] = (None, math.inf)
-
-
-def read_log(folder: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for f in sorted(folder.glob("*.parquet")):
-        rows += pq.read_table(f).to_pylist()
-    return rows

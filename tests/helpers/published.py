@@ -105,6 +105,14 @@ def report(store: Any, dt: date | str, run_id: str | None = None) -> dict[str, A
 def duckdb_rows(store: Any, path: str, dt: date | str | None = None) -> list[dict[str, Any]]:
     """The same table through DuckDB's ``delta`` extension (the PyPI package of the
     release of the ``duckdb`` package; automatic extension downloads off)."""
+    uri = f"{root_uri(store)}/{path}"
+    where = f" WHERE dt = DATE '{dt}'" if dt is not None else ""
+    return duckdb_query(store, f"SELECT * FROM delta_scan('{uri}'){where}")
+
+
+def duckdb_query(store: Any, sql: str) -> list[dict[str, Any]]:
+    """A query's rows through DuckDB with its ``delta`` extension loaded (and, for an
+    ``s3://`` store, ``httpfs`` and a secret for the store's S3 server)."""
     import duckdb
     import duckdb_extension_delta
 
@@ -115,7 +123,7 @@ def duckdb_rows(store: Any, path: str, dt: date | str | None = None) -> list[dic
         config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     )
     con.execute(f"LOAD '{extension(duckdb_extension_delta, 'delta')}'")
-    uri = f"{root_uri(store)}/{path}"
+    uri = root_uri(store)
     if uri.startswith("s3://"):
         import duckdb_extension_httpfs  # the S3 secret type and reader
 
@@ -127,9 +135,8 @@ def duckdb_rows(store: Any, path: str, dt: date | str | None = None) -> list[dic
             "URL_STYLE 'path', USE_SSL false)",
             [o["AWS_ACCESS_KEY_ID"], o["AWS_SECRET_ACCESS_KEY"], endpoint],
         )
-    where = f" WHERE dt = DATE '{dt}'" if dt is not None else ""
     try:
-        rel = con.sql(f"SELECT * FROM delta_scan('{uri}'){where}")
+        rel = con.sql(sql)
         cols = rel.columns
         return [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
     finally:

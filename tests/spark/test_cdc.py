@@ -8,136 +8,30 @@ Also: stream ids computed on Spark against the driver's tokens, and the timeuuid
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 import uuid
-from datetime import UTC, date, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
 
-from pipeline.cdc import generations, stream_id_column, timeuuid
-from pipeline.cli import main
+from pipeline.cdc import stream_id_column, timeuuid
 from pipeline.config import parse_config
-from pipeline.context import to_micros
-from pipeline.generate import GenerateOptions, generate
 from pipeline.schema import key_struct_type
-from pipeline.store import open_store
 from pipeline.streams import Generation, Generations, Topology, next_generations, vnode_ends
-from tests.helpers import REPO, configs
-from tests.helpers import published as P
+from tests.helpers import configs
 from tests.helpers.cassandra import cassandra_bytes, driver_token, random_value
 from tests.helpers.cdc_consumer import Consumer, micros, time_order
-
-D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
-CONFIG = configs.config(
-    {
-        "accounts": configs.table(
-            {"id": "bigint", "owner": "string", "balance": "bigint", "note": "string"},
-            unique=[["owner"]],
-            delta=["balance"],
-        ),
-        "sessions": configs.table(
-            {"user_id": "bigint", "device": "string", "token": "string", "hits": "int"},
-            ["user_id", "device"],
-            policy="scylla",
-        ),
-    },
-    replicas=("r1", "r2", "r3"),
-    on_divergence="warn",
-    cdc={"enabled": True, "vnodes": 8, "shards": 2, "sharding_ignore_msb": 0},
-)
-TOPOLOGY_2 = {"vnodes": 12, "shards": 3, "sharding_ignore_msb": 12}
-
-
-def _start(d: date) -> int:
-    return to_micros(datetime(d.year, d.month, d.day, tzinfo=UTC))
-
-
-def _write_config(path: Path, store: Path, cdc: dict[str, Any]) -> Path:
-    return configs.write(path, CONFIG, store=store, cdc={**CONFIG["cdc"], **cdc})
-
-
-def _run(cfg: Path, d: date, work: Path) -> None:
-    assert (
-        main(
-            [
-                "run",
-                "--config",
-                str(cfg),
-                "--date",
-                d.isoformat(),
-                "--work-dir",
-                str(work),
-                "--no-data-docs",
-            ]
-        )
-        == 0
-    )
-
-
-def _snapshot(root: Path, table: str, d: date) -> list[dict[str, Any]]:
-    """The snapshot as the run of ``d`` published it (the version its runs row names)."""
-    (run,) = P.run_rows(root, d)
-    return P.as_of(root, f"published/{table}/snapshot", run)
-
-
-def _jsonl(folder: Path) -> list[dict[str, Any]]:
-    """The rows of a base snapshot (``cdr generate`` writes JSON lines), typed as the
-    snapshot reads them."""
-    return [
-        json.loads(line) for f in sorted(folder.glob("*.jsonl*")) for line in gzip.open(f, "rt")
-    ]
-
-
-def _keyed(rows: list[dict[str, Any]], key: list[str], columns: list[str]) -> dict:
-    return {tuple(r[k] for k in key): {c: r[c] for c in columns} for r in rows}
-
-
-@pytest.fixture(scope="module")
-def two_days(tmp_path_factory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("cdc")
-    root = tmp / "store"
-    root.mkdir()
-    cfg1 = _write_config(tmp / "day1.yaml", root, {})
-    cfg2 = _write_config(
-        tmp / "day2.yaml", root, {**TOPOLOGY_2, "preimage": True, "postimage": True}
-    )
-    config = parse_config({**CONFIG, "store": root.as_uri()})
-    store = open_store(root.as_uri())
-    generate(config, store, D1, GenerateOptions(events=900, base_rows=40, late_rate=0.0, seed=3))
-    generate(config, store, D2, GenerateOptions(events=900, late_rate=0.25, seed=4))
-    _run(cfg1, D1, tmp / "work")
-    day1_logs = {t: P.cdc_log(root, t, D1) for t in CONFIG["tables"]}
-    _run(cfg2, D2, tmp / "work")
-    logs = {t: P.cdc_log(root, t, D2) for t in CONFIG["tables"]}
-    gens = generations(P.rows(root, "published/cdc/cdc_generation_descriptions"))
-    report = json.loads((root / f"published/reports/dt={D2}/run_report.json").read_text())
-    snapshots = {t: {d: _snapshot(root, t, d) for d in (D1, D2)} for t in CONFIG["tables"]}
-    _run(cfg2, D2, tmp / "rerun")  # the same date again: new run= folders
-    return {
-        "root": root,
-        "day1": day1_logs,
-        "day2": logs,
-        "rerun": {t: P.cdc_log(root, t, D2) for t in CONFIG["tables"]},
-        "gens": gens,
-        "gens_after_rerun": generations(P.rows(root, "published/cdc/cdc_generation_descriptions")),
-        "report": report,
-        "snapshots": snapshots,
-        "base": {t: _jsonl(root / f"base/table={t}") for t in CONFIG["tables"]},
-    }
+from tests.helpers.cdc_store import CONFIG, D1, D2, keyed, start_of
 
 
 def test_a_topology_change_starts_a_generation(two_days):
     gens = two_days["gens"]
-    assert [(g.time, g.expired) for g in gens] == [(0, _start(D2)), (_start(D2), None)]
+    assert [(g.time, g.expired) for g in gens] == [(0, start_of(D2)), (start_of(D2), None)]
     assert gens[0].topology == Topology(vnode_ends(8), 2, 0)
     assert gens[1].topology == Topology(vnode_ends(12), 3, 12)
     cdc = two_days["report"]["cdc"]
-    assert cdc["new_generation"] and cdc["generation"] == _start(D2) and cdc["streams"] == 36
+    assert cdc["new_generation"] and cdc["generation"] == start_of(D2) and cdc["streams"] == 36
 
 
 def test_every_entry_is_in_the_stream_of_its_token_in_the_generation_of_its_time(two_days):
@@ -151,7 +45,7 @@ def test_every_entry_is_in_the_stream_of_its_token_in_the_generation_of_its_time
             g = lookup.gens[int(lookup.operating([ts])[0])]
             token = driver_token(cassandra_bytes([r[c] for c in spec["key"]], kinds))
             assert r["cdc$stream_id"] == g.stream_of(token).to_bytes(), (table, r)
-            late += ts < _start(D2)
+            late += ts < start_of(D2)
     assert late > 0, "no late event: the old generation was not exercised"
 
 
@@ -163,8 +57,8 @@ def test_replaying_the_log_gives_the_snapshot(two_days, table: str):
     consumer.seed(two_days["base"][table])
     for d, log in ((D1, two_days["day1"][table]), (D2, two_days["day2"][table])):
         consumer.apply_log(log)  # also checks every pre- and post-image on day 2
-        want = _keyed(two_days["snapshots"][table][d], spec["key"], columns)
-        assert consumer.view(_start(d) + 86_400_000_000) == want, d
+        want = keyed(two_days["snapshots"][table][d], spec["key"], columns)
+        assert consumer.view(start_of(d) + 86_400_000_000) == want, d
     assert consumer.applied > 100
 
 
@@ -175,8 +69,8 @@ def test_replaying_from_the_previous_snapshot(two_days):
     consumer = Consumer(spec["key"], columns)
     consumer.seed(two_days["snapshots"]["accounts"][D1])
     consumer.apply_log(two_days["day2"]["accounts"])
-    want = _keyed(two_days["snapshots"]["accounts"][D2], spec["key"], columns)
-    assert consumer.view(_start(D2) + 86_400_000_000) == want
+    want = keyed(two_days["snapshots"]["accounts"][D2], spec["key"], columns)
+    assert consumer.view(start_of(D2) + 86_400_000_000) == want
 
 
 def test_one_entry_per_applied_event(two_days):
@@ -215,24 +109,6 @@ def test_a_rerun_writes_the_same_log(two_days):
         assert first == again, table
 
 
-def _readme_example(marker: str) -> str:
-    text = (REPO / "README.md").read_text()
-    return text.split(f"<!-- {marker} -->")[1].split("```python")[1].split("```")[0]
-
-
-def test_the_readme_consumer_examples_run(two_days, spark, capsys):
-    exec(_readme_example("consumer-example"), {"STORE": str(two_days["root"])})
-    printed = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert len(printed) > 3
-    times = [(line[0], uuid.UUID(line[1]).time) for line in printed]
-    assert times == sorted(times, key=lambda x: x[1])
-    exec(
-        _readme_example("consumer-example-spark"), {"STORE": str(two_days["root"]), "spark": spark}
-    )
-    shown = capsys.readouterr().out
-    assert printed[0][1] in shown  # the same first entry
-
-
 # ---------------------------------------------------------------------- on Spark
 
 
@@ -242,14 +118,14 @@ def test_stream_ids_on_spark_use_the_drivers_tokens(spark):
     gens, _ = next_generations(
         next_generations([], Topology(vnode_ends(8), 4, 12), 0)[0],
         Topology((-(2**40), 0, 2**40), 2, 0),
-        _start(D2),
+        start_of(D2),
     )
     lookup = Generations(gens)
     for shape in shapes.values():
         cols = {f"k{i}": k for i, k in enumerate(shape)}
         table = parse_config(configs.config(configs.table(cols, cols), replicas=("r",))).tables["t"]
         rows = [
-            (rnd.choice([_start(D1), _start(D2) + 5]), *[random_value(k, rnd) for k in shape])
+            (rnd.choice([start_of(D1), start_of(D2) + 5]), *[random_value(k, rnd) for k in shape])
             for _ in range(500)
         ]
         key_t = key_struct_type(table)
@@ -265,7 +141,7 @@ def test_stream_ids_on_spark_use_the_drivers_tokens(spark):
 
 def test_timeuuid_orders_like_the_canonical_order(spark):
     rnd = random.Random(2)
-    ts0 = _start(D2)
+    ts0 = start_of(D2)
     rows = [
         (ts0 + rnd.choice([0, 1, 999_999]), rnd.randint(-1, 5), rnd.randint(0, 3), f"e{i}")
         for i in range(400)

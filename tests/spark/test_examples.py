@@ -1,0 +1,176 @@
+"""Every example of the README and ``docs/`` runs (issue 49, item 6), on a store with a
+rerun (``tests/helpers/cdc_store.py``: a reader that listed a table's folder would see a
+rerun's replaced rows too):
+
+- a ``python`` or ``sql`` block is marked ``<!-- example: NAME -->`` and run: a page's
+  Python blocks in order in one namespace (``STORE``, ``spark``), its SQL through DuckDB's
+  ``delta`` extension, the store's path for ``s3://replica-exports/prod`` and ``...``;
+  :data:`CHECKS` says what each must have found, and none may list a table's folder;
+- a ``yaml`` block is a config, or a part of one, that the config's validation accepts;
+- a ``json`` block with a ``format`` is a manifest whose options are accepted;
+- a ``cdr`` command line of a plain block parses as the console script's command."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.adapters import check_options
+from pipeline.cli import build_parser
+from pipeline.config import parse_config
+from tests.helpers import REPO, configs
+from tests.helpers import published as P
+from tests.helpers.cdc_store import D2
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+_BLOCK = re.compile(r"(?:<!-- example: ([\w-]+) -->\n)?```(\w*)\n(.*?)```", re.S)
+#: what reads a table's folder instead of its Delta log
+_LISTS = re.compile(r"read\.parquet|read_parquet|parquet_scan|pq\.read_table|\.glob\(|dataset\(")
+
+
+def _blocks(lang: str) -> list[tuple[str, str | None, str]]:
+    """(page, marker, text) of every ``lang`` block of the pages."""
+    return [
+        (page.name, m.group(1), m.group(3))
+        for page in PAGES
+        for m in _BLOCK.finditer(page.read_text())
+        if m.group(2) == lang
+    ]
+
+
+def _on(store: Path, text: str) -> str:
+    for prefix in ("s3a://replica-exports/prod", "s3://replica-exports/prod", "..."):
+        text = text.replace(prefix, str(store))
+    return text
+
+
+# --------------------------------------------------------------- what each example finds
+
+
+def _duckdb(found: list[list[dict[str, Any]]], store: Path) -> None:
+    snapshot, conflicts, runs = found
+    assert len(snapshot) == len(P.snapshot(store, "accounts"))  # once each, after the rerun
+    want = P.report(store, D2)["tables"]["accounts"]["conflicts"]
+    assert sum(r["count_star()"] for r in conflicts) == sum(
+        n for outcomes in want.values() for n in outcomes.values()
+    )
+    assert [r["run_id"] for r in runs] == [r["run_id"] for r in P.runs(store)]
+
+
+def _deltalake(ns: dict[str, Any], store: Path) -> None:
+    assert len(ns["df"]) == len(P.snapshot(store, "accounts"))
+    rerun = P.run_rows(store, D2)[-1]  # the rerun: the last published run of the date
+    assert ns["then"].version() == rerun["versions"]["published/accounts/snapshot"]
+
+
+def _delta_spark(ns: dict[str, Any], store: Path) -> None:
+    assert ns["now"].count() == len(P.snapshot(store, "accounts"))
+    assert ns["then"].count() == len(P.snapshot(store, "accounts"))  # the rerun's own version
+
+
+def _consumer(printed: list[list[str]], store: Path) -> None:
+    assert len(printed) > 3
+    times = [uuid.UUID(line[1]).time for line in printed]
+    assert times == sorted(times)
+    entries = [tuple(line[:3]) for line in printed]
+    assert len(set(entries)) == len(entries)  # the rerun's replaced entries are not read
+
+
+CHECKS: dict[str, Callable[[Any, Path], None]] = {
+    "duckdb": _duckdb,
+    "deltalake": _deltalake,
+    "delta-spark": _delta_spark,
+    "cdc-consumer": _consumer,  # on what it printed
+    "cdc-consumer-spark": _consumer,  # the same entries, shown by Spark
+}
+
+
+def test_every_python_and_sql_block_is_an_example_that_runs(two_days, spark, capsys):
+    store = two_days["root"]
+    blocks = _blocks("python") + _blocks("sql")
+    unmarked = [(page, text[:60]) for page, marker, text in blocks if marker is None]
+    assert not unmarked, f"mark each with <!-- example: NAME --> and check it: {unmarked}"
+    assert {m for _, m, _ in blocks} == set(CHECKS), "an example without a check, or one gone"
+    spaces: dict[str, dict[str, Any]] = {}
+    printed: dict[str | None, str] = {}
+    for page, marker, text in blocks:
+        assert marker is not None and not _LISTS.search(text), (page, marker, "lists a folder")
+        code = _on(store, text)
+        if "delta_scan" in code:  # DuckDB's
+            CHECKS[marker](_sql(code, store), store)
+            continue
+        ns = spaces.setdefault(page, {"STORE": str(store), "spark": spark})
+        exec(code, ns)
+        printed[marker] = capsys.readouterr().out
+        if not marker.startswith("cdc-consumer"):
+            CHECKS[marker](ns, store)
+    lines = [line.split() for line in printed["cdc-consumer"].splitlines()]
+    _consumer(lines, store)
+    assert lines[0][1] in printed["cdc-consumer-spark"]  # the same first entry, with Spark
+
+
+def _sql(code: str, store: Path) -> list[list[dict[str, Any]]]:
+    """Each statement's rows, through DuckDB's ``delta`` extension as the tests load it
+    (no download): ``INSTALL``/``LOAD`` of it are left to the helper."""
+    found = []
+    for statement in [s.strip() for s in code.split(";") if s.strip()]:
+        statement = "\n".join(line.split("--")[0] for line in statement.splitlines()).strip()
+        if not statement or statement.split()[0] in ("INSTALL", "LOAD"):
+            continue
+        found.append(P.duckdb_query(store, statement))
+    return found
+
+
+def test_every_config_block_is_a_valid_config():
+    base = configs.config(replicas=("pub", "sub"))
+    for page, _, text in _blocks("yaml"):
+        data = yaml.safe_load(text)
+        whole = data if "tables" in data else {**base, **data}
+        parse_config(whole)  # raises, naming the path in the file, if it is not
+        assert page
+
+
+def test_every_manifest_block_is_a_valid_manifest():
+    manifests = [(page, json.loads(text)) for page, _, text in _blocks("json")]
+    for page, m in manifests:
+        if "format" in m:
+            check_options(m["format"], m.get("options"), page)
+    assert manifests
+
+
+#: the placeholders of the command lines, and a value each may stand for
+_SAMPLES = {"D": "2026-11-21", "N": "7", "ID": "run-1", "E": "e-1", "R": "0.1", "S": "1"}
+
+
+@pytest.mark.parametrize("page", [p.name for p in PAGES])
+def test_every_cdr_command_line_parses(page: str):
+    """A ``cdr`` line of a plain block: its alternatives (``a|b``) one by one, its
+    optional parts (``[...]``) in."""
+    parser = build_parser()
+    text = next(p for p in PAGES if p.name == page).read_text()
+    lines = [
+        line.split("#")[0].strip()
+        for _, lang, block in _BLOCK.findall(text)
+        if lang == ""
+        for line in block.splitlines()
+        if line.startswith("cdr ")
+    ]
+    for line in lines:
+        line = re.sub(r"\[([^\]]*)\]", r"\1", line)
+        words = [_SAMPLES.get(w, w) for w in shlex.split(line)[1:]]
+        alternatives = [w.split("|") if "|" in w else [w] for w in words]
+        for i, options in enumerate(alternatives):
+            for choice in options:
+                argv = [choice if j == i else a[0] for j, a in enumerate(alternatives)]
+                try:
+                    parser.parse_args(argv)
+                except SystemExit:
+                    pytest.fail(f"{page}: `{line}` does not parse ({argv})")
