@@ -39,8 +39,10 @@ if TYPE_CHECKING:
     from pipeline.config import Config, Table
     from pipeline.exports import StagedExport
 
-#: a replica's typed copies, under its staged folder
+#: a replica's typed copies, under its staged folder, and the lines of its export that
+#: wait for their transaction's commit (``pipeline.pending``)
 COPIES = "copies"
+WAITING = "waiting"
 _BATCH = 8192
 
 
@@ -95,7 +97,7 @@ class CopyWriter:
             try:
                 line = text.decode("utf-8")
             except UnicodeDecodeError as e:  # kept with its bytes escaped, never replaced
-                detail = f"{self.file} line {number}: not valid UTF-8 ({not_utf8(e)})"
+                detail = f"not valid UTF-8 ({not_utf8(e)})"
                 raw = text.decode("utf-8", "backslashreplace")
                 self._add(number, self.typer.malformed_line(raw, self.replica, detail))
                 continue
@@ -103,7 +105,7 @@ class CopyWriter:
 
     def long_line(self, number: int, head: LongLine, limit: int | None) -> None:
         """A line over ``max_record_bytes``: malformed, with its first bytes."""
-        detail = f"{self.file} line {number}: {long_line(head, limit)}"
+        detail = long_line(head, limit)
         raw = head.decode("utf-8", "backslashreplace")
         self._add(number, self.typer.malformed_line(raw, self.replica, detail))
 
@@ -112,6 +114,7 @@ class CopyWriter:
 
     def _add(self, number: int | None, copy: dict[str, Any]) -> None:
         copy["replica"], copy["file"], copy["line"] = self.replica, self.file, number
+        located(copy)
         self._rows.append(copy)
         self.count += 1
         if len(self._rows) >= _BATCH:
@@ -135,6 +138,17 @@ class CopyWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def located(copy: dict[str, Any]) -> dict[str, Any]:
+    """A quarantined copy's detail names its file and line (``<file> line <n>: ``), unless
+    it does already (an adapter's own reasons: ``<format> record at <file>:<n>: ``)."""
+    detail, line = copy["detail"], copy["line"]
+    if detail is not None and line is not None:
+        where = f"{copy['file']}:{line}: "
+        if where not in detail[: len(where) + 40]:
+            copy["detail"] = f"{copy['file']} line {line}: {detail}"
+    return copy
 
 
 def special_count(copies: pa.Table) -> int:
@@ -227,7 +241,7 @@ def type_adapted(
             for r in batch.to_pylist():
                 copy = typer.line(r["raw"], r["replica"])
                 copy["replica"], copy["file"], copy["line"] = r["replica"], r["file"], r["line"]
-                rows.append(copy)
+                rows.append(located(copy))
             yield from columns_table(rows, schema).to_batches()
 
     return run
@@ -322,8 +336,11 @@ def read_copies(
                     type_adapted(spec), schema
                 )
                 typed.write.mode("overwrite").parquet(str(rep_dir / COPIES))
-                if adapted.waiting is not None:
-                    waiting.append(adapted.waiting)
+                if adapted.waiting is not None:  # beside the copies: a retry reads both
+                    adapted.waiting.write.mode("overwrite").parquet(str(rep_dir / WAITING))
+                adapted.release()
+        if (rep_dir / WAITING).is_dir():
+            waiting.append(spark.read.schema(pending.WAITING_DDL).parquet(str(rep_dir / WAITING)))
         files += [str(p) for p in (rep_dir / COPIES).parquet_files()]
     counts = _pending(spark, run, exports, carried, waiting, table.name)
     files += retry.copies_of(table_dir)  # E5: quarantined events offered again

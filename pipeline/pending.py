@@ -39,6 +39,9 @@ SCHEMA_DDL = (
     "run_id string, table string, replica string, file string, line bigint, raw string, "
     "bad string, exported date"
 )
+#: the lines an adapter left waiting, as the resolve stage keeps them beside its copies
+#: (``exported`` null: the run's own export's)
+WAITING_DDL = "replica string, file string, line bigint, raw string, bad string, exported date"
 #: the per-replica counts of the run report (``summary.TableSummary.replicas``)
 READ_BACK, LEFT = "pending_in", "pending"
 

@@ -43,6 +43,12 @@ class Adapted:
 
     records: DataFrame
     waiting: DataFrame | None = None
+    #: what both were read from, kept while they are written (:meth:`release` after)
+    kept: DataFrame | None = None
+
+    def release(self) -> None:
+        if self.kept is not None:
+            self.kept.unpersist()
 
 
 def text(v: Column) -> Column:
@@ -129,7 +135,7 @@ def digest_place(
     ``before`` (text maps); ``order``: the export's order of the changes (none: identical
     changes are one)."""
     content = F.to_json(F.struct(F.col("new_key"), F.col("after"), F.col("before")))
-    digest = F.substring(F.sha2(content, 256), 1, 16)
+    digest = F.lpad(F.lower(F.hex(F.xxhash64(content))), 16, "0")  # Spark's seed: stable
     same = [replica, origin, ts, op, F.to_json(key), digest]
     n = F.lit(1) if order is None else occurrence(same, order)
     return F.concat(F.lit("~"), digest, F.lit("#"), n.cast("string"))

@@ -138,7 +138,8 @@ def dms(
         line_order(F.col("fileno"), F.col("line")).alias("seq"),
         _named(options, "change_seq_column").alias("change_seq"),
     )
-    return Adapted(canonical(_placed(df, legacy_ids is not None), "dms", table, legacy_ids))
+    placed = _placed(df, legacy_ids is not None, "change_seq_column" in options)
+    return Adapted(canonical(placed, "dms", table, legacy_ids))
 
 
 def _named(options: Mapping[str, Any], option: str, default: Column | None = None) -> Column:
@@ -149,14 +150,18 @@ def _named(options: Mapping[str, Any], option: str, default: Column | None = Non
     return none if col is None else F.coalesce(F.col(f"`{col}`").cast("string"), none)
 
 
-def _placed(df: DataFrame, legacy: bool) -> DataFrame:
+def _placed(df: DataFrame, legacy: bool, has_seq: bool) -> DataFrame:
     """The id's place and ``pos`` (module docstring), and with ``legacy`` the place the
     ids before issue 49 gave (``common.legacy_number``)."""
     c = F.col
-    seq = c("change_seq")  # null without the option: identical changes are then one
+    seq = c("change_seq") if has_seq else None  # without it: identical changes are one
     digest = digest_place(c("replica"), c("origin"), c("ts"), c("op"), c("key"), seq)
-    tx = Window.partitionBy(c("replica"), c("origin"), c("ts")).orderBy(seq, c("seq"))
-    out = df.select("*", digest.alias("place"), F.dense_rank().over(tx).alias("pos"))
+    pos = c("seq")  # the export's order of files and lines
+    if has_seq:  # the change sequence's order (35 digits: ranked, within the transaction)
+        pos = F.dense_rank().over(
+            Window.partitionBy(c("replica"), c("origin"), c("ts")).orderBy(c("change_seq"))
+        )
+    out = df.select("*", digest.alias("place"), pos.alias("pos"))
     if legacy:
         out = out.withColumn(
             "legacy_n", legacy_number(c("txid"), event_ts_micros(c("ts")), c("seq"))

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from datetime import date
 from typing import Any
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -91,29 +92,33 @@ def _lines(raw: DataFrame, carried: DataFrame | None) -> DataFrame:
 def _transactions(df: DataFrame, table: Table) -> DataFrame:
     """Each line's transaction (``in_tx``: a framing or change action with its xid and
     commit time), whether the lines hold its ``B`` and its ``C`` (framing as staging
-    counts it: ``options.FRAMING``), and, for a change of this table, its position in it
-    (``pos``) and its occurrence with its op and key (``n``, by position: a change sent
-    twice keeps one)."""
+    counts it: ``options.FRAMING``), and, for a change of this table, its LSN, which orders
+    the transaction's changes (``pos``: with whole transactions, the copies that stand for
+    one transaction's events are one replica's), and its occurrence with its op and key
+    (``n``, by position: a change sent twice keeps one). One exchange and one sort: the
+    lines by transaction, then by op, key and LSN, which both windows read."""
     act, p = F.col("p.action"), F.col("p")
-    framing = F.col("raw").rlike(FRAMING["wal2json"].pattern.decode())
     in_tx = act.isin(*_FRAMING, *_CHANGES) & p["xid"].isNotNull() & p["timestamp"].isNotNull()
-    tx = [F.col("replica"), p["xid"], p["timestamp"], in_tx]
-    whole = Window.partitionBy(*tx)
+    other, _ = table_check(table, p["schema"], p["table"], "")
     df = df.select(
         "*",
-        framing.alias("framing"),
+        F.col("raw").rlike(FRAMING["wal2json"].pattern.decode()).alias("framing"),
         in_tx.alias("in_tx"),
-        F.max((framing & (act == "B")).cast("int")).over(whole).alias("has_b"),
-        F.max((framing & (act == "C")).cast("int")).over(whole).alias("has_c"),
+        (in_tx & act.isin(*_CHANGES) & ~F.coalesce(other, F.lit(False))).alias("change"),
+        F.to_json(F.col("key")).alias("key_text"),
+        _lsn(p["lsn"]).alias("at"),
     )
-    other, _ = table_check(table, p["schema"], p["table"], "")
-    change = F.col("in_tx") & act.isin(*_CHANGES) & ~F.coalesce(other, F.lit(False))
-    at = _lsn(p["lsn"])
-    old_key = F.to_json(F.col("key"))
+    tx = [F.col(c) for c in ("replica", "p.xid", "p.timestamp", "in_tx")]
+    same = [*tx, F.col("change"), act, F.col("key_text")]
+    df = df.repartition(*tx).sortWithinPartitions(*same, "at")
+    whole = Window.partitionBy(*tx)
+    framing = F.col("framing")
     return df.select(
         "*",
-        F.when(change, occurrence([*tx, change], at)).alias("pos"),
-        F.when(change, occurrence([*tx, change, act, old_key], at)).alias("n"),
+        F.max((framing & (act == "B")).cast("int")).over(whole).alias("has_b"),
+        F.max((framing & (act == "C")).cast("int")).over(whole).alias("has_c"),
+        F.when(F.col("change"), F.col("at")).alias("pos"),
+        F.when(F.col("change"), occurrence(same, F.col("at"))).alias("n"),
     )
 
 
@@ -200,29 +205,40 @@ def wal2json(
         tonight = F.col("exported").isNull() & ~framing
         df = df.withColumn("legacy_n", _legacy_n(tonight, ts))
         legacy = ["legacy_n"]
-    records = df.where(~framing & ~waiting).select(
-        *LINE_COLUMNS,
-        F.col("raw").alias("source"),
-        F.coalesce(_w2j_problem(table, origin), unplaced).alias("problem"),
-        F.when(act == "I", "INSERT")
-        .when(act == "U", "UPDATE")
-        .when(act == "D", "DELETE")
-        .when(act == "T", "TRUNCATE")
-        .alias("op"),
-        "key",
-        F.when(changed, new_key).alias("new_key"),
-        F.when(act.isin("I", "U"), F.col("c_m")).alias("after"),
-        F.when(act.isin("U", "D"), F.col("i_m")).alias("before"),
-        ts.alias("ts"),
-        origin.alias("origin"),
-        F.col("p.xid").alias("txid"),
-        _lsn(F.col("p.lsn")).alias("seq"),
-        F.col("pos").cast("bigint").alias("pos"),
-        F.concat(F.lit("#"), F.col("n").cast("string")).alias("place"),
-        *legacy,
+    # mapped once for both outputs: the records, and the lines that wait
+    mapped = (
+        df.where(~framing | waiting)
+        .select(
+            waiting.alias("waits"),
+            "bad",
+            "exported",
+            *LINE_COLUMNS,
+            F.col("raw").alias("source"),
+            F.coalesce(_w2j_problem(table, origin), unplaced).alias("problem"),
+            F.when(act == "I", "INSERT")
+            .when(act == "U", "UPDATE")
+            .when(act == "D", "DELETE")
+            .when(act == "T", "TRUNCATE")
+            .alias("op"),
+            "key",
+            F.when(changed, new_key).alias("new_key"),
+            F.when(act.isin("I", "U"), F.col("c_m")).alias("after"),
+            F.when(act.isin("U", "D"), F.col("i_m")).alias("before"),
+            ts.alias("ts"),
+            origin.alias("origin"),
+            F.col("p.xid").alias("txid"),
+            _lsn(F.col("p.lsn")).alias("seq"),
+            F.col("pos").cast("bigint").alias("pos"),
+            F.concat(F.lit("#"), F.col("n").cast("string")).alias("place"),
+            *legacy,
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    kept = df.where(waiting).select(*RAW_COLUMNS, "exported")
-    return Adapted(canonical(records, "wal2json", table, legacy_ids), kept)
+    records = mapped.where(~F.col("waits"))
+    kept = mapped.where("waits").select(
+        *RAW_COLUMNS[:3], F.col("source").alias("raw"), "bad", "exported"
+    )
+    return Adapted(canonical(records, "wal2json", table, legacy_ids), kept, mapped)
 
 
 def _legacy_n(tonight: Column, ts: Column) -> Column:

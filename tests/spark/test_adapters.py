@@ -127,10 +127,10 @@ def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
     assert ins["ts"] == T0 and ins["origin"] == "pg1" and ins["txid"] == "700"
     assert ins["seq"] == 0x153BBB8  # the LSN as a 64-bit integer
     # the id: origin, commit time, op, old key and its place among the transaction's
-    # changes with that op and key; pos: its position in the transaction
-    assert ins["event_id"] == f'pg1@{T0}/I/{{"id":"1"}}#1' and ins["pos"] == 1
-    assert got[1]["event_id"] == f'pg1@{T0}/I/{{"id":"2"}}#1' and got[1]["pos"] == 2
-    assert [upd["pos"], dele["pos"], trunc["pos"]] == [1, 2, 3]
+    # changes with that op and key; pos: its LSN, which orders the transaction's changes
+    assert ins["event_id"] == f'pg1@{T0}/I/{{"id":"1"}}#1' and ins["pos"] == ins["seq"]
+    assert got[1]["event_id"] == f'pg1@{T0}/I/{{"id":"2"}}#1'
+    assert [g["pos"] for g in got] == [g["seq"] for g in got]
     assert upd["key"] == {"id": "2"} and upd["new_key"] == {"id": "20"}
     assert upd["before"] == {"id": "2"}
     assert dele["key"] == {"id": "1"} and "after" not in dele

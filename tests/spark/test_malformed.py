@@ -125,6 +125,10 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
         r["reason"] == "malformed" for r in q if r["event_id"] not in ("pub-20", "pub-21", "pub-22")
     )
     assert len(q) == len(lines) - 1  # every record but the good one, each kept whole
+    written = [ln if isinstance(ln, str) else json.dumps(ln) for ln in lines]
+    numbered = {text: n for n, text in enumerate(written, 1)}
+    for r in q:  # each names its file and line (issue 49)
+        assert r["detail"].startswith(f"part-0.jsonl line {numbered[r['event']]}: "), r
     assert {r["event"] for r in q} >= {"{not json"}
     snap = P.snapshot(store, "t")
     assert [r["id"] for r in snap] == [1]
