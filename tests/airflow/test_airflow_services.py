@@ -10,10 +10,12 @@ run, so that no run for today's date races the ones it checks.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -185,8 +187,12 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
     for service in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"]):
         log = open(home / f"{service[0]}.log", "w")  # noqa: SIM115 (closed with the process)
         procs.append(
-            subprocess.Popen(
-                [str(BIN / "airflow"), *service], env=env, stdout=log, stderr=subprocess.STDOUT
+            subprocess.Popen(  # a group of its own: the scheduler's children go with it
+                [str(BIN / "airflow"), *service],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         )
     af = Airflow(url, env, home)
@@ -203,14 +209,17 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
         af.api("PATCH", "/dags/replica_cdr", {"is_paused": False})
         af.store = store  # type: ignore[attr-defined]
         yield af
-    finally:
+    finally:  # each service with what it started (the scheduler's executor, serve-logs)
         for p in procs:
-            p.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # its children may outlive it
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 def _report(store, d: date) -> dict[str, Any]:
