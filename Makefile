@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-ASSETS := pipeline/datadocs_assets/.fetched
+ASSETS := pipeline/validate/assets/.fetched
 
 .PHONY: venv jars jars-lock jvm-archive bytecode demo test test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
 
@@ -14,9 +14,9 @@ venv: $(STAMP)
 
 # The scripts and styles of the Data Docs pages, bundled so that they open offline (npm).
 docs-assets: $(ASSETS)
-$(ASSETS): pipeline/datadocs.py | $(STAMP)
+$(ASSETS): pipeline/validate/datadocs.py | $(STAMP)
 	@if command -v npm >/dev/null; then \
-	  $(BIN)/python -m pipeline.datadocs fetch && touch $(ASSETS); \
+	  $(BIN)/python -m pipeline.validate.datadocs fetch && touch $(ASSETS); \
 	else echo "npm is missing: the Data Docs pages will load their scripts from public CDNs"; fi
 
 # The Debian packages the tests use, each with the check that it is there:
@@ -77,23 +77,23 @@ bytecode: $(STAMP)
 
 # The JVM packages of jars.lock (Delta Lake, s3a), fetched once with Maven and checked
 # against the lock's sha256s, and the project's log store built with javac
-# (pipeline/jars.py); CDR_MAVEN_REPO names Maven's local repository (CI gives it an
+# (pipeline/spark/jars.py); CDR_MAVEN_REPO names Maven's local repository (CI gives it an
 # empty one).
 JARS := $(VENV)/share/cdr/jars/.locked
 jars: $(JARS)
-$(JARS): jars.lock $(wildcard pipeline/jvm/*.java) | $(STAMP)
+$(JARS): jars.lock $(wildcard pipeline/spark/java/*.java) | $(STAMP)
 	$(call debian_install,maven default-jdk-headless)
 	$(BIN)/cdr jars fetch
 	@touch $(JARS)
 
-# Resolve jars.lock again from pipeline/jars.py's ROOTS (a maintainer's step).
+# Resolve jars.lock again from pipeline/spark/jars.py's ROOTS (a maintainer's step).
 jars-lock: $(STAMP)
-	$(BIN)/python -m pipeline.jars lock
+	$(BIN)/python -m pipeline.spark.jars lock
 
 # The class-data archive of Spark's classes: each new driver JVM starts from it about 5 s
-# faster (pipeline/jvmstart.py). Built once per JDK and Spark, in about a minute.
+# faster (pipeline/spark/jvm.py). Built once per JDK and Spark, in about a minute.
 jvm-archive: $(STAMP) $(JARS)
-	@$(BIN)/python -c 'import sys; from pipeline.jvmstart import usable_archive; sys.exit(usable_archive() is None)' \
+	@$(BIN)/python -c 'import sys; from pipeline.spark.jvm import usable_archive; sys.exit(usable_archive() is None)' \
 	  || { echo "building the JVM's class-data archive (about a minute, once)"; $(BIN)/cdr jvm-archive; }
 
 demo: $(STAMP) $(ASSETS) jvm-archive bytecode

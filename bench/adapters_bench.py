@@ -31,10 +31,10 @@ from typing import Any
 
 from resolve_bench import CONFIG, D, measure, staged_input
 
-from pipeline.config import parse_config
-from pipeline.context import RunContext, resolve_now
-from pipeline.exports import fetch, ingest
-from pipeline.store import open_store
+from pipeline.core.config import parse_config
+from pipeline.ingest.exports import fetch, ingest
+from pipeline.storage.context import RunContext, resolve_now
+from pipeline.storage.store import open_store
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 REPLICAS = [r["id"] for r in CONFIG["replicas"]]
@@ -148,7 +148,7 @@ def convert(src_dir: Path, dest_root: Path, fmt: str) -> Path:
 
 
 def bench(n: int, root: Path, spark) -> dict[str, Any]:
-    from pipeline.resolve import resolve_stage
+    from pipeline.resolve.stage import resolve_stage
 
     config, ctx, stats = staged_input(CONFIG, n, root, spark)
     runs = {"jsonl": (config, ctx)}
@@ -185,7 +185,7 @@ def bench(n: int, root: Path, spark) -> dict[str, Any]:
 
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [1_000_000]
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM

@@ -38,9 +38,9 @@ CDC = {"enabled": True, "vnodes": 16, "shards": 4, "preimage": True, "postimage"
 
 
 def bench(n: int, root: Path, spark) -> dict:
-    from pipeline.cdc import cdc_stage
-    from pipeline.resolve import resolve_stage
-    from pipeline.validation import validate_stage
+    from pipeline.changes.cdc import cdc_stage
+    from pipeline.resolve.stage import resolve_stage
+    from pipeline.validate.stage import validate_stage
 
     config, ctx, stats = staged_input({**CONFIG, "cdc": CDC}, n, root, spark)
     off = dataclasses.replace(config, cdc=dataclasses.replace(config.cdc, enabled=False))
@@ -77,7 +77,7 @@ def bench(n: int, root: Path, spark) -> dict:
 
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [4_000_000]
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM

@@ -42,7 +42,7 @@ CONFIG = configs.config(
 def bench(n: int, root: Path, spark, rounds: int) -> dict:
     config, ctx, stats = staged_input(CONFIG, n, root, spark)
 
-    from pipeline.resolve import resolve_stage
+    from pipeline.resolve.stage import resolve_stage
 
     results: dict[str, list[tuple[float, int]]] = {"baseline": [], "resolve": []}
     summaries: list = []  # each round's RunSummary
@@ -78,7 +78,7 @@ def bench(n: int, root: Path, spark, rounds: int) -> dict:
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [4_000_000]
     rounds = int(os.environ.get("BENCH_ROUNDS", "2"))
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-cell-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM

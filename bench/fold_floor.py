@@ -32,7 +32,7 @@ from pathlib import Path
 
 from resolve_bench import CONFIG, baseline, measure, refetch, staged_input
 
-import pipeline.engine
+import pipeline.resolve.engine
 
 
 def _fold_function(floor: bool):
@@ -40,12 +40,12 @@ def _fold_function(floor: bool):
     task. Python workers are reused, so each task sets the fold it needs."""
 
     def make(job, single_group: bool):
-        from pipeline.foldrun import fold_function
+        from pipeline.resolve.foldrun import fold_function
 
         whole = fold_function(job, single_group)
 
         def run(batches):
-            from pipeline import foldrun
+            from pipeline.resolve import foldrun
 
             stream = foldrun._Stream
             kept = foldrun.__dict__.setdefault("_bench_fold_python", stream.fold_python)
@@ -60,25 +60,25 @@ def _fold_function(floor: bool):
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     rounds = int(os.environ.get("BENCH_ROUNDS", "2"))
-    from pipeline.resolve import resolve_stage
-    from pipeline.spark import get_spark
+    from pipeline.resolve.stage import resolve_stage
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
     root = Path(tempfile.mkdtemp(prefix="cdr-bench-"))
-    whole_fold = pipeline.engine.fold_function
+    whole_fold = pipeline.resolve.engine.fold_function
     try:
         config, ctx, stats = staged_input(CONFIG, n, root, spark)
         store = root / f"store-{n}"
 
         def resolve(floor: bool):
             def go() -> None:
-                pipeline.engine.fold_function = _fold_function(floor)
+                pipeline.resolve.engine.fold_function = _fold_function(floor)
                 try:
                     refetch(spark, config, ctx)
                     resolve_stage(spark, config, ctx)
                 finally:
-                    pipeline.engine.fold_function = whole_fold
+                    pipeline.resolve.engine.fold_function = whole_fold
 
             return go
 

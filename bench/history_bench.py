@@ -33,17 +33,18 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 from resolve_bench import CONFIG, bench_config, staged_input
 
-from pipeline import layout, stages
-from pipeline.config import Config, parse_config
-from pipeline.context import RunContext
+from pipeline import stages
+from pipeline.core import layout
+from pipeline.core.config import Config, parse_config
+from pipeline.storage.context import RunContext
 
 HISTORY = bench_config(history=True)
 
 
 def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from pipeline.history import history_stage
-    from pipeline.resolve import resolve_stage, save_summary
-    from pipeline.validation import measure_stage
+    from pipeline.changes.history import history_stage
+    from pipeline.resolve.stage import resolve_stage, save_summary
+    from pipeline.validate.stage import measure_stage
 
     shutil.rmtree(store / layout.PUBLISHED, ignore_errors=True)  # a run publishes once
     t = time.perf_counter()
@@ -71,7 +72,7 @@ def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4_000_000
     rounds = int(os.environ.get("BENCH_ROUNDS", "2"))
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-history-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM

@@ -33,12 +33,17 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import yaml
 
-from pipeline import cdc, copies, engine, exports, resolve, stages, validation
-from pipeline.cells import stage as cell_stage
-from pipeline.config import parse_config
-from pipeline.generate import GenerateOptions, generate
-from pipeline.spark import get_spark
-from pipeline.store import open_store
+from pipeline import stages
+from pipeline.app.generate import GenerateOptions, generate
+from pipeline.changes import cdc
+from pipeline.core.config import parse_config
+from pipeline.ingest import copies, exports
+from pipeline.resolve import engine
+from pipeline.resolve import stage as resolve
+from pipeline.resolve.cells import stage as cell_stage
+from pipeline.spark.session import get_spark
+from pipeline.storage.store import open_store
+from pipeline.validate import stage as validation
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resolve_bench import CONFIG, D

@@ -26,7 +26,7 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
 from resolve_bench import ITEM_COLUMNS, bench_config, refetch, staged_input
 
-from pipeline.config import parse_config
+from pipeline.core.config import parse_config
 
 COLUMNS = {**ITEM_COLUMNS, "updated_at": "timestamp"}
 PLAIN = bench_config(COLUMNS)
@@ -39,8 +39,8 @@ VARIANTS = {
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4_000_000
     rounds = int(os.environ.get("BENCH_ROUNDS", "1"))
-    from pipeline.resolve import resolve_stage
-    from pipeline.spark import get_spark
+    from pipeline.resolve.stage import resolve_stage
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-policy-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM

@@ -36,13 +36,14 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import yaml
 
-from pipeline import layout, stages
-from pipeline.config import parse_config
-from pipeline.context import RunContext
-from pipeline.generate import GenerateOptions, generate
-from pipeline.outputs import located
-from pipeline.spark import get_spark
-from pipeline.store import open_store
+from pipeline import stages
+from pipeline.app.generate import GenerateOptions, generate
+from pipeline.core import layout
+from pipeline.core.config import parse_config
+from pipeline.publish.targets import located
+from pipeline.spark.session import get_spark
+from pipeline.storage.context import RunContext
+from pipeline.storage.store import open_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resolve_bench import CONFIG, D

@@ -39,18 +39,18 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 # the repository's root, for tests.helpers.configs (the one config builder)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.config import Config, parse_config
-from pipeline.context import RunContext, resolve_now
-from pipeline.exports import fetch, ingest
-from pipeline.generate import GenerateOptions, generate
-from pipeline.store import open_store
+from pipeline.app.generate import GenerateOptions, generate
+from pipeline.core.config import Config, parse_config
+from pipeline.ingest.exports import fetch, ingest
+from pipeline.storage.context import RunContext, resolve_now
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 
 D = date(2026, 11, 21)
 ITEM_COLUMNS = {**configs.ITEMS, "price": "decimal(12,2)", "note": "string"}
 #: the postgres preset's resolvers; with BENCH_RESOLVERS=timestamps, every resolver that can
 #: be timestamp-based is (the preset's update_deleted is skip); update_missing and
-#: delete_missing have no timestamp-based resolver (§4)
+#: delete_missing have no timestamp-based resolver (docs/rules.md#resolvers)
 RESOLVERS = (
     {"update_deleted": "latest_timestamp_wins"}
     if os.environ.get("BENCH_RESOLVERS") == "timestamps"
@@ -101,7 +101,7 @@ def baseline(spark, store: Path, out: Path, table: str = "items") -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from pipeline.state import TEXT_MAP
+    from pipeline.resolve.state import TEXT_MAP
 
     raw = spark.read.text(
         str(store / "exports" / "replica=*" / f"table={table}" / "dt=*" / "*.jsonl*")
@@ -167,7 +167,7 @@ def bench(
 ) -> dict:
     config, ctx, stats = staged_input(CONFIG, n, root, spark)
 
-    from pipeline.resolve import resolve_stage
+    from pipeline.resolve.stage import resolve_stage
 
     results: dict[str, list[tuple[float, int]]] = {"baseline": [], "resolve": []}
     summaries: list = []  # each round's RunSummary
@@ -204,7 +204,7 @@ def bench(
 
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [1_000_000, 4_000_000]
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-bench")
     spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM

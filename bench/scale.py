@@ -9,7 +9,7 @@ uniform one (``--skew 0``), ``cdr generate`` writes the night's 60K records (3 r
 round copies that store again (not timed) and times, alternated, as new processes:
 
 - ``cdr run`` of the night: ingest, resolve, validation (no Data Docs), publish;
-- the bare job, in the project's own Spark session (``pipeline.spark.get_spark``): read
+- the bare job, in the project's own Spark session (``pipeline.spark.session.get_spark``): read
   the state table's latest version (through Delta's reader) and the night's JSONL exports,
   keep the latest version of each key (``row_number`` over the key by timestamp,
   the state row's ``_ts`` against the events' ``ts``), drop deleted keys, write the new
@@ -61,7 +61,7 @@ BARE = """
 import sys
 sys.path.insert(0, {root!r})
 from bench.scale import bare
-from pipeline.spark import get_spark
+from pipeline.spark.session import get_spark
 spark = get_spark("local[*]", app="bare")
 bare(spark, {store!r}, {out!r})
 spark.stop()
@@ -75,10 +75,10 @@ def bare(spark, store_uri: str, out: str, table: str = "items") -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from pipeline import layout
-    from pipeline.lake import Lake
-    from pipeline.state import TEXT_MAP
-    from pipeline.store import open_store
+    from pipeline.core import layout
+    from pipeline.resolve.state import TEXT_MAP
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.store import open_store
 
     uri = Lake(open_store(store_uri)).spark_uri(layout.table_path(table, layout.STATE))
     state = spark.read.format("delta").load(uri)

@@ -4,7 +4,7 @@ start included (issue 15: at most 15 s), and its Spark jobs (at most 15 per tabl
 The exports are ``cdr generate``'s, for the resolve bench's table, on a ``file://`` store;
 each round runs the same date again in a new process (a rerun: the same work), with
 validation on and no Data Docs, once as it starts by default (the class-data archive
-``make`` builds, a small run's JVM options: ``pipeline/jvmstart.py``) and once with
+``make`` builds, a small run's JVM options: ``pipeline/spark/jvm.py``) and once with
 ``CDR_JVM_START=plain``, alternated. It prints each run's wall seconds, to the exit of
 the ``cdr`` process (what a shell waits for) and to the end of its output (the JVM, a
 child of the process, exits after it and holds the output open until then), and the CPU

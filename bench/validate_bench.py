@@ -27,13 +27,13 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "2")
 
 import yaml
 
-from pipeline.cli import main
-from pipeline.config import load_config
-from pipeline.context import RunContext
-from pipeline.resolve import load_summary
-from pipeline.spark import get_spark
-from pipeline.suites import SUITES, Project, is_row_suite, load_template, render_suite
-from pipeline.validation import Frames
+from pipeline.app.cli import main
+from pipeline.core.config import load_config
+from pipeline.resolve.stage import load_summary
+from pipeline.spark.session import get_spark
+from pipeline.storage.context import RunContext
+from pipeline.validate.stage import Frames
+from pipeline.validate.suites import SUITES, Project, is_row_suite, load_template, render_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 D = "2026-11-21"

@@ -44,7 +44,7 @@ import sys
 sys.path.insert(0, {bench!r})
 from pathlib import Path
 from resolve_bench import baseline
-from pipeline.spark import get_spark
+from pipeline.spark.session import get_spark
 spark = get_spark("local[*]", app="bare")
 baseline(spark, Path({store!r}), Path({out!r}))
 spark.stop()
@@ -52,10 +52,10 @@ spark.stop()
 FLOOR = """
 import sys
 sys.path.insert(0, {bench!r})
-import pipeline.engine
+import pipeline.resolve.engine
 from fold_floor import _fold_function
-from pipeline.cli import main
-pipeline.engine.fold_function = _fold_function(True)
+from pipeline.app.cli import main
+pipeline.resolve.engine.fold_function = _fold_function(True)
 main({argv!r})
 """
 

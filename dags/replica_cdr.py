@@ -35,8 +35,7 @@ from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from cdr_links import DataDocsLink, aws_env_from_connection
 
-from pipeline.config import load_config
-from pipeline.jobs import ENTRY
+from pipeline import ENTRY, load_config
 
 DAGS = Path(__file__).resolve().parent
 CONFIG = os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml"))
@@ -66,8 +65,7 @@ def report_failure(context: dict[str, Any]) -> None:
         if missing:
             reason = f"timed out waiting for {len(missing)} manifest(s), e.g. {missing[0]}"
     if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
-        from pipeline.errors import CdrError
-        from pipeline.validation import load_verdict
+        from pipeline import CdrError, load_verdict
 
         try:
             failures = load_verdict(_run_context(plan)).failures
@@ -86,9 +84,7 @@ def report_failure(context: dict[str, Any]) -> None:
 def _notes(plan: dict[str, Any]) -> str:
     """The quarantine's open count and the clock-skew warnings of the run's resolve, when
     it got that far ("" otherwise)."""
-    from pipeline.errors import CdrError
-    from pipeline.resolve import load_summary
-    from pipeline.stages import notes_line, operator_notes
+    from pipeline import CdrError, load_summary, notes_line, operator_notes
 
     if not plan.get("date"):
         return ""
@@ -105,15 +101,14 @@ def _date(plan: dict[str, Any]) -> date:
 
 def _run_context(plan: dict[str, Any]) -> Any:
     """The pipeline's context of the plan's run (what ingest left in the work folder)."""
-    from pipeline.context import RunContext
+    from pipeline import RunContext
 
     return RunContext.load(WORK_DIR, _date(plan), plan.get("run_id"))
 
 
 def _missing_manifests(plan: dict[str, Any]) -> list[str]:
     """The manifests of the plan's date and tables not in the store yet."""
-    from pipeline.exports import missing_manifests
-    from pipeline.store import open_store
+    from pipeline import missing_manifests, open_store
 
     selected = config.select(plan["tables"].split(",") if plan["tables"] else None)
     assert selected.store
@@ -121,7 +116,7 @@ def _missing_manifests(plan: dict[str, Any]) -> list[str]:
 
 
 def _cli(command: str, date: str, *extra: str) -> None:
-    from pipeline.cli import main
+    from pipeline import cli_main as main
 
     args = [command, "--config", CONFIG, "--date", date, "--work-dir", WORK_DIR, *extra]
     rc = main(args)
@@ -187,7 +182,7 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
     """The run's date, options and pipeline run id, checked against the config. The id
     is the DAG run's with this task's try: retries of later tasks re-enter the run
     (and its lease); clearing the whole DAG run starts a new run."""
-    from pipeline.context import safe_run_id
+    from pipeline import safe_run_id
 
     when = logical_date or dag_run.run_after
     day = params["date"] or (when - timedelta(days=1)).date().isoformat()
@@ -244,10 +239,10 @@ SPARK_CONF = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress
 class SparkStage(SparkSubmitOperator):
     """spark-submit with the ``aws_default`` connection in its environment: the resolve
     stage's Spark tasks fetch the exports from the store. The driver starts from the
-    worker's class-data archive, if it has one (``pipeline.jvmstart``)."""
+    worker's class-data archive, if it has one (``pipeline.spark.jvm``)."""
 
     def execute(self, context: Any) -> Any:
-        from pipeline.jvmstart import submit_conf
+        from pipeline import submit_conf
 
         aws_env_from_connection()
         self.conf = {**submit_conf(), **(self.conf or {})}
@@ -291,7 +286,7 @@ def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
         raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
     aws_env_from_connection()
     _cli("publish", p["date"], "--run-id", p["run_id"])
-    from pipeline.stages import asset_extras
+    from pipeline import asset_extras
 
     extras = asset_extras(config, _run_context(p))
     for table, extra in extras.items():
@@ -305,7 +300,7 @@ def finish(p: dict[str, Any]) -> None:
     failed run must not keep the next night out)."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from pipeline.errors import StageError
+    from pipeline import StageError
 
     try:
         _run_context(p)

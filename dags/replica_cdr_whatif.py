@@ -1,5 +1,5 @@
 """replica_cdr_whatif: what another configuration would have made of a published night
-(extensions.md E8), on demand.
+(docs/operations.md#what-if), on demand.
 
 Triggered by hand, with a form: the date and the name of the other configuration:
 ``main`` (the main DAG's) or the name of a ``.yaml`` file in the what-if folder (its store
@@ -24,7 +24,7 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 from cdr_links import aws_env_from_connection
 
-from pipeline.config import WHATIF_NAME
+from pipeline import WHATIF_NAME
 
 DAGS = Path(__file__).resolve().parent
 WORK_DIR = os.environ.get(
@@ -57,9 +57,8 @@ def whatif(params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cdr whatif``: returns each table's count of differing rows (an XCom)."""
     import json
 
-    from pipeline.config import load_config
-    from pipeline.whatif import config_named
-    from pipeline.whatif import whatif as run_whatif
+    from pipeline import config_named, load_config
+    from pipeline import whatif as run_whatif
 
     assert params is not None
     main = Path(os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml")))

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import boto3
 from botocore.exceptions import ClientError
 
-from pipeline.config import load_config
+from pipeline import load_config
 
 bucket = urlparse(load_config(os.environ["CDR_CONFIG"]).store).netloc
 try:

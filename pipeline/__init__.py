@@ -1,9 +1,111 @@
 """Conflict detection and resolution for active-active replicas.
 
-The package is the pure core of the product: it never imports Airflow. Stages are plain
-functions (``pipeline.stages``); the rules are pure Python (``pipeline.guards``,
-``pipeline.rowfold``, ``pipeline.cellfold``); Spark work is DataFrame-in, DataFrame-out
-(``pipeline.engine``, ``pipeline.cells``); storage sits behind ``pipeline.store``.
+The public face of the package: what the DAGs, the plugin and a user's own code use,
+each name imported where it lives when it is first used, so that ``import pipeline``
+(at a DAG's parse) loads neither Spark nor Great Expectations. The package's folders
+follow a run (CONTRIBUTING.md "The layout"): ``core`` and ``rules`` (no Spark, no store),
+``spark``, ``storage``, ``ingest``, ``publish``, ``resolve``, ``changes``, ``validate``,
+the spine ``stages`` and the entry points in ``app``. It never imports Airflow.
+
+    from pipeline import RunOptions, load_config, run
+    report = run(load_config("cdr.yaml"), date(2026, 11, 21), RunOptions(work_dir=...))
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+#: each name of the face and where it lives: ``module`` (the same name in it),
+#: ``module:name``, or ``module:`` (the module itself)
+_FACE: dict[str, str] = {
+    # a run and its stages
+    "run": "pipeline.stages",
+    "ingest": "pipeline.stages",
+    "resolve": "pipeline.stages",
+    "validate": "pipeline.stages",
+    "publish": "pipeline.stages",
+    "finish": "pipeline.stages",
+    "RunOptions": "pipeline.stages",
+    "asset_extras": "pipeline.stages",
+    "notes_line": "pipeline.stages",
+    "operator_notes": "pipeline.stages",
+    "load_summary": "pipeline.resolve.stage",
+    "load_verdict": "pipeline.validate.stage",
+    # the config, the store, a run's identity
+    "load_config": "pipeline.core.config",
+    "WHATIF_NAME": "pipeline.core.config",
+    "layout": "pipeline.core.layout:",  # the module: every key of the store
+    "open_store": "pipeline.storage.store",
+    "Lake": "pipeline.storage.lake",
+    "RunContext": "pipeline.storage.context",
+    "safe_run_id": "pipeline.storage.context",
+    "check_run_id": "pipeline.storage.context",
+    "missing_manifests": "pipeline.ingest.exports",
+    "safe_relpath": "pipeline.ingest.exports",
+    # errors
+    "CdrError": "pipeline.core.errors",
+    "ExportError": "pipeline.core.errors",
+    "StageError": "pipeline.core.errors",
+    "StoreError": "pipeline.core.errors",
+    # entry points: the command line, spark-submit, what-if, the Conflicts page
+    "cli_main": "pipeline.app.cli:main",
+    "ENTRY": "pipeline.app.jobs",
+    "submit_conf": "pipeline.spark.jvm",
+    "whatif": "pipeline.app.whatif",
+    "config_named": "pipeline.app.whatif",
+    "list_reports": "pipeline.app.runs",
+    "render_page": "pipeline.app.runs",
+    "table_runs": "pipeline.app.runs",
+    "MalformedReport": "pipeline.app.runs",
+    "trends": "pipeline.publish.stats",
+}
+
+__all__ = ["__version__", *_FACE]
+
+
+def __getattr__(name: str) -> Any:
+    where = _FACE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    module, colon, attr = where.partition(":")
+    found = importlib.import_module(module)
+    value = found if colon and not attr else getattr(found, attr or name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # what the names are, for type checkers
+    from pipeline.app.cli import main as cli_main
+    from pipeline.app.jobs import ENTRY
+    from pipeline.app.runs import MalformedReport, list_reports, render_page, table_runs
+    from pipeline.app.whatif import config_named, whatif
+    from pipeline.core import layout
+    from pipeline.core.config import WHATIF_NAME, load_config
+    from pipeline.core.errors import CdrError, ExportError, StageError, StoreError
+    from pipeline.ingest.exports import missing_manifests, safe_relpath
+    from pipeline.publish.stats import trends
+    from pipeline.resolve.stage import load_summary
+    from pipeline.spark.jvm import submit_conf
+    from pipeline.stages import (
+        RunOptions,
+        asset_extras,
+        finish,
+        ingest,
+        notes_line,
+        operator_notes,
+        publish,
+        resolve,
+        run,
+        validate,
+    )
+    from pipeline.storage.context import RunContext, check_run_id, safe_run_id
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.store import open_store
+    from pipeline.validate.stage import load_verdict

@@ -16,14 +16,12 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import layout, lease
-from pipeline.config import Config
-from pipeline.context import RunContext, resolve_now, runs_of
-from pipeline.doctor import require_atomic_create
-from pipeline.errors import GateError, LockedError, StageError
-from pipeline.exports import ingest as ingest_exports
-from pipeline.lake import Lake
-from pipeline.published import (
+from pipeline.core import layout
+from pipeline.core.config import Config
+from pipeline.core.errors import GateError, LockedError, StageError
+from pipeline.core.summary import RunSummary, TableSummary
+from pipeline.ingest.exports import ingest as ingest_exports
+from pipeline.publish.commit import (
     Committer,
     commit_meta,
     has_row,
@@ -32,22 +30,25 @@ from pipeline.published import (
     record_run,
     run_row,
 )
-from pipeline.runs_table import RunRow, published_by_date, read_runs
-from pipeline.store import Store, open_store, replace_tree
-from pipeline.summary import RunSummary, TableSummary
-from pipeline.workpath import WorkPath
+from pipeline.publish.doctor import require_atomic_create
+from pipeline.storage import lease
+from pipeline.storage.context import RunContext, resolve_now, runs_of
+from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
+from pipeline.storage.store import Store, open_store, replace_tree
+from pipeline.storage.workpath import WorkPath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipeline.validation import Verdict
+    from pipeline.validate.stage import Verdict
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    work_dir: WorkPath | Path  # a local folder or an S3 prefix (``pipeline.workpath``)
+    work_dir: WorkPath | Path  # a local folder or an S3 prefix (``pipeline.storage.workpath``)
     now: str | None = None
     run_id: str | None = None
     allow_missing_exports: bool = False
@@ -127,33 +128,33 @@ def _clear_work(work_dir: WorkPath | Path, ctx: RunContext) -> None:
 
 def staged_records(ctx: RunContext) -> int:
     """The run's size: the records ingest staged (what resolve reads)."""
-    from pipeline.exports import load_inputs
+    from pipeline.ingest.exports import load_inputs
 
     return sum(s.records for s in load_inputs(ctx).values())
 
 
 def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bool]:
     """The Spark settings that depend on the run's size, for one stage."""
-    from pipeline.spark import sized
+    from pipeline.spark.session import sized
 
     return sized(spark, staged_records(ctx))
 
 
 def small_run(ctx: RunContext) -> bool:
-    """A run small enough for a small run's JVM (:mod:`pipeline.jvmstart`)."""
-    from pipeline.spark import CODEGEN_MIN_RECORDS
+    """A run small enough for a small run's JVM (:mod:`pipeline.spark.jvm`)."""
+    from pipeline.spark.session import CODEGEN_MIN_RECORDS
 
     return staged_records(ctx) < CODEGEN_MIN_RECORDS
 
 
 def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     """Fetch the exports ingest planned (Spark tasks), resolve the run's events, then
-    write the history of the tables that keep one (E4) and (``cdc.enabled``) the CDC log,
+    write the history of the tables that keep one (history) and (``cdc.enabled``) the CDC log,
     then measure what validation judges: the run's Spark work before publish, in one
     Spark application (the DAG's resolve task)."""
-    from pipeline.exports import fetch
-    from pipeline.resolve import resolve_stage, save_summary
-    from pipeline.validation import measure_stage
+    from pipeline.ingest.exports import fetch
+    from pipeline.resolve.stage import resolve_stage, save_summary
+    from pipeline.validate.stage import measure_stage
 
     config = ctx.config(config)
     ctx.work.attach(spark)
@@ -162,12 +163,12 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if any(t.history is not None for t in config.tables.values()):
-            from pipeline.history import history_stage
+            from pipeline.changes.history import history_stage
 
             summary = history_stage(spark, config, ctx, summary)
             save_summary(ctx, summary)
         if config.cdc.enabled:
-            from pipeline.cdc import cdc_stage
+            from pipeline.changes.cdc import cdc_stage
 
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
@@ -180,8 +181,8 @@ def validate(
 ) -> Verdict:
     """Judge the resolved run with Great Expectations (no Spark). A run resolved without
     its measures is measured first, with the session ``spark`` gives."""
-    from pipeline.resolve import load_summary
-    from pipeline.validation import judge_stage, measure_stage, measured
+    from pipeline.resolve.stage import load_summary
+    from pipeline.validate.stage import judge_stage, measure_stage, measured
 
     config = ctx.config(config)
     summary = load_summary(ctx)
@@ -201,7 +202,7 @@ def validate(
 def run_report(
     config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, status: str
 ) -> dict[str, Any]:
-    from pipeline.skew import skew_warnings  # E7
+    from pipeline.resolve.skew import skew_warnings
 
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     skew = skew_warnings(summary.tables, config.max_clock_skew_seconds)
@@ -232,10 +233,10 @@ def publish(
     ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
     run's report and validation results go to its own ``reports/dt=<D>/run=<id>/``;
     nothing a published run wrote is replaced by a failed one."""
-    from pipeline.datadocs import digests
-    from pipeline.exports import load_inputs
-    from pipeline.resolve import load_summary
-    from pipeline.validation import load_verdict
+    from pipeline.ingest.exports import load_inputs
+    from pipeline.resolve.stage import load_summary
+    from pipeline.validate.datadocs import digests
+    from pipeline.validate.stage import load_verdict
 
     if ctx.dry_run:
         raise StageError(f"the run of {ctx.dt} is a dry run: it publishes nothing")
@@ -288,7 +289,7 @@ def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
     (their ``extra``): the run, its date and status, the ``runs`` version that holds its
     row, the snapshot's version and the table's counts. Empty for a run that did not
     publish; a subset run names only its tables (and their foreign keys' parents)."""
-    from pipeline.runs_table import version_of
+    from pipeline.storage.runs_table import version_of
 
     config = ctx.config(config)
     assert config.store
@@ -329,9 +330,9 @@ def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
 
 def operator_notes(config: Config, tables: Mapping[str, TableSummary]) -> dict[str, dict[str, Any]]:
     """What an operator follows night after night, per table: the quarantined events
-    still open (E5) and the clock-skew warnings (E7). In the asset events' ``extra`` and
+    still open (retry) and the clock-skew warnings (clock skew). In the asset events' ``extra`` and
     the DAG's summary and failure log lines (:func:`notes_line`)."""
-    from pipeline.skew import skew_warnings
+    from pipeline.resolve.skew import skew_warnings
 
     return {
         t: {
@@ -400,8 +401,8 @@ def run(
     config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None
 ) -> dict[str, Any]:
     """``cdr run``: every stage in one process with one Spark session."""
-    from pipeline.spark import get_spark
-    from pipeline.suites import GX_MODULES
+    from pipeline.spark.session import get_spark
+    from pipeline.validate.suites import GX_MODULES
 
     ctx = ingest(config, dt, opts)
     try:

@@ -3,7 +3,7 @@ Docs link.
 
 - ``/cdr/``: per run (date) and table, conflicts by type and outcome with a chart,
   quarantined events, divergent keys and orphans, of the runs the ``runs`` table
-  records, from their reports (``pipeline.runs``); listed in the UI's Browse menu as "Conflicts".
+  records, from their reports (``app.runs``); listed in the UI's Browse menu as "Conflicts".
 - ``/cdr/docs/<D>/<run id>/...``: the Data Docs of a run of date D, served from the store:
   the files the run wrote, by their sha256 (the list in its report), and no other.
 - ``/cdr/api/runs``: the same numbers as JSON.
@@ -98,8 +98,7 @@ async def _nosniff(request: Request, call_next: Any) -> Response:
 
 @cache
 def _store() -> Any:
-    from pipeline.config import load_config
-    from pipeline.store import open_store
+    from pipeline import load_config, open_store
 
     dags = Path(__file__).resolve().parent.parent / "dags"
     config = load_config(os.environ.get("CDR_CONFIG", str(dags.parent / "cdr.yaml")))
@@ -113,17 +112,14 @@ def _store() -> Any:
 
 
 def _reports() -> list[dict[str, Any]]:
-    from pipeline.runs import list_reports
+    from pipeline import list_reports
 
     return list_reports(_store())
 
 
 @app.get("/", response_class=HTMLResponse, dependencies=[READER])
 def conflicts_page(request: Request, dt: str | None = None) -> str:
-    from pipeline.errors import StoreError
-    from pipeline.lake import Lake
-    from pipeline.runs import render_page
-    from pipeline.stats import trends
+    from pipeline import Lake, StoreError, render_page, trends
 
     root = request.scope.get("root_path", "")
     try:
@@ -136,7 +132,7 @@ def conflicts_page(request: Request, dt: str | None = None) -> str:
 
 @app.get("/api/runs", dependencies=[READER])
 def runs() -> list[dict[str, Any]]:
-    from pipeline.runs import MalformedReport, table_runs
+    from pipeline import MalformedReport, table_runs
 
     out = []
     for r in _reports():
@@ -170,8 +166,7 @@ def data_docs_entry(request: Request, dt: str, run_id: str, path: str) -> Respon
 
 def _relpath(path: str) -> str:
     """``path`` inside the Data Docs, normalised; one that leaves them is not served."""
-    from pipeline.errors import ExportError
-    from pipeline.exports import safe_relpath
+    from pipeline import ExportError, safe_relpath
 
     try:
         return safe_relpath(path or "index.html", "Data Docs")
@@ -204,8 +199,7 @@ def _granted(dt: str, run_id: str, grant: str) -> bool:
 
 
 def _check_run(dt: str, run_id: str) -> None:
-    from pipeline.context import check_run_id
-    from pipeline.errors import CdrError
+    from pipeline import CdrError, check_run_id
 
     try:
         canonical = date.fromisoformat(dt).isoformat() == dt  # one spelling of a date
@@ -239,8 +233,7 @@ _LISTINGS: dict[tuple[str, str], dict[str, str]] = {}
 def _read_listing(dt: str, run_id: str) -> dict[str, str]:
     import json
 
-    from pipeline import layout
-    from pipeline.errors import StoreError
+    from pipeline import StoreError, layout
 
     try:
         report = json.loads(_store().read_bytes(layout.run_report(date.fromisoformat(dt), run_id)))
@@ -256,8 +249,7 @@ def _read_listing(dt: str, run_id: str) -> dict[str, str]:
 def _docs_file(dt: str, run_id: str, path: str) -> Response:
     """A file of the run's Data Docs: one the run's report lists, with the content it
     lists (a file written into the bucket later, or changed, is not served)."""
-    from pipeline import layout
-    from pipeline.errors import StoreError
+    from pipeline import StoreError, layout
 
     _check_run(dt, run_id)
     rel = _relpath(path)

@@ -56,7 +56,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="session")
 def spark():
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     session = get_spark("local[2]", app="cdr-tests")
     yield session
@@ -65,7 +65,7 @@ def spark():
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    from pipeline.s3server import restore_env, s3_server, use_endpoint
+    from pipeline.storage.s3server import restore_env, s3_server, use_endpoint
 
     with s3_server() as endpoint:
         previous = use_endpoint(endpoint)
@@ -78,7 +78,7 @@ def s3_store(s3_endpoint: str):
     """A fresh bucket on the loopback S3 server, as an ``s3://`` store."""
     import boto3
 
-    from pipeline.store import open_store
+    from pipeline.storage.store import open_store
 
     bucket = f"cdr-test-{uuid.uuid4().hex[:10]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
@@ -87,7 +87,7 @@ def s3_store(s3_endpoint: str):
 
 @pytest.fixture
 def file_store(tmp_path: Path):
-    from pipeline.store import open_store
+    from pipeline.storage.store import open_store
 
     root = tmp_path / "store"
     root.mkdir()

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.context import safe_run_id
+from pipeline.storage.context import safe_run_id
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.airflow_env import BIN, airflow_environment, use_database
@@ -107,7 +107,7 @@ class Airflow:
 
 
 def _free_port() -> int:
-    from pipeline.s3server import free_port
+    from pipeline.storage.s3server import free_port
 
     return free_port()
 
@@ -125,7 +125,7 @@ def _wait_http(url: str, timeout: float, procs: list[subprocess.Popen]) -> None:
 
 
 def _generated(i: int):
-    from pipeline.generate import GenerateOptions
+    from pipeline.app.generate import GenerateOptions
 
     return GenerateOptions(events=300, seed=20 + i, base_rows=50)
 
@@ -134,10 +134,10 @@ def _generated(i: int):
 def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
     import boto3
 
-    from pipeline.config import load_config
-    from pipeline.demo import DEMO_CONFIG
-    from pipeline.generate import generate
-    from pipeline.store import open_store
+    from pipeline.app.demo import DEMO_CONFIG
+    from pipeline.app.generate import generate
+    from pipeline.core.config import load_config
+    from pipeline.storage.store import open_store
 
     home = tmp_path_factory.mktemp("airflow-services")
     bucket = "cdr-services"
@@ -292,7 +292,7 @@ def test_a_backfill_of_two_dates_chains_their_states(services):
     for prev, run in itertools.pairwise(published):
         assert run["prior_run_id"] == prev["run_id"]
     assert P.snapshot_date(store, "orders") == str(DATES[-1])
-    # publish's summary line, with the operator notes (E5, E7), in the task's log
+    # publish's summary line, with the operator notes (retry, clock skew), in the task's log
     line = f"replica_cdr published {DATES[2]}: run {published[-1]['run_id']} (quarantine open: "
     assert _wait_for_log_line(services.logs / "logs" / "dag_id=replica_cdr", line, timeout=60)
 
@@ -336,7 +336,8 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
     page.goto(f"{services.url}/cdr/?dt={DATES[1]}")
     assert page.locator("h1").inner_text().startswith(f"Run of {DATES[1]}")
     assert page.locator("svg#conflicts-chart rect").count() > 0
-    assert page.locator("svg#trend-orders circle.conflicts").count() >= 2  # E6: the runs so far
+    # conflict stats: the runs so far
+    assert page.locator("svg#trend-orders circle.conflicts").count() >= 2
     tables = page.locator("table#tables td:first-child").all_inner_texts()
     assert sorted(tables) == ["accounts", "orders", "products"]
     assert page.locator("table#conflicts tr").count() > 1

@@ -13,7 +13,7 @@ from datetime import date, datetime, timedelta
 
 import pytest
 
-from pipeline import layout
+from pipeline.core import layout
 from tests.helpers import published as P
 from tests.helpers.dagrun import dagbag, run_dag, write_config, xcom
 
@@ -160,7 +160,7 @@ def test_a_failed_gate_fails_the_validate_task(
         line = next(ln for ln in err if f"replica_cdr {task} failed for 2026-11-21: " in ln)
         assert "failed gate: table " in line and "convergence." in line, line
         notes = "(quarantine open: products 0, orders 0, accounts 0; clock skew: no warning)"
-        assert line.endswith(notes), line  # the operator notes (E5, E7) end the line
+        assert line.endswith(notes), line  # the operator notes (retry, clock skew) end the line
 
 
 def test_a_dry_run_of_one_table_publishes_nothing(
@@ -168,7 +168,7 @@ def test_a_dry_run_of_one_table_publishes_nothing(
 ):
     """tables=[orders] brings products (its foreign key's parent) and leaves accounts
     out; a dry run resolves and validates them and publishes nothing."""
-    from pipeline.context import RunContext
+    from pipeline.storage.context import RunContext
 
     conf = {"tables": ["orders"], "dry_run": True, "date": "2026-11-21"}
     _, states = run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch, conf=conf)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.store import FileStore
+from pipeline.storage.store import FileStore
 from tests.helpers import REPO, configs
 from tests.spark.test_runs_page import _put, _report, runs_store
 

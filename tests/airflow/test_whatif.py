@@ -1,4 +1,4 @@
-"""extensions.md E8: ``cdr whatif`` and the ``replica_cdr_whatif`` DAG. One generated
+"""docs/operations.md#what-if: ``cdr whatif`` and the ``replica_cdr_whatif`` DAG. One generated
 night is published under ``postgres``; the same night under a config whose resolvers are
 all ``latest_timestamp_wins`` is run for real in a second store, as the reference. The
 what-if over the first store reports exactly the keys whose snapshot rows differ between
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import published as P
 from tests.helpers.dagrun import dagbag
 from tests.helpers.scenarios import write_exports

@@ -18,9 +18,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.demo import DEMO_CONFIG
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.app.demo import DEMO_CONFIG
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.cluster import WORKER_KEYS, check_executors

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
-from pipeline.cli import main
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.core import layout
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.lake import Lake
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.storage.lake import Lake
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

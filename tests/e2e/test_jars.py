@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from pipeline import jars
-from pipeline.errors import JarsError
+from pipeline.core.errors import JarsError
+from pipeline.spark import jars
 
 
 def _small() -> list[jars.Jar]:

@@ -1,12 +1,12 @@
 """Of runs started at the same moment in their own processes (a backfill, two runs of the
 next date) one writes, the others are refused naming it, and nothing is mixed
-(formats.md "Outputs": Backfills; the other backfill tests: tests/spark/test_outputs.py)."""
+(docs/outputs.md#backfills; the other backfill tests: tests/spark/test_outputs.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import published as P
 from tests.helpers.faults import started_together, told
 from tests.spark.test_outputs import _config, _exports, _run

@@ -21,10 +21,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from pipeline import layout
-from pipeline.cli import main
-from pipeline.s3server import restore_env, use_endpoint
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.core import layout
+from pipeline.storage.s3server import restore_env, use_endpoint
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.store import Store
+from pipeline.app.cli import main
+from pipeline.storage.store import Store
 from tests.helpers import configs
 from tests.helpers import pg_replicas as pgr
 from tests.helpers import published as P
@@ -266,7 +266,8 @@ def run_pipeline(tmp_path: Path, store: Store, system_ids: dict[str, int], table
         replicas=configs.replicas(**system_ids),
         store=store.uri,
         defaults={"policy": "postgres", "resolvers": LWW},
-        on_divergence="warn",  # last writer wins with these resolvers can diverge (§9)
+        # last writer wins with these resolvers can diverge (docs/rules.md#convergence)
+        on_divergence="warn",
         on_fk_violation="warn",  # keep the orphan in the snapshot, and report it
     )
     configs.write(tmp_path / "cdr.yaml", cfg)

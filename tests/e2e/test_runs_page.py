@@ -1,5 +1,5 @@
-"""The Conflicts page's trends (extensions.md E6), rendered by headless Chromium. (The
-page's numbers: tests/spark/test_runs_page.py.)"""
+"""The Conflicts page's trends (docs/operations.md#conflict-trends), rendered by headless
+Chromium. (The page's numbers: tests/spark/test_runs_page.py.)"""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.lake import Lake
-from pipeline.runs import list_reports, render_page
-from pipeline.store import FileStore
+from pipeline.app.runs import list_reports, render_page
+from pipeline.storage.lake import Lake
+from pipeline.storage.store import FileStore
 from tests.helpers.browser import render
 from tests.spark.test_runs_page import runs_store
 
@@ -21,13 +21,13 @@ def store(tmp_path: Path) -> FileStore:
 
 
 def _stats_of_runs(s: FileStore, days: int) -> None:
-    """``published/conflict_stats`` as ``days`` runs left it (E6), one commit per date:
+    """``published/conflict_stats`` as ``days`` runs left it (conflict stats), one commit per date:
     orders with conflicts rising by date, products with none but a quarantine."""
     from datetime import timedelta
 
     import pyarrow as pa
 
-    from pipeline import stats
+    from pipeline.publish import stats
 
     lake = Lake(s)
     first = date(2026, 10, 1)
@@ -65,10 +65,10 @@ def _stats_of_runs(s: FileStore, days: int) -> None:
 
 
 def test_the_trends_draw_each_tables_last_30_runs_in_chromium(store, tmp_path: Path):
-    """E6: 32 runs in ``conflict_stats``; the page draws, per table, the last 30 (oldest
+    """conflict stats: 32 runs in ``conflict_stats``; the page draws, per table, the last 30 (oldest
     on the left) with a line and a point per run for each series, each point naming its
     date and count; rendered by headless Chromium, with a screenshot kept beside the page."""
-    from pipeline.stats import trends
+    from pipeline.publish.stats import trends
 
     _stats_of_runs(store, 32)
     last = trends(Lake(store))

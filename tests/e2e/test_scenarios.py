@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
+from pipeline.core import layout
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 

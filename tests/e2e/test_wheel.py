@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import datadocs
+from pipeline.validate import datadocs
 from tests.helpers import REPO
 from tests.helpers import scenarios as S
 
@@ -23,12 +23,13 @@ from tests.helpers import scenarios as S
 #: come from), says so, and runs the CLI on the rest of its arguments
 _INSTALLED_CLI = """
 import sys
-import pipeline, pipeline.suites
+import pipeline, pipeline.validate.suites
 where = sys.argv[1]
 assert pipeline.__file__.startswith(where), pipeline.__file__
-assert str(pipeline.suites.EXPECTATIONS_DIR).startswith(where), pipeline.suites.EXPECTATIONS_DIR
+suites = pipeline.validate.suites
+assert str(suites.EXPECTATIONS_DIR).startswith(where), suites.EXPECTATIONS_DIR
 print("cdr from", pipeline.__file__)
-from pipeline.cli import main
+from pipeline.app.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -57,11 +58,14 @@ def test_the_wheel_holds_every_module_and_the_package_data(wheel: Path):
     assert modules - names == set()
     suites = {f"pipeline/expectations/{p.name}" for p in (REPO / "expectations").glob("*.json")}
     assert suites and suites <= names
-    assert "pipeline/log4j2.properties" in names
+    assert "pipeline/spark/log4j2.properties" in names
+    java = {p.relative_to(REPO).as_posix() for p in (REPO / "pipeline/spark/java").glob("*.java")}
+    assert java and java <= names
     # the jars' lock, so that `cdr jars fetch` works where the wheel is installed
-    assert zipfile.ZipFile(wheel).read("pipeline/jars.lock") == (REPO / "jars.lock").read_bytes()
+    lock = zipfile.ZipFile(wheel).read("pipeline/spark/jars.lock")
+    assert lock == (REPO / "jars.lock").read_bytes()
     if datadocs.available():  # fetched by make (npm): the Data Docs' scripts go along
-        assets = {f"pipeline/datadocs_assets/{f}" for f in datadocs.ASSETS.values()}
+        assets = {f"pipeline/validate/assets/{f}" for f in datadocs.ASSETS.values()}
         assert assets <= names
 
 

@@ -1,4 +1,4 @@
-"""A CDC consumer as a user would write one, from the published files only (cdc.md, the
+"""A CDC consumer as a user would write one, from the published files only (docs/cdc.md, the
 README's consumer example): read the streams description, then each stream's log rows in
 ``(cdc$time, cdc$batch_seq_no)`` order, and apply them to a copy of the table.
 

@@ -12,12 +12,12 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.cdc import generations
-from pipeline.cli import main
-from pipeline.config import parse_config
-from pipeline.context import to_micros
-from pipeline.generate import GenerateOptions, generate
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.app.generate import GenerateOptions, generate
+from pipeline.changes.cdc import generations
+from pipeline.core.config import parse_config
+from pipeline.storage.context import to_micros
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 

@@ -1,5 +1,5 @@
 """One config builder for the tests and the benchmarks: the content of ``cdr.yaml``
-(formats.md "Config") as the dict ``pipeline.config.parse_config`` reads, with defaults
+(docs/configuration.md) as the dict ``pipeline.core.config.parse_config`` reads, with defaults
 for what a test does not care about.
 
     config()                                   # pub and sub, one table t (id int, v string)

@@ -23,7 +23,7 @@ def dagbag():
 
 
 def write_config(path: Path, store: str, **overrides: Any) -> Path:
-    from pipeline.demo import DEMO_CONFIG
+    from pipeline.app.demo import DEMO_CONFIG
 
     return configs.write(path, DEMO_CONFIG, store=store, **overrides)
 
@@ -33,8 +33,8 @@ def run_dag(
 ) -> tuple[Any, dict[str, str]]:
     """``dag.test()`` of one nightly run of the demo config (with ``overrides``) over
     generated exports; returns the run and the state of each task."""
-    from pipeline.config import load_config
-    from pipeline.generate import GenerateOptions, generate
+    from pipeline.app.generate import GenerateOptions, generate
+    from pipeline.core.config import load_config
 
     cfg_path = write_config(tmp_path / "cdr.yaml", s3_store.uri, **overrides)
     config = load_config(cfg_path)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from pipeline import layout
+from pipeline.core import layout
 
 #: seeds of the commit-phase kills: one in CI, more with CDR_CRASH_SEEDS=1,2,3,...
 SEEDS = [int(s) for s in os.environ.get("CDR_CRASH_SEEDS", "1").split(",")]
@@ -48,7 +48,7 @@ def fault_points(puts: int) -> list[int]:
 
 def _start(argv: list[str]) -> subprocess.Popen[str]:
     """``cdr argv`` in a process group of its own (its Spark JVM is a child process)."""
-    cmd = [sys.executable, "-m", "pipeline.cli", *argv]
+    cmd = [sys.executable, "-m", "pipeline.app.cli", *argv]
     env = {**os.environ, "CDR_SHUFFLE_PARTITIONS": "2"}
     return subprocess.Popen(
         cmd,
@@ -70,7 +70,7 @@ def started_together(
     procs = {}
     for name, argv in argvs.items():
         with (logs / f"{name}.stderr").open("w") as err:
-            cmd = [sys.executable, "-m", "pipeline.cli", *argv]
+            cmd = [sys.executable, "-m", "pipeline.app.cli", *argv]
             procs[name] = subprocess.Popen(cmd, stderr=err, stdout=subprocess.DEVNULL, env=env)
     codes = {name: p.wait(timeout=600) for name, p in procs.items()}
     return codes, {name: (logs / f"{name}.stderr").read_text() for name in argvs}

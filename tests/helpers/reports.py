@@ -7,9 +7,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from pipeline import layout
-from pipeline.runs import list_reports
-from pipeline.store import FileStore, Store
+from pipeline.app.runs import list_reports
+from pipeline.core import layout
+from pipeline.storage.store import FileStore, Store
 
 
 def _store(where: Path | Store) -> Store:
@@ -17,7 +17,7 @@ def _store(where: Path | Store) -> Store:
 
 
 def date_report(where: Path | Store, d: date | str) -> dict[str, Any] | None:
-    """The report a reader sees for ``d`` (``pipeline.runs.list_reports``)."""
+    """The report a reader sees for ``d`` (``pipeline.app.runs.list_reports``)."""
     return next((r for r in list_reports(_store(where)) if r["dt"] == str(d)), None)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.context import parse_rfc3339, to_micros
+from pipeline.storage.context import parse_rfc3339, to_micros
 from tests.helpers import GOLDEN, REPO, configs
 from tests.helpers import published as P
 from tests.helpers.cdc_consumer import Consumer
@@ -153,7 +153,7 @@ def read_parquet_dir(path: Path) -> list[dict[str, Any]]:
 
 
 def snapshot_rows(store: Any, table: str) -> list[dict[str, Any]]:
-    """The rows of a table's current snapshot in any store (``pipeline.store``), sorted."""
+    """The rows of a table's current snapshot in any store (``pipeline.storage.store``), sorted."""
     rows = P.snapshot(store, table)
     return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
@@ -164,9 +164,9 @@ def cdr_run_snapshots(store: Any, day: str, tmp: Path, tables: tuple[str, ...]) 
     config (the Airflow tests compare the DAG's snapshots with it)."""
     import boto3
 
-    from pipeline.cli import main
-    from pipeline.demo import DEMO_CONFIG
-    from pipeline.store import open_store
+    from pipeline.app.cli import main
+    from pipeline.app.demo import DEMO_CONFIG
+    from pipeline.storage.store import open_store
 
     bucket = f"{store.bucket}-cli"
     boto3.client("s3").create_bucket(Bucket=bucket)
@@ -227,7 +227,7 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
 
 
 def history_rows(root: Path, table: str) -> list[dict[str, Any]]:
-    """A table's history (extensions.md E4) as a golden file writes it: instants as
+    """A table's history (docs/outputs.md#history) as a golden file writes it: instants as
     RFC 3339 text, ``dt`` as a date's text; ``_run_id`` checked (this run's, or an
     earlier night's) and left out, since it is made at run time."""
     out = []
@@ -268,9 +268,9 @@ def _canon(v: Any) -> Any:
 
 def typed(row: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
     """An expected row (JSON values) as the pipeline publishes it: each column as its
-    configured type (formats.md), ``_ts`` an integer; a value that does not fit its type
+    configured type (docs/adapters.md), ``_ts`` an integer; a value that does not fit its type
     is kept as it is, so that it cannot match."""
-    from pipeline.config import Kind, coerce_value, parse_column_type
+    from pipeline.core.config import Kind, coerce_value, parse_column_type
 
     out = {}
     for k, v in row.items():
@@ -317,7 +317,7 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
         got_h = got.get("history", {}).get(t, [])
         if multiset(got_h) != multiset(want_h, tables[t]):
             diffs.append(f"history {t}: got {sorted(got_h, key=_row_key)}, want {want_h}")
-    for t, want_s in exp.get("clock_skew", {}).items():  # E7: where a scenario names it
+    for t, want_s in exp.get("clock_skew", {}).items():  # clock skew: where a scenario names it
         if got.get("clock_skew", {}).get(t) != want_s:
             diffs.append(f"clock_skew {t}: got {got.get('clock_skew', {}).get(t)}, want {want_s}")
     for t in tables:
@@ -354,7 +354,7 @@ def run_scenario(
 ) -> tuple[dict, bool]:
     """Lay the scenario out under ``tmp/store`` and ``cdr run`` its dates in order;
     ``docs`` builds the Data Docs (the scenario tests do not look at them)."""
-    from pipeline.cli import main
+    from pipeline.app.cli import main
 
     store = tmp / "store"
     store.mkdir()

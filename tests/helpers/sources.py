@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from pipeline.store import Store
+from pipeline.storage.store import Store
 
 
 @dataclass

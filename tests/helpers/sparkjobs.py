@@ -37,16 +37,16 @@ def tasks_per_stage(spark: Any, run: Callable[[], object]) -> list[int]:
 
 def codegen_modes(monkeypatch) -> list[bool]:
     """Whether each stage that sized its Spark settings compiled its plans."""
-    import pipeline.spark
+    import pipeline.spark.session
 
     seen: list[bool] = []
-    real = pipeline.spark.fit_codegen
+    real = pipeline.spark.session.fit_codegen
 
     def spy(spark, records: int) -> bool:
         seen.append(real(spark, records))
         return seen[-1]
 
-    monkeypatch.setattr(pipeline.spark, "fit_codegen", spy)
+    monkeypatch.setattr(pipeline.spark.session, "fit_codegen", spy)
     return seen
 
 

@@ -1,4 +1,4 @@
-"""The adapters of formats.md: wal2json, Debezium and DMS records map to canonical events;
+"""The adapters (docs/adapters.md): wal2json, Debezium and DMS records map to canonical events;
 unreadable ones are quarantined as malformed with their line and the reason; the three
 formats mix in one run, and one change exported in two formats is one event."""
 
@@ -14,15 +14,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import adapters
-from pipeline.adapters.debezium import debezium
-from pipeline.adapters.dms import dms, read_dms
-from pipeline.adapters.wal2json import wal2json
-from pipeline.cli import main
-from pipeline.config import load_config
-from pipeline.exports import FRAMING, read_manifest, stage_jsonl
-from pipeline.store import open_store
-from pipeline.workpath import WorkPath
+from pipeline.app.cli import main
+from pipeline.core.config import load_config
+from pipeline.ingest import adapters
+from pipeline.ingest.adapters.debezium import debezium
+from pipeline.ingest.adapters.dms import dms, read_dms
+from pipeline.ingest.adapters.wal2json import wal2json
+from pipeline.ingest.exports import FRAMING, read_manifest, stage_jsonl
+from pipeline.storage.store import open_store
+from pipeline.storage.workpath import WorkPath
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import sources as src
@@ -273,7 +273,7 @@ def load_config_for(tmp_path: Path, tables: dict[str, Any]):
 
 
 def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
-    from pipeline.exports import fetch_files, plan_export
+    from pipeline.ingest.exports import fetch_files, plan_export
 
     store = open_store((tmp_path / "store").as_uri())
     cfg = config(tmp_path, store.uri)
@@ -473,15 +473,15 @@ HOSTILE = ("dup", "deep", "huge", "surrogate", "cut", "noise", "none")
 
 @pytest.mark.parametrize("fmt", ["wal2json", "debezium"])
 def test_hostile_records_each_get_one_fate_through_the_adapters(tmp_path: Path, spark, fmt):
-    """formats.md "Adapters": 2,000 records of each format, hostile in every way the
+    """docs/adapters.md: 2,000 records of each format, hostile in every way the
     issue names (a name given twice, nested 100,000 deep, a number of 5,000 digits, a
     lone surrogate, cut, noise), through the adapter's Spark mapping and the typing: one
     copy per record, nothing raised; a name given twice is named."""
     import random
 
-    from pipeline.copies import type_adapted
-    from pipeline.frames import copy_schema
-    from pipeline.guards import TypingSpec
+    from pipeline.ingest.copies import type_adapted
+    from pipeline.rules.guards import TypingSpec
+    from pipeline.spark.frames import copy_schema
 
     rng = random.Random(49)
     cfg = config(tmp_path, (tmp_path / "store").as_uri())

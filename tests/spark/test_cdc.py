@@ -1,4 +1,4 @@
-"""The CDC log end to end (cdc.md): two ``cdr run``s on generated exports of a row table
+"""The CDC log end to end (docs/cdc.md): two ``cdr run``s on generated exports of a row table
 (unique constraint, delta column) and a cell table (composite key, TTLs, nulls), with a
 topology change between them and late events; then a rerun. Read back from the published
 files as a consumer would (``cdc_consumer``): every stream id belongs to the generation
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from pipeline.cdc import stream_id_column, timeuuid
-from pipeline.config import parse_config
-from pipeline.schema import key_struct_type
-from pipeline.streams import Generation, Generations, Topology, next_generations, vnode_ends
+from pipeline.changes.cdc import stream_id_column, timeuuid
+from pipeline.changes.streams import Generation, Generations, Topology, next_generations, vnode_ends
+from pipeline.core.config import parse_config
+from pipeline.spark.schema import key_struct_type
 from tests.helpers import configs
 from tests.helpers.cassandra import cassandra_bytes, driver_token, random_value
 from tests.helpers.cdc_consumer import Consumer, micros, time_order
@@ -80,7 +80,7 @@ def test_one_entry_per_applied_event(two_days):
         applied, discarded = tables[table]["applied"], tables[table]["discarded"]
         if table == "sessions":
             assert len(events) == applied
-        else:  # a discarded UPDATE still adds its delta (semantics.md §8): an entry too
+        else:  # a discarded UPDATE still adds its delta (docs/rules.md#delta-columns): an entry too
             assert applied <= len(events) <= applied + discarded
         ends = [r for r in rows if r["cdc$end_of_batch"]]
         assert len(ends) >= len(events)

@@ -1,5 +1,5 @@
-"""The Spark engine of cell tables (``pipeline.cells``) against the pure-Python reference
-(``pipeline.cellfold``): the rule-4 value order of every column type against the
+"""The Spark engine of cell tables (``pipeline.resolve.cells``) against the pure-Python reference
+(``pipeline.rules.cellfold``): the rule-4 value order of every column type against the
 serialized bytes, and whole runs of generated events (ties on ts, TTLs, nulls, deletes,
 a TRUNCATE, late events, copies in several exports, two runs with a purge between them)
 through ``cdr run``, compared on the snapshot, the conflict log and every event's fate.
@@ -19,11 +19,11 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.cellfold import Cell, CellEvent, CellFold, CellRow, purge, serialize
-from pipeline.cells import stage as cell_stage
-from pipeline.cells import value_order
-from pipeline.config import ColumnType, Kind, parse_config
-from pipeline.schema import spark_type
+from pipeline.core.config import ColumnType, Kind, parse_config
+from pipeline.resolve.cells import stage as cell_stage
+from pipeline.resolve.cells import value_order
+from pipeline.rules.cellfold import Cell, CellEvent, CellFold, CellRow, purge, serialize
+from pipeline.spark.schema import spark_type
 from tests.helpers import GOLDEN, configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
@@ -266,7 +266,8 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeyp
 def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_key(
     tmp_path: Path, spark, monkeypatch
 ):
-    """§12 "Duplicates" across keys, in the cell engine: the golden ``differing_copies``
+    """docs/rules.md#what-is-quarantined across keys, in the cell engine: the golden
+    ``differing_copies``
     exports (B-002's and C-002's copies sit under different keys) under ``scylla``
     publish what the same exports publish with every copy already under the key and
     record of its event's standing copy (the origin's own). The first run takes the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from pipeline import jars
+from pipeline.spark import jars
 
 BASE = "SELECT id AS k, CAST(id AS STRING) AS v FROM range(0, 100)"
 
@@ -75,7 +75,7 @@ def test_merge_with_deletion_vectors_on_local_files(spark, tmp_path):
 def test_merge_with_deletion_vectors_through_s3a(spark):
     import uuid
 
-    from pipeline.spark import use_s3a
+    from pipeline.spark.session import use_s3a
 
     bucket = f"cdr-s3a-{uuid.uuid4().hex[:8]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
@@ -89,9 +89,10 @@ def test_merge_with_deletion_vectors_through_s3a(spark):
 
 
 def test_local_files_get_their_permissions_without_a_child_process(spark, tmp_path):
-    """``file://`` is the project's local file system (``pipeline/jvm/LocalFileSystem.java``):
-    the JDK sets the bits chmod would; a Delta commit still writes its checksum file (renamed
-    into place by Spark's file-system-based manager, not FileContext's readlink)."""
+    """``file://`` is the project's local file system
+    (``pipeline/spark/java/LocalFileSystem.java``): the JDK sets the bits chmod would; a
+    Delta commit still writes its checksum file (renamed into place by Spark's
+    file-system-based manager, not FileContext's readlink)."""
     import os
     import stat
 

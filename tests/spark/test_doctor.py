@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.cli import main
-from pipeline.doctor import examine
-from pipeline.lake import Lake
-from pipeline.store import FileStore
+from pipeline.app.cli import main
+from pipeline.publish.doctor import examine
+from pipeline.storage.lake import Lake
+from pipeline.storage.store import FileStore
 from tests.helpers import configs
 
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark

@@ -1,7 +1,7 @@
 """The Spark engine against the pure-Python fold: generated keys, each with a random prior
 row and one to three events, go through ``cdr run``; the published state must equal what
-``pipeline.rowfold`` computes for the same events. A lone insert onto an absent key
-takes the fold task's Arrow path (``pipeline.groups``), the other keys the Python fold:
+``pipeline.rules.rowfold`` computes for the same events. A lone insert onto an absent key
+takes the fold task's Arrow path (``pipeline.resolve.groups``), the other keys the Python fold:
 this checks that the Arrow path mirrors the rules exactly. Also: nothing an export held
 is lost (accounting)."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.config import parse_config
-from pipeline.jsonvalues import dumps
-from pipeline.rowfold import (
+from pipeline.app.cli import main
+from pipeline.core.config import parse_config
+from pipeline.core.jsonvalues import dumps
+from pipeline.rules.rowfold import (
     Event,
     FoldSpec,
     Version,
@@ -125,7 +125,7 @@ CASES = {
     },
     "postgres_skip_delta": {
         "delta": ["n"],
-        "history": True,  # E4: a discarded UPDATE still adds its delta: a version
+        "history": True,  # history: a discarded UPDATE still adds its delta: a version
         "resolvers": {
             "update_differ": "skip",
             "insert_exists": "earliest_timestamp_wins",
@@ -136,7 +136,7 @@ CASES = {
     },
     "delete_wins_delta": {"policy": "delete_wins", "delta": ["n"]},
     "postgres_groups": {"column_groups": {"label": ["v"], "stock": ["n"]}, "history": True},
-    "postgres_priority": {  # extensions.md E3, with the top-level priority: [sub, pub]
+    "postgres_priority": {  # docs/rules.md#priority, with the top-level priority: [sub, pub]
         "resolvers": {
             t: "priority_wins"
             for t in ("insert_exists", "update_differ", "delete_differ", "update_deleted")
@@ -199,7 +199,7 @@ def as_of(history: list[dict], t: int) -> dict:
 def check_history(
     histories: list[list[dict]], nights: list[tuple], final: dict, rng: random.Random
 ) -> None:
-    """extensions.md E4's properties, on two nights without late changes: the version
+    """docs/outputs.md#history's properties, on two nights without late changes: the version
     valid at an instant is the fold of the events up to it; each key's last version is
     its row in the state; night 2 changes night 1's versions only to close them."""
     last = histories[-1]
@@ -265,7 +265,7 @@ def state_rows(state: dict) -> dict:
             v.origin,
             v.event_id,
             v.deleted_at,
-            read_groups(write_groups(v.groups)) if v.groups else None,  # E2
+            read_groups(write_groups(v.groups)) if v.groups else None,  # column groups
         )
         for k, v in state.items()
     }
@@ -313,7 +313,7 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
     S.write_exports(store, D1, ex1)
     S.write_exports(store, D2, ex2)
     configs.write(tmp_path / "cdr.yaml", cfg_dict, store=store)
-    histories = []  # the published history after each night (E4)
+    histories = []  # the published history after each night (history)
     for d, now in ((D1, "2026-11-21T00:00:00Z"), (D2, "2026-11-22T00:00:00Z")):
         args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--date", d, "--now", now]
         assert main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0

@@ -1,6 +1,6 @@
-"""Every example of the README and ``docs/`` runs (issue 49, item 6), on a store with a
-rerun (``tests/helpers/cdc_store.py``: a reader that listed a table's folder would see a
-rerun's replaced rows too):
+"""Every example of the pages (README, CONTRIBUTING, ``docs/``) runs (issue 49, item
+6), on a store with a rerun (``tests/helpers/cdc_store.py``: a reader that listed a
+table's folder would see a rerun's replaced rows too):
 
 - a ``python`` or ``sql`` block is marked ``<!-- example: NAME -->`` and run: a page's
   Python blocks in order in one namespace (``STORE``, ``spark``), its SQL through DuckDB's
@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.adapters import check_options
-from pipeline.cli import build_parser
-from pipeline.config import parse_config
+from pipeline.app.cli import build_parser
+from pipeline.core.config import parse_config
+from pipeline.ingest.adapters import check_options
 from tests.helpers import REPO, configs
 from tests.helpers import published as P
 from tests.helpers.cdc_store import D2
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("**/*.md"))]
 _BLOCK = re.compile(r"(?:<!-- example: ([\w-]+) -->\n)?```(\w*)\n(.*?)```", re.S)
 #: what reads a table's folder instead of its Delta log
 _LISTS = re.compile(r"read\.parquet|read_parquet|parquet_scan|pq\.read_table|\.glob\(|dataset\(")

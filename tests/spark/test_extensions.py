@@ -1,4 +1,5 @@
-"""The policy extensions (extensions.md E1-E4) through ``cdr generate`` and ``cdr run``,
+"""The policy extensions (the extensions (docs/rules.md, docs/outputs.md#history)) through
+``cdr generate`` and ``cdr run``,
 over two nights; the rules themselves are held by the golden scenarios, the fold's unit
 tests and the property tests."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.reports import date_report
@@ -34,7 +35,7 @@ def _at(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
-#: a scylla table beside the order_by one, for the history (E4) of a cell table
+#: a scylla table beside the order_by one, for the history (history) of a cell table
 CELLS = configs.table(configs.ITEMS, policy="scylla", history=True)
 DAYS = ("2026-11-21", "2026-11-22")
 
@@ -45,9 +46,9 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
     (``--clock-offset``), so its commit ts disagree with the order values of the others'
     concurrent writes; a key no DELETE touched still ends with the largest order value
     its INSERTs and UPDATEs carried, where the largest ts would pick another write. The
-    run report gives the clock-skew evidence (E7): r1 behind the others, by less than
+    run report gives the clock-skew evidence (clock skew): r1 behind the others, by less than
     90 s, and a warning past ``max_clock_skew_seconds`` (20).
-    The same nights keep the ``history`` of that table and of a scylla table (E4): see
+    The same nights keep the ``history`` of that table and of a scylla table (history): see
     :func:`check_history`; then a backfill of the first night, the second published,
     replaces the first night's versions and keeps the second's as they are."""
     store = tmp_path / "store"
@@ -111,7 +112,7 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
 
 
 def check_skew(report: dict) -> None:
-    """E7 on a night where r1's clock runs 90 s behind: every pair says r1 is behind
+    """clock skew on a night where r1's clock runs 90 s behind: every pair says r1 is behind
     (no other replica is), by less than 90 s, and the largest lag is a warning."""
     skew = report["tables"]["items"]["clock_skew"]
     assert set(skew) == {"r1"}, skew
@@ -124,14 +125,14 @@ def check_skew(report: dict) -> None:
 
 
 def _spark_evidence(spark, cfg: Path, work: Path, day: str) -> dict:
-    """E7 by the cell engine's window (``skew.with_evidence``) over the typed copies the
+    """clock skew by the cell engine's window (``skew.with_evidence``) over the typed copies the
     run staged."""
     from datetime import date
 
-    from pipeline.config import load_config
-    from pipeline.context import RunContext
-    from pipeline.frames import copy_schema
-    from pipeline.skew import tally, with_evidence
+    from pipeline.core.config import load_config
+    from pipeline.resolve.skew import tally, with_evidence
+    from pipeline.spark.frames import copy_schema
+    from pipeline.storage.context import RunContext
 
     table = load_config(cfg).tables["items"]
     staged = RunContext.load(work, date.fromisoformat(day)).staged / "items"
@@ -168,7 +169,7 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
     """A table's state gains its ``_groups`` column the night ``column_groups`` is turned
     on: that night reads the state written without it (every group at the row's stamp)
     and publishes the new schema. (The engine's test reads ``_groups`` back the night
-    after.) These nights' clocks agree: no clock-skew evidence (E7)."""
+    after.) These nights' clocks agree: no clock-skew evidence (clock skew)."""
     store = tmp_path / "store"
     cfg = tmp_path / "cdr.yaml"
     plain = {**CONFIG, "store": store.as_uri(), "priority": None}
@@ -184,7 +185,7 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
         assert main([*run, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
         report = date_report(store, day)
         assert report["status"] == "published"
-        # E7: clocks that agree leave no evidence (UPDATEs that saw another replica's
+        # clock skew: clocks that agree leave no evidence (UPDATEs that saw another replica's
         # version, as generated ones do, are stamped after it)
         assert report["tables"]["items"]["clock_skew"] == {}
     state = P.state(store, "items", "2026-11-22")

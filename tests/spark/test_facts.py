@@ -1,5 +1,5 @@
 """The run report's counts of the row engine, as the fold's tasks count what they write
-and tally their events (``pipeline.facts``), against the same counts taken again from
+and tally their events (``pipeline.resolve.facts``), against the same counts taken again from
 the outputs those tasks wrote (``Facts.counted``); the tasks' tally against the Spark
 job that makes it for the cell engine and for the events two tasks saw."""
 
@@ -15,11 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import engine, layout, resolve
-from pipeline.facts import Facts, split_events, tally, write_ledger
-from pipeline.frames import FATES
-from pipeline.policy import Fate
-from pipeline.workpath import WorkPath
+from pipeline.core import layout
+from pipeline.core.policy import Fate
+from pipeline.resolve import engine
+from pipeline.resolve import stage as resolve
+from pipeline.resolve.facts import Facts, split_events, tally, write_ledger
+from pipeline.spark.frames import FATES
+from pipeline.storage.workpath import WorkPath
 from tests.helpers import GOLDEN
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import settled_disputes
@@ -142,11 +144,11 @@ def test_split_events_finds_the_events_two_files_hold(tmp_path: Path, spark):
 
 
 def test_the_clock_skew_evidence_is_counted_by_the_tasks_and_added_up() -> None:
-    """E7: each task counts its evidence per pair of replicas with its largest lag
+    """clock skew: each task counts its evidence per pair of replicas with its largest lag
     (``skew_counts``); the report's evidence adds the tasks' counts and keeps the largest
     lag, as counting every row of the evidence at once does."""
-    from pipeline.facts import skew_counts
-    from pipeline.foldrun import _counted
+    from pipeline.resolve.facts import skew_counts
+    from pipeline.resolve.foldrun import _counted
 
     rnd = random.Random(3)
     rows = [
@@ -174,7 +176,7 @@ _SKEW = pa.schema([("behind", pa.string()), ("ahead", pa.string()), ("lag_us", p
 def test_the_tasks_digests_say_when_an_event_may_be_split_or_disputed() -> None:
     """``may_split``: false for tasks whose events differ (records without an id aside),
     true when two tasks hold an event, or one task chose an event under two keys."""
-    from pipeline.facts import may_split, task_events
+    from pipeline.resolve.facts import may_split, task_events
 
     def fates(*rows: tuple[str | None, str, bool]) -> pa.Table:
         cols = ("event_id", "replica", "chosen")

@@ -8,7 +8,7 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.unit.test_guards import CONFIG, rec

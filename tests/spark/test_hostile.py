@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.cli import main
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.sources import lines, put_export
@@ -382,7 +382,7 @@ def test_a_rerun_of_the_late_date_then_the_next_needs_no_flag(tmp_path: Path, sp
 
 
 def test_hostile_records_are_quarantined_and_the_night_publishes(tmp_path: Path, spark):
-    """formats.md "Adapters": one export with a record of each hostile kind (a name given
+    """docs/adapters.md: one export with a record of each hostile kind (a name given
     twice, an integer of 5,000 digits in the key, in ts and in seq, nesting 100,000 deep,
     a lone surrogate) between good ones: ``cdr run`` publishes, each hostile record is
     quarantined as malformed naming its problem, the good ones applied.

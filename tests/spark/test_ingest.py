@@ -1,5 +1,5 @@
 """Ingest against a real S3 HTTP server on loopback: manifests, checksums, row counts,
-path escapes, truncated files, missing exports (formats.md "The manifest"). Ingest reads
+path escapes, truncated files, missing exports (docs/adapters.md). Ingest reads
 the manifests; the files are fetched, checked and staged by ``exports.fetch`` in Spark
 tasks (the resolve stage's first job). On a file store without Spark:
 tests/unit/test_ingest.py."""
@@ -13,9 +13,9 @@ from datetime import date
 
 import pytest
 
-from pipeline.context import RunContext
-from pipeline.errors import ExportError
-from pipeline.exports import fetch, ingest, load_inputs
+from pipeline.core.errors import ExportError
+from pipeline.ingest.exports import fetch, ingest, load_inputs
+from pipeline.storage.context import RunContext
 from tests.helpers.fold_helpers import make_config
 from tests.helpers.sparkjobs import tasks_per_stage
 from tests.unit.test_ingest import _exports, put_export, put_prior, rec, started_from
@@ -52,7 +52,7 @@ def test_the_files_are_fetched_in_spark_tasks_not_by_the_driver(s3_store, ctx, s
     """A Spark task per file downloads, checks and stages it (boto3 in the task): the
     driver reads the manifests only. A download in the driver's process fails this test;
     the tasks run in Spark's Python workers, which the patch does not reach."""
-    from pipeline.store import S3Store
+    from pipeline.storage.store import S3Store
 
     def no_download(self, key, dest):
         raise AssertionError(f"the driver downloaded {key}")
@@ -171,7 +171,7 @@ def test_a_prior_state_is_staged_whole_and_checked(s3_store, ctx):
 
 def test_a_prior_state_that_is_gone_stops_the_run(s3_store, ctx):
     """A retention rule removed the state the last pointer names: not an empty start."""
-    from pipeline.errors import PriorStateError
+    from pipeline.core.errors import PriorStateError
 
     _exports(s3_store)
     pointer = put_prior(s3_store, "2026-11-20", rows=3)
@@ -199,11 +199,11 @@ def test_the_typing_counts_what_split_special_brings_to_the_driver(kind, spark, 
     """The fetch's typing counts the copies ``split_special`` brings (the same rule in
     pyarrow): none for a plain copy, and then the run skips that job safely; one for a
     TRUNCATE, a record without an event id or a key change, which the job finds."""
-    from pipeline.config import parse_config
-    from pipeline.copies import CopyWriter
-    from pipeline.frames import copy_schema
-    from pipeline.guards import TypingSpec
-    from pipeline.shuffle import split_special
+    from pipeline.core.config import parse_config
+    from pipeline.ingest.copies import CopyWriter
+    from pipeline.resolve.shuffle import split_special
+    from pipeline.rules.guards import TypingSpec
+    from pipeline.spark.frames import copy_schema
     from tests.helpers import configs
 
     config = parse_config(configs.config({"t": configs.table()}))

@@ -1,4 +1,4 @@
-"""formats.md "A night costs the night" (``pipeline.inplace``): a night after the newest
+"""docs/outputs.md#a-night-costs-the-night (``pipeline.ingest.inplace``): a night after the newest
 published date reads the prior rows its events touch and MERGEs ``state`` and
 ``snapshot`` in place; it publishes what the whole-table path publishes, rewrites no
 file that holds no touched key, and each of its checks has a test that makes it fail."""
@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from pipeline import inplace, layout
-from pipeline.cli import main
-from pipeline.lake import Lake
+from pipeline.app.cli import main
+from pipeline.core import layout
+from pipeline.ingest import inplace
+from pipeline.storage.lake import Lake
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
@@ -83,7 +84,7 @@ def _run(cfg: Path, d: str, work: Path, *more: str) -> int:
 
 
 def _tables(store: Any) -> dict[str, Any]:
-    """State, snapshot and a's history (E4), each row as JSON (run ids left out)."""
+    """State, snapshot and a's history (history), each row as JSON (run ids left out)."""
     out = {}
     for t, kinds in (("a", (*KINDS, layout.HISTORY)), ("b", KINDS)):
         for kind in kinds:
@@ -123,7 +124,7 @@ def nights(tmp_path_factory, spark) -> dict[str, Any]:
             assert _run(whole_cfg, d, tmp / "w-whole") == 0
     finally:
         mp.undo()
-    from pipeline.store import open_store
+    from pipeline.storage.store import open_store
 
     return {
         "merged": open_store((tmp / "merged").as_uri()),
@@ -178,7 +179,7 @@ def test_the_nights_after_the_first_merge_and_rewrite_no_file(nights):
 
 
 def _adds(lake: Lake, path: str, version: int) -> list[dict[str, Any]]:
-    from pipeline.lake import add_actions
+    from pipeline.storage.lake import add_actions
 
     return add_actions(lake.table(path, version))
 
@@ -192,7 +193,7 @@ def _copy(nights: dict[str, Any], tmp_path: Path) -> tuple[Path, Any]:
     """A copy of the store the fixture merged its nights into: its folder and store."""
     import shutil
 
-    from pipeline.store import open_store
+    from pipeline.storage.store import open_store
 
     copy = tmp_path / "copy"
     shutil.copytree(Path(nights["merged"].uri.removeprefix("file://")), copy)
@@ -313,7 +314,7 @@ def test_rows_a_merge_wrote_other_than_the_runs_restore_the_version(nights, tmp_
     source was changed on the way (one value, the counts unchanged) is undone."""
     from pyspark.sql import functions as F
 
-    from pipeline import published
+    from pipeline.publish import commit as published
 
     copy, store = _copy(nights, tmp_path)
     cfg = _fourth_night(copy, tmp_path, 8)
@@ -376,7 +377,7 @@ def test_tables_in_a_foreign_key_merged_in_place_publish_what_the_whole_table_pa
     """Orders whose product a night deletes are quarantined and leave state and snapshot
     though no event touched them; the nights merged in place publish the rows of the
     whole-table path."""
-    from pipeline.store import open_store
+    from pipeline.storage.store import open_store
 
     got = {}
     for name in ("merged", "whole"):
@@ -450,7 +451,7 @@ def test_a_cell_table_merged_in_place_publishes_what_the_whole_table_path_does(
     or whose tombstones are purged since the night before are read with the events'
     keys (the table tombstone too, kept and then purged), and each night publishes what
     the whole-table path publishes."""
-    from pipeline.store import open_store
+    from pipeline.storage.store import open_store
 
     got = {}
     for name in ("merged", "whole"):

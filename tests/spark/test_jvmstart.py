@@ -1,4 +1,4 @@
-"""The driver's JVM start (``pipeline/jvmstart.py``): the class-data archive ``make``
+"""The driver's JVM start (``pipeline/spark/jvm.py``): the class-data archive ``make``
 builds, and a damaged archive that must not stop a run.
 
 The two process tests start a new driver JVM each (about 5 s): the archive's point is
@@ -11,12 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline import jvmstart
+from pipeline.spark import jvm as jvmstart
 
 #: a new process starts a small run's session and runs one job, and prints its code
 #: cache's size; the JVM logs where each class came from
 START = (
-    "from pipeline.spark import get_spark; from pipeline.jvmstart import code_cache; "
+    "from pipeline.spark.session import get_spark; "
+    "from pipeline.app.jvm_archive import code_cache; "
     "s = get_spark(small=True); s.range(3).count(); print(code_cache(s)[1])"
 )
 

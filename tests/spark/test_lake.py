@@ -1,4 +1,4 @@
-"""The Delta commits of pipeline.lake (delta-spark, deletion vectors on), read back as a
+"""The Delta commits of pipeline.storage.lake (delta-spark, deletion vectors on), read back as a
 user reads them (deltalake's query engine and DuckDB's delta extension), on a file store
 and on the loopback S3 server through s3a."""
 
@@ -9,7 +9,7 @@ from datetime import date
 import pyarrow as pa
 import pytest
 
-from pipeline.lake import FEATURES, RETENTION_PROPERTIES, Files, Lake
+from pipeline.storage.lake import FEATURES, RETENTION_PROPERTIES, Files, Lake
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
@@ -271,8 +271,8 @@ def test_a_merge_by_key_replaces_adds_and_deletes_rows_in_one_commit(store, spar
 
 
 def test_a_merge_of_a_run_that_lost_its_lease_commits_nothing(file_store, spark, monkeypatch):
-    from pipeline import lease
-    from pipeline.errors import LockedError
+    from pipeline.core.errors import LockedError
+    from pipeline.storage import lease
 
     held = lease.acquire(file_store, "run-a", 600)
     lake = Lake(file_store, spark=spark, fence=lease.Fence(file_store, "run-a", held.epoch))

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date
 
-from pipeline.errors import StoreError
-from pipeline.lake import Lake
-from pipeline.s3server import create_bucket, restore_env, use_endpoint
-from pipeline.store import open_store
+from pipeline.core.errors import StoreError
+from pipeline.storage.lake import Lake
+from pipeline.storage.s3server import create_bucket, restore_env, use_endpoint
+from pipeline.storage.store import open_store
 from tests.helpers import published as P
 from tests.helpers.faults import fault_points, faulty_proxy
 

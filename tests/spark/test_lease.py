@@ -1,4 +1,4 @@
-"""The store's lease of tests/unit/test_lease.py (pipeline.lease: one writer at a time) on
+"""The store's lease of tests/unit/test_lease.py (pipeline.storage.lease: one writer at a time) on
 the loopback S3 server (conditional puts)."""
 
 from __future__ import annotations

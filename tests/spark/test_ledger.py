@@ -1,4 +1,4 @@
-"""Each event once (formats.md "Each event once"): an event that a published run resolved
+"""Each event once (docs/outputs.md#each-event-once): an event that a published run resolved
 is in its table's ledger, and a run within ``gc_grace_seconds`` after it that finds the
 event exported again (Debezium's at-least-once delivery) counts it as a duplicate instead
 of applying its delta a second time; a replica that exports one event twice in a night
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import published as P
 from tests.unit.test_ledger import _setup
 

@@ -1,4 +1,4 @@
-"""The project's Delta log store (``pipeline/jvm/FencedLogStore.java``), on a file store
+"""The project's Delta log store (``pipeline/spark/java/FencedLogStore.java``), on a file store
 and on the loopback S3 server through s3a: a commit file is created only if absent, by
 whichever process or JVM comes second too, and a commit is put only while the writer's
 run holds the store's lease with its epoch."""
@@ -9,9 +9,9 @@ from datetime import date
 
 import pytest
 
-from pipeline import lease
-from pipeline.errors import LockedError
-from pipeline.lake import Lake
+from pipeline.core.errors import LockedError
+from pipeline.storage import lease
+from pipeline.storage.lake import Lake
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
@@ -60,7 +60,7 @@ def test_a_commit_of_a_run_that_lost_its_lease_is_refused_at_the_log(store, spar
     with pytest.raises(LockedError, match=f"{path}: another writer.*held by run run-b"):
         lake.commit(path, late, {}, dt=D2)  # an append (a new partition)
     with pytest.raises(LockedError, match=f"{path}: another writer.*held by run run-b"):
-        lake.commit(path, late, {}, dt=D1)  # a replace (pipeline/jvm/Replace.java)
+        lake.commit(path, late, {}, dt=D1)  # a replace (pipeline/spark/java/Replace.java)
     assert Lake(store).version(path) == 0  # no commit of the late writer
     assert sorted(r["id"] for r in P.rows(store, path)) == [1]
 

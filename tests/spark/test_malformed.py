@@ -1,12 +1,13 @@
 """Bad records are data: each goes to quarantine whole, with the reason of the first guard
-that matched (semantics.md §3, §12), and nothing else of the run is disturbed."""
+that matched (docs/rules.md#conflict-types, docs/rules.md#what-is-quarantined), and nothing
+else of the run is disturbed."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 
@@ -140,7 +141,7 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
 
 def test_a_base_row_that_does_not_fit_stops_the_run_naming_its_line(tmp_path: Path, spark, capsys):
     """The base snapshot is the operator's input, not replicated data: a row that does
-    not fit the schema stops the run (formats.md ``base/``), naming the file and line, and
+    not fit the schema stops the run (docs/outputs.md), naming the file and line, and
     nothing is published."""
     from tests.helpers import scenarios as S
 

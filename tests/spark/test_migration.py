@@ -12,9 +12,9 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.cli import main
-from pipeline.lake import FEATURES, Lake
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.storage.lake import FEATURES, Lake
+from pipeline.storage.store import open_store
 from tests.fixtures.make_store_before_delta_spark import DATES, EXPECTED, config_for, tables
 from tests.helpers import configs
 from tests.helpers import published as P

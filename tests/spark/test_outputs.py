@@ -1,4 +1,4 @@
-"""What a run starts from and what a backfill may move (formats.md "Outputs": Backfills),
+"""What a run starts from and what a backfill may move (docs/outputs.md#backfills),
 through ``cdr run`` on a ``file://`` store, read back with ``deltalake``: a deleted or
 damaged state file stops the next run naming it; a table new to the config starts from
 ``base/`` and the report says so; a backfill never moves the snapshot back, and while it
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import engine, resolve
+from pipeline.resolve import engine
+from pipeline.resolve import stage as resolve
 from tests.helpers import scenarios as S
 from tests.helpers.sparkjobs import in_a_group
 
@@ -127,8 +128,9 @@ def test_the_typed_copies_and_the_ledger_are_read_without_a_spark_job(
 def test_the_errored_conflict_is_found_on_the_driver_only_when_the_fold_stopped(
     name: str, stops: bool, tmp_path: Path, spark, monkeypatch
 ):
-    """A run stops at an ``error`` conflict (§12): the fates say so, and only then is the
-    conflict log read (on the driver, without a Spark job) and cut at the first one."""
+    """A run stops at an ``error`` conflict (docs/rules.md#what-is-quarantined): the fates
+    say so, and only then is the conflict log read (on the driver, without a Spark job) and
+    cut at the first one."""
     jobs: dict[str, list[int]] = {}
     monkeypatch.setattr(resolve, "_cut_at_error", in_a_group(spark, resolve._cut_at_error, jobs))
     s = json.loads((S.SCENARIOS / f"{name}.json").read_text())

@@ -1,4 +1,4 @@
-"""What a run starts from (pipeline.prior): the state its previous date published, pinned
+"""What a run starts from (pipeline.ingest.prior): the state its previous date published, pinned
 at the version that run's ``runs`` row names, and the ledger's window; a missing, cut or
 foreign file stops the run with a message naming it. On a file store and on the loopback
 S3 server."""
@@ -10,11 +10,11 @@ from datetime import date, timedelta
 import pyarrow as pa
 import pytest
 
-from pipeline import layout
-from pipeline.errors import PriorStateError
-from pipeline.lake import Lake, read_pinned
-from pipeline.prior import ledger_window, pin_ledger, pin_state
-from pipeline.runs_table import RunRow, now
+from pipeline.core import layout
+from pipeline.core.errors import PriorStateError
+from pipeline.ingest.prior import ledger_window, pin_ledger, pin_state
+from pipeline.storage.lake import Lake, read_pinned
+from pipeline.storage.runs_table import RunRow, now
 
 D1 = date(2026, 11, 20)
 STATE = layout.table_path("t", layout.STATE)

@@ -1,4 +1,5 @@
-"""The row fold's property on Spark (semantics.md §2, §9): with ``insert_exists: skip``, a
+"""The row fold's property on Spark (docs/rules.md#the-canonical-order,
+docs/rules.md#convergence): with ``insert_exists: skip``, a
 generated two-replica insert race is a divergence in the engine's report too, through
 ``cdr run``. (The properties of the Python fold: tests/unit/test_properties.py.)"""
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

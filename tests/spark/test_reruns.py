@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import tests.unit.test_reruns as unit
-from pipeline import layout
-from pipeline.cli import main
+from pipeline.app.cli import main
+from pipeline.core import layout
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

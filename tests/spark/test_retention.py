@@ -1,4 +1,4 @@
-"""Delta logs outlive every retained run (formats.md "Time travel within the retention"):
+"""Delta logs outlive every retained run (docs/operations.md#retention):
 every published table carries the config's ``retention_days`` as its log retention, so
 checkpoints and log clean-up, long after the runs, never remove a version a retained
 ``runs`` row names, and a backfill from the oldest retained date still works. On
@@ -14,12 +14,12 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from pipeline.cli import main
-from pipeline.config import parse_config
-from pipeline.generate import GenerateOptions, generate
-from pipeline.lake import RETENTION_PROPERTIES
-from pipeline.store import FileStore
-from pipeline.vacuum import table_paths
+from pipeline.app.cli import main
+from pipeline.app.generate import GenerateOptions, generate
+from pipeline.core.config import parse_config
+from pipeline.publish.vacuum import table_paths
+from pipeline.storage.lake import RETENTION_PROPERTIES
+from pipeline.storage.store import FileStore
 from tests.helpers import configs
 from tests.helpers import published as P
 

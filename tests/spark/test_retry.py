@@ -1,4 +1,5 @@
-"""extensions.md E5, the quarantine that heals, over four ``cdr run``s and the
+"""docs/operations.md#a-quarantine-that-heals, the quarantine that heals, over four ``cdr
+run``s and the
 ``cdr quarantine`` commands: an orphan healed by its parent two nights later, an update
 applied once its INSERT arrives in a late export, a future event applied the next night,
 an expiry, and a rerun of a date that had healed events."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.scenarios import write_exports
@@ -124,7 +125,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     ]
     assert night1["quarantine_open"] == 5 and night1["retried"] == {}
     assert _orders(store) == {}
-    assert _stats(store, D1) == {  # E6
+    assert _stats(store, D1) == {  # conflict stats
         ("events", None, None, None): 5,
         ("conflicts", "update_missing", "apply_or_skip", "skipped"): 1,
         ("quarantined", "fk_violation", None, None): 2,

@@ -3,10 +3,11 @@ what real exports hold: copies of one event in several replicas' exports (some m
 some that differ from the origin's copy, some under another key), ties on ``ts``, key
 changes, a TRUNCATE now and then, and records the guards quarantine.
 
-- **No event is lost** (semantics.md §11): every distinct event is applied, not applied
+- **No event is lost** (docs/outputs.md): every distinct event is applied, not applied
   with a conflict-log row, or quarantined with its reason; every record of every export
   is counted for its replica, a record a replica exported twice as a duplicate.
-- **The converged result ignores the order of the exports** (§2): the same events
+- **The converged result ignores the order of the exports**
+(docs/rules.md#the-canonical-order): the same events
   exported in other orders (each replica's records shuffled, ``seq`` renumbered, so
   that every perspective changes) publish the same snapshot, state, conflict log and
   quarantine.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
@@ -51,7 +53,8 @@ CONFIG = configs.config(
     replicas=REPLICAS,
     on_divergence="warn",
 )
-#: how an event is broken in every copy, and the guard that must quarantine it (§3, §12)
+#: how an event is broken in every copy, and the guard that must quarantine it
+#: (docs/rules.md#conflict-types, docs/rules.md#what-is-quarantined)
 BREAKS = {
     "no_origin": "malformed",
     "future": "future_timestamp",
@@ -111,8 +114,8 @@ def nights(draw) -> dict[str, Any]:
 
 
 def chosen_replica(e: dict[str, Any], exporters: list[str]) -> str:
-    """§12: the origin's own copy stands for the event, else the first replica in config
-    order."""
+    """docs/rules.md#what-is-quarantined: the origin's own copy stands for the event, else
+    the first replica in config order."""
     return e["origin"] if e.get("origin") in exporters else exporters[0]
 
 
@@ -130,7 +133,8 @@ def exports(night: dict[str, Any], order_seed: int) -> dict[str, dict[str, list[
             copy = json.loads(json.dumps(e))
             if r != chosen and "key" in copy and "origin" in copy and rnd.random() < 0.15:
                 if rnd.random() < 0.5 and copy["op"] == "INSERT":
-                    copy["after"]["v"] = "differs"  # §12: only the chosen copy counts
+                    # docs/rules.md#what-is-quarantined: only the chosen copy counts
+                    copy["after"]["v"] = "differs"
                 elif copy["op"] in ("UPDATE", "DELETE") and "new_key" not in copy:
                     copy["key"] = {"id": (copy["key"]["id"] + 1) % 8}  # under another key
             held[r].append(copy)
@@ -158,13 +162,25 @@ def run(tmp: Path, ex: dict[str, Any]) -> Path:
     return store
 
 
+#: the place a quarantine's detail starts with: `<file> line <n>: `
+LINE = re.compile(r"^\S+ line \d+: ")
+
+
 def outputs(store: Path) -> dict[str, Any]:
-    # a quarantined record is kept whole, with its seq, which the other order renumbers
+    # a quarantined record is kept whole, with its seq, which the other order renumbers;
+    # its detail names the line it was on, which the other order moves
     drop = {"run_id", "dt", "event"}
+
+    def unplaced(k: str, v: Any) -> Any:
+        return LINE.sub("", v) if k == "detail" and isinstance(v, str) else v
 
     def rows(got: list[dict[str, Any]]) -> Counter[str]:
         return Counter(
-            json.dumps({k: v for k, v in r.items() if k not in drop}, sort_keys=True, default=str)
+            json.dumps(
+                {k: unplaced(k, v) for k, v in r.items() if k not in drop},
+                sort_keys=True,
+                default=str,
+            )
             for r in got
         )
 

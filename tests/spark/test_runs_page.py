@@ -1,4 +1,4 @@
-"""The Conflicts page: the numbers of the run reports per run and table (pipeline/runs.py)
+"""The Conflicts page: the numbers of the run reports per run and table (pipeline/app/runs.py)
 and the page they render, without Airflow. (The plugin's app that serves it:
 tests/airflow/test_runs_page.py; its trends in a browser: tests/e2e/test_runs_page.py.)"""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.lake import Lake
-from pipeline.published import run_row
-from pipeline.runs import list_reports, render_page, table_runs
-from pipeline.runs_table import append
-from pipeline.store import FileStore
+from pipeline.app.runs import list_reports, render_page, table_runs
+from pipeline.publish.commit import run_row
+from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import append
+from pipeline.storage.store import FileStore
 
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
 
@@ -146,7 +146,7 @@ def test_the_page_shows_one_run_with_its_chart_and_links(store):
     assert "/cdr/docs/2026-11-21/2026-11-21_bb/index.html" in html and "?dt=2026-11-20" in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # names are escaped
     skew = "<td>orders</td><td>eu-west</td><td>us-east</td><td class=n>7</td><td class=n>88.2</td>"
-    assert skew in html  # E7: the pair, its events and the lag
+    assert skew in html  # clock skew: the pair, its events and the lag
     older = render_page(list_reports(store), "2026-11-20", docs_href="{dt}")
     assert "Run of 2026-11-20" in older and "orders" not in older
     assert "No run report" in render_page([], None, docs_href="{dt}")
@@ -174,7 +174,7 @@ def test_hostile_values_in_every_report_field_render_as_text(store, tmp_path: Pa
 
 
 def test_no_statistics_no_trends(store):
-    from pipeline.stats import trends
+    from pipeline.publish.stats import trends
 
     assert trends(Lake(store)) == {}
     assert "Trends" not in render_page(list_reports(store), None, "/d/{dt}/{run_id}", {})

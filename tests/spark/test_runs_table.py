@@ -1,4 +1,4 @@
-"""The ``runs`` table (pipeline.runs_table): appended by every run, read back by the
+"""The ``runs`` table (pipeline.storage.runs_table): appended by every run, read back by the
 next run to find the state it starts from, and by users through DuckDB."""
 
 from __future__ import annotations
@@ -9,10 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
-from pipeline.errors import LockedError
-from pipeline.lake import Lake
-from pipeline.runs_table import RunRow, append, latest_date, latest_published, now, read_runs
+from pipeline.core import layout
+from pipeline.core.errors import LockedError
+from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import (
+    RunRow,
+    append,
+    latest_date,
+    latest_published,
+    now,
+    read_runs,
+)
 from tests.helpers import published as P
 
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
@@ -68,7 +75,7 @@ def test_runs_are_appended_and_the_prior_run_is_the_last_published(file_store, t
 def test_version_of_names_the_commit_that_appended_a_runs_row(file_store, tmp_path: Path):
     """The asset events' ``runs_version``: the commit of the run's own row, whether it is
     among the newest commits or older than the first page of the history."""
-    from pipeline.runs_table import version_of
+    from pipeline.storage.runs_table import version_of
 
     lake = Lake(file_store)
     versions = {f"r{i}": append(lake, row(f"r{i}", D1, "published", minutes=i)) for i in range(25)}

@@ -1,4 +1,4 @@
-"""The loopback S3 server decides a conditional put atomically (pipeline.s3server): of
+"""The loopback S3 server decides a conditional put atomically (pipeline.storage.s3server): of
 racing creates of one key exactly one wins, the others get 412 (it exists) or 409 (a
 conditional write of it is in flight), and ``S3Store.create`` reports both as a lost race.
 
@@ -17,10 +17,10 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from pipeline.cli import main
-from pipeline.doctor import examine
-from pipeline.s3server import DUMMY_CREDENTIALS, atomic_puts, free_port
-from pipeline.store import S3Store
+from pipeline.app.cli import main
+from pipeline.publish.doctor import examine
+from pipeline.storage.s3server import DUMMY_CREDENTIALS, atomic_puts, free_port
+from pipeline.storage.store import S3Store
 from tests.helpers import configs
 
 RACERS, ROUNDS = 6, 5

@@ -1,5 +1,5 @@
 """Replica snapshot exports (``exports/replica=R/table=T/snapshot/dt=D/``) compared with
-the converged snapshot through ``cdr run`` (semantics.md §9): every key that differs is
+the converged snapshot through ``cdr run`` (docs/rules.md#convergence): every key that differs is
 reported with both versions and a repair, under ``on_divergence``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import published as P
 from tests.helpers.snapshots import SUB, D, setup
 

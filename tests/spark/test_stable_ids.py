@@ -1,4 +1,4 @@
-"""Issue 49, items 3 and 4 (formats.md "Adapters", "Each event once"; docs/adapters.md):
+"""Issue 49, items 3 and 4 (docs/adapters.md, "Each event once"; docs/adapters.md):
 event ids that do not move with the files and nights an export is cut into, a
 transaction that waits for its commit, the ledger's content digests, and the upgrade
 from the ids of before (a store published by that release)."""
@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from pipeline.adapters.debezium import debezium
-from pipeline.adapters.dms import dms, read_dms
-from pipeline.adapters.wal2json import wal2json
-from pipeline.cli import main
-from pipeline.config import load_config
-from pipeline.exports import FRAMING, stage_jsonl
-from pipeline.store import open_store
+from pipeline.app.cli import main
+from pipeline.core.config import load_config
+from pipeline.ingest.adapters.debezium import debezium
+from pipeline.ingest.adapters.dms import dms, read_dms
+from pipeline.ingest.adapters.wal2json import wal2json
+from pipeline.ingest.exports import FRAMING, stage_jsonl
+from pipeline.storage.store import open_store
 from tests.fixtures import make_store_before_stable_ids as before
 from tests.helpers import configs
 from tests.helpers import published as P

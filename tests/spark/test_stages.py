@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import main
-from pipeline.context import RunContext
-from pipeline.errors import StageError
-from pipeline.workpath import WorkPath
+from pipeline.app.cli import main
+from pipeline.core.errors import StageError
+from pipeline.storage.context import RunContext
+from pipeline.storage.workpath import WorkPath
 from tests.helpers import published as P
 from tests.helpers.snapshots import SUB, D, setup
 
@@ -56,8 +56,8 @@ def test_validate_judges_without_spark_what_the_resolve_measured(
     """The DAG's validate task starts no JVM: ``cdr resolve`` measures what the suites
     need (one Spark query), and ``cdr validate`` judges it with Great Expectations alone.
     A run resolved without its measures is measured first, with a Spark session."""
-    import pipeline.spark
-    from pipeline.validation import MEASURES
+    import pipeline.spark.session
+    from pipeline.validate.stage import MEASURES
 
     cfg = setup(tmp_path, "warn", SUB)
     argv = ["--config", str(cfg), "--date", D, "--work-dir", str(tmp_path / "work")]
@@ -69,7 +69,7 @@ def test_validate_judges_without_spark_what_the_resolve_measured(
         sessions.append("started")
         return spark
 
-    monkeypatch.setattr(pipeline.spark, "get_spark", session)
+    monkeypatch.setattr(pipeline.spark.session, "get_spark", session)
     assert main(["validate", *argv]) == 0
     assert sessions == []
     ctx = RunContext.load(tmp_path / "work", date.fromisoformat(D))
@@ -138,7 +138,7 @@ def test_get_spark_imports_the_preloaded_modules_and_survives_a_broken_one(spark
     that cannot be imported is left to the caller's own import, which names it."""
     import sys
 
-    from pipeline.spark import get_spark
+    from pipeline.spark.session import get_spark
 
     sys.modules.pop("xml.dom.minidom", None)
     assert get_spark(preload=("no_such_module_of_cdr", "xml.dom.minidom")) is spark
@@ -154,7 +154,7 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.spark import read_output
+    from pipeline.storage.outputs import read_output
 
     schema = "k bigint, v decimal(10,2), at timestamp, m map<string,int>, s struct<a:binary>"
     spark.createDataFrame([], schema).write.parquet(str(tmp_path / "out"))
@@ -173,8 +173,8 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
 
 
 def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypatch):
-    from pipeline.exports import StagedExport, StagedTable
-    from pipeline.spark import CODEGEN_MIN_RECORDS, fit_codegen, sized
+    from pipeline.ingest.exports import StagedExport, StagedTable
+    from pipeline.spark.session import CODEGEN_MIN_RECORDS, fit_codegen, sized
 
     def mode() -> tuple[str, str]:
         conf = spark.conf
@@ -284,7 +284,7 @@ def test_a_local_frame_holds_its_rows_in_its_plan(spark):
 
     from pyspark.sql.types import StructType
 
-    from pipeline.spark import local_frame
+    from pipeline.spark.session import local_frame
 
     ddl = "name string, n long, d date, amount decimal(10,2), raw binary"
     rows = [("a", 1, date(2026, 11, 21), Decimal("1.50"), b"\x00"), ("b", None, None, None, None)]
@@ -303,8 +303,8 @@ def test_write_output_records_the_schema_and_rows_and_readers_take_them(
     (a footer that cannot be read is never read)."""
     import pyarrow as pa
 
-    from pipeline import workpath
-    from pipeline.spark import OUTPUT_INFO, output_info, read_output, write_output
+    from pipeline.storage import workpath
+    from pipeline.storage.outputs import OUTPUT_INFO, output_info, read_output, write_output
 
     out = WorkPath.of(tmp_path / "out")
     df = spark.createDataFrame([(1, "a"), (2, None)], "k bigint, v string")
@@ -328,8 +328,9 @@ def test_no_footer_of_an_output_with_its_record_is_read_on_the_driver(
     """A whole run (a golden scenario with disputes, a repeated copy, a record without an
     event id): the fold's outputs, the ledger and the snapshot are published from what
     was recorded beside them, and no reader opens a footer of a folder with that record."""
-    from pipeline import published, workpath
-    from pipeline.spark import OUTPUT_INFO
+    from pipeline.publish import commit as published
+    from pipeline.storage import workpath
+    from pipeline.storage.outputs import OUTPUT_INFO
     from tests.helpers import GOLDEN
     from tests.helpers import scenarios as S
 
@@ -376,10 +377,10 @@ def test_a_recorded_output_whose_files_are_gone_is_never_published_empty(
     the publish naming the folder; one recorded with no rows creates its table empty."""
     from pyspark.sql import types as T
 
-    from pipeline.lake import Lake
-    from pipeline.published import Committer
-    from pipeline.spark import note_output
-    from pipeline.store import open_store
+    from pipeline.publish.commit import Committer
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.outputs import note_output
+    from pipeline.storage.store import open_store
 
     resolved = WorkPath.of(tmp_path / "resolved")
     schema = T.StructType([T.StructField("event_id", T.StringType())])
@@ -401,10 +402,10 @@ def test_a_commit_whose_log_counts_other_rows_than_the_run_wrote_is_undone(
     new commit and stops the publish (no runs row names the version)."""
     from pyspark.sql import types as T
 
-    from pipeline.lake import Lake
-    from pipeline.published import Committer
-    from pipeline.spark import note_output
-    from pipeline.store import open_store
+    from pipeline.publish.commit import Committer
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.outputs import note_output
+    from pipeline.storage.store import open_store
 
     resolved = WorkPath.of(tmp_path / "resolved")
     schema = T.StructType([T.StructField("event_id", T.StringType())])

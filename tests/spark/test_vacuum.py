@@ -1,7 +1,7 @@
 """``cdr vacuum --retain-days N``: the files of versions no reader may still ask for go;
 the latest version, the window's versions and every version a retained ``runs`` row names
 stay, so the tables and the runs' time travel read the same after it. No Spark: tables
-committed with ``pipeline.lake``, read back with ``deltalake``."""
+committed with ``pipeline.storage.lake``, read back with ``deltalake``."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline import layout
-from pipeline.errors import LockedError
-from pipeline.lake import Lake
-from pipeline.runs_table import RunRow, append, read_runs, retained_rows
-from pipeline.store import FileStore
-from pipeline.vacuum import vacuum
+from pipeline.core import layout
+from pipeline.core.errors import LockedError
+from pipeline.publish.vacuum import vacuum
+from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import RunRow, append, read_runs, retained_rows
+from pipeline.storage.store import FileStore
 from tests.helpers import published as P
 
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
@@ -105,7 +105,7 @@ def test_vacuum_keeps_every_row_of_the_window_and_each_tables_last_run(tmp_path:
 
 
 def test_vacuum_waits_for_no_run(file_store, tmp_path: Path):
-    from pipeline import lease
+    from pipeline.storage import lease
 
     lease.acquire(file_store, "night", lease.SECONDS)
     with pytest.raises(LockedError, match="night"):
@@ -160,7 +160,7 @@ def test_vacuum_removes_the_state_of_a_backfill_with_its_row(file_store, tmp_pat
 
 def test_vacuum_removes_takeover_markers_past_the_window(file_store):
     """The markers of lease takeovers stay as a record for the window, then go."""
-    from pipeline import lease
+    from pipeline.storage import lease
 
     for run_id in ("gone-a", "gone-b"):  # each expires and is taken over
         lease.acquire(file_store, run_id, 0)

@@ -13,15 +13,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.replay import replay_differences
-from pipeline.suites import (
-    KEPT_ROWS,
-    Project,
-    find_rows,
-    load_template,
-    render_suite,
-)
-from pipeline.validation import message
+from pipeline.changes.replay import replay_differences
+from pipeline.validate.stage import message
+from pipeline.validate.suites import KEPT_ROWS, Project, find_rows, load_template, render_suite
 from tests.helpers import scenarios as S
 from tests.helpers.fold_helpers import make_config
 from tests.helpers.reports import date_report
@@ -180,7 +174,7 @@ def test_cdc(project, spark, rows, failing):
 
 
 def test_cdc_replay(project, spark):
-    """The replay suite on the differences ``pipeline.replay`` finds: an insert, an update
+    """The replay suite on the differences ``pipeline.changes.replay`` finds: an insert, an update
     and a delete of the log over a prior state give the snapshot; a log that lost a
     delete does not."""
     prior = spark.createDataFrame([(*r, "e", False, None) for r in GOOD], STATE)
@@ -281,8 +275,8 @@ def test_a_failure_names_the_suite_the_check_the_table_and_keys(project, spark):
 def test_a_failed_check_fails_the_run_by_its_gx_severity(tmp_path, spark, on_divergence, failed):
     """The verdict reads the severity GX reports on each result: a failed convergence
     check fails the run under ``on_divergence: fail`` and is a warning under ``warn``."""
-    from pipeline.suites import measure_all
-    from pipeline.validation import _judge
+    from pipeline.validate.stage import _judge
+    from pipeline.validate.suites import measure_all
 
     config = make_config(on_divergence=on_divergence)
     suite = render_suite(load_template("convergence"), ORDERS, config)
@@ -391,6 +385,6 @@ ONE_ROW = {"cdr_snapshot_orders": ([GOOD[0]], SNAPSHOT)}
     ids=["good", "two_current", "backwards", "no_start", "value_differs", "deletion_missing"],
 )
 def test_history(project, spark, rows, failing):
-    """extensions.md E4: the history's checks against a snapshot of order 1 alone."""
+    """docs/outputs.md#history: the history's checks against a snapshot of order 1 alone."""
     got = run(project, spark, "history", rows, HISTORY, **ONE_ROW)
     assert {c for c, ok in got.items() if not ok} == failing

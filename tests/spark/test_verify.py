@@ -1,4 +1,4 @@
-"""``cdr verify --full`` (``pipeline.verify``): each whole-table check passes on a sound
+"""``cdr verify --full`` (``pipeline.app.verify``): each whole-table check passes on a sound
 table and fails on the defect it is for. (The command on published nights:
 tests/spark/test_inplace.py.)"""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.verify import CHECKS, check_table
+from pipeline.app.verify import CHECKS, check_table
+from pipeline.core.config import parse_config
 from tests.helpers import configs
 
 CONFIG = parse_config(

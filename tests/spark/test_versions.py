@@ -35,7 +35,7 @@ def test_map_in_arrow_runs_python_workers(spark):
 def test_great_expectations_validates_a_spark_dataframe(spark, tmp_path):
     """GX is installed without its [spark] extra (it caps pyspark below 4.2): it still
     runs on pyspark 4.3."""
-    from pipeline.suites import Project
+    from pipeline.validate.suites import Project
 
     df = spark.createDataFrame([(1,), (2,)], "id int")
     query = "SELECT * FROM {batch} WHERE id IS NULL"

@@ -1,12 +1,12 @@
-"""extensions.md E8, the comparison of ``cdr whatif`` (``whatif.compare_table``): the
+"""docs/operations.md#what-if, the comparison of ``cdr whatif`` (``whatif.compare_table``): the
 published state's live rows against the what-if snapshot, joined on the key by Spark. (A
 whole what-if against a reference run: tests/airflow/test_whatif.py.)"""
 
 from __future__ import annotations
 
-from pipeline.config import parse_config
-from pipeline.summary import RunSummary
-from pipeline.whatif import compare_table
+from pipeline.app.whatif import compare_table
+from pipeline.core.config import parse_config
+from pipeline.core.summary import RunSummary
 from tests.helpers import configs
 
 COLUMNS = {"a": "int", "b": "int", "name": "string"}

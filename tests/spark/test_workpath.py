@@ -1,4 +1,4 @@
-"""The work location (``pipeline.workpath``): the same operations on a local folder and
+"""The work location (``pipeline.storage.workpath``): the same operations on a local folder and
 on an S3 prefix of the test server, and what a Spark task carries of it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.workpath import WorkPath, metadata, read_folder, read_table, write_table
+from pipeline.storage.workpath import WorkPath, metadata, read_folder, read_table, write_table
 
 
 @pytest.fixture(params=["file", "s3"])

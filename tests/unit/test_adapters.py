@@ -1,4 +1,4 @@
-"""The adapters' manifest options (formats.md): each format's options are checked when the
+"""The adapters' manifest options (docs/adapters.md): each format's options are checked when the
 manifest is read, naming the manifest; an export without the settings its ids need is
 refused, naming the setting (docs/adapters.md). (The records themselves: tests/spark/.)"""
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters import SettingsCheck, check_dms_columns, check_requirements
-from pipeline.config import parse_config
-from pipeline.errors import ExportError
-from pipeline.exports import read_manifest, stage_jsonl
-from pipeline.store import open_store
+from pipeline.core.config import parse_config
+from pipeline.core.errors import ExportError
+from pipeline.ingest.adapters import SettingsCheck, check_dms_columns, check_requirements
+from pipeline.ingest.exports import read_manifest, stage_jsonl
+from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import sources as src
 

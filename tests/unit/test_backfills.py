@@ -1,4 +1,4 @@
-"""formats.md "Backfills": a run starts only from a published state whose versions
+"""docs/outputs.md#backfills: a run starts only from a published state whose versions
 ``cdr vacuum`` keeps (``runs_table.retained_rows``, the config's ``retention_days``); a
 run of an older date is refused before anything reads it, naming the horizon."""
 
@@ -8,9 +8,9 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from pipeline.errors import PriorStateError
-from pipeline.prior import refuse_outside_retention
-from pipeline.runs_table import RunRow
+from pipeline.core.errors import PriorStateError
+from pipeline.ingest.prior import refuse_outside_retention
+from pipeline.storage.runs_table import RunRow
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TABLES = {"tables": {"t": {"state_rows": 3}}}

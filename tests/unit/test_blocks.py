@@ -1,5 +1,5 @@
-"""The typing of JSONL blocks by Arrow (pipeline.blocks) against the typing of one record
-(pipeline.guards.Typer.line), pure Python: a line the blocks type is typed exactly as the
+"""The typing of JSONL blocks by Arrow (pipeline.ingest.blocks) against the typing of one record
+(pipeline.rules.guards.Typer.line), pure Python: a line the blocks type is typed exactly as the
 guards type it, every line is typed once, and clean exports do take the blocks' path."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.blocks import BlockTyper
-from pipeline.config import parse_config
-from pipeline.copies import arrow_schema, columns_table
-from pipeline.guards import Typer, TypingSpec
+from pipeline.core.config import parse_config
+from pipeline.ingest.blocks import BlockTyper
+from pipeline.ingest.copies import arrow_schema, columns_table
+from pipeline.rules.guards import Typer, TypingSpec
 from tests.helpers import configs
 
 NOW = 1795305600000000  # 2026-11-22T00:00:00Z
@@ -41,7 +41,7 @@ CONFIG = configs.config(
         "cells": configs.table(
             {c: t for c, t in COLUMNS.items() if c != "bal"}, KEY, policy="scylla"
         ),
-        # extensions.md E1: a record without its order value is malformed
+        # docs/rules.md#order-by-a-column: a record without its order value is malformed
         "ordered": configs.table(COLUMNS, KEY, not_null=["s"], delta=["bal"], order_by="t"),
     },
     replicas=configs.replicas(r1=3, r2=1, r3=2),
@@ -105,7 +105,7 @@ MANGLES = [
     "key_null",
     "trailing_space",
     "no_order_value",
-    # hostile input (formats.md "Adapters"): no record stops a night
+    # hostile input (docs/adapters.md): no record stops a night
     "huge_int",
     "huge_ts",
     "deep",
@@ -196,7 +196,7 @@ def _mangled(rng: random.Random, rec: dict, mangle: str, cols: list[str]) -> str
         rec["event_id"] = ""
     elif mangle == "key_null":
         rec["key"]["k2"] = None
-    elif mangle == "no_order_value":  # E1: quarantined on an order_by table
+    elif mangle == "no_order_value":  # order_by: quarantined on an order_by table
         target.pop("t", None)
         if rec["op"] == "DELETE":
             rec.pop("before", None)

@@ -1,4 +1,4 @@
-"""The cell rules of semantics.md §6-§7 (``pipeline.cellfold``), without Spark.
+"""The cell rules of docs/rules.md#cell-rules (``pipeline.rules.cellfold``), without Spark.
 
 - one test per rule of the reconciliation order, each in both argument orders (the
   comparator must be antisymmetric);
@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.cellfold import (
+from pipeline.core.config import ColumnType, Kind, parse_config
+from pipeline.rules.cellfold import (
     RULES,
     SHADOWED,
     TIE,
@@ -37,7 +38,6 @@ from pipeline.cellfold import (
     serialize,
     shadow,
 )
-from pipeline.config import ColumnType, Kind, parse_config
 from tests.helpers import configs
 from tests.helpers.fold_helpers import NOW
 
@@ -255,7 +255,7 @@ def events(draw: st.DrawFn) -> list[CellEvent]:
 @settings(max_examples=300, deadline=None)
 @given(events(), st.randoms())
 def test_canonical_fold_equals_the_merge_in_any_order(evs, rnd):
-    """§9 "Cell granularity always converges": whatever order a replica applied the
+    """docs/rules.md#convergence: whatever order a replica applied the
     events in, it reaches the state of the canonical fold."""
     table = _table()
     fold = CellFold(table, NOW).run(evs)
@@ -372,7 +372,7 @@ def test_random_histories_never_resurrect_shadowed_cells():
 
 def test_equal_timestamps_can_mix_two_writes():
     """The README's example: each column is decided on its own, so the row mixes A's and
-    B's writes (seed 000)."""
+    B's writes (docs/rules.md#cell-rules)."""
     evs = [
         CellEvent("A-1", "UPDATE", (1,), T, "A", 0, {"s": "a", "n": -1}),
         CellEvent("B-1", "UPDATE", (1,), T, "B", 1, {"s": "b", "n": 1}),

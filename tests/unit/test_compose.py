@@ -1,6 +1,6 @@
 """docker-compose.yaml read as a file: the stack listens on loopback and asks for a login,
 runs every Airflow service on PostgreSQL, its config is the demo's, its image installs
-the wheel, and every service, volume and connection the README names is there.
+the wheel, and every service, volume and connection docs/deployment.md names is there.
 (Validated by a real Compose implementation: tests/e2e/test_compose.py.)"""
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def _compose() -> dict:
 
 
 def _readme_section() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "deployment.md").read_text()
     start = text.index("## The whole stack with docker-compose")
-    end = text.index("\n## ", start + 3)
-    return text[start:end]
+    end = text.find("\n## ", start + 3)
+    return text[start : end if end > 0 else None]
 
 
 def test_every_service_volume_and_connection_the_readme_names_is_there():
@@ -94,8 +94,8 @@ def test_the_stack_runs_every_airflow_service_on_postgres():
 
 
 def test_the_stacks_config_is_the_demos_with_the_stacks_bucket():
-    from pipeline.config import load_config
-    from pipeline.demo import DEMO_CONFIG
+    from pipeline.app.demo import DEMO_CONFIG
+    from pipeline.core.config import load_config
 
     data = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())
     assert {k: v for k, v in data.items() if k in DEMO_CONFIG and k != "store"} == {
@@ -131,7 +131,7 @@ def test_each_service_gets_only_the_secrets_it_needs():
     assert sorted(root) == ["minio", "minio-init"], root
     init = services["minio-init"]
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     bucket = load_config(REPO / "docker" / "cdr.yaml").store.split("/")[2]
     assert init["environment"]["CDR_BUCKET"] == bucket

@@ -1,5 +1,5 @@
 """cdr.yaml is parsed once into frozen models; every mistake is reported at once, with its
-path in the file (formats.md "Config")."""
+path in the file (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import History, Kind, load_config, parse_column_type, parse_config
-from pipeline.errors import ConfigError
-from pipeline.policy import ConflictType, Resolver, TieBreak
+from pipeline.core.config import History, Kind, load_config, parse_column_type, parse_config
+from pipeline.core.errors import ConfigError
+from pipeline.core.policy import ConflictType, Resolver, TieBreak
 from tests.helpers import configs
 
 FORMATS_EXAMPLE = """
@@ -233,7 +233,7 @@ def _priority_config(priority=None, resolvers=None, **top):
 
 
 def test_priority_wins_reads_the_top_level_priority():
-    """extensions.md E3: ``priority`` ranks the replicas, most trusted first; every table
+    """docs/rules.md#priority: ``priority`` ranks the replicas, most trusted first; every table
     carries it for the fold."""
     config = _priority_config(["b", "a"])
     t = config.tables["t"]
@@ -321,7 +321,7 @@ def _grouped(groups, **table):
 
 
 def test_column_groups_and_the_implicit_group_of_the_rest():
-    """extensions.md E2: the columns in no group form one implicit group, last."""
+    """docs/rules.md#column-groups: the columns in no group form one implicit group, last."""
     t = _grouped({"stock": ["qty"], "label": ["name"]}).tables["t"]
     assert t.column_groups == (("stock", ("qty",)), ("label", ("name",)), ("_other", ("note",)))
     t = _grouped({"all": ["qty", "name", "note"]}).tables["t"]
@@ -363,7 +363,7 @@ def test_column_group_mistakes_name_the_bad_value(groups, table, message):
     ],
 )
 def test_history_and_its_tracked_columns(history, want):
-    """extensions.md E4, on a row or a cell table."""
+    """docs/outputs.md#history, on a row or a cell table."""
     columns = {"qty": "int", "name": "string"}
     assert _one_table(columns, history=history).tables["t"].history == want
     cells = _one_table(columns, history=history, policy="scylla")

@@ -1,4 +1,5 @@
-"""The policy extensions (extensions.md E1-E4) without a run: ``cdr generate``'s clock
+"""The policy extensions (the extensions (docs/rules.md, docs/outputs.md#history)) without a
+run: ``cdr generate``'s clock
 offset names a configured replica, and a divergence's repair on an ``order_by`` table
 carries its order value. (Two nights through ``cdr run``: tests/spark/.)"""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 
 CONFIG = configs.config(
@@ -37,11 +38,11 @@ def test_a_repair_of_an_order_by_table_carries_its_order_value():
     DELETE's ``before``), or replaying it would be quarantined as malformed."""
     from datetime import date
 
-    from pipeline.config import parse_config
-    from pipeline.foldrun import repair_record
-    from pipeline.guards import Typer, TypingSpec
-    from pipeline.jsonvalues import dumps
-    from pipeline.rowfold import Version
+    from pipeline.core.config import parse_config
+    from pipeline.core.jsonvalues import dumps
+    from pipeline.resolve.foldrun import repair_record
+    from pipeline.rules.guards import Typer, TypingSpec
+    from pipeline.rules.rowfold import Version
 
     config = parse_config(CONFIG)
     table = config.tables["items"]

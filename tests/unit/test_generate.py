@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.generate import GenerateOptions, KeySpace, generate
-from pipeline.store import FileStore
+from pipeline.app.generate import GenerateOptions, KeySpace, generate
+from pipeline.core.config import parse_config
+from pipeline.storage.store import FileStore
 from tests.helpers import configs
 
 D1, D2, D3 = date(2026, 11, 21), date(2026, 11, 22), date(2026, 11, 23)

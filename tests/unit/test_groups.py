@@ -1,5 +1,5 @@
-"""A fold task (pipeline.foldrun) with the Arrow paths of pipeline.groups against the same
-task with every touched key folded in Python (pipeline.rowfold, the rules' one home): the
+"""A fold task (resolve.foldrun) with the Arrow paths of resolve.groups against the same
+task with every touched key folded in Python (pipeline.rules.rowfold, the rules' one home): the
 same state, fates, conflicts, quarantine, divergence and changes, whatever the cuts between
 its batches. Pure Python: the task's function runs on Arrow batches built here, as Spark's
 ``mapInArrow`` would give them."""
@@ -18,14 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipeline import foldrun
-from pipeline.config import parse_config
-from pipeline.foldrun import FoldJob, fold_function
-from pipeline.frames import FOLD_INPUT, fold_input_schema, fold_outputs
-from pipeline.guards import Typer, TypingSpec
-from pipeline.jsonvalues import dumps
-from pipeline.rowfold import FoldSpec
-from pipeline.workpath import WorkPath
+from pipeline.core.config import parse_config
+from pipeline.core.jsonvalues import dumps
+from pipeline.resolve import foldrun
+from pipeline.resolve.foldrun import FoldJob, fold_function
+from pipeline.rules.guards import Typer, TypingSpec
+from pipeline.rules.rowfold import FoldSpec
+from pipeline.spark.frames import FOLD_INPUT, fold_input_schema, fold_outputs
+from pipeline.storage.workpath import WorkPath
 from tests.helpers import configs
 
 NOW = 1795305600000000  # 2026-11-22T00:00:00Z

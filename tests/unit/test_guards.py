@@ -1,5 +1,6 @@
-"""The typing and guards of a record (pipeline.guards), pure Python: how each column type
-reads a value's text, and the first guard that quarantines a copy (semantics.md §3, §12).
+"""The typing and guards of a record (pipeline.rules.guards), pure Python: how each column
+type reads a value's text, and the first guard that quarantines a copy
+(docs/rules.md#conflict-types, docs/rules.md#what-is-quarantined).
 ``tests/spark/test_malformed.py`` runs the messages end to end through ``cdr run``."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from decimal import Decimal
 
 import pytest
 
-from pipeline.config import ColumnType, Kind, parse_config
-from pipeline.guards import Typer, TypingSpec, reader
+from pipeline.core.config import ColumnType, Kind, parse_config
+from pipeline.rules.guards import Typer, TypingSpec, reader
 from tests.helpers import configs
 
 INT, BIGINT = ColumnType(Kind.INT), ColumnType(Kind.BIGINT)
@@ -114,7 +115,7 @@ def test_a_good_record_is_typed_and_ranked() -> None:
     [
         ("[1, 2]", "not a JSON object"),
         ('{"op": "INSERT", "ts": NaN}', "not a JSON object"),
-        # formats.md "Adapters": a name given twice is malformed, and named
+        # docs/adapters.md: a name given twice is malformed, and named
         ('{"op": "DELETE", "op": "INSERT"}', 'not a JSON object: duplicate key "op"'),
         (rec(after='{"id": 1, "id": 2}'), 'after is not a JSON object: duplicate key "id"'),
         ("[" * 100_000 + "]" * 100_000, "not a JSON object: nested too deep"),
@@ -159,7 +160,7 @@ def test_an_adapters_record_keeps_its_source_for_the_quarantine() -> None:
     ],
 )
 def test_an_event_without_its_order_value_is_malformed(record, detail) -> None:
-    """extensions.md E1: with ``order_by``, an INSERT or UPDATE carries the value in
+    """docs/rules.md#order-by-a-column: with ``order_by``, an INSERT or UPDATE carries the value in
     ``after``, a DELETE in ``before``; without it the event is quarantined ``malformed``."""
     config = parse_config({**CONFIG, "tables": {"t": {**CONFIG["tables"]["t"], "order_by": "x"}}})
     c = Typer(TypingSpec.of(config, config.tables["t"], NOW)).line(json.dumps(record), "sub")

@@ -14,8 +14,8 @@ CONFIG = configs.config(allow_missing_exports=True)
 
 
 def test_max_record_bytes_must_be_a_positive_count(tmp_path: Path):
-    from pipeline.config import load_config
-    from pipeline.errors import ConfigError
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import ConfigError
 
     cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store="file:///x", max_record_bytes=0)
     with pytest.raises(ConfigError, match="max_record_bytes"):
@@ -28,8 +28,8 @@ def test_max_record_bytes_must_be_a_positive_count(tmp_path: Path):
 def test_a_long_line_is_skipped_across_chunks(tmp_path: Path, chunk: int):
     """The reader behind the limit: a long line spread over many chunks comes as its first
     bytes and its length, and the line numbers after it stay right, whatever the chunks."""
-    from pipeline.exports import Limits, _line_chunks
-    from pipeline.guards import LongLine
+    from pipeline.ingest.exports import Limits, _line_chunks
+    from pipeline.rules.guards import LongLine
 
     long = b"{" + b"y" * 500 + b"}"
     f = tmp_path / "part.jsonl"
@@ -53,9 +53,9 @@ def test_a_gzip_bomb_is_refused_naming_the_file_and_a_large_export_is_not(tmp_pa
     fills the work volume; one within the bound is read whole."""
     import gzip
 
-    from pipeline import exports
-    from pipeline.errors import ExportError
-    from pipeline.exports import Limits, _line_chunks
+    from pipeline.core.errors import ExportError
+    from pipeline.ingest import exports
+    from pipeline.ingest.exports import Limits, _line_chunks
 
     monkeypatch.setattr(exports, "EXPANSION_FLOOR", 1 << 20)  # 1 MiB, for a small bomb
     bomb = tmp_path / "bomb.jsonl.gz"
@@ -80,8 +80,8 @@ def test_a_gzip_bomb_is_refused_naming_the_file_and_a_large_export_is_not(tmp_pa
 def test_a_dms_csv_whose_header_is_over_the_csv_readers_limit_names_the_file(tmp_path):
     """Python's CSV reader refuses a field over 128 KiB: a header like that is a file that
     cannot be read, said in one line naming it, not a traceback."""
-    from pipeline.errors import ExportError
-    from pipeline.exports import _stage_dms_csv
+    from pipeline.core.errors import ExportError
+    from pipeline.ingest.exports import _stage_dms_csv
 
     src = tmp_path / "LOAD.csv"
     src.write_text('Op,"' + "x" * (200 << 10) + '"\nI,1\n')
@@ -90,9 +90,9 @@ def test_a_dms_csv_whose_header_is_over_the_csv_readers_limit_names_the_file(tmp
 
 
 def test_max_expansion_is_a_positive_factor_read_into_the_limits(tmp_path: Path):
-    from pipeline.config import load_config
-    from pipeline.errors import ConfigError
-    from pipeline.exports import Limits
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import ConfigError
+    from pipeline.ingest.exports import Limits
 
     cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store="file:///x", max_expansion=0)
     with pytest.raises(ConfigError, match="max_expansion"):

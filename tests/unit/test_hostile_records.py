@@ -1,4 +1,4 @@
-"""No record stops a night (formats.md "Adapters", "Each event once"): whatever bytes a
+"""No record stops a night (docs/adapters.md, "Each event once"): whatever bytes a
 JSONL export holds, each line becomes exactly one typed copy, typed or quarantined with
 its reason, nothing is raised, and the blocks' path (Arrow) and the guards' path (one
 line at a time) agree. Hypothesis feeds arbitrary bytes and JSON: deep, huge, odd
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import parse_config
-from pipeline.copies import CopyWriter, arrow_schema, columns_table
-from pipeline.guards import Typer, TypingSpec
-from pipeline.policy import QuarantineReason
+from pipeline.core.config import parse_config
+from pipeline.core.policy import QuarantineReason
+from pipeline.ingest.copies import CopyWriter, arrow_schema, columns_table
+from pipeline.rules.guards import Typer, TypingSpec
 from tests.unit.test_blocks import CONFIG, NOW, _both_ways
 
 REASONS = {r.value for r in QuarantineReason}
@@ -137,7 +137,7 @@ def test_a_parquet_time_past_year_9999_is_quarantined_not_raised(tmp_path):
     malformed, saying why; the rows beside it are typed."""
     import pyarrow as pa
 
-    from pipeline.copies import parquet_records
+    from pipeline.ingest.copies import parquet_records
 
     path = tmp_path / "part.parquet"
     good = NOW - 10**9

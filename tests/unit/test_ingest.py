@@ -1,5 +1,5 @@
 """Ingest on a file store, without Spark: manifests, path escapes, formats and the prior
-state it starts from (formats.md "The manifest"). Ingest reads the manifests; the files
+state it starts from (docs/adapters.md). Ingest reads the manifests; the files
 are fetched by ``exports.fetch`` in Spark tasks (tests/spark/test_ingest.py, on the S3
 server on loopback)."""
 
@@ -12,9 +12,9 @@ from datetime import date
 
 import pytest
 
-from pipeline.context import RunContext
-from pipeline.errors import ExportError
-from pipeline.exports import ingest, safe_relpath
+from pipeline.core.errors import ExportError
+from pipeline.ingest.exports import ingest, safe_relpath
+from pipeline.storage.context import RunContext
 from tests.helpers.fold_helpers import make_config
 
 D = date(2026, 11, 21)
@@ -67,7 +67,7 @@ def put_prior(store, dt: str, rows: int, recorded: int | None = None, files: int
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline import layout
+    from pipeline.core import layout
 
     run = f"run-{dt}"
     state = f"published/t/state/run={run}"
@@ -96,7 +96,7 @@ def ctx(tmp_path):
 def test_a_date_with_exports_that_no_run_published_stops_the_next_one(file_store, ctx):
     """The state of 2026-11-18 is the last published; 2026-11-19 has exports but never
     published (a failed gate, a subset run): a run of 2026-11-21 would skip its events."""
-    from pipeline import layout
+    from pipeline.core import layout
 
     put_export(file_store, "pub", "t", [rec("pub-1")])
     put_export(file_store, "sub", "t", [rec("pub-1")])
@@ -133,7 +133,7 @@ def _exports(store):
 
 
 def test_a_truncated_prior_state_file_is_named(file_store, ctx):
-    from pipeline.errors import PriorStateError
+    from pipeline.core.errors import PriorStateError
 
     _exports(file_store)
     pointer = put_prior(file_store, "2026-11-20", rows=3, files=2)
@@ -145,7 +145,7 @@ def test_a_truncated_prior_state_file_is_named(file_store, ctx):
 
 def test_a_prior_state_short_of_its_recorded_rows_stops_the_run(file_store, ctx):
     """A partial copy: one of two files missing, every file readable."""
-    from pipeline.errors import PriorStateError
+    from pipeline.core.errors import PriorStateError
 
     _exports(file_store)
     put_prior(file_store, "2026-11-20", rows=3, files=1, recorded=6)
@@ -157,7 +157,7 @@ def test_a_pointer_published_before_state_rows_is_read_without_the_count(file_st
     _exports(file_store)
     pointer = put_prior(file_store, "2026-11-20", rows=3)
     del pointer["state_rows"]
-    from pipeline import layout
+    from pipeline.core import layout
 
     file_store.write_bytes(
         f"{layout.legacy_pointers_dir('t')}/dt=2026-11-20.json", json.dumps(pointer).encode()

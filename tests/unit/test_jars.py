@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import jars
-from pipeline.errors import JarsError
+from pipeline.core.errors import JarsError
+from pipeline.spark import jars
 from tests.helpers import REPO
 
 

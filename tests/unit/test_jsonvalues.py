@@ -1,4 +1,4 @@
-"""The logs' JSON text (pipeline.jsonvalues): plain values as Python's JSON encoder writes
+"""The logs' JSON text (pipeline.core.jsonvalues): plain values as Python's JSON encoder writes
 them compactly, and the column types it cannot write exactly as the spec wants them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.jsonvalues import dumps
+from pipeline.core.jsonvalues import dumps
 
 PLAIN = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),

@@ -1,4 +1,4 @@
-"""The driver's JVM start (``pipeline/jvmstart.py``) without a JVM: a small run's options,
+"""The driver's JVM start (``pipeline/spark/jvm.py``) without a JVM: a small run's options,
 and the name of the class-data archive ``make`` builds. (A new driver started from the
 archive, and from a damaged one: tests/spark/test_jvmstart.py.)"""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import jvmstart
-from pipeline.errors import StageError
+from pipeline.core.errors import StageError
+from pipeline.spark import jars as spark_jars
+from pipeline.spark import jvm as jvmstart
 
 
 def test_driver_options_by_run_size_and_mode(monkeypatch, tmp_path: Path):
@@ -38,7 +39,7 @@ def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_
     (jdk / "release").write_text('JAVA_VERSION="17.0.15"\n')
     (jars / "spark-core.jar").write_bytes(b"x" * 10)
     monkeypatch.setenv("JAVA_HOME", str(jdk))
-    monkeypatch.setattr(jvmstart, "spark_jars", lambda: jars)
+    monkeypatch.setattr(spark_jars, "spark_jars", lambda: jars)
     monkeypatch.delenv(jvmstart.ARCHIVE_ENV, raising=False)
     first = jvmstart.archive_path()
     assert first is not None and first.parent == Path(sys.prefix) / "share" / "cdr"
@@ -54,7 +55,7 @@ def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_
     monkeypatch.setenv(jvmstart.ARCHIVE_ENV, "off")
     assert jvmstart.archive_path() is None and jvmstart.usable_archive() is None
     monkeypatch.setenv(jvmstart.ARCHIVE_ENV, str(tmp_path / "none.jsa"))
-    with caplog.at_level(logging.INFO, logger="pipeline.jvmstart"):
+    with caplog.at_level(logging.INFO, logger="pipeline.spark.jvm"):
         assert jvmstart.usable_archive() is None  # named, but not built
     assert "no class-data archive" in caplog.text and "cdr jvm-archive" in caplog.text
 
@@ -63,7 +64,7 @@ def test_a_local_master_reads_local_files_through_the_projects_file_system():
     """In local mode (a run of `cdr`, or the DAG's Spark stages under spark-submit with a
     `local[...]` master) the session uses the project's file system; a cluster's does not
     (its executors load file systems before the driver's jars)."""
-    from pipeline.spark import LOCAL_FILE_SETTINGS, local_file_settings
+    from pipeline.spark.session import LOCAL_FILE_SETTINGS, local_file_settings
 
     assert local_file_settings("local[2]") == LOCAL_FILE_SETTINGS
     assert local_file_settings("local") == LOCAL_FILE_SETTINGS

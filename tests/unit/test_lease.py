@@ -1,4 +1,4 @@
-"""The store's lease (pipeline.lease): one writer at a time, on a file store (and on the
+"""The store's lease (pipeline.storage.lease): one writer at a time, on a file store (and on the
 loopback S3 server, conditional puts: tests/spark/test_lease.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline import layout, lease
-from pipeline.errors import LockedError
+from pipeline.core import layout
+from pipeline.core.errors import LockedError
+from pipeline.storage import lease
 from tests.helpers.faults import expire_lease
 
 
@@ -97,7 +98,7 @@ def test_a_fence_stops_a_writer_that_lost_the_lease(store):
 def test_an_expired_lease_is_taken_over(store, caplog):
     lease.acquire(store, "run-a", 600)
     expire_lease(store)
-    with caplog.at_level("WARNING", logger="pipeline.lease"):
+    with caplog.at_level("WARNING", logger="pipeline.storage.lease"):
         assert lease.acquire(store, "run-b", 600).run_id == "run-b"
     assert "taking over the expired lease of run run-a" in caplog.text
     with pytest.raises(LockedError):
@@ -223,7 +224,7 @@ def test_a_run_whose_lease_cannot_be_checked_fails_with_its_own_error(store, mon
     from types import SimpleNamespace
 
     from pipeline import stages
-    from pipeline.errors import StoreError
+    from pipeline.core.errors import StoreError
 
     def unreachable(*_):
         raise StoreError("the store is out of reach")

@@ -1,4 +1,4 @@
-"""Each event once (formats.md "Each event once") without a run: the ledger window a run
+"""Each event once (docs/outputs.md#each-event-once) without a run: the ledger window a run
 reads is the ``gc_grace_seconds`` before its date, and ``cdr generate`` gives each night
 its own event ids. (Through ``cdr run``: tests/spark/test_ledger.py.)"""
 
@@ -59,9 +59,9 @@ def test_generated_nights_have_their_own_event_ids(tmp_path: Path):
     took the ids of the night before, and the ledger set them all aside as duplicates."""
     from datetime import date
 
-    from pipeline.config import parse_config
-    from pipeline.generate import GenerateOptions, generate
-    from pipeline.store import FileStore
+    from pipeline.app.generate import GenerateOptions, generate
+    from pipeline.core.config import parse_config
+    from pipeline.storage.store import FileStore
 
     (tmp_path / "hand").mkdir()
     config = parse_config(yaml.safe_load(_setup(tmp_path / "hand").read_text()))

@@ -1,14 +1,14 @@
 """Policy as data: every conflict type has a default in every preset and a rule in the fold;
-every configurable resolver gives the outcome semantics.md §4, §5 and §12 say it gives, for
-a remote event later and earlier than the local row, and leaves the state that outcome
-means."""
+every configurable resolver gives the outcome docs/rules.md#resolvers,
+docs/rules.md#policies and docs/rules.md#what-is-quarantined say it gives, for a remote
+event later and earlier than the local row, and leaves the state that outcome means."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.policy import ALLOWED, PRESETS, ROW_TYPES, ConflictType, Outcome, Resolver
-from pipeline.rowfold import fold_converged
+from pipeline.core.policy import ALLOWED, PRESETS, ROW_TYPES, ConflictType, Outcome, Resolver
+from pipeline.rules.rowfold import fold_converged
 from tests.helpers import REPO
 from tests.helpers.fold_helpers import T0, H, ev, live, spec, tomb
 
@@ -47,8 +47,9 @@ def situation(t: ConflictType, dt: int):
 
 LATER, EARLIER = H, -H
 
-#: §4 and §12 "Outcomes", written from the spec: (type, resolver, remote later?) -> outcome.
-#: A resolver that does not look at timestamps gives the same outcome either way.
+#: docs/rules.md#resolvers and docs/rules.md#what-is-quarantined, written from the spec:
+#: (type, resolver, remote later?) -> outcome. A resolver that does not look at timestamps
+#: gives the same outcome either way.
 EXPECTED: dict[tuple[ConflictType, Resolver], tuple[Outcome, Outcome]] = {
     (C.INSERT_EXISTS, R.LATEST_TIMESTAMP_WINS): (Out.CONVERTED_TO_UPDATE, Out.DISCARDED),
     (C.INSERT_EXISTS, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.CONVERTED_TO_UPDATE),
@@ -67,7 +68,7 @@ EXPECTED: dict[tuple[ConflictType, Resolver], tuple[Outcome, Outcome]] = {
     (C.PKEY_EXISTS, R.LATEST_TIMESTAMP_WINS): (Out.APPLIED, Out.DISCARDED),
     (C.PKEY_EXISTS, R.EARLIEST_TIMESTAMP_WINS): (Out.DISCARDED, Out.APPLIED),
     (C.PKEY_EXISTS, R.APPLY): (Out.APPLIED, Out.APPLIED),
-    # extensions.md E3, with ``priority: [pub, sub]``: the remote (pub) outranks the local
+    # docs/rules.md#priority, with ``priority: [pub, sub]``: the remote (pub) outranks the local
     # row's origin (sub), later or earlier
     (C.INSERT_EXISTS, R.PRIORITY_WINS): (Out.CONVERTED_TO_UPDATE, Out.CONVERTED_TO_UPDATE),
     (C.UPDATE_DIFFER, R.PRIORITY_WINS): (Out.APPLIED, Out.APPLIED),
@@ -81,8 +82,9 @@ EXPECTED: dict[tuple[ConflictType, Resolver], tuple[Outcome, Outcome]] = {
     **{(t, R.ERROR): (Out.ERRORED, Out.ERRORED) for t in ConflictType},
 }
 
-#: §5's table, for a remote event later and earlier than the local row or tombstone, and
-#: §12 "delete_wins" for UPDATE or DELETE on an absent key or a tombstone
+#: docs/rules.md#policies's table, for a remote event later and earlier than the local row
+#: or tombstone, and docs/rules.md#what-is-quarantined for UPDATE or DELETE on an absent key
+#: or a tombstone
 DELETE_WINS: dict[ConflictType, tuple[Outcome, Outcome]] = {
     C.INSERT_EXISTS: (Out.CONVERTED_TO_UPDATE, Out.DISCARDED),
     C.UPDATE_DIFFER: (Out.APPLIED, Out.DISCARDED),
@@ -105,8 +107,8 @@ def test_every_allowed_resolver_has_an_expected_outcome():
 
 
 def _check_state(ctype: ConflictType, outcome: Outcome, before: dict, after: dict, event) -> None:
-    """What an outcome means for the row (§4): the remote's values when it took effect,
-    the local state otherwise."""
+    """What an outcome means for the row (docs/rules.md#resolvers): the remote's values when
+    it took effect, the local state otherwise."""
     target = event.new_key or event.key
     if not outcome.remote_applied:
         assert after == before
@@ -117,7 +119,8 @@ def _check_state(ctype: ConflictType, outcome: Outcome, before: dict, after: dic
         assert after[target].event_id == event.event_id
         assert all(after[target].values[c] == v for c, v in event.after.items())
         if ctype is C.PKEY_EXISTS:
-            assert event.key not in after  # §12: the old key disappears
+            # docs/rules.md#what-is-quarantined: the old key disappears
+            assert event.key not in after
 
 
 @pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
@@ -162,7 +165,7 @@ PRIORITY_TYPES = sorted(t for t in ConflictType if R.PRIORITY_WINS in ALLOWED[t]
 @pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
 @pytest.mark.parametrize("ctype", PRIORITY_TYPES)
 def test_priority_wins_keeps_the_local_row_of_a_more_trusted_origin(ctype, later: bool):
-    """extensions.md E3 from the other side: with ``priority: [sub, pub]`` the local row's
+    """docs/rules.md#priority from the other side: with ``priority: [sub, pub]`` the local row's
     origin (sub) outranks the remote (pub), so the remote is discarded whatever its ts."""
     table = {"resolvers": {ctype.value: "priority_wins"}}
     state, event = situation(ctype, LATER if later else EARLIER)
@@ -175,7 +178,7 @@ def test_priority_wins_keeps_the_local_row_of_a_more_trusted_origin(ctype, later
 
 @pytest.mark.parametrize("later", [True, False], ids=["remote_later", "remote_earlier"])
 def test_priority_wins_falls_back_to_the_latest_for_one_origin(later: bool):
-    """E3: the same origin on both sides is decided by latest_timestamp_wins (a row
+    """priority: the same origin on both sides is decided by latest_timestamp_wins (a row
     written by pub, whose later ts the event's own origin beats or not); a base row (no
     origin) ranks below every replica."""
     table = {"resolvers": {"insert_exists": "priority_wins"}, "detection": "origin"}
@@ -193,24 +196,38 @@ def test_priority_wins_falls_back_to_the_latest_for_one_origin(later: bool):
     assert "above local origin (base row)" in logged.reason
 
 
-def test_the_readme_resolver_table_is_the_policy_table():
-    """The README's table of resolvers is rendered from ``pipeline.policy``: edit the
-    table there, then paste ``policy.resolver_table()`` between the markers."""
-
-    from pipeline.policy import resolver_table
-
-    readme = (REPO / "README.md").read_text()
-    shown = readme.split("<!-- resolvers:begin -->\n")[1].split("<!-- resolvers:end -->")[0]
-    assert shown == resolver_table()
+RULES_PAGE = REPO / "docs" / "rules.md"
 
 
-def test_the_readme_delete_wins_table_is_the_policy_literal():
+@pytest.mark.parametrize(
+    "marker, render",
+    [
+        ("resolvers", "resolver_table"),
+        ("delete-wins", "delete_wins_table"),
+        ("conflict-types", "conflict_types_table"),
+        ("resolver-meanings", "resolvers_meaning_table"),
+        ("quarantine-reasons", "quarantine_table"),
+    ],
+)
+def test_the_rules_page_shows_the_policy_tables(marker, render):
+    """Each table of ``docs/rules.md`` is rendered from ``pipeline.core.policy``: edit the
+    table there, then paste ``policy.<render>()`` between the page's markers."""
+    from pipeline.core import policy
 
-    from pipeline.policy import delete_wins_table
+    page = RULES_PAGE.read_text()
+    shown = page.split(f"<!-- {marker}:begin -->\n")[1].split(f"<!-- {marker}:end -->")[0]
+    assert shown == getattr(policy, render)()
 
-    readme = (REPO / "README.md").read_text()
-    shown = readme.split("<!-- delete-wins:begin -->\n")[1].split("<!-- delete-wins:end -->")[0]
-    assert shown == delete_wins_table()
+
+def test_every_conflict_type_resolver_and_reason_is_explained():
+    from pipeline.core import policy
+
+    assert list(policy.CONFLICT_MEANING) == list(policy.ConflictType)
+    assert set(policy.RESOLVER_MEANING) == set(policy.Resolver)
+    assert list(policy.QUARANTINE_MEANING) == list(policy.QuarantineReason)
+    assert all(
+        v.strip() for d in (policy.CONFLICT_MEANING, policy.RESOLVER_MEANING) for v in d.values()
+    )
 
 
 @pytest.mark.parametrize("ctype", [C.INSERT_EXISTS, C.UPDATE_DELETED, C.DELETE_MISSING])
@@ -219,7 +236,7 @@ def test_the_fold_reads_the_delete_wins_literal(ctype, monkeypatch):
     with the ruling of the remote's row and column flipped in the literal, the fold's
     outcome flips too (an earlier INSERT onto a live row; a later UPDATE of a tombstone;
     a DELETE of an absent key)."""
-    from pipeline import policy
+    from pipeline.core import policy
 
     state, event = situation(ctype, EARLIER if ctype is C.INSERT_EXISTS else LATER)
     res = fold_converged(spec({"policy": "delete_wins"}), dict(state), [event])
@@ -239,8 +256,8 @@ def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table
     """The fold dispatches insert_exists, update_differ, delete_differ and pkey_exists
     through ``rowfold.DECIDE``: every resolver a config may give them, or a row preset
     gives them by default, has its entry there."""
-    from pipeline.policy import Granularity
-    from pipeline.rowfold import DECIDE
+    from pipeline.core.policy import Granularity
+    from pipeline.rules.rowfold import DECIDE
 
     versus_local = (
         ConflictType.INSERT_EXISTS,

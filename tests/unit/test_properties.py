@@ -1,4 +1,5 @@
-"""Property tests of the row fold (semantics.md §2, §9), generated with hypothesis.
+"""Property tests of the row fold (docs/rules.md#the-canonical-order,
+docs/rules.md#convergence), generated with hypothesis.
 
 - With last-writer-wins resolvers the converged state depends on neither the order of the
   exports nor the order of events that tie on their timestamp.
@@ -18,8 +19,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.policy import ConflictType, allowed_resolvers
-from pipeline.rowfold import (
+from pipeline.core.policy import ConflictType, allowed_resolvers
+from pipeline.rules.rowfold import (
     Event,
     FoldSpec,
     Version,
@@ -40,7 +41,7 @@ LWW = {
     "delete_differ": "latest_timestamp_wins",
     "delete_missing": "skip",
 }
-#: extensions.md E3: every resolver that may be ``priority_wins`` is
+#: docs/rules.md#priority: every resolver that may be ``priority_wins`` is
 PRIORITY = {t: ("priority_wins" if r == "latest_timestamp_wins" else r) for t, r in LWW.items()}
 MS = 1000
 
@@ -156,7 +157,7 @@ def test_every_perspective_equals_the_converged_state(w):
 @settings(max_examples=300, deadline=None)
 @given(workloads(deletes=False), st.permutations(["a", "b", "c"]))
 def test_priority_wins_is_independent_of_the_apply_order(w, priority):
-    """extensions.md E3: under ``priority_wins`` (the most trusted origin, then the latest
+    """docs/rules.md#priority: under ``priority_wins`` (the most trusted origin, then the latest
     for one origin) with full-row writes, every replica's own apply order reaches the
     converged state, and the converged row of a key is the write of its most trusted
     origin. (As under last-writer-wins, deletes break it: a DELETE of a row a replica has
@@ -174,7 +175,8 @@ def test_priority_wins_is_independent_of_the_apply_order(w, priority):
 @settings(max_examples=300, deadline=None)
 @given(workloads(deletes=False))
 def test_order_by_is_independent_of_the_apply_order(w):
-    """extensions.md E1: with ``order_by: n`` and last-writer-wins resolvers, full-row
+    """docs/rules.md#order-by-a-column: with ``order_by: n`` and last-writer-wins resolvers,
+    full-row
     writes reach the same state in every replica's apply order, and a key's converged row
     is the write with the largest ``(n, ts, tie_rank)``, whatever its commit time."""
     raw, prior, orders = w
@@ -203,7 +205,7 @@ def group_updates(draw):
 @settings(max_examples=300, deadline=None)
 @given(group_updates())
 def test_column_groups_converge_in_every_apply_order(w):
-    """extensions.md E2: under per-group last-writer-wins, UPDATEs (no deletes, no key
+    """docs/rules.md#column-groups: under per-group last-writer-wins, UPDATEs (no deletes, no key
     changes) reach the same state in every replica's apply order, and each group of a row
     holds its latest writer's values."""
     raw, prior, orders = w
@@ -282,7 +284,7 @@ def rule_mixes(draw):
         "resolvers": resolvers,
         "defaults": {"v": "dflt"},
     }
-    priority = draw(st.permutations(["a", "b", "c"]))  # for priority_wins (E3)
+    priority = draw(st.permutations(["a", "b", "c"]))  # for priority_wins (priority)
     cfg = make_config(table, replicas=REPLICAS3, priority=priority)
     t = cfg.tables["t"]
     ranks = cfg.tie_ranks(t.tie_break)

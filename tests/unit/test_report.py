@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.report import format_report
+from pipeline.app.report import format_report
 
 REPORT = {
     "run_id": "r1",

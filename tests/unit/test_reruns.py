@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.store import replace_tree
+from pipeline.storage.store import replace_tree
 
 
 @pytest.fixture(params=["file"])  # and "s3": tests/spark/test_reruns.py

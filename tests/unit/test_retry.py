@@ -1,4 +1,5 @@
-"""extensions.md E5 without a run: what a ``retry`` config needs, and the operator notes
+"""docs/operations.md#a-quarantine-that-heals without a run: what a ``retry`` config needs,
+and the operator notes
 (open quarantined events, a skewed clock). (The quarantine that heals over four
 ``cdr run``s: tests/spark/test_retry.py.)"""
 
@@ -6,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.errors import ConfigError
+from pipeline.core.config import parse_config
+from pipeline.core.errors import ConfigError
 from tests.helpers import configs
 
 CONFIG = configs.config(
@@ -30,9 +31,9 @@ def test_a_retry_config_names_what_it_needs():
 
 
 def test_the_operator_notes_name_open_events_and_a_skewed_clock():
-    """What the asset events' ``extra`` and the DAG's log lines carry (E5, E7)."""
+    """What the asset events' ``extra`` and the DAG's log lines carry (retry, clock skew)."""
+    from pipeline.core.summary import TableSummary
     from pipeline.stages import notes_line, operator_notes
-    from pipeline.summary import TableSummary
 
     config = parse_config({**CONFIG, "max_clock_skew_seconds": 20})
     skew = {"r1": {"r2": {"events": 3, "max_seconds": 50.8}}}

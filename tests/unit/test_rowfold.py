@@ -1,12 +1,14 @@
-"""The row fold's rules, one case each (semantics.md §3-§5, §7, §8, §12); pure Python."""
+"""The row fold's rules, one case each (docs/rules.md#conflict-types,
+docs/rules.md#tombstones-and-gc_grace_seconds, docs/rules.md#delta-columns,
+docs/rules.md#what-is-quarantined); pure Python."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.policy import ConflictType as C
-from pipeline.policy import Outcome as O
-from pipeline.rowfold import (
+from pipeline.core.policy import ConflictType as C
+from pipeline.core.policy import Outcome as O
+from pipeline.rules.rowfold import (
     RowFold,
     RunStopped,
     Stamp,
@@ -101,7 +103,8 @@ def test_update_differ_on_other_origin_and_on_late_event():
 
 
 def test_before_image_detection():
-    """§3 with ``detection: before_image``: a before-image that matches the local row (only
+    """docs/rules.md#conflict-types with ``detection: before_image``: a before-image that
+    matches the local row (only
     the columns it holds) is no conflict, even from another origin; a mismatch is, and so
     is a local row newer than the event; without a before-image the origin decides."""
     sp = spec({"detection": "before_image"})
@@ -183,7 +186,8 @@ def test_update_deleted(resolver, remote_ts, outcome):
 
 
 def test_update_deleted_becomes_update_missing_after_the_purge():
-    # the engine purges before folding (§7): a purged tombstone is simply absent
+    # the engine purges before folding (docs/rules.md#tombstones-and-gc_grace_seconds): a
+    # purged tombstone is simply absent
     res = fold(spec(), {}, [ev("UPDATE", 1, T0, "pub", "pub-1", {"v": "x"})])
     assert only_conflict(res).type is C.UPDATE_MISSING
 
@@ -217,7 +221,8 @@ def test_truncate_tombstones_rows_not_newer():
     assert res.state[(1,)].deleted and not res.state[(2,)].deleted
 
 
-# ---------------------------------------------------------------- delta columns (§8)
+# ---------------------------------------------------------------- delta columns
+# (docs/rules.md#delta-columns)
 
 DELTA = {"columns": {"id": "int", "v": "string", "n": "int"}, "delta": ["n"]}
 
@@ -246,7 +251,8 @@ def test_losing_update_still_adds_its_delta():
 
 @pytest.mark.parametrize("winner", ["remote", "local"])
 def test_a_delta_past_an_int_columns_range_quarantines_the_event_and_changes_nothing(winner):
-    """§8 with the column's range: whether the UPDATE wins (its delta merged) or loses
+    """docs/rules.md#delta-columns with the column's range: whether the UPDATE wins (its
+    delta merged) or loses
     (only its delta added), a sum past 2^31-1 quarantines it before it changed anything;
     a perspective that meets the same overflow does not apply it either."""
     rule = "latest_timestamp_wins" if winner == "remote" else "earliest_timestamp_wins"
@@ -359,7 +365,8 @@ def test_target_column_extra_use_default_and_not_null_error():
     assert bad.stopped is not None and bad.stopped.type is C.TARGET_COLUMN_EXTRA
 
 
-# ---------------------------------------------------------------- delete wins (§5)
+# ---------------------------------------------------------------- delete wins
+# (docs/rules.md#policies)
 
 DW = {"policy": "delete_wins"}
 
@@ -439,7 +446,8 @@ def test_rejected_transaction_event_is_logged_and_not_applied():
     assert res.state[(1,)].values["v"] == "a"
 
 
-# ---------------------------------------------------------------- perspectives (§9)
+# ---------------------------------------------------------------- perspectives
+# (docs/rules.md#convergence)
 
 
 def test_perspective_follows_the_replicas_export_order():
@@ -538,7 +546,7 @@ def test_tracing_changes_no_result():
     assert [a.conflicts for a in plain.applied] == [a.conflicts for a in traced.applied]
 
 
-# ---------------------------------------------------------------------- order_by (E1)
+# ---------------------------------------------------------------------- order_by (order_by)
 
 ORDERED = {"order_by": "n", "resolvers": {"update_deleted": "latest_timestamp_wins"}}
 
@@ -557,7 +565,7 @@ ORDERED = {"order_by": "n", "resolvers": {"update_deleted": "latest_timestamp_wi
     ],
 )
 def test_order_by_decides_later_and_earlier(resolver, n, remote_ts, outcome):
-    """extensions.md E1: "later" compares (order value, ts, tie_rank)."""
+    """docs/rules.md#order-by-a-column: "later" compares (order value, ts, tie_rank)."""
     sp = spec({"order_by": "n", "resolvers": {"update_differ": resolver}})
     state = dict([live(1, "a", T0, "sub", n=5)])
     res = fold(sp, state, [ev("UPDATE", 1, remote_ts, "pub", "pub-1", {"v": "b", "n": n})])
@@ -598,8 +606,8 @@ def test_order_by_one_origin_writing_a_smaller_value_later_is_a_conflict():
 
 
 def test_order_by_drives_the_delete_wins_table():
-    """§5's "newer" compares the order value first: an INSERT with a newer ts but a
-    smaller order value meets a newer local row and is discarded."""
+    """docs/rules.md#policies's "newer" compares the order value first: an INSERT with a
+    newer ts but a smaller order value meets a newer local row and is discarded."""
     sp = spec({"policy": "delete_wins", "order_by": "n"})
     state = dict([live(1, "a", T0, "sub", n=5)])
     insert = ev("INSERT", 1, T0 + H, "pub", "pub-1", {"id": 1, "v": "b", "n": 3})
@@ -608,13 +616,15 @@ def test_order_by_drives_the_delete_wins_table():
     assert c.reason.endswith("(L and E compared by (n, ts))")
 
 
-# ---------------------------------------------------------------------- column groups (E2)
+# ---------------------------------------------------------------------- column groups
+# (column groups)
 
 GROUPED = {"column_groups": {"stock": ["n"], "label": ["v"]}}
 
 
 def test_column_groups_keep_a_change_to_another_group():
-    """extensions.md E2: pub renames the product, then sub's earlier stock change arrives:
+    """docs/rules.md#column-groups: pub renames the product, then sub's earlier stock change
+    arrives:
     it writes another group, last written by sub itself, so it is no conflict and both
     changes stay (without groups it would meet pub's newer row and be discarded)."""
     state = dict([live(1, "a", T0, "sub", n=1)])
@@ -649,7 +659,8 @@ def test_an_update_wins_one_group_and_loses_another():
 
 
 def test_a_delta_column_follows_its_rule_whatever_its_groups_outcome():
-    """§8 under E2: the stock group is lost, yet its delta is added; the label is won."""
+    """docs/rules.md#delta-columns under column groups: the stock group is lost, yet its
+    delta is added; the label is won."""
     sp = spec({"delta": ["n"], **GROUPED})
     (k, v) = live(1, "a", T0 + 2 * H, "pub", n=10, eid="pub-0")
     v.groups = {"label": Stamp(T0, 1, "sub-0", "sub"), "stock": v.stamp()}
@@ -668,8 +679,8 @@ def test_insert_and_delete_meet_the_row_as_a_whole():
 
 
 def test_a_lost_update_adds_its_delta_and_keeps_the_rows_groups():
-    """§8 under E2: every group lost (``skip``), the delta is still added, and the row
-    keeps its stamps, group by group."""
+    """docs/rules.md#delta-columns under column groups: every group lost (``skip``), the
+    delta is still added, and the row keeps its stamps, group by group."""
     sp = spec({"delta": ["n"], "resolvers": {"update_differ": "skip"}, **GROUPED})
     (k, v) = live(1, "a", T0 + 2 * H, "pub", n=10, eid="pub-0")
     v.groups = {"label": Stamp(T0, 1, "sub-0", "sub"), "stock": v.stamp()}

@@ -1,8 +1,10 @@
 """The shape of the code, read from its source.
 
-- The import direction (STYLE.md "a pure core"): the rules import neither Spark nor I/O,
-  and nothing in ``pipeline/`` imports Airflow. Every ``import`` counts, at the top of a
-  module or inside a function.
+- The import direction: every module is in a folder of :data:`LAYERS` and imports only
+  from its own folder and the folders before it, no module imports itself back (no
+  cycle), the core and the rules import neither Spark nor I/O, and nothing in
+  ``pipeline/`` imports Airflow. Every ``import`` counts: at the top of a module, inside a
+  function, under ``TYPE_CHECKING``.
 - Function length: none over 60 lines, but for the functions listed in :data:`LONG`
   (the engine rebuild's debt), which may not grow and leave the list once split.
   (Complexity is ruff's: C901 and the PLR rules in ``pyproject.toml``.)"""
@@ -19,21 +21,27 @@ from tests.helpers import REPO
 
 ROOT = REPO
 PACKAGE = ROOT / "pipeline"
-#: the rules of the spec, in plain Python: the guards, the folds, the policy tables, the config
-PURE = (
-    "policy",
-    "config",
-    "errors",
-    "guards",
-    "rowfold",
-    "cellfold",
-    "jsonvalues",
-    "layout",
-    "streams",
+#: the folders of ``pipeline/`` in the order of a run's dependencies: a module imports
+#: from its own folder or from folders before it, never after (CONTRIBUTING.md "The
+#: dependency rule"); the public face (``__init__``) and ``stages`` stand above them all
+LAYERS = (
+    "core",
+    "rules",
+    "spark",
+    "storage",
+    "ingest",
+    "publish",
+    "resolve",
+    "changes",
+    "validate",
+    "stages",
+    "app",
 )
+#: what may import nothing but ``core`` and the standard library's and pyarrow's: no
+#: Spark, no store, no Delta table, no Airflow
+PURE = ("core", "rules")
 #: what the rules may not reach: Spark, the object store and the Delta tables, Airflow
 IO = ("pyspark", "boto3", "botocore", "deltalake", "airflow", "great_expectations")
-IO_MODULES = ("pipeline.store", "pipeline.lake", "pipeline.spark")
 
 
 def _module(name: str) -> Path:
@@ -71,9 +79,77 @@ def _reaches(name: str, forbidden: tuple[str, ...]) -> list[str]:
     return sorted(m for m in imports(name) if m.split(".")[0] in forbidden or m in forbidden)
 
 
-@pytest.mark.parametrize("module", PURE)
-def test_the_rules_import_neither_spark_nor_io(module: str):
-    assert _reaches(f"pipeline.{module}", IO + IO_MODULES) == []
+def modules() -> list[str]:
+    names = (".".join(("pipeline", *p.relative_to(PACKAGE).with_suffix("").parts)) for p in
+             PACKAGE.rglob("*.py"))  # fmt: skip
+    return sorted(n.removesuffix(".__init__") for n in names)
+
+
+def layer(module: str) -> str:
+    """The folder of a module (``stages`` for the spine, ``app`` for the face)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "app"  # pipeline/__init__.py: the face, above everything it shows
+    return parts[1]
+
+
+def own_imports(module: str) -> set[str]:
+    """The package's modules ``module`` imports, at its top, in a function or under
+    ``TYPE_CHECKING`` alike."""
+    return {
+        m
+        for m in direct_imports(module)
+        if m.startswith("pipeline.") and _module(m).exists() and m != module
+    }
+
+
+def test_every_module_has_a_folder_of_the_order():
+    loose = [m for m in modules() if layer(m) not in LAYERS]
+    assert loose == [], "a module outside the folders: place it (CONTRIBUTING.md)"
+    assert {layer(m) for m in modules()} >= set(LAYERS) - {"stages"}
+
+
+def test_imports_go_down_the_order_only():
+    upward = {
+        f"{m} -> {i}"
+        for m in modules()
+        for i in own_imports(m)
+        if LAYERS.index(layer(i)) > LAYERS.index(layer(m))
+    }
+    assert sorted(upward) == []
+
+
+def test_no_module_imports_itself_back():
+    graph = {m: own_imports(m) for m in modules()}
+    cycles = []
+    for start in graph:  # a path from a module's imports back to it is a cycle
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m == start:
+                cycles.append(f"{start} -> ... -> {start}")
+                break
+            if m not in seen and m in graph:
+                seen.add(m)
+                todo.extend(graph[m])
+    assert cycles == []
+
+
+@pytest.mark.parametrize("folder", PURE)
+def test_the_core_and_the_rules_import_neither_spark_nor_io(folder: str):
+    mine = [m for m in modules() if layer(m) == folder]
+    assert mine
+    for m in mine:
+        reached = sorted(x for x in imports(m) if x.split(".")[0] in IO)
+        assert reached == [], m
+        assert {layer(i) for i in own_imports(m)} <= set(PURE), m
+
+
+def test_the_order_check_sees_an_import_inside_a_function(tmp_path, monkeypatch):
+    """An upward import inside a function, or under TYPE_CHECKING, is seen: the checks
+    above could fail."""
+    assert "pipeline.spark.session" in own_imports("pipeline.app.cli")  # inside a function
+    assert "pipeline.storage.lake" in own_imports("pipeline.ingest.inplace")  # TYPE_CHECKING
 
 
 def test_nothing_in_the_package_imports_airflow():
@@ -87,9 +163,8 @@ def test_nothing_in_the_package_imports_airflow():
 
 def test_the_check_sees_an_import_inside_a_function():
     """The walk must find a lazy import, or the two tests above could not fail."""
-    assert "pyspark.sql" in imports("pipeline.cli")  # cli imports pipeline.spark in a branch
-    assert "deltalake" in imports("pipeline.runs_table")  # through pipeline.lake
-    assert _reaches("pipeline.stages", IO_MODULES)
+    assert "pyspark.sql" in imports("pipeline.app.cli")  # a branch imports the session
+    assert "deltalake" in imports("pipeline.storage.runs_table")  # through storage.lake
 
 
 MAX_LINES = 60
@@ -129,3 +204,41 @@ def test_no_function_is_longer_than_60_lines_but_the_listed_debt():
     assert too_long == {}, "split these functions (or, if listed, do not let them grow)"
     paid = {f: lengths.get(f) for f in LONG if lengths.get(f, 0) <= MAX_LINES}
     assert paid == {}, "these are short now (or gone): remove them from LONG"
+
+
+def test_the_dags_and_the_plugin_import_only_the_face():
+    """``dags/`` and ``plugins/`` take every name of the package from ``pipeline``
+    itself (its ``__all__``), never from a module inside it."""
+    import pipeline
+
+    inside = []
+    for path in sorted([*(ROOT / "dags").glob("*.py"), *(ROOT / "plugins").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline"):
+                if node.module != "pipeline":
+                    inside.append(f"{path.name}: {node.module}")
+                else:
+                    missing = [a.name for a in node.names if a.name not in pipeline.__all__]
+                    inside += [f"{path.name}: {name} is not in the face" for name in missing]
+            elif isinstance(node, ast.Import) and any(
+                a.name.startswith("pipeline.") for a in node.names
+            ):
+                inside.append(f"{path.name}: import {node.names[0].name}")
+    assert inside == []
+
+
+def test_the_face_is_light_and_every_name_of_it_is_there():
+    """``import pipeline`` and the names a DAG takes at its parse load neither Spark nor
+    Great Expectations; every name of ``__all__`` resolves."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline\n"
+        "pipeline.load_config, pipeline.ENTRY, pipeline.WHATIF_NAME, pipeline.layout\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'great_expectations')]\n"
+        "assert not heavy, heavy\n"
+        "[getattr(pipeline, n) for n in pipeline.__all__]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr

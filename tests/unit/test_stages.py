@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.context import RunContext
-from pipeline.errors import StageError
-from pipeline.summary import RunSummary
-from pipeline.validation import load_verdict
+from pipeline.core.errors import StageError
+from pipeline.core.summary import RunSummary
+from pipeline.storage.context import RunContext
+from pipeline.validate.stage import load_verdict
 from tests.helpers.fold_helpers import make_config
 from tests.helpers.snapshots import SUB, setup
 
@@ -45,7 +45,7 @@ def test_the_config_digest_is_the_same_in_every_process(tmp_path: Path):
     spec["tables"]["t"]["not_null"] = [f"c{i}" for i in range(8)]
     spec["tables"]["t"]["delta"] = [f"c{i}" for i in range(8)]
     cfg.write_text(yaml.safe_dump(spec, sort_keys=False))
-    code = f"from pipeline.config import load_config; print(load_config({str(cfg)!r}).digest())"
+    code = f"from pipeline import load_config; print(load_config({str(cfg)!r}).digest())"
     digests = {
         subprocess.run(
             [sys.executable, "-c", code],

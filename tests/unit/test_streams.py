@@ -1,4 +1,5 @@
-"""Generations and stream ids (``pipeline.streams``, cdc.md "Generations"): the 128-bit
+"""Generations and stream ids (``pipeline.changes.streams``,
+docs/cdc.md#streams-and-generations): the 128-bit
 layout, ``shard_of``, the range lookup at both ends of the ring and at a range's end,
 each stream's token in its range and on its shard, generation changes, and the
 description tables read back."""
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.cdc import description_tables, read_generations, write_description_tables
-from pipeline.streams import (
+from pipeline.changes.cdc import description_tables, read_generations, write_description_tables
+from pipeline.changes.streams import (
     MAX_TOKEN,
     MIN_TOKEN,
     Generation,
@@ -25,7 +26,7 @@ from pipeline.streams import (
     shard_of_array,
     vnode_ends,
 )
-from pipeline.workpath import WorkPath
+from pipeline.storage.workpath import WorkPath
 
 DAY = 86_400_000_000
 RING = Topology((-(2**62), -100, 0, 100, 2**62), 3, 0)  # range 0 wraps: (2^62, -2^62]

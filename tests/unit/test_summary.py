@@ -1,4 +1,4 @@
-"""The typed run summary (``pipeline.summary``): what resolve saves is what validate and
+"""The typed run summary (``pipeline.core.summary``): what resolve saves is what validate and
 publish read back, and building a new summary leaves the one it came from as it was."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.summary import RunSummary, Stopped, TableSummary
+from pipeline.core.summary import RunSummary, Stopped, TableSummary
 
 STOP = Stopped("orders", '{"id":1}', "insert_exists", "e7", "resolver error")
 SUMMARY = RunSummary(

@@ -1,4 +1,4 @@
-"""Partition tokens (``pipeline.tokens``) against the cassandra-driver package's
+"""Partition tokens (``pipeline.changes.tokens``) against the cassandra-driver package's
 Murmur3Partitioner token, on thousands of random keys of every key column type, single and
 composite, with multi-byte UTF-8 and every tail length; and the same tokens computed on
 Spark, through the log's stream ids."""
@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_type
 
-from pipeline.config import ColumnType, Kind
-from pipeline.schema import spark_type
-from pipeline.tokens import Ragged, compose, serialize_key, token_of, tokens
+from pipeline.changes.tokens import Ragged, compose, serialize_key, token_of, tokens
+from pipeline.core.config import ColumnType, Kind
+from pipeline.spark.schema import spark_type
 from tests.helpers.cassandra import ALPHABET, cassandra_bytes, driver_token, random_value
 
 TYPES = {

@@ -10,16 +10,16 @@ import json
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.suites import (
+from pipeline.core.config import parse_config
+from pipeline.core.summary import RunSummary, Stopped, TableSummary
+from pipeline.validate.stage import Verdict, gate_from_summary
+from pipeline.validate.suites import (
     EXPECTATIONS_DIR,
     SUITES,
     load_template,
     render_suite,
     severities,
 )
-from pipeline.summary import RunSummary, Stopped, TableSummary
-from pipeline.validation import Verdict, gate_from_summary
 from tests.helpers import configs
 from tests.helpers.fold_helpers import make_config
 
@@ -49,7 +49,7 @@ def test_templates_are_valid_and_render_every_placeholder():
 
 
 def test_a_template_with_a_severity_gx_does_not_have_is_refused(tmp_path, monkeypatch):
-    import pipeline.suites as suites
+    import pipeline.validate.suites as suites
 
     bad = load_template("snapshot")
     bad["expectations"][0]["severity"] = "${on_schema_change}"
@@ -66,7 +66,7 @@ def test_a_template_with_a_severity_gx_does_not_have_is_refused(tmp_path, monkey
 def test_a_template_mixing_row_checks_with_other_expectations_is_refused(tmp_path, monkeypatch):
     """Row checks run together in one Spark query and other expectations on the frame
     itself, so one suite holds one kind."""
-    import pipeline.suites as suites
+    import pipeline.validate.suites as suites
 
     mixed = load_template("schema")
     mixed["expectations"] += load_template("snapshot")["expectations"]

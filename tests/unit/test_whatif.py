@@ -1,4 +1,4 @@
-"""extensions.md E8 without a run: ``cdr whatif`` needs a published night. (The what-if
+"""docs/operations.md#what-if without a run: ``cdr whatif`` needs a published night. (The what-if
 against a reference run, and its DAG: tests/airflow/test_whatif.py.)"""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from pipeline.app.cli import main
 from tests.helpers import configs
 
 D = "2026-11-21"
@@ -36,8 +36,8 @@ def test_the_whatif_form_refuses_a_path_before_reading_anything(name, tmp_path, 
     """A what-if from the UI runs ``main`` or a config of the what-if folder, named: any
     other text is refused without touching the file system, and the message quotes the
     name, not a file."""
-    from pipeline.errors import ConfigError
-    from pipeline.whatif import config_named
+    from pipeline.app.whatif import config_named
+    from pipeline.core.errors import ConfigError
 
     (tmp_path / "secret.yaml").write_text("tables: {}\n")
 
@@ -52,8 +52,8 @@ def test_the_whatif_form_refuses_a_path_before_reading_anything(name, tmp_path, 
 
 
 def test_the_whatif_form_runs_main_or_a_config_of_its_folder(tmp_path):
-    from pipeline.errors import ConfigError
-    from pipeline.whatif import config_named
+    from pipeline.app.whatif import config_named
+    from pipeline.core.errors import ConfigError
 
     folder = tmp_path / "whatif"
     folder.mkdir()

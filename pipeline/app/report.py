@@ -1,0 +1,119 @@
+"""The run report as people read it: one table of counts per table, then conflicts by type
+and outcome, then the gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.storage.context import micros_to_iso
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            ).rstrip()
+        )
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+#: the columns of the counts table, one row per table
+COUNTS = [
+    *("table", "events", "distinct", "applied", "discarded", "quarantined", "conflicts"),
+    *("divergent", "orphans", "rows"),
+]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"run {report['run_id']} for {report['dt']}: {report['status'].upper()}", ""]
+    lines += _table([COUNTS, *(_counts(t, s) for t, s in report["tables"].items())])
+    lines += _breakdowns(report["tables"])
+    suites = report.get("validation", {}).get("suites", {})
+    if suites:
+        failed = sorted(name for name, ok in suites.items() if not ok)
+        lines += [
+            "",
+            f"validation: {len(suites)} suite(s), "
+            + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "all passed"),
+        ]
+    cdc = report.get("cdc")
+    if cdc:
+        rows_by_table = ", ".join(f"{t} {c['log_rows']}" for t, c in cdc["tables"].items())
+        lines += [
+            "",
+            f"CDC log rows: {rows_by_table}; generation of {micros_to_iso(cdc['generation'])} "
+            f"({cdc['streams']} streams{', new' if cdc['new_generation'] else ''})",
+        ]
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    lines += [f"FAILED: {f}" for f in report.get("failures", [])]
+    return "\n".join(lines)
+
+
+def _counts(t: str, s: dict[str, Any]) -> list[str]:
+    """One table's row of :data:`COUNTS` (an ``error`` resolver's events count as
+    discarded)."""
+    return [
+        t,
+        str(s["events"]),
+        str(s["distinct_events"]),
+        str(s["applied"]),
+        str(s["discarded"] + s.get("errored", 0)),
+        str(sum(s["quarantined"].values())),
+        str(sum(sum(o.values()) for o in s["conflicts"].values())),
+        str(sum(s["divergent_keys"].values())),
+        str(s["orphans"]),
+        str(s.get("rows", "-")),
+    ]
+
+
+def _breakdowns(tables: dict[str, Any]) -> list[str]:
+    """Conflicts by type and outcome, quarantine reasons, duplicates and divergent keys by
+    replica: each section only when it has a row."""
+    conflicts = [
+        [t, ctype, outcome, str(n)]
+        for t, s in tables.items()
+        for ctype, outcomes in sorted(s["conflicts"].items())
+        for outcome, n in sorted(outcomes.items())
+    ]
+    quarantined = [
+        [t, reason, str(n)]
+        for t, s in tables.items()
+        for reason, n in sorted(s["quarantined"].items())
+    ]
+    duplicates = [[t, str(s["duplicates"])] for t, s in tables.items() if s.get("duplicates")]
+    retried = [  # retry: events of earlier nights' quarantine, apart from the night's own
+        [t, what, str(n)]
+        for t, s in tables.items()
+        for what, n in sorted(s.get("retried", {}).items())
+    ]
+    still_open = [
+        [t, str(s["quarantine_open"])] for t, s in tables.items() if s.get("quarantine_open")
+    ]
+    divergent = []
+    for t, s in tables.items():
+        per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})
+        for replica in sorted(set(per) | {r for r, n in snap.items() if n}):
+            divergent.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
+    sections = [
+        (
+            "conflicts by type and outcome:",
+            ["table", "conflict type", "outcome", "count"],
+            conflicts,
+        ),
+        ("quarantined:", ["table", "quarantine reason", "count"], quarantined),
+        ("retried from the quarantine:", ["table", "became", "events"], retried),
+        ("quarantined events open:", ["table", "events"], still_open),
+        ("duplicates (resolved on an earlier night, not again):", ["table", "events"], duplicates),
+        ("divergent keys by replica:", ["table", "replica", "perspective", "snapshot"], divergent),
+    ]
+    lines: list[str] = []
+    for title, header, rows in sections:
+        if rows:
+            lines += ["", title, *_table([header, *rows])]
+    return lines

@@ -1,0 +1,405 @@
+"""What the published runs say, for people: per run and table, the conflicts by
+type and outcome, quarantined events, divergent keys and orphans, as rows and as a page
+(the Airflow plugin's view, ``plugins/cdr_plugin.py``). Pure: a store in, data or HTML out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core import layout
+from pipeline.publish.stats import Point
+from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
+from pipeline.storage.store import Store
+
+_DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
+
+
+def list_reports(store: Store) -> list[dict[str, Any]]:
+    """One report per date, newest date first, chosen by the ``runs`` table (a run is
+    visible once its row is in): the run published last for the date, or, for a date
+    that no run published, its latest failed run. Each is that run's own report; a run
+    that stopped before it wrote one shows as its row says. Dates of a store published
+    by the earlier layout (no ``runs`` row) show their report copy."""
+    rows = read_runs(Lake(store))
+    chosen = {r.dt: r for r in rows}  # the last run of each date...
+    chosen.update(published_by_date(rows))  # ...unless one of them published
+    reports = {dt.isoformat(): _report_of(store, row) for dt, row in chosen.items()}
+    for k in store.list(layout.reports_root()):
+        if (m := _DATE_REPORT_RE.search(k)) and m.group(1) not in reports:
+            reports[m.group(1)] = {**_read_report(store, k), "dt": m.group(1)}
+    return sorted(reports.values(), key=lambda r: r["dt"], reverse=True)
+
+
+def _read_report(store: Store, key: str) -> dict[str, Any]:
+    """A report file as it is in the bucket; one that is not a JSON object is shown as
+    a failure of its run (the page shows the other runs)."""
+    try:
+        report = json.loads(store.read_bytes(key))
+    except ValueError as e:
+        return {"failures": [f"{key} is not JSON: {e}"], "tables": {}}
+    if not isinstance(report, dict):
+        return {"failures": [f"{key} is not a JSON object"], "tables": {}}
+    return report
+
+
+def _report_of(store: Store, row: RunRow) -> dict[str, Any]:
+    key = layout.run_report(row.dt, row.run_id)
+    if store.exists(key):  # its date and run id are the runs row's
+        return {**_read_report(store, key), "dt": row.dt.isoformat(), "run_id": row.run_id}
+    return {  # stopped before publish (an error, a kill): no report, only its row
+        "run_id": row.run_id,
+        "dt": row.dt.isoformat(),
+        "status": row.status,
+        "started": row.started_at.isoformat(),
+        "failures": row.verdict.get("failures") or ["the run stopped before it published"],
+        "tables": row.tables(),
+    }
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """One table in one run, in the numbers the page shows."""
+
+    dt: str
+    run_id: str
+    status: str
+    table: str
+    events: int
+    applied: int
+    discarded: int
+    conflicts: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> outcome -> n
+    quarantined: dict[str, int] = field(default_factory=dict)  # reason -> n
+    divergent_keys: dict[str, int] = field(default_factory=dict)  # replica -> n
+    orphans: int = 0
+    #: clock skew: (replica behind, replica ahead, events, largest difference in seconds)
+    clock_skew: tuple[tuple[str, str, int, float], ...] = ()
+
+    @property
+    def conflict_total(self) -> int:
+        return sum(sum(o.values()) for o in self.conflicts.values())
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(self.quarantined.values())
+
+    @property
+    def divergent_total(self) -> int:
+        return sum(self.divergent_keys.values())
+
+    def by_outcome(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for outcomes in self.conflicts.values():
+            for outcome, n in outcomes.items():
+                out[outcome] = out.get(outcome, 0) + n
+        return out
+
+
+class MalformedReport(ValueError):
+    """A report whose numbers are not what a run writes (shown as an error row)."""
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise MalformedReport(f"{v!r} is not a count")
+    return v
+
+
+def _counts(m: Any) -> dict[str, int]:
+    if not isinstance(m, dict):
+        raise MalformedReport(f"{m!r} is not a mapping of counts")
+    return {str(k): _count(v) for k, v in m.items()}
+
+
+def _skew(m: Any) -> tuple[tuple[str, str, int, float], ...]:
+    """A table's clock-skew evidence (``pipeline.resolve.skew``), pair by pair."""
+    if not isinstance(m, dict) or not all(isinstance(a, dict) for a in m.values()):
+        raise MalformedReport(f"{m!r} is not a mapping of replica pairs")
+    out = []
+    for behind, ahead in sorted(m.items()):
+        for other, ev in sorted(ahead.items()):
+            lag = ev.get("max_seconds") if isinstance(ev, dict) else None
+            if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
+                raise MalformedReport(f"{ev!r} is not a clock-skew evidence")
+            out.append((str(behind), str(other), _count(ev.get("events")), float(lag)))
+    return tuple(out)
+
+
+def table_runs(report: dict[str, Any]) -> list[TableRun]:
+    """The numbers of each table of a report; :class:`MalformedReport` if one is not a
+    count (a report written by hand, or damaged)."""
+    out = []
+    tables = report.get("tables") or {}
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise MalformedReport("its tables are not a mapping of tables")
+    for name, t in sorted(tables.items()):
+        divergent = _counts(t.get("divergent_keys") or {})
+        for replica, n in _counts(t.get("snapshot_divergent_keys") or {}).items():
+            if n:
+                divergent[f"{replica} (snapshot)"] = n
+        conflicts = t.get("conflicts") or {}
+        if not isinstance(conflicts, dict):
+            raise MalformedReport(f"{conflicts!r} is not a mapping of conflict types")
+        out.append(
+            TableRun(
+                dt=str(report["dt"]),
+                run_id=str(report.get("run_id", "")),
+                status=str(report.get("status", "")),
+                table=str(name),
+                events=_count(t.get("distinct_events", 0)),
+                applied=_count(t.get("applied", 0)),
+                discarded=_count(t.get("discarded", 0)),
+                conflicts={str(k): _counts(v) for k, v in conflicts.items()},
+                quarantined=_counts(t.get("quarantined") or {}),
+                divergent_keys=divergent,
+                orphans=_count(t.get("orphans") or 0),
+                clock_skew=_skew(t.get("clock_skew") or {}),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- the page
+
+_OUTCOME_COLORS = {
+    "applied": "#2b7bb9",
+    "converted_to_update": "#5aa469",
+    "converted_to_insert": "#8cc084",
+    "skipped": "#b0b0b0",
+    "discarded": "#e08a3c",
+    "errored": "#c0392b",
+}
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d2733}
+h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.5rem 0}
+td,th{padding:.3rem .7rem;border-bottom:1px solid #dde}
+th{text-align:left;background:#f3f5f8} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.published{color:#1e7b34}.failed{color:#b42318}.dry_run{color:#8a6d00}
+nav a{margin-right:.8rem} .muted{color:#667}
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v))
+
+
+def _chart(rows: list[TableRun]) -> str:
+    """Horizontal stacked bars: each table's conflicts by outcome (inline SVG, no script)."""
+    outcomes = sorted({o for r in rows for o in r.by_outcome()})
+    top = max((r.conflict_total for r in rows), default=0) or 1
+    bar_w, label_w, h = 520, 140, 26
+    parts = []
+    for i, r in enumerate(rows):
+        y, x = i * h + 4, float(label_w)
+        parts.append(f'<text x="0" y="{y + 15}" font-size="13">{_e(r.table)}</text>')
+        for o in outcomes:
+            n = r.by_outcome().get(o, 0)
+            if n:
+                w = bar_w * n / top
+                color = _OUTCOME_COLORS.get(o, "#7a5195")
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="18" fill="{color}">'
+                    f"<title>{_e(r.table)}: {_e(o)} {n}</title></rect>"
+                )
+                x += w
+        parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}" font-size="12">{r.conflict_total}</text>')
+    legend_y = len(rows) * h + 22
+    lx = label_w
+    for o in outcomes:
+        parts.append(
+            f'<rect x="{lx}" y="{legend_y - 11}" width="12" height="12" '
+            f'fill="{_OUTCOME_COLORS.get(o, "#7a5195")}"/>'
+            f'<text x="{lx + 16}" y="{legend_y}" font-size="12">{_e(o)}</text>'
+        )
+        lx += 24 + 8 * len(o)
+    height = legend_y + 10
+    return (
+        f'<svg id="conflicts-chart" role="img" aria-label="conflicts by outcome per table" '
+        f'width="{label_w + bar_w + 80}" height="{height}">{"".join(parts)}</svg>'
+    )
+
+
+#: the trend chart's series (``stats.TREND_KINDS``) and their colors
+_TREND_COLORS = {"conflicts": "#2b7bb9", "quarantined": "#d1495b", "divergent_keys": "#edae49"}
+
+
+def _trend(table: str, points: list[Point]) -> str:
+    """One table's last runs (conflict stats): a line per series over the runs, oldest on the left
+    (inline SVG, no script); each point names its date and count."""
+    w, h, left, top_pad, bottom = 640, 160, 40, 10, 30
+    top = max((getattr(p, k) for p in points for k in _TREND_COLORS), default=0) or 1
+    step = (w - left - 10) / max(len(points) - 1, 1)
+
+    def xy(i: int, n: int) -> tuple[float, float]:
+        return left + i * step, top_pad + (h - top_pad - bottom) * (1 - n / top)
+
+    parts = [
+        f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="#999"/>',
+        f'<text x="0" y="{top_pad + 10}" font-size="11">{top}</text>',
+        f'<text x="{left}" y="{h - 10}" font-size="11">{_e(points[0].dt)}</text>',
+        f'<text x="{w - 10}" y="{h - 10}" font-size="11" text-anchor="end">'
+        f"{_e(points[-1].dt)}</text>",
+    ]
+    for kind, color in _TREND_COLORS.items():
+        coords = [xy(i, getattr(p, kind)) for i, p in enumerate(points)]
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f'<polyline class="{kind}" points="{line}" fill="none" stroke="{color}"/>')
+        for (x, y), p in zip(coords, points, strict=True):
+            parts.append(
+                f'<circle class="{kind}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}">'
+                f"<title>{_e(p.dt)} {kind}: {getattr(p, kind)}</title></circle>"
+            )
+    legend = " ".join(
+        f"<span style='color:{c}'>&#9632; {k.replace('_', ' ')}</span>"
+        for k, c in _TREND_COLORS.items()
+    )
+    return (
+        f"<h3>{_e(table)}</h3><svg class='trend' id='trend-{_e(table)}' role='img' "
+        f"aria-label='{_e(table)}: the last {len(points)} runs' width='{w}' height='{h}'>"
+        f"{''.join(parts)}</svg><p class='muted'>{legend}</p>"
+    )
+
+
+def _trends(trends: dict[str, list[Point]] | None) -> str:
+    if not trends:
+        return ""
+    charts = "".join(_trend(t, points) for t, points in sorted(trends.items()) if points)
+    return f"<h2>Trends: the last runs of each table</h2><div id='trends'>{charts}</div>"
+
+
+def render_page(
+    reports: list[dict[str, Any]],
+    dt: str | None,
+    docs_href: str,
+    trends: dict[str, list[Point]] | None = None,
+) -> str:
+    """The conflicts page of one run (``dt``, default the newest), with links to the
+    other runs, and each table's trend over its last runs (``stats.trends``).
+    ``docs_href`` is a format string with ``{dt}`` and ``{run_id}`` for the run's Data
+    Docs."""
+    if not reports:
+        body = "<p>No run report published yet.</p>"
+        return _page("Conflicts", body)
+    report = next((r for r in reports if r["dt"] == dt), reports[0])
+    try:
+        rows, broken = table_runs(report), ""
+    except MalformedReport as e:
+        rows, broken = (
+            [],
+            f"<p class='failed' id='broken'>this run's report cannot be read: {_e(e)}</p>",
+        )
+    listed = report.get("failures") or []
+    failures = "".join(
+        f"<li>{_e(f)}</li>" for f in (listed if isinstance(listed, list) else [listed])
+    )
+    fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
+    body = (
+        _head(report, reports, docs_href)
+        + broken
+        + fail_html
+        + _per_table(rows)
+        + _trends(trends)
+        + _detail(rows)
+    )
+    return _page(f"Conflicts {report['dt']}", body)
+
+
+def _head(report: dict[str, Any], reports: list[dict[str, Any]], docs_href: str) -> str:
+    """The run's date and status, its Data Docs, and the links to the other runs."""
+    nav = " ".join(
+        f'<a href="?dt={_e(r["dt"])}" class="{_e(r.get("status"))}">{_e(r["dt"])}</a>'
+        for r in reports
+    )
+    status = report.get("status", "")
+    return (
+        f"<h1>Run of {_e(report['dt'])} <span class='{_e(status)}'>{_e(status)}</span></h1>"
+        f"<p class='muted'>run {_e(report.get('run_id'))} · "
+        f"<a href='{_e(docs_href.format(dt=report['dt'], run_id=report.get('run_id')))}' "
+        "target='_blank' rel='noopener'>Data Docs</a></p>"
+        f"<nav>runs: {nav}</nav>"
+    )
+
+
+def _per_table(rows: list[TableRun]) -> str:
+    summary = [
+        "<h2>Per table</h2><table id='tables'><tr><th>table</th><th>events</th><th>applied</th>"
+        "<th>discarded</th><th>conflicts</th><th>quarantined</th><th>divergent keys</th>"
+        "<th>orphans</th></tr>"
+    ]
+    for r in rows:
+        summary.append(
+            f"<tr><td>{_e(r.table)}</td><td class=n>{r.events}</td><td class=n>{r.applied}</td>"
+            f"<td class=n>{r.discarded}</td><td class=n>{r.conflict_total}</td>"
+            f"<td class=n>{r.quarantined_total}</td><td class=n>{r.divergent_total}</td>"
+            f"<td class=n>{r.orphans}</td></tr>"
+        )
+    summary.append("</table>")
+    return "".join(summary)
+
+
+def _detail(rows: list[TableRun]) -> str:
+    """The conflicts by type and outcome (a chart and a table), then what was quarantined
+    and which keys diverged."""
+    detail = ["<h2>Conflicts by type and outcome</h2>", _chart(rows)]
+    detail.append(
+        "<table id='conflicts'><tr><th>table</th><th>conflict type</th><th>outcome</th>"
+        "<th>events</th></tr>"
+    )
+    for r in rows:
+        for ctype, outcomes in sorted(r.conflicts.items()):
+            for outcome, n in sorted(outcomes.items()):
+                detail.append(
+                    f"<tr><td>{_e(r.table)}</td><td>{_e(ctype)}</td><td>{_e(outcome)}</td>"
+                    f"<td class=n>{n}</td></tr>"
+                )
+    detail.append("</table><h2>Quarantined events and divergent keys</h2>")
+    detail.append("<table id='issues'><tr><th>table</th><th>what</th><th>count</th></tr>")
+    for r in rows:
+        for reason, n in sorted(r.quarantined.items()):
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>quarantined: {_e(reason)}</td>"
+                f"<td class=n>{n}</td></tr>"
+            )
+        for replica, n in sorted(r.divergent_keys.items()):
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>divergent keys: {_e(replica)}</td>"
+                f"<td class=n>{n}</td></tr>"
+            )
+        if r.orphans:
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>orphans</td><td class=n>{r.orphans}</td></tr>"
+            )
+    detail.append("</table>")
+    return "".join(detail) + _clock_skew(rows)
+
+
+def _clock_skew(rows: list[TableRun]) -> str:
+    """clock skew: per table and ordered pair, the events that saw a version stamped later than
+    themselves, and by how much at most."""
+    out = [
+        "<h2>Clock skew</h2><table id='clock_skew'><tr><th>table</th><th>replica behind</th>"
+        "<th>behind replica</th><th>events</th><th>at least (s)</th></tr>"
+    ]
+    for r in rows:
+        for behind, ahead, n, lag in r.clock_skew:
+            out.append(
+                f"<tr><td>{_e(r.table)}</td><td>{_e(behind)}</td><td>{_e(ahead)}</td>"
+                f"<td class=n>{n}</td><td class=n>{lag:.1f}</td></tr>"
+            )
+    if not any(r.clock_skew for r in rows):
+        out.append("<tr><td colspan=5 class=muted>no evidence of a clock behind</td></tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>{body}</body></html>"
+    )

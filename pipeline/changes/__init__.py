@@ -1,0 +1,1 @@
+"""What resolved changes derive: the CDC log and its streams, the history, the replay."""

@@ -1,0 +1,937 @@
+"""`cdr.yaml`, parsed once into typed, frozen models (docs/configuration.md).
+
+Loading collects *every* mistake and reports them together, each with its path in the
+file (``tables.orders.foreign_keys[0].references: no table 'product'``). Nothing
+downstream reads raw dicts: stages take a :class:`Config`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.policy import (
+    ALLOWED,
+    PRESETS,
+    ConflictType,
+    Detection,
+    Granularity,
+    Preset,
+    Resolver,
+    Scope,
+    TieBreak,
+    allowed_resolvers,
+)
+
+# --------------------------------------------------------------------------- column types
+
+
+class Kind(StrEnum):
+    INT = "int"
+    BIGINT = "bigint"
+    STRING = "string"
+    BOOLEAN = "boolean"
+    DOUBLE = "double"
+    DECIMAL = "decimal"
+    DATE = "date"
+    TIMESTAMP = "timestamp"
+    BINARY = "binary"
+    UUID = "uuid"
+
+
+NUMERIC_KINDS = frozenset({Kind.INT, Kind.BIGINT, Kind.DOUBLE, Kind.DECIMAL})
+_DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+#: docs/operations.md#what-if: how the what-if form names a config (``main``, or a file's name in
+#: the what-if folder: ``pipeline.app.whatif.config_named``), never a path
+WHATIF_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    kind: Kind
+    precision: int = 0
+    scale: int = 0
+
+    def __str__(self) -> str:
+        if self.kind is Kind.DECIMAL:
+            return f"decimal({self.precision},{self.scale})"
+        return self.kind.value
+
+    def fits(self, value: int | float | Decimal) -> bool:
+        """Whether a number is in this numeric type's range (a 32- or 64-bit integer, a
+        finite double, a decimal with at most ``precision - scale`` integer digits)."""
+        k = self.kind
+        if k in (Kind.INT, Kind.BIGINT):
+            bits = 31 if k is Kind.INT else 63
+            return -(2**bits) <= value < 2**bits
+        if k is Kind.DOUBLE:
+            return math.isfinite(value)
+        if k is Kind.DECIMAL:
+            return abs(value) < 10 ** (self.precision - self.scale)
+        raise TypeError(f"{self} is not numeric")
+
+
+def parse_column_type(text: str) -> ColumnType:
+    """``int`` ... ``decimal(p,s)``; raises ValueError naming the allowed types."""
+    t = text.strip().lower()
+    m = _DECIMAL_RE.match(t)
+    if m:
+        p, s = int(m.group(1)), int(m.group(2))
+        if not 1 <= p <= 38 or s > p:
+            raise ValueError(f"decimal({p},{s}): precision must be 1..38 and scale <= precision")
+        return ColumnType(Kind.DECIMAL, p, s)
+    try:
+        kind = Kind(t)
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind if k is not Kind.DECIMAL)
+        raise ValueError(f"unknown type {text!r}; allowed: {allowed}, decimal(p,s)") from None
+    if kind is Kind.DECIMAL:
+        raise ValueError("decimal needs a precision and scale: decimal(p,s)")
+    return ColumnType(kind)
+
+
+def coerce_value(ctype: ColumnType, value: Any) -> Any:
+    """A config-supplied value (column default) as the Python value of the column type."""
+    if value is None:
+        return None
+    k = ctype.kind
+    if k in (Kind.INT, Kind.BIGINT):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not an integer")
+        if not ctype.fits(value):
+            raise ValueError(f"{value} does not fit {k.value}")
+        return value
+    if k is Kind.DOUBLE:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{value!r} is not a number")
+        return float(value)
+    if k is Kind.DECIMAL:
+        try:
+            return Decimal(str(value)).quantize(Decimal(1).scaleb(-ctype.scale))
+        except InvalidOperation:
+            raise ValueError(f"{value!r} is not a decimal") from None
+    if k is Kind.BOOLEAN:
+        if not isinstance(value, bool):
+            raise ValueError(f"{value!r} is not a boolean")
+        return value
+    if k is Kind.DATE:
+        return value if isinstance(value, date) else date.fromisoformat(str(value))
+    if k is Kind.TIMESTAMP:
+        if isinstance(value, datetime):
+            return value
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if k is Kind.BINARY:
+        if isinstance(value, bytes):
+            return value
+        import base64
+
+        return base64.b64decode(str(value), validate=True)
+    return str(value)  # string, uuid
+
+
+# --------------------------------------------------------------------------- the file's shape
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplicaModel(_Strict):
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    system_id: int = Field(ge=0, lt=2**64)
+
+
+class HistoryModel(_Strict):
+    track: list[str] | None = None
+
+
+class RetryModel(_Strict):
+    """docs/operations.md#a-quarantine-that-heals: for how many of the next runs a
+    quarantined event is offered again, by reason
+    (:data:`pipeline.core.policy.RETRYABLE`)."""
+
+    fk_violation: int | None = Field(default=None, ge=1)
+    future_timestamp: int | None = Field(default=None, ge=1)
+    update_missing: int | None = Field(default=None, ge=1)
+
+
+class ForeignKeyModel(_Strict):
+    columns: list[str] = Field(min_length=1)
+    references: str
+
+
+class DefaultsModel(_Strict):
+    policy: Preset = Preset.POSTGRES
+    tie_break: TieBreak | None = None
+    detection: Detection | None = None
+    resolvers: dict[ConflictType, Resolver] = Field(default_factory=dict)
+
+
+class TableModel(_Strict):
+    key: list[str] = Field(default_factory=list)
+    columns: dict[str, str] = Field(min_length=1)
+    not_null: list[str] = Field(default_factory=list)
+    unique: list[list[str]] = Field(default_factory=list)
+    foreign_keys: list[ForeignKeyModel] = Field(default_factory=list)
+    delta: list[str] = Field(default_factory=list)
+    policy: Preset | None = None
+    resolvers: dict[ConflictType, Resolver] | None = None
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    tie_break: TieBreak | None = None
+    scope: Scope = Scope.ROW
+    detection: Detection | None = None
+    order_by: str | None = None
+    column_groups: dict[str, list[str]] | None = None
+    history: HistoryModel | None = None
+
+    @field_validator("history", mode="before")
+    @classmethod
+    def _history_flag(cls, value: Any) -> Any:
+        """``history: true`` is ``history: {}``; ``false`` is no history."""
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("history is true, false or {track: [columns]}")
+        return value
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _rejoin_decimal(cls, value: Any) -> Any:
+        """``{price: decimal(10,2)}`` in a YAML flow mapping (as docs/configuration.md writes it) is
+        split at the comma into ``price: "decimal(10"`` and a key ``"2)"`` with no value;
+        put the type back together."""
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        last = None
+        for k, v in value.items():
+            if (
+                v is None
+                and isinstance(k, str)
+                and re.fullmatch(r"\s*\d+\s*\)", k)
+                and last is not None
+                and re.fullmatch(r"decimal\(\s*\d+", str(out[last]))
+            ):
+                out[last] = f"{out[last]},{k.strip()}"
+                continue
+            out[k] = v
+            last = k
+        return out
+
+
+#: a CDC generation holds at most this many streams (ranges x shards): building and
+#: looking them up stays cheap (a real cluster has tens of thousands)
+CDC_MAX_STREAMS = 2**20
+#: ``cdc$time`` keeps a replica's tie rank in 9 bits (``pipeline.changes.cdc``)
+CDC_MAX_REPLICAS = 500
+
+
+class CdcModel(_Strict):
+    enabled: bool = False
+    vnodes: int | None = Field(default=None, ge=1, le=65536)
+    token_ring: list[int] | None = None
+    shards: int = Field(default=1, ge=1, le=1024)
+    sharding_ignore_msb: int = Field(default=12, ge=0, le=63)
+    preimage: bool = False
+    postimage: bool = False
+
+
+class DivergencePolicy(StrEnum):
+    FAIL = "fail"
+    WARN = "warn"
+
+
+class FkPolicy(StrEnum):
+    FAIL = "fail"
+    WARN = "warn"
+    QUARANTINE = "quarantine"
+
+
+class WaitModel(_Strict):
+    timeout_minutes: int = Field(default=360, ge=1)
+    poke_interval_seconds: int = Field(default=300, ge=10)
+
+
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,?#LW-]+$")
+_CRON_PRESETS = frozenset({"@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once"})
+
+
+def _cron_problem(text: str) -> str | None:
+    """A cron expression of five fields, or one of Airflow's presets."""
+    fields = text.split()
+    if text.strip() in _CRON_PRESETS:
+        return None
+    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        return (
+            f"{text!r} is not a cron expression of five fields "
+            f"(minute hour day month weekday, e.g. '0 2 * * *') nor one of "
+            f"{', '.join(sorted(_CRON_PRESETS))}"
+        )
+    return None
+
+
+class ConfigModel(_Strict):
+    store: str | None = None
+    replicas: list[ReplicaModel] = Field(min_length=1)
+    defaults: DefaultsModel = Field(default_factory=DefaultsModel)
+    max_clock_skew_seconds: int = Field(default=300, ge=0)
+    gc_grace_seconds: int = Field(default=864000, ge=0)
+    retention_days: int = Field(default=30, ge=1)
+    max_record_bytes: int = Field(default=16 << 20, gt=0)
+    max_expansion: int = Field(default=100, gt=0)
+    on_divergence: DivergencePolicy = DivergencePolicy.FAIL
+    on_fk_violation: FkPolicy = FkPolicy.FAIL
+    allow_missing_exports: bool = False
+    schedule: str = "0 2 * * *"
+    wait_for_exports: WaitModel = Field(default_factory=WaitModel)
+    deadline_minutes: int | None = Field(default=None, ge=1)
+    priority: list[str] | None = None
+    retry: RetryModel = Field(default_factory=RetryModel)
+    tables: dict[str, TableModel] = Field(min_length=1)
+    cdc: CdcModel = Field(default_factory=CdcModel)
+
+
+# --------------------------------------------------------------------------- resolved, frozen
+
+
+@dataclass(frozen=True, slots=True)
+class WaitConfig:
+    """How long the DAG's sensor waits for every replica's manifests of a date."""
+
+    timeout_minutes: int
+    poke_interval_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    system_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: ColumnType
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignKey:
+    columns: tuple[str, ...]
+    references: str
+    parent_key: tuple[str, ...]  # the referenced table's key, matched column by column
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """docs/outputs.md#history: the table's SCD type 2 history; ``track``: the columns whose
+    change opens a version (None: every column)."""
+
+    track: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One table with its policy resolved: every conflict type has exactly one resolver."""
+
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    not_null: frozenset[str]
+    unique: tuple[tuple[str, ...], ...]
+    foreign_keys: tuple[ForeignKey, ...]
+    delta: frozenset[str]
+    defaults: Mapping[str, Any]
+    preset: Preset
+    resolvers: Mapping[ConflictType, Resolver]
+    tie_break: TieBreak
+    detection: Detection
+    scope: Scope
+    granularity: Granularity
+    #: docs/rules.md#priority: the replicas, most trusted first (the top-level ``priority``)
+    priority: tuple[str, ...] = ()
+    #: docs/rules.md#order-by-a-column: the column "later" compares first, before ts and the
+    #: tie-break
+    order_by: str | None = None
+    #: docs/rules.md#column-groups: the groups of value columns an UPDATE meets one by one, the
+    #: implicit :data:`OTHER_GROUP` (the columns in no group) last; empty: no groups
+    column_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: docs/outputs.md#history: publish ``published/<table>/history``; None: no history
+    history: History | None = None
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.name not in self.key)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class CdcConfig:
+    enabled: bool
+    vnodes: int | None
+    token_ring: tuple[int, ...] | None
+    shards: int
+    sharding_ignore_msb: int
+    preimage: bool
+    postimage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    store: str | None
+    replicas: tuple[Replica, ...]
+    tables: Mapping[str, Table]
+    max_clock_skew_seconds: int
+    gc_grace_seconds: int
+    max_record_bytes: int  # a longer line of an export is malformed (not read whole)
+    max_expansion: int  # a gzipped export may decompress to this many times its size
+    on_divergence: DivergencePolicy
+    on_fk_violation: FkPolicy
+    allow_missing_exports: bool
+    schedule: str
+    wait_for_exports: WaitConfig
+    cdc: CdcConfig
+    # the DAG's deadline alert: a run not done this long after its logical date (the
+    # schedule's time) is missed; None: no alert
+    deadline_minutes: int | None = None
+    #: docs/operations.md#a-quarantine-that-heals: quarantine reason -> how many of the next
+    #: runs it is offered to
+    retry: Mapping[str, int] = field(default_factory=dict)
+    #: docs/operations.md#retention: how many days of runs stay readable
+    #: (``cdr vacuum``'s window) and so how long every published table keeps its log
+    retention_days: int = 30
+
+    @property
+    def replica_ids(self) -> tuple[str, ...]:
+        return tuple(r.id for r in self.replicas)
+
+    def captures(self, table: Table) -> bool:
+        """Whether the resolve stage records what each event changed (``changes``): the
+        CDC log's input, and the history's (history)."""
+        return self.cdc.enabled or table.history is not None
+
+    def tie_ranks(self, tie_break: TieBreak) -> dict[str, int]:
+        """docs/rules.md#the-canonical-order: ``tie_rank`` orders replicas so that the
+        tie-break winner comes last (the highest rank). Base rows without an origin rank
+        below every replica."""
+        ordered = sorted(
+            self.replicas,
+            key=lambda r: r.system_id,
+            reverse=tie_break is TieBreak.LOWER_SYSTEM_ID,
+        )
+        return {r.id: i for i, r in enumerate(ordered)}
+
+    def digest(self) -> str:
+        """A fingerprint of what decides a run's result (everything but the DAG's schedule
+        and sensor settings, and the retention): the stages of one run refuse a config
+        that changed under them."""
+        import hashlib
+        import json
+        from dataclasses import fields, is_dataclass
+        from enum import Enum
+
+        def plain(v: Any) -> Any:
+            if is_dataclass(v) and not isinstance(v, type):
+                return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
+            if isinstance(v, Mapping):
+                return {str(k): plain(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [plain(x) for x in v]
+            if isinstance(v, (set, frozenset)):  # iteration order varies by process
+                return sorted((plain(x) for x in v), key=json.dumps)
+            if isinstance(v, Enum):
+                return v.value
+            if v is None or isinstance(v, (bool, int, float, str)):
+                return v
+            raise TypeError(f"Config.digest: no canonical form for {type(v).__name__}")
+
+        data = plain(self)
+        # how a run is scheduled, and how long its outputs are kept, decide nothing of it
+        for scheduling in ("schedule", "wait_for_exports", "deadline_minutes", "retention_days"):
+            data.pop(scheduling)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def with_store(self, store: str) -> Config:
+        from dataclasses import replace
+
+        return replace(self, store=store)
+
+    def select(
+        self, tables: Sequence[str] | None = None, on_divergence: str | None = None
+    ) -> Config:
+        """This config for one run: only ``tables`` and the tables their foreign keys
+        reference (a child's orphans are found against its parent's snapshot), and
+        ``on_divergence`` overridden when given. Unknown names raise ConfigError."""
+        from dataclasses import replace
+
+        problems = [f"tables: no table {t!r}" for t in tables or () if t not in self.tables]
+        if on_divergence is not None and on_divergence not in {p.value for p in DivergencePolicy}:
+            problems.append(f"on_divergence: {on_divergence!r} is not fail or warn")
+        if problems:
+            raise ConfigError(
+                "run options", [*problems, f"(the config's tables: {', '.join(self.tables)})"]
+            )
+        out = self
+        if tables:
+            wanted, todo = set(), list(tables)
+            while todo:
+                t = todo.pop()
+                if t not in wanted:
+                    wanted.add(t)
+                    todo.extend(fk.references for fk in self.tables[t].foreign_keys)
+            out = replace(out, tables={t: v for t, v in self.tables.items() if t in wanted})
+        if on_divergence is not None:
+            out = replace(out, on_divergence=DivergencePolicy(on_divergence))
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _pydantic_problems(err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        # pydantic appends the enum/union member tried to loc; keep the user's path only
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{_path(loc)}: {msg}")
+    return problems
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(f"{path}: {message}")
+
+
+def _resolve_table(
+    name: str,
+    t: TableModel,
+    m: ConfigModel,
+    p: _Problems,
+) -> Table | None:
+    defaults, tables, priority = m.defaults, m.tables, m.priority
+    at = f"tables.{name}"
+    columns: list[Column] = []
+    for col, text in t.columns.items():
+        try:
+            columns.append(Column(col, parse_column_type(text)))
+        except ValueError as e:
+            p.add(f"{at}.columns.{col}", str(e))
+    ctypes = {c.name: c.type for c in columns}
+    _check_constraints(at, t, ctypes, tables, p)
+    col_defaults = _column_defaults(at, t, ctypes, p)
+    preset = t.policy or defaults.policy
+    rule = PRESETS[preset]
+    resolvers = _resolvers(at, t, defaults, p)
+    groups = _column_groups(at, t, preset, p)
+    if len(columns) != len(t.columns) or not t.key:
+        return None
+    return Table(
+        name=name,
+        columns=tuple(columns),
+        key=tuple(t.key),
+        not_null=frozenset(t.not_null) | frozenset(t.key),
+        unique=tuple(tuple(u) for u in t.unique),
+        foreign_keys=tuple(
+            ForeignKey(tuple(fk.columns), fk.references, tuple(tables[fk.references].key))
+            for fk in t.foreign_keys
+            if fk.references in tables
+        ),
+        delta=frozenset(t.delta),
+        defaults=col_defaults,
+        preset=preset,
+        resolvers=resolvers,
+        tie_break=t.tie_break or defaults.tie_break or rule.tie_break,
+        detection=t.detection or defaults.detection or Detection.ORIGIN,
+        scope=t.scope,
+        granularity=rule.granularity,
+        priority=tuple(priority or ()),
+        order_by=t.order_by,
+        column_groups=groups,
+        history=_history(at, t, p),
+    )
+
+
+def _check_constraints(
+    at: str,
+    t: TableModel,
+    ctypes: Mapping[str, ColumnType],
+    tables: Mapping[str, TableModel],
+    p: _Problems,
+) -> None:
+    """The key, ``not_null``, ``unique``, ``delta`` and foreign-key columns of table ``at``
+    name its columns; a delta column is numeric; a foreign key matches its parent's key."""
+
+    def check_cols(path: str, cols: list[str]) -> None:
+        for i, c in enumerate(cols):
+            if c not in t.columns:
+                p.add(f"{path}[{i}]", f"no column {c!r} in {at}.columns")
+
+    if not t.key:
+        p.add(f"{at}.key", "a table needs a key: conflict detection matches rows by key")
+    check_cols(f"{at}.key", t.key)
+    if len(set(t.key)) != len(t.key):
+        p.add(f"{at}.key", "a column is listed twice")
+    check_cols(f"{at}.not_null", t.not_null)
+    check_cols(f"{at}.delta", t.delta)
+    for i, u in enumerate(t.unique):
+        if not u:
+            p.add(f"{at}.unique[{i}]", "an empty unique constraint")
+        check_cols(f"{at}.unique[{i}]", u)
+    for d in t.delta:
+        if d in t.key:
+            p.add(f"{at}.delta", f"key column {d!r} cannot be a delta column")
+        elif d in ctypes and ctypes[d].kind not in NUMERIC_KINDS:
+            p.add(f"{at}.delta", f"delta column {d!r} must be numeric, not {ctypes[d]}")
+    _check_order_by(at, t, ctypes, p)
+    for i, fk in enumerate(t.foreign_keys):
+        fat = f"{at}.foreign_keys[{i}]"
+        check_cols(f"{fat}.columns", fk.columns)
+        parent = tables.get(fk.references)
+        if parent is None:
+            p.add(f"{fat}.references", f"no table {fk.references!r}")
+        elif len(parent.key) != len(fk.columns):
+            p.add(
+                f"{fat}.columns",
+                f"{len(fk.columns)} column(s) cannot reference the {len(parent.key)}-column "
+                f"key of {fk.references!r}",
+            )
+
+
+#: docs/rules.md#order-by-a-column: the types an ``order_by`` column may have
+ORDER_BY_KINDS = (Kind.TIMESTAMP, Kind.BIGINT, Kind.INT, Kind.DECIMAL)
+
+
+def _check_order_by(at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p: _Problems) -> None:
+    """docs/rules.md#order-by-a-column: ``order_by`` names a column of an orderable type, on
+    a row table."""
+    c = t.order_by
+    if c is None:
+        return
+    allowed = ", ".join(k.value for k in ORDER_BY_KINDS)
+    if c not in t.columns:
+        p.add(f"{at}.order_by", f"no column {c!r} in {at}.columns")
+    elif c in ctypes and ctypes[c].kind not in ORDER_BY_KINDS:
+        p.add(f"{at}.order_by", f"column {c!r} is {ctypes[c]}; order_by needs one of: {allowed}")
+
+
+#: docs/rules.md#column-groups: the name of the group of the value columns in no configured group
+OTHER_GROUP = "_other"
+
+
+def _history(at: str, t: TableModel, p: _Problems) -> History | None:
+    """docs/outputs.md#history: ``history: true``, or ``history: {track: [value columns]}``."""
+    h = t.history
+    if h is None:
+        return None
+    if h.track is None:
+        return History()
+    where = f"{at}.history.track"
+    if not h.track:
+        p.add(where, "an empty list (leave track out to track every column)")
+    for i, c in enumerate(h.track):
+        if c not in t.columns:
+            p.add(f"{where}[{i}]", f"no column {c!r} in {at}.columns")
+        elif c in t.key:
+            p.add(f"{where}[{i}]", f"key column {c!r}: a key change always opens a version")
+        elif h.track.index(c) != i:
+            p.add(f"{where}[{i}]", f"column {c!r} is listed twice")
+    return History(frozenset(h.track))
+
+
+def _column_groups(
+    at: str, t: TableModel, preset: Preset, p: _Problems
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """docs/rules.md#column-groups: ``column_groups`` of a postgres row table: named groups of value
+    columns, each column in one group at most; the others form :data:`OTHER_GROUP`."""
+    if not t.column_groups:
+        return ()
+    where = f"{at}.column_groups"
+    if preset is not Preset.POSTGRES:
+        p.add(where, f"only on a postgres table, not {preset.value}")
+    seen: dict[str, str] = {}
+    for g, cols in t.column_groups.items():
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", g):
+            p.add(f"{where}.{g}", "a group name is a letter, then letters, digits and _")
+        if not cols:
+            p.add(f"{where}.{g}", "an empty group")
+        for c in cols:
+            if c not in t.columns:
+                p.add(f"{where}.{g}", f"no column {c!r} in {at}.columns")
+            elif c in t.key:
+                p.add(f"{where}.{g}", f"key column {c!r} cannot be in a group")
+            elif c in seen:
+                p.add(f"{where}.{g}", f"column {c!r} is already in group {seen[c]!r}")
+            else:
+                seen[c] = g
+    groups = [(g, tuple(cols)) for g, cols in t.column_groups.items()]
+    rest = tuple(c for c in t.columns if c not in t.key and c not in seen)
+    return tuple(groups + ([(OTHER_GROUP, rest)] if rest else []))
+
+
+def _column_defaults(
+    at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p: _Problems
+) -> dict[str, Any]:
+    """The table's ``defaults``, each coerced to its column's type."""
+    col_defaults: dict[str, Any] = {}
+    for col, value in t.defaults.items():
+        if col not in ctypes:
+            p.add(f"{at}.defaults.{col}", f"no column {col!r} in {at}.columns")
+            continue
+        try:
+            col_defaults[col] = coerce_value(ctypes[col], value)
+        except (ValueError, TypeError) as e:
+            p.add(f"{at}.defaults.{col}", f"{e} (column type {ctypes[col]})")
+    return col_defaults
+
+
+def _resolvers(
+    at: str, t: TableModel, defaults: DefaultsModel, p: _Problems
+) -> dict[ConflictType, Resolver]:
+    """The table's resolver per conflict type: its policy's, then ``defaults.resolvers``,
+    then its own ``resolvers`` (row tables only), each one allowed for its conflict type."""
+    preset = t.policy or defaults.policy
+    rule = PRESETS[preset]
+    if rule.granularity is Granularity.CELL:
+        for field, present in (
+            ("unique", bool(t.unique)),
+            ("delta", bool(t.delta)),
+            ("resolvers", t.resolvers is not None),
+            ("order_by", t.order_by is not None),
+        ):
+            if present:
+                p.add(f"{at}.{field}", f"not allowed on a {preset.value} (cell-granularity) table")
+    if t.scope is Scope.TRANSACTION and preset is not Preset.DELETE_WINS:
+        p.add(f"{at}.scope", "scope 'transaction' needs policy 'delete_wins'")
+    resolvers = dict(rule.resolvers)
+    if rule.granularity is Granularity.ROW:
+        layered = [("defaults.resolvers", defaults.resolvers)]
+        if t.resolvers is not None:
+            layered.append((f"{at}.resolvers", t.resolvers))
+        for path, overrides in layered:
+            for ctype, res in overrides.items():
+                if res not in ALLOWED[ctype]:
+                    p.add(
+                        f"{path}.{ctype.value}",
+                        f"resolver {res.value!r} is not allowed for {ctype.value}; "
+                        f"allowed: {', '.join(allowed_resolvers(ctype))}",
+                    )
+                else:
+                    resolvers[ctype] = res
+    return resolvers
+
+
+def _resolve(m: ConfigModel, p: _Problems) -> Config:
+    ids = [r.id for r in m.replicas]
+    for i, r in enumerate(m.replicas):
+        if ids.count(r.id) > 1:
+            p.add(f"replicas[{i}].id", f"replica id {r.id!r} is used twice")
+        if [x.system_id for x in m.replicas].count(r.system_id) > 1:
+            p.add(f"replicas[{i}].system_id", "system ids must differ: they break ties")
+    if m.store is not None and not re.match(r"^(s3://[^/]+|file:///)", m.store):
+        p.add("store", f"{m.store!r} is neither s3://BUCKET[/PREFIX] nor file:///PATH")
+    tables: dict[str, Table] = {}
+    for name, t in m.tables.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            p.add(f"tables.{name}", "a table name is letters, digits and _ (it names folders)")
+        resolved = _resolve_table(name, t, m, p)
+        if resolved is not None:
+            tables[name] = resolved
+    _check_foreign_key_types(tables, p)
+    _check_priority(m, tables, p)
+    if (cron := _cron_problem(m.schedule)) is not None:
+        p.add("schedule", cron)
+    _check_cdc(m, p)
+    retry = _check_retry(m, tables, p)
+    c = m.cdc
+    return Config(
+        store=m.store,
+        replicas=tuple(Replica(r.id, r.system_id) for r in m.replicas),
+        tables=tables,
+        max_clock_skew_seconds=m.max_clock_skew_seconds,
+        gc_grace_seconds=m.gc_grace_seconds,
+        retention_days=m.retention_days,
+        max_record_bytes=m.max_record_bytes,
+        max_expansion=m.max_expansion,
+        on_divergence=m.on_divergence,
+        on_fk_violation=m.on_fk_violation,
+        allow_missing_exports=m.allow_missing_exports,
+        schedule=m.schedule.strip(),
+        wait_for_exports=WaitConfig(
+            m.wait_for_exports.timeout_minutes, m.wait_for_exports.poke_interval_seconds
+        ),
+        cdc=CdcConfig(
+            enabled=c.enabled,
+            vnodes=c.vnodes if c.vnodes is not None or c.token_ring is not None else 16,
+            token_ring=tuple(c.token_ring) if c.token_ring is not None else None,
+            shards=c.shards,
+            sharding_ignore_msb=c.sharding_ignore_msb,
+            preimage=c.preimage,
+            postimage=c.postimage,
+        ),
+        deadline_minutes=m.deadline_minutes,
+        retry=retry,
+    )
+
+
+def _check_foreign_key_types(tables: Mapping[str, Table], p: _Problems) -> None:
+    """Each foreign-key column has the type of the parent's key column it references."""
+    for name, tb in tables.items():
+        for i, fk in enumerate(tb.foreign_keys):
+            parent = tables.get(fk.references)
+            if parent is None or len(parent.key) != len(fk.columns):
+                continue
+            for col, pk in zip(fk.columns, parent.key, strict=True):
+                if col in tb.column_names and tb.column(col).type != parent.column(pk).type:
+                    p.add(
+                        f"tables.{name}.foreign_keys[{i}].columns",
+                        f"{col!r} is {tb.column(col).type} but {fk.references}.{pk} is "
+                        f"{parent.column(pk).type}",
+                    )
+
+
+def _check_retry(m: ConfigModel, tables: Mapping[str, Table], p: _Problems) -> dict[str, int]:
+    """docs/operations.md#a-quarantine-that-heals: the reasons retried, and what the
+    foreign-key retry needs."""
+    retry = {k: v for k, v in m.retry.model_dump().items() if v is not None}
+    if "fk_violation" in retry:
+        if m.on_fk_violation is not FkPolicy.QUARANTINE:
+            p.add(
+                "retry.fk_violation",
+                "retries the foreign-key quarantine: it needs on_fk_violation: quarantine",
+            )
+        for name, tb in tables.items():
+            if tb.granularity is Granularity.CELL and tb.foreign_keys:
+                p.add(
+                    "retry.fk_violation",
+                    f"puts orphan rows back into row tables only; {name} is a cell table "
+                    "with foreign keys",
+                )
+    return retry
+
+
+def _check_priority(m: ConfigModel, tables: Mapping[str, Table], p: _Problems) -> None:
+    """docs/rules.md#priority: ``priority`` lists every replica once; a table resolving with
+    ``priority_wins`` needs it."""
+    ids = [r.id for r in m.replicas]
+    if m.priority is None:
+        users = [
+            f"tables.{name}: {t.value}"
+            for name, tb in tables.items()
+            for t, r in tb.resolvers.items()
+            if r is Resolver.PRIORITY_WINS
+        ]
+        if users:
+            p.add(
+                "priority",
+                f"missing: priority_wins ({'; '.join(users)}) needs every replica ranked, "
+                f"most trusted first, e.g. priority: [{', '.join(ids)}]",
+            )
+        return
+    for i, r in enumerate(m.priority):
+        if r not in ids:
+            p.add(f"priority[{i}]", f"no replica {r!r} (replicas: {', '.join(ids)})")
+        elif m.priority.index(r) != i:
+            p.add(f"priority[{i}]", f"replica {r!r} is listed twice")
+    missing = [r for r in ids if r not in m.priority]
+    if missing:
+        p.add(
+            "priority",
+            f"missing replica(s) {', '.join(repr(r) for r in missing)}: list every replica "
+            "once, most trusted first",
+        )
+
+
+def _check_cdc(m: ConfigModel, p: _Problems) -> None:
+    """The CDC log's streams fit a generation, its replicas fit its ordering, and its
+    token ring is well formed."""
+    c = m.cdc
+    ranges = len(c.token_ring) if c.token_ring is not None else (c.vnodes or 16)
+    if ranges * c.shards > CDC_MAX_STREAMS:
+        p.add(
+            "cdc",
+            f"{ranges} token ranges x {c.shards} shards = {ranges * c.shards} streams; a "
+            f"generation holds at most {CDC_MAX_STREAMS}",
+        )
+    if c.enabled and len(m.replicas) > CDC_MAX_REPLICAS:
+        p.add("replicas", f"the CDC log orders at most {CDC_MAX_REPLICAS} replicas")
+    if c.vnodes is not None and c.token_ring is not None:
+        p.add("cdc", "give either vnodes or token_ring, not both")
+    if c.token_ring is not None:
+        ring = c.token_ring
+        if not ring:
+            p.add("cdc.token_ring", "an empty ring")
+        if sorted(set(ring)) != ring:
+            p.add("cdc.token_ring", "range-end tokens must be sorted and distinct")
+        if any(not -(2**63) <= t < 2**63 for t in ring):
+            p.add("cdc.token_ring", "tokens are signed 64-bit integers")
+
+
+def parse_config(data: Any, source: str = "cdr.yaml") -> Config:
+    """Validate a config mapping; raise :class:`ConfigError` listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top level): expected a mapping of config keys"])
+    try:
+        model = ConfigModel.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(source, _pydantic_problems(e)) from None
+    problems = _Problems()
+    config = _resolve(model, problems)
+    if problems.items:
+        raise ConfigError(source, problems.items)
+    return config
+
+
+def load_config(path: str | Path, store: str | None = None) -> Config:
+    """Read and validate ``cdr.yaml``; ``store`` (e.g. from ``--store``) overrides the file's."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(str(p), [f"(file): cannot read: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(str(p), [f"(file): not valid YAML: {e}"]) from None
+    config = parse_config(data, str(p))
+    if store:
+        config = config.with_store(store)
+    if not config.store:
+        raise ConfigError(str(p), ["store: missing (give it in the file or with --store)"])
+    return config

@@ -1,0 +1,394 @@
+"""Policy as data: the closed sets of conflict types, resolvers and outcomes, and one table
+per preset (docs/rules.md#conflict-types, docs/rules.md#fine-points).
+
+Config validation, dispatch in the fold and the README's tables all derive from the
+tables below; ``tests/unit/test_policy.py`` proves every type has a rule and every resolver an
+implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ConflictType(StrEnum):
+    """docs/rules.md#conflict-types, in the order several conflicts of one event are logged
+    (docs/rules.md#fine-points)."""
+
+    SOURCE_COLUMN_EXTRA = "source_column_extra"
+    INSERT_EXISTS = "insert_exists"
+    UPDATE_DIFFER = "update_differ"
+    UPDATE_MISSING = "update_missing"
+    UPDATE_DELETED = "update_deleted"
+    DELETE_DIFFER = "delete_differ"
+    DELETE_MISSING = "delete_missing"
+    PKEY_EXISTS = "pkey_exists"
+    TARGET_COLUMN_EXTRA = "target_column_extra"
+    MULTIPLE_UNIQUE_CONFLICTS = "multiple_unique_conflicts"
+
+
+class Resolver(StrEnum):
+    """docs/rules.md#resolvers, plus the two rule-based resolvers a preset records."""
+
+    LATEST_TIMESTAMP_WINS = "latest_timestamp_wins"
+    EARLIEST_TIMESTAMP_WINS = "earliest_timestamp_wins"
+    APPLY = "apply"
+    APPLY_OR_SKIP = "apply_or_skip"
+    APPLY_OR_ERROR = "apply_or_error"
+    SKIP = "skip"
+    ERROR = "error"
+    IGNORE = "ignore"
+    USE_DEFAULT = "use_default"
+    PRIORITY_WINS = "priority_wins"  # docs/rules.md#priority: the origin first in `priority` wins
+    # the Informix rule of docs/rules.md#policies, recorded by `delete_wins` tables
+    DELETE_WINS = "delete_wins"
+    SCYLLA = "scylla"  # the cell rules of docs/rules.md#cell-rules, recorded by `scylla` tables
+
+
+class Outcome(StrEnum):
+    """What happened to the remote event (docs/rules.md#fine-points)."""
+
+    APPLIED = "applied"
+    SKIPPED = "skipped"
+    CONVERTED_TO_INSERT = "converted_to_insert"
+    CONVERTED_TO_UPDATE = "converted_to_update"
+    ERRORED = "errored"
+    DISCARDED = "discarded"
+
+    @property
+    def remote_applied(self) -> bool:
+        return self in (Outcome.APPLIED, Outcome.CONVERTED_TO_INSERT, Outcome.CONVERTED_TO_UPDATE)
+
+
+class Fate(StrEnum):
+    """What became of one exported copy of an event (docs/outputs.md: nothing an export
+    held is lost; the run report's accounting). An event's copies share its fate, but a
+    replica's second copy of one event, and a copy of an event an earlier night resolved,
+    are duplicates."""
+
+    APPLIED = "applied"
+    DISCARDED = "discarded"
+    QUARANTINED = "quarantined"
+    DUPLICATE = "duplicate"
+    ERRORED = "errored"  # the run stopped on it (docs/rules.md#fine-points)
+    NOT_REACHED = "not_reached"  # after the event the run stopped on
+
+    @property
+    def final(self) -> bool:
+        """Never resolved again: the ledger's fates (a quarantined event is resolved
+        again if it comes again)."""
+        return self in (Fate.APPLIED, Fate.DISCARDED)
+
+
+class ChangeKind(StrEnum):
+    """What an event did to a row as a reader sees it: the delta row of its CDC log entry
+    (docs/cdc.md#entries). ``code`` is Scylla's ``cdc$operation``."""
+
+    UPDATE = "update"
+    INSERT = "insert"
+    ROW_DELETE = "row_delete"
+    PARTITION_DELETE = "partition_delete"
+
+    @property
+    def code(self) -> int:
+        return _CDC_OPERATION[self]
+
+
+_CDC_OPERATION = {
+    ChangeKind.UPDATE: 1,
+    ChangeKind.INSERT: 2,
+    ChangeKind.ROW_DELETE: 3,
+    ChangeKind.PARTITION_DELETE: 4,
+}
+CDC_PRE_IMAGE = 0  # Scylla's cdc$operation of the rows around a change
+CDC_POST_IMAGE = 9
+
+
+class QuarantineReason(StrEnum):
+    """docs/rules.md#conflict-types guards, in the order they are checked
+    (docs/rules.md#fine-points), plus FK quarantine and the fold's delta
+    overflow."""
+
+    MALFORMED = "malformed"
+    FUTURE_TIMESTAMP = "future_timestamp"
+    STALE_BEYOND_GC_GRACE = "stale_beyond_gc_grace"
+    DELTA_WITHOUT_OLD_VALUE = "delta_without_old_value"
+    FK_VIOLATION = "fk_violation"
+    # the fold's: a delta past its column's range (docs/rules.md#delta-columns)
+    DELTA_OVERFLOW = "delta_overflow"
+    #: docs/operations.md#a-quarantine-that-heals, with a retry configured: an UPDATE
+    #: skipped for want of its row
+    UPDATE_MISSING = "update_missing"
+
+
+#: docs/operations.md#a-quarantine-that-heals: the reasons ``retry`` may offer again to the
+#: next runs
+RETRYABLE = (
+    QuarantineReason.FK_VIOLATION,
+    QuarantineReason.FUTURE_TIMESTAMP,
+    QuarantineReason.UPDATE_MISSING,
+)
+
+
+class Standing(StrEnum):
+    """Where the local version L stands against the remote event E: the rows of
+    docs/rules.md#policies's delete-wins table. At equal ts the tie-break orders them (the
+    canonical order, docs/rules.md#the-canonical-order)."""
+
+    ABSENT = "absent"
+    OLDER = "live or tombstone, L.ts < E.ts (or equal ts, E wins the tie-break)"
+    NEWER = "live or tombstone, L.ts > E.ts"
+    TIE_WON = "equal ts, L wins the tie-break"
+
+
+class Ruling(StrEnum):
+    """What docs/rules.md#policies's delete-wins table does with the remote event."""
+
+    APPLY = "apply"
+    DISCARD = "discard"
+    IF_LIVE = "apply if L is live, discard if L is a tombstone"
+
+
+#: the columns of :data:`DELETE_WINS_TABLE`: the remote event's operation
+DELETE_WINS_OPS = ("INSERT", "UPDATE", "DELETE")
+# fmt: off
+#: docs/rules.md#policies: Informix Enterprise Replication's delete-wins rule (row scope),
+#: against a live row or a tombstone L. So a delete is never undone by an update, and an
+#: update never creates a row. (A key change meets the row at its new key as an INSERT.)
+DELETE_WINS_TABLE: dict[Standing, tuple[Ruling, Ruling, Ruling]] = {
+    #                  E = INSERT      E = UPDATE      E = DELETE
+    Standing.ABSENT:  (Ruling.APPLY,   Ruling.DISCARD, Ruling.APPLY),
+    Standing.OLDER:   (Ruling.APPLY,   Ruling.IF_LIVE, Ruling.APPLY),
+    Standing.NEWER:   (Ruling.DISCARD, Ruling.DISCARD, Ruling.APPLY),
+    Standing.TIE_WON: (Ruling.DISCARD, Ruling.DISCARD, Ruling.DISCARD),
+}
+# fmt: on
+
+
+def delete_wins(standing: Standing, op: str, live: bool) -> tuple[bool, str]:
+    """docs/rules.md#policies's table: whether E applies against L (``live``: L is a live
+    row), and why."""
+    ruling = DELETE_WINS_TABLE[standing][DELETE_WINS_OPS.index(op)]
+    applies = ruling is Ruling.APPLY or (ruling is Ruling.IF_LIVE and live)
+    return applies, f"delete_wins: L {standing.value}, E = {op}: {ruling.value}"
+
+
+class Preset(StrEnum):
+    POSTGRES = "postgres"
+    DELETE_WINS = "delete_wins"
+    SCYLLA = "scylla"
+
+
+class TieBreak(StrEnum):
+    HIGHER_SYSTEM_ID = "higher_system_id"  # PostgreSQL
+    LOWER_SYSTEM_ID = "lower_system_id"  # Informix cdrserver
+
+
+class Granularity(StrEnum):
+    ROW = "row"
+    CELL = "cell"
+
+
+class Detection(StrEnum):
+    ORIGIN = "origin"
+    BEFORE_IMAGE = "before_image"
+
+
+class Scope(StrEnum):
+    ROW = "row"
+    TRANSACTION = "transaction"
+
+
+_R = Resolver
+_C = ConflictType
+#: docs/rules.md#priority: ``priority_wins`` is allowed wherever ``latest_timestamp_wins`` is
+_LATEST = frozenset({_R.LATEST_TIMESTAMP_WINS, _R.PRIORITY_WINS})
+_TS = _LATEST | {_R.EARLIEST_TIMESTAMP_WINS}
+_ANY = frozenset({_R.SKIP, _R.ERROR})
+
+#: docs/rules.md#resolvers (and docs/rules.md#priority): the resolvers a user may configure for each
+#: conflict type.
+ALLOWED: dict[ConflictType, frozenset[Resolver]] = {
+    _C.INSERT_EXISTS: _TS | _ANY | {_R.APPLY},
+    _C.UPDATE_DIFFER: _TS | _ANY | {_R.APPLY},
+    _C.UPDATE_MISSING: _ANY | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
+    _C.UPDATE_DELETED: _ANY | _LATEST | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
+    _C.DELETE_DIFFER: _TS | _ANY | {_R.APPLY},
+    _C.DELETE_MISSING: _ANY,
+    _C.PKEY_EXISTS: _TS | _ANY | {_R.APPLY},
+    _C.MULTIPLE_UNIQUE_CONFLICTS: _ANY | {_R.APPLY},
+    _C.SOURCE_COLUMN_EXTRA: _ANY | {_R.IGNORE},
+    _C.TARGET_COLUMN_EXTRA: _ANY | {_R.USE_DEFAULT},
+}
+
+#: The conflict types the delete-wins rule decides (the rest keep the postgres defaults).
+ROW_TYPES: frozenset[ConflictType] = frozenset(
+    {
+        _C.INSERT_EXISTS,
+        _C.UPDATE_DIFFER,
+        _C.UPDATE_MISSING,
+        _C.UPDATE_DELETED,
+        _C.DELETE_DIFFER,
+        _C.DELETE_MISSING,
+        _C.PKEY_EXISTS,
+    }
+)
+
+
+@dataclass(frozen=True)
+class PresetRule:
+    resolvers: dict[ConflictType, Resolver]
+    tie_break: TieBreak
+    granularity: Granularity
+
+
+_POSTGRES_RESOLVERS: dict[ConflictType, Resolver] = {
+    _C.INSERT_EXISTS: _R.LATEST_TIMESTAMP_WINS,
+    _C.UPDATE_DIFFER: _R.LATEST_TIMESTAMP_WINS,
+    _C.DELETE_DIFFER: _R.LATEST_TIMESTAMP_WINS,
+    _C.PKEY_EXISTS: _R.LATEST_TIMESTAMP_WINS,
+    _C.UPDATE_MISSING: _R.APPLY_OR_SKIP,
+    _C.UPDATE_DELETED: _R.SKIP,
+    _C.DELETE_MISSING: _R.SKIP,
+    _C.MULTIPLE_UNIQUE_CONFLICTS: _R.ERROR,
+    _C.SOURCE_COLUMN_EXTRA: _R.ERROR,
+    _C.TARGET_COLUMN_EXTRA: _R.USE_DEFAULT,
+}
+
+#: docs/rules.md#policies: one rule per preset.
+PRESETS: dict[Preset, PresetRule] = {
+    Preset.POSTGRES: PresetRule(_POSTGRES_RESOLVERS, TieBreak.HIGHER_SYSTEM_ID, Granularity.ROW),
+    Preset.DELETE_WINS: PresetRule(
+        {t: (_R.DELETE_WINS if t in ROW_TYPES else r) for t, r in _POSTGRES_RESOLVERS.items()},
+        TieBreak.LOWER_SYSTEM_ID,
+        Granularity.ROW,
+    ),
+    Preset.SCYLLA: PresetRule(
+        {t: _R.SCYLLA for t in ConflictType}, TieBreak.HIGHER_SYSTEM_ID, Granularity.CELL
+    ),
+}
+
+
+def allowed_resolvers(conflict: ConflictType) -> list[str]:
+    """The configurable resolvers of a type, sorted, for error messages and docs."""
+    return sorted(r.value for r in ALLOWED[conflict])
+
+
+def resolver_table() -> str:
+    """The README's table of docs/rules.md#resolvers, rendered from :data:`ALLOWED` and
+    :data:`PRESETS` (``tests/unit/test_policy.py`` compares it with the README)."""
+    row_presets = [p for p in Preset if PRESETS[p].granularity is Granularity.ROW]
+    lines = [
+        "| conflict type | " + " | ".join(f"`{p}` default" for p in row_presets) + " | allowed |",
+        "|---|" + "---|" * len(row_presets) + "---|",
+    ]
+    for t in ConflictType:
+        defaults = " | ".join(f"`{PRESETS[p].resolvers[t]}`" for p in row_presets)
+        allowed = ", ".join(f"`{r}`" for r in allowed_resolvers(t))
+        lines.append(f"| `{t}` | {defaults} | {allowed} |")
+    return "\n".join(lines) + "\n"
+
+
+def delete_wins_table() -> str:
+    """The README's copy of docs/rules.md#policies's delete-wins table, rendered from
+    :data:`DELETE_WINS_TABLE` (``tests/unit/test_policy.py`` compares it with the README)."""
+    lines = [
+        "| L | " + " | ".join(f"E = {op}" for op in DELETE_WINS_OPS) + " |",
+        "|---|" + "---|" * len(DELETE_WINS_OPS),
+    ]
+    for s, rulings in DELETE_WINS_TABLE.items():
+        lines.append(f"| {s.value} | " + " | ".join(r.value for r in rulings) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: What each conflict type means, for the rules page (``docs/rules.md#conflict-types``;
+#: ``tests/unit/test_policy.py`` checks that every type has a row and that the page shows it).
+CONFLICT_MEANING: dict[ConflictType, str] = {
+    _C.SOURCE_COLUMN_EXTRA: "the event carries a column the table does not have",
+    _C.INSERT_EXISTS: "an INSERT meets a live row with its key that another origin wrote",
+    _C.UPDATE_DIFFER: (
+        "an UPDATE meets a row another origin changed last (with `detection: before_image`:"
+        " a row that differs from the event's `before`)"
+    ),
+    _C.UPDATE_MISSING: "an UPDATE finds no row with its key",
+    _C.UPDATE_DELETED: "an UPDATE finds its row deleted (a tombstone not yet purged)",
+    _C.DELETE_DIFFER: "a DELETE meets a row another origin changed last",
+    _C.DELETE_MISSING: "a DELETE finds no row with its key",
+    _C.PKEY_EXISTS: "an UPDATE that changes the key (`new_key`) meets a live row at the new key",
+    _C.TARGET_COLUMN_EXTRA: "an INSERT lacks a column the table has",
+    _C.MULTIPLE_UNIQUE_CONFLICTS: "the event's row would collide with other rows on a `unique`",
+}
+
+#: What each resolver does with the remote event E against the local version L
+#: (``docs/rules.md#resolvers``).
+RESOLVER_MEANING: dict[Resolver, str] = {
+    _R.LATEST_TIMESTAMP_WINS: (
+        "the later version stays: E if its `(ts, tie rank)` is after L's, else L"
+    ),
+    _R.EARLIEST_TIMESTAMP_WINS: "the earlier version stays",
+    _R.APPLY: "E is applied whatever L is",
+    _R.APPLY_OR_SKIP: (
+        "E is applied as an INSERT when it holds the whole row (`converted_to_insert`),"
+        " else skipped"
+    ),
+    _R.APPLY_OR_ERROR: "as `apply_or_skip`, but a partial row stops the table",
+    _R.SKIP: "E is discarded, L stays",
+    _R.ERROR: (
+        "the table stops at E: its conflict log is written up to E and nothing is published"
+    ),
+    _R.IGNORE: "the extra column is dropped and the rest of E applied",
+    _R.USE_DEFAULT: "the missing column takes its value from the table's `defaults`",
+    _R.PRIORITY_WINS: (
+        "the version whose origin comes first in `priority` stays, whatever the timestamps"
+    ),
+    _R.DELETE_WINS: "the delete-wins table decides (`policy: delete_wins`)",
+    _R.SCYLLA: "each cell is decided by the cell rules (`policy: scylla`)",
+}
+
+#: Why an event is quarantined (``docs/rules.md#fine-points``), in the order the
+#: guards check.
+QUARANTINE_MEANING: dict[QuarantineReason, str] = {
+    QuarantineReason.MALFORMED: (
+        "the record cannot be read as an event of the table (its detail names the file, the"
+        " line and what is wrong)"
+    ),
+    QuarantineReason.FUTURE_TIMESTAMP: (
+        "its `ts` is more than `max_clock_skew_seconds` after the run's clock"
+    ),
+    QuarantineReason.STALE_BEYOND_GC_GRACE: (
+        "its `ts` is older than `gc_grace_seconds`: it could bring back a purged deletion"
+    ),
+    QuarantineReason.DELTA_WITHOUT_OLD_VALUE: (
+        "it changes a `delta` column without the column's old value in `before`"
+    ),
+    QuarantineReason.FK_VIOLATION: (
+        "its row's parent is not live after resolution (`on_fk_violation: quarantine`)"
+    ),
+    QuarantineReason.DELTA_OVERFLOW: "its delta would take a column past its type's range",
+    QuarantineReason.UPDATE_MISSING: (
+        "with `retry`, an UPDATE skipped for want of its row, offered again to later runs"
+    ),
+}
+
+
+def _meaning_table(head: str, rows: Iterable[tuple[str, str]]) -> str:
+    lines = [f"| {head} | meaning |", "|---|---|"]
+    lines += [f"| `{k}` | {v} |" for k, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+def conflict_types_table() -> str:
+    """The rules page's table of conflict types, from :data:`CONFLICT_MEANING`."""
+    return _meaning_table("conflict type", CONFLICT_MEANING.items())
+
+
+def resolvers_meaning_table() -> str:
+    """The rules page's table of what each resolver does, from :data:`RESOLVER_MEANING`."""
+    return _meaning_table("resolver", RESOLVER_MEANING.items())
+
+
+def quarantine_table() -> str:
+    """The rules page's table of quarantine reasons, from :data:`QUARANTINE_MEANING`."""
+    return _meaning_table("reason", QUARANTINE_MEANING.items())

@@ -1,0 +1,1 @@
+"""Resolve: the copies read, the row and cell engines, the ledger, the state written."""

@@ -1,0 +1,403 @@
+"""Row-granularity resolution (docs/rules.md#the-canonical-order,
+docs/rules.md#tombstones-and-gc_grace_seconds, docs/rules.md#fine-points): the Spark
+side of the row
+engine, and the parts of the run both engines share (the special copies, the disputes).
+
+One Spark job per table (:func:`fold`): one shuffle by key brings each key's prior state row
+and every copy of its events together, sorted, and a Python task per partition folds them
+with ``pipeline.rules.rowfold`` (through ``mapInArrow``: notes/performance.md) and writes
+the outputs itself (``pipeline.resolve.foldrun``). The copies of an event meet under their
+key, where the first in the order of docs/rules.md#fine-points stands for it (the origin's
+own copy, else the first replica in config order): no shuffle by ``event_id``. A key no
+event touches keeps its row without a Python object per row. What the fold cannot see from
+one key is settled before it, on Spark or on the driver:
+
+- the run's TRUNCATEs and its records without an event id (:func:`split_special`);
+- the events an earlier night resolved (their ids in the ledger: ``seen``);
+- the transactions ``scope: transaction`` rejects (:func:`admit_transactions`);
+- the keys *coupled* by a key change or by a shared unique value (:func:`coupled_keys`):
+  folded together as one group, since their rules read each other's rows;
+- and after it, the events whose copies sat under different keys (rare: moved to their
+  winner's key, and folded again).
+
+``tests/spark/test_engine.py`` holds the published results to the pure fold on generated data.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import date
+from functools import reduce
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from pipeline.core.config import Config, Table
+from pipeline.core.layout import LEDGER
+from pipeline.core.policy import QuarantineReason, Scope
+from pipeline.ingest.inplace import InPlace
+from pipeline.resolve.facts import (
+    COUNTED_BY,
+    EVENT_COUNTS,
+    SKEW,
+    Count,
+    Facts,
+    event_digests,
+    may_split,
+    split_events,
+    tally,
+    write_ledger,
+)
+from pipeline.resolve.foldrun import (
+    TASK_COLUMNS,
+    TASK_EVENTS,
+    FoldJob,
+    fold_function,
+    ledger_rows,
+    write_parquet,
+)
+from pipeline.resolve.inplace import narrowed
+from pipeline.resolve.ledger import with_seen as ledger_marks
+from pipeline.resolve.shuffle import (
+    Specials,
+    key_struct,
+    rank_map,
+    settle_disputes,
+    split_special,
+    standing_order,
+)
+from pipeline.rules.rowfold import FoldSpec
+from pipeline.spark.frames import fold_input, fold_outputs
+from pipeline.spark.schema import GROUPS
+from pipeline.storage.outputs import note_output
+from pipeline.storage.workpath import WorkPath
+
+log = logging.getLogger(__name__)
+
+
+def gc_horizon(now_us: int, gc_grace_seconds: int) -> int:
+    """docs/rules.md#tombstones-and-gc_grace_seconds: a tombstone deleted before this
+    instant (µs) is purged."""
+    return now_us - gc_grace_seconds * 1_000_000
+
+
+def purge(prior: DataFrame, now_us: int, gc_grace_seconds: int) -> DataFrame:
+    """docs/rules.md#tombstones-and-gc_grace_seconds: a tombstone is purged when
+    ``deleted_at < now - gc_grace_seconds``."""
+    horizon = gc_horizon(now_us, gc_grace_seconds)
+    return prior.where(~(F.col("_deleted") & (F.col("_deleted_at") < horizon)))
+
+
+def admit_transactions(
+    events: DataFrame, prior: DataFrame, config: Config, table: Table
+) -> DataFrame:
+    """docs/rules.md#policies/docs/rules.md#fine-points ``scope: transaction``: a
+    transaction ``(origin, txid)`` is admitted only
+    when its time (its latest event ts) beats, tie-break included, every key it touches
+    in the state the run started from. ``events`` are the typed copies
+    (``frames.copy_schema``). Adds ``rejected``."""
+    if table.scope is not Scope.TRANSACTION:
+        return events.withColumn("rejected", F.lit(False))
+    ranks = rank_map(config, table)
+    tx = events.where(F.col("txid").isNotNull() & F.col("ts").isNotNull()).select(
+        "origin", "txid", "ts", "key", "new_key"
+    )
+    times = tx.groupBy("origin", "txid").agg(F.max("ts").alias("tx_ts"))
+    touched = tx.select(
+        "origin",
+        "txid",
+        F.explode(F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias("key"),
+    )
+    local = prior.select(
+        key_struct(table).alias("key"),
+        F.col("_ts").alias("l_ts"),
+        F.coalesce(ranks[F.col("_origin")], F.lit(-1)).alias("l_rank"),
+    )
+    beaten = (
+        touched.join(local, "key")
+        .join(times, ["origin", "txid"])
+        .where(F.struct("tx_ts", ranks[F.col("origin")]) <= F.struct("l_ts", "l_rank"))
+        .select("origin", "txid")
+        .distinct()
+        .withColumn("rejected", F.lit(True))
+    )
+    return events.join(F.broadcast(beaten), ["origin", "txid"], "left").withColumn(
+        "rejected", F.coalesce("rejected", F.lit(False))
+    )
+
+
+def coupled_keys(
+    events: DataFrame, prior: DataFrame, table: Table, moved_keys: list[Any]
+) -> DataFrame | None:
+    """Keys whose fold must see other keys' rows: both ends of every key change
+    (``moved_keys``, found on the driver by :func:`split_special`), and every key that may
+    share a unique value with another key at some point of the run (a safe
+    over-approximation: each key's possible values come from its prior row and its
+    events; keys touched by key changes pool their values, since rows move between them).
+    ``events`` are the typed copies (``frames.copy_schema``). None when no key is coupled;
+    only a table with unique constraints pays a Spark job for it."""
+    spark = events.sparkSession
+    key_type = events.schema["key"].dataType
+    moved = spark.createDataFrame(
+        [(k,) for k in moved_keys], T.StructType([T.StructField("key", key_type)])
+    )
+    if not table.unique:
+        return moved if moved_keys else None
+    events = events.where(F.col("key").isNotNull())
+    moved_flag = moved.withColumn("moved", F.lit(True))
+    unique_cols = sorted({c for u in table.unique for c in u})
+    live = prior.where(~F.col("_deleted")).select(
+        key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in unique_cols]
+    )
+    names = table.column_names
+    writes = events.where(F.col("op").isin("INSERT", "UPDATE")).select(
+        F.coalesce("new_key", "key").alias("key"),
+        *[
+            F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}")).alias(f"v_{c}")
+            for c in unique_cols
+        ],
+    )
+    values = live.unionByName(writes).join(F.broadcast(moved_flag), "key", "left")
+    unit = F.when(F.col("moved"), F.lit(None)).otherwise(F.col("key"))
+    values = values.withColumn(
+        "unit", F.struct(F.col("moved").isNotNull().alias("m"), unit.alias("k"))
+    )
+    shared_units = []
+    for cols in table.unique:
+        sets = values.groupBy("unit").agg(*[F.collect_set(f"v_{c}").alias(f"s_{c}") for c in cols])
+        tuples = sets
+        for c in cols:
+            tuples = tuples.withColumn(f"t_{c}", F.explode(f"s_{c}"))
+        shared = (
+            tuples.groupBy(*[f"t_{c}" for c in cols])
+            .agg(F.collect_set("unit").alias("units"))
+            .where(F.size("units") > 1)
+            .select(F.explode("units").alias("unit"))
+        )
+        shared_units.append(shared)
+    units = reduce(DataFrame.union, shared_units).distinct()
+    by_unit = values.select("unit", "key").distinct().join(units, "unit").select("key")
+    return on_the_driver(by_unit.union(moved).distinct())
+
+
+def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Table) -> DataFrame:
+    """Event copies and prior state rows in one frame, by ``key``: ``is_event``,
+    ``event_id`` and the fields of each kind (a state row's are ``row`` and ``s_*``)."""
+    ev = copies.select(F.lit(1).alias("is_event"), *copies.columns)
+    if "seen" not in copies.columns:
+        ev = ev.withColumn("seen", F.lit(False)).withColumn("differs", F.lit(False))
+    st = prior.select(
+        key_struct(table).alias("key"),
+        F.lit(0).alias("is_event"),
+        F.col("_event_id").alias("event_id"),
+        F.col("_ts").alias("s_ts"),
+        F.coalesce(rank_map(config, table)[F.col("_origin")], F.lit(-1)).alias("s_rank"),
+        F.struct(*table.column_names).alias("row"),
+        F.col("_origin").alias("s_origin"),
+        F.col("_deleted").alias("s_deleted"),
+        F.col("_deleted_at").alias("s_deleted_at"),
+        *([F.col(GROUPS).alias("s_groups")] if table.column_groups else []),
+    )
+    return ev.unionByName(st, allowMissingColumns=True)
+
+
+@dataclass(frozen=True)
+class RowRun:
+    """Where and when one table's row engine runs: the run's clock, date and id, the
+    table's output folder, the ledger partitions of the nights before, and whether any
+    copy may be special (``read.special_free``)."""
+
+    now_us: int
+    dt: date
+    run_id: str
+    out: WorkPath
+    ledger: DataFrame | None  # the window's events (``ledger.read_ledger``)
+    any_special: bool = True  # False: no copy for ``shuffle.split_special`` to bring
+    in_place: InPlace | None = None  # merged in place: the fold reads the touched rows
+
+
+def resolve_rows(
+    spark: SparkSession,
+    config: Config,
+    table: Table,
+    copies: DataFrame,
+    prior: DataFrame,
+    run: RowRun,
+) -> Facts:
+    """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
+    are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
+    run starts from (its tombstones purged here, :func:`purge`; merged in place, only the
+    rows its events touch are read: ``inplace.narrow``). Returns what the run report
+    counts of them, counted by the fold's tasks (which write the ledger's rows of their
+    events too), and the disputes one more job finds (``facts.split_events``: folded
+    again), run only when what the tasks told of their events says an event may be split
+    (``facts.may_split``)."""
+    copies = with_seen(copies, run.ledger)
+    main, specials = split_special(copies, run.any_special)
+    prior = _start_from(prior, main, specials, config, table, run)
+    main = admit_transactions(main, prior, config, table)
+    schemas = fold_outputs(table, config.captures(table))
+    job = FoldJob(
+        FoldSpec(table, run.now_us),
+        config.replica_ids,
+        tuple(specials.truncates),
+        run.dt,
+        run.run_id,
+        run.out,
+        config.captures(table),
+        QuarantineReason.UPDATE_MISSING in config.retry,
+        schemas,
+    )
+    coupled = coupled_keys(main, prior, table, specials.moved)
+
+    def resolve(main: DataFrame) -> Facts:
+        counts, rows, told = fold(spark, main, prior, config, table, job, coupled)
+        counts += _write_specials(specials, job, rows)
+        for kind, schema in schemas.items():  # what the tasks wrote, for its readers (an
+            note_output(run.out / kind, schema, rows.get(kind, 0))  # output none wrote: empty)
+        told.append(event_digests(e for e, _, _ in specials.fates).tobytes())
+        disputed, split = split_events(spark, run.out) if may_split(told) else ([], False)
+        if split and not disputed:  # rare: the events' counts and ledger made again
+            again = write_ledger(spark, run.out, run.run_id, table.name)
+            counts = [c for c in counts if c[0] not in EVENT_COUNTS] + list(again.counts)
+        return Facts.of(counts, disputed)
+
+    facts = resolve(main)
+    if facts.disputed:  # rare: move every copy of those events to their winner's key, and redo
+        log.warning(
+            "table %s: %d event(s) have copies under different keys; the winning "
+            "copy's key is used",
+            table.name,
+            len(facts.disputed),
+        )
+        for kind in schemas:
+            (run.out / kind).rmtree()
+        facts = resolve(settle_disputes(main, list(facts.disputed)))
+    return facts
+
+
+def _start_from(
+    prior: DataFrame,
+    main: DataFrame,
+    specials: Specials,
+    config: Config,
+    table: Table,
+    run: RowRun,
+) -> DataFrame:
+    """The prior rows the fold reads (``inplace.narrowed``), purged."""
+    horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
+    due = F.col("_deleted") & (F.col("_deleted_at") < horizon)  # purged: see purge
+    prior = narrowed(prior, main, specials.truncates, table, due, run.out, run.in_place)
+    return purge(prior, run.now_us, config.gc_grace_seconds)
+
+
+def with_seen(copies: DataFrame, ledger: DataFrame | None) -> DataFrame:
+    """``seen``: an earlier night resolved the copy's event (its id is in ``ledger``, the
+    window ingest pinned: ``ledger.read_ledger``), and ``differs`` (``pipeline.resolve.ledger``);
+    such a copy is a duplicate."""
+    return ledger_marks(copies, ledger)
+
+
+def fold(
+    spark: SparkSession,
+    main: DataFrame,
+    prior: DataFrame,
+    config: Config,
+    table: Table,
+    job: FoldJob,
+    coupled: DataFrame | None,
+) -> tuple[list[Count], dict[str, int | None], list[bytes]]:
+    """The one Spark job of the row engine: every key's prior row and copies meet in its
+    partition, sorted, and each task folds its keys and writes their outputs
+    (``foldrun``); the keys coupled by a key change or a unique value are folded as one
+    group in a task of their own (``coupled``: :func:`coupled_keys`). Returns what the
+    tasks counted of their outputs (``facts.COUNTED_BY``, ``facts.EVENT_COUNTS``), the
+    rows of each output, and what each task told of its events (``facts.task_events``)."""
+    items = build_items(main, prior, config, table)
+    order = [F.col("is_event"), F.col("event_id"), *standing_order()]
+    if coupled is not None:
+        items = items.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
+        is_coupled = F.coalesce(F.col("coupled"), F.lit(False))
+        single = (
+            items.where(is_coupled)
+            .repartition(1)
+            .sortWithinPartitions(*order)
+            .select(*fold_input(table))
+            .mapInArrow(fold_function(job, single_group=True), TASK_COLUMNS)
+        )
+        items = items.where(~is_coupled)
+    n = int(spark.conf.get("spark.sql.shuffle.partitions") or "8")
+    keyed = (
+        items.repartition(n, "key")
+        .sortWithinPartitions(F.col("key"), *order)
+        .select(*fold_input(table))
+        .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
+    )
+    tasks = keyed if coupled is None else keyed.unionByName(single)
+    named = {o: kind for o, (kind, _) in COUNTED_BY.items()}
+    named |= {k: k for k in (*EVENT_COUNTS, SKEW)}
+    results = tasks.collect()
+    told: list[bytes] = [r["events"] for r in results if r["output"] == TASK_EVENTS]
+    rows: dict[str, int | None] = {}
+    for r in results:
+        if r["output"] not in (*EVENT_COUNTS, TASK_EVENTS):
+            rows[r["output"]] = (rows.get(r["output"]) or 0) + r["rows"]
+    counts = [
+        (named[r["output"]], r["a"], r["b"], r["c"], r["rows"])
+        for r in results
+        if r["output"] in named
+    ]
+    return counts, rows, told
+
+
+def _write_specials(
+    specials: Specials, job: FoldJob, written: dict[str, int | None]
+) -> list[Count]:
+    """The special copies' fates, quarantine and ledger rows (settled on the driver),
+    beside the tasks' (their rows added to ``written``); returns what the run report
+    counts of them."""
+    out, run = job.out, {"run_id": job.run_id, "table": job.table.name}
+
+    def write(kind: str, rows: list[dict[str, Any]] | pa.Table) -> None:
+        schema = job.schemas[kind]
+        arrow = to_arrow_schema(schema)
+        data = rows.cast(arrow) if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, arrow)
+        write_parquet(data, out / kind / "part-special.parquet", schema)
+        written[kind] = (written.get(kind) or 0) + data.num_rows
+
+    counts: list[Count] = [("replicas", r, f, None, 1) for _, r, f in specials.fates]
+    counts += [("quarantined", q[2], None, None, 1) for q in specials.quarantined]
+    if specials.fates:
+        rows = [
+            {"event_id": e, "replica": r, "fate": f, "chosen": False, "digest": None}
+            for e, r, f in specials.fates
+        ]
+        write("fates", rows)
+        pairs, events = tally(pa.Table.from_pylist(rows, to_arrow_schema(job.schemas["fates"])))
+        counts += events
+        if pairs.num_rows:
+            write(LEDGER, ledger_rows(pairs, job.run_id, job.table.name))
+    if specials.quarantined:
+        names = ("replica", "event_id", "reason", "detail", "event")
+        write(
+            "quarantine",
+            [{**run, **dict(zip(names, q, strict=True))} for q in specials.quarantined],
+        )
+    return counts
+
+
+def on_the_driver(keys: DataFrame | None) -> DataFrame | None:
+    """The coupled keys, computed once and brought to the driver (a broadcast join brings
+    them there anyway); None when no key is coupled, as on most nights."""
+    if keys is None:
+        return None
+    found = keys.collect()
+    if not found:
+        return None
+    # rows, not Arrow: a local relation, which a broadcast join needs no Spark job to read
+    return keys.sparkSession.createDataFrame(found, keys.schema)

@@ -1,0 +1,705 @@
+"""The Python side of the row engine: one Spark task folds the keys of its partition and
+writes the table's outputs itself (used with ``mapInArrow`` by ``pipeline.resolve.engine``).
+
+The input is a stream sorted by key: each key's prior state row first, then the typed
+copies of its events (``frames.copy_schema``) by event and by their order of preference
+(docs/rules.md#fine-points). Per key (a *group*; the keys coupled by a key change or a unique
+value come as one group):
+
+- a key no event touches keeps its state row: such rows pass through as Arrow columns,
+  without a Python object per row (most of a large table, most nights);
+- of an event's copies, the first stands for it; an event whose standing copy a guard
+  quarantines is quarantined whole; a copy of an event an earlier night resolved
+  (``seen``, from the ledger) and a replica's second copy of one event are duplicates;
+- the other events are folded in canonical order (the converged state, its conflict log,
+  every copy's fate; with the CDC log, every change a reader sees) and once per distinct
+  replica order (its perspective, docs/rules.md#convergence), reporting the keys where it
+  differs with a repair mutation.
+
+Each task writes one Parquet file per output (:data:`OUTPUTS`) into the table's folder of
+the run's work location, which the driver and the executors share, named after the task's
+partition (a retried task replaces its file); the Spark job returns what each task
+counts of its files (the run report's counts: no job reads the outputs to count them).
+Every copy of an event meets in one task (its key's), so the task also writes the
+ledger's rows of its events and counts them (``facts.tally``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.core import layout
+from pipeline.core.config import Table
+from pipeline.core.jsonvalues import dumps
+from pipeline.core.policy import ConflictType, Fate, Outcome, QuarantineReason
+from pipeline.ingest.copies import copy_record
+from pipeline.resolve.facts import COUNTED_BY, SKEW, skew_counts, tally, task_events
+from pipeline.resolve.groups import (
+    Groups,
+    find_groups,
+    lone_insert_outputs,
+    lone_inserts,
+    standing_rows,
+)
+from pipeline.resolve.skew import seen_later
+from pipeline.rules.rowfold import (
+    NO_POS,
+    Applied,
+    Change,
+    Conflict,
+    Event,
+    FoldSpec,
+    Key,
+    Version,
+    canonical,
+    divergent_keys,
+    fold_converged,
+    fold_perspective,
+    read_groups,
+    reader_view,
+    replica_order,
+    write_groups,
+)
+from pipeline.spark.frames import LEDGER_COLUMNS, SKEW_FIELDS
+from pipeline.spark.schema import GROUPS
+from pipeline.storage.outputs import SPARK_SCHEMA_KEY
+from pipeline.storage.workpath import WorkPath, write_table
+
+#: the outputs a fold task writes, each in a folder of that name
+OUTPUTS = (
+    "state_pre",
+    "fates",
+    "conflicts",
+    "quarantine",
+    "divergence",
+    "skew",
+    "changes",
+    layout.LEDGER,
+    layout.SNAPSHOT,
+)
+_UPDATE_MISSING = QuarantineReason.UPDATE_MISSING.value
+_ROWS = 8192  # rows of an output buffered before they go to its file
+
+
+@dataclass(frozen=True)
+class FoldJob:
+    """What every task of one table's fold needs (it goes to the tasks)."""
+
+    spec: FoldSpec
+    replicas: tuple[str, ...]  # config order: the perspectives'
+    truncates: tuple[Event, ...]  # the run's TRUNCATEs: they touch every key
+    dt: date
+    run_id: str
+    out: WorkPath  # the table's folder in the run's work location
+    trace: bool = False  # record the changes (the CDC log's input)
+    #: docs/operations.md#a-quarantine-that-heals: quarantine an UPDATE skipped for want of
+    #: its row too
+    retry_update_missing: bool = False
+    schemas: Mapping[str, Any] = field(default_factory=dict)  # output -> Spark StructType
+
+    @property
+    def table(self) -> Table:
+        return self.spec.table
+
+
+def event_from_row(
+    r: dict[str, Any], key_cols: tuple[str, ...], columns: tuple[str, ...], seqs: dict[str, int]
+) -> Event:
+    after, before = r["after"] or {}, r["before"] or {}
+    nk = r["new_key"]
+    return Event(
+        event_id=r["event_id"],
+        op=r["op"],
+        key=tuple(r["key"][c] for c in key_cols) if r["key"] is not None else None,
+        ts=r["ts"],
+        origin=r["origin"],
+        rank=r["rank"],
+        new_key=tuple(nk[c] for c in key_cols) if nk is not None else None,
+        after={
+            c: after[c] for c, given in zip(columns, r["after_has"] or (), strict=False) if given
+        },
+        before={
+            c: before[c] for c, given in zip(columns, r["before_has"] or (), strict=False) if given
+        },
+        extra_cols=tuple(r["extra_cols"] or ()),
+        txid=r["txid"],
+        rejected=bool(r["rejected"]),
+        seqs=seqs,
+        pos=NO_POS if r["pos"] is None else r["pos"],
+    )
+
+
+def version_from_row(
+    r: dict[str, Any], key_cols: tuple[str, ...], order_by: str | None = None
+) -> tuple[Key, Version]:
+    """A state row as a version: a tombstone keeps its key and its order value (order_by)."""
+    row = r["row"]
+    key = tuple(row[c] for c in key_cols)
+    deleted = bool(r["s_deleted"])
+    kept = (*key_cols, order_by) if order_by is not None else key_cols
+    values = {c: row[c] for c in kept} if deleted else dict(row)
+    groups = r.get("s_groups")
+    return key, Version(
+        values,
+        r["s_ts"],
+        r["s_origin"],
+        r["event_id"],
+        r["s_rank"],
+        deleted,
+        r["s_deleted_at"],
+        groups=read_groups(groups) if groups else None,
+    )
+
+
+Out = tuple[str, dict[str, Any]]  # an output's name and one of its rows
+
+
+class GroupFolder:
+    """Folds one group at a time and renders its output rows."""
+
+    def __init__(self, job: FoldJob):
+        self.job = job
+        self.spec = job.spec
+        self.table = job.table
+        self.key_cols = self.table.key
+        self.columns = self.table.column_names
+        self.run = {"run_id": job.run_id, "table": self.table.name}
+
+    def key_json(self, key: Key) -> str:
+        return dumps(dict(zip(self.key_cols, key, strict=True)))
+
+    def fold(self, rows: list[dict[str, Any]]) -> Iterator[Out]:
+        """Fold one group: its state rows and every copy of its events."""
+        state: dict[Key, Version] = {}
+        copies: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            if r["is_event"]:
+                copies.setdefault(r["event_id"], []).append(r)
+            else:
+                k, v = version_from_row(r, self.key_cols, self.job.table.order_by)
+                state[k] = v
+        yield from self._skew(copies)
+        events: list[Event] = []
+        for eid, group in copies.items():
+            chosen = group[0]  # the stream's order: the copy that stands for the event
+            if chosen["seen"]:
+                yield from self._fates(eid, [(c, Fate.DUPLICATE) for c in group], chosen=False)
+                continue
+            if chosen["reason"] is not None:
+                yield from self._quarantined(eid, group)
+                continue
+            seqs = {c["replica"]: c["seq"] for c in group}
+            events.append(event_from_row(chosen, self.key_cols, self.columns, seqs))
+        events += self.job.truncates
+        result = fold_converged(self.spec, state, events, trace=self.job.trace)
+        for k, v in result.state.items():
+            yield "state_pre", self._state_row(k, v)
+        for a in result.applied:
+            for i, c in enumerate(a.conflicts):
+                yield "conflicts", self._conflict_row(c, i)
+            for i, ch in enumerate(a.changes):
+                yield "changes", self._change_row(a.event, ch, i)
+        outcome = {a.event.event_id: a for a in result.applied}
+        yield from self._event_fates(events, copies, outcome)
+        if result.stopped is not None:
+            return  # docs/rules.md#fine-points: after an error, divergence is not checked
+        quarantined = {a.event.event_id for a in result.applied if a.quarantined is not None}
+        kept = [e for e in events if e.event_id not in quarantined]
+        yield from self._divergence(state, kept, result.state)
+
+    def _skew(self, copies: Mapping[str, list[dict[str, Any]]]) -> Iterator[Out]:
+        """clock skew: the clock-skew evidence of the group, when an event of it may have seen
+        another's version (an UPDATE or DELETE with a before-image, beside another event)."""
+        if len(copies) < 2 or not any(
+            g[0]["op"] in ("UPDATE", "DELETE") and g[0]["before_has"] is not None
+            for g in copies.values()
+        ):
+            return
+        views = ((c["replica"], c["seq"], g[0]) for g in copies.values() for c in g)
+        for evidence in seen_later(views, self.columns):
+            yield "skew", dict(zip(SKEW_FIELDS, evidence, strict=True))
+
+    def _event_fates(
+        self,
+        events: list[Event],
+        copies: Mapping[str, list[dict[str, Any]]],
+        outcome: Mapping[str, Applied],
+    ) -> Iterator[Out]:
+        """The fate of every copy of the folded events (the fold may quarantine one)."""
+        for e in events:
+            if e.op == "TRUNCATE":
+                continue  # its fates are the driver's (``shuffle.special_copies``)
+            got = outcome.get(e.event_id)
+            if got is not None and got.quarantined is not None:
+                yield from self._quarantined(e.event_id, copies[e.event_id], got)
+                continue
+            if got is not None and self._waits_for_its_row(got):
+                why = (_UPDATE_MISSING, "the row it updates is absent: offered to the next runs")
+                yield from self._quarantined(e.event_id, copies[e.event_id], got, why)
+                continue
+            if got is None:
+                fate = Fate.NOT_REACHED
+            else:
+                fate = (
+                    Fate.APPLIED if got.applied else Fate.ERRORED if got.errored else Fate.DISCARDED
+                )
+            yield from self._fates(e.event_id, [(c, fate) for c in copies[e.event_id]])
+
+    def _fates(
+        self, eid: str, fates: list[tuple[dict[str, Any], Fate]], chosen: bool = True
+    ) -> Iterator[Out]:
+        """One fate per copy; a replica's second copy of the event is a duplicate. The
+        standing copy is marked ``chosen``: an event chosen under two keys is a dispute."""
+        seen: set[str] = set()
+        for i, (c, fate) in enumerate(fates):
+            again = c["replica"] in seen
+            seen.add(c["replica"])
+            yield (
+                "fates",
+                {
+                    "event_id": eid,
+                    "replica": c["replica"],
+                    "fate": (Fate.DUPLICATE if again else fate).value,
+                    "chosen": chosen and i == 0,
+                    "digest": c["digest"],
+                    "differs": c["differs"],
+                },
+            )
+
+    def _waits_for_its_row(self, got: Applied) -> bool:
+        """docs/operations.md#a-quarantine-that-heals: with ``retry.update_missing``, an
+        UPDATE that ``skip`` or
+        ``apply_or_skip`` dropped because its row is absent is quarantined too, to be
+        offered again (its conflict row stays; it took part in the perspectives)."""
+        return (
+            self.job.retry_update_missing
+            and not got.applied
+            and not got.errored
+            and any(
+                c.type is ConflictType.UPDATE_MISSING and c.outcome is Outcome.SKIPPED
+                for c in got.conflicts
+            )
+        )
+
+    def _quarantined(
+        self,
+        eid: str,
+        group: list[dict[str, Any]],
+        fold: Applied | None = None,
+        why: tuple[str, str] | None = None,
+    ) -> Iterator[Out]:
+        """The event quarantined whole: by its standing copy's guard (its record as
+        exported), or by the fold (``fold``: a delta overflow, or ``why``'s reason and
+        detail; the event as it was read, with the file and line of its standing copy)."""
+        c = group[0]
+        reason, detail, event = c["reason"], c["detail"], c["raw"]
+        if fold is not None:
+            reason, detail = why or (
+                QuarantineReason.DELTA_OVERFLOW.value,
+                f"{c['file']} line {c['line']}: {fold.quarantined}",
+            )
+            event = dumps(copy_record(c, self.columns))
+        yield (
+            "quarantine",
+            {
+                **self.run,
+                "replica": c["replica"],
+                "event_id": eid,
+                "reason": reason,
+                "detail": detail,
+                "event": event,
+            },
+        )
+        yield from self._fates(eid, [(x, Fate.QUARANTINED) for x in group])
+
+    def _divergence(
+        self, state: dict[Key, Version], events: list[Event], converged: dict[Key, Version]
+    ) -> Iterator[Out]:
+        """docs/rules.md#convergence: a replica that applied the events in the canonical
+        order (or in the same
+        order as another replica) reaches the same state: each distinct order is folded
+        once; a single event has one order."""
+        if len(events) < 2:
+            return
+        seen: dict[tuple[str, ...], dict[Key, Version]] = {
+            tuple(e.event_id for e in canonical(events)): converged
+        }
+        for rep in self.job.replicas:
+            order = replica_order(events, rep)
+            ids = tuple(e.event_id for e in order)
+            if ids not in seen:
+                seen[ids] = fold_perspective(self.spec, state, order, rep, ordered=True)
+            mine = seen[ids]
+            for k in divergent_keys(converged, mine):
+                yield "divergence", self._divergence_row(rep, k, mine.get(k), converged.get(k))
+
+    def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
+        row = {c: v.values.get(c) for c in self.columns}
+        row.update(
+            _ts=v.ts,
+            _origin=v.origin,
+            _event_id=v.event_id,
+            _deleted=v.deleted,
+            _deleted_at=v.deleted_at,
+        )
+        if self.table.column_groups:
+            row[GROUPS] = write_groups(v.groups) if v.groups else None
+        return row
+
+    def _change_row(self, e: Event, ch: Change, idx: int) -> dict[str, Any]:
+        key = dict(zip(self.key_cols, ch.key, strict=True))
+
+        def row(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
+            return None if values is None else {**values, **key}
+
+        return {
+            "event_id": e.event_id,
+            "ts": e.ts,
+            "rank": e.rank,
+            "pos": e.pos,
+            "idx": idx,
+            "kind": ch.kind.value,
+            "key": key,
+            "values": row(ch.values) if ch.kind.value in ("insert", "update") else None,
+            "cols": list(ch.cols),
+            "ttl": None,
+            "expiry": None,
+            "pre": row(ch.pre),
+            "post": row(ch.post),
+        }
+
+    def _remote_row(self, e: Event) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": e.op}
+        if e.key is not None:
+            out["key"] = dict(zip(self.key_cols, e.key, strict=True))
+        if e.new_key is not None:
+            out["new_key"] = dict(zip(self.key_cols, e.new_key, strict=True))
+        if e.after:
+            out["after"] = dict(e.after)
+        if e.before:
+            out["before"] = dict(e.before)
+        return out
+
+    def _local_row(self, v: Version) -> dict[str, Any]:
+        return {**v.values, "_deleted": True} if v.deleted else dict(v.values)
+
+    def _conflict_row(self, c: Conflict, idx: int) -> dict[str, Any]:
+        first = c.local[0] if c.local else None
+        local: Any = None
+        if len(c.local) == 1:
+            local = dumps(self._local_row(c.local[0]))
+        elif c.local:
+            local = dumps([self._local_row(v) for v in c.local])
+        e = c.event
+        return {
+            **self.run,
+            "key": self.key_json(c.key),
+            "conflict_type": c.type.value,
+            "resolver": c.resolver.value,
+            "outcome": c.outcome.value,
+            "local_ts": first.ts if first else None,
+            "local_origin": first.origin if first else None,
+            "local_row": local,
+            "remote_event_id": e.event_id,
+            "remote_ts": e.ts,
+            "remote_origin": e.origin,
+            "remote_row": dumps(self._remote_row(e)),
+            "reason": c.reason,
+            "pos_rank": e.rank,
+            "pos_tx": e.pos,
+            "pos_idx": idx,
+        }
+
+    def _divergence_row(
+        self, replica: str, k: Key, mine: Version | None, conv: Version | None
+    ) -> dict[str, Any]:
+        rv, cv = reader_view(mine), reader_view(conv)
+        return {
+            **self.run,
+            "source": "perspective",
+            "replica": replica,
+            "key": self.key_json(k),
+            "replica_row": dumps(rv) if rv is not None else None,
+            "converged_row": dumps(cv) if cv is not None else None,
+            "repair": dumps(
+                repair_record(self.table, replica, k, rv, conv, self.job.dt, self.spec.now_us)
+            ),
+        }
+
+
+def repair_record(
+    table: Table,
+    replica: str,
+    k: Key,
+    rv: dict[str, Any] | None,
+    conv: Version | None,
+    dt: date,
+    now_us: int,
+) -> dict[str, Any]:
+    """A canonical event record that brings ``replica``'s row (``rv``, what a reader sees
+    there) to the converged version ``conv``; its event id is stable for a date."""
+    key = dict(zip(table.key, k, strict=True))
+    cv = reader_view(conv)
+    digest = hashlib.sha256(f"{replica}|{dumps(key)}".encode()).hexdigest()[:16]
+    rec: dict[str, Any] = {"key": key}
+    if cv is not None and rv is None:
+        rec |= {"op": "INSERT", "after": dict(cv)}
+    elif cv is not None and rv is not None:
+        changed = [c for c in table.column_names if cv.get(c) != rv.get(c)]
+        rec |= {
+            "op": "UPDATE",
+            "after": {c: cv[c] for c in changed},
+            "before": {c: rv.get(c) for c in changed},
+        }
+    else:
+        rec |= {"op": "DELETE"}
+    col = table.order_by
+    if col is not None:  # order_by: the record carries its order value (absent: the replica's)
+        image = "before" if rec["op"] == "DELETE" else "after"
+        source = conv.values if conv is not None else (rv or {})
+        rec[image] = {**rec.get(image, {}), col: source.get(col)}
+    rec |= {
+        "ts": conv.ts if conv is not None else now_us,
+        "origin": conv.origin if conv is not None and conv.origin else replica,
+        "event_id": f"repair-{dt.isoformat()}-{replica}-{digest}",
+        "seq": 0,
+    }
+    return rec
+
+
+# ---------------------------------------------------------------------- the task's files
+
+
+def arrow_schemas(job: FoldJob) -> dict[str, pa.Schema]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return {k: to_arrow_schema(s, timezone="UTC") for k, s in job.schemas.items()}
+
+
+def write_parquet(table: pa.Table, path: WorkPath, spark_schema: Any) -> None:
+    """``table`` as one Parquet file at ``path``, written whole (``workpath.write_table``),
+    with the Spark schema in its footer as Spark writes it (``spark.read_output`` then
+    needs no Spark job to read it)."""
+    meta = {SPARK_SCHEMA_KEY: spark_schema.json().encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    write_table(table, path, compression="zstd")
+
+
+class TaskOutputs:
+    """The rows a task gives each output, written to one file per output at the end."""
+
+    def __init__(self, job: FoldJob, name: str):
+        self.job, self.name = job, name
+        self.arrow = arrow_schemas(job)
+        self.rows: dict[str, list[dict[str, Any]]] = {k: [] for k in self.arrow}
+        self.tables: dict[str, list[pa.Table]] = {k: [] for k in self.arrow}
+
+    def add(self, kind: str, row: dict[str, Any]) -> None:
+        rows = self.rows[kind]
+        rows.append(row)
+        if len(rows) >= _ROWS and kind != "conflicts":  # the log is sorted whole at the end
+            self._batch(kind)
+
+    def add_table(self, kind: str, table: pa.Table) -> None:
+        self._batch(kind)
+        self.tables[kind].append(table)
+
+    def _batch(self, kind: str) -> None:
+        rows = self.rows[kind]
+        if kind == "conflicts":  # in canonical order (the event's, then its conflicts')
+            rows.sort(key=_position)
+        if rows:
+            self.tables[kind].append(pa.Table.from_pylist(rows, schema=self.arrow[kind]))
+            self.rows[kind] = []
+
+    def close(self) -> list[dict[str, Any]]:
+        """Writes the files, the ledger's made from the fates; returns what the run
+        report counts of them and of their events (the task's rows of
+        :data:`TASK_RESULT`)."""
+        self._batch("fates")
+        fates = self.arrow["fates"].empty_table()
+        if self.tables["fates"]:
+            fates = pa.concat_tables(self.tables["fates"])
+        ledger, events = tally(fates)
+        if ledger.num_rows:
+            rows = ledger_rows(ledger, self.job.run_id, self.job.table.name)
+            self.tables[layout.LEDGER] = [rows.cast(self.arrow[layout.LEDGER])]
+        counts = [
+            {"task": self.name, "output": kind, "a": a, "b": b, "c": c, "rows": n}
+            for kind, a, b, c, n in events
+        ]
+        told = task_events(fates)
+        counts.append({"task": self.name, "output": TASK_EVENTS, "events": told, "rows": 0})
+        self._batch("state_pre")
+        if self.tables["state_pre"]:  # the snapshot: the live rows of the task's state
+            state = pa.concat_tables(self.tables["state_pre"])
+            live = state.filter(pc.invert(state["_deleted"]))
+            self.tables[layout.SNAPSHOT] = [live.select(self.arrow[layout.SNAPSHOT].names)]
+        for kind in self.arrow:
+            self._batch(kind)
+            if self.tables[kind]:
+                whole = pa.concat_tables(self.tables[kind])
+                path = self.job.out / kind / f"part-{self.name}.parquet"
+                write_parquet(whole, path, self.job.schemas[kind])
+                counts += [{"task": self.name, **c} for c in _counted(kind, whole)]
+        return counts
+
+
+def ledger_rows(pairs: pa.Table, run_id: str, table: str) -> pa.Table:
+    """The ledger's rows (``frames.LEDGER_COLUMNS``) of (event, fate, digest) triples."""
+    n = pairs.num_rows
+    run = [pa.array([run_id] * n, pa.string()), pa.array([table] * n, pa.string())]
+    return pa.Table.from_arrays(
+        [*run, pairs["event_id"], pairs["fate"], pairs["digest"]], names=list(LEDGER_COLUMNS)
+    )
+
+
+def _counted(output: str, rows: pa.Table) -> list[dict[str, Any]]:
+    """An output's rows counted as the run report counts them (``facts.COUNTED_BY``, the
+    clock-skew evidence by ``facts.skew_counts``)."""
+    if output == SKEW:
+        return [{"output": output, **c} for c in skew_counts(rows)]
+    by = list(COUNTED_BY[output][1]) if output in COUNTED_BY else []
+    if not by:
+        return [{"output": output, "rows": rows.num_rows}]
+    grouped = rows.group_by(by).aggregate([([], "count_all")]).to_pylist()
+    names = dict(zip(by, "abc", strict=False))
+    return [
+        {"output": output, **{names[c]: g[c] for c in by}, "rows": g["count_all"]} for g in grouped
+    ]
+
+
+def _position(r: dict[str, Any]) -> tuple[int, int, int, str, int]:
+    return (r["remote_ts"], r["pos_rank"], r["pos_tx"], r["remote_event_id"], r["pos_idx"])
+
+
+def _passed_through(batch: pa.Table, job: FoldJob) -> pa.Table:
+    """The state rows of keys no event touches, as state rows: Arrow columns, no Python
+    object per row."""
+    row = batch.column("row")
+    cols = {c: pc.struct_field(row, c) for c in job.table.column_names}
+    cols |= {
+        "_ts": batch.column("s_ts"),
+        "_origin": batch.column("s_origin"),
+        "_event_id": batch.column("event_id"),
+        "_deleted": batch.column("s_deleted"),
+        "_deleted_at": batch.column("s_deleted_at"),
+    }
+    if job.table.column_groups:
+        cols[GROUPS] = batch.column("s_groups")
+    schema = arrow_schemas(job)["state_pre"]
+    return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def fold_function(
+    job: FoldJob, single_group: bool
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function for ``mapInArrow``: rows arrive sorted by key (``single_group``: the
+    whole partition is one group, the coupled keys); a key's rows may span batches. Writes
+    the partition's outputs and returns one row: the task's name and its rows per
+    output."""
+    prefix = "c" if single_group else "k"
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        name = f"{prefix}-{ctx.partitionId() if ctx else 0:05d}"
+        out = TaskOutputs(job, name)
+        stream = _Stream(job, out)
+        if single_group:
+            rows = [r for b in batches for r in b.to_pylist()]
+            if rows:
+                stream.fold_python([rows])
+        else:
+            carry: pa.Table | None = None
+            for batch in batches:
+                t = pa.Table.from_batches([batch])
+                t = (t if carry is None else pa.concat_tables([carry, t])).combine_chunks()
+                cut = int(find_groups(_key(t)).starts[-2])  # the last key may go on
+                if cut:
+                    stream.stretch(t.slice(0, cut))
+                carry = t.slice(cut)
+            if carry is not None and carry.num_rows:
+                stream.stretch(carry)
+        yield pa.RecordBatch.from_pylist(out.close(), schema=TASK_RESULT)
+
+    return run
+
+
+def _key(t: pa.Table) -> pa.StructArray:
+    return t.column("key").combine_chunks()
+
+
+#: what the Python fold reads of a copy that does not stand for its event
+_LIGHT = ("is_event", "event_id", "replica", "seq", "digest", "differs")
+
+
+class _Stream:
+    """A task's stretches of whole key groups, each group to the path it needs
+    (``pipeline.resolve.groups``): a quiet state row passes through, a lone insert is written as
+    Arrow columns, the rest is folded in Python."""
+
+    def __init__(self, job: FoldJob, out: TaskOutputs):
+        self.job, self.out = job, out
+        self.folder = GroupFolder(job)
+
+    def stretch(self, t: pa.Table) -> None:
+        groups = find_groups(_key(t))
+        n_groups = len(groups.starts) - 1
+        quiet = np.zeros(n_groups, dtype=bool)
+        lone = np.zeros(n_groups, dtype=bool)
+        if not self.job.truncates:  # a TRUNCATE touches every key
+            quiet = ~groups.any(np.asarray(t.column("is_event")) == 1)
+            lone = lone_inserts(t, groups, self.job.table) & ~quiet
+        if quiet.any():
+            self.out.add_table("state_pre", _passed_through(t.filter(groups.rows(quiet)), self.job))
+        if lone.any():
+            rows = t.filter(groups.rows(lone))
+            outputs = lone_insert_outputs(rows, groups.select(lone), self.job.table, self.out.arrow)
+            for kind, table in outputs.items():
+                self.out.add_table(kind, table)
+        rest = ~(quiet | lone)
+        if rest.any():
+            self.fold_python(_python_groups(t.filter(groups.rows(rest)), groups.select(rest)))
+
+    def fold_python(self, groups: Iterable[list[dict[str, Any]]]) -> None:
+        for rows in groups:
+            for kind, row in self.folder.fold(rows):
+                self.out.add(kind, row)
+
+
+def _python_groups(t: pa.Table, groups: Groups) -> Iterator[list[dict[str, Any]]]:
+    """The groups of ``t`` as rows for :meth:`GroupFolder.fold`: a state row and the copy
+    that stands for each event with every field, the other copies with what the fold
+    reads of them (:data:`_LIGHT`)."""
+    standing = standing_rows(t, groups)
+    full = iter(t.filter(pa.array(standing)).to_pylist())
+    light = t.select(list(_LIGHT)).to_pylist()
+    rows = [next(full) if s else r for s, r in zip(standing.tolist(), light, strict=True)]
+    starts = groups.starts.tolist()
+    for a, b in itertools.pairwise(starts):
+        yield rows[a:b]
+
+
+#: what each fold task returns: its rows per output, and per the values the run report
+#: counts them by (``facts.COUNTED_BY``: up to three, ``a`` to ``c``); and one row
+#: (``output`` :data:`TASK_EVENTS`) telling its events (``facts.task_events``)
+TASK_RESULT = pa.schema(
+    [(c, pa.string()) for c in ("task", "output", "a", "b", "c")]
+    + [("rows", pa.int64()), ("events", pa.binary())]
+)
+TASK_COLUMNS = (
+    "task string, output string, a string, b string, c string, rows bigint, events binary"
+)
+#: the ``output`` of the row of a task's :data:`TASK_RESULT` that tells its events
+TASK_EVENTS = "_events"

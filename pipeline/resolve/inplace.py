@@ -1,0 +1,213 @@
+"""A night that costs the night (docs/outputs.md#a-night-costs-the-night): a run
+whose prior is the newest published date reads only the prior rows its events touch,
+folds only them, and MERGEs the resulting rows into ``state``, ``snapshot`` and (history)
+``history`` in place (deletion vectors: no data file that holds none of them is
+rewritten).
+
+Three steps, one per stage:
+
+- **ingest** (:func:`plan`) decides whether the table can be merged in place: a table
+  whose prior is the newest published date, with its tables (the history too, once the
+  prior run published one) still at the versions that date's ``runs`` row names (or
+  at later ones whose commits change no data: Delta's ``OPTIMIZE``) and the state's
+  columns unchanged. Anything else (a rerun of the newest date, a backfill, a
+  table whose latest versions another run moved) takes the whole-table path, which is
+  exact for every case: it starts from the pinned version and replaces the table in one
+  commit.
+- **resolve** (:func:`narrow`) keeps the prior rows the fold needs: the keys the night's
+  events name (a key change's new key included), the live rows holding a unique value
+  an event writes, and the tombstones whose GC is due (purged: deleted from ``state``);
+  in a cell table, the rows whose TTL expires since the prior run's clock
+  (``cells.state.due``) and the table tombstone.
+  Their keys are written as ``touched``; their counts go into the record
+  (:class:`InPlace`), which carries the table's row counts: the prior's, minus the
+  touched rows, plus the fold's output.
+- **publish** (``pipeline.publish.commit``) merges each output by key (:func:`merge_source`):
+  the fold's rows replace or add theirs, a touched key the output no longer holds is
+  deleted (the history's versions are merged by key, date and number, none deleted).
+  Before, the table must still be at the version ingest found; after, the committed
+  version's row count (Delta's, deletion vectors applied) must be the carried count and
+  the rows of the files it added the output's (count and checksum), else the version
+  before is restored.
+
+A TRUNCATE in the night, or a replica's full-copy export, costs the table by nature: the
+resolve then writes no record, and the table takes the whole-table path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from pipeline.core import layout
+from pipeline.core.config import Table
+from pipeline.ingest.inplace import _LIVE, TOUCHED, InPlace, _touched, by_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from pipeline.storage.workpath import WorkPath
+
+log = logging.getLogger(__name__)
+
+
+#: the marks :func:`narrow` joins with (never a column name of a table: ``__cdr_``)
+_KEY, _MARK, _VALUE = "__cdr_key", "__cdr_mark", "__cdr_value"
+
+
+def narrow(
+    prior: DataFrame,
+    events: DataFrame,
+    table: Table,
+    due: Column,
+    out: WorkPath,
+    record: InPlace,
+) -> DataFrame:
+    """The prior rows the night's fold needs (the module's docstring), persisted, their
+    keys written to ``out/touched``, their counts saved in the record there.
+    ``events``: the typed copies (``frames.copy_schema``); ``due``: whether a prior row
+    changes tonight though no event touches it (a tombstone purged, a TTL expired). Each
+    set of marks is broadcast: the night's keys and values, not the table's; the prior
+    is scanned once, not shuffled."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from pipeline.resolve.shuffle import key_struct
+    from pipeline.storage.outputs import write_output
+
+    keys = events.select(
+        F.explode(F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias(_KEY)
+    ).distinct()
+    df = prior.withColumn(_KEY, key_struct(table))
+    df = df.join(F.broadcast(keys.withColumn(f"{_MARK}0", F.lit(True))), _KEY, "left")
+    needed = F.col(f"{_MARK}0").isNotNull() | due
+    names = table.column_names
+    writes = events.where(F.col("op").isin("INSERT", "UPDATE"))
+    for i, c in enumerate(sorted({c for u in table.unique for c in u}), 1):
+        mark = f"{_MARK}{i}"
+        written = F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}"))
+        values = writes.select(written.alias(_VALUE)).where(F.col(_VALUE).isNotNull()).distinct()
+        marks = F.broadcast(values.withColumn(mark, F.lit(True)))
+        df = df.join(marks, df[c] == marks[_VALUE], "left").drop(_VALUE)
+        needed = needed | (~F.col("_deleted") & F.col(mark).isNotNull())
+    narrowed = df.where(needed).select(*prior.columns).persist(StorageLevel.MEMORY_AND_DISK)
+    seen = Observation()  # counted as the keys are written (the one job that reads them)
+    counted = narrowed.observe(
+        seen, F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
+    )
+    write_output(counted.select(*table.key, (~F.col("_deleted")).alias(_LIVE)), out / TOUCHED)
+    got = seen.get
+    record = replace(record, touched_rows=int(got["rows"]), touched_live=int(got["live"]))
+    record.save(out)
+    log.info(
+        "resolve %s: %d prior row(s) of %d touched, merged in place",
+        table.name,
+        record.touched_rows,
+        record.prior_rows,
+    )
+    return narrowed
+
+
+def narrowed(
+    prior: DataFrame,
+    events: DataFrame,
+    truncates: Sequence[object],
+    table: Table,
+    due: Column,
+    out: WorkPath,
+    record: InPlace | None,
+) -> DataFrame:
+    """The prior rows a table's fold reads: those :func:`narrow` keeps for ``events``
+    when the table is merged in place (``record``), else all of them. A TRUNCATE in the
+    night (``truncates``) costs the whole table: it is then replaced, not merged."""
+    if record is None:
+        return prior
+    if truncates:
+        log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
+        return prior
+    return narrow(prior, events, table, due, out, record)
+
+
+def _overlay(published: DataFrame, rows: DataFrame, out: WorkPath, table: Table) -> DataFrame:
+    """The table after the merge: the published rows of the keys not touched, and the
+    run's ``rows`` (those of the touched keys)."""
+    touched = _touched(rows.sparkSession, out)
+    untouched = by_key(published, touched, table.key, "left_anti")
+    return untouched.unionByName(rows.select(*published.columns))
+
+
+def whole_state(
+    spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
+) -> DataFrame | None:
+    """The whole state the merge will make of the fold's rows (None: not merged in
+    place): for the checks that need every row (the foreign keys)."""
+    from pipeline.publish.targets import STATE_PRE
+    from pipeline.resolve.state import read_prior
+    from pipeline.spark.schema import state_schema
+    from pipeline.storage.outputs import read_known
+
+    if InPlace.load(out) is None:
+        return None
+    prior = read_prior(spark, staged_table, table, check=False)
+    return _overlay(prior, read_known(spark, out / STATE_PRE, state_schema(table)), out, table)
+
+
+def whole_snapshot(
+    spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
+) -> DataFrame | None:
+    """The whole snapshot the merge will make of the run's snapshot rows (None: not
+    merged in place), from the version of ``snapshot`` ingest planned from."""
+    from pipeline.ingest.prior import PRIOR_PIN
+    from pipeline.spark.schema import snapshot_columns
+    from pipeline.storage.lake import Pin
+    from pipeline.storage.outputs import read_output
+
+    record, pin = InPlace.load(out), Pin.load(staged_table / PRIOR_PIN)
+    if record is None or pin is None:
+        return None
+    path = layout.table_path(table.name, layout.SNAPSHOT)
+    uri = pin.uri.removesuffix(layout.table_path(table.name, layout.STATE)) + path
+    published = spark.read.format("delta").option("versionAsOf", record.versions[path]).load(uri)
+    published = published.select(*snapshot_columns(table))
+    return _overlay(published, read_output(spark, out / layout.SNAPSHOT), out, table)
+
+
+def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
+    """Live published rows the run removes though its fold did not read them (orphans
+    the foreign-key step quarantined): their keys added to ``touched`` (the merge deletes
+    them), counted in the record."""
+    from pyspark.sql import functions as F
+
+    from pipeline.storage.outputs import write_output
+
+    record = InPlace.load(out)
+    assert record is not None
+    new = keys.select(*table.key).distinct()
+    new = by_key(new, _touched(keys.sparkSession, out), table.key, "left_anti")
+    n = write_output(new.select("*", F.lit(True).alias(_LIVE)), out / TOUCHED, mode="append")
+    more = replace(
+        record, touched_rows=record.touched_rows + n, touched_live=record.touched_live + n
+    )
+    more.save(out)
+
+
+def history_keys(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
+    """The keys whose history a night merged in place rewrites (history): those the fold read
+    and those its final state holds (new keys included)."""
+    from pipeline.publish.targets import final_state
+    from pipeline.spark.schema import state_schema
+    from pipeline.storage.outputs import read_known
+
+    final = read_known(spark, final_state(out), state_schema(table)).select(*table.key)
+    return final.unionByName(_touched(spark, out).select(*table.key)).distinct()
+
+
+def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
+    """``prior`` cut to the keys :func:`narrow` recorded in ``out`` (the whole of it for a
+    table not merged in place): what the fold read, for the checks that replay it."""
+    if InPlace.load(out) is None:
+        return prior
+    return by_key(prior, _touched(prior.sparkSession, out), table.key, "left_semi")

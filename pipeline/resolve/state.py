@@ -1,0 +1,165 @@
+"""The state a run starts from: the previous date's published state, else the base snapshot,
+else nothing (docs/rules.md#terms, docs/rules.md#fine-points; ``base/`` in docs/outputs.md).
+
+Base rows carry the table's columns and optionally ``_ts`` (µs) and ``_origin``; a row
+without them has ``ts = 0`` and no origin (a frozen row: no origin conflict is raised
+against it). A base row that does not fit the schema stops the run, naming the file and
+line: the base is the operator's input, not replicated data.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from pipeline.core.config import Table
+from pipeline.core.errors import ExportError
+from pipeline.ingest.exports import RAW_SCHEMA
+from pipeline.spark.schema import state_schema, typed
+from pipeline.storage.workpath import WorkPath
+
+if TYPE_CHECKING:
+    from pipeline.storage.lake import Pin
+
+#: the staged lines of a row export (``exports.RAW_SCHEMA``): read with it, not inferred (a
+#: Spark job per read)
+RAW_RECORD = from_arrow_schema(RAW_SCHEMA)
+TEXT_MAP = T.MapType(T.StringType(), T.StringType())
+
+
+def read_staged(spark: SparkSession, files: list[str]) -> DataFrame:
+    """Lines as ``exports.stage_jsonl`` staged them (``replica, file, line, raw``)."""
+    return spark.read.schema(RAW_RECORD).parquet(*files)
+
+
+def empty_state(spark: SparkSession, table: Table) -> DataFrame:
+    from pipeline.spark.session import local_frame
+
+    return local_frame(spark, [], state_schema(table))
+
+
+def read_prior(
+    spark: SparkSession, staged_table: WorkPath, table: Table, check: bool = True
+) -> DataFrame:
+    """The state the run starts from: the published state ingest pinned (read by the
+    executors through Delta), a staged state of the earlier layout, or a base snapshot.
+    ``check=False``: what this run's resolve already checked (the pinned state's row
+    count, a base snapshot's rows) is not checked again (a Spark job spared)."""
+    from pipeline.ingest.prior import PRIOR_PIN
+    from pipeline.storage.lake import Pin
+
+    pin = Pin.load(staged_table / PRIOR_PIN)
+    if pin is not None:
+        return _pinned_state(spark, pin, table, check)
+    prior = staged_table / "prior"
+    if prior.parquet_files():  # the earlier layout's, staged
+        return spark.read.schema(state_schema(table)).parquet(str(prior))
+    base = staged_table / "base"
+    if base.is_dir():
+        return read_base(spark, base, table, check=check)
+    return empty_state(spark, table)
+
+
+def _pinned_state(spark: SparkSession, pin: Pin, table: Table, check: bool) -> DataFrame:
+    """The pinned state partition in the state's schema (a column the config added since
+    reads as null); ``check``: its row count is the one its ``runs`` row recorded."""
+    from pipeline.core.errors import PriorStateError
+    from pipeline.storage.lake import read_pinned
+
+    df = read_pinned(spark, pin)
+    schema = state_schema(table)
+    cols = [
+        (F.col(f"`{f.name}`") if f.name in df.columns else F.lit(None))
+        .cast(f.dataType)
+        .alias(f.name)
+        for f in schema.fields
+    ]
+    state = df.select(*cols)
+    if check and pin.rows >= 0:
+        found = state.count()
+        if found != pin.rows:
+            raise PriorStateError(f"{pin.what}: Delta reads {found} rows, the runs row {pin.rows}")
+    return state
+
+
+def read_base(
+    spark: SparkSession,
+    base: WorkPath,
+    table: Table,
+    label: str | None = None,
+    check: bool = True,
+) -> DataFrame:
+    """Rows of the table's columns (optional ``_ts``, ``_origin``) staged from a base
+    snapshot or a replica's snapshot export (``label`` names it in errors; ``check``:
+    stop at the first row that does not fit, one Spark job)."""
+    label = label or f"base/table={table.name}"
+    parts: list[DataFrame] = []
+    jsonl = [str(p) for p in (base / "jsonl").parquet_files()]
+    if jsonl:
+        parts.append(_base_from_json(read_staged(spark, jsonl), table, label, check))
+    pq_files = [str(p) for p in (base / "parquet").parquet_files()]
+    if pq_files:
+        df = spark.read.parquet(*pq_files)
+        raw = df.select(
+            F.lit("base").alias("replica"),
+            F.regexp_extract(F.input_file_name(), r"([^/]+)$", 1).alias("file"),
+            F.lit(None).cast("bigint").alias("line"),
+            F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
+        )
+        parts.append(_base_from_json(raw, table, label, check))
+    if not parts:
+        return empty_state(spark, table)
+    return reduce(DataFrame.unionByName, parts)
+
+
+def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> DataFrame:
+    m = F.from_json("raw", TEXT_MAP)  # type: ignore[arg-type]  # a MapType works; 4.2's stubs omit it
+    schema = state_schema(table)
+    df = raw.withColumn("m", m)
+    cols = [typed(F.col("m")[c.name], c.type).alias(c.name) for c in table.columns]
+    ts_text = F.col("m")["_ts"]
+    if check:
+        _refuse_misfits(df, table, label)
+    rows = df.select(
+        *cols,
+        F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias("_ts"),
+        F.col("m")["_origin"].alias("_origin"),
+        F.lit(None).cast("string").alias("_event_id"),
+        F.lit(False).alias("_deleted"),
+        F.lit(None).cast("bigint").alias("_deleted_at"),
+    )
+    # a cell table's per-cell metadata is null: a base row is cells written at ``_ts``
+    return rows.select(
+        *[
+            (F.col(f.name) if f.name in rows.columns else F.lit(None))
+            .cast(f.dataType)
+            .alias(f.name)
+            for f in schema.fields
+        ]
+    )
+
+
+def _refuse_misfits(df: DataFrame, table: Table, label: str) -> None:
+    """Stop at the first row (``m``: its text values) that does not fit the schema."""
+    bad_cond = F.col("m").isNull()
+    if "bad" in df.columns:  # a line that is not UTF-8
+        bad_cond = bad_cond | F.col("bad").isNotNull()
+    for c in table.columns:
+        v = F.col("m")[c.name]
+        bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())
+        if c.name in table.not_null:
+            bad_cond = bad_cond | v.isNull()
+    ts_text = F.col("m")["_ts"]
+    bad_cond = bad_cond | (ts_text.isNotNull() & ts_text.try_cast(T.LongType()).isNull())
+    bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
+    if bad:
+        b = bad[0]
+        where = f"{label}/{b.file}" + (f", line {b.line}" if b.line else "")
+        raise ExportError(
+            f"{where}: a row does not fit the table's schema (types, NOT NULL, key): {b.raw[:200]}"
+        )

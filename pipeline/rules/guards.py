@@ -1,0 +1,755 @@
+"""The canonical event record, typed and guarded, in pure Python (docs/adapters.md;
+docs/rules.md#conflict-types, docs/rules.md#fine-points): one function,
+:func:`type_copy`, turns one exported
+record into one typed copy, with the reason and detail of the first guard that quarantines
+it. It runs where the records are read: in the Spark task that fetches an export file, and
+in the Arrow batches of an adapter's output (``pipeline.ingest.copies``). Nothing downstream parses
+JSON again.
+
+How values are read: the record's scalars are taken as their JSON text (a number's digits
+as written, ``true``/``false``, a string's content, an object's or array's compact JSON),
+and each column's type reads that text (:data:`READERS`): a number keeps every digit it was
+written with, so a ``decimal(38,10)`` is exact. A text that does not read as the column's
+type is ``malformed``, with a message that quotes it.
+
+The guards are :func:`guard_checks`, in the order of docs/rules.md#fine-points: the first
+that matches is the copy's reason."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from typing import Any
+
+from pipeline.core.config import ColumnType, Config, Kind, Table
+from pipeline.core.policy import Granularity, QuarantineReason
+
+#: the ops of a canonical record
+OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
+ROW_OPS = ("INSERT", "UPDATE", "DELETE")
+#: Scylla's and Cassandra's largest TTL (20 years)
+MAX_TTL = 630_720_000
+_OBJECTS = ("key", "new_key", "after", "before")
+
+# ---------------------------------------------------------------------- JSON text
+
+
+class JsonNumber(str):
+    """A JSON number, kept as the text it was written with."""
+
+    __slots__ = ()
+
+
+class NotJson(ValueError):
+    """A text that is not the JSON the guards read, and why (the quarantine's detail)."""
+
+
+#: a JSON escape of a UTF-16 surrogate (a pair of them is one character)
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members; a name given twice is refused (JSON parsers disagree on
+    which one counts: the last here, the first or an error elsewhere)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise NotJson(f"duplicate key {json.dumps(twice)[:200]}")  # ASCII: any name is text
+    return d
+
+
+def parse_json(text: str) -> Any:
+    """JSON with numbers kept as their text (:class:`JsonNumber`); ``NaN`` and
+    ``Infinity`` are not JSON, nor is an object that names a member twice
+    (:class:`NotJson`, which names it) or a value nested deeper than Python's parser
+    goes. Raises ValueError."""
+    try:
+        v = json.loads(
+            text,
+            parse_int=JsonNumber,
+            parse_float=JsonNumber,
+            parse_constant=_no_constant,
+            object_pairs_hook=_members,
+        )
+    except RecursionError:
+        raise NotJson("nested too deep") from None
+    if _SURROGATE.search(text):  # an escaped half of a UTF-16 pair, alone, is no text
+        try:
+            json.dumps(v, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotJson("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
+    return v
+
+
+def _compact(v: Any) -> str:
+    if isinstance(v, JsonNumber):
+        return str(v)
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{_compact(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_compact(x) for x in v) + "]"
+    return json.dumps(v, ensure_ascii=False)
+
+
+def text_of(v: Any) -> str | None:
+    """A JSON value as text: a string's content, a number's digits, ``true``/``false``,
+    an object or array as compact JSON; None for null."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return str(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return _compact(v)
+
+
+@dataclass(frozen=True)
+class _NotAnObject:
+    """An object field that holds something else (a number, an array, a text that is not
+    a JSON object: ``why``, when the text says)."""
+
+    why: str = ""
+
+
+NOT_AN_OBJECT = _NotAnObject()
+TextMap = dict[str, str | None]
+
+
+def object_of(v: Any) -> TextMap | _NotAnObject | None:
+    """An object field as a map of its members' texts; a string that holds a JSON object
+    counts as that object (Parquet exports may give objects as JSON text); None when the
+    field is absent or null."""
+    if v is None:
+        return None
+    if isinstance(v, str) and not isinstance(v, JsonNumber):
+        try:
+            v = parse_json(v)
+        except NotJson as e:
+            return _NotAnObject(str(e))
+        except ValueError:
+            return NOT_AN_OBJECT
+    if not isinstance(v, dict):
+        return NOT_AN_OBJECT
+    return {k: text_of(x) for k, x in v.items()}
+
+
+# ---------------------------------------------------------------------- reading a type
+
+_INT_RE = re.compile(r"^\s*[+-]?\d+\s*$", re.ASCII)
+_NUM_RE = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$", re.ASCII)
+_DOUBLE_WORDS = {"nan": float("nan"), "infinity": float("inf"), "inf": float("inf")}
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$", re.ASCII)
+_UUID_RE = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
+#: RFC 3339 with its UTC offset (the ``T`` may be a space; ``T`` and ``Z`` in either case)
+TS_WITH_OFFSET_RE = re.compile(
+    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})$",
+    re.ASCII,
+)
+_MICROS_RE = re.compile(r"^-?\d+$", re.ASCII)
+_SECONDS_RE = re.compile(r"^\d{1,12}$", re.ASCII)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LONG = 2**63
+_INT = 2**31
+
+
+#: the most digits an integer's text may have (a bigint has 19; Python's ``int`` refuses
+#: texts of over 4,300 digits, and would take quadratic time on them)
+_MAX_DIGITS = 40
+
+
+def _integer(bound: int) -> Callable[[str], int | None]:
+    def read(text: str) -> int | None:
+        if not _INT_RE.match(text):
+            return None
+        if len(text) > _MAX_DIGITS:  # leading zeros or blanks: the digits that count
+            t = text.strip()
+            digits = t.lstrip("+-").lstrip("0")
+            if len(digits) > 19:
+                return None
+            text = ("-" if t.startswith("-") else "") + (digits or "0")
+        v = int(text)
+        return v if -bound <= v < bound else None
+
+    return read
+
+
+def _double(text: str) -> float | None:
+    t = text.strip()
+    sign = -1.0 if t.startswith("-") else 1.0
+    word = _DOUBLE_WORDS.get(t.lstrip("+-").lower()) if t[:1] in "+-" or t[:1].isalpha() else None
+    if word is not None and t.count("-") + t.count("+") <= 1:
+        return sign * word
+    return float(text) if _NUM_RE.match(text) else None
+
+
+#: enough digits for any decimal(38, s), whatever its exponent
+_DECIMALS = Context(prec=80, rounding=ROUND_HALF_UP, Emax=999_999, Emin=-999_999)
+
+
+def _decimal(ct: ColumnType) -> Callable[[str], Decimal | None]:
+    quantum = Decimal(1).scaleb(-ct.scale)
+    limit = Decimal(10) ** (ct.precision - ct.scale)
+
+    def read(text: str) -> Decimal | None:
+        if not _NUM_RE.match(text):
+            return None
+        try:
+            v = _DECIMALS.quantize(Decimal(text.strip()), quantum)
+        except InvalidOperation:
+            return None
+        return v if abs(v) < limit else None
+
+    return read
+
+
+def _date(text: str) -> date | None:
+    if not _DATE_RE.match(text):
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def rfc3339_micros(text: str) -> int | None:
+    """µs since the epoch of an RFC 3339 time with its UTC offset; fractions beyond the
+    µs are cut."""
+    m = TS_WITH_OFFSET_RE.match(text)
+    if not m:
+        return None
+    day, hh, mm, ss, frac, offset = m.groups()
+    try:
+        t = datetime.fromisoformat(f"{day}T{hh}:{mm}:{ss}")
+    except ValueError:
+        return None
+    if offset not in ("Z", "z"):
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 18 or minutes > 59:
+            return None
+        sign = 1 if offset[0] == "+" else -1
+        t -= sign * timedelta(hours=hours, minutes=minutes)
+    micros = int((frac or "").ljust(6, "0")[:6])
+    return (t.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1) + micros
+
+
+_LONG_READER = _integer(_LONG)
+
+
+def event_ts_micros(text: str | None) -> int | None:
+    """docs/rules.md#conflict-types/docs/rules.md#fine-points: ``ts`` is µs since
+    the epoch or RFC 3339 *with* a UTC offset."""
+    if text is None:
+        return None
+    if _MICROS_RE.match(text):
+        return _LONG_READER(text)
+    return rfc3339_micros(text)
+
+
+def _timestamp(text: str) -> datetime | None:
+    micros = _LONG_READER(text) if _MICROS_RE.match(text) else rfc3339_micros(text)
+    if micros is None:
+        return None
+    try:
+        return _EPOCH + timedelta(microseconds=micros)
+    except OverflowError:
+        return None
+
+
+def _binary(text: str) -> bytes | None:
+    """Base64, with or without its padding; blanks inside are ignored."""
+    s = "".join(text.split())
+    if "=" not in s:
+        if len(s) % 4 == 1:
+            return None
+        s += "=" * (-len(s) % 4)
+    try:
+        return base64.b64decode(s, validate=True)
+    except ValueError:
+        return None
+
+
+def _uuid(text: str) -> str | None:
+    return text.lower() if _UUID_RE.match(text) else None
+
+
+def _boolean(text: str) -> bool | None:
+    return {"true": True, "false": False}.get(text)
+
+
+def reader(ct: ColumnType) -> Callable[[str], Any]:
+    """How a column type reads a value's text: the value, or None when it does not read."""
+    k = ct.kind
+    if k is Kind.DECIMAL:
+        return _decimal(ct)
+    return READERS[k]
+
+
+#: every column type (but decimal, whose reader depends on its precision and scale)
+READERS: dict[Kind, Callable[[str], Any]] = {
+    Kind.STRING: lambda text: text,
+    Kind.UUID: _uuid,
+    Kind.BOOLEAN: _boolean,
+    Kind.INT: _integer(_INT),
+    Kind.BIGINT: _LONG_READER,
+    Kind.DOUBLE: _double,
+    Kind.DATE: _date,
+    Kind.TIMESTAMP: _timestamp,
+    Kind.BINARY: _binary,
+}
+
+
+# ---------------------------------------------------------------------- the typed copy
+
+
+@dataclass(frozen=True)
+class TypingSpec:
+    """What typing a table's records needs (picklable: it goes to the Spark tasks)."""
+
+    table: Table
+    replicas: tuple[str, ...]  # config order (docs/rules.md#fine-points)
+    ranks: Mapping[str, int]  # tie ranks of the table's tie-break
+    now_us: int
+    max_clock_skew_seconds: int
+    gc_grace_seconds: int
+
+    @classmethod
+    def of(cls, config: Config, table: Table, now_us: int) -> TypingSpec:
+        return cls(
+            table,
+            config.replica_ids,
+            config.tie_ranks(table.tie_break),
+            now_us,
+            config.max_clock_skew_seconds,
+            config.gc_grace_seconds,
+        )
+
+
+def _quote(v: str | None) -> str:
+    return "'null'" if v is None else f"'{v}'"
+
+
+def _whole_seconds(text: str | None) -> int | None:
+    return int(text) if text is not None and _SECONDS_RE.match(text) else None
+
+
+Verdict = tuple[str | None, str | None]  # the reason (a QuarantineReason's value), its detail
+
+
+class Typer:
+    """Types and guards the records of one table: its names, types and readers worked out
+    once (a task types thousands of records with one)."""
+
+    def __init__(self, spec: TypingSpec):
+        t = spec.table
+        self.spec = spec
+        self.cols = t.column_names
+        self.names = frozenset(self.cols)
+        self.key = t.key
+        self.types = {c.name: str(c.type) for c in t.columns}
+        self.readers = {c.name: reader(c.type) for c in t.columns}
+        self.rules = [
+            (c, "a delta column" if c in t.delta else "a NOT NULL column")
+            for c in sorted(t.not_null | t.delta)
+        ]
+        self.delta = sorted(t.delta)
+        self.order_by = t.order_by
+        self.cell = t.granularity is Granularity.CELL
+        self.ranks = spec.ranks
+        self.prefs = {r: i for i, r in enumerate(spec.replicas)}
+        self.future = spec.now_us + spec.max_clock_skew_seconds * 1_000_000
+        self.stale = spec.now_us - spec.gc_grace_seconds * 1_000_000
+        self.empty = dict.fromkeys(self.cols)
+
+    def line(self, line: str, replica: str) -> dict[str, Any]:
+        """A JSONL line as a typed copy; a line that is not a JSON object is malformed."""
+        try:
+            fields = parse_json(line)
+        except NotJson as e:
+            return self.malformed_line(line, replica, f"not a JSON object: {e}")
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            return self.malformed_line(line, replica, "not a JSON object")
+        source = line
+        if fields.get("_source") is not None:  # an adapter's record: as exported
+            try:
+                source = text_of(fields["_source"]) or line
+            except RecursionError:
+                return self.malformed_line(line, replica, "not a JSON object: nested too deep")
+        return self.record(fields, source, replica)
+
+    def _typed(self, m: TextMap | None) -> dict[str, Any]:
+        """An object's members read by their columns' types (None: absent, null, or not
+        read)."""
+        if m is None:
+            return self.empty
+        readers = self.readers
+        return {c: (None if (v := m.get(c)) is None else readers[c](v)) for c in self.cols}
+
+    def record(self, fields: dict[str, Any], source: str, replica: str) -> dict[str, Any]:
+        """One exported record (its parsed JSON object) as a typed copy
+        (``frames.copy_schema``): its fields read, its key, row images and TTL typed, and
+        the guard that quarantines it, if any. ``source`` is the text kept for the
+        quarantine (``raw``), when the copy is quarantined. A value nested too deep for
+        Python to walk makes the record malformed: no record stops a night."""
+        try:
+            return self._record(fields, source, replica)
+        except RecursionError:
+            return self.malformed_line(source, replica, "not a JSON object: nested too deep")
+
+    def _record(self, fields: dict[str, Any], source: str, replica: str) -> dict[str, Any]:
+        maps, whys = {}, {}
+        for n in _OBJECTS:
+            m = object_of(fields.get(n))
+            maps[n] = None if isinstance(m, _NotAnObject) else m
+            if isinstance(m, _NotAnObject) and m.why:  # named in the detail
+                whys[f"{n} is not a JSON object"] = f"{n} is not a JSON object: {m.why}"
+        typed = {n: self._typed(maps[n]) for n in _OBJECTS}
+        op, origin = text_of(fields.get("op")), text_of(fields.get("origin"))
+        ts_text, seq_text = text_of(fields.get("ts")), text_of(fields.get("seq"))
+        ts = event_ts_micros(ts_text)
+        seq = None if seq_text is None else _LONG_READER(seq_text)
+        pos_text = text_of(fields.get("pos"))
+        pos = None if pos_text is None else _LONG_READER(pos_text)
+        eid = text_of(fields.get("event_id")) or None
+        reason, detail = self._verdict(
+            fields, maps, typed, eid, op, origin, ts_text, ts, seq_text, seq
+        )
+        if pos_text is not None and pos is None and reason != QuarantineReason.MALFORMED.value:
+            reason = QuarantineReason.MALFORMED.value
+            detail = f"pos {_quote(pos_text)} is not an integer"
+        detail = whys.get(detail or "", detail)
+        after, before = maps["after"], maps["before"]
+        # docs/rules.md#cell-rules: a ttl of 0 is none
+        ttl = _whole_seconds(text_of(fields.get("ttl"))) or None
+        expiry = None
+        if ttl is not None:
+            expiry = _whole_seconds(text_of(fields.get("expiry")))
+            if expiry is None and ts is not None:
+                expiry = ts // 1_000_000 + ttl
+        return {
+            "event_id": eid,
+            "op": op,
+            "origin": origin,
+            "seq": seq,
+            "pos": pos,
+            "pref": self._pref(replica, origin),
+            "rank": self.ranks.get(origin) if origin is not None else None,
+            "txid": text_of(fields.get("txid")),
+            "ts": ts,
+            "key": self._key(maps["key"], typed["key"]),
+            "new_key": self._key(maps["new_key"], typed["new_key"]),
+            "after": typed["after"],
+            "after_has": [after is not None and c in after for c in self.cols],
+            "before": typed["before"],
+            "before_has": [before is not None and c in before for c in self.cols],
+            "extra_cols": self._unknown(after, before),
+            "ttl": ttl,
+            "expiry": expiry,
+            "reason": reason,
+            "detail": detail,
+            "raw": source if reason is not None else None,
+        }
+
+    def _key(self, m: TextMap | None, typed: dict[str, Any]) -> dict[str, Any] | None:
+        """The typed key (or new key), when every one of its columns reads."""
+        if m is None:
+            return None
+        key = {c: typed[c] for c in self.key}
+        return key if all(v is not None for v in key.values()) else None
+
+    def _unknown(self, after: TextMap | None, before: TextMap | None) -> list[str]:
+        """The images' columns the table does not have, first seen first."""
+        extra: list[str] = []
+        for m in (after, before):
+            for c in m or ():
+                if c not in self.names and c not in extra:
+                    extra.append(c)
+        return extra
+
+    def _pref(self, replica: str, origin: str | None) -> int:
+        """docs/rules.md#fine-points: the origin's own copy first (-1), then the
+        replicas in config order."""
+        if origin is not None and replica == origin:
+            return -1
+        return self.prefs.get(replica, len(self.prefs))
+
+    # ------------------------------------------------------------------ the guards
+
+    def _verdict(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        eid: str | None,
+        op: str | None,
+        origin: str | None,
+        ts_text: str | None,
+        ts: int | None,
+        seq_text: str | None,
+        seq: int | None,
+    ) -> Verdict:
+        """The guards of docs/rules.md#conflict-types in the order of
+        docs/rules.md#fine-points: malformed (the record's own fields, then
+        its key, new key and images), future_timestamp, stale_beyond_gc_grace,
+        delta_without_old_value. The first that matches is the reason."""
+        detail = _record_problem(fields, eid, op, origin, self.ranks, ts_text, ts, seq_text, seq)
+        if detail is None:
+            detail = self._row_problem(fields, maps, typed, op)
+        if detail is not None:
+            return QuarantineReason.MALFORMED.value, detail
+        assert ts is not None
+        spec = self.spec
+        if ts > self.future:
+            skew = spec.max_clock_skew_seconds
+            detail = f"ts is more than max_clock_skew_seconds={skew} after the run's clock"
+            return QuarantineReason.FUTURE_TIMESTAMP.value, detail
+        if ts < self.stale:
+            grace = spec.gc_grace_seconds
+            detail = f"ts is older than gc_grace_seconds={grace} before the run's clock"
+            return QuarantineReason.STALE_BEYOND_GC_GRACE.value, detail
+        after, before = maps["after"] or {}, maps["before"] or {}
+        if op == "UPDATE" and any(c in after and before.get(c) is None for c in self.delta):
+            detail = "no old value (before) for a changed delta column"
+            return QuarantineReason.DELTA_WITHOUT_OLD_VALUE.value, detail
+        return None, None
+
+    def _row_problem(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        op: str | None,
+    ) -> str | None:
+        """The key, the new key and the row images, read by the table's types."""
+        detail = self._keys_problem(fields, maps, typed, op)
+        return detail if detail is not None else self._images_problem(fields, maps, typed, op)
+
+    def _keys_problem(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        op: str | None,
+    ) -> str | None:
+        if op in ROW_OPS:
+            if fields.get("key") is None:
+                return "no key"
+            if maps["key"] is None:
+                return "key is not a JSON object"
+            if (d := self._key_problem(maps["key"], typed["key"], "key")) is not None:
+                return d
+        nk_given = fields.get("new_key") is not None
+        if op != "UPDATE" and nk_given:
+            return f"new_key on {_quote(op)} (only an UPDATE changes a key)"
+        nk = maps["new_key"]
+        if nk_given and nk is None:
+            return "new_key is not a JSON object"
+        if nk is not None and (d := self._key_problem(nk, typed["new_key"], "new_key")):
+            return d
+        return None
+
+    def _images_problem(
+        self,
+        fields: dict[str, Any],
+        maps: dict[str, TextMap | None],
+        typed: dict[str, dict[str, Any]],
+        op: str | None,
+    ) -> str | None:
+        if self.cell and (d := self._cell_problem(fields, maps)) is not None:
+            return d
+        after, before = maps["after"], maps["before"]
+        if op == "INSERT" and fields.get("after") is None and not self.cell:
+            return "INSERT without after"
+        if fields.get("after") is not None and after is None:
+            return "after is not a JSON object"
+        if fields.get("before") is not None and before is None:
+            return "before is not a JSON object"
+        if op != "DELETE" and after and (d := self._value_problem(after, typed["after"], "after")):
+            return d
+        if before and (d := self._value_problem(before, typed["before"], "before")):
+            return d
+        writes = op in ("INSERT", "UPDATE") and after is not None
+        if writes and (d := self._value_rules(maps, typed)) is not None:
+            return d
+        return self._order_problem(typed, op)
+
+    def _order_problem(self, typed: dict[str, dict[str, Any]], op: str | None) -> str | None:
+        """docs/rules.md#order-by-a-column: with ``order_by``, an INSERT or UPDATE carries
+        the order value in ``after``, a DELETE in ``before``."""
+        col = self.order_by
+        if col is None or op not in ROW_OPS:
+            return None
+        image = "before" if op == "DELETE" else "after"
+        if typed[image][col] is None:
+            return f"no order_by value ({image}.{col} is missing or null)"
+        return None
+
+    def _key_problem(self, m: TextMap, typed: dict[str, Any], name: str) -> str | None:
+        if len(m) != len(self.key) or any(c not in m for c in self.key):
+            cols = ", ".join(self.key)
+            return f"{name} has columns [{', '.join(sorted(m))}]; the table's key is [{cols}]"
+        for c in self.key:
+            if m.get(c) is None:
+                return f"{name}.{c} is null"
+            if typed[c] is None:
+                return f"{name}.{c}: {_quote(m[c])} is not {self.types[c]}"
+        return None
+
+    def _value_problem(self, m: TextMap, typed: dict[str, Any], name: str) -> str | None:
+        for c in self.cols:
+            if m.get(c) is not None and typed[c] is None:
+                return f"{name}.{c}: {_quote(m[c])} is not {self.types[c]}"
+        return None
+
+    def _value_rules(
+        self, maps: dict[str, TextMap | None], typed: dict[str, dict[str, Any]]
+    ) -> str | None:
+        """The values against the key and the column rules (NOT NULL, delta)."""
+        after = maps["after"] or {}
+        key, new_key = maps["key"] or {}, maps["new_key"] or {}
+        for c in self.key:
+            value, target = typed["after"][c], typed["new_key"][c]
+            if target is None:
+                target = typed["key"][c]
+            if c in after and value is not None and target is not None and value != target:
+                given = new_key.get(c) if new_key.get(c) is not None else key.get(c)
+                return f"after.{c} = {_quote(after.get(c))} contradicts the key {_quote(given)}"
+        for c, what in self.rules:
+            if c in after and after[c] is None:
+                return f"after.{c} is null in {what}"
+        return None
+
+    def _cell_problem(self, fields: dict[str, Any], maps: dict[str, TextMap | None]) -> str | None:
+        """Malformed for a cell table (docs/rules.md#fine-points): a ``new_key``, a
+        column the table does not
+        have, a ``ttl`` that is not 0..20 years in whole seconds, an ``expiry`` without a
+        ttl or not in whole seconds."""
+        if fields.get("new_key") is not None:
+            return "new_key on a cell-granularity table (a key never changes)"
+        unknown = self._unknown(maps["after"], maps["before"])
+        if unknown:
+            return (
+                f"unknown column(s) [{', '.join(sorted(unknown))}] (a cell-granularity table "
+                "has no source_column_extra)"
+            )
+        ttl, expiry = text_of(fields.get("ttl")), text_of(fields.get("expiry"))
+        ttl_s = _whole_seconds(ttl)
+        if ttl is not None and not (ttl_s is not None and ttl_s <= MAX_TTL):
+            return f"ttl {_quote(ttl)} is not whole seconds 0..{MAX_TTL}"
+        if expiry is not None and _whole_seconds(expiry) is None:
+            return f"expiry {_quote(expiry)} is not whole seconds"
+        if expiry is not None and not ttl_s:
+            return "expiry without a ttl"
+        return None
+
+    def malformed_line(self, source: str, replica: str, detail: str) -> dict[str, Any]:
+        """A line that is no record (not a JSON object, not UTF-8), kept whole."""
+        n = len(self.cols)
+        return {
+            "event_id": None,
+            "op": None,
+            "origin": None,
+            "seq": None,
+            "pos": None,
+            "pref": self._pref(replica, None),
+            "rank": None,
+            "txid": None,
+            "ts": None,
+            "key": None,
+            "new_key": None,
+            "after": self.empty,
+            "after_has": [False] * n,
+            "before": self.empty,
+            "before_has": [False] * n,
+            "extra_cols": [],
+            "ttl": None,
+            "expiry": None,
+            "reason": QuarantineReason.MALFORMED.value,
+            "detail": detail,
+            "raw": source,
+        }
+
+
+class LongLine(bytes):
+    """The first bytes of a line longer than ``max_record_bytes``, and its ``length``: the
+    rest of it was skipped as it was read (``exports._line_chunks``)."""
+
+    length: int
+
+
+#: the bytes of a long line kept for its quarantine row
+LONG_LINE_KEPT = 1024
+
+
+def long_line(head: LongLine, limit: int | None) -> str:
+    """Why a long line is no record."""
+    return (
+        f"{head.length} bytes, over max_record_bytes ({limit}); "
+        f"its first {len(head)} bytes are kept"
+    )
+
+
+def not_utf8(e: UnicodeDecodeError) -> str:
+    """Where bytes stop being UTF-8, for a message."""
+    return f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
+
+
+def _why_not_json(malformed: str, source: Any) -> str:
+    """An adapter's record its JSON reader (Spark's) did not read: what the guards' reader
+    says of it (a name given twice, named; nested too deep; a lone surrogate), if more."""
+    if not malformed.endswith("not JSON") or not isinstance(source, str):
+        return ""
+    try:
+        parse_json(source)
+    except NotJson as e:
+        return f": {e}"
+    except ValueError:
+        return ""
+    return ": Spark's JSON reader refused it, though it is JSON (a number beyond its range?)"
+
+
+def _record_problem(
+    fields: dict[str, Any],
+    eid: str | None,
+    op: str | None,
+    origin: str | None,
+    ranks: Mapping[str, int],
+    ts_text: str | None,
+    ts: int | None,
+    seq_text: str | None,
+    seq: int | None,
+) -> str | None:
+    """The record's own fields, first of the guards (docs/rules.md#fine-points)."""
+    malformed = text_of(fields.get("_malformed"))
+    if malformed is not None:
+        return malformed + _why_not_json(malformed, fields.get("_source"))
+    if eid is None:
+        return "no event_id"
+    if op not in OPS:
+        return f"unknown op {_quote(op)}"
+    if origin is None:
+        return "no origin"
+    if origin not in ranks:
+        return f"origin {_quote(origin)} is not a configured replica"
+    if ts_text is None:
+        return "no ts"
+    if ts is None:
+        return f"ts {_quote(ts_text)} is neither µs since the epoch nor RFC 3339 with a UTC offset"
+    if seq_text is None:
+        return "no seq"
+    if seq is None:
+        return f"seq {_quote(seq_text)} is not an integer"
+    return None

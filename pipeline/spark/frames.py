@@ -1,0 +1,220 @@
+"""The frames the resolve wing passes between its modules, each column named and typed
+once: the light and the typed copy of an event (``events``), what the Python fold reads
+and writes (``engine``, ``foldrun``), and the run's logs as the resolve stage writes them
+(``resolve``, then ``lake`` publishes them). A module that reads or writes one of these
+frames takes its columns from here. Types only: nothing here needs a Spark session.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import types as T
+
+from pipeline.core.config import Table
+from pipeline.core.layout import LEDGER, SNAPSHOT
+from pipeline.spark.schema import key_struct_type, row_struct_type
+
+_S, _L, _I, _B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
+
+# ---------------------------------------------------------------------- copies of events
+
+#: where a copy comes from: the exporting replica, the export's file and its line (or row)
+COPY_SOURCE = ("replica", "file", "line")
+
+
+def copy_schema(table: Table) -> T.StructType:
+    """A typed copy of an event: one record of one export, read and guarded once, where the
+    export is fetched (``pipeline.rules.guards.type_copy``; ``pipeline.ingest.copies`` writes them).
+    ``pos`` is the change's place in its origin transaction (the record's, given by an
+    adapter: docs/adapters.md), which orders the events of one transaction; ``pref``
+    orders the copies of one event (docs/rules.md#fine-points); ``rank`` is the origin's tie rank;
+    ``after_has``/``before_has`` say which of the table's columns each image holds;
+    ``reason``/``detail`` the guard that quarantines it (null: none); ``raw`` the record
+    as exported, kept for a quarantined copy only."""
+    key, row = key_struct_type(table), row_struct_type(table)
+    flags, names = T.ArrayType(_B), T.ArrayType(_S)
+    fields = [
+        ("replica", _S),
+        ("file", _S),
+        ("line", _L),
+        ("event_id", _S),
+        ("op", _S),
+        ("origin", _S),
+        ("seq", _L),
+        ("pos", _L),
+        ("pref", _I),
+        ("rank", _I),
+        ("txid", _S),
+        ("ts", _L),
+        ("key", key),
+        ("new_key", key),
+        ("after", row),
+        ("after_has", flags),
+        ("before", row),
+        ("before_has", flags),
+        ("extra_cols", names),
+        ("ttl", _L),
+        ("expiry", _L),
+        ("reason", _S),
+        ("detail", _S),
+        ("raw", _S),
+    ]
+    return T.StructType([T.StructField(n, t) for n, t in fields])
+
+
+# ---------------------------------------------------------------------- the Python fold
+
+#: what the row engine's Python fold reads of each row of the stream (``foldrun``): a state
+#: row's ``row`` and ``s_*``, a copy's typed fields, ``seen`` (an earlier night resolved its
+#: event), ``rejected`` (its transaction was)
+FOLD_INPUT = (
+    "key",
+    "is_event",
+    "event_id",
+    "replica",
+    "seq",
+    "pos",
+    "pref",
+    "op",
+    "origin",
+    "rank",
+    "txid",
+    "ts",
+    "new_key",
+    "after",
+    "after_has",
+    "before",
+    "before_has",
+    "extra_cols",
+    "reason",
+    "detail",
+    "raw",
+    "digest",
+    "seen",
+    "differs",
+    "rejected",
+    "row",
+    "s_ts",
+    "s_rank",
+    "s_origin",
+    "s_deleted",
+    "s_deleted_at",
+)
+
+
+def fold_input(table: Table) -> tuple[str, ...]:
+    """:data:`FOLD_INPUT`, and a copy's ``file`` and ``line`` for a table with delta
+    columns: the fold quarantines an event whose delta would overflow, naming its line
+    (the other tables do not carry them through the shuffle); and a state row's column
+    groups, ``s_groups``, for a table with ``column_groups`` (column groups)."""
+    out = (*FOLD_INPUT, "file", "line") if table.delta else FOLD_INPUT
+    return (*out, "s_groups") if table.column_groups else out
+
+
+def fold_input_schema(table: Table) -> T.StructType:
+    """The Spark schema of :func:`fold_input` as ``engine.build_items`` makes it: a copy's
+    fields, ``is_event`` (0: a state row), and a state row's ``row`` and ``s_*``."""
+    copy = {f.name: f.dataType for f in copy_schema(table).fields}
+    types = {
+        **copy,
+        "is_event": _I,
+        "digest": _L,
+        "seen": _B,
+        "differs": _B,
+        "rejected": _B,
+        "row": row_struct_type(table),
+        "s_ts": _L,
+        "s_rank": _I,
+        "s_origin": _S,
+        "s_deleted": _B,
+        "s_deleted_at": _L,
+        "s_groups": _S,
+    }
+    return T.StructType([T.StructField(n, types[n]) for n in fold_input(table)])
+
+
+#: a conflict-log row, after ``run_id, table`` (docs/outputs.md)
+CONFLICT = (
+    ("key", _S),
+    ("conflict_type", _S),
+    ("resolver", _S),
+    ("outcome", _S),
+    ("local_ts", _L),
+    ("local_origin", _S),
+    ("local_row", _S),
+    ("remote_event_id", _S),
+    ("remote_ts", _L),
+    ("remote_origin", _S),
+    ("remote_row", _S),
+    ("reason", _S),
+)
+CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
+#: a conflict's place in the canonical order (the event's, then its place among the
+#: event's conflicts); the conflict log is written in this order
+POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")
+#: a divergence row after ``run_id, table, source`` (docs/rules.md#convergence); ``source`` is
+#: "perspective" (docs/rules.md#convergence) or "snapshot" (a replica's full copy)
+DIVERGENCE_FIELDS = ("replica", "key", "replica_row", "converged_row", "repair")
+DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
+
+
+#: a copy's fate (``applied``, ``discarded``, ``quarantined``, ``duplicate``, ``errored``,
+#: ``not_reached``); ``chosen``: the copy stood for its event (an event chosen under two
+#: keys had copies under both, and is resolved again under its winner's); ``digest`` and
+#: ``differs``: the copy's content digest, and whether it differs from the one the ledger
+#: holds of an earlier night (``pipeline.resolve.ledger``)
+FATES = T.StructType(
+    [
+        T.StructField("event_id", _S),
+        T.StructField("replica", _S),
+        T.StructField("fate", _S),
+        T.StructField("chosen", _B),
+        T.StructField("digest", _L),
+        T.StructField("differs", _B),
+    ]
+)
+#: the quarantine, after ``run_id, table``: ``event`` is the record as exported
+QUARANTINE_FIELDS = ("replica", "event_id", "reason", "detail", "event")
+
+
+#: one clock-skew evidence (``pipeline.resolve.skew``): the replica behind, the one ahead, the
+#: difference in µs; the fold tasks' output ``skew`` and the cell engine's column
+SKEW_FIELDS = ("behind", "ahead", "lag_us")
+
+
+def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
+    """What the row engine's fold tasks write (``foldrun.OUTPUTS``), each output's schema:
+    the state (and its live rows, the snapshot), the fates, and the run's logs as they
+    are published."""
+    from pipeline.spark.schema import change_schema, snapshot_schema, state_schema
+
+    run = [T.StructField(n, _S) for n in RUN_COLUMNS]
+    out = {
+        "state_pre": state_schema(table),
+        "fates": FATES,
+        "conflicts": T.StructType(run + [T.StructField(n, t) for n, t in CONFLICT]),
+        "quarantine": T.StructType(run + [T.StructField(n, _S) for n in QUARANTINE_FIELDS]),
+        "divergence": T.StructType(
+            run + [T.StructField("source", _S)] + [T.StructField(n, _S) for n in DIVERGENCE_FIELDS]
+        ),
+    }
+    out["skew"] = T.StructType(  # clock skew: the clock-skew evidence (``pipeline.resolve.skew``)
+        [T.StructField(n, t) for n, t in zip(SKEW_FIELDS, (_S, _S, _L), strict=True)]
+    )
+    if changes:
+        out["changes"] = change_schema(table)
+    out[LEDGER] = LEDGER_SCHEMA  # the ledger's rows of the events a task folded
+    out[SNAPSHOT] = snapshot_schema(table)  # unless the foreign-key step changes the state
+    return out
+
+
+# ---------------------------------------------------------------------- the run's logs
+
+#: the columns every log row starts with; its ``dt`` is the partition of the published Delta
+#: table (``pipeline.storage.lake``), not a column of the files
+RUN_COLUMNS = ("run_id", "table")
+LEDGER_COLUMNS = (*RUN_COLUMNS, "event_id", "fate", "digest")
+#: how Spark reads the ledger's files (as ``resolve`` writes them; ``digest``: the content
+#: digest of the copy that stood for the event, ``pipeline.resolve.ledger``)
+LEDGER_SCHEMA = T.StructType(
+    [T.StructField(c, _L if c == "digest" else _S) for c in LEDGER_COLUMNS]
+)

@@ -1,0 +1,178 @@
+"""Spark types of the config's column types, and the typed reading of JSON scalars.
+
+Values arrive as the text of a JSON scalar (``from_json`` into ``map<string,string>`` keeps
+presence and text). :func:`typed` turns that text into the column's type with Spark
+built-ins; a non-null text that does not parse gives null, which the guards report as
+``malformed`` (docs/rules.md#conflict-types).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.core.config import ColumnType, Kind, Table
+from pipeline.core.policy import Granularity
+
+_UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+TS_WITH_OFFSET_RE = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+
+
+def spark_type(ct: ColumnType) -> T.DataType:
+    k = ct.kind
+    if k is Kind.INT:
+        return T.IntegerType()
+    if k is Kind.BIGINT:
+        return T.LongType()
+    if k is Kind.DOUBLE:
+        return T.DoubleType()
+    if k is Kind.DECIMAL:
+        return T.DecimalType(ct.precision, ct.scale)
+    if k is Kind.BOOLEAN:
+        return T.BooleanType()
+    if k is Kind.DATE:
+        return T.DateType()
+    if k is Kind.TIMESTAMP:
+        return T.TimestampType()
+    if k is Kind.BINARY:
+        return T.BinaryType()
+    return T.StringType()  # string, uuid
+
+
+def typed(text: Column, ct: ColumnType) -> Column:
+    """The JSON scalar's text as the column type; null when it does not parse."""
+    k = ct.kind
+    if k is Kind.STRING:
+        return text
+    if k is Kind.UUID:
+        return F.when(text.rlike(_UUID_RE), F.lower(text))
+    if k is Kind.BOOLEAN:
+        return F.when(text == "true", F.lit(True)).when(text == "false", F.lit(False))
+    if k is Kind.DATE:
+        return F.when(text.rlike(r"^\d{4}-\d{2}-\d{2}$"), text.try_cast(T.DateType()))
+    if k is Kind.TIMESTAMP:
+        return F.when(text.rlike(r"^-?\d+$"), F.timestamp_micros(text.try_cast(T.LongType()))).when(
+            text.rlike(TS_WITH_OFFSET_RE), text.try_cast(T.TimestampType())
+        )
+    if k is Kind.BINARY:
+        return F.try_to_binary(text, F.lit("base64"))
+    return text.try_cast(spark_type(ct))
+
+
+def event_ts_micros(text: Column) -> Column:
+    """docs/rules.md#conflict-types/docs/rules.md#fine-points: ``ts`` is µs since
+    the epoch or RFC 3339 *with* a UTC offset."""
+    return F.when(text.rlike(r"^-?\d+$"), text.try_cast(T.LongType())).when(
+        text.rlike(TS_WITH_OFFSET_RE), F.unix_micros(text.try_cast(T.TimestampType()))
+    )
+
+
+def row_struct_type(table: Table) -> T.StructType:
+    return T.StructType([T.StructField(c.name, spark_type(c.type)) for c in table.columns])
+
+
+def key_struct_type(table: Table) -> T.StructType:
+    return T.StructType([T.StructField(c, spark_type(table.column(c).type)) for c in table.key])
+
+
+#: docs/rules.md#column-groups: a row's stamp per column group, as JSON ``{group: [ts, rank,
+#: event_id, origin]}`` (``rowfold.Version.groups``)
+GROUPS = "_groups"
+META_FIELDS = [
+    T.StructField("_ts", T.LongType()),
+    T.StructField("_origin", T.StringType()),
+    T.StructField("_event_id", T.StringType()),
+    T.StructField("_deleted", T.BooleanType()),
+    T.StructField("_deleted_at", T.LongType()),
+]
+
+
+def cell_meta_fields(table: Table) -> list[T.StructField]:
+    """What a cell table keeps per key besides the readable row (docs/rules.md#cell-rules,
+    docs/rules.md#tombstones-and-gc_grace_seconds): every cell as
+    written (``_cells.<column>``: the value even once expired, its ts, ttl, expiry, or
+    its deletion), the row marker and the row tombstone. The table tombstone of a
+    TRUNCATE is a state row whose key columns are null."""
+    L, S, B = T.LongType(), T.StringType(), T.BooleanType()
+    cell = [
+        ("ts", L),
+        ("ttl", L),
+        ("expiry", L),
+        ("dead", B),
+        ("deleted_at", L),
+        ("origin", S),
+        ("event_id", S),
+    ]
+    cells = T.StructType(
+        [
+            T.StructField(
+                c.name,
+                T.StructType(
+                    [T.StructField("value", spark_type(c.type))]
+                    + [T.StructField(n, t) for n, t in cell]
+                ),
+            )
+            for c in table.columns
+            if c.name not in table.key
+        ]
+    )
+    marker = T.StructType([T.StructField(n, t) for n, t in cell if n not in ("dead", "deleted_at")])
+    tomb = T.StructType(
+        [
+            T.StructField(n, t)
+            for n, t in (("ts", L), ("deleted_at", L), ("origin", S), ("event_id", S))
+        ]
+    )
+    return [
+        T.StructField("_cells", cells),
+        T.StructField("_marker", marker),
+        T.StructField("_tomb", tomb),
+    ]
+
+
+def state_schema(table: Table) -> T.StructType:
+    """The state kept between runs: the table's columns (for a cell table, what a reader
+    sees), then the metadata (docs/rules.md#terms,
+    docs/rules.md#tombstones-and-gc_grace_seconds)."""
+    extra = cell_meta_fields(table) if table.granularity is Granularity.CELL else []
+    if table.column_groups:  # docs/rules.md#column-groups: null while every group is the row's
+        extra.append(T.StructField(GROUPS, T.StringType()))
+    return T.StructType(list(row_struct_type(table).fields) + META_FIELDS + extra)
+
+
+def change_schema(table: Table) -> T.StructType:
+    """What the resolve stage hands the CDC stage: one row per change an event made to a
+    row a reader sees (``rowfold.visible_changes``; docs/cdc.md#entries). ``pos`` orders the
+    events of one transaction (``frames.copy_schema``), ``idx`` the changes of one event;
+    ``values`` holds the key and the values of ``cols`` (the value columns written or
+    cleared), ``ttl`` and ``expiry`` (s) those of a cell table's TTL writes; ``pre`` and
+    ``post`` the live row before and after."""
+    row = row_struct_type(table)
+    L, S, Int = T.LongType(), T.StringType(), T.IntegerType()
+    fields = [
+        ("event_id", S),
+        ("ts", L),
+        ("rank", Int),
+        ("pos", L),
+        ("idx", Int),
+        ("kind", S),
+        ("key", key_struct_type(table)),
+        ("values", row),
+        ("cols", T.ArrayType(S)),
+        ("ttl", L),
+        ("expiry", L),
+        ("pre", row),
+        ("post", row),
+    ]
+    return T.StructType([T.StructField(n, t) for n, t in fields])
+
+
+def snapshot_columns(table: Table) -> list[str]:
+    return [*table.column_names, "_ts", "_origin"]
+
+
+def snapshot_schema(table: Table) -> T.StructType:
+    """The snapshot's columns (:func:`snapshot_columns`) as the state has them."""
+    fields = {f.name: f for f in state_schema(table).fields}
+    return T.StructType([fields[c] for c in snapshot_columns(table)])

@@ -1,0 +1,155 @@
+"""The ``runs`` table (docs/outputs.md): one row per run, published, failed or dry,
+appended last, after every other commit of the run. A published run's row names the
+Delta version of every table it committed: one consistent view across tables, and the
+record a later run checks the state it starts from against.
+
+Runs are ordered by the commit that appended their row: a row names that version of the
+``runs`` table itself (in ``versions``), its commit made exactly that version or
+failed. Hosts' clocks (``finished_at``) order nothing; rows written before the runs
+table named its own version come first, in their finish order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, date, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.core import layout
+from pipeline.storage.lake import Lake, meta_of
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("dt", pa.date32()),
+        ("status", pa.string()),  # published | failed | dry_run
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("prior_run_id", pa.string()),
+        ("config_sha256", pa.string()),
+        ("inputs", pa.string()),  # JSON: every manifest ingested, with its sha256
+        ("verdict", pa.string()),  # JSON: suites and failures
+        ("counts", pa.string()),  # JSON: the run report's counts
+        ("versions", pa.string()),  # JSON: table path -> Delta version this run committed
+    ]
+)
+JSON_FIELDS = ("inputs", "verdict", "counts", "versions")
+STATUSES = ("published", "failed", "dry_run")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    dt: date
+    status: str
+    started_at: datetime
+    finished_at: datetime
+    prior_run_id: str | None
+    config_sha256: str
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    verdict: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def published(self) -> bool:
+        return self.status == "published"
+
+    @property
+    def seq(self) -> int:
+        """The version of the ``runs`` table that appended this row (-1: a row of an
+        older store, which did not record it)."""
+        return int(self.versions.get(layout.RUNS, -1))
+
+    def order(self) -> tuple[int, datetime, str]:
+        """The key that sorts rows in the order they were committed."""
+        return (self.seq, self.finished_at, self.run_id)
+
+    def tables(self) -> dict[str, Any]:
+        """The per-table counts of the run report."""
+        tables: dict[str, Any] = self.counts.get("tables", {})
+        return tables
+
+    def to_arrow(self) -> pa.Table:
+        row = asdict(self)
+        for k in JSON_FIELDS:
+            row[k] = json.dumps(row[k], sort_keys=True, default=str)
+        return pa.Table.from_pylist([row], schema=SCHEMA)
+
+
+def read_runs(lake: Lake) -> list[RunRow]:
+    """Every row of the ``runs`` table, in commit order (none when the table is new)."""
+    t = lake.read(layout.RUNS)
+    if t is None:
+        return []
+    rows = []
+    for r in t.to_pylist():
+        for k in JSON_FIELDS:
+            r[k] = json.loads(r[k]) if r[k] else ({} if k != "inputs" else [])
+        rows.append(RunRow(**{f: r[f] for f in RunRow.__dataclass_fields__}))
+    return sorted(rows, key=RunRow.order)
+
+
+def latest_published(rows: list[RunRow], table: str, before: date) -> RunRow | None:
+    """The run published last for the latest date before ``before`` that published
+    ``table``: the state a run of ``before`` starts from."""
+    mine = [r for r in rows if r.published and r.dt < before and table in r.tables()]
+    return max(mine, key=lambda r: (r.dt, r.order()), default=None)
+
+
+def retained_rows(runs: list[RunRow], horizon: datetime) -> list[RunRow]:
+    """The ``runs`` rows whose versions stay readable (``cdr vacuum`` keeps them):
+    finished within the window, and per table the run it was last published by, now and
+    when the window began (a rerun of the newest date after a pause longer than the
+    window starts from the latter)."""
+    chosen = {r.run_id: r for r in runs if r.finished_at >= horizon}
+    before = [r for r in runs if r.finished_at < horizon]
+    for table in {t for r in runs for t in r.tables()}:
+        for rows in (runs, before):
+            last = latest_published(rows, table, date.max)
+            if last is not None:
+                chosen[last.run_id] = last
+    return list(chosen.values())
+
+
+def published_by_date(rows: list[RunRow]) -> dict[date, RunRow]:
+    """Each date's run published last (in commit order): the run whose report, snapshot
+    version and state the date stands for."""
+    out: dict[date, RunRow] = {}
+    for r in sorted(rows, key=RunRow.order):
+        if r.published:
+            out[r.dt] = r
+    return out
+
+
+def latest_date(rows: list[RunRow], table: str) -> date | None:
+    """The newest date published for ``table``: its ``snapshot`` holds that date."""
+    dates = [r.dt for r in rows if r.published and table in r.tables()]
+    return max(dates) if dates else None
+
+
+def append(lake: Lake, row: RunRow) -> int:
+    """Append the run's row (the run's last commit), naming the version its commit makes;
+    returns that version."""
+    meta = {"run_id": row.run_id, "dt": row.dt.isoformat(), "status": row.status}
+    version = lake.next_version(layout.RUNS, meta)
+    mine = replace(row, versions={**row.versions, layout.RUNS: version})
+    return lake.write(layout.RUNS, mine.to_arrow(), meta, mode="append", version=version).version
+
+
+def version_of(lake: Lake, run_id: str) -> int | None:
+    """The version of the ``runs`` table whose commit appended ``run_id``'s row: among the
+    newest commits (a run asks right after its publish), else in the whole history."""
+    for limit in (20, None):
+        for info in lake.history(layout.RUNS, limit):  # newest first
+            meta = meta_of(info)
+            if meta.get("run_id") == run_id and "operation" not in meta:
+                return int(info["version"])
+    return None
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

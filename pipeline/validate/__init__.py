@@ -1,0 +1,1 @@
+"""Validate: the Great Expectations suites, the gate, the Data Docs."""
