@@ -307,7 +307,7 @@ def delete_wins_table() -> str:
 #: ``tests/unit/test_policy.py`` checks that every type has a row and that the page shows it).
 CONFLICT_MEANING: dict[ConflictType, str] = {
     _C.SOURCE_COLUMN_EXTRA: "the event carries a column the table does not have",
-    _C.INSERT_EXISTS: "an INSERT meets a live row with its key that another origin wrote",
+    _C.INSERT_EXISTS: "an INSERT meets a live row with its key",
     _C.UPDATE_DIFFER: (
         "an UPDATE meets a row another origin changed last (with `detection: before_image`:"
         " a row that differs from the event's `before`)"
@@ -347,8 +347,8 @@ RESOLVER_MEANING: dict[Resolver, str] = {
     _R.SCYLLA: "each cell is decided by the cell rules (`policy: scylla`)",
 }
 
-#: Why an event is quarantined (``docs/rules.md#fine-points``), in the order the
-#: guards check.
+#: Why an event is quarantined (``docs/rules.md#what-is-quarantined``): the guards'
+#: reasons in the order they check, then the fold's, the foreign keys' and ``retry``'s.
 QUARANTINE_MEANING: dict[QuarantineReason, str] = {
     QuarantineReason.MALFORMED: (
         "the record cannot be read as an event of the table (its detail names the file, the"
