@@ -167,8 +167,7 @@ ADVICE = {
     "convergence": (
         "some keys end otherwise in a replica's own order (a delta column under concurrent"
         " inserts and deletes does); the keys and their repairs are in"
-        " published/<table>/divergence, and docs/rules.md#convergence says which resolvers"
-        " converge"
+        " published/<table>/divergence (docs/rules.md#convergence)"
     ),
     "foreign_keys": (
         "rows whose parent is gone after resolution: on_fk_violation: quarantine sets them"
