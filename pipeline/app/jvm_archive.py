@@ -1,22 +1,8 @@
-"""How the driver's JVM starts: a class-data archive, and a small run's options.
-
-A new JVM spends the first seconds of a run loading, verifying and compiling Spark's
-classes: on a 2-core machine a 3-event ``cdr run`` burned about 40 s of CPU in 22 s
-(``bench/RESULTS.md``, "The JVM of a small run"). Two standard HotSpot features take most
-of it away, with the same results:
-
-- **A class-data archive** (dynamic CDS, JEP 350): the classes of a run, parsed and
-  verified once and mapped from a file by later JVMs. ``cdr jvm-archive`` builds it by
-  running a small workload (``make`` does it when it sets up). It belongs to one JDK
-  build and one Spark classpath, so its file name holds their digest: a JVM of another
-  finds none and starts as usual. ``CDR_JVM_ARCHIVE`` names another file, or ``off``.
-- **A small run's options**, below :data:`pipeline.spark.session.CODEGEN_MIN_RECORDS` records:
-  the JIT's first tier only (C2 compiles cost a short run more than they save) and the
-  serial collector (one thread). A large run keeps the JVM's defaults.
-
-``CDR_JVM_START=plain`` starts the JVM with neither (the bench's baseline). Under
-``spark-submit`` the driver's JVM is already running: the DAG's Spark stages pass the
-archive's options to spark-submit instead (:func:`submit_conf`).
+"""``cdr jvm-archive``: the class-data archive of ``pipeline.spark.jvm`` built by running a
+small workload (a generated night through the whole pipeline) in a JVM that dumps the
+classes it loaded, and the JVM's code-cache figures the build reports. It lives in
+``app/`` because its workload is a whole run; how a driver uses the archive is
+``pipeline.spark.jvm``'s.
 """
 
 from __future__ import annotations

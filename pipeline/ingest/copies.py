@@ -6,8 +6,8 @@ Where they are written: a JSONL or canonical Parquet export is typed in the Spar
 that fetches the file (``exports.fetch``); the formats an adapter maps (wal2json, Debezium,
 DMS) are mapped on Spark, and their canonical records typed in Arrow batches of the same
 function (:func:`type_adapted`), written once per run. The resolve stage reads them with
-their schema (:func:`read_copies`): nothing parses a record twice, and no Spark plan holds a
-JSON parse or a type's cast.
+their schema (``pipeline.resolve.read``): nothing parses a record twice, and no Spark plan
+holds a JSON parse or a type's cast.
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ TOUCHED = "touched"
 
 
 #: beside each touched key: whether its prior row was live (in the snapshot)
-_LIVE = "__cdr_live"
+LIVE_MARK = "__cdr_live"
 
 
 def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...]) -> DataFrame:
@@ -249,7 +249,7 @@ def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...
     return rows.withColumn(DROP, F.lit(False)).unionByName(drops)
 
 
-def _touched(spark: SparkSession, out: WorkPath) -> DataFrame:
+def read_touched(spark: SparkSession, out: WorkPath) -> DataFrame:
     """The keys :func:`narrow` (and :func:`touch`) wrote, with the schema recorded beside."""
     from pipeline.storage.outputs import read_output
 
@@ -263,8 +263,8 @@ def touched_in(spark: SparkSession, out: WorkPath, path: str) -> DataFrame:
     a cell table's table tombstone, in ``state`` only.)"""
     from pyspark.sql import functions as F
 
-    touched = _touched(spark, out)
-    return touched.where(F.col(_LIVE)) if path.endswith(f"/{layout.SNAPSHOT}") else touched
+    touched = read_touched(spark, out)
+    return touched.where(F.col(LIVE_MARK)) if path.endswith(f"/{layout.SNAPSHOT}") else touched
 
 
 def by_key(left: DataFrame, right: DataFrame, key: Sequence[str], how: str) -> DataFrame:

@@ -1,37 +1,9 @@
-"""A night that costs the night (docs/outputs.md#a-night-costs-the-night): a run
-whose prior is the newest published date reads only the prior rows its events touch,
-folds only them, and MERGEs the resulting rows into ``state``, ``snapshot`` and (history)
-``history`` in place (deletion vectors: no data file that holds none of them is
-rewritten).
-
-Three steps, one per stage:
-
-- **ingest** (:func:`plan`) decides whether the table can be merged in place: a table
-  whose prior is the newest published date, with its tables (the history too, once the
-  prior run published one) still at the versions that date's ``runs`` row names (or
-  at later ones whose commits change no data: Delta's ``OPTIMIZE``) and the state's
-  columns unchanged. Anything else (a rerun of the newest date, a backfill, a
-  table whose latest versions another run moved) takes the whole-table path, which is
-  exact for every case: it starts from the pinned version and replaces the table in one
-  commit.
-- **resolve** (:func:`narrow`) keeps the prior rows the fold needs: the keys the night's
-  events name (a key change's new key included), the live rows holding a unique value
-  an event writes, and the tombstones whose GC is due (purged: deleted from ``state``);
-  in a cell table, the rows whose TTL expires since the prior run's clock
-  (``cells.state.due``) and the table tombstone.
-  Their keys are written as ``touched``; their counts go into the record
-  (:class:`InPlace`), which carries the table's row counts: the prior's, minus the
-  touched rows, plus the fold's output.
-- **publish** (``pipeline.publish.commit``) merges each output by key (:func:`merge_source`):
-  the fold's rows replace or add theirs, a touched key the output no longer holds is
-  deleted (the history's versions are merged by key, date and number, none deleted).
-  Before, the table must still be at the version ingest found; after, the committed
-  version's row count (Delta's, deletion vectors applied) must be the carried count and
-  the rows of the files it added the output's (count and checksum), else the version
-  before is restored.
-
-A TRUNCATE in the night, or a replica's full-copy export, costs the table by nature: the
-resolve then writes no record, and the table takes the whole-table path.
+"""The resolve step of a night merged in place (docs/outputs.md#a-night-costs-the-night;
+the three steps and the record they share: ``pipeline.ingest.inplace``): :func:`narrow`
+keeps the prior rows the fold needs (the keys the night's events name, a key change's new
+key included, the live rows holding a unique value an event writes, the tombstones whose
+GC is due; in a cell table the rows whose TTL expires and the table tombstone), writes
+their keys as ``touched`` and counts them into the record.
 """
 
 from __future__ import annotations
@@ -43,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core import layout
 from pipeline.core.config import Table
-from pipeline.ingest.inplace import _LIVE, TOUCHED, InPlace, _touched, by_key
+from pipeline.ingest.inplace import LIVE_MARK, TOUCHED, InPlace, by_key, read_touched
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -98,7 +70,7 @@ def narrow(
     counted = narrowed.observe(
         seen, F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
     )
-    write_output(counted.select(*table.key, (~F.col("_deleted")).alias(_LIVE)), out / TOUCHED)
+    write_output(counted.select(*table.key, (~F.col("_deleted")).alias(LIVE_MARK)), out / TOUCHED)
     got = seen.get
     record = replace(record, touched_rows=int(got["rows"]), touched_live=int(got["live"]))
     record.save(out)
@@ -134,7 +106,7 @@ def narrowed(
 def _overlay(published: DataFrame, rows: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     """The table after the merge: the published rows of the keys not touched, and the
     run's ``rows`` (those of the touched keys)."""
-    touched = _touched(rows.sparkSession, out)
+    touched = read_touched(rows.sparkSession, out)
     untouched = by_key(published, touched, table.key, "left_anti")
     return untouched.unionByName(rows.select(*published.columns))
 
@@ -186,8 +158,8 @@ def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
     record = InPlace.load(out)
     assert record is not None
     new = keys.select(*table.key).distinct()
-    new = by_key(new, _touched(keys.sparkSession, out), table.key, "left_anti")
-    n = write_output(new.select("*", F.lit(True).alias(_LIVE)), out / TOUCHED, mode="append")
+    new = by_key(new, read_touched(keys.sparkSession, out), table.key, "left_anti")
+    n = write_output(new.select("*", F.lit(True).alias(LIVE_MARK)), out / TOUCHED, mode="append")
     more = replace(
         record, touched_rows=record.touched_rows + n, touched_live=record.touched_live + n
     )
@@ -202,7 +174,7 @@ def history_keys(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
     from pipeline.storage.outputs import read_known
 
     final = read_known(spark, final_state(out), state_schema(table)).select(*table.key)
-    return final.unionByName(_touched(spark, out).select(*table.key)).distinct()
+    return final.unionByName(read_touched(spark, out).select(*table.key)).distinct()
 
 
 def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
@@ -210,4 +182,4 @@ def touched_prior(prior: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     table not merged in place): what the fold read, for the checks that replay it."""
     if InPlace.load(out) is None:
         return prior
-    return by_key(prior, _touched(prior.sparkSession, out), table.key, "left_semi")
+    return by_key(prior, read_touched(prior.sparkSession, out), table.key, "left_semi")

@@ -1,13 +1,8 @@
-"""The typed copies of a table's events: every record of every export, read and guarded
-once (``pipeline.rules.guards``) and written as Parquet with one explicit schema
-(``frames.copy_schema``), in ``staged/<table>/replica=<id>/copies/``.
-
-Where they are written: a JSONL or canonical Parquet export is typed in the Spark task
-that fetches the file (``exports.fetch``); the formats an adapter maps (wal2json, Debezium,
-DMS) are mapped on Spark, and their canonical records typed in Arrow batches of the same
-function (:func:`type_adapted`), written once per run. The resolve stage reads them with
-their schema (:func:`read_copies`): nothing parses a record twice, and no Spark plan holds a
-JSON parse or a type's cast.
+"""The resolve stage's reading of the typed copies (written at fetch time by
+``pipeline.ingest.copies``): every copy of a table's exports with its schema
+(:func:`read_copies`), an adapter's export mapped and typed the first time it is read
+(then written beside the others), and the copies that need the driver (:func:`special_free`
+says when none does). Nothing parses a record twice.
 """
 
 from __future__ import annotations
