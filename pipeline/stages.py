@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import GateError, LockedError, StageError
 from pipeline.core.summary import RunSummary, TableSummary
@@ -207,8 +208,8 @@ def run_report(
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     skew = skew_warnings(summary.tables, config.max_clock_skew_seconds)
     return {
-        "run_id": ctx.run_id,
-        "dt": ctx.dt.isoformat(),
+        RUN_ID: ctx.run_id,
+        DT: ctx.dt.isoformat(),
         "started": ctx.started,
         "now_us": ctx.now_us,
         "store": config.store,
@@ -309,8 +310,8 @@ def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
     )
     return {
         table: {
-            "run_id": ctx.run_id,
-            "dt": report["dt"],
+            RUN_ID: ctx.run_id,
+            DT: report[DT],
             "status": report["status"],
             "runs_version": runs_version,
             "snapshot_version": report["versions"].get(layout.table_path(table, layout.SNAPSHOT)),

@@ -21,6 +21,7 @@ from pipeline.app.generate import GenerateOptions, generate
 from pipeline.app.report import format_report
 from pipeline.app.runs import list_reports, render_page
 from pipeline.core import layout
+from pipeline.core.columns import DT, KEY, RUN_ID
 from pipeline.core.config import Config, load_config
 from pipeline.core.errors import GateError
 from pipeline.publish.stats import trends
@@ -49,17 +50,17 @@ DEMO_CONFIG = {
     "on_fk_violation": "warn",
     "tables": {
         "products": {
-            "key": ["product_no"],
+            KEY: ["product_no"],
             "columns": {"product_no": "int", "name": "string", "price": "decimal(10,2)"},
         },
         "orders": {
-            "key": ["order_id"],
+            KEY: ["order_id"],
             "columns": {"order_id": "bigint", "product_no": "int", "quantity": "int"},
             "not_null": ["product_no"],
             "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
         },
         "accounts": {
-            "key": ["id"],
+            KEY: ["id"],
             "columns": {"id": "bigint", "owner": "string", "balance": "bigint"},
             "unique": [["owner"]],
             "delta": ["balance"],
@@ -254,7 +255,7 @@ def _where(
     ]
     if reports:
         last = reports[-1]
-        docs = layout.validation_dir(date.fromisoformat(str(last["dt"])), last["run_id"])
+        docs = layout.validation_dir(date.fromisoformat(str(last[DT])), last[RUN_ID])
         lines.append(f"  the Data Docs: {copy}/{docs}/data_docs/index.html")
     lines += [
         f"  the run report: {copy}/{layout.date_report(DATES[-1])}",

@@ -37,6 +37,20 @@ from decimal import Decimal
 from typing import Any
 
 from pipeline.core import layout
+from pipeline.core.columns import (
+    AFTER,
+    BEFORE,
+    DEAD,
+    DT,
+    EVENT_ID,
+    KEY,
+    OP,
+    ORIGIN,
+    REPLICA,
+    SEQ,
+    TS,
+    TTL,
+)
 from pipeline.core.config import Column, Config, Kind, Table
 from pipeline.core.policy import Granularity
 from pipeline.storage.context import to_micros
@@ -102,7 +116,7 @@ class KeySpace:
         return None
 
     def to_json(self) -> bytes:
-        return json.dumps({"next_key": self.next_key, "dead": sorted(self.dead)}).encode()
+        return json.dumps({"next_key": self.next_key, DEAD: sorted(self.dead)}).encode()
 
     @classmethod
     def before(cls, store: Store, table: str, dt: date) -> KeySpace:
@@ -117,7 +131,7 @@ class KeySpace:
         if not dates:
             return cls()
         body = json.loads(store.read_bytes(layout.generated_keys(table, dates[-1])))
-        return cls(int(body["next_key"]), set(body["dead"]))
+        return cls(int(body["next_key"]), set(body[DEAD]))
 
 
 @dataclass
@@ -284,7 +298,7 @@ def _write_export(
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            objs = ("key", "new_key", "after", "before")
+            objs = (KEY, "new_key", AFTER, BEFORE)
             rows = [
                 {k: (json.dumps(v) if k in objs and v is not None else v) for k, v in r.items()}
                 for r in chunk
@@ -439,14 +453,14 @@ def _write_day(
         records = []
         for seq, (_at, i) in enumerate(arrivals, start=1):
             e = events[i]
-            r: dict[str, Any] = {"op": e.op, "key": e.key}
+            r: dict[str, Any] = {OP: e.op, KEY: e.key}
             if e.after is not None:
-                r["after"] = e.after
+                r[AFTER] = e.after
             if e.before:
-                r["before"] = e.before
+                r[BEFORE] = e.before
             if e.ttl:
-                r["ttl"] = e.ttl
-            r |= {"ts": e.ts, "origin": e.origin, "event_id": e.event_id, "seq": seq}
+                r[TTL] = e.ttl
+            r |= {TS: e.ts, ORIGIN: e.origin, EVENT_ID: e.event_id, SEQ: seq}
             records.append(r)
         folder = layout.export_dir(rep, table, dt)
         _write_export(
@@ -456,9 +470,9 @@ def _write_day(
             opts.fmt,
             opts.files,
             {
-                "replica": rep,
+                REPLICA: rep,
                 "table": table,
-                "dt": dt.isoformat(),
+                DT: dt.isoformat(),
                 "watermark": f"{dt.isoformat()}T23:59:59.999999Z",
             },
         )

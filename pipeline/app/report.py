@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.core.columns import REPLICA
 from pipeline.storage.context import micros_to_iso
 
 
@@ -110,7 +111,7 @@ def _breakdowns(tables: dict[str, Any]) -> list[str]:
         ("retried from the quarantine:", ["table", "became", "events"], retried),
         ("quarantined events open:", ["table", "events"], still_open),
         ("duplicates (resolved on an earlier night, not again):", ["table", "events"], duplicates),
-        ("divergent keys by replica:", ["table", "replica", "perspective", "snapshot"], divergent),
+        ("divergent keys by replica:", ["table", REPLICA, "perspective", "snapshot"], divergent),
     ]
     lines: list[str] = []
     for title, header, rows in sections:

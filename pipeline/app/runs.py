@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.publish.stats import Point
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
@@ -32,8 +33,8 @@ def list_reports(store: Store) -> list[dict[str, Any]]:
     reports = {dt.isoformat(): _report_of(store, row) for dt, row in chosen.items()}
     for k in store.list(layout.reports_root()):
         if (m := _DATE_REPORT_RE.search(k)) and m.group(1) not in reports:
-            reports[m.group(1)] = {**_read_report(store, k), "dt": m.group(1)}
-    return sorted(reports.values(), key=lambda r: r["dt"], reverse=True)
+            reports[m.group(1)] = {**_read_report(store, k), DT: m.group(1)}
+    return sorted(reports.values(), key=lambda r: r[DT], reverse=True)
 
 
 def _read_report(store: Store, key: str) -> dict[str, Any]:
@@ -51,10 +52,10 @@ def _read_report(store: Store, key: str) -> dict[str, Any]:
 def _report_of(store: Store, row: RunRow) -> dict[str, Any]:
     key = layout.run_report(row.dt, row.run_id)
     if store.exists(key):  # its date and run id are the runs row's
-        return {**_read_report(store, key), "dt": row.dt.isoformat(), "run_id": row.run_id}
+        return {**_read_report(store, key), DT: row.dt.isoformat(), RUN_ID: row.run_id}
     return {  # stopped before publish (an error, a kill): no report, only its row
-        "run_id": row.run_id,
-        "dt": row.dt.isoformat(),
+        RUN_ID: row.run_id,
+        DT: row.dt.isoformat(),
         "status": row.status,
         "started": row.started_at.isoformat(),
         "failures": row.verdict.get("failures") or ["the run stopped before it published"],
@@ -147,8 +148,8 @@ def table_runs(report: dict[str, Any]) -> list[TableRun]:
             raise MalformedReport(f"{conflicts!r} is not a mapping of conflict types")
         out.append(
             TableRun(
-                dt=str(report["dt"]),
-                run_id=str(report.get("run_id", "")),
+                dt=str(report[DT]),
+                run_id=str(report.get(RUN_ID, "")),
                 status=str(report.get("status", "")),
                 table=str(name),
                 events=_count(t.get("distinct_events", 0)),
@@ -286,7 +287,7 @@ def render_page(
     if not reports:
         body = "<p>No run report published yet.</p>"
         return _page("Conflicts", body)
-    report = next((r for r in reports if r["dt"] == dt), reports[0])
+    report = next((r for r in reports if r[DT] == dt), reports[0])
     try:
         rows, broken = table_runs(report), ""
     except MalformedReport as e:

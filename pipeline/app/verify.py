@@ -17,6 +17,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import layout
+from pipeline.core.columns import STATE_DELETED
 from pipeline.core.config import Config, FkPolicy, Granularity, Table
 from pipeline.core.errors import StageError
 
@@ -85,7 +86,7 @@ def check_table(
         Finding(t, "state_rows", state.count(), int(counts.get("state_rows", -1))),
         Finding(t, "state_keys", _duplicates(state, key), 0),
     ]
-    live = state.where(~F.coalesce(F.col("_deleted"), F.lit(False)))
+    live = state.where(~F.coalesce(F.col(STATE_DELETED), F.lit(False)))
     if snapshot is not None:
         found += [
             Finding(t, "snapshot_rows", snapshot.count(), int(counts.get("rows", -1))),
@@ -108,7 +109,7 @@ def check_table(
         pairs = list(zip(fk.columns, parent.key, strict=True))
         parents = (
             states[parent.name]
-            .where(~F.coalesce(F.col("_deleted"), F.lit(False)))
+            .where(~F.coalesce(F.col(STATE_DELETED), F.lit(False)))
             .select(*[F.col(pk).alias(c) for c, pk in pairs])
         )
         child = live.where(reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in fk.columns]))
@@ -122,7 +123,7 @@ def _published(lake: Lake, run: Any, path: str) -> DataFrame:
     before the state was one table)."""
     from pyspark.sql import functions as F
 
-    from pipeline.storage.lake import DT
+    from pipeline.core.columns import DT
 
     df = lake.frame(path, run.versions[path])
     if DT in df.columns:

@@ -30,6 +30,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, KEY, STATE_DELETED
 from pipeline.core.config import WHATIF_NAME, Config, Table
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.summary import RunSummary
@@ -115,7 +116,7 @@ def whatif(
     published = {m["manifest"]: m["sha256"] for m in run.inputs if m.get("table") in config.tables}
     result = {
         "name": name,
-        "dt": dt.isoformat(),
+        DT: dt.isoformat(),
         "published_run_id": run.run_id,
         "whatif_run_id": ctx.run_id,
         "same_exports": staged == published if published else None,
@@ -200,7 +201,7 @@ def compare_table(
             "keys_truncated": count > MAX_KEYS,
             "sample": [
                 {
-                    "key": {c: r[c] for c in key},
+                    KEY: {c: r[c] for c in key},
                     "published": _row(r[PUB]),
                     "whatif": _row(r[MINE]),
                 }
@@ -218,7 +219,7 @@ def _joined(table: Table, state: DataFrame, mine: DataFrame) -> DataFrame:
     """Per key of either side: its key columns, :data:`PUB` and :data:`MINE` (the row of
     the table's columns, or null) and whether they differ (:data:`DIFFER`)."""
     cols, key = list(table.column_names), list(table.key)
-    live = F.coalesce(F.col("_deleted"), F.lit(False))
+    live = F.coalesce(F.col(STATE_DELETED), F.lit(False))
     theirs = state.where(~live).select(*[_col(c) for c in cols])
     types = {f.name: f.dataType for f in theirs.schema.fields}
     ours = mine.select(*[_col(c).cast(types[c]).alias(c) for c in cols])

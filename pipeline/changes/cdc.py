@@ -36,6 +36,7 @@ from pyspark.sql import types as T
 
 from pipeline.changes.streams import Generation, Generations, StreamId, Topology, next_generations
 from pipeline.changes.tokens import serialize_key, tokens
+from pipeline.core.columns import EVENT_ID, EXPIRY, KEY, OP, POS, RANK, SEQ, TS, TTL
 from pipeline.core.config import CdcConfig, Config, Table
 from pipeline.core.policy import CDC_POST_IMAGE, CDC_PRE_IMAGE, ChangeKind
 from pipeline.core.summary import RunSummary
@@ -185,7 +186,7 @@ def stream_id_column(table: Table, gens: Generations) -> Column:
         )
         return fixed.cast(pa.binary())
 
-    return stream_id(F.col("ts"), F.col("key"))
+    return stream_id(F.col(TS), F.col(KEY))
 
 
 def _hex(value: Column, digits: int) -> Column:
@@ -238,17 +239,17 @@ def removals(
     kind = ChangeKind.INSERT if put_back else ChangeKind.ROW_DELETE
     values = [c for c in table.column_names if c not in table.key] if put_back else []
     out = rows.select(
-        F.concat(F.lit("fk_violation:"), F.to_json(key)).alias("event_id"),
-        F.lit(at_us).cast("long").alias("ts"),
-        F.lit(PIPELINE_RANK).alias("rank"),
-        F.lit(None).cast("long").alias("pos"),
+        F.concat(F.lit("fk_violation:"), F.to_json(key)).alias(EVENT_ID),
+        F.lit(at_us).cast("long").alias(TS),
+        F.lit(PIPELINE_RANK).alias(RANK),
+        F.lit(None).cast("long").alias(POS),
         F.lit(0).alias("idx"),
         F.lit(kind.value).alias("kind"),
-        key.alias("key"),
+        key.alias(KEY),
         (row if put_back else none).alias("values"),
         F.array(*[F.lit(c) for c in values]).cast("array<string>").alias("cols"),
-        F.lit(None).cast("long").alias("ttl"),
-        F.lit(None).cast("long").alias("expiry"),
+        F.lit(None).cast("long").alias(TTL),
+        F.lit(None).cast("long").alias(EXPIRY),
         (none if put_back else row).alias("pre"),
         (row if put_back else none).alias("post"),
     )
@@ -275,14 +276,14 @@ def _entries(table: Table, cdc: CdcConfig) -> list[Column]:
 
     def entry(op: Column, sub: int, row: Column, cols: Column, ttl: Column) -> Column:
         return F.struct(
-            op.alias("op"),
+            op.alias(OP),
             F.lit(sub).alias("sub"),
             row.cast(row_t).alias("row"),
             cols.alias("cols"),
-            ttl.cast("long").alias("ttl"),
+            ttl.cast("long").alias(TTL),
         )
 
-    entries = [entry(codes[F.col("kind")], 1, F.col("values"), F.col("cols"), F.col("ttl"))]
+    entries = [entry(codes[F.col("kind")], 1, F.col("values"), F.col("cols"), F.col(TTL))]
     if cdc.preimage:
         pre = entry(F.lit(CDC_PRE_IMAGE), 0, F.col("pre"), no_cols, F.lit(None))
         entries.insert(0, F.when(F.col("pre").isNotNull(), pre))
@@ -294,7 +295,7 @@ def _entries(table: Table, cdc: CdcConfig) -> list[Column]:
 
 def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfig) -> DataFrame:
     """The log rows of ``changes`` (``schema.change_schema``), in canonical order."""
-    by_instant = Window.partitionBy("ts", "rank").orderBy("pos", "event_id")
+    by_instant = Window.partitionBy(TS, RANK).orderBy(POS, EVENT_ID)
     df = changes.select(
         "*",
         (F.dense_rank().over(by_instant) - 1).alias("ordinal"),
@@ -306,22 +307,22 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
     )
     entries = _entries(table, cdc)
     rows = df.select(
-        "event_id",
-        "ts",
-        "rank",
-        "pos",
+        EVENT_ID,
+        TS,
+        RANK,
+        POS,
         "ordinal",
         "idx",
-        "key",
+        KEY,
         "stream",
         F.explode(F.filter(F.array(*entries), lambda e: e.isNotNull())).alias("e"),
     )
-    in_batch = Window.partitionBy("ts", "rank", "event_id", "stream").orderBy(
-        "idx", F.to_json("key"), "e.sub"
+    in_batch = Window.partitionBy(TS, RANK, EVENT_ID, "stream").orderBy(
+        "idx", F.to_json(KEY), "e.sub"
     )
     rows = rows.select(
         "*",
-        (F.row_number().over(in_batch) - 1).alias("seq"),
+        (F.row_number().over(in_batch) - 1).alias(SEQ),
         F.lead(F.lit(1)).over(in_batch).isNull().alias("last"),
     )
     deleted = [
@@ -330,10 +331,10 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
         )
         for c in table.value_columns
     ]
-    return rows.orderBy("ts", "rank", "pos", "event_id", "stream", "seq").select(
+    return rows.orderBy(TS, RANK, POS, EVENT_ID, "stream", SEQ).select(
         F.col("stream").alias("cdc$stream_id"),
-        timeuuid(F.col("ts"), F.col("rank"), F.col("ordinal"), F.col("event_id")).alias("cdc$time"),
-        F.col("seq").alias("cdc$batch_seq_no"),
+        timeuuid(F.col(TS), F.col(RANK), F.col("ordinal"), F.col(EVENT_ID)).alias("cdc$time"),
+        F.col(SEQ).alias("cdc$batch_seq_no"),
         F.col("e.op").cast("byte").alias("cdc$operation"),
         F.col("e.ttl").alias("cdc$ttl"),
         F.col("last").alias("cdc$end_of_batch"),

@@ -42,6 +42,21 @@ from pyspark.sql import types as T
 
 from pipeline.changes.cdc import run_changes
 from pipeline.core import layout
+from pipeline.core.columns import (
+    DT,
+    EVENT_ID,
+    EXPIRY,
+    MARKER,
+    ORIGIN,
+    POS,
+    RANK,
+    RUN_ID,
+    STATE_DELETED,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TS,
+)
 from pipeline.core.config import Config, Table
 from pipeline.core.layout import HISTORY
 from pipeline.core.policy import ChangeKind, Granularity
@@ -60,14 +75,14 @@ log = logging.getLogger(__name__)
 META = (
     ("_valid_from", T.TimestampType()),
     ("_valid_to", T.TimestampType()),
-    ("_deleted", T.BooleanType()),
-    ("_ts", T.TimestampType()),
-    ("_origin", T.StringType()),
-    ("_event_id", T.StringType()),
+    (STATE_DELETED, T.BooleanType()),
+    (STATE_TS, T.TimestampType()),
+    (STATE_ORIGIN, T.StringType()),
+    (STATE_EVENT_ID, T.StringType()),
     ("_run_id", T.StringType()),
     ("_late", T.BooleanType()),
     ("_version", T.LongType()),
-    ("dt", T.DateType()),
+    (DT, T.DateType()),
 )
 
 
@@ -99,13 +114,13 @@ def _visible(changes: DataFrame, table: Table, origins: Column) -> DataFrame:
     row = F.coalesce(F.col("post"), F.col("pre"))
     return changes.where(~F.col("pre").eqNullSafe(F.col("post"))).select(
         *[F.col(f"key.{c}").alias(c) for c in table.key],
-        "ts",
-        "rank",
-        "pos",
-        "event_id",
+        TS,
+        RANK,
+        POS,
+        EVENT_ID,
         row.alias("row"),
         F.col("post").isNull().alias("deleted"),
-        origins[F.col("rank")].alias("origin"),
+        origins[F.col(RANK)].alias(ORIGIN),
         _opens(table).alias("opens"),
     )
 
@@ -124,19 +139,19 @@ def _after_changes(changes: DataFrame, table: Table) -> DataFrame:
     post = F.col("post")
     inserted = F.col("kind") == ChangeKind.INSERT.value
     gone = F.col("kind").isin(ChangeKind.ROW_DELETE.value, ChangeKind.PARTITION_DELETE.value)
-    exp = F.col("expiry")
+    exp = F.col(EXPIRY)
     return changes.select(
         *[F.col(f"key.{c}").alias(c) for c in table.key],
-        "ts",
-        "rank",
-        "event_id",
+        TS,
+        RANK,
+        EVENT_ID,
         post.alias("row"),
         *[
             _slot(F.array_contains("cols", c), F.when(post[c].isNotNull(), exp)).alias(c)
             for c in table.value_columns
         ],
         F.struct((inserted | gone).alias("set"), inserted.alias("on"), exp.alias("exp")).alias(
-            "_marker"
+            MARKER
         ),
     )
 
@@ -151,22 +166,22 @@ def _prior_rows(prior: DataFrame, after: DataFrame, table: Table) -> DataFrame:
     values = table.value_columns
     expiring = [F.col(f"_cells.{c}.ttl").isNotNull() for c in values]
     changed = after.select(*table.key, F.lit(True).alias("_changed")).distinct()
-    watched = prior.where(~F.col("_deleted")).join(changed, list(table.key), "left")
+    watched = prior.where(~F.col(STATE_DELETED)).join(changed, list(table.key), "left")
     keep = reduce(
         lambda a, b: a | b, expiring, F.col("_marker.ttl").isNotNull() | F.col("_changed")
     )
     return watched.where(keep).select(
         *table.key,
-        F.lit(-1).cast("long").alias("ts"),
-        F.lit(-1).alias("rank"),
-        F.lit("").alias("event_id"),
+        F.lit(-1).cast("long").alias(TS),
+        F.lit(-1).alias(RANK),
+        F.lit("").alias(EVENT_ID),
         F.struct(*table.column_names).alias("row"),
         *[_slot(F.lit(True), ttl_expiry(f"_cells.{c}")).alias(c) for c in values],
         F.struct(
             F.lit(True).alias("set"),
-            F.col("_marker").isNotNull().alias("on"),
-            ttl_expiry("_marker").alias("exp"),
-        ).alias("_marker"),
+            F.col(MARKER).isNotNull().alias("on"),
+            ttl_expiry(MARKER).alias("exp"),
+        ).alias(MARKER),
     )
 
 
@@ -196,7 +211,7 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
     deletion when nothing of it is left). Such a version has no origin or event; it sorts
     before an event of the same microsecond, which no longer sees what expired."""
     values = table.value_columns
-    by_key = Window.partitionBy(*table.key).orderBy("ts", "rank", "event_id")
+    by_key = Window.partitionBy(*table.key).orderBy(TS, RANK, EVENT_ID)
     running = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
 
     def standing(c: str) -> Column:
@@ -208,18 +223,18 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
         .unionByName(after)
         .select(
             *table.key,
-            "ts",
+            TS,
             "row",
             *[standing(c)["exp"].alias(f"x_{c}") for c in values],
-            standing("_marker").alias("m"),
-            F.coalesce(F.lead("ts").over(by_key), F.lit(now_us)).alias("until"),
+            standing(MARKER).alias("m"),
+            F.coalesce(F.lead(TS).over(by_key), F.lit(now_us)).alias("until"),
         )
     )
     ends = [F.col(f"x_{c}") for c in values] + [F.when(F.col("m.on"), F.col("m.exp"))]
     instants = F.array_distinct(
         F.filter(
             F.array(*[e * 1_000_000 for e in ends]),
-            lambda e: e.isNotNull() & (e > F.col("ts")) & (e <= F.col("until")),
+            lambda e: e.isNotNull() & (e > F.col(TS)) & (e <= F.col("until")),
         )
     )
     at = obs.where(F.col("row").isNotNull()).select("*", F.explode(instants).alias("at"))
@@ -229,20 +244,20 @@ def _expirations(changes: DataFrame, prior: DataFrame, table: Table, now_us: int
     changed = (was != now) | (now & ~row_before.eqNullSafe(row_after))
     return at.where(was & changed).select(
         *table.key,
-        F.col("at").alias("ts"),
-        F.lit(-1).alias("rank"),
-        F.lit(None).cast("long").alias("pos"),
-        F.lit("").alias("event_id"),
+        F.col("at").alias(TS),
+        F.lit(-1).alias(RANK),
+        F.lit(None).cast("long").alias(POS),
+        F.lit("").alias(EVENT_ID),
         F.when(now, row_after).otherwise(row_before).alias("row"),
         (~now).alias("deleted"),
-        F.lit(None).cast("string").alias("origin"),
+        F.lit(None).cast("string").alias(ORIGIN),
         F.lit(True).alias("opens"),
     )
 
 
 def _in_order(table: Table) -> WindowSpec:
     """A key's versions in order: by the date of the run that appended them, then number."""
-    return Window.partitionBy(*table.key).orderBy("dt", "_version")
+    return Window.partitionBy(*table.key).orderBy(DT, "_version")
 
 
 def _as_rows(versions: DataFrame, table: Table) -> DataFrame:
@@ -250,18 +265,18 @@ def _as_rows(versions: DataFrame, table: Table) -> DataFrame:
     return versions.select(
         *table.key,
         F.struct(*table.column_names).alias("row"),
-        F.col("_deleted").alias("deleted"),
-        F.unix_micros("_ts").alias("ts"),
-        F.lit(None).cast("int").alias("rank"),
-        F.lit(None).cast("long").alias("pos"),
-        F.col("_event_id").alias("event_id"),
-        F.col("_origin").alias("origin"),
+        F.col(STATE_DELETED).alias("deleted"),
+        F.unix_micros(STATE_TS).alias(TS),
+        F.lit(None).cast("int").alias(RANK),
+        F.lit(None).cast("long").alias(POS),
+        F.col(STATE_EVENT_ID).alias(EVENT_ID),
+        F.col(STATE_ORIGIN).alias(ORIGIN),
         F.lit(True).alias("opens"),
         F.unix_micros("_valid_from").alias("vf"),
-        F.col("_run_id").alias("run_id"),
+        F.col("_run_id").alias(RUN_ID),
         F.col("_late").alias("late"),
         F.col("_version").alias("version"),
-        "dt",
+        DT,
         F.lit(False).alias("new"),
     )
 
@@ -273,13 +288,13 @@ def _versions(rows: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
     its row); an opened version starts at its ts, or where the version before it started
     when that is later (``_late``); each version ends where the next one starts."""
     key = list(table.key)
-    position = [F.col(c) for c in ("dt", "version", "ts", "rank", "pos", "event_id")]
+    position = [F.col(c) for c in (DT, "version", TS, RANK, POS, EVENT_ID)]
     position[1] = position[1].asc_nulls_last()
     order = Window.partitionBy(*key).orderBy(*position)
     before = order.rowsBetween(Window.unboundedPreceding, -1)
     first = F.row_number().over(order) == 1  # a key's first change opens, whatever it is
     opens = F.col("opens") | first
-    started = F.max(F.when(opens, F.coalesce("vf", "ts"))).over(before)
+    started = F.max(F.when(opens, F.coalesce("vf", TS))).over(before)
     df = rows.select(
         "*",
         opens.alias("opens_"),
@@ -292,18 +307,18 @@ def _versions(rows: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
         whole = joined.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
         df = df.withColumn("row", F.last("row").over(whole))
     new = F.col("new")
-    ts, start = F.col("ts"), F.col("started")
+    ts, start = F.col(TS), F.col("started")
     df = df.where("opens_").select(
         *[F.col(f"row.{c}").alias(c) for c in table.column_names],
         F.when(new, F.greatest(ts, start)).otherwise(F.col("vf")).alias("vf"),
-        F.col("deleted").alias("_deleted"),
-        _instant(ts).alias("_ts"),
-        F.col("origin").alias("_origin"),
-        F.when(F.col("event_id") != "", F.col("event_id")).alias("_event_id"),
-        F.when(new, F.lit(ctx.run_id)).otherwise(F.col("run_id")).alias("_run_id"),
+        F.col("deleted").alias(STATE_DELETED),
+        _instant(ts).alias(STATE_TS),
+        F.col(ORIGIN).alias(STATE_ORIGIN),
+        F.when(F.col(EVENT_ID) != "", F.col(EVENT_ID)).alias(STATE_EVENT_ID),
+        F.when(new, F.lit(ctx.run_id)).otherwise(F.col(RUN_ID)).alias("_run_id"),
         F.when(new, F.coalesce(ts < start, F.lit(False))).otherwise(F.col("late")).alias("_late"),
         F.when(new, F.col("grp")).otherwise(F.col("version")).alias("_version"),
-        "dt",
+        DT,
     )
     return df.select(
         *table.column_names,
@@ -317,7 +332,7 @@ def as_of_run(history: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
     """The history as the run's date left it: without the versions of later dates that a
     backfill keeps (what the ``history`` suite checks against the run's snapshot)."""
     closed = F.lead("_valid_from").over(_in_order(table))
-    return history.where(F.col("dt") <= F.lit(ctx.dt)).withColumn("_valid_to", closed)
+    return history.where(F.col(DT) <= F.lit(ctx.dt)).withColumn("_valid_to", closed)
 
 
 # ---------------------------------------------------------------------- inputs
@@ -347,26 +362,26 @@ def _continues(spark: SparkSession, ctx: RunContext, table: Table) -> bool:
     """Whether the published history holds versions of an earlier date than the run's:
     if not, the run starts it from the prior state."""
     history = _staged_history(spark, ctx, table)
-    return history is not None and bool(history.where(F.col("dt") < F.lit(ctx.dt)).take(1))
+    return history is not None and bool(history.where(F.col(DT) < F.lit(ctx.dt)).take(1))
 
 
 def _seed(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame:
     """The prior state's live rows as the first versions of their keys (a row without a
     ``_ts`` as valid since the epoch)."""
     prior = read_prior(spark, ctx.staged / table.name, table, check=False)
-    since = _instant(F.coalesce(F.col("_ts"), F.lit(0)))
-    return prior.where(~F.col("_deleted")).select(
+    since = _instant(F.coalesce(F.col(STATE_TS), F.lit(0)))
+    return prior.where(~F.col(STATE_DELETED)).select(
         *table.column_names,
         since.alias("_valid_from"),
         F.lit(None).cast("timestamp").alias("_valid_to"),
-        F.lit(False).alias("_deleted"),
-        since.alias("_ts"),
-        "_origin",
-        "_event_id",
+        F.lit(False).alias(STATE_DELETED),
+        since.alias(STATE_TS),
+        STATE_ORIGIN,
+        STATE_EVENT_ID,
         F.lit(ctx.run_id).alias("_run_id"),
         F.lit(False).alias("_late"),
         F.lit(1).cast("long").alias("_version"),
-        F.lit(ctx.dt).alias("dt"),
+        F.lit(ctx.dt).alias(DT),
     )
 
 
@@ -381,7 +396,7 @@ def build_history(
     earlier dates (or, the first time, the prior state's rows), this run's changes, and
     the versions of later dates a backfill keeps as they are."""
     staged = _staged_history(spark, ctx, table)
-    kept = None if staged is None else staged.where(F.col("dt") != F.lit(ctx.dt))
+    kept = None if staged is None else staged.where(F.col(DT) != F.lit(ctx.dt))
     if kept is None or not _continues(spark, ctx, table):
         seed = _seed(spark, ctx, table)
         kept = seed if kept is None else seed.unionByName(kept)
@@ -394,9 +409,9 @@ def build_history(
     if table.granularity is Granularity.CELL:
         prior = read_prior(spark, ctx.staged / table.name, table, check=False)
         visible = visible.unionByName(_expirations(changes, prior, table, ctx.now_us))
-    new = {"vf": "long", "run_id": "string", "late": "boolean", "version": "long"}
+    new = {"vf": "long", RUN_ID: "string", "late": "boolean", "version": "long"}
     fields = [F.lit(None).cast(t).alias(n) for n, t in new.items()]
-    fields += [F.lit(ctx.dt).alias("dt"), F.lit(True).alias("new")]
+    fields += [F.lit(ctx.dt).alias(DT), F.lit(True).alias("new")]
     rows = _as_rows(kept, table).unionByName(visible.select("*", *fields))
     return _versions(rows, table, ctx).select(*history_schema(table).fieldNames())
 

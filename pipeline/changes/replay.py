@@ -20,6 +20,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import CELLS, DEAD, EXPIRY, KEY, MARKER, OP, SEQ, STATE_DELETED, TTL
 from pipeline.core.config import Table
 from pipeline.core.policy import Granularity
 
@@ -41,32 +42,32 @@ def _seed(prior: DataFrame, table: Table) -> DataFrame:
     keyed = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
     rows = prior.where(keyed)
     if not cell:
-        rows = rows.where(~F.col("_deleted"))
+        rows = rows.where(~F.col(STATE_DELETED))
     values = []
     for c in table.value_columns:
         if cell:  # the cell as written; a base row has none: its value, no expiry
             x = F.col(f"_cells.{c}")
-            live = F.when(x.isNotNull(), ~x["dead"]).otherwise(F.col(c).isNotNull())
+            live = F.when(x.isNotNull(), ~x[DEAD]).otherwise(F.col(c).isNotNull())
             value = F.when(x.isNotNull(), x["value"]).otherwise(F.col(c))
-            expiry = F.when(x.isNotNull() & x["ttl"].isNotNull(), x["expiry"])
+            expiry = F.when(x.isNotNull() & x[TTL].isNotNull(), x[EXPIRY])
         else:
             live, value, expiry = F.col(c).isNotNull(), F.col(c), F.lit(None)
         values.append(F.when(live, F.struct(value.alias("v"), expiry.cast("long").alias("exp"))))
     if cell:
-        m = F.col("_marker")
-        marker = F.when(F.col("_cells").isNull(), F.struct(F.lit(None).cast("long").alias("exp")))
+        m = F.col(MARKER)
+        marker = F.when(F.col(CELLS).isNull(), F.struct(F.lit(None).cast("long").alias("exp")))
         marker = marker.otherwise(
-            F.when(m.isNotNull(), F.struct(F.when(m["ttl"].isNotNull(), m["expiry"]).alias("exp")))
+            F.when(m.isNotNull(), F.struct(F.when(m[TTL].isNotNull(), m[EXPIRY]).alias("exp")))
         )
     else:
         marker = F.struct(F.lit(None).cast("long").alias("exp"))
     return rows.select(
-        F.struct(*[F.col(c) for c in table.key]).alias("key"),
+        F.struct(*[F.col(c) for c in table.key]).alias(KEY),
         F.lit(0).alias("is_entry"),
         F.lit(None).cast("long").alias("t"),
         F.lit(None).cast("string").alias("lsb"),
-        F.lit(None).cast("int").alias("seq"),
-        F.lit(1).cast("byte").alias("op"),
+        F.lit(None).cast("int").alias(SEQ),
+        F.lit(1).cast("byte").alias(OP),
         marker.alias("marker"),
         *[v.alias(f"w_{c}") for v, c in zip(values, table.value_columns, strict=True)],
     )
@@ -84,12 +85,12 @@ def _entries(log: DataFrame, table: Table) -> DataFrame:
         written = F.struct(F.col(c).alias("v"), F.when(F.col(c).isNotNull(), expiry).alias("exp"))
         values.append(F.when(op.isin(1, 2) & listed, written).alias(f"w_{c}"))
     return log.where(op.isin(1, 2, 3, 4)).select(
-        F.struct(*[F.col(c) for c in table.key]).alias("key"),
+        F.struct(*[F.col(c) for c in table.key]).alias(KEY),
         F.lit(1).alias("is_entry"),
         t.alias("t"),
         F.col("`cdc$time`").substr(20, 17).alias("lsb"),  # orders like the bytes (cdc.py)
-        F.col("`cdc$batch_seq_no`").alias("seq"),
-        op.cast("byte").alias("op"),
+        F.col("`cdc$batch_seq_no`").alias(SEQ),
+        op.cast("byte").alias(OP),
         F.when(op == 2, F.struct(expiry.cast("long").alias("exp"))).alias("marker"),
         *values,
     )
@@ -99,12 +100,12 @@ def replayed(prior: DataFrame, log: DataFrame, table: Table, now_us: int) -> Dat
     """The rows a reader sees at ``now_us`` after replaying ``log`` over ``prior``: the
     table's columns, by key."""
     writes = _seed(prior, table).unionByName(_entries(log, table))
-    order = Window.partitionBy("key").orderBy("is_entry", "t", "lsb", "seq")
-    whole = Window.partitionBy("key")
+    order = Window.partitionBy(KEY).orderBy("is_entry", "t", "lsb", SEQ)
+    whole = Window.partitionBy(KEY)
     writes = writes.withColumn("rn", F.row_number().over(order))
     writes = writes.withColumn(
         "reset",
-        F.coalesce(F.max(F.when(F.col("op").isin(3, 4), F.col("rn"))).over(whole), F.lit(0)),
+        F.coalesce(F.max(F.when(F.col(OP).isin(3, 4), F.col("rn"))).over(whole), F.lit(0)),
     )
     after = F.col("rn") > F.col("reset")
 
@@ -113,7 +114,7 @@ def replayed(prior: DataFrame, log: DataFrame, table: Table, now_us: int) -> Dat
         return F.max(F.when(after & x.isNotNull(), F.struct(F.col("rn"), x.alias("w"))))["w"]
 
     now_s = now_us // 1_000_000
-    state = writes.groupBy("key").agg(
+    state = writes.groupBy(KEY).agg(
         last("marker").alias("marker"), *[last(f"w_{c}").alias(c) for c in table.value_columns]
     )
 
@@ -146,7 +147,7 @@ def replay_differences(
     joined = mine.join(theirs, list(table.key), "full_outer")
     differs = ~F.col("r").eqNullSafe(F.col("s"))
     return joined.where(differs).select(
-        F.to_json(F.struct(*[F.col(c) for c in table.key])).alias("key"),
+        F.to_json(F.struct(*[F.col(c) for c in table.key])).alias(KEY),
         F.to_json("r").alias("replayed"),
         F.to_json("s").alias("published"),
     )

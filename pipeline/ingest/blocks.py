@@ -34,6 +34,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from pipeline.core.columns import (
+    AFTER,
+    BEFORE,
+    EVENT_ID,
+    EXPIRY,
+    KEY,
+    OP,
+    ORIGIN,
+    POS,
+    RANK,
+    REPLICA,
+    SEQ,
+    TS,
+    TTL,
+    TXID,
+)
 from pipeline.core.config import Kind, Table
 from pipeline.core.policy import Granularity
 from pipeline.rules.guards import MAX_TTL, ROW_OPS, Typer, reader
@@ -61,8 +77,8 @@ class BlockTyper:
         t: Table = typer.spec.table
         self.table = t
         self.cell = t.granularity is Granularity.CELL
-        row_type: pa.StructType = schema.field("after").type
-        key_type: pa.StructType = schema.field("key").type
+        row_type: pa.StructType = schema.field(AFTER).type
+        key_type: pa.StructType = schema.field(KEY).type
         self.row_type, self.key_type = row_type, key_type
         kinds = {c.name: c.type.kind for c in t.columns}
         #: per column: its type as Arrow reads it, and the guards' reader when Arrow reads text
@@ -75,19 +91,19 @@ class BlockTyper:
 
         self.read_schema = pa.schema(
             [
-                ("op", pa.string()),
-                ("key", parsed(key_type)),
+                (OP, pa.string()),
+                (KEY, parsed(key_type)),
                 ("new_key", parsed(key_type)),
-                ("after", parsed(row_type)),
-                ("before", parsed(row_type)),
-                ("ts", pa.int64()),
-                ("origin", pa.string()),
-                ("event_id", pa.string()),
-                ("txid", pa.string()),
-                ("seq", pa.int64()),
-                ("pos", pa.int64()),
-                ("ttl", pa.int64()),
-                ("expiry", pa.int64()),
+                (AFTER, parsed(row_type)),
+                (BEFORE, parsed(row_type)),
+                (TS, pa.int64()),
+                (ORIGIN, pa.string()),
+                (EVENT_ID, pa.string()),
+                (TXID, pa.string()),
+                (SEQ, pa.int64()),
+                (POS, pa.int64()),
+                (TTL, pa.int64()),
+                (EXPIRY, pa.int64()),
             ]
         )
         self.options = pj.ParseOptions(
@@ -185,11 +201,11 @@ class BlockTyper:
     ) -> tuple[pa.Table, np.ndarray]:
         """The block's rows as typed copies, and per row whether it is clean."""
         col = {name: data.column(name).combine_chunks() for name in data.column_names}
-        key, key_reads = self._values(col["key"], self.key_type)
+        key, key_reads = self._values(col[KEY], self.key_type)
         new_key, new_key_reads = self._values(col["new_key"], self.key_type)
-        after, after_reads = self._values(col["after"], self.row_type)
-        before, before_reads = self._values(col["before"], self.row_type)
-        key_ok = np.asarray(pc.is_valid(col["key"]))
+        after, after_reads = self._values(col[AFTER], self.row_type)
+        before, before_reads = self._values(col[BEFORE], self.row_type)
+        key_ok = np.asarray(pc.is_valid(col[KEY]))
         for v in key:
             key_ok &= np.asarray(pc.is_valid(v))
         images = _Images(
@@ -200,8 +216,8 @@ class BlockTyper:
             reads=key_reads & new_key_reads & after_reads & before_reads,
             key_ok=key_ok,
             new_key_given=np.asarray(pc.is_valid(col["new_key"])),
-            after_has=self._has(col["after"], after),
-            before_has=self._has(col["before"], before),
+            after_has=self._has(col[AFTER], after),
+            before_has=self._has(col[BEFORE], before),
         )
         return self._columns(col, images, source, numbers), self._clean(col, images)
 
@@ -209,13 +225,13 @@ class BlockTyper:
         """Per row: no rule of
         docs/rules.md#conflict-types/docs/rules.md#fine-points matches (see the
         module's docstring)."""
-        typer, op, ts = self.typer, col["op"], col["ts"]
+        typer, op, ts = self.typer, col[OP], col[TS]
         ok = im.reads & im.key_ok
         for cond in (
-            pc.greater(pc.utf8_length(col["event_id"]), 0),
+            pc.greater(pc.utf8_length(col[EVENT_ID]), 0),
             pc.is_in(op, pa.array(ROW_OPS)),
-            pc.is_in(col["origin"], self.origins),
-            pc.is_valid(col["seq"]),
+            pc.is_in(col[ORIGIN], self.origins),
+            pc.is_valid(col[SEQ]),
             pc.less_equal(ts, typer.future),
             pc.greater_equal(ts, typer.stale),
         ):
@@ -223,11 +239,11 @@ class BlockTyper:
         nk_given = im.new_key_given
         is_update = np.asarray(pc.fill_null(pc.equal(op, "UPDATE"), False))
         if self.cell:
-            ok &= ~nk_given & self._cell_rules(col["ttl"], col["expiry"])
+            ok &= ~nk_given & self._cell_rules(col[TTL], col[EXPIRY])
         else:
             ok &= ~nk_given | is_update
             is_insert = np.asarray(pc.fill_null(pc.equal(op, "INSERT"), False))
-            ok &= ~is_insert | np.asarray(pc.is_valid(col["after"]))
+            ok &= ~is_insert | np.asarray(pc.is_valid(col[AFTER]))
         nk_full = nk_given.copy()
         for v in im.new_key:
             nk_full &= np.asarray(pc.is_valid(v))
@@ -241,13 +257,13 @@ class BlockTyper:
         self, col: dict[str, pa.Array], im: _Images, source: tuple[str, str], numbers: pa.Array
     ) -> pa.Table:
         """The typed copies (``frames.copy_schema``) of the block's rows."""
-        n, (replica, file), origin = len(numbers), source, col["origin"]
+        n, (replica, file), origin = len(numbers), source, col[ORIGIN]
         prefs = self.typer.prefs
-        ttl, expiry = self._ttl(col["ttl"], col["expiry"], col["ts"])
+        ttl, expiry = self._ttl(col[TTL], col[EXPIRY], col[TS])
         null_s = pa.nulls(n, pa.string())
         ncols = len(self.row_type)
         arrays = {
-            "replica": pa.repeat(pa.scalar(replica, pa.string()), n),
+            REPLICA: pa.repeat(pa.scalar(replica, pa.string()), n),
             "file": pa.repeat(pa.scalar(file, pa.string()), n),
             "line": numbers,
             "pref": pc.if_else(
@@ -255,23 +271,23 @@ class BlockTyper:
                 pa.scalar(-1, pa.int32()),
                 pa.scalar(prefs.get(replica, len(prefs)), pa.int32()),
             ),
-            "rank": pc.take(self.origin_ranks, pc.fill_null(pc.index_in(origin, self.origins), 0)),
-            "key": self._struct(im.key, self.key_type, im.key_ok),
+            RANK: pc.take(self.origin_ranks, pc.fill_null(pc.index_in(origin, self.origins), 0)),
+            KEY: self._struct(im.key, self.key_type, im.key_ok),
             "new_key": self._struct(im.new_key, self.key_type, im.new_key_given),
-            "after": self._struct(im.after, self.row_type, None),
+            AFTER: self._struct(im.after, self.row_type, None),
             "after_has": _flags(im.after_has, n, ncols),
-            "before": self._struct(im.before, self.row_type, None),
+            BEFORE: self._struct(im.before, self.row_type, None),
             "before_has": _flags(im.before_has, n, ncols),
             "extra_cols": pa.ListArray.from_arrays(
                 pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string())
             ),
-            "ttl": ttl,
-            "expiry": expiry,
+            TTL: ttl,
+            EXPIRY: expiry,
             "reason": null_s,
             "detail": null_s,
             "raw": null_s,
         }
-        for name in ("event_id", "op", "origin", "seq", "pos", "txid", "ts"):
+        for name in (EVENT_ID, OP, ORIGIN, SEQ, POS, TXID, TS):
             arrays[name] = col[name]
         return pa.Table.from_arrays(
             [arrays[f.name].cast(f.type) for f in self.schema], schema=self.schema

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.core.columns import AFTER, BEFORE, EVENT_ID, KEY, OP, ORIGIN, REPLICA, SEQ, TS, TXID
 from pipeline.ingest.blocks import BlockTyper
 from pipeline.rules.guards import (
     JsonNumber,
@@ -112,7 +113,7 @@ class CopyWriter:
         self._add(number, self.typer.record(fields, source, self.replica))
 
     def _add(self, number: int | None, copy: dict[str, Any]) -> None:
-        copy["replica"], copy["file"], copy["line"] = self.replica, self.file, number
+        copy[REPLICA], copy["file"], copy["line"] = self.replica, self.file, number
         located(copy)
         self._rows.append(copy)
         self.count += 1
@@ -154,7 +155,7 @@ def special_count(copies: pa.Table) -> int:
     """The typed copies ``shuffle.split_special`` brings to the driver: a TRUNCATE, a
     record without an event id, or a change of its key (the same rule, in pyarrow, for
     the tasks that type the copies)."""
-    special = pc.or_kleene(pc.is_null(copies["event_id"]), pc.equal(copies["op"], "TRUNCATE"))
+    special = pc.or_kleene(pc.is_null(copies[EVENT_ID]), pc.equal(copies[OP], "TRUNCATE"))
     brought = pc.or_kleene(special, pc.is_valid(copies["new_key"]))
     return int(pc.sum(pc.fill_null(brought, False)).as_py() or 0)
 
@@ -229,8 +230,8 @@ def type_adapted(
         for batch in batches:
             rows = []
             for r in batch.to_pylist():
-                copy = typer.line(r["raw"], r["replica"])
-                copy["replica"], copy["file"], copy["line"] = r["replica"], r["file"], r["line"]
+                copy = typer.line(r["raw"], r[REPLICA])
+                copy[REPLICA], copy["file"], copy["line"] = r[REPLICA], r["file"], r["line"]
                 rows.append(located(copy))
             yield from columns_table(rows, schema).to_batches()
 
@@ -252,18 +253,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def copy_record(r: Mapping[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
     """A typed copy (``frames.copy_schema``, as a dict) as a canonical record (docs/adapters.md),
     for an operator to read: the images hold the columns the record gave."""
-    out: dict[str, Any] = {"op": r["op"], "key": r["key"]}
+    out: dict[str, Any] = {OP: r[OP], KEY: r[KEY]}
     if r["new_key"] is not None:
         out["new_key"] = r["new_key"]
-    for image in ("after", "before"):
+    for image in (AFTER, BEFORE):
         values = r[image] or {}
         given = {
             c: values[c] for c, has in zip(columns, r[f"{image}_has"] or (), strict=False) if has
         }
         if given:
             out[image] = given
-    ts = None if r["ts"] is None else _EPOCH + timedelta(microseconds=r["ts"])
-    out.update(ts=ts, origin=r["origin"], event_id=r["event_id"], seq=r["seq"])
-    if r["txid"] is not None:
-        out["txid"] = r["txid"]
+    ts = None if r[TS] is None else _EPOCH + timedelta(microseconds=r[TS])
+    out.update(ts=ts, origin=r[ORIGIN], event_id=r[EVENT_ID], seq=r[SEQ])
+    if r[TXID] is not None:
+        out[TXID] = r[TXID]
     return out

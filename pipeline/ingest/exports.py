@@ -46,6 +46,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, REPLICA, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import ExportError, StoreError
 from pipeline.ingest import inplace, pending, prior, retry
@@ -81,7 +82,7 @@ TYPED_FORMATS = ("jsonl", "parquet")
 #: no text (not UTF-8: ``raw`` then holds its bytes escaped), else null
 RAW_SCHEMA = pa.schema(
     [
-        ("replica", pa.string()),
+        (REPLICA, pa.string()),
         ("file", pa.string()),
         ("line", pa.int64()),
         ("raw", pa.string()),
@@ -798,7 +799,7 @@ def _pin_read_tables(
         ledger.save(ctx.staged / tname / prior.LEDGER_PIN)
         st.ledger = list(ledger.dates or ())
         st.legacy_ids = prior.window_has_legacy_ids(runs, tname, st.ledger)
-    if st.prior is not None and "dt" in st.prior:
+    if st.prior is not None and DT in st.prior:
         pending.pin(store, lake, tname, dt_of(st.prior), ctx.staged / tname)
     if config.tables[tname].history is not None:
         history = prior.pin_table(store, lake, layout.table_path(tname, layout.HISTORY))
@@ -817,7 +818,7 @@ def _stage_exports(
             st.missing.append(rep)
             continue
         manifest = read_manifest(
-            store, folder, {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()}
+            store, folder, {REPLICA: rep, "table": tname, DT: ctx.dt.isoformat()}
         )
         where = f"{store.uri}/{folder}/{layout.MANIFEST}"
         check_requirements(manifest["format"], manifest["options"], config.tables[tname], where)
@@ -854,7 +855,7 @@ def _stage_snapshots(
             manifest = read_manifest(
                 store,
                 folder,
-                {"replica": rep, "table": tname, "dt": ctx.dt.isoformat()},
+                {REPLICA: rep, "table": tname, DT: ctx.dt.isoformat()},
                 ROW_FORMATS,
             )
             st.manifests.append(_manifest_digest(store, folder))
@@ -888,7 +889,7 @@ def _pin_prior(
     in place (``pipeline.ingest.inplace``)."""
     pin = prior.pin_state(store, lake, run, tname, runs)
     pin.save(ctx.staged / tname / prior.PRIOR_PIN)
-    st.prior = {"dt": run.dt.isoformat(), "run_id": run.run_id, "state_rows": pin.rows}
+    st.prior = {DT: run.dt.isoformat(), RUN_ID: run.run_id, "state_rows": pin.rows}
     st.start = f"the state of {run.dt} (run {run.run_id}, {pin.rows} rows)"
     plan = inplace.plan(config, lake, runs, run, pin, tname, ctx.dt, ctx.now_us)
     if plan.record is not None:
@@ -927,11 +928,11 @@ def _stage_start(
             "(run %s, %d rows), once: this run publishes in the Delta layout",
             tname,
             store.uri,
-            pointer["dt"],
-            pointer["run_id"],
+            pointer[DT],
+            pointer[RUN_ID],
             staged.rows,
         )
-        st.prior = {"dt": pointer["dt"], "run_id": pointer["run_id"], "state_rows": staged.rows}
+        st.prior = {DT: pointer[DT], RUN_ID: pointer[RUN_ID], "state_rows": staged.rows}
         st.start = f"the state of {pointer['dt']} in the earlier layout (run {pointer['run_id']})"
     elif _find_export(store, base := layout.base_dir(tname), "base snapshot"):
         manifest = read_manifest(store, base, {"table": tname}, ROW_FORMATS)
@@ -1043,4 +1044,4 @@ def _fetch_in_task(
 
 
 def dt_of(pointer: dict[str, Any]) -> date:
-    return date.fromisoformat(pointer["dt"])
+    return date.fromisoformat(pointer[DT])

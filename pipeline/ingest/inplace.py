@@ -43,6 +43,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, KEY
 from pipeline.core.config import Config, Granularity
 
 if TYPE_CHECKING:
@@ -96,14 +97,14 @@ class InPlace:
     def merge_key(self, path: str) -> tuple[str, ...]:
         """The columns a row of ``path`` is merged by: the table's key, and in the history
         the version's date and number (a version is never deleted: no ``touched``)."""
-        return (*self.key, "dt", "_version") if path.endswith(f"/{layout.HISTORY}") else self.key
+        return (*self.key, DT, "_version") if path.endswith(f"/{layout.HISTORY}") else self.key
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> InPlace:
-        return InPlace(**{**d, "key": tuple(d["key"]), "versions": dict(d["versions"])})
+        return InPlace(**{**d, KEY: tuple(d[KEY]), "versions": dict(d["versions"])})
 
     def save(self, out: WorkPath) -> None:
         (out / RECORD).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))

@@ -23,6 +23,7 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from pipeline.core import layout
+from pipeline.core.columns import REPLICA
 from pipeline.spark.frames import RUN_COLUMNS
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 PIN = "pending.pin.json"
 #: the published table's columns after ``run_id, table`` (its ``dt``: the run's date)
-COLUMNS = ("replica", "file", "line", "raw", "bad", "exported")
+COLUMNS = (REPLICA, "file", "line", "raw", "bad", "exported")
 SCHEMA_DDL = (
     "run_id string, table string, replica string, file string, line bigint, raw string, "
     "bad string, exported date"
@@ -99,7 +100,7 @@ def write(
     run = [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (run_id, table), strict=True)]
     rows = frame.select(
         *run,
-        "replica",
+        REPLICA,
         F.when(mine, F.concat(F.lit(f"dt={dt.isoformat()}/"), F.col("file")))
         .otherwise(F.col("file"))
         .alias("file"),
@@ -135,5 +136,5 @@ def _per_replica(replicas: tuple[str, ...]) -> list[Column]:
     from pipeline.ingest.adapters.options import FRAMING
 
     record = ~F.col("raw").rlike(FRAMING["wal2json"].pattern.decode())
-    mine = [record & (F.col("replica") == r) for r in replicas]
+    mine = [record & (F.col(REPLICA) == r) for r in replicas]
     return [F.sum(F.when(m, 1).otherwise(0)).alias(r) for m, r in zip(mine, replicas, strict=True)]

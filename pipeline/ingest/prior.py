@@ -26,8 +26,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.errors import PriorStateError, StoreError
-from pipeline.storage.lake import DT, Lake, Pin, add_actions
+from pipeline.storage.lake import Lake, Pin, add_actions
 from pipeline.storage.runs_table import RunRow, retained_rows
 from pipeline.storage.store import Store
 from pipeline.storage.workpath import WorkPath, write_table
@@ -82,7 +83,7 @@ def pin_state(
     dated = DT in t.metadata().partition_columns
     rows = int(run.tables().get(table, {}).get("state_rows", -1))
     actions = add_actions(t, run.dt if dated else None)
-    committed_by = lake.commit_meta(path, version).get("run_id")
+    committed_by = lake.commit_meta(path, version).get(RUN_ID)
     # an empty state left empty makes no commit: the run names the version it found
     still_empty = rows == 0 and all(a.get("num_records") == 0 for a in actions)
     kept = any(

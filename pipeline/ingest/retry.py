@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, EVENT_ID, FATE, REPLICA, RUN_ID
 from pipeline.core.policy import RETRYABLE, Fate, QuarantineReason
 from pipeline.storage.outputs import output_info, replace_output
 from pipeline.storage.workpath import WorkPath, read_folder, read_table, write_table
@@ -69,9 +70,9 @@ class Status(StrEnum):
 _S, _D = pa.string(), pa.date32()
 OUTCOME_SCHEMA = pa.schema(
     [
-        ("run_id", _S),
+        (RUN_ID, _S),
         ("table", _S),
-        ("event_id", _S),
+        (EVENT_ID, _S),
         ("reason", _S),
         ("quarantined_dt", _D),
         ("status", _S),
@@ -82,8 +83,8 @@ OUTCOME_SCHEMA = pa.schema(
 #: what ingest stages for the resolve stage: the events offered again
 OFFER_SCHEMA = pa.schema(
     [
-        ("event_id", _S),
-        ("replica", _S),
+        (EVENT_ID, _S),
+        (REPLICA, _S),
         ("reason", _S),
         ("quarantined_dt", _D),
         ("attempt", pa.int32()),
@@ -110,17 +111,17 @@ def statuses(quarantine: pa.Table, outcomes: pa.Table | None) -> dict[str, Item]
     """Every quarantined event (by id; its first quarantine) with its status: its latest
     outcome by (``dt``, ``decided_at``), or open."""
     items: dict[str, Item] = {}
-    rows = quarantine.select(["event_id", "reason", "dt"]).to_pylist()
-    for r in sorted(rows, key=lambda r: r["dt"]):
-        if r["event_id"] is not None and r["event_id"] not in items:
-            items[r["event_id"]] = Item(r["event_id"], r["reason"], r["dt"], Status.OPEN, r["dt"])
+    rows = quarantine.select([EVENT_ID, "reason", DT]).to_pylist()
+    for r in sorted(rows, key=lambda r: r[DT]):
+        if r[EVENT_ID] is not None and r[EVENT_ID] not in items:
+            items[r[EVENT_ID]] = Item(r[EVENT_ID], r["reason"], r[DT], Status.OPEN, r[DT])
     if outcomes is None:
         return items
-    for o in sorted(outcomes.to_pylist(), key=lambda o: (o["dt"], o["decided_at"])):
-        it = items.get(o["event_id"])
+    for o in sorted(outcomes.to_pylist(), key=lambda o: (o[DT], o["decided_at"])):
+        it = items.get(o[EVENT_ID])
         if it is not None:
             status = Status(o["status"])
-            since = o["dt"] if status is Status.REOPENED else it.since
+            since = o[DT] if status is Status.REOPENED else it.since
             items[it.event_id] = Item(it.event_id, it.reason, it.quarantined_dt, status, since)
     return items
 
@@ -130,7 +131,7 @@ def read_quarantine(lake: Lake, table: str, before: date | None, columns: list[s
     where = f"dt < DATE '{before.isoformat()}'" if before is not None else None
     got = lake.read(layout.table_path(table, "quarantine"), columns=columns, where=where)
     if got is None:
-        return pa.table({c: pa.array([], _D if c == "dt" else _S) for c in columns})
+        return pa.table({c: pa.array([], _D if c == DT else _S) for c in columns})
     return got
 
 
@@ -154,19 +155,19 @@ def stage(
     (``open.parquet``), those offered to it (``offers.parquet``), those to type again
     (``copies/``), and the outcomes decided at ingest (an event past its attempts, the
     operator's rows of ``dt``, which a rerun keeps) in ``outcomes.parquet``."""
-    quarantine = read_quarantine(lake, table.name, dt, ["event_id", "reason", "dt"])
+    quarantine = read_quarantine(lake, table.name, dt, [EVENT_ID, "reason", DT])
     if quarantine.num_rows == 0:
         return
     outcomes = read_outcomes(lake, table.name)
     kept = [] if outcomes is None else _manual_rows(outcomes, dt)
     before = None
     if outcomes is not None:  # what runs of earlier dates and the operator decided
-        earlier = outcomes.filter(pc.less(outcomes["dt"], dt))
+        earlier = outcomes.filter(pc.less(outcomes[DT], dt))
         before = pa.concat_tables([earlier, pa.Table.from_pylist(kept, earlier.schema)])
     items = statuses(quarantine, before)
     open_items = [it for it in items.values() if not it.status.closed]
     ids = pa.array(sorted(it.event_id for it in open_items), _S)
-    write_table(pa.table({"event_id": ids}), dest / OPEN)
+    write_table(pa.table({EVENT_ID: ids}), dest / OPEN)
     dates = sorted({r.dt for r in runs if r.published and table.name in r.tables()})
     offers, expired = [], []
     for it in open_items:
@@ -190,14 +191,14 @@ def stage(
 
 def _manual_rows(outcomes: pa.Table, dt: date) -> list[dict[str, Any]]:
     """The operator's outcomes of ``dt`` itself: a rerun of ``dt`` keeps them."""
-    rows = outcomes.filter(pc.equal(outcomes["dt"], dt)).to_pylist()
-    return [r for r in rows if str(r["run_id"]).startswith(MANUAL)]
+    rows = outcomes.filter(pc.equal(outcomes[DT], dt)).to_pylist()
+    return [r for r in rows if str(r[RUN_ID]).startswith(MANUAL)]
 
 
 def _outcome(it: Item, status: Status, attempts: int, run_id: str = "") -> dict[str, Any]:
     return {
-        "run_id": run_id,
-        "event_id": it.event_id,
+        RUN_ID: run_id,
+        EVENT_ID: it.event_id,
         "reason": it.reason,
         "quarantined_dt": it.quarantined_dt,
         "status": status.value,
@@ -228,15 +229,15 @@ def _write_offers(
     if not ids:  # most nights: no need to read the records
         _write(dest / "offers.parquet", [], OFFER_SCHEMA)
         return
-    rows = read_quarantine(lake, table.name, dt, ["event_id", "replica", "event", "dt"])
-    rows = rows.filter(pc.is_in(rows["event_id"], pa.array(ids, _S)))
+    rows = read_quarantine(lake, table.name, dt, [EVENT_ID, REPLICA, "event", DT])
+    rows = rows.filter(pc.is_in(rows[EVENT_ID], pa.array(ids, _S)))
     first: dict[str, dict[str, Any]] = {}
-    for r in sorted(rows.to_pylist(), key=lambda r: r["dt"]):
-        first.setdefault(r["event_id"], r)
+    for r in sorted(rows.to_pylist(), key=lambda r: r[DT]):
+        first.setdefault(r[EVENT_ID], r)
     out = [
         {
-            "event_id": it.event_id,
-            "replica": first[it.event_id]["replica"],
+            EVENT_ID: it.event_id,
+            REPLICA: first[it.event_id][REPLICA],
             "reason": it.reason,
             "quarantined_dt": it.quarantined_dt,
             "attempt": attempt,
@@ -250,7 +251,7 @@ def _write_offers(
     by_replica: dict[str, list[dict[str, Any]]] = {}
     for o in out:
         if o["reason"] in _TYPED_AGAIN:
-            by_replica.setdefault(o["replica"], []).append(o)
+            by_replica.setdefault(o[REPLICA], []).append(o)
     with (dest / "copies").writing() as folder:
         for replica, group in sorted(by_replica.items()):
             path = folder / f"part-{replica}.parquet"
@@ -296,26 +297,26 @@ def settle(offers: list[dict[str, Any]], out: WorkPath) -> Settled:
     offered = [o for o in offers if o["reason"] in _TYPED_AGAIN]
     if not offered:
         return Settled()
-    ids = pa.array([o["event_id"] for o in offered], _S)
+    ids = pa.array([o[EVENT_ID] for o in offered], _S)
     every = read_folder(out / "fates")
     assert every is not None, "the fold writes its fates"
     fate_of: dict[str, str] = {}
-    for r in every.filter(pc.is_in(every["event_id"], ids)).to_pylist():
-        if r["fate"] != Fate.DUPLICATE.value or r["event_id"] not in fate_of:
-            fate_of[r["event_id"]] = r["fate"]
-    mine = pc.fill_null(pc.is_in(every["event_id"], ids), False)
+    for r in every.filter(pc.is_in(every[EVENT_ID], ids)).to_pylist():
+        if r[FATE] != Fate.DUPLICATE.value or r[EVENT_ID] not in fate_of:
+            fate_of[r[EVENT_ID]] = r[FATE]
+    mine = pc.fill_null(pc.is_in(every[EVENT_ID], ids), False)
     keep = _drop_offered_copies(every.filter(mine).to_pylist(), offered)
     own = pa.concat_tables(
         [every.filter(pc.invert(mine)), pa.Table.from_pylist(keep, every.schema)]
     )
     replace_output(out / "fates", own)
     # the night's own copy of an offered event (an export that sent it again) keeps its row
-    again = {r["event_id"] for r in keep if r["fate"] == Fate.QUARANTINED.value}
+    again = {r[EVENT_ID] for r in keep if r[FATE] == Fate.QUARANTINED.value}
     _drop_requarantined(out / "quarantine", pa.array(sorted(set(ids.to_pylist()) - again), _S))
     outcomes: list[dict[str, Any]] = []
     retried: dict[str, int] = {}
     for o in offered:
-        status, what = _decided(fate_of.get(o["event_id"]), o["last"])
+        status, what = _decided(fate_of.get(o[EVENT_ID]), o["last"])
         if status is not None:
             outcomes.append(_offer_outcome(o, status))
             retried[what] = retried.get(what, 0) + 1
@@ -334,7 +335,7 @@ def _decided(fate: str | None, last: bool) -> tuple[Status | None, str]:
 
 
 def _offer_outcome(o: Mapping[str, Any], status: Status) -> dict[str, Any]:
-    it = Item(o["event_id"], o["reason"], o["quarantined_dt"], Status.OPEN, o["quarantined_dt"])
+    it = Item(o[EVENT_ID], o["reason"], o["quarantined_dt"], Status.OPEN, o["quarantined_dt"])
     return _outcome(it, status, o["attempt"])
 
 
@@ -345,9 +346,9 @@ def _drop_offered_copies(
     out, a duplicate's first: what the night's own exports held of those events."""
     left = list(rows)
     for o in offered:
-        mine = [r for r in left if (r["event_id"], r["replica"]) == (o["event_id"], o["replica"])]
+        mine = [r for r in left if (r[EVENT_ID], r[REPLICA]) == (o[EVENT_ID], o[REPLICA])]
         if mine:
-            dup = [r for r in mine if r["fate"] == Fate.DUPLICATE.value]
+            dup = [r for r in mine if r[FATE] == Fate.DUPLICATE.value]
             left.remove((dup or mine)[0])
     return left
 
@@ -356,7 +357,7 @@ def _drop_requarantined(folder: WorkPath, ids: pa.Array) -> None:
     q = read_folder(folder)
     if q is None:
         return
-    again = pc.fill_null(pc.is_in(q["event_id"], ids), False)
+    again = pc.fill_null(pc.is_in(q[EVENT_ID], ids), False)
     if pc.any(again).as_py():
         replace_output(folder, q.filter(pc.invert(again)))
 
@@ -369,7 +370,7 @@ def fk_outcomes(offers: list[dict[str, Any]], restored: set[str], written: set[s
     for o in offers:
         if o["reason"] != FK:
             continue
-        eid = o["event_id"]
+        eid = o[EVENT_ID]
         if eid in restored:
             status, what = Status.RESOLVED, "applied"
         elif eid in written or o["last"]:
@@ -388,8 +389,8 @@ def start_outcomes(
     ``out/quarantine_outcomes`` (only when there are some)."""
     kept = staged_table / "retry" / "outcomes.parquet"
     rows = read_table(kept).to_pylist() if kept.is_file() else []
-    manual = [r for r in rows if str(r["run_id"]).startswith(MANUAL)]
-    decided = [r for r in rows if not str(r["run_id"]).startswith(MANUAL)]
+    manual = [r for r in rows if str(r[RUN_ID]).startswith(MANUAL)]
+    decided = [r for r in rows if not str(r[RUN_ID]).startswith(MANUAL)]
     _save(out, manual, table)
     add_outcomes(out, run_id, table, Settled([*decided, *settled.outcomes]))
 
@@ -397,7 +398,7 @@ def start_outcomes(
 def add_outcomes(out: WorkPath, run_id: str, table: str, settled: Settled) -> None:
     """More of the run's outcomes of one table."""
     now = datetime.now(UTC)
-    _save(out, [{**r, "run_id": run_id, "decided_at": now} for r in settled.outcomes], table)
+    _save(out, [{**r, RUN_ID: run_id, "decided_at": now} for r in settled.outcomes], table)
 
 
 def _save(out: WorkPath, rows: list[dict[str, Any]], table: str) -> None:
@@ -417,16 +418,16 @@ def open_after(spark: SparkSession, staged_table: WorkPath, out: WorkPath) -> in
     from pipeline.storage.outputs import read_known
 
     before = staged_table / "retry" / OPEN
-    still = set(read_table(before)["event_id"].to_pylist()) if before.is_file() else set()
+    still = set(read_table(before)[EVENT_ID].to_pylist()) if before.is_file() else set()
     path = out / OUTCOMES / "part-00000.parquet"
     if path.is_file():
-        rows = read_table(path, columns=["run_id", "event_id", "status"]).to_pylist()
-        still -= {r["event_id"] for r in rows if Status(r["status"]).closed}
+        rows = read_table(path, columns=[RUN_ID, EVENT_ID, "status"]).to_pylist()
+        still -= {r[EVENT_ID] for r in rows if Status(r["status"]).closed}
     info = output_info(out / "quarantine")
     if info is not None and info[1] == 0:
         return len(still)
     ids = read_known(spark, out / "quarantine", "event_id string").where("event_id IS NOT NULL")
-    known = F.col("event_id").isin(sorted(still)) if still else F.lit(False)
+    known = F.col(EVENT_ID).isin(sorted(still)) if still else F.lit(False)
     got = ids.distinct().agg(F.count("*").alias("new"), F.count_if(known).alias("known")).first()
     assert got is not None
     return len(still) + got["new"] - got["known"]
@@ -437,7 +438,7 @@ def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date) -
     row = _outcome(it, status, 0, f"{MANUAL}{uuid.uuid4().hex[:12]}")
     row.update(table=table, decided_at=datetime.now(UTC))
     cols = {f.name: [row.get(f.name)] for f in OUTCOME_SCHEMA}
-    meta = {"run_id": row["run_id"], "operation": f"cdr quarantine {status.value}"}
+    meta = {RUN_ID: row[RUN_ID], "operation": f"cdr quarantine {status.value}"}
     lake.write(
         layout.table_path(table, OUTCOMES),
         pa.table(cols, schema=OUTCOME_SCHEMA),
@@ -453,20 +454,20 @@ def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date) -
 def listing(lake: Lake, table: str, status: str | None = None) -> list[dict[str, Any]]:
     """``cdr quarantine list``: every quarantined event of the table with its status (a
     reopened one reads as open) and the latest attempts, oldest first."""
-    q = read_quarantine(lake, table, None, ["event_id", "reason", "detail", "dt"])
+    q = read_quarantine(lake, table, None, [EVENT_ID, "reason", "detail", DT])
     outcomes = read_outcomes(lake, table)
     attempts = {}
     if outcomes is not None:
-        for o in sorted(outcomes.to_pylist(), key=lambda o: (o["dt"], o["decided_at"])):
-            attempts[o["event_id"]] = o["attempts"]
-    detail = {r["event_id"]: r["detail"] for r in q.to_pylist()}
+        for o in sorted(outcomes.to_pylist(), key=lambda o: (o[DT], o["decided_at"])):
+            attempts[o[EVENT_ID]] = o["attempts"]
+    detail = {r[EVENT_ID]: r["detail"] for r in q.to_pylist()}
     out = []
     for it in sorted(statuses(q, outcomes).values(), key=lambda i: (i.quarantined_dt, i.event_id)):
         shown = Status.OPEN if it.status is Status.REOPENED else it.status
         if status is None or shown.value == status:
             out.append(
                 {
-                    "event_id": it.event_id,
+                    EVENT_ID: it.event_id,
                     "reason": it.reason,
                     "quarantined_dt": it.quarantined_dt.isoformat(),
                     "status": shown.value,
@@ -483,7 +484,7 @@ def act(lake: Lake, runs: list[RunRow], table: str, event_id: str, action: str) 
     the action cannot apply to, naming why."""
     from pipeline.core.errors import StageError
 
-    q = read_quarantine(lake, table, None, ["event_id", "reason", "dt"])
+    q = read_quarantine(lake, table, None, [EVENT_ID, "reason", DT])
     it = statuses(q, read_outcomes(lake, table)).get(event_id)
     if it is None:
         raise StageError(f"table {table}: no quarantined event {event_id!r}")

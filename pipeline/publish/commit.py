@@ -21,6 +21,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import StageError
 from pipeline.ingest.inplace import InPlace, checksum, merge_source, touched_in
@@ -65,7 +66,7 @@ class Committer:
             return None
         if current is not None:
             last = lake.commit_meta(path, current)
-            if last.get("run_id") == meta["run_id"] and "operation" not in last:
+            if last.get(RUN_ID) == meta[RUN_ID] and "operation" not in last:
                 log.info("commit %s: this run's commit is there already", path)
                 if rows is not None:  # checked again: the attempt that made it may have died
                     before = current - 1 if current else None
@@ -104,7 +105,7 @@ class Committer:
         current = lake.version(path)
         if current != record.versions[path]:
             last = lake.commit_meta(path, current) if current is not None else {}
-            if last.get("run_id") != meta["run_id"]:
+            if last.get(RUN_ID) != meta[RUN_ID]:
                 raise StageError(
                     f"commit {path}: at version {current}, but this run started from version "
                     f"{record.versions[path]}: another writer moved it since ingest; the "
@@ -210,7 +211,7 @@ def publish_failed(committer: Committer, tables: list[str], dt: date) -> dict[st
     """The logs of a run that failed its gate, for inspection
     (docs/rules.md#fine-points), as tables of their own: the date's published logs
     stay as they are."""
-    run_id = committer.meta["run_id"]
+    run_id = committer.meta[RUN_ID]
     batch = [
         (f"{t}/{kind}", layout.failed_output(run_id, t, kind), dt)
         for t in tables
@@ -274,7 +275,7 @@ def publish_tables(
                 continue
             step = 2
         elif o.path == layout.table_path(t, layout.STATE) and older:
-            path = layout.backfill_state(committer.meta["run_id"], t)  # state stays on newest
+            path = layout.backfill_state(committer.meta[RUN_ID], t)  # state stays on newest
         steps[step].append((o.folder, path, dt if o.dated else None))
     versions: dict[str, int] = {}
     for batch in steps:
@@ -284,7 +285,7 @@ def publish_tables(
 
 def commit_meta(run_id: str, dt: date, verdict: str) -> dict[str, Any]:
     """What every commit of a run says about it (its commit info, ``cdr.*``)."""
-    return {"run_id": run_id, "dt": dt.isoformat(), "verdict": verdict}
+    return {RUN_ID: run_id, DT: dt.isoformat(), "verdict": verdict}
 
 
 def has_row(lake: Lake, run_id: str) -> bool:
@@ -315,7 +316,7 @@ def run_row(
     for t, st in (inputs or {}).items():
         manifests += [{"table": t, **m} for m in st.get("manifests", [])]
         if st.get("prior"):
-            priors.append((st["prior"]["dt"], st["prior"]["run_id"]))
+            priors.append((st["prior"][DT], st["prior"][RUN_ID]))
     verdict = {}
     if report is not None:
         verdict = {

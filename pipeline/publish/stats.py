@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, REPLICA, RUN_ID
 from pipeline.core.summary import RunSummary, TableSummary
 from pipeline.storage.lake import Lake
 from pipeline.storage.outputs import note_small_output
@@ -37,14 +38,14 @@ FOLDER = "conflict_stats"  # in the run's ``resolved`` folder
 _S = pa.string()
 SCHEMA = pa.schema(
     [
-        ("run_id", _S),
+        (RUN_ID, _S),
         ("table", _S),
         ("kind", _S),
         ("conflict_type", _S),
         ("resolver", _S),
         ("outcome", _S),
         ("reason", _S),
-        ("replica", _S),
+        (REPLICA, _S),
         ("count", pa.int64()),
     ]
 )
@@ -67,9 +68,9 @@ def _table_rows(
     for reason, n in sorted(s.quarantined.items()):
         yield {"kind": "quarantined", "reason": reason, "count": n}
     for replica, n in sorted(s.divergent_keys.items()):
-        yield {"kind": "divergent_keys", "replica": replica, "count": n}
+        yield {"kind": "divergent_keys", REPLICA: replica, "count": n}
     for replica, n in sorted(s.snapshot_divergent_keys.items()):
-        yield {"kind": "snapshot_divergent_keys", "replica": replica, "count": n}
+        yield {"kind": "snapshot_divergent_keys", REPLICA: replica, "count": n}
     for outcome, n in sorted(s.retried.items()):
         yield {"kind": "retried", "outcome": outcome, "count": n}
 
@@ -94,7 +95,7 @@ def write_stats(
     rows: list[dict[str, Any]] = []
     for name, s in summary.tables.items():
         table_rows = _table_rows(s, conflicts.get(name, {}))
-        rows += [{"run_id": summary.run_id, "table": name, **r} for r in table_rows]
+        rows += [{RUN_ID: summary.run_id, "table": name, **r} for r in table_rows]
     data = pa.Table.from_pylist(rows, SCHEMA)
     if others is not None and others.num_rows:
         data = pa.concat_tables([data, others.select(SCHEMA.names).cast(SCHEMA)])
@@ -124,13 +125,13 @@ class Point:
 
 def trends(lake: Lake, last: int = 30) -> dict[str, list[Point]]:
     """Per table, its last ``last`` runs (by date, oldest first), each with its totals."""
-    got = lake.read(PATH, columns=["run_id", "table", "kind", "count", "dt"])
+    got = lake.read(PATH, columns=[RUN_ID, "table", "kind", "count", DT])
     if got is None or got.num_rows == 0:
         return {}
-    sums = got.group_by(["table", "dt", "run_id", "kind"]).aggregate([("count", "sum")])
+    sums = got.group_by(["table", DT, RUN_ID, "kind"]).aggregate([("count", "sum")])
     by: dict[str, dict[tuple[str, str], dict[str, int]]] = {}
     for r in sums.to_pylist():
-        key = (str(r["dt"]), r["run_id"])
+        key = (str(r[DT]), r[RUN_ID])
         by.setdefault(r["table"], {}).setdefault(key, {})[r["kind"]] = r["count_sum"]
     out = {}
     for table, runs in sorted(by.items()):

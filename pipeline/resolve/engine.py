@@ -37,6 +37,23 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from pipeline.core.columns import (
+    DIGEST,
+    EVENT_ID,
+    FATE,
+    KEY,
+    OP,
+    ORIGIN,
+    REPLICA,
+    RUN_ID,
+    STATE_DELETED,
+    STATE_DELETED_AT,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TS,
+    TXID,
+)
 from pipeline.core.config import Config, Table
 from pipeline.core.layout import LEDGER
 from pipeline.core.policy import QuarantineReason, Scope
@@ -90,7 +107,7 @@ def purge(prior: DataFrame, now_us: int, gc_grace_seconds: int) -> DataFrame:
     """docs/rules.md#tombstones-and-gc_grace_seconds: a tombstone is purged when
     ``deleted_at < now - gc_grace_seconds``."""
     horizon = gc_horizon(now_us, gc_grace_seconds)
-    return prior.where(~(F.col("_deleted") & (F.col("_deleted_at") < horizon)))
+    return prior.where(~(F.col(STATE_DELETED) & (F.col(STATE_DELETED_AT) < horizon)))
 
 
 def admit_transactions(
@@ -104,29 +121,29 @@ def admit_transactions(
     if table.scope is not Scope.TRANSACTION:
         return events.withColumn("rejected", F.lit(False))
     ranks = rank_map(config, table)
-    tx = events.where(F.col("txid").isNotNull() & F.col("ts").isNotNull()).select(
-        "origin", "txid", "ts", "key", "new_key"
+    tx = events.where(F.col(TXID).isNotNull() & F.col(TS).isNotNull()).select(
+        ORIGIN, TXID, TS, KEY, "new_key"
     )
-    times = tx.groupBy("origin", "txid").agg(F.max("ts").alias("tx_ts"))
+    times = tx.groupBy(ORIGIN, TXID).agg(F.max(TS).alias("tx_ts"))
     touched = tx.select(
-        "origin",
-        "txid",
-        F.explode(F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias("key"),
+        ORIGIN,
+        TXID,
+        F.explode(F.filter(F.array(KEY, "new_key"), lambda k: k.isNotNull())).alias(KEY),
     )
     local = prior.select(
-        key_struct(table).alias("key"),
-        F.col("_ts").alias("l_ts"),
-        F.coalesce(ranks[F.col("_origin")], F.lit(-1)).alias("l_rank"),
+        key_struct(table).alias(KEY),
+        F.col(STATE_TS).alias("l_ts"),
+        F.coalesce(ranks[F.col(STATE_ORIGIN)], F.lit(-1)).alias("l_rank"),
     )
     beaten = (
-        touched.join(local, "key")
-        .join(times, ["origin", "txid"])
-        .where(F.struct("tx_ts", ranks[F.col("origin")]) <= F.struct("l_ts", "l_rank"))
-        .select("origin", "txid")
+        touched.join(local, KEY)
+        .join(times, [ORIGIN, TXID])
+        .where(F.struct("tx_ts", ranks[F.col(ORIGIN)]) <= F.struct("l_ts", "l_rank"))
+        .select(ORIGIN, TXID)
         .distinct()
         .withColumn("rejected", F.lit(True))
     )
-    return events.join(F.broadcast(beaten), ["origin", "txid"], "left").withColumn(
+    return events.join(F.broadcast(beaten), [ORIGIN, TXID], "left").withColumn(
         "rejected", F.coalesce("rejected", F.lit(False))
     )
 
@@ -142,28 +159,28 @@ def coupled_keys(
     ``events`` are the typed copies (``frames.copy_schema``). None when no key is coupled;
     only a table with unique constraints pays a Spark job for it."""
     spark = events.sparkSession
-    key_type = events.schema["key"].dataType
+    key_type = events.schema[KEY].dataType
     moved = spark.createDataFrame(
-        [(k,) for k in moved_keys], T.StructType([T.StructField("key", key_type)])
+        [(k,) for k in moved_keys], T.StructType([T.StructField(KEY, key_type)])
     )
     if not table.unique:
         return moved if moved_keys else None
-    events = events.where(F.col("key").isNotNull())
+    events = events.where(F.col(KEY).isNotNull())
     moved_flag = moved.withColumn("moved", F.lit(True))
     unique_cols = sorted({c for u in table.unique for c in u})
-    live = prior.where(~F.col("_deleted")).select(
-        key_struct(table).alias("key"), *[F.col(c).alias(f"v_{c}") for c in unique_cols]
+    live = prior.where(~F.col(STATE_DELETED)).select(
+        key_struct(table).alias(KEY), *[F.col(c).alias(f"v_{c}") for c in unique_cols]
     )
     names = table.column_names
-    writes = events.where(F.col("op").isin("INSERT", "UPDATE")).select(
-        F.coalesce("new_key", "key").alias("key"),
+    writes = events.where(F.col(OP).isin("INSERT", "UPDATE")).select(
+        F.coalesce("new_key", KEY).alias(KEY),
         *[
             F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}")).alias(f"v_{c}")
             for c in unique_cols
         ],
     )
-    values = live.unionByName(writes).join(F.broadcast(moved_flag), "key", "left")
-    unit = F.when(F.col("moved"), F.lit(None)).otherwise(F.col("key"))
+    values = live.unionByName(writes).join(F.broadcast(moved_flag), KEY, "left")
+    unit = F.when(F.col("moved"), F.lit(None)).otherwise(F.col(KEY))
     values = values.withColumn(
         "unit", F.struct(F.col("moved").isNotNull().alias("m"), unit.alias("k"))
     )
@@ -181,7 +198,7 @@ def coupled_keys(
         )
         shared_units.append(shared)
     units = reduce(DataFrame.union, shared_units).distinct()
-    by_unit = values.select("unit", "key").distinct().join(units, "unit").select("key")
+    by_unit = values.select("unit", KEY).distinct().join(units, "unit").select(KEY)
     return on_the_driver(by_unit.union(moved).distinct())
 
 
@@ -192,15 +209,15 @@ def build_items(copies: DataFrame, prior: DataFrame, config: Config, table: Tabl
     if "seen" not in copies.columns:
         ev = ev.withColumn("seen", F.lit(False)).withColumn("differs", F.lit(False))
     st = prior.select(
-        key_struct(table).alias("key"),
+        key_struct(table).alias(KEY),
         F.lit(0).alias("is_event"),
-        F.col("_event_id").alias("event_id"),
-        F.col("_ts").alias("s_ts"),
-        F.coalesce(rank_map(config, table)[F.col("_origin")], F.lit(-1)).alias("s_rank"),
+        F.col(STATE_EVENT_ID).alias(EVENT_ID),
+        F.col(STATE_TS).alias("s_ts"),
+        F.coalesce(rank_map(config, table)[F.col(STATE_ORIGIN)], F.lit(-1)).alias("s_rank"),
         F.struct(*table.column_names).alias("row"),
-        F.col("_origin").alias("s_origin"),
-        F.col("_deleted").alias("s_deleted"),
-        F.col("_deleted_at").alias("s_deleted_at"),
+        F.col(STATE_ORIGIN).alias("s_origin"),
+        F.col(STATE_DELETED).alias("s_deleted"),
+        F.col(STATE_DELETED_AT).alias("s_deleted_at"),
         *([F.col(GROUPS).alias("s_groups")] if table.column_groups else []),
     )
     return ev.unionByName(st, allowMissingColumns=True)
@@ -291,7 +308,7 @@ def _start_from(
 ) -> DataFrame:
     """The prior rows the fold reads (``inplace.narrowed``), purged."""
     horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
-    due = F.col("_deleted") & (F.col("_deleted_at") < horizon)  # purged: see purge
+    due = F.col(STATE_DELETED) & (F.col(STATE_DELETED_AT) < horizon)  # purged: see purge
     prior = narrowed(prior, main, specials.truncates, table, due, run.out, run.in_place)
     return purge(prior, run.now_us, config.gc_grace_seconds)
 
@@ -319,9 +336,9 @@ def fold(
     tasks counted of their outputs (``facts.COUNTED_BY``, ``facts.EVENT_COUNTS``), the
     rows of each output, and what each task told of its events (``facts.task_events``)."""
     items = build_items(main, prior, config, table)
-    order = [F.col("is_event"), F.col("event_id"), *standing_order()]
+    order = [F.col("is_event"), F.col(EVENT_ID), *standing_order()]
     if coupled is not None:
-        items = items.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), "key", "left")
+        items = items.join(F.broadcast(coupled.withColumn("coupled", F.lit(True))), KEY, "left")
         is_coupled = F.coalesce(F.col("coupled"), F.lit(False))
         single = (
             items.where(is_coupled)
@@ -333,8 +350,8 @@ def fold(
         items = items.where(~is_coupled)
     n = int(spark.conf.get("spark.sql.shuffle.partitions") or "8")
     keyed = (
-        items.repartition(n, "key")
-        .sortWithinPartitions(F.col("key"), *order)
+        items.repartition(n, KEY)
+        .sortWithinPartitions(F.col(KEY), *order)
         .select(*fold_input(table))
         .mapInArrow(fold_function(job, single_group=False), TASK_COLUMNS)
     )
@@ -361,7 +378,7 @@ def _write_specials(
     """The special copies' fates, quarantine and ledger rows (settled on the driver),
     beside the tasks' (their rows added to ``written``); returns what the run report
     counts of them."""
-    out, run = job.out, {"run_id": job.run_id, "table": job.table.name}
+    out, run = job.out, {RUN_ID: job.run_id, "table": job.table.name}
 
     def write(kind: str, rows: list[dict[str, Any]] | pa.Table) -> None:
         schema = job.schemas[kind]
@@ -374,7 +391,7 @@ def _write_specials(
     counts += [("quarantined", q[2], None, None, 1) for q in specials.quarantined]
     if specials.fates:
         rows = [
-            {"event_id": e, "replica": r, "fate": f, "chosen": False, "digest": None}
+            {EVENT_ID: e, REPLICA: r, FATE: f, "chosen": False, DIGEST: None}
             for e, r, f in specials.fates
         ]
         write("fates", rows)
@@ -383,7 +400,7 @@ def _write_specials(
         if pairs.num_rows:
             write(LEDGER, ledger_rows(pairs, job.run_id, job.table.name))
     if specials.quarantined:
-        names = ("replica", "event_id", "reason", "detail", "event")
+        names = (REPLICA, EVENT_ID, "reason", "detail", "event")
         write(
             "quarantine",
             [{**run, **dict(zip(names, q, strict=True))} for q in specials.quarantined],

@@ -29,6 +29,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.core import layout
+from pipeline.core.columns import DIGEST, EVENT_ID, FATE, REPLICA
 from pipeline.core.policy import Fate
 from pipeline.resolve.skew import EVENTS, MAX_SECONDS
 from pipeline.spark.frames import LEDGER_COLUMNS, RUN_COLUMNS, SKEW_FIELDS
@@ -47,10 +48,10 @@ FINAL_FATES = tuple(f.value for f in Fate if f.final)
 #: what the run report counts each output's rows by (up to three text columns), and the
 #: name of those counts in :class:`Facts`
 COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
-    "fates": ("replicas", ("replica", "fate")),
+    "fates": ("replicas", (REPLICA, FATE)),
     "conflicts": ("conflicts", ("conflict_type", "resolver", "outcome")),
     "quarantine": ("quarantined", ("reason",)),
-    "divergence": ("divergent", ("replica",)),
+    "divergence": ("divergent", (REPLICA,)),
 }
 #: the counts of the events (not of an output's rows): distinct events per fate, the
 #: events a replica exported twice, and the copies of an earlier night's event whose
@@ -154,34 +155,34 @@ def events_of(fates: DataFrame) -> DataFrame:
     the fates it counts under (``fates``), whether a replica exported it twice
     (``again``) and whether more than one key chose it (``disputed``); a record without
     an event id is a row of its own."""
-    with_id = fates.where(F.col("event_id").isNotNull())
-    per_event = with_id.groupBy("event_id").agg(
-        F.collect_list(F.struct("replica", "fate")).alias("copies"),
+    with_id = fates.where(F.col(EVENT_ID).isNotNull())
+    per_event = with_id.groupBy(EVENT_ID).agg(
+        F.collect_list(F.struct(REPLICA, FATE)).alias("copies"),
         F.count_if(F.col("chosen")).alias("chosen"),
         # the standing copy's (as ``tally``); a cell engine's copies all carry it, unchosen
         F.coalesce(
-            F.min(F.when(F.col("chosen"), F.col("digest"))),
-            F.min(F.when(F.col("chosen").isNull(), F.col("digest"))),
-        ).alias("digest"),
+            F.min(F.when(F.col("chosen"), F.col(DIGEST))),
+            F.min(F.when(F.col("chosen").isNull(), F.col(DIGEST))),
+        ).alias(DIGEST),
         F.count_if(F.coalesce("differs", F.lit(False))).alias("changed"),
     )
     mine = F.array_remove(F.array_distinct(F.col("copies.fate")), DUPLICATE)
     events = per_event.select(
-        "event_id",
+        EVENT_ID,
         "copies",
         F.when(F.size(mine) > 0, mine).otherwise(F.array(F.lit(DUPLICATE))).alias("fates"),
         (F.size("copies") > F.size(F.array_distinct(F.col("copies.replica")))).alias("again"),
         (F.col("chosen") > 1).alias("disputed"),
-        "digest",
+        DIGEST,
         "changed",
     )
-    alone = fates.where(F.col("event_id").isNull()).select(
-        "event_id",
-        F.array(F.struct("replica", "fate")).alias("copies"),
-        F.array("fate").alias("fates"),
+    alone = fates.where(F.col(EVENT_ID).isNull()).select(
+        EVENT_ID,
+        F.array(F.struct(REPLICA, FATE)).alias("copies"),
+        F.array(FATE).alias("fates"),
         F.lit(False).alias("again"),
         F.lit(False).alias("disputed"),
-        F.lit(None).cast("bigint").alias("digest"),
+        F.lit(None).cast("bigint").alias(DIGEST),
         F.lit(0).cast("bigint").alias("changed"),
     )
     return events.unionByName(alone)
@@ -202,26 +203,26 @@ def tally(fates: pa.Table) -> tuple[pa.Table, list[Count]]:
     when every copy of their events is in it (a fold task's, or the driver's special
     copies): the ledger's (event, fate) pairs, sorted by event, and the events' counts
     (disputes aside: :func:`split_events`)."""
-    has_id = pc.is_valid(fates["event_id"])
+    has_id = pc.is_valid(fates[EVENT_ID])
     with_id = fates.filter(has_id)
-    pairs = with_id.select(["event_id", "fate"]).group_by(["event_id", "fate"]).aggregate([])
-    mine = pc.not_equal(pairs["fate"], DUPLICATE)
-    per_event = pairs.append_column("mine", mine).group_by("event_id").aggregate([("mine", "any")])
+    pairs = with_id.select([EVENT_ID, FATE]).group_by([EVENT_ID, FATE]).aggregate([])
+    mine = pc.not_equal(pairs[FATE], DUPLICATE)
+    per_event = pairs.append_column("mine", mine).group_by(EVENT_ID).aggregate([("mine", "any")])
     only_duplicates = per_event.num_rows - (
         pc.sum(per_event["mine_any"].cast(pa.int64())).as_py() or 0
     )
     counted: dict[str, int] = dict.fromkeys((f.value for f in Fate), 0)
     alone = fates.filter(pc.invert(has_id))  # a record without an event id counts alone
-    for values in (pairs.filter(mine)["fate"], alone["fate"]):
+    for values in (pairs.filter(mine)[FATE], alone[FATE]):
         for v in pc.value_counts(values).to_pylist():
             counted[v["values"]] += v["counts"]
     counted[DUPLICATE] += only_duplicates
-    copies = with_id.group_by(["event_id", "replica"]).aggregate([("fate", "count")])
+    copies = with_id.group_by([EVENT_ID, REPLICA]).aggregate([(FATE, "count")])
     twice = copies.filter(pc.greater(copies["fate_count"], 1))
-    repeated = len(pc.unique(twice["event_id"]))
-    final = pairs.filter(pc.is_in(pairs["fate"], pa.array(FINAL_FATES)))
-    final = final.join(_standing_digests(with_id), "event_id", join_type="left outer")
-    final = final.sort_by([("event_id", "ascending"), ("fate", "ascending")])
+    repeated = len(pc.unique(twice[EVENT_ID]))
+    final = pairs.filter(pc.is_in(pairs[FATE], pa.array(FINAL_FATES)))
+    final = final.join(_standing_digests(with_id), EVENT_ID, join_type="left outer")
+    final = final.sort_by([(EVENT_ID, "ascending"), (FATE, "ascending")])
     changed = pc.sum(pc.fill_null(with_id["differs"], False).cast(pa.int64())).as_py() or 0
     counts = [*_event_counts({**counted, "repeated": repeated, "changed": changed})]
     return final, counts
@@ -231,8 +232,8 @@ def _standing_digests(fates: pa.Table) -> pa.Table:
     """``event_id, digest``: the digest of the copy that stood for each event (none when
     no copy was chosen: a copy the driver settled)."""
     chosen = fates.filter(pc.fill_null(fates["chosen"], False))
-    first = chosen.group_by("event_id").aggregate([("digest", "min")])
-    return pa.table({"event_id": first["event_id"], "digest": first["digest_min"]})
+    first = chosen.group_by(EVENT_ID).aggregate([(DIGEST, "min")])
+    return pa.table({EVENT_ID: first[EVENT_ID], DIGEST: first["digest_min"]})
 
 
 def event_digests(ids: Iterable[str | None]) -> np.ndarray:
@@ -246,10 +247,10 @@ def task_events(fates: pa.Table) -> bytes:
     """What a fold task tells the driver of its events (``FATES``), for
     :func:`may_split`: the digests of their ids (:func:`event_digests`), and once more
     the digest of each event it chose more than once (under two of its keys: a dispute)."""
-    with_id = fates.filter(pc.is_valid(fates["event_id"]))
-    chosen = with_id.filter(with_id["chosen"]).group_by("event_id").aggregate([([], "count_all")])
-    twice = chosen.filter(pc.greater(chosen["count_all"], 1))["event_id"].to_pylist()
-    mine = event_digests(pc.unique(with_id["event_id"]).to_pylist())
+    with_id = fates.filter(pc.is_valid(fates[EVENT_ID]))
+    chosen = with_id.filter(with_id["chosen"]).group_by(EVENT_ID).aggregate([([], "count_all")])
+    twice = chosen.filter(pc.greater(chosen["count_all"], 1))[EVENT_ID].to_pylist()
+    mine = event_digests(pc.unique(with_id[EVENT_ID]).to_pylist())
     return np.concatenate([mine, event_digests(twice)]).tobytes()
 
 
@@ -277,8 +278,8 @@ def split_events(spark: SparkSession, out: WorkPath) -> tuple[list[str], bool]:
     fates = spark.read.schema(FATE_COLUMNS).parquet(str(folder))
     file = F.substring_index(F.col("_metadata.file_path"), "/", -1)
     found = (
-        fates.where(F.col("event_id").isNotNull())
-        .groupBy("event_id")
+        fates.where(F.col(EVENT_ID).isNotNull())
+        .groupBy(EVENT_ID)
         .agg(
             (F.min(file) != F.max(file)).alias("split"),
             (F.count_if("chosen") > 1).alias("disputed"),
@@ -286,7 +287,7 @@ def split_events(spark: SparkSession, out: WorkPath) -> tuple[list[str], bool]:
         .where(F.col("split") | F.col("disputed"))
         .collect()
     )
-    return sorted(r["event_id"] for r in found if r["disputed"]), any(r["split"] for r in found)
+    return sorted(r[EVENT_ID] for r in found if r["disputed"]), any(r["split"] for r in found)
 
 
 def _event_counts(observed: Mapping[str, Any]) -> list[Count]:
@@ -297,7 +298,7 @@ def _event_counts(observed: Mapping[str, Any]) -> list[Count]:
 
 def _disputed(events: DataFrame) -> list[str]:
     """The ids of the disputed events (a job of its own: only when there are some)."""
-    return [r["event_id"] for r in events.where("disputed").select("event_id").collect()]
+    return [r[EVENT_ID] for r in events.where("disputed").select(EVENT_ID).collect()]
 
 
 @dataclass(frozen=True)
@@ -319,13 +320,13 @@ def write_ledger(spark: SparkSession, out: WorkPath, run_id: str, table: str) ->
     run: list[Column] = [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, values, strict=True)]
     ledger = (
         events.observe(seen, *_event_metrics())
-        .where(F.col("event_id").isNotNull())
-        .select(*run, "event_id", F.explode(final).alias("fate"), "digest")
+        .where(F.col(EVENT_ID).isNotNull())
+        .select(*run, EVENT_ID, F.explode(final).alias(FATE), DIGEST)
         .select(*LEDGER_COLUMNS)
     )
     t = time.monotonic()
     # one file, sorted; the events grouped in parallel first
-    write_output(ledger.repartition(1).sortWithinPartitions("event_id"), out / layout.LEDGER)
+    write_output(ledger.repartition(1).sortWithinPartitions(EVENT_ID), out / layout.LEDGER)
     log.debug("ledger %s: %.2fs", out.name, time.monotonic() - t)
     observed = seen.get
     disputed = _disputed(events) if observed["disputed"] else []

@@ -38,6 +38,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.core import layout
+from pipeline.core.columns import (
+    AFTER,
+    BEFORE,
+    DIGEST,
+    EVENT_ID,
+    EXPIRY,
+    FATE,
+    KEY,
+    OP,
+    ORIGIN,
+    POS,
+    RANK,
+    REPLICA,
+    RUN_ID,
+    SEQ,
+    STATE_DELETED,
+    STATE_DELETED_AT,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TS,
+    TTL,
+    TXID,
+)
 from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
 from pipeline.core.policy import ConflictType, Fate, Outcome, QuarantineReason
@@ -114,15 +138,15 @@ class FoldJob:
 def event_from_row(
     r: dict[str, Any], key_cols: tuple[str, ...], columns: tuple[str, ...], seqs: dict[str, int]
 ) -> Event:
-    after, before = r["after"] or {}, r["before"] or {}
+    after, before = r[AFTER] or {}, r[BEFORE] or {}
     nk = r["new_key"]
     return Event(
-        event_id=r["event_id"],
-        op=r["op"],
-        key=tuple(r["key"][c] for c in key_cols) if r["key"] is not None else None,
-        ts=r["ts"],
-        origin=r["origin"],
-        rank=r["rank"],
+        event_id=r[EVENT_ID],
+        op=r[OP],
+        key=tuple(r[KEY][c] for c in key_cols) if r[KEY] is not None else None,
+        ts=r[TS],
+        origin=r[ORIGIN],
+        rank=r[RANK],
         new_key=tuple(nk[c] for c in key_cols) if nk is not None else None,
         after={
             c: after[c] for c, given in zip(columns, r["after_has"] or (), strict=False) if given
@@ -131,10 +155,10 @@ def event_from_row(
             c: before[c] for c, given in zip(columns, r["before_has"] or (), strict=False) if given
         },
         extra_cols=tuple(r["extra_cols"] or ()),
-        txid=r["txid"],
+        txid=r[TXID],
         rejected=bool(r["rejected"]),
         seqs=seqs,
-        pos=NO_POS if r["pos"] is None else r["pos"],
+        pos=NO_POS if r[POS] is None else r[POS],
     )
 
 
@@ -152,7 +176,7 @@ def version_from_row(
         values,
         r["s_ts"],
         r["s_origin"],
-        r["event_id"],
+        r[EVENT_ID],
         r["s_rank"],
         deleted,
         r["s_deleted_at"],
@@ -172,7 +196,7 @@ class GroupFolder:
         self.table = job.table
         self.key_cols = self.table.key
         self.columns = self.table.column_names
-        self.run = {"run_id": job.run_id, "table": self.table.name}
+        self.run = {RUN_ID: job.run_id, "table": self.table.name}
 
     def key_json(self, key: Key) -> str:
         return dumps(dict(zip(self.key_cols, key, strict=True)))
@@ -183,7 +207,7 @@ class GroupFolder:
         copies: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             if r["is_event"]:
-                copies.setdefault(r["event_id"], []).append(r)
+                copies.setdefault(r[EVENT_ID], []).append(r)
             else:
                 k, v = version_from_row(r, self.key_cols, self.job.table.order_by)
                 state[k] = v
@@ -197,7 +221,7 @@ class GroupFolder:
             if chosen["reason"] is not None:
                 yield from self._quarantined(eid, group)
                 continue
-            seqs = {c["replica"]: c["seq"] for c in group}
+            seqs = {c[REPLICA]: c[SEQ] for c in group}
             events.append(event_from_row(chosen, self.key_cols, self.columns, seqs))
         events += self.job.truncates
         result = fold_converged(self.spec, state, events, trace=self.job.trace)
@@ -220,11 +244,11 @@ class GroupFolder:
         """clock skew: the clock-skew evidence of the group, when an event of it may have seen
         another's version (an UPDATE or DELETE with a before-image, beside another event)."""
         if len(copies) < 2 or not any(
-            g[0]["op"] in ("UPDATE", "DELETE") and g[0]["before_has"] is not None
+            g[0][OP] in ("UPDATE", "DELETE") and g[0]["before_has"] is not None
             for g in copies.values()
         ):
             return
-        views = ((c["replica"], c["seq"], g[0]) for g in copies.values() for c in g)
+        views = ((c[REPLICA], c[SEQ], g[0]) for g in copies.values() for c in g)
         for evidence in seen_later(views, self.columns):
             yield "skew", dict(zip(SKEW_FIELDS, evidence, strict=True))
 
@@ -261,16 +285,16 @@ class GroupFolder:
         standing copy is marked ``chosen``: an event chosen under two keys is a dispute."""
         seen: set[str] = set()
         for i, (c, fate) in enumerate(fates):
-            again = c["replica"] in seen
-            seen.add(c["replica"])
+            again = c[REPLICA] in seen
+            seen.add(c[REPLICA])
             yield (
                 "fates",
                 {
-                    "event_id": eid,
-                    "replica": c["replica"],
-                    "fate": (Fate.DUPLICATE if again else fate).value,
+                    EVENT_ID: eid,
+                    REPLICA: c[REPLICA],
+                    FATE: (Fate.DUPLICATE if again else fate).value,
                     "chosen": chosen and i == 0,
-                    "digest": c["digest"],
+                    DIGEST: c[DIGEST],
                     "differs": c["differs"],
                 },
             )
@@ -312,8 +336,8 @@ class GroupFolder:
             "quarantine",
             {
                 **self.run,
-                "replica": c["replica"],
-                "event_id": eid,
+                REPLICA: c[REPLICA],
+                EVENT_ID: eid,
                 "reason": reason,
                 "detail": detail,
                 "event": event,
@@ -362,35 +386,35 @@ class GroupFolder:
             return None if values is None else {**values, **key}
 
         return {
-            "event_id": e.event_id,
-            "ts": e.ts,
-            "rank": e.rank,
-            "pos": e.pos,
+            EVENT_ID: e.event_id,
+            TS: e.ts,
+            RANK: e.rank,
+            POS: e.pos,
             "idx": idx,
             "kind": ch.kind.value,
-            "key": key,
+            KEY: key,
             "values": row(ch.values) if ch.kind.value in ("insert", "update") else None,
             "cols": list(ch.cols),
-            "ttl": None,
-            "expiry": None,
+            TTL: None,
+            EXPIRY: None,
             "pre": row(ch.pre),
             "post": row(ch.post),
         }
 
     def _remote_row(self, e: Event) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": e.op}
+        out: dict[str, Any] = {OP: e.op}
         if e.key is not None:
-            out["key"] = dict(zip(self.key_cols, e.key, strict=True))
+            out[KEY] = dict(zip(self.key_cols, e.key, strict=True))
         if e.new_key is not None:
             out["new_key"] = dict(zip(self.key_cols, e.new_key, strict=True))
         if e.after:
-            out["after"] = dict(e.after)
+            out[AFTER] = dict(e.after)
         if e.before:
-            out["before"] = dict(e.before)
+            out[BEFORE] = dict(e.before)
         return out
 
     def _local_row(self, v: Version) -> dict[str, Any]:
-        return {**v.values, "_deleted": True} if v.deleted else dict(v.values)
+        return {**v.values, STATE_DELETED: True} if v.deleted else dict(v.values)
 
     def _conflict_row(self, c: Conflict, idx: int) -> dict[str, Any]:
         first = c.local[0] if c.local else None
@@ -402,7 +426,7 @@ class GroupFolder:
         e = c.event
         return {
             **self.run,
-            "key": self.key_json(c.key),
+            KEY: self.key_json(c.key),
             "conflict_type": c.type.value,
             "resolver": c.resolver.value,
             "outcome": c.outcome.value,
@@ -426,8 +450,8 @@ class GroupFolder:
         return {
             **self.run,
             "source": "perspective",
-            "replica": replica,
-            "key": self.key_json(k),
+            REPLICA: replica,
+            KEY: self.key_json(k),
             "replica_row": dumps(rv) if rv is not None else None,
             "converged_row": dumps(cv) if cv is not None else None,
             "repair": dumps(
@@ -450,28 +474,28 @@ def repair_record(
     key = dict(zip(table.key, k, strict=True))
     cv = reader_view(conv)
     digest = hashlib.sha256(f"{replica}|{dumps(key)}".encode()).hexdigest()[:16]
-    rec: dict[str, Any] = {"key": key}
+    rec: dict[str, Any] = {KEY: key}
     if cv is not None and rv is None:
-        rec |= {"op": "INSERT", "after": dict(cv)}
+        rec |= {OP: "INSERT", AFTER: dict(cv)}
     elif cv is not None and rv is not None:
         changed = [c for c in table.column_names if cv.get(c) != rv.get(c)]
         rec |= {
-            "op": "UPDATE",
-            "after": {c: cv[c] for c in changed},
-            "before": {c: rv.get(c) for c in changed},
+            OP: "UPDATE",
+            AFTER: {c: cv[c] for c in changed},
+            BEFORE: {c: rv.get(c) for c in changed},
         }
     else:
-        rec |= {"op": "DELETE"}
+        rec |= {OP: "DELETE"}
     col = table.order_by
     if col is not None:  # order_by: the record carries its order value (absent: the replica's)
-        image = "before" if rec["op"] == "DELETE" else "after"
+        image = BEFORE if rec[OP] == "DELETE" else AFTER
         source = conv.values if conv is not None else (rv or {})
         rec[image] = {**rec.get(image, {}), col: source.get(col)}
     rec |= {
-        "ts": conv.ts if conv is not None else now_us,
-        "origin": conv.origin if conv is not None and conv.origin else replica,
-        "event_id": f"repair-{dt.isoformat()}-{replica}-{digest}",
-        "seq": 0,
+        TS: conv.ts if conv is not None else now_us,
+        ORIGIN: conv.origin if conv is not None and conv.origin else replica,
+        EVENT_ID: f"repair-{dt.isoformat()}-{replica}-{digest}",
+        SEQ: 0,
     }
     return rec
 
@@ -542,7 +566,7 @@ class TaskOutputs:
         self._batch("state_pre")
         if self.tables["state_pre"]:  # the snapshot: the live rows of the task's state
             state = pa.concat_tables(self.tables["state_pre"])
-            live = state.filter(pc.invert(state["_deleted"]))
+            live = state.filter(pc.invert(state[STATE_DELETED]))
             self.tables[layout.SNAPSHOT] = [live.select(self.arrow[layout.SNAPSHOT].names)]
         for kind in self.arrow:
             self._batch(kind)
@@ -559,7 +583,7 @@ def ledger_rows(pairs: pa.Table, run_id: str, table: str) -> pa.Table:
     n = pairs.num_rows
     run = [pa.array([run_id] * n, pa.string()), pa.array([table] * n, pa.string())]
     return pa.Table.from_arrays(
-        [*run, pairs["event_id"], pairs["fate"], pairs["digest"]], names=list(LEDGER_COLUMNS)
+        [*run, pairs[EVENT_ID], pairs[FATE], pairs[DIGEST]], names=list(LEDGER_COLUMNS)
     )
 
 
@@ -588,11 +612,11 @@ def _passed_through(batch: pa.Table, job: FoldJob) -> pa.Table:
     row = batch.column("row")
     cols = {c: pc.struct_field(row, c) for c in job.table.column_names}
     cols |= {
-        "_ts": batch.column("s_ts"),
-        "_origin": batch.column("s_origin"),
-        "_event_id": batch.column("event_id"),
-        "_deleted": batch.column("s_deleted"),
-        "_deleted_at": batch.column("s_deleted_at"),
+        STATE_TS: batch.column("s_ts"),
+        STATE_ORIGIN: batch.column("s_origin"),
+        STATE_EVENT_ID: batch.column(EVENT_ID),
+        STATE_DELETED: batch.column("s_deleted"),
+        STATE_DELETED_AT: batch.column("s_deleted_at"),
     }
     if job.table.column_groups:
         cols[GROUPS] = batch.column("s_groups")
@@ -637,11 +661,11 @@ def fold_function(
 
 
 def _key(t: pa.Table) -> pa.StructArray:
-    return t.column("key").combine_chunks()
+    return t.column(KEY).combine_chunks()
 
 
 #: what the Python fold reads of a copy that does not stand for its event
-_LIGHT = ("is_event", "event_id", "replica", "seq", "digest", "differs")
+_LIGHT = ("is_event", EVENT_ID, REPLICA, SEQ, DIGEST, "differs")
 
 
 class _Stream:

@@ -27,6 +27,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.core.columns import (
+    AFTER,
+    DIGEST,
+    EVENT_ID,
+    EXPIRY,
+    FATE,
+    KEY,
+    OP,
+    ORIGIN,
+    POS,
+    RANK,
+    REPLICA,
+    STATE_DELETED,
+    STATE_DELETED_AT,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TS,
+    TTL,
+)
 from pipeline.core.config import Table
 from pipeline.core.policy import Fate
 from pipeline.rules.rowfold import NO_POS
@@ -89,7 +109,7 @@ def _new_events(t: pa.Table, groups: Groups) -> np.ndarray:
     new = np.ones(n, dtype=bool)
     if n > 1:
         is_event = np.asarray(t.column("is_event"))
-        new[1:] = _differs(t.column("event_id").combine_chunks()) | (is_event[1:] != is_event[:-1])
+        new[1:] = _differs(t.column(EVENT_ID).combine_chunks()) | (is_event[1:] != is_event[:-1])
     new[groups.starts[:-1]] = True
     return new
 
@@ -104,7 +124,7 @@ def lone_inserts(t: pa.Table, groups: Groups, table: Table) -> np.ndarray:
     """Per group: it is a lone insert (see the module's docstring)."""
     col = t.column
     is_event = np.asarray(col("is_event")) == 1
-    replica = col("replica").combine_chunks()
+    replica = col(REPLICA).combine_chunks()
     new_event = _new_events(t, groups)
     one_event = np.add.reduceat(new_event.astype(np.int64), groups.starts[:-1]) == 1
     no_state = ~groups.any(~is_event)
@@ -114,7 +134,7 @@ def lone_inserts(t: pa.Table, groups: Groups, table: Table) -> np.ndarray:
         return pc.take(col(name).combine_chunks(), pa.array(first))
 
     ok = one_event & no_state
-    ok &= np.asarray(pc.fill_null(pc.equal(at_first("op"), "INSERT"), False))
+    ok &= np.asarray(pc.fill_null(pc.equal(at_first(OP), "INSERT"), False))
     ok &= np.asarray(pc.is_null(at_first("reason")))
     ok &= ~np.asarray(pc.fill_null(at_first("seen"), True))
     ok &= ~np.asarray(pc.fill_null(at_first("rejected"), True))
@@ -158,11 +178,11 @@ def lone_insert_outputs(
     out = {
         "fates": pa.table(
             {
-                "event_id": rows.column("event_id"),
-                "replica": rows.column("replica"),
-                "fate": pa.repeat(pa.scalar(Fate.APPLIED.value), rows.num_rows),
+                EVENT_ID: rows.column(EVENT_ID),
+                REPLICA: rows.column(REPLICA),
+                FATE: pa.repeat(pa.scalar(Fate.APPLIED.value), rows.num_rows),
                 "chosen": pa.array(chosen),
-                "digest": rows.column("digest"),
+                DIGEST: rows.column(DIGEST),
                 "differs": rows.column("differs"),
             },
             schema=schemas["fates"],
@@ -172,11 +192,11 @@ def lone_insert_outputs(
     n = standing.num_rows
     state = {f.name: row.field(f.name) for f in row.type}
     state |= {
-        "_ts": standing.column("ts"),
-        "_origin": standing.column("origin"),
-        "_event_id": standing.column("event_id"),
-        "_deleted": pa.repeat(pa.scalar(False), n),
-        "_deleted_at": pa.nulls(n, pa.int64()),
+        STATE_TS: standing.column(TS),
+        STATE_ORIGIN: standing.column(ORIGIN),
+        STATE_EVENT_ID: standing.column(EVENT_ID),
+        STATE_DELETED: pa.repeat(pa.scalar(False), n),
+        STATE_DELETED_AT: pa.nulls(n, pa.int64()),
     }
     sch = schemas["state_pre"]  # a new row's column groups (column groups) are all its own: null
     out["state_pre"] = pa.Table.from_arrays(
@@ -187,17 +207,17 @@ def lone_insert_outputs(
         sch = schemas["changes"]
         values = table.value_columns
         change = {
-            "event_id": standing.column("event_id"),
-            "ts": standing.column("ts"),
-            "rank": standing.column("rank"),
-            "pos": pc.fill_null(standing.column("pos"), NO_POS),
+            EVENT_ID: standing.column(EVENT_ID),
+            TS: standing.column(TS),
+            RANK: standing.column(RANK),
+            POS: pc.fill_null(standing.column(POS), NO_POS),
             "idx": pa.repeat(pa.scalar(0, pa.int32()), n),
             "kind": pa.repeat(pa.scalar("insert"), n),
-            "key": standing.column("key"),
+            KEY: standing.column(KEY),
             "values": row,
             "cols": pa.array([list(values)] * n, pa.list_(pa.string())),
-            "ttl": pa.nulls(n, pa.int64()),
-            "expiry": pa.nulls(n, pa.int64()),
+            TTL: pa.nulls(n, pa.int64()),
+            EXPIRY: pa.nulls(n, pa.int64()),
             "pre": pa.nulls(n, sch.field("pre").type),
             "post": row,
         }
@@ -209,8 +229,8 @@ def lone_insert_outputs(
 
 def _written_row(standing: pa.Table, table: Table, state: pa.Schema) -> pa.StructArray:
     """The row an INSERT writes: its ``after``, with the key columns from its key."""
-    after = standing.column("after").combine_chunks()
-    key = standing.column("key").combine_chunks()
+    after = standing.column(AFTER).combine_chunks()
+    key = standing.column(KEY).combine_chunks()
     children, fields = [], []
     for c in table.column_names:
         f = state.field(c)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pipeline.core import layout
+from pipeline.core.columns import KEY, OP, STATE_DELETED
 from pipeline.core.config import Table
 from pipeline.ingest.inplace import LIVE_MARK, TOUCHED, InPlace, by_key, read_touched
 
@@ -51,26 +52,28 @@ def narrow(
     from pipeline.storage.outputs import write_output
 
     keys = events.select(
-        F.explode(F.filter(F.array("key", "new_key"), lambda k: k.isNotNull())).alias(_KEY)
+        F.explode(F.filter(F.array(KEY, "new_key"), lambda k: k.isNotNull())).alias(_KEY)
     ).distinct()
     df = prior.withColumn(_KEY, key_struct(table))
     df = df.join(F.broadcast(keys.withColumn(f"{_MARK}0", F.lit(True))), _KEY, "left")
     needed = F.col(f"{_MARK}0").isNotNull() | due
     names = table.column_names
-    writes = events.where(F.col("op").isin("INSERT", "UPDATE"))
+    writes = events.where(F.col(OP).isin("INSERT", "UPDATE"))
     for i, c in enumerate(sorted({c for u in table.unique for c in u}), 1):
         mark = f"{_MARK}{i}"
         written = F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}"))
         values = writes.select(written.alias(_VALUE)).where(F.col(_VALUE).isNotNull()).distinct()
         marks = F.broadcast(values.withColumn(mark, F.lit(True)))
         df = df.join(marks, df[c] == marks[_VALUE], "left").drop(_VALUE)
-        needed = needed | (~F.col("_deleted") & F.col(mark).isNotNull())
+        needed = needed | (~F.col(STATE_DELETED) & F.col(mark).isNotNull())
     narrowed = df.where(needed).select(*prior.columns).persist(StorageLevel.MEMORY_AND_DISK)
     seen = Observation()  # counted as the keys are written (the one job that reads them)
     counted = narrowed.observe(
-        seen, F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_deleted")).alias("live")
+        seen, F.count(F.lit(1)).alias("rows"), F.count_if(~F.col(STATE_DELETED)).alias("live")
     )
-    write_output(counted.select(*table.key, (~F.col("_deleted")).alias(LIVE_MARK)), out / TOUCHED)
+    write_output(
+        counted.select(*table.key, (~F.col(STATE_DELETED)).alias(LIVE_MARK)), out / TOUCHED
+    )
     got = seen.get
     record = replace(record, touched_rows=int(got["rows"]), touched_live=int(got["live"]))
     record.save(out)

@@ -22,6 +22,20 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import (
+    AFTER,
+    DIGEST,
+    EVENT_ID,
+    EXPIRY,
+    FATE,
+    KEY,
+    OP,
+    ORIGIN,
+    REPLICA,
+    SEQ,
+    TS,
+    TTL,
+)
 from pipeline.core.config import Table
 
 if TYPE_CHECKING:
@@ -31,7 +45,7 @@ if TYPE_CHECKING:
 
 #: the copies' columns this module adds: a copy's content digest, whether an earlier
 #: night resolved its event, and whether it differs from the copy that stood for it then
-DIGEST, SEEN, DIFFERS = "digest", "seen", "differs"
+SEEN, DIFFERS = "seen", "differs"
 #: the ledger's digests of an event, as :func:`read_ledger` groups them
 KNOWN = "known"
 
@@ -46,15 +60,15 @@ def content_digest(table: Table) -> Column:
         )
     )
     return F.xxhash64(
-        F.col("op"),
-        F.to_json(F.col("key")),
+        F.col(OP),
+        F.to_json(F.col(KEY)),
         F.to_json(F.col("new_key")),
-        F.to_json(F.col("after")),
+        F.to_json(F.col(AFTER)),
         given,
-        F.col("ts"),
-        F.col("origin"),
-        F.col("ttl"),
-        F.col("expiry"),
+        F.col(TS),
+        F.col(ORIGIN),
+        F.col(TTL),
+        F.col(EXPIRY),
     )
 
 
@@ -70,7 +84,7 @@ def read_ledger(spark: SparkSession, staged_table: WorkPath) -> DataFrame | None
         return None
     rows = read_pinned(spark, pin)
     digest = F.col(DIGEST) if DIGEST in rows.columns else F.lit(None).cast("bigint")
-    return rows.groupBy("event_id").agg(F.collect_set(digest).alias(KNOWN))
+    return rows.groupBy(EVENT_ID).agg(F.collect_set(digest).alias(KNOWN))
 
 
 def legacy_ids(ledger: DataFrame | None) -> DataFrame | None:
@@ -78,7 +92,7 @@ def legacy_ids(ledger: DataFrame | None) -> DataFrame | None:
     digest): an adapter's copy is matched on its id of that time too."""
     if ledger is None:
         return None
-    return ledger.where(F.size(KNOWN) == 0).select("event_id")
+    return ledger.where(F.size(KNOWN) == 0).select(EVENT_ID)
 
 
 def _marks(known: Column) -> tuple[Column, Column]:
@@ -93,7 +107,7 @@ def with_seen(copies: DataFrame, ledger: DataFrame | None) -> DataFrame:
     if ledger is None:
         return copies.withColumn(SEEN, F.lit(False)).withColumn(DIFFERS, F.lit(False))
     # no broadcast hint: ten nights of a busy table's ids are too many for one
-    flagged = copies.join(ledger, "event_id", "left")
+    flagged = copies.join(ledger, EVENT_ID, "left")
     seen, differs = _marks(F.col(KNOWN))
     return flagged.withColumn(SEEN, seen).withColumn(DIFFERS, differs).drop(KNOWN)
 
@@ -105,13 +119,13 @@ def set_aside(
     with their digest and ``differs``), and the others (the cell engine's way)."""
     if ledger is None:
         return copies, None
-    again = copies.join(ledger, "event_id")
-    rest = copies.join(ledger, "event_id", "left_anti")
+    again = copies.join(ledger, EVENT_ID)
+    rest = copies.join(ledger, EVENT_ID, "left_anti")
     _, differs = _marks(F.col(KNOWN))
     return rest, again.select(
-        "event_id",
-        "replica",
-        F.lit(duplicate).alias("fate"),
+        EVENT_ID,
+        REPLICA,
+        F.lit(duplicate).alias(FATE),
         F.lit(False).alias("chosen"),
         F.col(DIGEST),
         differs.alias(DIFFERS),
@@ -126,12 +140,12 @@ def changed_copies(copies: DataFrame, ledger: DataFrame, table: Table) -> list[d
     from pipeline.core.jsonvalues import dumps
     from pipeline.ingest.copies import copy_record
 
-    found = copies.join(ledger, "event_id").where(_marks(F.col(KNOWN))[1])
+    found = copies.join(ledger, EVENT_ID).where(_marks(F.col(KNOWN))[1])
     out = []
     for r in found.select(*copies.columns, F.array_min(KNOWN).alias("_ledger")).collect():
         d = r.asDict(recursive=True)
         record = d["raw"] if d["reason"] is not None else dumps(copy_record(d, table.column_names))
-        where = {k: d[k] for k in ("replica", "event_id", "file", "line", "seq")}
+        where = {k: d[k] for k in (REPLICA, EVENT_ID, "file", "line", SEQ)}
         digests = {DIGEST: d[DIGEST], "ledger_digest": d["_ledger"]}
         out.append({**where, "standing": False, "record": record, **digests})
     return out

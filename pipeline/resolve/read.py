@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pipeline.core.columns import DIGEST, EVENT_ID, REPLICA, RUN_ID, SEQ
 from pipeline.core.jsonvalues import dumps
 from pipeline.ingest import pending, retry
 from pipeline.ingest.copies import COPIES, WAITING, copy_record, type_adapted
@@ -114,10 +115,10 @@ def read_copies(
     for rep, export in exports.items():
         rep_dir = table_dir / f"replica={rep}"
         if export.format not in ("jsonl", "parquet") and not (rep_dir / COPIES).is_dir():
-            theirs = None if carried is None else carried.where(F.col("replica") == rep)
+            theirs = None if carried is None else carried.where(F.col(REPLICA) == rep)
             adapted = _adapted(spark, rep_dir, export, spec, theirs, run or _alone(table_dir))
             if adapted is not None:
-                typed = adapted.records.select("replica", "file", "line", "raw").mapInArrow(
+                typed = adapted.records.select(REPLICA, "file", "line", "raw").mapInArrow(
                     type_adapted(spec), schema
                 )
                 typed.write.mode("overwrite").parquet(str(rep_dir / COPIES))
@@ -129,7 +130,7 @@ def read_copies(
         files += [str(p) for p in (rep_dir / COPIES).parquet_files()]
     counts = _pending(spark, run, exports, carried, waiting, table.name)
     files += retry.copies_of(table_dir)  # retry: quarantined events offered again
-    from pipeline.resolve.ledger import DIGEST, content_digest
+    from pipeline.resolve.ledger import content_digest
     from pipeline.spark.session import local_frame
 
     typed = spark.read.schema(schema).parquet(*files) if files else local_frame(spark, [], schema)
@@ -159,7 +160,7 @@ def _pending(
         return {}
     mapped = {r for r, e in exports.items() if e.format == "wal2json"}
     if carried is not None and set(run.replicas) - mapped:
-        waiting.append(carried.where(~F.col("replica").isin(*mapped)) if mapped else carried)
+        waiting.append(carried.where(~F.col(REPLICA).isin(*mapped)) if mapped else carried)
     back = pending.read_back(carried, run.replicas)
     left = pending.write(spark, waiting, run.out, run.run_id, table, run.dt, run.replicas)
     return {
@@ -170,12 +171,12 @@ def _pending(
 
 
 _S, _L = pa.string(), pa.int64()
-_WHERE = ("replica", "event_id", "file", "line", "seq")
+_WHERE = (REPLICA, EVENT_ID, "file", "line", SEQ)
 
 
 DIFFERING_SCHEMA = pa.schema(
-    [(n, _S) for n in ("run_id", "table", *_WHERE[:3])]
-    + [("line", _L), ("seq", _L), ("standing", pa.bool_()), ("record", _S)]
+    [(n, _S) for n in (RUN_ID, "table", *_WHERE[:3])]
+    + [("line", _L), (SEQ, _L), ("standing", pa.bool_()), ("record", _S)]
     + [("digest", _L), ("ledger_digest", _L)]
 )
 
@@ -190,16 +191,16 @@ def differing_copies(copies: DataFrame, fates: DataFrame, table: Table) -> list[
     from pipeline.resolve.shuffle import standing_order
 
     repeated = (
-        fates.where(F.col("event_id").isNotNull())
-        .groupBy("event_id", "replica")
+        fates.where(F.col(EVENT_ID).isNotNull())
+        .groupBy(EVENT_ID, REPLICA)
         .count()
         .where(F.col("count") > 1)
-        .select("event_id", "replica")
+        .select(EVENT_ID, REPLICA)
     )
-    picked = copies.join(repeated, ["event_id", "replica"], "left_semi")
-    rows = picked.orderBy("event_id", *standing_order()).toArrow().to_pylist()
+    picked = copies.join(repeated, [EVENT_ID, REPLICA], "left_semi")
+    rows = picked.orderBy(EVENT_ID, *standing_order()).toArrow().to_pylist()
     out: list[dict[str, Any]] = []
-    for _, group in itertools.groupby(rows, key=lambda r: (r["event_id"], r["replica"])):
+    for _, group in itertools.groupby(rows, key=lambda r: (r[EVENT_ID], r[REPLICA])):
         copies_of = list(group)
         records = [
             r["raw"] if r["reason"] is not None else dumps(copy_record(r, table.column_names))

@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import EVENT_ID, KEY, OP, ORIGIN, RANK, REPLICA, SEQ, TS
 from pipeline.core.config import Config, Table
 from pipeline.core.policy import Fate
 from pipeline.rules.rowfold import Event
@@ -34,8 +35,8 @@ def standing_order() -> list[Column]:
     should not differ), the highest ``seq`` of its export, then the last file and line."""
     return [
         F.col("pref"),
-        F.col("replica"),
-        F.desc_nulls_last("seq"),
+        F.col(REPLICA),
+        F.desc_nulls_last(SEQ),
         F.desc_nulls_last("file"),
         F.desc_nulls_last("line"),
     ]
@@ -47,19 +48,17 @@ def settle_disputes(copies: DataFrame, ids: list[str]) -> DataFrame:
     replica in config order) gives its key and record to every copy of the event, so that
     they meet in one key group, where the winner stands for the event and the others still
     count for their replica's order and accounting. Rare: the winners are broadcast."""
-    w = Window.partitionBy("event_id").orderBy(*standing_order())
-    moved = [
-        c for c in copies.columns if c not in ("event_id", "replica", "file", "line", "seq", "pref")
-    ]
+    w = Window.partitionBy(EVENT_ID).orderBy(*standing_order())
+    moved = [c for c in copies.columns if c not in (EVENT_ID, REPLICA, "file", "line", SEQ, "pref")]
     winners = (
-        copies.where(F.col("event_id").isin(ids))
+        copies.where(F.col(EVENT_ID).isin(ids))
         .withColumn("_rn", F.row_number().over(w))
         .where("_rn = 1")
         .select(
-            "event_id", F.lit(True).alias("_disputed"), *[F.col(c).alias(f"_w_{c}") for c in moved]
+            EVENT_ID, F.lit(True).alias("_disputed"), *[F.col(c).alias(f"_w_{c}") for c in moved]
         )
     )
-    joined = copies.join(F.broadcast(winners), "event_id", "left")
+    joined = copies.join(F.broadcast(winners), EVENT_ID, "left")
     return joined.select(
         *[
             F.when(F.col("_disputed"), F.col(f"_w_{c}")).otherwise(F.col(c)).alias(c)
@@ -91,14 +90,14 @@ def split_special(copies: DataFrame, possible: bool = True) -> tuple[DataFrame, 
     and no job runs."""
     if not possible:
         return copies, Specials([], [], [], [])
-    special = (F.col("event_id").isNull() | (F.col("op") == "TRUNCATE")).cast("boolean")
+    special = (F.col(EVENT_ID).isNull() | (F.col(OP) == "TRUNCATE")).cast("boolean")
     special = F.coalesce(special, F.lit(False))
     main = copies.where(~special)
-    fields = ["event_id", "replica", "seq", "pref", "ts", "origin", "rank", "reason", "detail"]
+    fields = [EVENT_ID, REPLICA, SEQ, "pref", TS, ORIGIN, RANK, "reason", "detail"]
     seen = F.col("seen") if "seen" in copies.columns else F.lit(False)
     rows = (
         copies.where(special | F.col("new_key").isNotNull())
-        .select(special.alias("special"), *fields, "raw", seen.alias("seen"), "key", "new_key")
+        .select(special.alias("special"), *fields, "raw", seen.alias("seen"), KEY, "new_key")
         .collect()
     )
     moved = {k for r in rows if not r.special and r.key is not None for k in (r.key, r.new_key)}

@@ -29,6 +29,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, REPLICA, SEQ, TS
 from pipeline.core.config import Table
 from pipeline.core.summary import TableSummary
 from pipeline.spark.frames import SKEW_FIELDS
@@ -59,20 +60,20 @@ def with_evidence(df: DataFrame, table: Table) -> DataFrame:
     evidence. The window is by key first, so that a frame already partitioned by key (the
     cell engine's shuffle) is not shuffled again."""
     valid = F.col("reason").isNull()
-    own = Window.partitionBy("key", "replica", valid).orderBy("seq")
-    seen = F.struct("origin", "ts", "op", "after", "after_has")
+    own = Window.partitionBy(KEY, REPLICA, valid).orderBy(SEQ)
+    seen = F.struct(ORIGIN, TS, OP, AFTER, "after_has")
     df = df.withColumn("_s", F.lag(seen).over(own))
     evidence = (
         valid
-        & (F.col("origin") == F.col("replica"))
-        & F.col("op").isin(*_SAWS)
+        & (F.col(ORIGIN) == F.col(REPLICA))
+        & F.col(OP).isin(*_SAWS)
         & F.col("before_has").isNotNull()
         & F.col("_s.op").isin(*_SAW)
-        & (F.col("_s.origin") != F.col("origin"))
-        & (F.col("_s.ts") > F.col("ts"))
+        & (F.col("_s.origin") != F.col(ORIGIN))
+        & (F.col("_s.ts") > F.col(TS))
         & _matches(table, "_s")
     )
-    fields = (F.col("origin"), F.col("_s.origin"), F.col("_s.ts") - F.col("ts"))
+    fields = (F.col(ORIGIN), F.col("_s.origin"), F.col("_s.ts") - F.col(TS))
     skew = F.struct(*[c.alias(n) for c, n in zip(fields, SKEW_FIELDS, strict=True)])
     return df.withColumn("skew", F.when(evidence, skew)).drop("_s")
 
@@ -102,7 +103,7 @@ def _agree(cur: Mapping[str, Any], prev: Mapping[str, Any], columns: Sequence[st
     on every column both hold, and they hold one at least."""
     b_has, a_has = cur["before_has"], prev["after_has"] or ()
     shared = [c for c, b, a in zip(columns, b_has, a_has, strict=False) if b and a]
-    before, after = cur["before"], prev["after"]
+    before, after = cur[BEFORE], prev[AFTER]
     return bool(shared) and all(before[c] == after[c] for c in shared)
 
 
@@ -116,22 +117,22 @@ def seen_later(
     own: dict[tuple[str, Any], list[tuple[int, Mapping[str, Any]]]] = {}
     for replica, seq, e in copies:
         if e["reason"] is None:
-            own.setdefault((replica, tuple(e["key"].values())), []).append((seq, e))
+            own.setdefault((replica, tuple(e[KEY].values())), []).append((seq, e))
     for (replica, _key), rows in own.items():
         if len(rows) < 2:
             continue
         rows.sort(key=lambda r: r[0])
         for (_s, prev), (_t, cur) in itertools.pairwise(rows):
             if (
-                cur["origin"] == replica
-                and cur["op"] in _SAWS
+                cur[ORIGIN] == replica
+                and cur[OP] in _SAWS
                 and cur["before_has"] is not None
-                and prev["op"] in _SAW
-                and prev["origin"] != replica
-                and prev["ts"] > cur["ts"]
+                and prev[OP] in _SAW
+                and prev[ORIGIN] != replica
+                and prev[TS] > cur[TS]
                 and _agree(cur, prev, columns)
             ):
-                yield replica, prev["origin"], prev["ts"] - cur["ts"]
+                yield replica, prev[ORIGIN], prev[TS] - cur[TS]
 
 
 def skew_warnings(tables: Mapping[str, TableSummary], max_seconds: int) -> list[str]:

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from pipeline.core.columns import KEY, REPLICA, STATE_DELETED, STATE_ORIGIN, STATE_TS
 from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
 from pipeline.resolve.foldrun import repair_record
@@ -41,9 +42,9 @@ def snapshot_divergence(
     cols = table.column_names
     conv = converged.select(
         *[F.col(c) for c in table.key],
-        F.struct(*cols, "_ts", "_origin").alias("conv"),
+        F.struct(*cols, STATE_TS, STATE_ORIGIN).alias("conv"),
     )
-    mine = replica_rows.where(~F.col("_deleted")).select(
+    mine = replica_rows.where(~F.col(STATE_DELETED)).select(
         *[F.col(c) for c in table.key], F.struct(*cols).alias("mine")
     )
     joined = conv.join(mine, list(table.key), "full_outer")
@@ -66,11 +67,11 @@ def snapshot_divergence(
                 cv = None
                 if c is not None:
                     values = {x: c[x] for x in cols}
-                    cv = Version(values, c["_ts"], c["_origin"], None, 0)
+                    cv = Version(values, c[STATE_TS], c[STATE_ORIGIN], None, 0)
                 out.append(
                     {
-                        "replica": replica,
-                        "key": dumps(dict(zip(key_cols, k, strict=True))),
+                        REPLICA: replica,
+                        KEY: dumps(dict(zip(key_cols, k, strict=True))),
                         "replica_row": dumps(m) if m is not None else None,
                         "converged_row": dumps(cv.values) if cv is not None else None,
                         "repair": dumps(repair_record(table, replica, k, m, cv, dt, now_us)),

@@ -26,6 +26,19 @@ from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
 from pipeline.core import layout
+from pipeline.core.columns import (
+    DT,
+    EVENT_ID,
+    FATE,
+    KEY,
+    ORIGIN,
+    REPLICA,
+    RUN_ID,
+    STATE_DELETED,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+)
 from pipeline.core.config import Config, FkPolicy, Table
 from pipeline.core.policy import Fate, Granularity, Outcome, QuarantineReason
 from pipeline.core.summary import RunSummary, Stopped, TableSummary
@@ -111,7 +124,7 @@ def resolve_table(
     if facts.repeated:  # some replica exported an event twice: were its copies the same?
         fates = read_known(spark, out / "fates", FATE_COLUMNS)
         found = differing_copies(copies, fates, table)
-        differing = len({r["event_id"] for r in found})
+        differing = len({r[EVENT_ID] for r in found})
     if facts.changed and ledger is not None:  # an earlier night's event, other content
         found += changed_copies(copies, ledger, table)
     _write_differing(found, out, ctx, table.name)
@@ -185,9 +198,9 @@ def _resolve_cells(
 def repeats_as_duplicates(fates: DataFrame) -> DataFrame:
     """A replica that exported one event more than once (export files that overlap): the
     event is resolved once, and that replica's copies after the first are duplicates."""
-    n = F.row_number().over(Window.partitionBy("event_id", "replica").orderBy("fate"))
-    again = F.col("event_id").isNotNull() & (n > 1)
-    return fates.withColumn("fate", F.when(again, F.lit(DUPLICATE)).otherwise(F.col("fate")))
+    n = F.row_number().over(Window.partitionBy(EVENT_ID, REPLICA).orderBy(FATE))
+    again = F.col(EVENT_ID).isNotNull() & (n > 1)
+    return fates.withColumn(FATE, F.when(again, F.lit(DUPLICATE)).otherwise(F.col(FATE)))
 
 
 def _write_differing(
@@ -196,7 +209,7 @@ def _write_differing(
     """The ``differing_copies`` log of the table (only when it has rows)."""
     if not rows:
         return
-    run = {"run_id": ctx.run_id, "table": table}
+    run = {RUN_ID: ctx.run_id, "table": table}
     folder = out / "differing_copies"
     data = pa.Table.from_pylist([{**run, **r} for r in rows], DIFFERING_SCHEMA)
     write_table(data, folder / "part-00000.parquet", compression="zstd")
@@ -218,7 +231,7 @@ def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
     e = min((r for r in rows if r["outcome"] == Outcome.ERRORED.value), key=position)
     kept = pa.Table.from_pylist([r for r in rows if position(r) <= position(e)], schema=log_.schema)
     replace_output(out / "conflicts", kept)
-    return Stopped(table.name, e["key"], e["conflict_type"], e["remote_event_id"], e["reason"])
+    return Stopped(table.name, e[KEY], e["conflict_type"], e["remote_event_id"], e["reason"])
 
 
 def _by_type(conflicts: Mapping[tuple[str, str, str], int]) -> dict[str, dict[str, int]]:
@@ -262,7 +275,7 @@ def _table_counts(
         replicas=per_replica,
         missing_exports=staged.missing,
         late_exports=staged.late_exports,
-        prior=staged.prior["dt"] if staged.prior else base,
+        prior=staged.prior[DT] if staged.prior else base,
         start=staged.start,
         stopped=stopped,
         ledger_digests=True,
@@ -334,17 +347,17 @@ def _put_back(
             continue
         rows = _offered_rows(spark, table, offers)
         # a key orphaned on two nights: its latest row may come back, the other cannot
-        latest = Window.partitionBy(*table.key).orderBy(F.desc("_ts"), F.desc("_event_id"))
+        latest = Window.partitionBy(*table.key).orderBy(F.desc(STATE_TS), F.desc(STATE_EVENT_ID))
         rows = rows.withColumn("_n", F.row_number().over(latest)).persist()
         keys = states[t].select(*table.key)
         taken = rows.where(F.col("_n") > 1).unionByName(
             rows.join(keys, list(table.key), "left_semi")
         )
-        written = {r[0] for r in taken.select("_event_id").collect()}
+        written = {r[0] for r in taken.select(STATE_EVENT_ID).collect()}
         free = rows.where(F.col("_n") == 1).drop("_n").join(keys, list(table.key), "left_anti")
         for fk in table.foreign_keys:
             parent = config.tables[fk.references]
-            live = states[parent.name].where(~F.col("_deleted"))
+            live = states[parent.name].where(~F.col(STATE_DELETED))
             pairs = list(zip(fk.columns, parent.key, strict=True))
             parents = live.select(*[F.col(pk).alias(c) for c, pk in pairs]).distinct()
             has = parents.withColumn("_parent", F.lit(True))
@@ -355,7 +368,7 @@ def _put_back(
                 .drop("_parent")
             )
         free = free.persist()
-        back = {r[0] for r in free.select("_event_id").collect()}
+        back = {r[0] for r in free.select(STATE_EVENT_ID).collect()}
         if back:
             restored[t] = free
             states[t] = states[t].unionByName(free)
@@ -369,18 +382,18 @@ def _offered_rows(spark: SparkSession, table: Table, offers: list[dict[str, Any]
     """The orphan rows as their quarantine kept them (the table's columns, ``_ts`` and
     ``_origin``, as JSON), as live state rows."""
     schema = state_schema(table)
-    kept = T.StructType([schema[c] for c in (*table.column_names, "_ts", "_origin")])
+    kept = T.StructType([schema[c] for c in (*table.column_names, STATE_TS, STATE_ORIGIN)])
     given = spark.createDataFrame(
-        [(o["event_id"], o["event"]) for o in offers], "event_id string, row string"
+        [(o[EVENT_ID], o["event"]) for o in offers], "event_id string, row string"
     )
-    parsed = given.select("event_id", F.from_json("row", kept).alias("r"))
+    parsed = given.select(EVENT_ID, F.from_json("row", kept).alias("r"))
     cols = []
     for f in schema.fields:
         if f.name in kept.names:
             cols.append(F.col(f"r.{f.name}").alias(f.name))
-        elif f.name == "_event_id":
-            cols.append(F.col("event_id").alias(f.name))
-        elif f.name == "_deleted":
+        elif f.name == STATE_EVENT_ID:
+            cols.append(F.col(EVENT_ID).alias(f.name))
+        elif f.name == STATE_DELETED:
             cols.append(F.lit(False).alias(f.name))
         else:
             cols.append(F.lit(None).cast(f.dataType).alias(f.name))
@@ -406,13 +419,13 @@ def _find_orphans(
         for child_name, child in config.tables.items():
             for fk in child.foreign_keys:
                 parent = config.tables[fk.references]
-                live_child = states[child_name].where(~F.col("_deleted"))
+                live_child = states[child_name].where(~F.col(STATE_DELETED))
                 for c in fk.columns:
                     live_child = live_child.where(F.col(c).isNotNull())
                 pairs = list(zip(fk.columns, parent.key, strict=True))
                 parents = (
                     states[parent.name]
-                    .where(~F.col("_deleted"))
+                    .where(~F.col(STATE_DELETED))
                     .select(*[F.col(pk).alias(c) for c, pk in pairs])
                     .distinct()
                 )
@@ -427,11 +440,13 @@ def _find_orphans(
                 )
                 found[child_name].append(
                     orphans.select(
-                        _key_json(list(child.key)).alias("key"),
+                        _key_json(list(child.key)).alias(KEY),
                         ref.alias("reference"),
-                        F.col("_event_id").alias("event_id"),
-                        F.to_json(F.struct(*child.column_names, "_ts", "_origin")).alias("row"),
-                        F.col("_origin").alias("origin"),
+                        F.col(STATE_EVENT_ID).alias(EVENT_ID),
+                        F.to_json(F.struct(*child.column_names, STATE_TS, STATE_ORIGIN)).alias(
+                            "row"
+                        ),
+                        F.col(STATE_ORIGIN).alias(ORIGIN),
                     )
                 )
                 if quarantine:
@@ -462,17 +477,17 @@ def _write_fk_outputs(
     out = ctx.resolved / t
     counts: dict[str, Any] = {}
     if found:
-        unique_orphans = reduce(DataFrame.unionByName, found).dropDuplicates(["key"]).persist()
+        unique_orphans = reduce(DataFrame.unionByName, found).dropDuplicates([KEY]).persist()
         counts["orphans"] = _write(
-            unique_orphans.select(*_run_cols(ctx, t), "key", "reference", "event_id"),
+            unique_orphans.select(*_run_cols(ctx, t), KEY, "reference", EVENT_ID),
             out / "orphans",
         )
         if config.on_fk_violation is FkPolicy.QUARANTINE:
             _write(
                 unique_orphans.select(
                     *_run_cols(ctx, t),
-                    F.col("origin").alias("replica"),
-                    "event_id",
+                    F.col(ORIGIN).alias(REPLICA),
+                    EVENT_ID,
                     F.lit(QuarantineReason.FK_VIOLATION.value).alias("reason"),
                     F.concat(F.lit("no live parent for "), F.col("reference")).alias("detail"),
                     F.col("row").alias("event"),
@@ -496,7 +511,7 @@ def _write_fk_outputs(
     final = read_known(spark, final_state(out), state_schema(table))
     seen = Observation()
     final = final.observe(seen, F.count(F.lit(1)).alias("state_rows"))
-    live = final.where(~F.col("_deleted"))
+    live = final.where(~F.col(STATE_DELETED))
     counts["rows"] = _write(live.select(*snapshot_columns(table)), out / layout.SNAPSHOT)
     counts["state_rows"] = int(seen.get["state_rows"])  # the next run checks it
     record = InPlace.load(out)

@@ -17,6 +17,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from pipeline.core.columns import (
+    REPLICA,
+    STATE_DELETED,
+    STATE_DELETED_AT,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+)
 from pipeline.core.config import Table
 from pipeline.core.errors import ExportError
 from pipeline.ingest.exports import RAW_SCHEMA
@@ -106,7 +114,7 @@ def read_base(
     if pq_files:
         df = spark.read.parquet(*pq_files)
         raw = df.select(
-            F.lit("base").alias("replica"),
+            F.lit("base").alias(REPLICA),
             F.regexp_extract(F.input_file_name(), r"([^/]+)$", 1).alias("file"),
             F.lit(None).cast("bigint").alias("line"),
             F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
@@ -122,16 +130,16 @@ def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> Da
     schema = state_schema(table)
     df = raw.withColumn("m", m)
     cols = [typed(F.col("m")[c.name], c.type).alias(c.name) for c in table.columns]
-    ts_text = F.col("m")["_ts"]
+    ts_text = F.col("m")[STATE_TS]
     if check:
         _refuse_misfits(df, table, label)
     rows = df.select(
         *cols,
-        F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias("_ts"),
-        F.col("m")["_origin"].alias("_origin"),
-        F.lit(None).cast("string").alias("_event_id"),
-        F.lit(False).alias("_deleted"),
-        F.lit(None).cast("bigint").alias("_deleted_at"),
+        F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias(STATE_TS),
+        F.col("m")[STATE_ORIGIN].alias(STATE_ORIGIN),
+        F.lit(None).cast("string").alias(STATE_EVENT_ID),
+        F.lit(False).alias(STATE_DELETED),
+        F.lit(None).cast("bigint").alias(STATE_DELETED_AT),
     )
     # a cell table's per-cell metadata is null: a base row is cells written at ``_ts``
     return rows.select(
@@ -154,7 +162,7 @@ def _refuse_misfits(df: DataFrame, table: Table, label: str) -> None:
         bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())
         if c.name in table.not_null:
             bad_cond = bad_cond | v.isNull()
-    ts_text = F.col("m")["_ts"]
+    ts_text = F.col("m")[STATE_TS]
     bad_cond = bad_cond | (ts_text.isNotNull() & ts_text.try_cast(T.LongType()).isNull())
     bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
     if bad:

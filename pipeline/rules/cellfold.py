@@ -42,6 +42,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal, localcontext
 from typing import Any
 
+from pipeline.core.columns import MARKER, STATE_ORIGIN, STATE_TS
 from pipeline.core.config import ColumnType, Kind, Table
 
 Key = tuple[Any, ...]
@@ -260,7 +261,7 @@ def read_row(row: CellRow, now_s: int) -> dict[str, Any] | None:
     if not writes:
         return None
     last = max(writes, key=lambda x: (x.ts, x.is_event, x.rank, x.event_id or ""))
-    return {**{c: x.value for c, x in live.items()}, "_ts": last.ts, "_origin": last.origin}
+    return {**{c: x.value for c, x in live.items()}, STATE_TS: last.ts, STATE_ORIGIN: last.origin}
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +400,7 @@ class CellFold:
             (c, cells[c], row.cells.get(c), self.types[c]) for c in self.types if c in cells
         ]
         if marker is not None:
-            slots.append(("_marker", marker, row.marker, None))
+            slots.append((MARKER, marker, row.marker, None))
         for name, w, cur, ct in slots:
             if limit is not None and limit >= w.ts:
                 won, why = False, SHADOWED

@@ -26,6 +26,21 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 
+from pipeline.core.columns import (
+    AFTER,
+    BEFORE,
+    EVENT_ID,
+    EXPIRY,
+    KEY,
+    OP,
+    ORIGIN,
+    POS,
+    RANK,
+    SEQ,
+    TS,
+    TTL,
+    TXID,
+)
 from pipeline.core.config import ColumnType, Config, Kind, Table
 from pipeline.core.policy import Granularity, QuarantineReason
 
@@ -34,7 +49,7 @@ OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 ROW_OPS = ("INSERT", "UPDATE", "DELETE")
 #: Scylla's and Cassandra's largest TTL (20 years)
 MAX_TTL = 630_720_000
-_OBJECTS = ("key", "new_key", "after", "before")
+_OBJECTS = (KEY, "new_key", AFTER, BEFORE)
 
 # ---------------------------------------------------------------------- JSON text
 
@@ -417,13 +432,13 @@ class Typer:
             if isinstance(m, _NotAnObject) and m.why:  # named in the detail
                 whys[f"{n} is not a JSON object"] = f"{n} is not a JSON object: {m.why}"
         typed = {n: self._typed(maps[n]) for n in _OBJECTS}
-        op, origin = text_of(fields.get("op")), text_of(fields.get("origin"))
-        ts_text, seq_text = text_of(fields.get("ts")), text_of(fields.get("seq"))
+        op, origin = text_of(fields.get(OP)), text_of(fields.get(ORIGIN))
+        ts_text, seq_text = text_of(fields.get(TS)), text_of(fields.get(SEQ))
         ts = event_ts_micros(ts_text)
         seq = None if seq_text is None else _LONG_READER(seq_text)
-        pos_text = text_of(fields.get("pos"))
+        pos_text = text_of(fields.get(POS))
         pos = None if pos_text is None else _LONG_READER(pos_text)
-        eid = text_of(fields.get("event_id")) or None
+        eid = text_of(fields.get(EVENT_ID)) or None
         reason, detail = self._verdict(
             fields, maps, typed, eid, op, origin, ts_text, ts, seq_text, seq
         )
@@ -431,33 +446,33 @@ class Typer:
             reason = QuarantineReason.MALFORMED.value
             detail = f"pos {_quote(pos_text)} is not an integer"
         detail = whys.get(detail or "", detail)
-        after, before = maps["after"], maps["before"]
+        after, before = maps[AFTER], maps[BEFORE]
         # docs/rules.md#cell-rules: a ttl of 0 is none
-        ttl = _whole_seconds(text_of(fields.get("ttl"))) or None
+        ttl = _whole_seconds(text_of(fields.get(TTL))) or None
         expiry = None
         if ttl is not None:
-            expiry = _whole_seconds(text_of(fields.get("expiry")))
+            expiry = _whole_seconds(text_of(fields.get(EXPIRY)))
             if expiry is None and ts is not None:
                 expiry = ts // 1_000_000 + ttl
         return {
-            "event_id": eid,
-            "op": op,
-            "origin": origin,
-            "seq": seq,
-            "pos": pos,
+            EVENT_ID: eid,
+            OP: op,
+            ORIGIN: origin,
+            SEQ: seq,
+            POS: pos,
             "pref": self._pref(replica, origin),
-            "rank": self.ranks.get(origin) if origin is not None else None,
-            "txid": text_of(fields.get("txid")),
-            "ts": ts,
-            "key": self._key(maps["key"], typed["key"]),
+            RANK: self.ranks.get(origin) if origin is not None else None,
+            TXID: text_of(fields.get(TXID)),
+            TS: ts,
+            KEY: self._key(maps[KEY], typed[KEY]),
             "new_key": self._key(maps["new_key"], typed["new_key"]),
-            "after": typed["after"],
+            AFTER: typed[AFTER],
             "after_has": [after is not None and c in after for c in self.cols],
-            "before": typed["before"],
+            BEFORE: typed[BEFORE],
             "before_has": [before is not None and c in before for c in self.cols],
             "extra_cols": self._unknown(after, before),
-            "ttl": ttl,
-            "expiry": expiry,
+            TTL: ttl,
+            EXPIRY: expiry,
             "reason": reason,
             "detail": detail,
             "raw": source if reason is not None else None,
@@ -520,7 +535,7 @@ class Typer:
             grace = spec.gc_grace_seconds
             detail = f"ts is older than gc_grace_seconds={grace} before the run's clock"
             return QuarantineReason.STALE_BEYOND_GC_GRACE.value, detail
-        after, before = maps["after"] or {}, maps["before"] or {}
+        after, before = maps[AFTER] or {}, maps[BEFORE] or {}
         if op == "UPDATE" and any(c in after and before.get(c) is None for c in self.delta):
             detail = "no old value (before) for a changed delta column"
             return QuarantineReason.DELTA_WITHOUT_OLD_VALUE.value, detail
@@ -545,11 +560,11 @@ class Typer:
         op: str | None,
     ) -> str | None:
         if op in ROW_OPS:
-            if fields.get("key") is None:
+            if fields.get(KEY) is None:
                 return "no key"
-            if maps["key"] is None:
+            if maps[KEY] is None:
                 return "key is not a JSON object"
-            if (d := self._key_problem(maps["key"], typed["key"], "key")) is not None:
+            if (d := self._key_problem(maps[KEY], typed[KEY], KEY)) is not None:
                 return d
         nk_given = fields.get("new_key") is not None
         if op != "UPDATE" and nk_given:
@@ -570,16 +585,16 @@ class Typer:
     ) -> str | None:
         if self.cell and (d := self._cell_problem(fields, maps)) is not None:
             return d
-        after, before = maps["after"], maps["before"]
-        if op == "INSERT" and fields.get("after") is None and not self.cell:
+        after, before = maps[AFTER], maps[BEFORE]
+        if op == "INSERT" and fields.get(AFTER) is None and not self.cell:
             return "INSERT without after"
-        if fields.get("after") is not None and after is None:
+        if fields.get(AFTER) is not None and after is None:
             return "after is not a JSON object"
-        if fields.get("before") is not None and before is None:
+        if fields.get(BEFORE) is not None and before is None:
             return "before is not a JSON object"
-        if op != "DELETE" and after and (d := self._value_problem(after, typed["after"], "after")):
+        if op != "DELETE" and after and (d := self._value_problem(after, typed[AFTER], AFTER)):
             return d
-        if before and (d := self._value_problem(before, typed["before"], "before")):
+        if before and (d := self._value_problem(before, typed[BEFORE], BEFORE)):
             return d
         writes = op in ("INSERT", "UPDATE") and after is not None
         if writes and (d := self._value_rules(maps, typed)) is not None:
@@ -592,7 +607,7 @@ class Typer:
         col = self.order_by
         if col is None or op not in ROW_OPS:
             return None
-        image = "before" if op == "DELETE" else "after"
+        image = BEFORE if op == "DELETE" else AFTER
         if typed[image][col] is None:
             return f"no order_by value ({image}.{col} is missing or null)"
         return None
@@ -618,12 +633,12 @@ class Typer:
         self, maps: dict[str, TextMap | None], typed: dict[str, dict[str, Any]]
     ) -> str | None:
         """The values against the key and the column rules (NOT NULL, delta)."""
-        after = maps["after"] or {}
-        key, new_key = maps["key"] or {}, maps["new_key"] or {}
+        after = maps[AFTER] or {}
+        key, new_key = maps[KEY] or {}, maps["new_key"] or {}
         for c in self.key:
-            value, target = typed["after"][c], typed["new_key"][c]
+            value, target = typed[AFTER][c], typed["new_key"][c]
             if target is None:
-                target = typed["key"][c]
+                target = typed[KEY][c]
             if c in after and value is not None and target is not None and value != target:
                 given = new_key.get(c) if new_key.get(c) is not None else key.get(c)
                 return f"after.{c} = {_quote(after.get(c))} contradicts the key {_quote(given)}"
@@ -639,13 +654,13 @@ class Typer:
         ttl or not in whole seconds."""
         if fields.get("new_key") is not None:
             return "new_key on a cell-granularity table (a key never changes)"
-        unknown = self._unknown(maps["after"], maps["before"])
+        unknown = self._unknown(maps[AFTER], maps[BEFORE])
         if unknown:
             return (
                 f"unknown column(s) [{', '.join(sorted(unknown))}] (a cell-granularity table "
                 "has no source_column_extra)"
             )
-        ttl, expiry = text_of(fields.get("ttl")), text_of(fields.get("expiry"))
+        ttl, expiry = text_of(fields.get(TTL)), text_of(fields.get(EXPIRY))
         ttl_s = _whole_seconds(ttl)
         if ttl is not None and not (ttl_s is not None and ttl_s <= MAX_TTL):
             return f"ttl {_quote(ttl)} is not whole seconds 0..{MAX_TTL}"
@@ -659,24 +674,24 @@ class Typer:
         """A line that is no record (not a JSON object, not UTF-8), kept whole."""
         n = len(self.cols)
         return {
-            "event_id": None,
-            "op": None,
-            "origin": None,
-            "seq": None,
-            "pos": None,
+            EVENT_ID: None,
+            OP: None,
+            ORIGIN: None,
+            SEQ: None,
+            POS: None,
             "pref": self._pref(replica, None),
-            "rank": None,
-            "txid": None,
-            "ts": None,
-            "key": None,
+            RANK: None,
+            TXID: None,
+            TS: None,
+            KEY: None,
             "new_key": None,
-            "after": self.empty,
+            AFTER: self.empty,
             "after_has": [False] * n,
-            "before": self.empty,
+            BEFORE: self.empty,
             "before_has": [False] * n,
             "extra_cols": [],
-            "ttl": None,
-            "expiry": None,
+            TTL: None,
+            EXPIRY: None,
             "reason": QuarantineReason.MALFORMED.value,
             "detail": detail,
             "raw": source,

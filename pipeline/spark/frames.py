@@ -9,6 +9,25 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
+from pipeline.core.columns import (
+    AFTER,
+    BEFORE,
+    DIGEST,
+    EVENT_ID,
+    EXPIRY,
+    FATE,
+    KEY,
+    OP,
+    ORIGIN,
+    POS,
+    RANK,
+    REPLICA,
+    RUN_ID,
+    SEQ,
+    TS,
+    TTL,
+    TXID,
+)
 from pipeline.core.config import Table
 from pipeline.core.layout import LEDGER, SNAPSHOT
 from pipeline.spark.schema import key_struct_type, row_struct_type
@@ -18,7 +37,7 @@ _S, _L, _I, _B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
 # ---------------------------------------------------------------------- copies of events
 
 #: where a copy comes from: the exporting replica, the export's file and its line (or row)
-COPY_SOURCE = ("replica", "file", "line")
+COPY_SOURCE = (REPLICA, "file", "line")
 
 
 def copy_schema(table: Table) -> T.StructType:
@@ -33,27 +52,27 @@ def copy_schema(table: Table) -> T.StructType:
     key, row = key_struct_type(table), row_struct_type(table)
     flags, names = T.ArrayType(_B), T.ArrayType(_S)
     fields = [
-        ("replica", _S),
+        (REPLICA, _S),
         ("file", _S),
         ("line", _L),
-        ("event_id", _S),
-        ("op", _S),
-        ("origin", _S),
-        ("seq", _L),
-        ("pos", _L),
+        (EVENT_ID, _S),
+        (OP, _S),
+        (ORIGIN, _S),
+        (SEQ, _L),
+        (POS, _L),
         ("pref", _I),
-        ("rank", _I),
-        ("txid", _S),
-        ("ts", _L),
-        ("key", key),
+        (RANK, _I),
+        (TXID, _S),
+        (TS, _L),
+        (KEY, key),
         ("new_key", key),
-        ("after", row),
+        (AFTER, row),
         ("after_has", flags),
-        ("before", row),
+        (BEFORE, row),
         ("before_has", flags),
         ("extra_cols", names),
-        ("ttl", _L),
-        ("expiry", _L),
+        (TTL, _L),
+        (EXPIRY, _L),
         ("reason", _S),
         ("detail", _S),
         ("raw", _S),
@@ -67,28 +86,28 @@ def copy_schema(table: Table) -> T.StructType:
 #: row's ``row`` and ``s_*``, a copy's typed fields, ``seen`` (an earlier night resolved its
 #: event), ``rejected`` (its transaction was)
 FOLD_INPUT = (
-    "key",
+    KEY,
     "is_event",
-    "event_id",
-    "replica",
-    "seq",
-    "pos",
+    EVENT_ID,
+    REPLICA,
+    SEQ,
+    POS,
     "pref",
-    "op",
-    "origin",
-    "rank",
-    "txid",
-    "ts",
+    OP,
+    ORIGIN,
+    RANK,
+    TXID,
+    TS,
     "new_key",
-    "after",
+    AFTER,
     "after_has",
-    "before",
+    BEFORE,
     "before_has",
     "extra_cols",
     "reason",
     "detail",
     "raw",
-    "digest",
+    DIGEST,
     "seen",
     "differs",
     "rejected",
@@ -117,7 +136,7 @@ def fold_input_schema(table: Table) -> T.StructType:
     types = {
         **copy,
         "is_event": _I,
-        "digest": _L,
+        DIGEST: _L,
         "seen": _B,
         "differs": _B,
         "rejected": _B,
@@ -134,7 +153,7 @@ def fold_input_schema(table: Table) -> T.StructType:
 
 #: a conflict-log row, after ``run_id, table`` (docs/outputs.md)
 CONFLICT = (
-    ("key", _S),
+    (KEY, _S),
     ("conflict_type", _S),
     ("resolver", _S),
     ("outcome", _S),
@@ -153,7 +172,7 @@ CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
 POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")
 #: a divergence row after ``run_id, table, source`` (docs/rules.md#convergence); ``source`` is
 #: "perspective" (docs/rules.md#convergence) or "snapshot" (a replica's full copy)
-DIVERGENCE_FIELDS = ("replica", "key", "replica_row", "converged_row", "repair")
+DIVERGENCE_FIELDS = (REPLICA, KEY, "replica_row", "converged_row", "repair")
 DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
 
 
@@ -164,16 +183,16 @@ DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
 #: holds of an earlier night (``pipeline.resolve.ledger``)
 FATES = T.StructType(
     [
-        T.StructField("event_id", _S),
-        T.StructField("replica", _S),
-        T.StructField("fate", _S),
+        T.StructField(EVENT_ID, _S),
+        T.StructField(REPLICA, _S),
+        T.StructField(FATE, _S),
         T.StructField("chosen", _B),
-        T.StructField("digest", _L),
+        T.StructField(DIGEST, _L),
         T.StructField("differs", _B),
     ]
 )
 #: the quarantine, after ``run_id, table``: ``event`` is the record as exported
-QUARANTINE_FIELDS = ("replica", "event_id", "reason", "detail", "event")
+QUARANTINE_FIELDS = (REPLICA, EVENT_ID, "reason", "detail", "event")
 
 
 #: one clock-skew evidence (``pipeline.resolve.skew``): the replica behind, the one ahead, the
@@ -211,10 +230,8 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
 
 #: the columns every log row starts with; its ``dt`` is the partition of the published Delta
 #: table (``pipeline.storage.lake``), not a column of the files
-RUN_COLUMNS = ("run_id", "table")
-LEDGER_COLUMNS = (*RUN_COLUMNS, "event_id", "fate", "digest")
+RUN_COLUMNS = (RUN_ID, "table")
+LEDGER_COLUMNS = (*RUN_COLUMNS, EVENT_ID, FATE, DIGEST)
 #: how Spark reads the ledger's files (as ``resolve`` writes them; ``digest``: the content
 #: digest of the copy that stood for the event, ``pipeline.resolve.ledger``)
-LEDGER_SCHEMA = T.StructType(
-    [T.StructField(c, _L if c == "digest" else _S) for c in LEDGER_COLUMNS]
-)
+LEDGER_SCHEMA = T.StructType([T.StructField(c, _L if c == DIGEST else _S) for c in LEDGER_COLUMNS])

@@ -12,6 +12,26 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline.core.columns import (
+    CELLS,
+    DEAD,
+    DELETED_AT,
+    EVENT_ID,
+    EXPIRY,
+    KEY,
+    MARKER,
+    ORIGIN,
+    POS,
+    RANK,
+    STATE_DELETED,
+    STATE_DELETED_AT,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TOMB,
+    TS,
+    TTL,
+)
 from pipeline.core.config import ColumnType, Kind, Table
 from pipeline.core.policy import Granularity
 
@@ -80,11 +100,11 @@ def key_struct_type(table: Table) -> T.StructType:
 #: event_id, origin]}`` (``rowfold.Version.groups``)
 GROUPS = "_groups"
 META_FIELDS = [
-    T.StructField("_ts", T.LongType()),
-    T.StructField("_origin", T.StringType()),
-    T.StructField("_event_id", T.StringType()),
-    T.StructField("_deleted", T.BooleanType()),
-    T.StructField("_deleted_at", T.LongType()),
+    T.StructField(STATE_TS, T.LongType()),
+    T.StructField(STATE_ORIGIN, T.StringType()),
+    T.StructField(STATE_EVENT_ID, T.StringType()),
+    T.StructField(STATE_DELETED, T.BooleanType()),
+    T.StructField(STATE_DELETED_AT, T.LongType()),
 ]
 
 
@@ -96,13 +116,13 @@ def cell_meta_fields(table: Table) -> list[T.StructField]:
     TRUNCATE is a state row whose key columns are null."""
     L, S, B = T.LongType(), T.StringType(), T.BooleanType()
     cell = [
-        ("ts", L),
-        ("ttl", L),
-        ("expiry", L),
-        ("dead", B),
-        ("deleted_at", L),
-        ("origin", S),
-        ("event_id", S),
+        (TS, L),
+        (TTL, L),
+        (EXPIRY, L),
+        (DEAD, B),
+        (DELETED_AT, L),
+        (ORIGIN, S),
+        (EVENT_ID, S),
     ]
     cells = T.StructType(
         [
@@ -117,17 +137,14 @@ def cell_meta_fields(table: Table) -> list[T.StructField]:
             if c.name not in table.key
         ]
     )
-    marker = T.StructType([T.StructField(n, t) for n, t in cell if n not in ("dead", "deleted_at")])
+    marker = T.StructType([T.StructField(n, t) for n, t in cell if n not in (DEAD, DELETED_AT)])
     tomb = T.StructType(
-        [
-            T.StructField(n, t)
-            for n, t in (("ts", L), ("deleted_at", L), ("origin", S), ("event_id", S))
-        ]
+        [T.StructField(n, t) for n, t in ((TS, L), (DELETED_AT, L), (ORIGIN, S), (EVENT_ID, S))]
     )
     return [
-        T.StructField("_cells", cells),
-        T.StructField("_marker", marker),
-        T.StructField("_tomb", tomb),
+        T.StructField(CELLS, cells),
+        T.StructField(MARKER, marker),
+        T.StructField(TOMB, tomb),
     ]
 
 
@@ -151,17 +168,17 @@ def change_schema(table: Table) -> T.StructType:
     row = row_struct_type(table)
     L, S, Int = T.LongType(), T.StringType(), T.IntegerType()
     fields = [
-        ("event_id", S),
-        ("ts", L),
-        ("rank", Int),
-        ("pos", L),
+        (EVENT_ID, S),
+        (TS, L),
+        (RANK, Int),
+        (POS, L),
         ("idx", Int),
         ("kind", S),
-        ("key", key_struct_type(table)),
+        (KEY, key_struct_type(table)),
         ("values", row),
         ("cols", T.ArrayType(S)),
-        ("ttl", L),
-        ("expiry", L),
+        (TTL, L),
+        (EXPIRY, L),
         ("pre", row),
         ("post", row),
     ]
@@ -169,7 +186,7 @@ def change_schema(table: Table) -> T.StructType:
 
 
 def snapshot_columns(table: Table) -> list[str]:
-    return [*table.column_names, "_ts", "_origin"]
+    return [*table.column_names, STATE_TS, STATE_ORIGIN]
 
 
 def snapshot_schema(table: Table) -> T.StructType:

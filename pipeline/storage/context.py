@@ -17,6 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.errors import CdrError, StageError, StoreError
 from pipeline.storage.workpath import WorkPath
 
@@ -140,7 +141,7 @@ class RunContext:
         return to_micros(datetime(self.dt.year, self.dt.month, self.dt.day, tzinfo=UTC))
 
     def save(self) -> None:
-        data = asdict(self) | {"dt": self.dt.isoformat(), "work": self.work.as_uri()}
+        data = asdict(self) | {DT: self.dt.isoformat(), "work": self.work.as_uri()}
         (self.work / "run.json").write_text(json.dumps(data, indent=2))
 
     @staticmethod
@@ -203,9 +204,9 @@ def _read(run_json: WorkPath) -> RunContext | None:
         return None
     tables = d.get("tables")
     return RunContext(
-        date.fromisoformat(d["dt"]),
+        date.fromisoformat(d[DT]),
         d["now_us"],
-        d["run_id"],
+        d[RUN_ID],
         run_json.parent,
         tuple(tables) if tables is not None else None,
         d.get("on_divergence"),

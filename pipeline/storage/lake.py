@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.errors import CdrError, LockedError, StoreError
 from pipeline.storage.store import Store, s3a_uri
 from pipeline.storage.workpath import WorkPath
@@ -56,8 +57,6 @@ LEASE_NOT_HELD = "cdr: the lease is not held"
 #: held while a commit sets the session's commit metadata (commits run in threads)
 _SESSION_METADATA = threading.Lock()
 
-#: the partition column of dated tables
-DT = "dt"
 #: the column of :meth:`Lake.merge`'s rows that says the key's row goes
 DROP = "_drop"
 #: the table features every table is created with, and checked at every commit
@@ -722,7 +721,7 @@ class Lake:
         if self.fence is None:
             return meta
         self.fence.before(path)
-        return {**meta, "run_id": self.fence.run_id, "epoch": self.fence.epoch}
+        return {**meta, RUN_ID: self.fence.run_id, "epoch": self.fence.epoch}
 
     def _lease_settings(self) -> dict[str, str]:
         """The Hadoop settings that make the log store check the run's lease just before
@@ -740,7 +739,7 @@ class Lake:
         if self.fence is None:
             return
         meta = self.commit_meta(path, version)
-        self.fence.after(path, version, meta.get("run_id"), meta.get("epoch"))
+        self.fence.after(path, version, meta.get(RUN_ID), meta.get("epoch"))
 
     def _lost(self, path: str, version: int | None) -> LockedError:
         """Another writer committed first: one line naming the table and the holder."""

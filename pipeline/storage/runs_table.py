@@ -19,12 +19,13 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.core import layout
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.storage.lake import Lake, meta_of
 
 SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()),
-        ("dt", pa.date32()),
+        (RUN_ID, pa.string()),
+        (DT, pa.date32()),
         ("status", pa.string()),  # published | failed | dry_run
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("finished_at", pa.timestamp("us", tz="UTC")),
@@ -134,7 +135,7 @@ def latest_date(rows: list[RunRow], table: str) -> date | None:
 def append(lake: Lake, row: RunRow) -> int:
     """Append the run's row (the run's last commit), naming the version its commit makes;
     returns that version."""
-    meta = {"run_id": row.run_id, "dt": row.dt.isoformat(), "status": row.status}
+    meta = {RUN_ID: row.run_id, DT: row.dt.isoformat(), "status": row.status}
     version = lake.next_version(layout.RUNS, meta)
     mine = replace(row, versions={**row.versions, layout.RUNS: version})
     return lake.write(layout.RUNS, mine.to_arrow(), meta, mode="append", version=version).version
@@ -146,7 +147,7 @@ def version_of(lake: Lake, run_id: str) -> int | None:
     for limit in (20, None):
         for info in lake.history(layout.RUNS, limit):  # newest first
             meta = meta_of(info)
-            if meta.get("run_id") == run_id and "operation" not in meta:
+            if meta.get(RUN_ID) == run_id and "operation" not in meta:
                 return int(info["version"])
     return None
 

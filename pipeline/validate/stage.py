@@ -31,6 +31,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import RUN_ID
 from pipeline.core.config import Config, Table
 from pipeline.core.errors import StageError
 from pipeline.core.summary import RunSummary
@@ -235,7 +236,7 @@ def measure_stage(
     finally:
         spark.catalog.clearCache()
     body = {
-        "run_id": ctx.run_id,
+        RUN_ID: ctx.run_id,
         "resolve_id": summary.resolve_id,
         "suites": [
             {"table": t, "suite": suite, "measure": m.to_dict()}
@@ -251,7 +252,7 @@ def measured(ctx: RunContext, summary: RunSummary) -> bool:
     if not p.exists():
         return False
     d = json.loads(p.read_text())
-    return d.get("run_id") == ctx.run_id and d.get("resolve_id") == summary.resolve_id
+    return d.get(RUN_ID) == ctx.run_id and d.get("resolve_id") == summary.resolve_id
 
 
 def judge_stage(config: Config, ctx: RunContext, summary: RunSummary) -> Verdict:
@@ -275,7 +276,7 @@ def judge_stage(config: Config, ctx: RunContext, summary: RunSummary) -> Verdict
     ctx.results.write_text(
         json.dumps(
             {
-                "run_id": ctx.run_id,
+                RUN_ID: ctx.run_id,
                 "resolve_id": summary.resolve_id,
                 "passed": verdict.passed,
                 "failures": verdict.failures,
@@ -332,7 +333,7 @@ def load_verdict(ctx: RunContext, summary: RunSummary | None = None) -> Verdict:
         raise StageError(f"the run of {ctx.dt} has not been validated: run `cdr validate` first")
     d = json.loads(ctx.results.read_text())
     if summary is not None and (
-        d.get("run_id") != ctx.run_id or d.get("resolve_id") != summary.resolve_id
+        d.get(RUN_ID) != ctx.run_id or d.get("resolve_id") != summary.resolve_id
     ):
         raise StageError(
             f"the validation results of {ctx.dt} ({ctx.results}) are for another resolve "

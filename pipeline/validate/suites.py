@@ -42,6 +42,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import STATE_ORIGIN, STATE_TS
 from pipeline.core.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.spark.schema import spark_type
 
@@ -114,7 +115,7 @@ def _fill(value: Any, names: dict[str, Any]) -> Any:
 
 def _names(table: Table) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The placeholders of a table, and the items of each ``for_each`` list."""
-    snapshot_columns = [*table.column_names, "_ts", "_origin"]
+    snapshot_columns = [*table.column_names, STATE_TS, STATE_ORIGIN]
     base = {
         "table": table.name,
         "key_columns": ", ".join(q(c) for c in table.key),

@@ -31,6 +31,19 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import (
+    AFTER,
+    BEFORE,
+    EVENT_ID,
+    KEY,
+    OP,
+    ORIGIN,
+    POS,
+    REPLICA,
+    SEQ,
+    TS,
+    TXID,
+)
 from pipeline.core.config import Table
 from pipeline.spark.schema import event_ts_micros
 
@@ -100,7 +113,7 @@ def line_order(fileno: Column, line: Column) -> Column:
 
 
 #: where each canonical record came from (``file_parts``), first in every adapter's output
-LINE_COLUMNS = ("replica", "file", "line", "fileno")
+LINE_COLUMNS = (REPLICA, "file", "line", "fileno")
 
 
 def first_problem(checks: list[tuple[Column, str | Column]]) -> Column:
@@ -134,7 +147,7 @@ def digest_place(
     """``~<digest>#<n>`` (module docstring) for a frame with ``new_key``, ``after`` and
     ``before`` (text maps); ``order``: the export's order of the changes (none: identical
     changes are one)."""
-    content = F.to_json(F.struct(F.col("new_key"), F.col("after"), F.col("before")))
+    content = F.to_json(F.struct(F.col("new_key"), F.col(AFTER), F.col(BEFORE)))
     digest = F.lpad(F.lower(F.hex(F.xxhash64(content))), 16, "0")  # Spark's seed: stable
     same = [replica, origin, ts, op, F.to_json(key), digest]
     n = F.lit(1) if order is None else occurrence(same, order)
@@ -158,7 +171,7 @@ def legacy_number(txid: Column, ts_us: Column, seq: Column) -> Column:
     """The ``n`` of the ids the adapters made before issue 49: a change's place among the
     changes of its transaction in the night's export (``txid``, the commit µs), by
     ``seq``, then file and line."""
-    w = Window.partitionBy(F.col("replica"), txid, ts_us).orderBy(seq, "fileno", "line")
+    w = Window.partitionBy(F.col(REPLICA), txid, ts_us).orderBy(seq, "fileno", "line")
     return F.row_number().over(w)
 
 
@@ -189,36 +202,36 @@ def canonical(
     49 wrote, while the window holds some (docs/adapters.md "Upgrading"); a change whose
     id by that rule (``legacy_n``: :func:`legacy_number`) is among them takes it, so that
     an earlier night's event is not resolved again under its new id."""
-    ts_us = event_ts_micros(F.col("ts"))
+    ts_us = event_ts_micros(F.col(TS))
     problem = F.coalesce(
         F.col("problem"),
-        F.when(F.col("ts").isNull(), F.lit("no commit timestamp")),
+        F.when(F.col(TS).isNull(), F.lit("no commit timestamp")),
         F.when(
             ts_us.isNull(),
-            F.concat(F.lit("commit timestamp '"), F.col("ts"), F.lit("' cannot be read")),
+            F.concat(F.lit("commit timestamp '"), F.col(TS), F.lit("' cannot be read")),
         ),
     )
     df = df.withColumn("problem", problem).withColumn("ts_us", ts_us)
-    origin, key, op = F.col("origin"), F.col("key"), F.col("op")
+    origin, key, op = F.col(ORIGIN), F.col(KEY), F.col(OP)
     event_id = _event_id(origin, F.col("ts_us"), op, key, F.col("place"))
     if legacy_ids is not None:
         old = _legacy_id(origin, F.col("ts_us"), op, key, F.col("legacy_n"))
-        known = legacy_ids.select(F.col("event_id").alias("_legacy"), F.lit(True).alias("_known"))
+        known = legacy_ids.select(F.col(EVENT_ID).alias("_legacy"), F.lit(True).alias("_known"))
         df = df.withColumn("_legacy", old).join(known, "_legacy", "left")
         event_id = F.when(F.col("_known"), F.col("_legacy")).otherwise(event_id)
     good = F.to_json(
         F.struct(
-            F.col("op"),
-            F.col("key"),
+            F.col(OP),
+            F.col(KEY),
             F.col("new_key"),
-            F.col("after"),
-            F.col("before"),
-            F.col("ts_us").alias("ts"),
-            F.col("origin"),
-            event_id.alias("event_id"),
-            F.col("txid"),
-            F.col("seq"),
-            F.col("pos"),
+            F.col(AFTER),
+            F.col(BEFORE),
+            F.col("ts_us").alias(TS),
+            F.col(ORIGIN),
+            event_id.alias(EVENT_ID),
+            F.col(TXID),
+            F.col(SEQ),
+            F.col(POS),
         )
     )
     where = F.concat(
@@ -231,7 +244,7 @@ def canonical(
         )
     )
     return df.select(
-        "replica",
+        REPLICA,
         "file",
         "line",
         F.when(F.col("problem").isNull(), good).otherwise(bad).alias("raw"),

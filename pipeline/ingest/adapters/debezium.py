@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
 from pipeline.core.config import Kind, Table
 from pipeline.ingest.adapters.common import (
     LINE_COLUMNS,
@@ -124,8 +125,8 @@ def debezium(
     df = _dbz_envelopes(raw, decimals)
     df = df.select(
         "*",
-        _dbz_text_map(table, "after", decimals, unavailable).alias("a_m"),
-        _dbz_text_map(table, "before", decimals, unavailable).alias("b_m"),
+        _dbz_text_map(table, AFTER, decimals, unavailable).alias("a_m"),
+        _dbz_text_map(table, BEFORE, decimals, unavailable).alias("b_m"),
     )
     op = F.col("p.op")
     after, before = F.col("a_m"), F.col("b_m")
@@ -149,20 +150,20 @@ def debezium(
         .when(op == "u", "UPDATE")
         .when(op == "d", "DELETE")
         .when(op == "t", "TRUNCATE")
-        .alias("op"),
+        .alias(OP),
         F.when(op.isin("c", "r"), new_key)
         .when(op.isin("u", "d"), F.coalesce(old_key, new_key))
-        .alias("key"),
+        .alias(KEY),
         F.when(
             (op == "u") & old_key.isNotNull() & (F.to_json(old_key) != F.to_json(new_key)),
             new_key,
         ).alias("new_key"),
-        F.when(op.isin("c", "r", "u"), after).alias("after"),
-        F.when(op.isin("u", "d"), before).alias("before"),
-        ts_us.cast("string").alias("ts"),
-        F.coalesce(F.col("p.origin"), F.col("replica")).alias("origin"),
-        F.coalesce(src["txId"], F.col("p.transaction.id")).alias("txid"),
-        F.coalesce(src["lsn"], line_order(F.col("fileno"), F.col("line"))).alias("seq"),
+        F.when(op.isin("c", "r", "u"), after).alias(AFTER),
+        F.when(op.isin("u", "d"), before).alias(BEFORE),
+        ts_us.cast("string").alias(TS),
+        F.coalesce(F.col("p.origin"), F.col(REPLICA)).alias(ORIGIN),
+        F.coalesce(src["txId"], F.col("p.transaction.id")).alias(TXID),
+        F.coalesce(src["lsn"], line_order(F.col("fileno"), F.col("line"))).alias(SEQ),
         order.alias("order"),
         src["lsn"].alias("lsn"),
     )
@@ -175,17 +176,15 @@ def _placed(df: DataFrame, legacy: bool) -> DataFrame:
     """The id's place and ``pos`` (module docstring), and with ``legacy`` the place the
     ids before issue 49 gave (``common.legacy_number``)."""
     c = F.col
-    digest = digest_place(c("replica"), c("origin"), c("ts"), c("op"), c("key"), c("lsn"))
+    digest = digest_place(c(REPLICA), c(ORIGIN), c(TS), c(OP), c(KEY), c("lsn"))
     place = F.when(c("order").isNotNull(), F.concat(F.lit("#p"), c("order").cast("string")))
     out = df.select(
         "*",
         place.otherwise(digest).alias("place"),
-        F.coalesce(c("order"), c("seq")).alias("pos"),
+        F.coalesce(c("order"), c(SEQ)).alias(POS),
     )
     if legacy:
-        out = out.withColumn(
-            "legacy_n", legacy_number(c("txid"), event_ts_micros(c("ts")), c("seq"))
-        )
+        out = out.withColumn("legacy_n", legacy_number(c(TXID), event_ts_micros(c(TS)), c(SEQ)))
     return out.drop("order", "lsn")
 
 
@@ -206,7 +205,7 @@ def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
         F.try_variant_get(payload, "$", _DBZ).alias("p"),
         F.when(wrapped, F.try_variant_get(v, "$.schema.fields", _DBZ_SCHEMA)).alias("sf"),
     )
-    rows = F.filter(F.col("sf"), lambda f: f["field"].isin("after", "before"))[0]["fields"]
+    rows = F.filter(F.col("sf"), lambda f: f["field"].isin(AFTER, BEFORE))[0]["fields"]
     logical = F.map_from_entries(
         F.transform(
             rows,
@@ -224,7 +223,7 @@ def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
                 F.col("lt")[c]["name"] == _DECIMAL, _decimal_unscaled(text(F.col(f"p.{part}")[c]))
             ).alias(f"dec_{part}_{c}")
             for c in decimals
-            for part in ("after", "before")
+            for part in (AFTER, BEFORE)
         ],
     )
 
@@ -284,7 +283,7 @@ def _dbz_problem(table: Table, decimals: list[str], ts_us: Column, old_key: Colu
         & text(F.col(f"p.{part}")[c]).isNotNull()
         & F.col(f"dec_{part}_{c}").isNull()
         for c in decimals
-        for part in ("after", "before")
+        for part in (AFTER, BEFORE)
     ]
     return first_problem(
         [

@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
 from pipeline.core.config import Table
 from pipeline.ingest.adapters.common import (
     Adapted,
@@ -121,21 +122,21 @@ def dms(
     file_of = F.create_map(*[x for i, f in enumerate(files) for x in (F.lit(i), F.lit(f))])
     source, problem = _dms_source_and_problem(rows, table, row, op, ts, ts_col)
     df = rows.select(
-        F.lit(replica).alias("replica"),
+        F.lit(replica).alias(REPLICA),
         F.coalesce(file_of[F.col("fileno")], F.col("fileno").cast("string")).alias("file"),
         "line",
         "fileno",
         source.alias("source"),
         problem.alias("problem"),
-        F.when(op == "I", "INSERT").when(op == "U", "UPDATE").when(op == "D", "DELETE").alias("op"),
-        key_map(table, row).alias("key"),
+        F.when(op == "I", "INSERT").when(op == "U", "UPDATE").when(op == "D", "DELETE").alias(OP),
+        key_map(table, row).alias(KEY),
         F.lit(None).cast("map<string,string>").alias("new_key"),
-        F.when(op.isin("I", "U"), row).alias("after"),
-        F.lit(None).cast("map<string,string>").alias("before"),
-        rfc3339(ts, naive_utc=True).alias("ts"),
-        _named(options, "origin_column", F.lit(replica)).alias("origin"),
-        _named(options, "txid_column").alias("txid"),
-        line_order(F.col("fileno"), F.col("line")).alias("seq"),
+        F.when(op.isin("I", "U"), row).alias(AFTER),
+        F.lit(None).cast("map<string,string>").alias(BEFORE),
+        rfc3339(ts, naive_utc=True).alias(TS),
+        _named(options, "origin_column", F.lit(replica)).alias(ORIGIN),
+        _named(options, "txid_column").alias(TXID),
+        line_order(F.col("fileno"), F.col("line")).alias(SEQ),
         _named(options, "change_seq_column").alias("change_seq"),
     )
     placed = _placed(df, legacy_ids is not None, "change_seq_column" in options)
@@ -155,15 +156,13 @@ def _placed(df: DataFrame, legacy: bool, has_seq: bool) -> DataFrame:
     ids before issue 49 gave (``common.legacy_number``)."""
     c = F.col
     seq = c("change_seq") if has_seq else None  # without it: identical changes are one
-    digest = digest_place(c("replica"), c("origin"), c("ts"), c("op"), c("key"), seq)
-    pos = c("seq")  # the export's order of files and lines
+    digest = digest_place(c(REPLICA), c(ORIGIN), c(TS), c(OP), c(KEY), seq)
+    pos = c(SEQ)  # the export's order of files and lines
     if has_seq:  # the change sequence's order (35 digits: ranked, within the transaction)
         pos = F.dense_rank().over(
-            Window.partitionBy(c("replica"), c("origin"), c("ts")).orderBy(c("change_seq"))
+            Window.partitionBy(c(REPLICA), c(ORIGIN), c(TS)).orderBy(c("change_seq"))
         )
-    out = df.select("*", digest.alias("place"), pos.alias("pos"))
+    out = df.select("*", digest.alias("place"), pos.alias(POS))
     if legacy:
-        out = out.withColumn(
-            "legacy_n", legacy_number(c("txid"), event_ts_micros(c("ts")), c("seq"))
-        )
+        out = out.withColumn("legacy_n", legacy_number(c(TXID), event_ts_micros(c(TS)), c(SEQ)))
     return out.drop("change_seq")

@@ -17,6 +17,7 @@ import json
 import re
 from typing import Any
 
+from pipeline.core.columns import OP, ORIGIN
 from pipeline.core.config import Table
 from pipeline.core.errors import ExportError
 from pipeline.core.policy import Scope
@@ -131,7 +132,7 @@ def check_dms_columns(options: dict[str, Any], columns: list[str], name: str) ->
 _W2J_SETTINGS = {
     "xid": "include-xids",
     "timestamp": "include-timestamp",
-    "origin": "include-origin",
+    ORIGIN: "include-origin",
     "lsn": "include-lsn",
 }
 
@@ -177,7 +178,7 @@ class SettingsCheck:
 
     def _debezium(self, line_no: int, record: dict[str, Any]) -> None:
         payload = record.get("payload") if "schema" in record else record
-        if not isinstance(payload, dict) or payload.get("op") not in ("c", "r", "u", "d", "t"):
+        if not isinstance(payload, dict) or payload.get(OP) not in ("c", "r", "u", "d", "t"):
             return
         tx = payload.get("transaction")
         if not isinstance(tx, dict) or tx.get("data_collection_order") is None:

@@ -26,6 +26,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
 from pipeline.core.config import Kind, Table
 from pipeline.ingest.adapters.common import (
     LINE_COLUMNS,
@@ -55,7 +56,7 @@ _FRAMING = ("B", "C")
 _CHANGES = ("I", "U", "D", "T")
 #: the columns of a staged line (``exports.RAW_SCHEMA``) and the date of the export that
 #: held it (null: this run's)
-RAW_COLUMNS = ("replica", "file", "line", "raw", "bad")
+RAW_COLUMNS = (REPLICA, "file", "line", "raw", "bad")
 
 
 def _pg_value(table: Table, name: Column, value: Column) -> Column:
@@ -105,10 +106,10 @@ def _transactions(df: DataFrame, table: Table) -> DataFrame:
         F.col("raw").rlike(FRAMING["wal2json"].pattern.decode()).alias("framing"),
         in_tx.alias("in_tx"),
         (in_tx & act.isin(*_CHANGES) & ~F.coalesce(other, F.lit(False))).alias("change"),
-        F.to_json(F.col("key")).alias("key_text"),
+        F.to_json(F.col(KEY)).alias("key_text"),
         _lsn(p["lsn"]).alias("at"),
     )
-    tx = [F.col(c) for c in ("replica", "p.xid", "p.timestamp", "in_tx")]
+    tx = [F.col(c) for c in (REPLICA, "p.xid", "p.timestamp", "in_tx")]
     same = [*tx, F.col("change"), act, F.col("key_text")]
     df = df.repartition(*tx).sortWithinPartitions(*same, "at")
     whole = Window.partitionBy(*tx)
@@ -117,7 +118,7 @@ def _transactions(df: DataFrame, table: Table) -> DataFrame:
         "*",
         F.max((framing & (act == "B")).cast("int")).over(whole).alias("has_b"),
         F.max((framing & (act == "C")).cast("int")).over(whole).alias("has_c"),
-        F.when(F.col("change"), F.col("at")).alias("pos"),
+        F.when(F.col("change"), F.col("at")).alias(POS),
         F.when(F.col("change"), occurrence(same, F.col("at"))).alias("n"),
     )
 
@@ -171,7 +172,7 @@ def _parsed(lines: DataFrame, table: Table) -> DataFrame:
     key = F.when(act == "I", _new_key(table)).otherwise(
         F.coalesce(_old_key(table), _new_key(table))
     )
-    return df.withColumn("key", F.when(act.isin("I", "U", "D"), key))
+    return df.withColumn(KEY, F.when(act.isin("I", "U", "D"), key))
 
 
 def _old_key(table: Table) -> Column:
@@ -219,16 +220,16 @@ def wal2json(
             .when(act == "U", "UPDATE")
             .when(act == "D", "DELETE")
             .when(act == "T", "TRUNCATE")
-            .alias("op"),
-            "key",
+            .alias(OP),
+            KEY,
             F.when(changed, new_key).alias("new_key"),
-            F.when(act.isin("I", "U"), F.col("c_m")).alias("after"),
-            F.when(act.isin("U", "D"), F.col("i_m")).alias("before"),
-            ts.alias("ts"),
-            origin.alias("origin"),
-            F.col("p.xid").alias("txid"),
-            _lsn(F.col("p.lsn")).alias("seq"),
-            F.col("pos").cast("bigint").alias("pos"),
+            F.when(act.isin("I", "U"), F.col("c_m")).alias(AFTER),
+            F.when(act.isin("U", "D"), F.col("i_m")).alias(BEFORE),
+            ts.alias(TS),
+            origin.alias(ORIGIN),
+            F.col("p.xid").alias(TXID),
+            _lsn(F.col("p.lsn")).alias(SEQ),
+            F.col(POS).cast("bigint").alias(POS),
             F.concat(F.lit("#"), F.col("n").cast("string")).alias("place"),
             *legacy,
         )
@@ -258,7 +259,7 @@ def _w2j_origin(origins: Mapping[str, str]) -> Column:
         else F.create_map().cast("map<string,string>")
     )
     local = F.col("p.origin").isNull() | (F.col("p.origin") == "0")
-    return F.when(local, F.col("replica")).otherwise(origin_map[F.col("p.origin")])
+    return F.when(local, F.col(REPLICA)).otherwise(origin_map[F.col("p.origin")])
 
 
 def _w2j_problem(table: Table, origin: Column) -> Column:

@@ -9,6 +9,7 @@ from functools import reduce
 from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import DEAD, EVENT_ID, EXPIRY, KEY, MARKER, POS, RANK, TOMB, TS, TTL
 from pipeline.core.config import Table
 from pipeline.core.policy import ChangeKind
 from pipeline.resolve.cells.conflicts import position_after, table_tomb_at_event
@@ -21,9 +22,9 @@ def _seen(x: Column, limit: Column, at_us: Column) -> Column:
     the standing tombstones (``limit``), not yet expired."""
     return (
         x.isNotNull()
-        & ~x["dead"]
-        & F.coalesce(x["ts"] > limit, F.lit(True))
-        & (~x["exp"] | F.coalesce(x["expiry"] * 1_000_000 > at_us, F.lit(True)))
+        & ~x[DEAD]
+        & F.coalesce(x[TS] > limit, F.lit(True))
+        & (~x["exp"] | F.coalesce(x[EXPIRY] * 1_000_000 > at_us, F.lit(True)))
     )
 
 
@@ -62,18 +63,18 @@ def _change(
         F.array(*[F.when(w, F.lit(c)) for c, w in cols.items()]), lambda x: x.isNotNull()
     )
     return F.struct(
-        event[0].alias("event_id"),
-        event[1].cast("long").alias("ts"),
-        event[2].cast("int").alias("rank"),
+        event[0].alias(EVENT_ID),
+        event[1].cast("long").alias(TS),
+        event[2].cast("int").alias(RANK),
         # cells: ordered by their rules (docs/rules.md#cell-rules)
-        F.lit(None).cast("long").alias("pos"),
+        F.lit(None).cast("long").alias(POS),
         F.lit(0).alias("idx"),
         kind.alias("kind"),
-        F.col("key").alias("key"),
+        F.col(KEY).alias(KEY),
         _row_struct(table, {c: F.when(cols[c], v) for c, v in values.items()}).alias("values"),
         names.alias("cols"),
-        ttl[0].cast("long").alias("ttl"),
-        ttl[1].cast("long").alias("expiry"),
+        ttl[0].cast("long").alias(TTL),
+        ttl[1].cast("long").alias(EXPIRY),
         pre.alias("pre"),
         post.alias("post"),
     )
@@ -83,9 +84,9 @@ def event_change(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -
     """What an applied event did to the row a reader sees, at the event's own time
     (``rowfold.visible_changes`` for cells): the cells it wrote that won, and those its
     row tombstone cleared; a row a reader no longer sees is a row delete."""
-    at, tt = F.col("ts"), table_tomb_at_event(truncs, tt_prior)
-    before, seen_b = _reader_row(table, "p", greatest([F.col("p__tomb")["ts"], tt["ts"]]), at)
-    after, seen_a = _reader_row(table, "f", greatest([F.col("f__tomb")["ts"], tt["ts"]]), at)
+    at, tt = F.col(TS), table_tomb_at_event(truncs, tt_prior)
+    before, seen_b = _reader_row(table, "p", greatest([F.col("p__tomb")[TS], tt[TS]]), at)
+    after, seen_a = _reader_row(table, "f", greatest([F.col("f__tomb")[TS], tt[TS]]), at)
     gone = ~after & (before | F.col("w__tomb").isNotNull())
     won = {c: F.col(f"won_{c}") for c in seen_b}
     cols = {c: ~gone & (won[c] | (seen_b[c] & ~seen_a[c])) for c in seen_b}
@@ -96,11 +97,11 @@ def event_change(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -
     )
     return _change(
         table,
-        (F.col("event_id"), F.col("ts"), F.col("rank")),
+        (F.col(EVENT_ID), F.col(TS), F.col(RANK)),
         kind,
         cols,
         {c: F.when(won[c], value(F.col(f"w_{c}"), ct)) for c, ct in value_columns(table)},
-        (F.when(~gone, F.col("ttl")), F.when(~gone, F.col("expiry"))),
+        (F.when(~gone, F.col(TTL)), F.when(~gone, F.col(EXPIRY))),
         F.when(before, _seen_row(table, "p", seen_b)),
         F.when(after, _seen_row(table, "f", seen_a)),
     )
@@ -109,8 +110,8 @@ def event_change(table: Table, truncs: Sequence[Event], tt_prior: dict | None) -
 def truncate_slots(table: Table, truncs: Sequence[Event]) -> list[Column]:
     """Per TRUNCATE ``i`` and slot, the maximum of the key's writes before it
     (``t<i>_<slot>``), over the whole key."""
-    whole = Window.partitionBy("key")
-    names = [c for c, _ in value_columns(table)] + ["_marker", "_tomb"]
+    whole = Window.partitionBy(KEY)
+    names = [c for c, _ in value_columns(table)] + [MARKER, TOMB]
     out = []
     for i, (_t, after) in enumerate(position_after(truncs)):
         earlier = (F.col("is_event") == 0) | ~after
@@ -127,10 +128,10 @@ def truncate_changes(table: Table, truncs: Sequence[Event], tt_prior: dict | Non
     changes = []
     ordered = sorted(truncs, key=Event.position)
     for i, t in enumerate(ordered):
-        standing = [u.ts for u in ordered[:i]] + ([tt_prior["ts"]] if tt_prior else [])
+        standing = [u.ts for u in ordered[:i]] + ([tt_prior[TS]] if tt_prior else [])
         tt_ts = F.lit(max(standing) if standing else None).cast("long")
         at = F.lit(t.ts).cast("long")
-        limit = greatest([F.col(f"t{i}__tomb")["ts"], tt_ts])
+        limit = greatest([F.col(f"t{i}__tomb")[TS], tt_ts])
         before, seen_b = _reader_row(table, f"t{i}", limit, at)
         after, seen_a = _reader_row(table, f"t{i}", greatest([limit, at]), at)
         cols = {c: after & seen_b[c] & ~seen_a[c] for c in seen_b}

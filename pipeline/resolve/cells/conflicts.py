@@ -10,6 +10,7 @@ from functools import reduce
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import DEAD, EVENT_ID, EXPIRY, KEY, MARKER, OP, ORIGIN, RANK, TS, TTL
 from pipeline.core.config import ColumnType, Table
 from pipeline.core.policy import Resolver
 from pipeline.resolve.cells.writes import expiry, greatest, ttl, value, value_columns
@@ -18,15 +19,15 @@ from pipeline.rules.rowfold import Event
 
 
 def position_after(truncs: Sequence[Event]) -> list[tuple[Event, Column]]:
-    pos = F.struct(F.col("ts"), F.col("rank"), F.col("event_id"))
+    pos = F.struct(F.col(TS), F.col(RANK), F.col(EVENT_ID))
     return [
         (
             t,
             pos
             > F.struct(
-                F.lit(t.ts).cast("long").alias("ts"),
-                F.lit(t.rank).cast("int").alias("rank"),
-                F.lit(t.event_id).alias("event_id"),
+                F.lit(t.ts).cast("long").alias(TS),
+                F.lit(t.rank).cast("int").alias(RANK),
+                F.lit(t.event_id).alias(EVENT_ID),
             ),
         )
         for t in sorted(truncs, key=Event.position)
@@ -34,7 +35,7 @@ def position_after(truncs: Sequence[Event]) -> list[tuple[Event, Column]]:
 
 
 def _ts_origin(ts: Column, origin: Column) -> Column:
-    return F.struct(ts.cast("long").alias("ts"), origin.cast("string").alias("o"))
+    return F.struct(ts.cast("long").alias(TS), origin.cast("string").alias("o"))
 
 
 def table_tomb_at_event(truncs: Sequence[Event], tt_prior: dict | None) -> Column:
@@ -42,7 +43,7 @@ def table_tomb_at_event(truncs: Sequence[Event], tt_prior: dict | None) -> Colum
     run's TRUNCATEs before it in the canonical order (``struct<ts, o>``, or null)."""
     tts: list[Column] = []
     if tt_prior is not None:
-        tts.append(_ts_origin(F.lit(tt_prior["ts"]), F.lit(tt_prior["origin"])))
+        tts.append(_ts_origin(F.lit(tt_prior[TS]), F.lit(tt_prior[ORIGIN])))
     for t, after in position_after(truncs):
         tts.append(F.when(after, _ts_origin(F.lit(t.ts), F.lit(t.origin))))
     return greatest(tts) if tts else F.lit(None).cast("struct<ts:bigint,o:string>")
@@ -51,7 +52,7 @@ def table_tomb_at_event(truncs: Sequence[Event], tt_prior: dict | None) -> Colum
 def _why(w: Column, p: Column, ct: ColumnType | None) -> Column:
     """The rule that decided between a write and the slot's maximum before it."""
     has_value = ct is not None
-    fields = ["ts", "dead", "del", "exp", "expiry", "wtime"] + (["vkey"] if has_value else [])
+    fields = [TS, DEAD, "del", "exp", EXPIRY, "wtime"] + (["vkey"] if has_value else [])
     rules = list(RULES[:6]) + ([RULES[6]] if has_value else [])
     expr = None
     for f, r in zip(fields, rules, strict=True):
@@ -63,18 +64,18 @@ def _why(w: Column, p: Column, ct: ColumnType | None) -> Column:
 
 def _render(x: Column, ct: ColumnType | None) -> Column:
     fields = ([] if ct is None else [value(x, ct).alias("value")]) + [
-        x["ts"].alias("ts"),
-        ttl(x).alias("ttl"),
-        expiry(x).alias("expiry"),
-        F.when(x["dead"], F.lit(True)).alias("deleted"),
+        x[TS].alias(TS),
+        ttl(x).alias(TTL),
+        expiry(x).alias(EXPIRY),
+        F.when(x[DEAD], F.lit(True)).alias("deleted"),
     ]
     return F.struct(*fields)
 
 
 def _other(p: Column) -> Column:
     """An equal or later write (``p``: a slot's maximum before this row) of another event."""
-    ts, eid = F.col("ts"), F.col("event_id")
-    return F.coalesce((p["ts"] >= ts) & ~p["event_id"].eqNullSafe(eid), F.lit(False))
+    ts, eid = F.col(TS), F.col(EVENT_ID)
+    return F.coalesce((p[TS] >= ts) & ~p[EVENT_ID].eqNullSafe(eid), F.lit(False))
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,9 @@ def conflict_columns(
     JSON renderings cost more than the rest of the row)."""
     tt = table_tomb_at_event(truncs, tt_prior)
     ptomb = F.col("p__tomb")
-    shadow = greatest([F.when(ptomb.isNotNull(), _ts_origin(ptomb["ts"], ptomb["origin"])), tt])
-    shadowed = F.coalesce(shadow["ts"] >= F.col("ts"), F.lit(False))
-    slots: list[tuple[str, ColumnType | None]] = [*value_columns(table), ("_marker", None)]
+    shadow = greatest([F.when(ptomb.isNotNull(), _ts_origin(ptomb[TS], ptomb[ORIGIN])), tt])
+    shadowed = F.coalesce(shadow[TS] >= F.col(TS), F.lit(False))
+    slots: list[tuple[str, ColumnType | None]] = [*value_columns(table), (MARKER, None)]
     f = sum((_slot_findings(name, ct, shadowed) for name, ct in slots), _Findings())
     f += _Findings(local=(F.when(shadowed & reduce(lambda a, b: a | b, f.met), shadow),))
     f += _tombstone_findings([n for n, _ in slots], tt)
@@ -125,11 +126,11 @@ def conflict_columns(
         (any_won | ~any_write).alias("won"),
     ]
     return flags, {
-        "key": F.to_json(F.col("key")),
-        "conflict_type": ctype[F.col("op")],
+        KEY: F.to_json(F.col(KEY)),
+        "conflict_type": ctype[F.col(OP)],
         "resolver": F.lit(Resolver.SCYLLA.value),
         "outcome": F.when(any_won, F.lit("applied")).otherwise(F.lit("discarded")),
-        "local_ts": loc["ts"],
+        "local_ts": loc[TS],
         "local_origin": loc["o"],
         "local_row": F.to_json(F.struct(*f.local_row)),
         "remote_row": F.to_json(F.struct(*f.remote_row)),
@@ -143,14 +144,14 @@ def _slot_findings(name: str, ct: ColumnType | None, shadowed: Column) -> _Findi
     written = w.isNotNull()
     m = written & (_other(p) | shadowed)
     wn = written & ~shadowed & (p.isNull() | (w > p))
-    label = "row marker" if name == "_marker" else name
+    label = "row marker" if name == MARKER else name
     why = F.when(shadowed, F.lit(SHADOWED)).otherwise(_why(w, p, ct))
     outcome = F.when(wn, F.lit("won")).otherwise(F.lit("lost"))
     return _Findings(
         met=(m,),
         won=(wn,),
         reasons=(F.when(m, F.concat(F.lit(f"{label}: "), outcome, F.lit(" ("), why, F.lit(")"))),),
-        local=(F.when(m & _other(p), _ts_origin(p["ts"], p["origin"])),),
+        local=(F.when(m & _other(p), _ts_origin(p[TS], p[ORIGIN])),),
         local_row=(F.when(m & p.isNotNull(), _render(p, ct)).alias(name),),
         remote_row=(F.when(written, _render(w, ct)).alias(name),),
     )
@@ -161,23 +162,23 @@ def _tombstone_findings(slots: list[str], tt: Column) -> _Findings:
     wt, ptomb = F.col("w__tomb"), F.col("p__tomb")
     is_delete = wt.isNotNull()
     hits = [_other(F.col(f"p_{n}")) for n in slots] + [_other(ptomb)]
-    tt_hit = F.coalesce(tt["ts"] >= F.col("ts"), F.lit(False))
+    tt_hit = F.coalesce(tt[TS] >= F.col(TS), F.lit(False))
     beaten = tt_hit | F.coalesce(ptomb >= wt, F.lit(False))
     met_t = is_delete & (reduce(lambda a, b: a | b, hits) | tt_hit)
     reason = F.when(beaten, F.lit("row tombstone: lost (an equal or later tombstone)")).otherwise(
         F.lit("row tombstone: won (writes newer than it survive)")
     )
     met_slots = [F.col(f"p_{n}") for n in slots] + [ptomb]
-    local = [F.when(is_delete & _other(p), _ts_origin(p["ts"], p["origin"])) for p in met_slots]
+    local = [F.when(is_delete & _other(p), _ts_origin(p[TS], p[ORIGIN])) for p in met_slots]
     return _Findings(
         met=(met_t,),
         won=(is_delete & ~beaten,),
         reasons=(F.when(met_t, reason),),
         local=(*local, F.when(met_t & tt_hit, tt)),
         local_row=(
-            F.when(met_t & ptomb.isNotNull(), F.struct(ptomb["ts"].alias("ts"))).alias(
+            F.when(met_t & ptomb.isNotNull(), F.struct(ptomb[TS].alias(TS))).alias(
                 "_row_tombstone"
             ),
         ),
-        remote_row=(F.when(is_delete, F.struct(wt["ts"].alias("ts"))).alias("_row_tombstone"),),
+        remote_row=(F.when(is_delete, F.struct(wt[TS].alias(TS))).alias("_row_tombstone"),),
     )

@@ -12,6 +12,22 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.window import WindowSpec
 
+from pipeline.core.columns import (
+    CELLS,
+    DIGEST,
+    EVENT_ID,
+    FATE,
+    KEY,
+    MARKER,
+    ORIGIN,
+    RANK,
+    REPLICA,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TOMB,
+    TS,
+)
 from pipeline.core.config import Config, Table
 from pipeline.resolve.cells.changes import event_change, truncate_changes, truncate_slots
 from pipeline.resolve.cells.conflicts import conflict_columns
@@ -77,7 +93,7 @@ def _resolve_keys(
 
 def _canonical() -> WindowSpec:
     """A key's rows in the canonical order, its prior state row first."""
-    return Window.partitionBy("key").orderBy("is_event", "ts", "rank", "event_id")
+    return Window.partitionBy(KEY).orderBy("is_event", TS, RANK, EVENT_ID)
 
 
 def _chosen_copies(main: DataFrame, state_rows: DataFrame, table: Table) -> DataFrame:
@@ -87,14 +103,14 @@ def _chosen_copies(main: DataFrame, state_rows: DataFrame, table: Table) -> Data
     clock-skew evidence (``skews``, clock skew), read from each copy before the others are let
     go. The later windows sort a third of the rows they would sort with every copy."""
     events = main.select(F.lit(1).alias("is_event"), *main.columns)
-    items = events.unionByName(state_rows, allowMissingColumns=True).repartition("key")
+    items = events.unionByName(state_rows, allowMissingColumns=True).repartition(KEY)
     items = with_evidence(items, table)
-    w_ev = Window.partitionBy("key", "is_event", "event_id").orderBy(*standing_order())
+    w_ev = Window.partitionBy(KEY, "is_event", EVENT_ID).orderBy(*standing_order())
     every = w_ev.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     df = items.select(
         "*",
         F.row_number().over(w_ev).alias("rn"),
-        F.collect_list("replica").over(every).alias("copies"),
+        F.collect_list(REPLICA).over(every).alias("copies"),
         F.collect_list("skew").over(every).alias("skews"),
     )
     df = df.where(F.col("rn") == 1).drop("rn", "skew")
@@ -111,7 +127,7 @@ def _slot_maxima(
     """2. every slot's writes, and their maxima before each row in the canonical order;
     the conflict ``flags`` and the fate of every event (its copies')."""
     is_state = F.col("is_event") == 0
-    names = [c for c, _ in value_columns(table)] + ["_marker", "_tomb"]
+    names = [c for c, _ in value_columns(table)] + [MARKER, TOMB]
     ranks = rank_map(config, table)
     writes = [
         F.when(is_state, s).otherwise(e).alias(f"w_{n}")
@@ -133,7 +149,7 @@ def _slot_maxima(
         *flags,
     )
     return df.withColumn(
-        "fate",
+        FATE,
         F.when(F.col("reason").isNotNull(), F.lit("quarantined"))
         .when(F.col("won"), F.lit("applied"))
         .otherwise(F.lit("discarded")),
@@ -154,23 +170,23 @@ def _outputs(
     log's fields (``logged``) are computed on the conflicting rows only."""
     state_cols, exists = final_state(table, now_us, tt)
     remote = {
-        "remote_event_id": F.col("event_id"),
-        "remote_ts": F.col("ts"),
-        "remote_origin": F.col("origin"),
+        "remote_event_id": F.col(EVENT_ID),
+        "remote_ts": F.col(TS),
+        "remote_origin": F.col(ORIGIN),
     }
     fields = {**logged, **remote}
     conflict = F.struct(
         *[fields[n].alias(n) for n in CONFLICT_FIELDS],
-        F.col("rank").alias("pos_rank"),
+        F.col(RANK).alias("pos_rank"),
         # a cell's conflicts: by ts and value (docs/rules.md#cell-rules)
         F.lit(None).cast("long").alias("pos_tx"),
         F.lit(0).alias("pos_idx"),
     )
     is_event = F.col("is_event") == 1
-    quarantined = F.struct("replica", "event_id", "reason", "detail", "raw")
+    quarantined = F.struct(REPLICA, EVENT_ID, "reason", "detail", "raw")
     fates = F.transform(  # each with the standing copy's digest: the ledger's (``resolve.ledger``)
         "copies",
-        lambda r: F.struct(F.col("event_id"), r.alias("replica"), F.col("fate"), F.col("digest")),
+        lambda r: F.struct(F.col(EVENT_ID), r.alias(REPLICA), F.col(FATE), F.col(DIGEST)),
     )
     changes = []
     if capture:
@@ -186,7 +202,7 @@ def _outputs(
         F.when(F.col("good") & F.col("conflict"), conflict).alias("conflict"),
         F.when(is_event, fates).alias("fates"),
         F.when(is_event & F.col("reason").isNotNull(), quarantined).alias("quarantine"),
-        F.when(is_event, F.col("event_id")).alias("chosen_id"),
+        F.when(is_event, F.col(EVENT_ID)).alias("chosen_id"),
         "skews",
         *changes,
     )
@@ -260,7 +276,7 @@ def _state_rows(
     the table tombstone before the run (the state's row with no key), and after it (with
     the run's TRUNCATEs)."""
     has_key = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in table.key])
-    tt_rows = prior.where(~has_key & F.col("_tomb").isNotNull()).select("_tomb").collect()
+    tt_rows = prior.where(~has_key & F.col(TOMB).isNotNull()).select(TOMB).collect()
     tt_prior = table_tombstone(tt_rows, [], now_us)
     tt = table_tombstone(tt_rows, truncs, now_us)
     return _item_rows(prior.where(has_key), table), tt_prior, tt
@@ -269,15 +285,15 @@ def _state_rows(
 def _item_rows(prior: DataFrame, table: Table) -> DataFrame:
     """The prior state's rows of the table's keys, in the shape of the shuffle's items."""
     return prior.select(
-        key_struct(table).alias("key"),
+        key_struct(table).alias(KEY),
         F.lit(0).alias("is_event"),
         F.struct(*table.column_names).alias("row"),
-        "_ts",
-        "_origin",
-        "_event_id",
-        "_cells",
-        "_marker",
-        "_tomb",
+        STATE_TS,
+        STATE_ORIGIN,
+        STATE_EVENT_ID,
+        CELLS,
+        MARKER,
+        TOMB,
     )
 
 

@@ -12,6 +12,24 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import (
+    CELLS,
+    DEAD,
+    DELETED_AT,
+    EVENT_ID,
+    EXPIRY,
+    MARKER,
+    ORIGIN,
+    RANK,
+    STATE_DELETED,
+    STATE_DELETED_AT,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TOMB,
+    TS,
+    TTL,
+)
 from pipeline.core.config import ColumnType, Table
 from pipeline.resolve.cells.writes import deleted_at, expiry, greatest, ttl, value, value_columns
 from pipeline.rules.rowfold import Event
@@ -28,7 +46,7 @@ def table_tombstone(rows: list[Any], truncs: Sequence[Event], now_us: int) -> di
     if not cands:
         return None
     ts, deleted_at, _, _, event_id, origin = max(cands)
-    return {"ts": ts, "deleted_at": deleted_at, "origin": origin, "event_id": event_id or None}
+    return {TS: ts, DELETED_AT: deleted_at, ORIGIN: origin, EVENT_ID: event_id or None}
 
 
 @dataclass(frozen=True)
@@ -47,40 +65,40 @@ class _Purge:
 
     def expired_old(self, x: Column) -> Column:
         """An expired TTL write, a tombstone since its write time ``expiry - ttl``."""
-        expired = x["ttl"].isNotNull() & (x["expiry"] <= self.now_s)
-        return expired & ((x["expiry"] - x["ttl"]) * 1_000_000 < self.horizon)
+        expired = x[TTL].isNotNull() & (x[EXPIRY] <= self.now_s)
+        return expired & ((x[EXPIRY] - x[TTL]) * 1_000_000 < self.horizon)
 
     def old(self, x: Column) -> Column:
         """A cell purged (never null)."""
-        old = F.when(x["dead"], x["deleted_at"] < self.horizon).otherwise(self.expired_old(x))
+        old = F.when(x[DEAD], x[DELETED_AT] < self.horizon).otherwise(self.expired_old(x))
         return x.isNotNull() & F.coalesce(old, F.lit(False))
 
     def old_marker(self, x: Column) -> Column:  # a marker is never dead
         return x.isNotNull() & F.coalesce(self.expired_old(x), F.lit(False))
 
     def old_tomb(self, x: Column) -> Column:
-        return x.isNotNull() & ~F.coalesce(x["deleted_at"] >= self.horizon, F.lit(False))
+        return x.isNotNull() & ~F.coalesce(x[DELETED_AT] >= self.horizon, F.lit(False))
 
 
 def purge_cells(prior: DataFrame, table: Table, now_us: int, grace_s: int) -> DataFrame:
     """docs/rules.md#tombstones-and-gc_grace_seconds: drop the tombstones older than the GC
     horizon (:class:`_Purge`); a row left with nothing disappears."""
     p = _Purge.at(now_us, grace_s)
-    cells = F.col("_cells")
+    cells = F.col(CELLS)
     value_cols = [c for c, _ in value_columns(table)]
     kept = {c: cells[c].isNotNull() & ~p.old(cells[c]) for c in value_cols}
     new_cells = F.when(
         cells.isNotNull(), F.struct(*[F.when(kept[c], cells[c]).alias(c) for c in value_cols])
     )
-    marker = F.when(~p.old_marker(F.col("_marker")), F.col("_marker"))
-    tomb = F.when(~p.old_tomb(F.col("_tomb")), F.col("_tomb"))
+    marker = F.when(~p.old_marker(F.col(MARKER)), F.col(MARKER))
+    tomb = F.when(~p.old_tomb(F.col(TOMB)), F.col(TOMB))
     anything = reduce(lambda a, b: a | b, kept.values(), F.lit(False))
     anything = anything | marker.isNotNull() | tomb.isNotNull() | cells.isNull()
     out = prior.select(
-        *[c for c in prior.columns if c not in ("_cells", "_marker", "_tomb")],
-        new_cells.alias("_cells"),
-        marker.alias("_marker"),
-        tomb.alias("_tomb"),
+        *[c for c in prior.columns if c not in (CELLS, MARKER, TOMB)],
+        new_cells.alias(CELLS),
+        marker.alias(MARKER),
+        tomb.alias(TOMB),
     )
     return out.where(anything).select(*prior.columns)
 
@@ -95,13 +113,13 @@ def due(table: Table, now_us: int, grace_s: int, since_us: int) -> Column:
     since_s = since_us // 1_000_000
 
     def expires(x: Column) -> Column:
-        between = (x["expiry"] > since_s) & (x["expiry"] <= p.now_s)
-        return x.isNotNull() & F.coalesce(x["ttl"].isNotNull() & between, F.lit(False))
+        between = (x[EXPIRY] > since_s) & (x[EXPIRY] <= p.now_s)
+        return x.isNotNull() & F.coalesce(x[TTL].isNotNull() & between, F.lit(False))
 
-    cells, marker = F.col("_cells"), F.col("_marker")
+    cells, marker = F.col(CELLS), F.col(MARKER)
     slots = [cells[c] for c, _ in value_columns(table)]
     changes = [*(p.old(x) | expires(x) for x in slots), p.old_marker(marker), expires(marker)]
-    changes += [p.old_tomb(F.col("_tomb")), *(F.col(c).isNull() for c in table.key)]
+    changes += [p.old_tomb(F.col(TOMB)), *(F.col(c).isNull() for c in table.key)]
     return reduce(lambda a, b: a | b, changes)
 
 
@@ -114,22 +132,22 @@ class _Horizon:
     now_s: int
 
     def kept(self, x: Column) -> Column:
-        return x.isNotNull() & F.coalesce(x["ts"] > self.limit, F.lit(True))
+        return x.isNotNull() & F.coalesce(x[TS] > self.limit, F.lit(True))
 
     def unexpired(self, x: Column) -> Column:
-        return ~x["exp"] | F.coalesce(x["expiry"] > self.now_s, F.lit(False))
+        return ~x["exp"] | F.coalesce(x[EXPIRY] > self.now_s, F.lit(False))
 
     def live(self, x: Column) -> Column:
-        return self.kept(x) & ~x["dead"] & self.unexpired(x)
+        return self.kept(x) & ~x[DEAD] & self.unexpired(x)
 
 
 def final_state(table: Table, now_us: int, tt: dict | None) -> tuple[list[Column], Column]:
     """The state row from the slots' maxima ``f_*`` at a key's last row; and whether the
     key keeps a state row at all."""
-    tt_ts = F.lit(tt["ts"] if tt else None).cast("long")
+    tt_ts = F.lit(tt[TS] if tt else None).cast("long")
     tomb = F.col("f__tomb")
-    tomb_kept = tomb.isNotNull() & F.coalesce(tomb["ts"] > tt_ts, F.lit(True))
-    h = _Horizon(F.greatest(F.when(tomb_kept, tomb["ts"]), tt_ts), now_us // 1_000_000)
+    tomb_kept = tomb.isNotNull() & F.coalesce(tomb[TS] > tt_ts, F.lit(True))
+    h = _Horizon(F.greatest(F.when(tomb_kept, tomb[TS]), tt_ts), now_us // 1_000_000)
     types = dict(value_columns(table))
     cells = {c: F.col(f"f_{c}") for c in types}
     marker = F.col("f__marker")
@@ -137,18 +155,18 @@ def final_state(table: Table, now_us: int, tt: dict | None) -> tuple[list[Column
         **{c: F.col(f"key.{c}") for c in table.key},
         **{c: F.when(h.live(x), value(x, types[c])) for c, x in cells.items()},
         **_row_meta(cells, marker, tomb, tomb_kept, h),
-        "_cells": F.struct(*[_stored_cell(x, types[c], h).alias(c) for c, x in cells.items()]),
-        "_marker": F.when(
+        CELLS: F.struct(*[_stored_cell(x, types[c], h).alias(c) for c, x in cells.items()]),
+        MARKER: F.when(
             h.kept(marker),
             F.struct(
-                marker["ts"].alias("ts"),
-                ttl(marker).alias("ttl"),
-                expiry(marker).alias("expiry"),
+                marker[TS].alias(TS),
+                ttl(marker).alias(TTL),
+                expiry(marker).alias(EXPIRY),
                 *_by(marker),
             ),
         ),
-        "_tomb": F.when(
-            tomb_kept, F.struct(*[tomb[n].alias(n) for n in ("ts", "deleted_at")], *_by(tomb))
+        TOMB: F.when(
+            tomb_kept, F.struct(*[tomb[n].alias(n) for n in (TS, DELETED_AT)], *_by(tomb))
         ),
     }
     exists = (
@@ -159,7 +177,7 @@ def final_state(table: Table, now_us: int, tt: dict | None) -> tuple[list[Column
 
 
 def _by(x: Column) -> list[Column]:
-    return [x["origin"].alias("origin"), x["event_id"].alias("event_id")]
+    return [x[ORIGIN].alias(ORIGIN), x[EVENT_ID].alias(EVENT_ID)]
 
 
 def _stored_cell(x: Column, ct: ColumnType, h: _Horizon) -> Column:
@@ -168,11 +186,11 @@ def _stored_cell(x: Column, ct: ColumnType, h: _Horizon) -> Column:
         h.kept(x),
         F.struct(
             value(x, ct).alias("value"),
-            x["ts"].alias("ts"),
-            ttl(x).alias("ttl"),
-            expiry(x).alias("expiry"),
-            x["dead"].alias("dead"),
-            deleted_at(x).alias("deleted_at"),
+            x[TS].alias(TS),
+            ttl(x).alias(TTL),
+            expiry(x).alias(EXPIRY),
+            x[DEAD].alias(DEAD),
+            deleted_at(x).alias(DELETED_AT),
             *_by(x),
         ),
     )
@@ -188,7 +206,7 @@ def _row_meta(
     row_live = reduce(lambda a, b: a | b, lives, marker_live)
 
     def last_write(x: Column, ok: Column) -> Column:
-        fields = ("ts", "is_event", "rank", "event_id", "origin")
+        fields = (TS, "is_event", RANK, EVENT_ID, ORIGIN)
         return F.when(ok, F.struct(*[x[n].alias(n) for n in fields]))
 
     latest = greatest(
@@ -199,13 +217,13 @@ def _row_meta(
     # a TTL write is a tombstone once it expires, deleted as of its write time
     # (docs/rules.md#tombstones-and-gc_grace_seconds)
     deletions += [F.when(h.kept(x) & x["exp"], x["wtime"] * 1_000_000) for x in cells.values()]
-    deletions.append(F.when(tomb_kept, tomb["deleted_at"]))
+    deletions.append(F.when(tomb_kept, tomb[DELETED_AT]))
     return {
-        "_ts": F.when(row_live, latest["ts"]),
-        "_origin": F.when(row_live, latest["origin"]),
-        "_event_id": F.when(row_live, latest["event_id"]),
-        "_deleted": ~row_live,
-        "_deleted_at": F.when(~row_live, greatest(deletions)),
+        STATE_TS: F.when(row_live, latest[TS]),
+        STATE_ORIGIN: F.when(row_live, latest[ORIGIN]),
+        STATE_EVENT_ID: F.when(row_live, latest[EVENT_ID]),
+        STATE_DELETED: ~row_live,
+        STATE_DELETED_AT: F.when(~row_live, greatest(deletions)),
     }
 
 
@@ -214,10 +232,10 @@ def table_tombstone_row(spark: SparkSession, table: Table, tt: dict) -> DataFram
     values: dict[str, Any] = {f.name: None for f in schema.fields}
     values.update(
         _deleted=True,
-        _deleted_at=tt["deleted_at"],
-        _ts=tt["ts"],
-        _origin=tt["origin"],
-        _event_id=tt["event_id"],
-        _tomb=(tt["ts"], tt["deleted_at"], tt["origin"], tt["event_id"]),
+        _deleted_at=tt[DELETED_AT],
+        _ts=tt[TS],
+        _origin=tt[ORIGIN],
+        _event_id=tt[EVENT_ID],
+        _tomb=(tt[TS], tt[DELETED_AT], tt[ORIGIN], tt[EVENT_ID]),
     )
     return spark.createDataFrame([tuple(values[f.name] for f in schema.fields)], schema)

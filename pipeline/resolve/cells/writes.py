@@ -7,6 +7,23 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from pipeline.core.columns import (
+    CELLS,
+    DEAD,
+    DELETED_AT,
+    EVENT_ID,
+    EXPIRY,
+    MARKER,
+    OP,
+    ORIGIN,
+    RANK,
+    STATE_EVENT_ID,
+    STATE_ORIGIN,
+    STATE_TS,
+    TOMB,
+    TS,
+    TTL,
+)
 from pipeline.core.config import ColumnType, Table
 from pipeline.resolve.cells.order import keeps_value, value_of_order, value_order
 from pipeline.spark.schema import spark_type
@@ -45,20 +62,20 @@ def _cell_struct(
         value = value.cast(spark_type(ct))
     exp = ~dead & ttl.isNotNull()
     fields = [
-        ts.alias("ts"),
-        dead.alias("dead"),
+        ts.alias(TS),
+        dead.alias(DEAD),
         F.when(dead, deleted_at).otherwise(F.lit(0).cast(L)).alias("del"),
         exp.alias("exp"),
-        F.when(exp, expiry).otherwise(F.lit(0).cast(L)).alias("expiry"),
+        F.when(exp, expiry).otherwise(F.lit(0).cast(L)).alias(EXPIRY),
         F.when(exp, expiry - ttl).otherwise(F.lit(0).cast(L)).alias("wtime"),
     ]
     if ct is not None:
         fields.append(F.when(~dead, value_order(value, ct)).alias("vkey"))
     fields += [
         F.lit(is_event).alias("is_event"),
-        rank.alias("rank"),
-        event_id.alias("event_id"),
-        origin.alias("origin"),
+        rank.alias(RANK),
+        event_id.alias(EVENT_ID),
+        origin.alias(ORIGIN),
     ]
     if ct is not None and not keeps_value(ct):
         fields.append(value.alias("value"))
@@ -67,17 +84,17 @@ def _cell_struct(
 
 def ttl(x: Column) -> Column:
     """A write's TTL (seconds): a live write's expiry less its write time."""
-    return F.when(x["exp"], x["expiry"] - x["wtime"])
+    return F.when(x["exp"], x[EXPIRY] - x["wtime"])
 
 
 def expiry(x: Column) -> Column:
     """A TTL write's expiry (epoch seconds)."""
-    return F.when(x["exp"], x["expiry"])
+    return F.when(x["exp"], x[EXPIRY])
 
 
 def deleted_at(x: Column) -> Column:
     """A cell tombstone's deletion time (µs)."""
-    return F.when(x["dead"], x["del"])
+    return F.when(x[DEAD], x["del"])
 
 
 def value(x: Column, ct: ColumnType) -> Column:
@@ -89,12 +106,12 @@ def _tomb_struct(
     ts: Column, deleted_at: Column, is_event: int, rank: Column, event_id: Column, origin: Column
 ) -> Column:
     return F.struct(
-        ts.cast("long").alias("ts"),
-        deleted_at.cast("long").alias("deleted_at"),
+        ts.cast("long").alias(TS),
+        deleted_at.cast("long").alias(DELETED_AT),
         F.lit(is_event).alias("is_event"),
-        rank.cast("int").alias("rank"),
-        event_id.cast("string").alias("event_id"),
-        origin.cast("string").alias("origin"),
+        rank.cast("int").alias(RANK),
+        event_id.cast("string").alias(EVENT_ID),
+        origin.cast("string").alias(ORIGIN),
     )
 
 
@@ -109,16 +126,16 @@ def _as_written(value: Column | None) -> Column:
     """A base row's cell (its ``value``) or, given ``None``, its marker: written at
     ``_ts`` by ``_origin``, without a ttl, not deleted."""
     no_long = F.lit(None).cast("long")
-    when = [F.col("_ts").alias("ts"), no_long.alias("ttl"), no_long.alias("expiry")]
-    by = [F.col("_origin").alias("origin"), F.col("_event_id").alias("event_id")]
+    when = [F.col(STATE_TS).alias(TS), no_long.alias(TTL), no_long.alias(EXPIRY)]
+    by = [F.col(STATE_ORIGIN).alias(ORIGIN), F.col(STATE_EVENT_ID).alias(EVENT_ID)]
     if value is None:
         return F.struct(*when, *by)
-    dead = [F.lit(False).alias("dead"), no_long.alias("deleted_at")]
+    dead = [F.lit(False).alias(DEAD), no_long.alias(DELETED_AT)]
     return F.struct(value.alias("value"), *when, *dead, *by)
 
 
 def _prior_cell(c: str, ct: ColumnType, ranks: Column) -> Column:
-    base = F.col("_cells").isNull()
+    base = F.col(CELLS).isNull()
     value = F.col(f"row.{c}")
     src = F.when(base, F.when(value.isNotNull(), _as_written(value))).otherwise(
         F.col(f"_cells.{c}")
@@ -126,53 +143,53 @@ def _prior_cell(c: str, ct: ColumnType, ranks: Column) -> Column:
     return F.when(
         src.isNotNull(),
         _cell_struct(
-            src["ts"],
-            src["dead"],
-            src["deleted_at"],
-            src["ttl"],
-            src["expiry"],
+            src[TS],
+            src[DEAD],
+            src[DELETED_AT],
+            src[TTL],
+            src[EXPIRY],
             src["value"],
             0,
-            F.coalesce(ranks[src["origin"]], F.lit(-1)),
-            src["event_id"],
-            src["origin"],
+            F.coalesce(ranks[src[ORIGIN]], F.lit(-1)),
+            src[EVENT_ID],
+            src[ORIGIN],
             ct,
         ),
     )
 
 
 def _prior_marker(ranks: Column) -> Column:
-    base = F.col("_cells").isNull()
-    m = F.when(base, _as_written(None)).otherwise(F.col("_marker"))
+    base = F.col(CELLS).isNull()
+    m = F.when(base, _as_written(None)).otherwise(F.col(MARKER))
     return F.when(
         m.isNotNull(),
         _cell_struct(
-            m["ts"],
+            m[TS],
             F.lit(False),
             F.lit(None).cast("long"),
-            m["ttl"],
-            m["expiry"],
+            m[TTL],
+            m[EXPIRY],
             F.lit(None),
             0,
-            F.coalesce(ranks[m["origin"]], F.lit(-1)),
-            m["event_id"],
-            m["origin"],
+            F.coalesce(ranks[m[ORIGIN]], F.lit(-1)),
+            m[EVENT_ID],
+            m[ORIGIN],
             None,
         ),
     )
 
 
 def _prior_tomb(ranks: Column) -> Column:
-    t = F.col("_tomb")
+    t = F.col(TOMB)
     return F.when(
         t.isNotNull(),
         _tomb_struct(
-            t["ts"],
-            t["deleted_at"],
+            t[TS],
+            t[DELETED_AT],
             0,
-            F.coalesce(ranks[t["origin"]], F.lit(-1)),
-            t["event_id"],
-            t["origin"],
+            F.coalesce(ranks[t[ORIGIN]], F.lit(-1)),
+            t[EVENT_ID],
+            t[ORIGIN],
         ),
     )
 
@@ -182,9 +199,9 @@ def event_writes(table: Table, now_us: int) -> list[Column]:
     UPDATE the cells it sets (a null: a cell tombstone, deletion time ``now``), a DELETE the
     row tombstone."""
     good = F.col("good")
-    op = F.col("op")
-    ts, rank, eid, origin = F.col("ts"), F.col("rank"), F.col("event_id"), F.col("origin")
-    ttl, expiry = F.col("ttl"), F.col("expiry")
+    op = F.col(OP)
+    ts, rank, eid, origin = F.col(TS), F.col(RANK), F.col(EVENT_ID), F.col(ORIGIN)
+    ttl, expiry = F.col(TTL), F.col(EXPIRY)
     now = F.lit(now_us)
     names = table.column_names
     out = []
