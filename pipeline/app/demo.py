@@ -21,7 +21,7 @@ from pipeline.app.generate import GenerateOptions, generate
 from pipeline.app.report import format_report
 from pipeline.app.runs import list_reports, render_page
 from pipeline.core import layout
-from pipeline.core.columns import DT, KEY, RUN_ID
+from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config, load_config
 from pipeline.core.errors import GateError
 from pipeline.publish.stats import trends
@@ -50,17 +50,17 @@ DEMO_CONFIG = {
     "on_fk_violation": "warn",
     "tables": {
         "products": {
-            KEY: ["product_no"],
+            "key": ["product_no"],
             "columns": {"product_no": "int", "name": "string", "price": "decimal(10,2)"},
         },
         "orders": {
-            KEY: ["order_id"],
+            "key": ["order_id"],
             "columns": {"order_id": "bigint", "product_no": "int", "quantity": "int"},
             "not_null": ["product_no"],
             "foreign_keys": [{"columns": ["product_no"], "references": "products"}],
         },
         "accounts": {
-            KEY: ["id"],
+            "key": ["id"],
             "columns": {"id": "bigint", "owner": "string", "balance": "bigint"},
             "unique": [["owner"]],
             "delta": ["balance"],

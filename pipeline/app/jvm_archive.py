@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.columns import KEY
 from pipeline.spark.jvm import ARCHIVE_ENV, CODE_CACHE_HEADROOM, archive_path
 
 #: the archive's workload: the demo's tables (a foreign key, a unique and a delta
@@ -78,7 +77,7 @@ def _workload(spark: object, tmp: Path) -> None:
     store.mkdir()
     tables: dict[str, Any] = {**DEMO_CONFIG["tables"]}  # type: ignore[dict-item]
     tables["stock"] = {
-        KEY: ["sku"],
+        "key": ["sku"],
         "columns": {"sku": "bigint", "label": "string", "qty": "int"},
         "policy": "scylla",
     }

@@ -8,6 +8,7 @@ implementation.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -172,7 +173,110 @@ def delete_wins(standing: Standing, op: str, live: bool) -> tuple[bool, str]:
     row), and why."""
     ruling = DELETE_WINS_TABLE[standing][DELETE_WINS_OPS.index(op)]
     applies = ruling is Ruling.APPLY or (ruling is Ruling.IF_LIVE and live)
-    return applies, f"delete_wins: L {standing.value}, E = {op}: {ruling.value}"
+    return applies, reason(Why.DELETE_WINS, standing=standing.value, op=op, ruling=ruling.value)
+
+
+class Why(StrEnum):
+    """Why the fold decided a conflict as it did: the conflict log's ``reason``
+    (docs/rules.md#reasons). One member per sentence, rendered by :func:`reason` alone from
+    :data:`REASONS`, as PostgreSQL's ``errdetail_apply_conflict`` renders the detail of
+    every apply conflict in one function."""
+
+    REMOTE_LATER = "remote_later"
+    LOCAL_LATER = "local_later"
+    REMOTE_EARLIER = "remote_earlier"
+    LOCAL_EARLIER = "local_earlier"
+    SAME_ORIGIN = "same_origin"
+    REMOTE_RANKS_ABOVE = "remote_ranks_above"
+    LOCAL_RANKS_ABOVE = "local_ranks_above"
+    APPLY = "apply"
+    SKIP = "skip"
+    ERROR = "error"
+    DELETE_WINS = "delete_wins"
+    COMPARED_BY = "compared_by"
+    AGAINST_LOCAL = "against_local"
+    IN_GROUP = "in_group"
+    EXTRA_DROPPED = "extra_dropped"
+    EXTRA_REFUSED = "extra_refused"
+    REJECTED = "rejected"
+    MISSING_REFUSED = "missing_refused"
+    MISSING_KEEP_LOCAL = "missing_keep_local"
+    MISSING_NOT_NULL = "missing_not_null"
+    MISSING_DEFAULTS = "missing_defaults"
+    DELETE_BEATS_UPDATE = "delete_beats_update"
+    UPDATE_BEATS_DELETE = "update_beats_delete"
+    UPDATE_WINS_NO_ROW = "update_wins_no_row"
+    NO_FULL_ROW = "no_full_row"
+    FULL_ROW = "full_row"
+    REFUSED = "refused"
+    NO_LIVE_ROW = "no_live_row"
+    UNIQUE_COLLISION = "unique_collision"
+
+
+#: docs/rules.md#reasons: the sentence of each :class:`Why`, with the facts it names in
+#: braces; ``{why}`` is the sentence of the decision it wraps
+REASONS: dict[Why, str] = {
+    Why.REMOTE_LATER: "remote (ts, tie_rank) is later",
+    Why.LOCAL_LATER: "local (ts, tie_rank) is later",
+    Why.REMOTE_EARLIER: "remote (ts, tie_rank) is earlier",
+    Why.LOCAL_EARLIER: "local (ts, tie_rank) is earlier",
+    Why.SAME_ORIGIN: "same origin {origin}: {why}",
+    Why.REMOTE_RANKS_ABOVE: "remote origin {remote} ranks above local origin {local} in priority",
+    Why.LOCAL_RANKS_ABOVE: "local origin {local} ranks above remote origin {remote} in priority",
+    Why.APPLY: "apply: remote always applied",
+    Why.SKIP: "skip: local row kept",
+    Why.ERROR: "error: the run stops on this conflict",
+    Why.DELETE_WINS: "delete_wins: L {standing}, E = {op}: {ruling}",
+    Why.COMPARED_BY: "{why} (L and E compared by ({order_by}, ts))",
+    Why.AGAINST_LOCAL: "{why}; local origin {origin}, ts {ts}",
+    Why.IN_GROUP: "group {group}: {why}",
+    Why.EXTRA_DROPPED: "extra columns dropped: {columns}",
+    Why.EXTRA_REFUSED: "extra columns: {columns}",
+    Why.REJECTED: "transaction rejected",
+    Why.MISSING_REFUSED: "missing columns: {columns}",
+    Why.MISSING_KEEP_LOCAL: "missing columns keep local values: {columns}",
+    Why.MISSING_NOT_NULL: "missing NOT NULL column(s) without default: {columns}",
+    Why.MISSING_DEFAULTS: "missing columns take defaults: {columns}",
+    Why.DELETE_BEATS_UPDATE: "the delete wins: {why}",
+    Why.UPDATE_BEATS_DELETE: "the update wins: {why}",
+    Why.UPDATE_WINS_NO_ROW: "the update wins ({why}) but the full row cannot be built",
+    Why.NO_FULL_ROW: "the full row cannot be built from the event",
+    Why.FULL_ROW: "the event carries the full row",
+    Why.REFUSED: "{resolver}",
+    Why.NO_LIVE_ROW: "no live row to delete",
+    Why.UNIQUE_COLLISION: "collides on a unique constraint with key(s) {keys}",
+}
+
+
+def _named(text: str) -> frozenset[str]:
+    return frozenset(f for _, f, _, _ in string.Formatter().parse(text) if f)
+
+
+_FACTS = {why: _named(text) for why, text in REASONS.items()}
+
+
+def reason(sentence: Why, /, **facts: object) -> str:
+    """The conflict log's ``reason``: the ``sentence`` of :data:`REASONS` with its facts; a list
+    of names or keys is joined with commas. A fact the sentence does not name, or one it
+    names and is not given, is an error."""
+    named = _FACTS[sentence]
+    if named != facts.keys():
+        raise ValueError(f"reason {sentence}: given {sorted(facts)}, it names {sorted(named)}")
+    joined = {
+        k: ", ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in facts.items()
+    }
+    return REASONS[sentence].format(**joined)
+
+
+#: docs/rules.md#resolvers: what a resolver that refuses the remote event makes of it, in
+#: the steps that have no local version to weigh (an extra or missing column, a missing row,
+#: a unique collision, an ``apply_or_*`` without the full row)
+REFUSED: dict[Resolver, Outcome] = {
+    Resolver.SKIP: Outcome.SKIPPED,
+    Resolver.APPLY_OR_SKIP: Outcome.SKIPPED,
+    Resolver.ERROR: Outcome.ERRORED,
+    Resolver.APPLY_OR_ERROR: Outcome.ERRORED,
+}
 
 
 class Preset(StrEnum):
@@ -392,3 +496,10 @@ def resolvers_meaning_table() -> str:
 def quarantine_table() -> str:
     """The rules page's table of quarantine reasons, from :data:`QUARANTINE_MEANING`."""
     return _meaning_table("reason", QUARANTINE_MEANING.items())
+
+
+def reasons_table() -> str:
+    """The rules page's list of the conflict log's reasons, from :data:`REASONS`."""
+    lines = ["| reason | sentence |", "|---|---|"]
+    lines += [f"| `{w}` | {REASONS[w]} |" for w in Why]
+    return "\n".join(lines) + "\n"

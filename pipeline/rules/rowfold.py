@@ -21,13 +21,16 @@ from typing import Any
 
 from pipeline.core.config import ColumnType, Table
 from pipeline.core.policy import (
+    REFUSED,
     ChangeKind,
     ConflictType,
     Detection,
     Outcome,
     Resolver,
     Standing,
+    Why,
     delete_wins,
+    reason,
 )
 
 Key = tuple[Any, ...]
@@ -35,6 +38,7 @@ Key = tuple[Any, ...]
 _C = ConflictType
 _R = Resolver
 _O = Outcome
+_W = Why
 
 #: docs/rules.md#delta-columns: the local row wins, and the UPDATE's delta is still added to it
 _KEEPS_DELTA = frozenset({_O.DISCARDED, _O.SKIPPED})
@@ -245,14 +249,14 @@ Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log sh
 
 def _latest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     if _wins_latest(e, loc, table):
-        return win, "remote (ts, tie_rank) is later"
-    return _O.DISCARDED, "local (ts, tie_rank) is later"
+        return win, reason(_W.REMOTE_LATER)
+    return _O.DISCARDED, reason(_W.LOCAL_LATER)
 
 
 def _earliest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
     if _wins_earliest(e, loc, table):
-        return win, "remote (ts, tie_rank) is earlier"
-    return _O.DISCARDED, "local (ts, tie_rank) is earlier"
+        return win, reason(_W.REMOTE_EARLIER)
+    return _O.DISCARDED, reason(_W.LOCAL_EARLIER)
 
 
 def _origin_rank(table: Table, origin: str | None) -> int:
@@ -267,11 +271,11 @@ def _priority(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> De
     same origin on both sides falls back to ``latest_timestamp_wins``."""
     if e.origin == loc.origin:
         out, why = _latest(e, loc, win, op, table)
-        return out, f"same origin {e.origin}: {why}"
+        return out, reason(_W.SAME_ORIGIN, origin=e.origin, why=why)
     local = loc.origin or "(base row)"
     if _origin_rank(table, e.origin) > _origin_rank(table, loc.origin):
-        return win, f"remote origin {e.origin} ranks above local origin {local} in priority"
-    return _O.DISCARDED, f"local origin {local} ranks above remote origin {e.origin} in priority"
+        return win, reason(_W.REMOTE_RANKS_ABOVE, remote=e.origin, local=local)
+    return _O.DISCARDED, reason(_W.LOCAL_RANKS_ABOVE, remote=e.origin, local=local)
 
 
 def standing(e: Event, loc: Version | None, table: Table) -> Standing:
@@ -290,7 +294,7 @@ def _ruling(e: Event, loc: Version | None, op: str, table: Table, live: bool) ->
     (naming the ``order_by`` column when "newer" compared it first, order_by)."""
     applies, why = delete_wins(standing(e, loc, table), op, live)
     if table.order_by is not None and loc is not None:
-        why += f" (L and E compared by ({table.order_by}, ts))"
+        why = reason(_W.COMPARED_BY, why=why, order_by=table.order_by)
     return applies, why
 
 
@@ -310,12 +314,9 @@ DECIDE: dict[Resolver, Callable[[Event, Version, Outcome, str, Table], Decision]
     _R.LATEST_TIMESTAMP_WINS: _latest,
     _R.EARLIEST_TIMESTAMP_WINS: _earliest,
     _R.PRIORITY_WINS: _priority,
-    _R.APPLY: lambda e, loc, win, op, table: (win, "apply: remote always applied"),
-    _R.SKIP: lambda e, loc, win, op, table: (_O.SKIPPED, "skip: local row kept"),
-    _R.ERROR: lambda e, loc, win, op, table: (
-        _O.ERRORED,
-        "error: the run stops on this conflict",
-    ),
+    _R.APPLY: lambda e, loc, win, op, table: (win, reason(_W.APPLY)),
+    _R.SKIP: lambda e, loc, win, op, table: (_O.SKIPPED, reason(_W.SKIP)),
+    _R.ERROR: lambda e, loc, win, op, table: (_O.ERRORED, reason(_W.ERROR)),
     _R.DELETE_WINS: _delete_wins,
 }
 
@@ -529,16 +530,13 @@ class RowFold:
         if e.extra_cols:
             t = _C.SOURCE_COLUMN_EXTRA
             r = self._resolver(t)
-            extra = ", ".join(e.extra_cols)
+            extra = list(e.extra_cols)
             if r is _R.IGNORE:
-                log.append(
-                    self._conflict(
-                        e.key, t, r, _O.APPLIED, e, (), f"extra columns dropped: {extra}"
-                    )
-                )
+                why = reason(_W.EXTRA_DROPPED, columns=extra)
+                log.append(self._conflict(e.key, t, r, _O.APPLIED, e, (), why))
             else:
-                out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
-                log.append(self._conflict(e.key, t, r, out, e, (), f"extra columns: {extra}"))
+                why = reason(_W.EXTRA_REFUSED, columns=extra)
+                log.append(self._conflict(e.key, t, r, REFUSED[r], e, (), why))
                 return self._done(e, False, log)
         if e.op == "INSERT":
             return self._insert(e, log)
@@ -584,9 +582,7 @@ class RowFold:
             t = _C.DELETE_MISSING if loc is None or loc.deleted else _C.DELETE_DIFFER
         local = () if loc is None else (loc,)
         log.append(
-            self._conflict(
-                e.key, t, self._resolver(t), _O.DISCARDED, e, local, "transaction rejected"
-            )
+            self._conflict(e.key, t, self._resolver(t), _O.DISCARDED, e, local, reason(_W.REJECTED))
         )
         return Applied(e, False, tuple(log))
 
@@ -630,42 +626,22 @@ class RowFold:
             return {c: given[c] for c in self._all_cols}
         t = _C.TARGET_COLUMN_EXTRA
         r = self._resolver(t)
-        names = ", ".join(missing)
         if r is not _R.USE_DEFAULT:
-            out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
-            log.append(self._conflict(key, t, r, out, e, (), f"missing columns: {names}"))
+            why = reason(_W.MISSING_REFUSED, columns=missing)
+            log.append(self._conflict(key, t, r, REFUSED[r], e, (), why))
             return None
         if local is not None:  # applied as an UPDATE: missing columns keep their values
-            log.append(
-                self._conflict(
-                    key,
-                    t,
-                    r,
-                    _O.APPLIED,
-                    e,
-                    (local,),
-                    f"missing columns keep local values: {names}",
-                )
-            )
+            why = reason(_W.MISSING_KEEP_LOCAL, columns=missing)
+            log.append(self._conflict(key, t, r, _O.APPLIED, e, (local,), why))
             return {c: given.get(c, local.values.get(c)) for c in self._all_cols}
         defaults = self.table.defaults
         unfillable = [c for c in missing if c in self.table.not_null and defaults.get(c) is None]
         if unfillable:
-            log.append(
-                self._conflict(
-                    key,
-                    t,
-                    r,
-                    _O.ERRORED,
-                    e,
-                    (),
-                    f"missing NOT NULL column(s) without default: {', '.join(unfillable)}",
-                )
-            )
+            why = reason(_W.MISSING_NOT_NULL, columns=unfillable)
+            log.append(self._conflict(key, t, r, _O.ERRORED, e, (), why))
             return None
-        log.append(
-            self._conflict(key, t, r, _O.APPLIED, e, (), f"missing columns take defaults: {names}")
-        )
+        why = reason(_W.MISSING_DEFAULTS, columns=missing)
+        log.append(self._conflict(key, t, r, _O.APPLIED, e, (), why))
         return {c: given[c] if c in given else defaults.get(c) for c in self._all_cols}
 
     # -------------------------------------------------------------- UPDATE
@@ -682,17 +658,8 @@ class RowFold:
             return self._update_groups(e, key, loc, groups, log)
         if self._differs(e, loc, use_before=True):
             out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
-            log.append(
-                self._conflict(
-                    key,
-                    _C.UPDATE_DIFFER,
-                    r,
-                    out,
-                    e,
-                    (loc,),
-                    f"{why}; local origin {loc.origin}, ts {loc.ts}",
-                )
-            )
+            why = reason(_W.AGAINST_LOCAL, why=why, origin=loc.origin, ts=loc.ts)
+            log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,), why))
             if not out.remote_applied:
                 return self._done(e, False, log)
         values = self._merge(loc.values, e, target)
@@ -716,8 +683,9 @@ class RowFold:
             gv = loc.group(g)
             if self._differs(e, gv, use_before=True, cols=cols):
                 out, r, why = self._decide(_C.UPDATE_DIFFER, e, gv, _O.APPLIED)
-                reason = f"group {g}: {why}; local origin {gv.origin}, ts {gv.ts}"
-                log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (gv,), reason))
+                why = reason(_W.AGAINST_LOCAL, why=why, origin=gv.origin, ts=gv.ts)
+                why = reason(_W.IN_GROUP, group=g, why=why)
+                log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (gv,), why))
                 if out is _O.ERRORED:
                     return self._done(e, False, log)
                 if not out.remote_applied:
@@ -759,20 +727,19 @@ class RowFold:
             assert loc is not None  # only allowed for update_deleted
             out, why = DECIDE[r](e, loc, _O.CONVERTED_TO_INSERT, "UPDATE", self.table)
             if not out.remote_applied:
-                note(out, f"the delete wins: {why}")
+                note(out, reason(_W.DELETE_BEATS_UPDATE, why=why))
                 return self._done(e, False, log)
             if full is None:
-                note(_O.SKIPPED, f"the update wins ({why}) but the full row cannot be built")
+                note(_O.SKIPPED, reason(_W.UPDATE_WINS_NO_ROW, why=why))
                 return self._done(e, False, log)
-            note(out, f"the update wins: {why}")
+            note(out, reason(_W.UPDATE_BEATS_DELETE, why=why))
         elif r in (_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR):
             if full is None:
-                out = _O.SKIPPED if r is _R.APPLY_OR_SKIP else _O.ERRORED
-                note(out, "the full row cannot be built from the event")
+                note(REFUSED[r], reason(_W.NO_FULL_ROW))
                 return self._done(e, False, log)
-            note(_O.CONVERTED_TO_INSERT, "the event carries the full row")
+            note(_O.CONVERTED_TO_INSERT, reason(_W.FULL_ROW))
         else:
-            note(_O.SKIPPED if r is _R.SKIP else _O.ERRORED, f"{r.value}")
+            note(REFUSED[r], reason(_W.REFUSED, resolver=r.value))
             return self._done(e, False, log)
         assert full is not None
         return self._finish(e, target, full, log, key if target != key else None)
@@ -794,22 +761,12 @@ class RowFold:
                 if applies and (loc is None or _wins_latest(e, loc, self.table)):
                     self._set(key, self._tombstone(key, e))
                 return self._done(e, applies, log)
-            out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
-            log.append(self._conflict(key, t, r, out, e, local, "no live row to delete"))
+            log.append(self._conflict(key, t, r, REFUSED[r], e, local, reason(_W.NO_LIVE_ROW)))
             return self._done(e, False, log)
         if self._differs(e, loc, use_before=False):
             out, r, why = self._decide(_C.DELETE_DIFFER, e, loc, _O.APPLIED)
-            log.append(
-                self._conflict(
-                    key,
-                    _C.DELETE_DIFFER,
-                    r,
-                    out,
-                    e,
-                    (loc,),
-                    f"{why}; local origin {loc.origin}, ts {loc.ts}",
-                )
-            )
+            why = reason(_W.AGAINST_LOCAL, why=why, origin=loc.origin, ts=loc.ts)
+            log.append(self._conflict(key, _C.DELETE_DIFFER, r, out, e, (loc,), why))
             if not out.remote_applied:
                 return self._done(e, False, log)
             if r is _R.DELETE_WINS and _when(loc, self.table) > _when(e, self.table):
@@ -849,17 +806,14 @@ class RowFold:
             t = _C.MULTIPLE_UNIQUE_CONFLICTS
             r = self._resolver(t)
             rows = tuple(self.state[k] for k in colliding)
-            why = "collides on a unique constraint with key(s) " + ", ".join(
-                repr(k) for k in colliding
-            )
+            why = reason(_W.UNIQUE_COLLISION, keys=[repr(k) for k in colliding])
             if r is _R.APPLY:
                 log.append(self._conflict(target, t, r, _O.APPLIED, e, rows, why))
                 # docs/rules.md#fine-points: they become tombstones with the event's ts
                 for k in colliding:
                     self._set(k, self._tombstone(k, e))
             else:
-                out = _O.SKIPPED if r is _R.SKIP else _O.ERRORED
-                log.append(self._conflict(target, t, r, out, e, rows, why))
+                log.append(self._conflict(target, t, r, REFUSED[r], e, rows, why))
                 return self._done(e, False, log)
         if moved_from is not None:
             self._set(moved_from, None)

@@ -137,6 +137,7 @@ def test_every_allowed_resolver_gives_its_outcome(ctype, resolver: Resolver, lat
     assert logged[0].resolver is resolver
     want = EXPECTED[(ctype, resolver)][0 if later else 1]
     assert logged[0].outcome is want
+    assert sentence_of(logged[0].reason) is not None, logged[0].reason
     assert (res.stopped is not None) == (want is Out.ERRORED)
     if want is not Out.ERRORED and ctype is not C.MULTIPLE_UNIQUE_CONFLICTS:
         _check_state(ctype, want, dict(state), res.state, event)
@@ -199,6 +200,54 @@ def test_priority_wins_falls_back_to_the_latest_for_one_origin(later: bool):
 RULES_PAGE = REPO / "docs" / "rules.md"
 
 
+def sentence_of(text: str):
+    """The :class:`policy.Why` whose sentence ``text`` is, its facts filled in (a ``{why}``
+    by any other sentence, a ``{resolver}`` by a resolver's name), or None."""
+    import re
+
+    from pipeline.core.policy import REASONS
+
+    for why, sentence in REASONS.items():
+        parts = re.split(r"\{(\w+)\}", sentence)
+        resolvers = "|".join(r.value for r in Resolver)
+        pattern = "".join(
+            re.escape(x) if i % 2 == 0 else f"({resolvers})" if x == "resolver" else "(.+)"
+            for i, x in enumerate(parts)
+        )
+        m = re.fullmatch(pattern, text)
+        if m is None:
+            continue
+        inner = [g for name, g in zip(parts[1::2], m.groups(), strict=True) if name == "why"]
+        if all(sentence_of(g) is not None for g in inner):
+            return why
+    return None
+
+
+def test_every_sentence_is_written_by_the_fold_and_named_facts_are_required():
+    """Every :class:`Why` has a sentence and the row fold writes it (a sentence no code
+    writes is a page that lies); :func:`policy.reason` refuses a fact its sentence does
+    not name and a named fact not given."""
+    from pipeline.core import policy
+
+    assert list(policy.REASONS) == list(policy.Why)
+    source = (REPO / "pipeline" / "rules" / "rowfold.py").read_text()
+    source += (REPO / "pipeline" / "core" / "policy.py").read_text().split("class Why")[0]
+    unused = [
+        w for w in policy.Why if f"_W.{w.name}" not in source and f"Why.{w.name}," not in source
+    ]
+    assert unused == []
+    with pytest.raises(ValueError, match="given"):
+        policy.reason(policy.Why.REJECTED, columns=["a"])
+    with pytest.raises(ValueError, match="given"):
+        policy.reason(policy.Why.EXTRA_REFUSED)
+    assert policy.reason(policy.Why.EXTRA_REFUSED, columns=["a", "b"]) == "extra columns: a, b"
+    assert (
+        sentence_of("local (ts, tie_rank) is later; local origin us-east, ts 1")
+        is policy.Why.AGAINST_LOCAL
+    )
+    assert sentence_of("local origin us-east, ts 1") is None
+
+
 @pytest.mark.parametrize(
     "marker, render",
     [
@@ -207,6 +256,7 @@ RULES_PAGE = REPO / "docs" / "rules.md"
         ("conflict-types", "conflict_types_table"),
         ("resolver-meanings", "resolvers_meaning_table"),
         ("quarantine-reasons", "quarantine_table"),
+        ("reasons", "reasons_table"),
     ],
 )
 def test_the_rules_page_shows_the_policy_tables(marker, render):
