@@ -6,6 +6,10 @@ agrees with what the layers do."""
 
 from __future__ import annotations
 
+import random
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
 import pytest
 
 from pipeline.core import config
@@ -21,7 +25,9 @@ from pipeline.core.kinds import (
     integer_bound,
     kinds_table,
 )
+from pipeline.rules import cellfold, guards
 from tests.helpers import REPO
+from tests.helpers.cassandra import DRIVER_TYPES, random_value
 
 K = Kind
 
@@ -36,12 +42,15 @@ def test_the_derived_sets_are_the_ones_the_code_spelled_out():
     assert frozenset({K.INT, K.BIGINT, K.DOUBLE, K.DECIMAL}) == NUMERIC_KINDS
     assert ORDER_BY_KINDS == (K.TIMESTAMP, K.BIGINT, K.INT, K.DECIMAL)
     assert frozenset({K.INT, K.BIGINT}) == INTEGER_KINDS
+    assert (guards._INT, guards._LONG) == (2**31, 2**63)
 
 
 #: every mapping of the kinds a layer keeps, with the kinds it covers
 LAYERS = {
     "config._FITS": (config._FITS, NUMERIC_KINDS),
     "config._COERCE": (config._COERCE, set(Kind)),
+    "guards.READERS": (guards.READERS, set(Kind)),
+    "cellfold._SERIALIZE": (cellfold._SERIALIZE, set(Kind)),
 }
 
 
@@ -65,12 +74,27 @@ def test_the_helper_refuses_a_mapping_without_a_kind():
     assert list(whole.items()) == [(k, k.value) for k in Kind]
 
 
+def _type(k: Kind) -> ColumnType:
+    return ColumnType(k, 12, 3) if k is K.DECIMAL else ColumnType(k)
+
+
+def test_the_cql_type_is_the_one_whose_driver_type_serializes_the_column():
+    """``tests/unit/test_tokens.py`` checks the bytes against these driver types."""
+    assert {k: DRIVER_TYPES[k.value].typename for k in Kind} == {
+        k: row.cql for k, row in KINDS.items()
+    }
+
+
 @pytest.mark.parametrize("k", sorted(INTEGER_KINDS))
 def test_an_integer_type_has_the_bits_of_its_range(k: Kind):
     ct, bound = ColumnType(k), integer_bound(k)
     assert bound == {K.INT: 2**31, K.BIGINT: 2**63}[k]
+    assert len(cellfold.serialize(1, ct)) * 8 == KINDS[k].bits
     assert ct.fits(-bound) and ct.fits(bound - 1)
     assert not ct.fits(-bound - 1) and not ct.fits(bound)
+    read = guards.reader(ct)
+    assert read(str(bound - 1)) == bound - 1
+    assert read(str(bound)) is None
 
 
 @pytest.mark.parametrize("k", sorted(set(Kind) - NUMERIC_KINDS))
@@ -79,6 +103,28 @@ def test_only_a_numeric_type_has_a_range(k: Kind):
         ColumnType(k).fits(0)
     with pytest.raises(TypeError, match="is not an integer type"):
         integer_bound(k)
+
+
+def _cell_value(k: Kind, rnd: random.Random):
+    """A value as the fold holds it: a uuid as its lower-case text."""
+    if k is K.TIMESTAMP:
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=rnd.randint(-9, 9))
+    if k is K.DATE:
+        return date(1970, 1, 1) + timedelta(days=rnd.randint(-9, 9))
+    return random_value(k.value, rnd)
+
+
+@pytest.mark.parametrize("k", list(Kind))
+def test_a_kind_orders_as_is_when_its_values_order_as_their_bytes(k: Kind):
+    """docs/rules.md#cell-rules, rule 4: the kinds marked ``orders_as_is`` compare as
+    values exactly as their serialized bytes do; every other kind has two values that do
+    not (so ``resolve.cells.order`` needs an order key for it)."""
+    rnd, ct = random.Random(k.value), _type(k)
+    values = [_cell_value(k, rnd) for _ in range(200)]
+    if k is K.DECIMAL:
+        values = [Decimal(v) for v in values]
+    same = sorted(values) == sorted(values, key=lambda v: cellfold.serialize(v, ct))
+    assert same is KINDS[k].orders_as_is
 
 
 def test_the_configuration_page_shows_the_column_types():
