@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 
+from pipeline.changes import tokens
 from pipeline.core import config
 from pipeline.core.config import ColumnType
 from pipeline.core.kinds import (
@@ -25,7 +26,9 @@ from pipeline.core.kinds import (
     integer_bound,
     kinds_table,
 )
+from pipeline.resolve.cells import order
 from pipeline.rules import cellfold, guards
+from pipeline.spark import schema
 from tests.helpers import REPO
 from tests.helpers.cassandra import DRIVER_TYPES, random_value
 
@@ -42,6 +45,8 @@ def test_the_derived_sets_are_the_ones_the_code_spelled_out():
     assert frozenset({K.INT, K.BIGINT, K.DOUBLE, K.DECIMAL}) == NUMERIC_KINDS
     assert ORDER_BY_KINDS == (K.TIMESTAMP, K.BIGINT, K.INT, K.DECIMAL)
     assert frozenset({K.INT, K.BIGINT}) == INTEGER_KINDS
+    assert frozenset({K.INT, K.BIGINT}) == order._SIGNED
+    assert frozenset({K.STRING, K.BOOLEAN, K.DATE, K.BINARY, K.UUID}) == order._AS_IS
     assert (guards._INT, guards._LONG) == (2**31, 2**63)
 
 
@@ -51,6 +56,10 @@ LAYERS = {
     "config._COERCE": (config._COERCE, set(Kind)),
     "guards.READERS": (guards.READERS, set(Kind)),
     "cellfold._SERIALIZE": (cellfold._SERIALIZE, set(Kind)),
+    "schema._SPARK_TYPES": (schema._SPARK_TYPES, set(Kind)),
+    "schema._TYPED": (schema._TYPED, set(Kind)),
+    "tokens._SERIALIZE": (tokens._SERIALIZE, set(Kind)),
+    "order._ORDER": (order._ORDER, set(Kind)),
 }
 
 
@@ -76,6 +85,11 @@ def test_the_helper_refuses_a_mapping_without_a_kind():
 
 def _type(k: Kind) -> ColumnType:
     return ColumnType(k, 12, 3) if k is K.DECIMAL else ColumnType(k)
+
+
+@pytest.mark.parametrize("k", list(Kind))
+def test_the_spark_type_is_the_one_the_table_names(k: Kind):
+    assert schema.spark_type(_type(k)).simpleString() == KINDS[k].spark.replace("(p,s)", "(12,3)")
 
 
 def test_the_cql_type_is_the_one_whose_driver_type_serializes_the_column():
