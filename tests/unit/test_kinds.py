@@ -26,6 +26,8 @@ from pipeline.core.kinds import (
     integer_bound,
     kinds_table,
 )
+from pipeline.ingest import blocks
+from pipeline.ingest.adapters import debezium, wal2json
 from pipeline.resolve.cells import order
 from pipeline.rules import cellfold, guards
 from pipeline.spark import schema
@@ -45,6 +47,7 @@ def test_the_derived_sets_are_the_ones_the_code_spelled_out():
     assert frozenset({K.INT, K.BIGINT, K.DOUBLE, K.DECIMAL}) == NUMERIC_KINDS
     assert ORDER_BY_KINDS == (K.TIMESTAMP, K.BIGINT, K.INT, K.DECIMAL)
     assert frozenset({K.INT, K.BIGINT}) == INTEGER_KINDS
+    assert blocks._ARROW_KINDS == (K.INT, K.BIGINT, K.STRING, K.BOOLEAN, K.DOUBLE, K.DECIMAL)
     assert frozenset({K.INT, K.BIGINT}) == order._SIGNED
     assert frozenset({K.STRING, K.BOOLEAN, K.DATE, K.BINARY, K.UUID}) == order._AS_IS
     assert (guards._INT, guards._LONG) == (2**31, 2**63)
@@ -60,6 +63,9 @@ LAYERS = {
     "schema._TYPED": (schema._TYPED, set(Kind)),
     "tokens._SERIALIZE": (tokens._SERIALIZE, set(Kind)),
     "order._ORDER": (order._ORDER, set(Kind)),
+    "debezium._DBZ_DECODE": (debezium._DBZ_DECODE, set(Kind)),
+    "debezium._UNAVAILABLE": (debezium._UNAVAILABLE, set(Kind)),
+    "wal2json._PG_TEXT": (wal2json._PG_TEXT, set(Kind)),
 }
 
 
