@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 
+from pipeline.app import generate
 from pipeline.changes import tokens
 from pipeline.core import config
 from pipeline.core.config import ColumnType
@@ -66,6 +67,9 @@ LAYERS = {
     "debezium._DBZ_DECODE": (debezium._DBZ_DECODE, set(Kind)),
     "debezium._UNAVAILABLE": (debezium._UNAVAILABLE, set(Kind)),
     "wal2json._PG_TEXT": (wal2json._PG_TEXT, set(Kind)),
+    "generate._VALUES": (generate._VALUES, set(Kind)),
+    "generate._KEY_VALUES": (generate._KEY_VALUES, set(Kind)),
+    "generate._ORDER_VALUES": (generate._ORDER_VALUES, set(ORDER_BY_KINDS)),
 }
 
 
