@@ -31,6 +31,7 @@ import io
 import json
 import random
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -52,6 +53,7 @@ from pipeline.core.columns import (
     TTL,
 )
 from pipeline.core.config import Column, Config, Kind, Table
+from pipeline.core.kinds import INTEGER_KINDS, NUMERIC_KINDS, ORDER_BY_KINDS, every_kind
 from pipeline.core.policy import Granularity
 from pipeline.storage.context import to_micros
 from pipeline.storage.store import Store
@@ -148,26 +150,38 @@ class _Ev:
 
 
 def _value(col: Column, rng: random.Random, n: int) -> Any:
-    k = col.type.kind
-    if k in (Kind.INT, Kind.BIGINT):
-        return rng.randint(1, 1000)
-    if k is Kind.DOUBLE:
-        return round(rng.uniform(0, 1000), 3)
-    if k is Kind.DECIMAL:
-        scale = col.type.scale
-        top = min(10 ** (col.type.precision - scale) - 1, 100_000)
-        return float(Decimal(rng.randint(0, top * 10**scale)).scaleb(-scale))
-    if k is Kind.BOOLEAN:
-        return rng.random() < 0.5
-    if k is Kind.DATE:
-        return (date(2026, 1, 1) + timedelta(days=rng.randint(0, 364))).isoformat()
-    if k is Kind.TIMESTAMP:
-        return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T12:00:00Z"
-    if k is Kind.BINARY:
-        return base64.b64encode(rng.randbytes(8)).decode()
-    if k is Kind.UUID:
-        return str(uuid.UUID(int=rng.getrandbits(128)))
-    return f"{col.name}-{n}-{rng.randint(0, 9999)}"
+    return _VALUES[col.type.kind](col, rng, n)
+
+
+def _decimal_value(col: Column, rng: random.Random, n: int) -> float:
+    scale = col.type.scale
+    top = min(10 ** (col.type.precision - scale) - 1, 100_000)
+    return float(Decimal(rng.randint(0, top * 10**scale)).scaleb(-scale))
+
+
+def _date_value(col: Column, rng: random.Random, n: int) -> str:
+    return (date(2026, 1, 1) + timedelta(days=rng.randint(0, 364))).isoformat()
+
+
+def _timestamp_value(col: Column, rng: random.Random, n: int) -> str:
+    return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T12:00:00Z"
+
+
+#: a random value of every column type, as an export writes it (:func:`_value`)
+_VALUES: Mapping[Kind, Callable[[Column, random.Random, int], Any]] = every_kind(
+    "generate._value",
+    {
+        **dict.fromkeys(INTEGER_KINDS, lambda col, rng, n: rng.randint(1, 1000)),
+        Kind.DOUBLE: lambda col, rng, n: round(rng.uniform(0, 1000), 3),
+        Kind.DECIMAL: _decimal_value,
+        Kind.BOOLEAN: lambda col, rng, n: rng.random() < 0.5,
+        Kind.DATE: _date_value,
+        Kind.TIMESTAMP: _timestamp_value,
+        Kind.BINARY: lambda col, rng, n: base64.b64encode(rng.randbytes(8)).decode(),
+        Kind.UUID: lambda col, rng, n: str(uuid.UUID(int=rng.getrandbits(128))),
+        Kind.STRING: lambda col, rng, n: f"{col.name}-{n}-{rng.randint(0, 9999)}",
+    },
+)
 
 
 def _order_value_at(col: Column, ts: int, day0: int) -> Any:
@@ -175,28 +189,49 @@ def _order_value_at(col: Column, ts: int, day0: int) -> Any:
     column for a
     change made at ``ts`` (µs): the time itself, or the seconds since the day began (an
     ``int``, a ``decimal``), so that it grows with the changes of a key."""
-    k = col.type.kind
-    if k is Kind.TIMESTAMP:
-        return datetime.fromtimestamp(ts / 1e6, UTC).isoformat().replace("+00:00", "Z")
-    if k is Kind.BIGINT:
-        return ts
-    seconds = (ts - day0) // 1_000_000
-    if k is Kind.INT:
-        return seconds
+    return _ORDER_VALUES[col.type.kind](col, ts, day0)
+
+
+def _decimal_order_value(col: Column, ts: int, day0: int) -> float:
     return float(Decimal(ts - day0).scaleb(-6).quantize(Decimal(1).scaleb(-col.type.scale)))
 
 
+#: every ``order_by`` type's value at a time (:func:`_order_value_at`)
+_ORDER_VALUES: Mapping[Kind, Callable[[Column, int, int], Any]] = every_kind(
+    "generate._order_value_at",
+    {
+        Kind.TIMESTAMP: lambda col, ts, day0: (
+            datetime.fromtimestamp(ts / 1e6, UTC).isoformat().replace("+00:00", "Z")
+        ),
+        Kind.BIGINT: lambda col, ts, day0: ts,
+        Kind.INT: lambda col, ts, day0: (ts - day0) // 1_000_000,
+        Kind.DECIMAL: _decimal_order_value,
+    },
+    ORDER_BY_KINDS,
+)
+
+
 def _key_value(col: Column, n: int) -> Any:
-    k = col.type.kind
-    if k in (Kind.INT, Kind.BIGINT, Kind.DECIMAL, Kind.DOUBLE):
-        return n
-    if k is Kind.UUID:
-        return str(uuid.UUID(int=n))
-    if k is Kind.DATE:
-        return (date(2000, 1, 1) + timedelta(days=n)).isoformat()
-    if k is Kind.BOOLEAN:
-        return n % 2 == 1
+    return _KEY_VALUES[col.type.kind](col, n)
+
+
+def _text_key(col: Column, n: int) -> str:
     return f"k{n:08d}"
+
+
+#: the ``n``-th key value of every column type (:func:`_key_value`)
+_KEY_VALUES: Mapping[Kind, Callable[[Column, int], Any]] = every_kind(
+    "generate._key_value",
+    {
+        **dict.fromkeys(NUMERIC_KINDS, lambda col, n: n),
+        Kind.UUID: lambda col, n: str(uuid.UUID(int=n)),
+        Kind.DATE: lambda col, n: (date(2000, 1, 1) + timedelta(days=n)).isoformat(),
+        Kind.BOOLEAN: lambda col, n: n % 2 == 1,
+        Kind.STRING: _text_key,
+        Kind.TIMESTAMP: _text_key,
+        Kind.BINARY: _text_key,
+    },
+)
 
 
 class _TableGen:

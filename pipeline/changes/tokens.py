@@ -19,7 +19,7 @@ key columns, rare as keys, are serialized one value at a time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.core.config import ColumnType, Kind
+from pipeline.core.kinds import every_kind
 
 U64 = np.uint64
 _C1 = U64(0x87C37B91114253D5)
@@ -109,31 +110,57 @@ def serialize_array(arr: pa.Array, ct: ColumnType) -> Ragged:
     """Cassandra's binary form of every value of ``arr`` (docs/cdc.md#streams-and-generations;
     ``cellfold.serialize`` value by value). Nulls serialize as no bytes (key columns are
     never null)."""
-    k = ct.kind
-    if k is Kind.STRING or k is Kind.BINARY:
-        return _binary(arr)
-    if k is Kind.UUID:
-        return _uuid(arr)
-    if k is Kind.DECIMAL:
-        from pipeline.rules.cellfold import serialize
+    return _SERIALIZE[ct.kind](arr, ct)
 
-        return Ragged.from_bytes([b"" if v is None else serialize(v, ct) for v in arr.to_pylist()])
-    if k is Kind.TIMESTAMP:  # signed milliseconds; floor, as Cassandra's Date.getTime does
-        micros = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
-        return _big_endian(np.floor_divide(micros, 1000), ">i8")
-    if k is Kind.DATE:  # unsigned days since the epoch, centred on 2^31
-        days = pc.cast(arr, pa.int32()).to_numpy(zero_copy_only=False).astype(np.int64)
-        return _big_endian(days + 2**31, ">u4")
-    values = arr.fill_null(False if k is Kind.BOOLEAN else 0).to_numpy(zero_copy_only=False)
-    if k is Kind.INT:
-        return _big_endian(values, ">i4")
-    if k is Kind.BIGINT:
-        return _big_endian(values, ">i8")
-    if k is Kind.DOUBLE:
-        return _big_endian(values, ">f8")
-    if k is Kind.BOOLEAN:
-        return _big_endian(values.astype(np.uint8), "u1")
-    raise AssertionError(f"no serialization for {ct}")
+
+def _decimal(arr: pa.Array, ct: ColumnType) -> Ragged:
+    from pipeline.rules.cellfold import serialize
+
+    return Ragged.from_bytes([b"" if v is None else serialize(v, ct) for v in arr.to_pylist()])
+
+
+def _timestamp(arr: pa.Array, ct: ColumnType) -> Ragged:
+    """Signed milliseconds; floor, as Cassandra's Date.getTime does."""
+    micros = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
+    return _big_endian(np.floor_divide(micros, 1000), ">i8")
+
+
+def _date(arr: pa.Array, ct: ColumnType) -> Ragged:
+    """Unsigned days since the epoch, centred on 2^31."""
+    days = pc.cast(arr, pa.int32()).to_numpy(zero_copy_only=False).astype(np.int64)
+    return _big_endian(days + 2**31, ">u4")
+
+
+def _number(dtype: str) -> Callable[[pa.Array, ColumnType], Ragged]:
+    """A number's fixed-width big-endian bytes (a null as 0)."""
+
+    def ser(arr: pa.Array, ct: ColumnType) -> Ragged:
+        return _big_endian(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype)
+
+    return ser
+
+
+def _boolean(arr: pa.Array, ct: ColumnType) -> Ragged:
+    values = arr.fill_null(False).to_numpy(zero_copy_only=False)
+    return _big_endian(values.astype(np.uint8), "u1")
+
+
+#: every column type's serialization, a whole array at once (:func:`serialize_array`)
+_SERIALIZE: Mapping[Kind, Callable[[pa.Array, ColumnType], Ragged]] = every_kind(
+    "tokens.serialize_array",
+    {
+        Kind.STRING: lambda arr, ct: _binary(arr),
+        Kind.BINARY: lambda arr, ct: _binary(arr),
+        Kind.UUID: lambda arr, ct: _uuid(arr),
+        Kind.DECIMAL: _decimal,
+        Kind.TIMESTAMP: _timestamp,
+        Kind.DATE: _date,
+        Kind.INT: _number(">i4"),
+        Kind.BIGINT: _number(">i8"),
+        Kind.DOUBLE: _number(">f8"),
+        Kind.BOOLEAN: _boolean,
+    },
+)
 
 
 def compose(parts: Sequence[Ragged]) -> Ragged:

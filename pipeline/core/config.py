@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -21,6 +21,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.kinds import (
+    INTEGER_KINDS,
+    NUMERIC_KINDS,
+    ORDER_BY_KINDS,
+    Kind,
+    every_kind,
+    integer_bound,
+)
 from pipeline.core.policy import (
     ALLOWED,
     PRESETS,
@@ -37,20 +45,6 @@ from pipeline.core.policy import (
 # --------------------------------------------------------------------------- column types
 
 
-class Kind(StrEnum):
-    INT = "int"
-    BIGINT = "bigint"
-    STRING = "string"
-    BOOLEAN = "boolean"
-    DOUBLE = "double"
-    DECIMAL = "decimal"
-    DATE = "date"
-    TIMESTAMP = "timestamp"
-    BINARY = "binary"
-    UUID = "uuid"
-
-
-NUMERIC_KINDS = frozenset({Kind.INT, Kind.BIGINT, Kind.DOUBLE, Kind.DECIMAL})
 _DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
 #: docs/operations.md#what-if: how the what-if form names a config (``main``, or a file's name in
 #: the what-if folder: ``pipeline.app.whatif.config_named``), never a path
@@ -71,15 +65,34 @@ class ColumnType:
     def fits(self, value: int | float | Decimal) -> bool:
         """Whether a number is in this numeric type's range (a 32- or 64-bit integer, a
         finite double, a decimal with at most ``precision - scale`` integer digits)."""
-        k = self.kind
-        if k in (Kind.INT, Kind.BIGINT):
-            bits = 31 if k is Kind.INT else 63
-            return -(2**bits) <= value < 2**bits
-        if k is Kind.DOUBLE:
-            return math.isfinite(value)
-        if k is Kind.DECIMAL:
-            return abs(value) < 10 ** (self.precision - self.scale)
-        raise TypeError(f"{self} is not numeric")
+        if self.kind not in NUMERIC_KINDS:
+            raise TypeError(f"{self} is not numeric")
+        return _FITS[self.kind](self, value)
+
+
+def _fits_integer(ct: ColumnType, value: int | float | Decimal) -> bool:
+    bound = integer_bound(ct.kind)
+    return -bound <= value < bound
+
+
+def _fits_double(ct: ColumnType, value: int | float | Decimal) -> bool:
+    return math.isfinite(value)
+
+
+def _fits_decimal(ct: ColumnType, value: int | float | Decimal) -> bool:
+    return abs(value) < 10 ** (ct.precision - ct.scale)
+
+
+#: the range of each numeric type (``ColumnType.fits``)
+_FITS: Mapping[Kind, Callable[[ColumnType, int | float | Decimal], bool]] = every_kind(
+    "ColumnType.fits",
+    {
+        **dict.fromkeys(INTEGER_KINDS, _fits_integer),
+        Kind.DOUBLE: _fits_double,
+        Kind.DECIMAL: _fits_decimal,
+    },
+    NUMERIC_KINDS,
+)
 
 
 def parse_column_type(text: str) -> ColumnType:
@@ -105,39 +118,73 @@ def coerce_value(ctype: ColumnType, value: Any) -> Any:
     """A config-supplied value (column default) as the Python value of the column type."""
     if value is None:
         return None
-    k = ctype.kind
-    if k in (Kind.INT, Kind.BIGINT):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{value!r} is not an integer")
-        if not ctype.fits(value):
-            raise ValueError(f"{value} does not fit {k.value}")
-        return value
-    if k is Kind.DOUBLE:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{value!r} is not a number")
-        return float(value)
-    if k is Kind.DECIMAL:
-        try:
-            return Decimal(str(value)).quantize(Decimal(1).scaleb(-ctype.scale))
-        except InvalidOperation:
-            raise ValueError(f"{value!r} is not a decimal") from None
-    if k is Kind.BOOLEAN:
-        if not isinstance(value, bool):
-            raise ValueError(f"{value!r} is not a boolean")
-        return value
-    if k is Kind.DATE:
-        return value if isinstance(value, date) else date.fromisoformat(str(value))
-    if k is Kind.TIMESTAMP:
-        if isinstance(value, datetime):
-            return value
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    if k is Kind.BINARY:
-        if isinstance(value, bytes):
-            return value
-        import base64
+    return _COERCE[ctype.kind](ctype, value)
 
-        return base64.b64decode(str(value), validate=True)
-    return str(value)  # string, uuid
+
+def _coerce_integer(ctype: ColumnType, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not an integer")
+    if not ctype.fits(value):
+        raise ValueError(f"{value} does not fit {ctype.kind.value}")
+    return value
+
+
+def _coerce_double(ctype: ColumnType, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _coerce_decimal(ctype: ColumnType, value: Any) -> Decimal:
+    try:
+        return Decimal(str(value)).quantize(Decimal(1).scaleb(-ctype.scale))
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a decimal") from None
+
+
+def _coerce_boolean(ctype: ColumnType, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a boolean")
+    return value
+
+
+def _coerce_date(ctype: ColumnType, value: Any) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(str(value))
+
+
+def _coerce_timestamp(ctype: ColumnType, value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _coerce_binary(ctype: ColumnType, value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    import base64
+
+    return base64.b64decode(str(value), validate=True)
+
+
+def _coerce_text(ctype: ColumnType, value: Any) -> str:
+    return str(value)
+
+
+#: how each column type reads a config-supplied value (:func:`coerce_value`)
+_COERCE: Mapping[Kind, Callable[[ColumnType, Any], Any]] = every_kind(
+    "coerce_value",
+    {
+        **dict.fromkeys(INTEGER_KINDS, _coerce_integer),
+        Kind.DOUBLE: _coerce_double,
+        Kind.DECIMAL: _coerce_decimal,
+        Kind.BOOLEAN: _coerce_boolean,
+        Kind.DATE: _coerce_date,
+        Kind.TIMESTAMP: _coerce_timestamp,
+        Kind.BINARY: _coerce_binary,
+        Kind.STRING: _coerce_text,
+        Kind.UUID: _coerce_text,
+    },
+)
 
 
 # --------------------------------------------------------------------------- the file's shape
@@ -632,10 +679,6 @@ def _check_constraints(
                 f"{len(fk.columns)} column(s) cannot reference the {len(parent.key)}-column "
                 f"key of {fk.references!r}",
             )
-
-
-#: docs/rules.md#order-by-a-column: the types an ``order_by`` column may have
-ORDER_BY_KINDS = (Kind.TIMESTAMP, Kind.BIGINT, Kind.INT, Kind.DECIMAL)
 
 
 def _check_order_by(at: str, t: TableModel, ctypes: Mapping[str, ColumnType], p: _Problems) -> None:

@@ -51,6 +51,7 @@ from pipeline.core.columns import (
     TXID,
 )
 from pipeline.core.config import Kind, Table
+from pipeline.core.kinds import KINDS
 from pipeline.core.policy import Granularity
 from pipeline.rules.guards import MAX_TTL, ROW_OPS, Typer, reader
 
@@ -60,7 +61,7 @@ BLOCK = 16384
 _SMALLEST = 16
 #: the kinds Arrow's JSON reader reads itself, exactly as the guards' readers do; the
 #: others are read as JSON strings, then by the guards' reader of their type
-_ARROW_KINDS = (Kind.INT, Kind.BIGINT, Kind.STRING, Kind.BOOLEAN, Kind.DOUBLE, Kind.DECIMAL)
+_ARROW_KINDS = tuple(k for k, row in KINDS.items() if row.arrow_json)
 _WHOLE_SECONDS = 10**12  # guards._SECONDS_RE: at most 12 digits
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import struct
 import uuid as uuidlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, localcontext
@@ -44,6 +44,7 @@ from typing import Any
 
 from pipeline.core.columns import MARKER, STATE_ORIGIN, STATE_TS
 from pipeline.core.config import ColumnType, Kind, Table
+from pipeline.core.kinds import every_kind
 
 Key = tuple[Any, ...]
 _EPOCH_DAY = date(1970, 1, 1)
@@ -73,32 +74,47 @@ def serialize(value: Any, ct: ColumnType) -> bytes:
     """The value in Cassandra's binary form for the column's type (native protocol v4
     docs/rules.md#cell-rules: int, bigint, boolean, double, decimal, text, date, timestamp,
     blob, uuid)."""
-    k = ct.kind
-    if k is Kind.INT:
-        return struct.pack(">i", value)
-    if k is Kind.BIGINT:
-        return struct.pack(">q", value)
-    if k is Kind.BOOLEAN:
-        return b"\x01" if value else b"\x00"
-    if k is Kind.DOUBLE:
-        return struct.pack(">d", value)
-    if k is Kind.DECIMAL:  # 4-byte scale, then the unscaled value as a varint
-        with localcontext() as ctx:
-            ctx.prec = 80  # exact for every decimal(p <= 38, s)
-            unscaled = int(Decimal(value).scaleb(ct.scale).to_integral_value())
-        return struct.pack(">i", ct.scale) + _signed_min_bytes(unscaled)
-    if k is Kind.DATE:  # unsigned days since the epoch, centred on 2^31
-        return ((value - _EPOCH_DAY).days + 2**31).to_bytes(4, "big")
-    if k is Kind.TIMESTAMP:  # signed milliseconds since the epoch
-        if value.tzinfo is None:  # Spark's session time zone is UTC (pipeline.spark.session)
-            value = value.replace(tzinfo=UTC)
-        micros = (value - _EPOCH) // datetime.resolution
-        return struct.pack(">q", micros // 1000)
-    if k is Kind.BINARY:
-        return bytes(value)
-    if k is Kind.UUID:
-        return uuidlib.UUID(str(value)).bytes
-    return str(value).encode("utf-8")
+    return _SERIALIZE[ct.kind](value, ct)
+
+
+def _decimal_bytes(value: Any, ct: ColumnType) -> bytes:
+    """4-byte scale, then the unscaled value as a varint."""
+    with localcontext() as ctx:
+        ctx.prec = 80  # exact for every decimal(p <= 38, s)
+        unscaled = int(Decimal(value).scaleb(ct.scale).to_integral_value())
+    return struct.pack(">i", ct.scale) + _signed_min_bytes(unscaled)
+
+
+def _date_bytes(value: Any, ct: ColumnType) -> bytes:
+    """Unsigned days since the epoch, centred on 2^31."""
+    return ((value - _EPOCH_DAY).days + 2**31).to_bytes(4, "big")
+
+
+def _timestamp_bytes(value: Any, ct: ColumnType) -> bytes:
+    """Signed milliseconds since the epoch."""
+    if value.tzinfo is None:  # Spark's session time zone is UTC (pipeline.spark.session)
+        value = value.replace(tzinfo=UTC)
+    micros = (value - _EPOCH) // datetime.resolution
+    return struct.pack(">q", micros // 1000)
+
+
+#: every column type's binary form (:func:`serialize`), by its CQL type
+#: (docs/configuration.md#column-types)
+_SERIALIZE: Mapping[Kind, Callable[[Any, ColumnType], bytes]] = every_kind(
+    "cellfold.serialize",
+    {
+        Kind.INT: lambda value, ct: struct.pack(">i", value),
+        Kind.BIGINT: lambda value, ct: struct.pack(">q", value),
+        Kind.BOOLEAN: lambda value, ct: b"\x01" if value else b"\x00",
+        Kind.DOUBLE: lambda value, ct: struct.pack(">d", value),
+        Kind.DECIMAL: _decimal_bytes,
+        Kind.DATE: _date_bytes,
+        Kind.TIMESTAMP: _timestamp_bytes,
+        Kind.BINARY: lambda value, ct: bytes(value),
+        Kind.UUID: lambda value, ct: uuidlib.UUID(str(value)).bytes,
+        Kind.STRING: lambda value, ct: str(value).encode("utf-8"),
+    },
+)
 
 
 @dataclass(frozen=True, slots=True)

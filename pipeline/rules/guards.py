@@ -42,6 +42,7 @@ from pipeline.core.columns import (
     TXID,
 )
 from pipeline.core.config import ColumnType, Config, Kind, Table
+from pipeline.core.kinds import every_kind, integer_bound
 from pipeline.core.policy import Granularity, QuarantineReason
 
 #: the ops of a canonical record
@@ -175,8 +176,8 @@ TS_WITH_OFFSET_RE = re.compile(
 _MICROS_RE = re.compile(r"^-?\d+$", re.ASCII)
 _SECONDS_RE = re.compile(r"^\d{1,12}$", re.ASCII)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_LONG = 2**63
-_INT = 2**31
+_LONG = integer_bound(Kind.BIGINT)
+_INT = integer_bound(Kind.INT)
 
 
 #: the most digits an integer's text may have (a bigint has 19; Python's ``int`` refuses
@@ -305,24 +306,35 @@ def _boolean(text: str) -> bool | None:
 
 def reader(ct: ColumnType) -> Callable[[str], Any]:
     """How a column type reads a value's text: the value, or None when it does not read."""
-    k = ct.kind
-    if k is Kind.DECIMAL:
-        return _decimal(ct)
-    return READERS[k]
+    return READERS[ct.kind](ct)
 
 
-#: every column type (but decimal, whose reader depends on its precision and scale)
-READERS: dict[Kind, Callable[[str], Any]] = {
-    Kind.STRING: lambda text: text,
-    Kind.UUID: _uuid,
-    Kind.BOOLEAN: _boolean,
-    Kind.INT: _integer(_INT),
-    Kind.BIGINT: _LONG_READER,
-    Kind.DOUBLE: _double,
-    Kind.DATE: _date,
-    Kind.TIMESTAMP: _timestamp,
-    Kind.BINARY: _binary,
-}
+def _text(text: str) -> str:
+    return text
+
+
+def _always(read: Callable[[str], Any]) -> Callable[[ColumnType], Callable[[str], Any]]:
+    """The reader of a type whose reading does not depend on the column (all but decimal)."""
+    return lambda ct: read
+
+
+#: every column type's reader, given the column's type (decimal's depends on its
+#: precision and scale)
+READERS: Mapping[Kind, Callable[[ColumnType], Callable[[str], Any]]] = every_kind(
+    "guards.READERS",
+    {
+        Kind.STRING: _always(_text),
+        Kind.UUID: _always(_uuid),
+        Kind.BOOLEAN: _always(_boolean),
+        Kind.INT: _always(_integer(_INT)),
+        Kind.BIGINT: _always(_LONG_READER),
+        Kind.DOUBLE: _always(_double),
+        Kind.DECIMAL: _decimal,
+        Kind.DATE: _always(_date),
+        Kind.TIMESTAMP: _always(_timestamp),
+        Kind.BINARY: _always(_binary),
+    },
+)
 
 
 # ---------------------------------------------------------------------- the typed copy

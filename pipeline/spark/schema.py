@@ -8,6 +8,8 @@ built-ins; a non-null text that does not parse gives null, which the guards repo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -33,6 +35,7 @@ from pipeline.core.columns import (
     TTL,
 )
 from pipeline.core.config import ColumnType, Kind, Table
+from pipeline.core.kinds import every_kind
 from pipeline.core.policy import Granularity
 
 _UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -40,44 +43,64 @@ TS_WITH_OFFSET_RE = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|
 
 
 def spark_type(ct: ColumnType) -> T.DataType:
-    k = ct.kind
-    if k is Kind.INT:
-        return T.IntegerType()
-    if k is Kind.BIGINT:
-        return T.LongType()
-    if k is Kind.DOUBLE:
-        return T.DoubleType()
-    if k is Kind.DECIMAL:
-        return T.DecimalType(ct.precision, ct.scale)
-    if k is Kind.BOOLEAN:
-        return T.BooleanType()
-    if k is Kind.DATE:
-        return T.DateType()
-    if k is Kind.TIMESTAMP:
-        return T.TimestampType()
-    if k is Kind.BINARY:
-        return T.BinaryType()
-    return T.StringType()  # string, uuid
+    """The Spark type of a column type (docs/configuration.md#column-types)."""
+    return _SPARK_TYPES[ct.kind](ct)
+
+
+#: every column type's Spark type (its name is ``KINDS[kind].spark``)
+_SPARK_TYPES: Mapping[Kind, Callable[[ColumnType], T.DataType]] = every_kind(
+    "schema.spark_type",
+    {
+        Kind.INT: lambda ct: T.IntegerType(),
+        Kind.BIGINT: lambda ct: T.LongType(),
+        Kind.DOUBLE: lambda ct: T.DoubleType(),
+        Kind.DECIMAL: lambda ct: T.DecimalType(ct.precision, ct.scale),
+        Kind.BOOLEAN: lambda ct: T.BooleanType(),
+        Kind.DATE: lambda ct: T.DateType(),
+        Kind.TIMESTAMP: lambda ct: T.TimestampType(),
+        Kind.BINARY: lambda ct: T.BinaryType(),
+        Kind.STRING: lambda ct: T.StringType(),
+        Kind.UUID: lambda ct: T.StringType(),
+    },
+)
 
 
 def typed(text: Column, ct: ColumnType) -> Column:
     """The JSON scalar's text as the column type; null when it does not parse."""
-    k = ct.kind
-    if k is Kind.STRING:
-        return text
-    if k is Kind.UUID:
-        return F.when(text.rlike(_UUID_RE), F.lower(text))
-    if k is Kind.BOOLEAN:
-        return F.when(text == "true", F.lit(True)).when(text == "false", F.lit(False))
-    if k is Kind.DATE:
-        return F.when(text.rlike(r"^\d{4}-\d{2}-\d{2}$"), text.try_cast(T.DateType()))
-    if k is Kind.TIMESTAMP:
-        return F.when(text.rlike(r"^-?\d+$"), F.timestamp_micros(text.try_cast(T.LongType()))).when(
-            text.rlike(TS_WITH_OFFSET_RE), text.try_cast(T.TimestampType())
-        )
-    if k is Kind.BINARY:
-        return F.try_to_binary(text, F.lit("base64"))
+    return _TYPED[ct.kind](text, ct)
+
+
+def _cast(text: Column, ct: ColumnType) -> Column:
     return text.try_cast(spark_type(ct))
+
+
+def _timestamp(text: Column, ct: ColumnType) -> Column:
+    """µs since the epoch, or RFC 3339 with its UTC offset."""
+    return F.when(text.rlike(r"^-?\d+$"), F.timestamp_micros(text.try_cast(T.LongType()))).when(
+        text.rlike(TS_WITH_OFFSET_RE), text.try_cast(T.TimestampType())
+    )
+
+
+#: how every column type reads a JSON scalar's text (:func:`typed`)
+_TYPED: Mapping[Kind, Callable[[Column, ColumnType], Column]] = every_kind(
+    "schema.typed",
+    {
+        Kind.STRING: lambda text, ct: text,
+        Kind.UUID: lambda text, ct: F.when(text.rlike(_UUID_RE), F.lower(text)),
+        Kind.BOOLEAN: lambda text, ct: F.when(text == "true", F.lit(True)).when(
+            text == "false", F.lit(False)
+        ),
+        Kind.DATE: lambda text, ct: F.when(
+            text.rlike(r"^\d{4}-\d{2}-\d{2}$"), text.try_cast(T.DateType())
+        ),
+        Kind.TIMESTAMP: _timestamp,
+        Kind.BINARY: lambda text, ct: F.try_to_binary(text, F.lit("base64")),
+        Kind.INT: _cast,
+        Kind.BIGINT: _cast,
+        Kind.DOUBLE: _cast,
+        Kind.DECIMAL: _cast,
+    },
+)
 
 
 def event_ts_micros(text: Column) -> Column:

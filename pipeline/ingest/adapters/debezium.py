@@ -14,7 +14,7 @@ transaction when the connector sets ``provide.transaction.metadata``
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
 from pipeline.core.config import Kind, Table
+from pipeline.core.kinds import every_kind
 from pipeline.ingest.adapters.common import (
     LINE_COLUMNS,
     Adapted,
@@ -91,24 +92,47 @@ def _dbz_value(
 ) -> Column:
     """A Debezium value as canonical text, decoded by its logical type when the envelope
     has a schema (``unscaled``: the value decoded as a ``Decimal``, computed before)."""
-    as_text = text(v)
-    kind = table.column(col).type.kind
-    if kind is Kind.DECIMAL:
-        return F.when(logical == _DECIMAL, _decimal_text(unscaled, scale)).otherwise(as_text)
-    if kind is Kind.DATE:
-        days = as_text.try_cast("int")
-        return F.when(
-            logical.isin(*_DAYS), F.date_add(F.lit("1970-01-01").cast("date"), days).cast("string")
-        ).otherwise(as_text)
-    if kind is Kind.TIMESTAMP:
-        n = as_text.try_cast("bigint")
-        return (
-            F.when(logical.isin(*_MILLIS), (n * 1000).cast("string"))
-            .when(logical == "io.debezium.time.MicroTimestamp", n.cast("string"))
-            .when(logical == "io.debezium.time.NanoTimestamp", F.floor(n / 1000).cast("string"))
-            .otherwise(rfc3339(as_text, naive_utc=False))
-        )
+    return _DBZ_DECODE[table.column(col).type.kind](text(v), logical, scale, unscaled)
+
+
+def _dbz_as_text(as_text: Column, logical: Column, scale: Column, unscaled: Column) -> Column:
     return as_text
+
+
+def _dbz_decimal(as_text: Column, logical: Column, scale: Column, unscaled: Column) -> Column:
+    return F.when(logical == _DECIMAL, _decimal_text(unscaled, scale)).otherwise(as_text)
+
+
+def _dbz_date(as_text: Column, logical: Column, scale: Column, unscaled: Column) -> Column:
+    days = as_text.try_cast("int")
+    return F.when(
+        logical.isin(*_DAYS), F.date_add(F.lit("1970-01-01").cast("date"), days).cast("string")
+    ).otherwise(as_text)
+
+
+def _dbz_timestamp(as_text: Column, logical: Column, scale: Column, unscaled: Column) -> Column:
+    n = as_text.try_cast("bigint")
+    return (
+        F.when(logical.isin(*_MILLIS), (n * 1000).cast("string"))
+        .when(logical == "io.debezium.time.MicroTimestamp", n.cast("string"))
+        .when(logical == "io.debezium.time.NanoTimestamp", F.floor(n / 1000).cast("string"))
+        .otherwise(rfc3339(as_text, naive_utc=False))
+    )
+
+
+#: how every column type's value is decoded from its Debezium logical type (:func:`_dbz_value`)
+_DBZ_DECODE: Mapping[Kind, Callable[[Column, Column, Column, Column], Column]] = every_kind(
+    "debezium._dbz_value",
+    {
+        Kind.DECIMAL: _dbz_decimal,
+        Kind.DATE: _dbz_date,
+        Kind.TIMESTAMP: _dbz_timestamp,
+        **dict.fromkeys(
+            (Kind.INT, Kind.BIGINT, Kind.STRING, Kind.BOOLEAN, Kind.DOUBLE, Kind.BINARY, Kind.UUID),
+            _dbz_as_text,
+        ),
+    },
+)
 
 
 def debezium(
@@ -231,12 +255,35 @@ def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
 def _unavailable(kind: Kind, value: Column, placeholder: str) -> Column:
     """Whether a value is the connector's placeholder for a TOASTed value the change did
     not decode (text, or a ``bytea``'s bytes as base64 or hex)."""
-    if kind is Kind.STRING:
-        return value == placeholder
-    if kind is Kind.BINARY:
-        raw = placeholder.encode()
-        return value.isin(base64.b64encode(raw).decode(), raw.hex())
-    return F.lit(False)
+    return _UNAVAILABLE[kind](value, placeholder)
+
+
+def _unavailable_binary(value: Column, placeholder: str) -> Column:
+    raw = placeholder.encode()
+    return value.isin(base64.b64encode(raw).decode(), raw.hex())
+
+
+#: which column types the connector's TOAST placeholder can stand in (:func:`_unavailable`)
+_UNAVAILABLE: Mapping[Kind, Callable[[Column, str], Column]] = every_kind(
+    "debezium._unavailable",
+    {
+        Kind.STRING: lambda value, placeholder: value == placeholder,
+        Kind.BINARY: _unavailable_binary,
+        **dict.fromkeys(
+            (
+                Kind.INT,
+                Kind.BIGINT,
+                Kind.BOOLEAN,
+                Kind.DOUBLE,
+                Kind.DECIMAL,
+                Kind.DATE,
+                Kind.TIMESTAMP,
+                Kind.UUID,
+            ),
+            lambda value, placeholder: F.lit(False),
+        ),
+    },
+)
 
 
 def _dbz_text_map(table: Table, part: str, decimals: list[str], unavailable: str) -> Column:

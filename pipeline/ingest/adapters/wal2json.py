@@ -18,7 +18,7 @@ when it has waited past ``give_up_before``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date
 from typing import Any
 
@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 
 from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
 from pipeline.core.config import Kind, Table
+from pipeline.core.kinds import every_kind
 from pipeline.ingest.adapters.common import (
     LINE_COLUMNS,
     Adapted,
@@ -63,14 +64,40 @@ def _pg_value(table: Table, name: Column, value: Column) -> Column:
     """The canonical text of a PostgreSQL value's text, by the column's configured type."""
     out = value
     for col in table.columns:
-        if col.type.kind is Kind.TIMESTAMP:
-            out = F.when(name == col.name, rfc3339(value, naive_utc=True)).otherwise(out)
-        elif col.type.kind is Kind.BINARY:
-            hexed = F.when(
-                value.startswith("\\x"), F.base64(F.unhex(F.substring(value, 3, 1 << 30)))
-            )
-            out = F.when(name == col.name, F.coalesce(hexed, value)).otherwise(out)
+        canonical_text = _PG_TEXT[col.type.kind]
+        if canonical_text is not None:
+            out = F.when(name == col.name, canonical_text(value)).otherwise(out)
     return out
+
+
+def _pg_bytea(value: Column) -> Column:
+    """A ``bytea``'s hex form (``\\x…``) as base64; any other text as it is."""
+    hexed = F.when(value.startswith("\\x"), F.base64(F.unhex(F.substring(value, 3, 1 << 30))))
+    return F.coalesce(hexed, value)
+
+
+#: how every column type's PostgreSQL text becomes canonical (:func:`_pg_value`); None:
+#: the text is canonical already
+_PG_TEXT: Mapping[Kind, Callable[[Column], Column] | None] = every_kind(
+    "wal2json._pg_value",
+    {
+        Kind.TIMESTAMP: lambda value: rfc3339(value, naive_utc=True),
+        Kind.BINARY: _pg_bytea,
+        **dict.fromkeys(
+            (
+                Kind.INT,
+                Kind.BIGINT,
+                Kind.STRING,
+                Kind.BOOLEAN,
+                Kind.DOUBLE,
+                Kind.DECIMAL,
+                Kind.DATE,
+                Kind.UUID,
+            ),
+            None,
+        ),
+    },
+)
 
 
 def _lsn(value: Column) -> Column:

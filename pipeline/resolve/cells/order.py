@@ -4,6 +4,7 @@ to a Spark value that orders the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -13,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.core.config import ColumnType, Kind
+from pipeline.core.kinds import INTEGER_KINDS, KINDS, every_kind
 from pipeline.rules.cellfold import serialize
 
 
@@ -24,35 +26,60 @@ def _decimal_udf(ct: ColumnType) -> Any:
     return ser
 
 
+def _signed(v: Column, ct: ColumnType) -> Column:
+    """Two's complement: negatives after positives."""
+    return F.struct((v < 0).alias("neg"), v.alias("v"))
+
+
+def _timestamp(v: Column, ct: ColumnType) -> Column:
+    """Signed milliseconds, likewise."""
+    ms = F.unix_millis(v)
+    return F.struct((ms < 0).alias("neg"), ms.alias("v"))
+
+
+def _double(v: Column, ct: ColumnType) -> Column:
+    """IEEE 754: the sign bit first, then the magnitude's bits."""
+    neg = (v < 0) | ((v == 0) & v.cast("string").startswith("-"))
+    return F.struct(neg.alias("neg"), F.abs(v).alias("v"))
+
+
+def _decimal(v: Column, ct: ColumnType) -> Column:
+    if ct.precision > 18:
+        return _decimal_udf(ct)(v)
+    # 4-byte scale (constant per column), then the unscaled value as a minimal
+    # big-endian two's complement: hex of the long, padded, redundant sign bytes cut
+    unscaled = (v * F.lit(Decimal(10**ct.scale))).cast("long")
+    h = F.lpad(F.hex(unscaled), 16, "0")
+    h = F.regexp_replace(F.regexp_replace(h, "^(00)+(?=[0-7])", ""), "^(FF)+(?=[89A-F])", "")
+    return F.unhex(h)
+
+
+def _as_is(v: Column, ct: ColumnType) -> Column:
+    """Date: unsigned days + 2^31 orders like the date; boolean 00 < 01; text compares
+    as UTF-8 bytes; blob as bytes; a uuid's lower-case hex text orders like its bytes."""
+    return v
+
+
 #: the kinds whose order key is ``(v < 0, v)``, and those whose order key is the value
-_SIGNED = frozenset({Kind.INT, Kind.BIGINT})
-_AS_IS = frozenset({Kind.STRING, Kind.BOOLEAN, Kind.DATE, Kind.BINARY, Kind.UUID})
+_SIGNED = INTEGER_KINDS
+_AS_IS = frozenset(k for k, row in KINDS.items() if row.orders_as_is)
+#: every column type's order key (:func:`value_order`)
+_ORDER: Mapping[Kind, Callable[[Column, ColumnType], Column]] = every_kind(
+    "order.value_order",
+    {
+        **dict.fromkeys(_SIGNED, _signed),
+        **dict.fromkeys(_AS_IS, _as_is),
+        Kind.TIMESTAMP: _timestamp,
+        Kind.DOUBLE: _double,
+        Kind.DECIMAL: _decimal,
+    },
+)
 
 
 def value_order(v: Column, ct: ColumnType) -> Column:
     """A Spark value that orders like the unsigned bytes of ``v``'s Cassandra binary
     form (a shorter prefix first), so that rule 4 is a plain comparison."""
-    k = ct.kind
-    if k in _SIGNED:  # two's complement: negatives after positives
-        return F.struct((v < 0).alias("neg"), v.alias("v"))
-    if k is Kind.TIMESTAMP:  # signed milliseconds, likewise
-        ms = F.unix_millis(v)
-        return F.struct((ms < 0).alias("neg"), ms.alias("v"))
-    if k is Kind.DOUBLE:  # IEEE 754: the sign bit first, then the magnitude's bits
-        neg = (v < 0) | ((v == 0) & v.cast("string").startswith("-"))
-        return F.struct(neg.alias("neg"), F.abs(v).alias("v"))
-    if k is Kind.DECIMAL:
-        if ct.precision > 18:
-            return _decimal_udf(ct)(v)
-        # 4-byte scale (constant per column), then the unscaled value as a minimal
-        # big-endian two's complement: hex of the long, padded, redundant sign bytes cut
-        unscaled = (v * F.lit(Decimal(10**ct.scale))).cast("long")
-        h = F.lpad(F.hex(unscaled), 16, "0")
-        h = F.regexp_replace(F.regexp_replace(h, "^(00)+(?=[0-7])", ""), "^(FF)+(?=[89A-F])", "")
-        return F.unhex(h)
-    # date: unsigned days + 2^31 orders like the date; boolean 00 < 01; text compares
-    # as UTF-8 bytes; blob as bytes; a uuid's lower-case hex text orders like its bytes
-    return v
+    return _ORDER[ct.kind](v, ct)
 
 
 def keeps_value(ct: ColumnType) -> bool:
