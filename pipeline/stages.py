@@ -222,7 +222,7 @@ def run_report(
             "data_docs": f"{validation}/data_docs/index.html" if ctx.data_docs else None,
             "suites": {name: s["success"] for name, s in verdict.suites.items()},
         },
-        **({"cdc": summary.cdc} if summary.cdc is not None else {}),
+        **({"cdc": summary.cdc.to_dict()} if summary.cdc is not None else {}),
     }
 
 

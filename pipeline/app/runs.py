@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
+from pipeline.core.summary import MalformedReport
 from pipeline.publish.stats import Point
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
@@ -99,10 +100,6 @@ class TableRun:
             for outcome, n in outcomes.items():
                 out[outcome] = out.get(outcome, 0) + n
         return out
-
-
-class MalformedReport(ValueError):
-    """A report whose numbers are not what a run writes (shown as an error row)."""
 
 
 def _count(v: Any) -> int:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.core.summary import RunSummary, Stopped, TableSummary
+from pipeline.core.summary import CdcSection, RunSummary, Stopped, TableSummary
 
 STOP = Stopped("orders", '{"id":1}', "insert_exists", "e7", "resolver error")
 SUMMARY = RunSummary(
@@ -29,7 +29,7 @@ SUMMARY = RunSummary(
         ),
         "products": TableSummary(policy="scylla", rows=2, snapshot_divergent_keys={"r2": 1}),
     },
-    cdc={"generation": 5, "warning": None, "tables": {}},
+    cdc=CdcSection(generation=5, warning=None, tables={}),
 )
 
 
