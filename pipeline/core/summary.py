@@ -29,8 +29,9 @@ class Stopped:
 
 @dataclass(frozen=True)
 class TableTotals:
-    """A table's headline counts (docs/outputs.md#the-run-report), derived by
-    :meth:`TableSummary.totals` alone."""
+    """A table's headline counts (docs/outputs.md#the-run-report): the columns of the text
+    report's counts table, the counts of the DAG's asset events, the Conflicts page's per
+    table row. Derived by :meth:`TableSummary.totals` alone."""
 
     events: int = 0  # records in the exports
     distinct: int = 0  # distinct events
@@ -179,10 +180,6 @@ class RunSummary:
     def with_table(self, name: str, **changes: Any) -> RunSummary:
         tables = {**self.tables, name: replace(self.tables[name], **changes)}
         return replace(self, tables=tables)
-
-    def table_dicts(self) -> dict[str, dict[str, Any]]:
-        """The run report's ``tables``."""
-        return {t: s.to_dict() for t, s in self.tables.items()}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,24 +1,37 @@
-"""The typed run report (``pipeline.core.report``, docs/outputs.md#the-run-report): it reads
-back equal, it reads the reports of earlier releases, every field is in its JSON, and a
-table's headline counts are its summary summed once (``TableTotals``)."""
+"""The typed run report (``pipeline.core.report``, docs/outputs.md#the-run-report): the JSON
+it writes is the one publish wrote before it was typed, it reads back equal, it reads the
+reports of earlier releases, every field is in its JSON, and a table's headline counts
+are the same ``TableTotals`` in the text report, the asset events, the ``runs`` row and
+the Conflicts page."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import date
+from pathlib import Path
 
 import pytest
 
+from pipeline.app.report import COUNTS, format_report
+from pipeline.app.runs import list_reports, render_page, table_runs
 from pipeline.core.report import ReportValidation, RunReport, Status
 from pipeline.core.summary import (
     CdcSection,
     CdcTable,
     MalformedReport,
+    RunSummary,
     Stopped,
     TableSummary,
     TableTotals,
 )
+from pipeline.publish.commit import run_row
+from pipeline.stages import ASSET_COUNTS, run_report, table_extras
+from pipeline.storage.context import RunContext
+from pipeline.storage.store import FileStore
+from pipeline.validate.stage import Verdict
 from tests.helpers import REPO
+from tests.helpers.fold_helpers import make_config
 
 STOP = Stopped("orders", '{"id":1}', "insert_exists", "e7", "resolver error")
 #: a value other than its default in every field (test_every_field_is_in_the_json)
@@ -89,6 +102,55 @@ def test_a_report_reads_back_equal_through_its_json():
     assert back == REPORT
     assert back.status is Status.FAILED and back.tables["orders"].stopped == STOP
     assert type(REPORT.to_dict()["status"]) is str  # plain JSON, not the enum
+
+
+def test_the_json_is_the_one_publish_wrote_before_the_report_was_typed(tmp_path: Path):
+    """``stages.run_report`` then publish's additions give the keys, order and values of
+    the dict the stages built by hand."""
+    config = make_config(store="file:///fixture/store")
+    ctx = RunContext.create(tmp_path, date(2026, 11, 21), 1_795_305_600_000_000, "r1")
+    summary = RunSummary("r1", "x", "2026-11-21", ctx.now_us, {"orders": ORDERS}, CDC)
+    suites = {"snapshot.orders": {"success": True}, "convergence.orders": {"success": False}}
+    verdict = Verdict(["f1"], ["w1"], suites)
+    dry = run_report(config, ctx, summary, verdict, Status.DRY_RUN)
+    skew = (
+        "table orders: the clock of replica pub runs behind sub's by 400.0 s at least (2 "
+        "event(s) saw a version of sub stamped later than themselves; "
+        f"max_clock_skew_seconds: {config.max_clock_skew_seconds})"
+    )
+    validation = "published/reports/dt=2026-11-21/run=r1/validation"
+    expected = {
+        "run_id": "r1",
+        "dt": "2026-11-21",
+        "started": ctx.started,
+        "now_us": 1_795_305_600_000_000,
+        "store": "file:///fixture/store",
+        "status": "dry_run",
+        "failures": ["f1"],
+        "warnings": ["w1", skew],
+        "tables": {"orders": dataclasses.asdict(ORDERS)},
+        "validation": {
+            "results": f"{validation}/results.json",
+            "data_docs": f"{validation}/data_docs/index.html",
+            "suites": {"snapshot.orders": True, "convergence.orders": False},
+        },
+        "cdc": dataclasses.asdict(CDC),
+    }
+    assert json.loads(dry.to_json()) == expected
+    assert list(dry.to_dict()) == list(expected)
+    assert list(dry.to_dict()["tables"]["orders"]) == list(dataclasses.asdict(ORDERS))
+    # publish: the Data Docs files after the suites, the versions last
+    published = dataclasses.replace(
+        dry,
+        status=Status.PUBLISHED,
+        validation=dataclasses.replace(dry.validation, data_docs_files={"index.html": "cd"}),
+        versions={"published/orders/snapshot": 3},
+    )
+    d = published.to_dict()
+    assert list(d) == [*expected, "versions"] and d["versions"] == {"published/orders/snapshot": 3}
+    assert list(d["validation"]) == ["results", "data_docs", "suites", "data_docs_files"]
+    without_cdc = dataclasses.replace(dry, cdc=None, now_us=None)
+    assert "cdc" not in without_cdc.to_dict() and "now_us" not in without_cdc.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -213,3 +275,109 @@ ORDERS_TOTALS = TableTotals(
 def test_the_totals_are_the_summary_summed_once():
     assert ORDERS.totals() == ORDERS_TOTALS
     assert TableSummary().totals() == TableTotals()
+
+
+def _text_counts(report: RunReport) -> dict[str, dict[str, str]]:
+    """The counts table of the text report, per table, by its column."""
+    lines = format_report(report).splitlines()
+    header = lines[2].split()
+    assert header == COUNTS
+    rows = [line.split() for line in lines[4 : 4 + len(report.tables)]]
+    return {r[0]: dict(zip(header[1:], r[1:], strict=True)) for r in rows}
+
+
+def test_every_reader_shows_the_same_headline_counts(tmp_path: Path):
+    """The text report, the asset event's ``extra``, the ``runs`` row and the page take a
+    table's counts from its ``TableTotals``: a reader that summed them its own way
+    (discarded without the errored events, the snapshot's divergent keys added) fails."""
+    totals = REPORT.tables["orders"].totals()
+    assert totals == ORDERS_TOTALS
+    named = {f.name: getattr(totals, f.name) for f in dataclasses.fields(TableTotals)}
+
+    text = _text_counts(REPORT)["orders"]
+    column = {"divergent": "divergent_keys"}  # the text report's short header
+    assert {column.get(c, c): int(v) for c, v in text.items()} == {
+        k: v for k, v in named.items() if k != "duplicates"
+    }
+
+    extra = table_extras(make_config(), REPORT, runs_version=7)["orders"]
+    assert {k: extra[k] for k in ASSET_COUNTS} == {k: named[k] for k in ASSET_COUNTS}
+    assert (extra["status"], extra["runs_version"], extra["snapshot_version"]) == ("failed", 7, 3)
+    assert extra["quarantine_open"] == 2 and len(extra["clock_skew_warnings"]) == 1
+
+    row = run_row("r1", date(2026, 11, 21), REPORT.status, REPORT.started, None, None, REPORT, {})
+    assert row.tables()["orders"] == ORDERS.to_dict()  # the summary whole
+    assert TableSummary.from_dict(row.tables()["orders"]).totals() == totals
+    assert row.status == "failed" and row.counts["now_us"] == REPORT.now_us
+
+    page = next(t for t in table_runs(REPORT) if t.table == "orders")
+    assert page.totals == totals
+    assert (page.events, page.applied, page.discarded, page.orphans) == (
+        totals.distinct,
+        totals.applied,
+        totals.discarded,
+        totals.orphans,
+    )
+    assert (page.conflict_total, page.quarantined_total, page.divergent_total) == (
+        totals.conflicts,
+        totals.quarantined,
+        totals.divergent_keys,
+    )
+    html = render_page([REPORT], None, "/d/{dt}/{run_id}")
+    cells = "".join(
+        f"<td class=n>{n}</td>"
+        for n in (
+            totals.distinct,
+            totals.applied,
+            totals.discarded,
+            totals.conflicts,
+            totals.quarantined,
+            totals.divergent_keys,
+            totals.orphans,
+        )
+    )
+    assert f"<tr><td>orders</td>{cells}</tr>" in html
+
+
+def test_a_report_file_that_is_not_one_is_a_failure_of_its_run(tmp_path: Path):
+    """The page reads every report file of the bucket: one that is not a report shows
+    as its run's failure, with what its file says of the run; the others are listed."""
+    store = FileStore(tmp_path / "store")
+    good = RunReport("r2", "2026-11-21", Status.PUBLISHED, tables={"t": TableSummary(applied=1)})
+    store.write_bytes("published/reports/dt=2026-11-21/run_report.json", good.to_json().encode())
+    bad = {"run_id": "r1", "dt": "2026-11-20", "status": "failed", "tables": {"t": [1]}}
+    store.write_bytes("published/reports/dt=2026-11-20/run_report.json", json.dumps(bad).encode())
+    store.write_bytes("published/reports/dt=2026-11-19/run_report.json", b"not json")
+    newest, broken, not_json = list_reports(store)
+    assert newest == good
+    assert (broken.run_id, broken.dt, broken.status, broken.tables) == (
+        "r1",
+        "2026-11-20",
+        Status.FAILED,
+        {},
+    )
+    (failure,) = broken.failures
+    assert "cannot be read: its tables are not a mapping of tables" in failure
+    assert not_json.dt == "2026-11-19" and "is not JSON" in not_json.failures[0]
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"applied": "<img src=x onerror=alert(1)>"},
+        {"conflicts": {"x": {"applied": -1}}},
+        {"errored": 1.5},
+        {"clock_skew": {"a": {"b": {"max_seconds": "9"}}}},
+    ],
+    ids=["text-count", "negative-count", "fraction", "skew-not-seconds"],
+)
+def test_a_report_whose_numbers_are_not_counts_is_an_error_row(table):
+    """``RunReport.from_dict`` takes the numbers as the file holds them; the page checks
+    each one it shows before it sums them."""
+    report = RunReport.from_dict(
+        {"run_id": "r", "dt": "2026-11-22", "status": "failed"} | {"tables": {"t": table}}
+    )
+    with pytest.raises(MalformedReport):
+        table_runs(report)
+    html = render_page([report], None, "/d/{dt}/{run_id}")
+    assert "this run's report cannot be read" in html and "<img" not in html

@@ -47,7 +47,7 @@ def test_without_a_cdc_log_the_summary_has_no_cdc_section():
 
 
 def test_the_report_tables_keep_the_field_order_and_every_field():
-    d = SUMMARY.table_dicts()["orders"]
+    d = SUMMARY.tables["orders"].to_dict()
     assert list(d) == [f.name for f in dataclasses.fields(TableSummary)]
     assert d["stopped"] == {
         "table": "orders",
