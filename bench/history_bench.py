@@ -59,7 +59,7 @@ def one_round(spark, config: Config, ctx: RunContext, store: Path) -> dict[str, 
     judged = time.perf_counter()
     report = stages.publish(config, ctx, spark)
     done = time.perf_counter()
-    assert report["status"] == "published"
+    assert report.status == "published"
     return {
         "resolve": round(resolved - t, 1),
         "history": round(built - resolved, 1),

@@ -95,8 +95,8 @@ def bench(n: int, rounds: int = 2) -> None:
         def publish() -> None:
             shutil.rmtree(store_dir / "published", ignore_errors=True)  # a run publishes once
             report = stages.publish(config, ctx, spark)
-            assert report["status"] == "published"  # every output committed
-            assert {layout.table_path(table, k) for k in OUTPUTS} <= set(report["versions"])
+            assert report.status == "published"  # every output committed
+            assert {layout.table_path(table, k) for k in OUTPUTS} <= set(report.versions or {})
 
         pub = [timed(publish) for _ in range(rounds)]
         whole = times["ingest"] + times["resolve"] + times["validate"] + min(pub)

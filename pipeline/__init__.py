@@ -34,6 +34,7 @@ _FACE: dict[str, str] = {
     "operator_notes": "pipeline.stages",
     "load_summary": "pipeline.resolve.stage",
     "load_verdict": "pipeline.validate.stage",
+    "RunReport": "pipeline.core.report",  # what ``run`` and ``publish`` return
     # the config, the store, a run's identity
     "load_config": "pipeline.core.config",
     "WHATIF_NAME": "pipeline.core.config",
@@ -59,7 +60,7 @@ _FACE: dict[str, str] = {
     "list_reports": "pipeline.app.runs",
     "render_page": "pipeline.app.runs",
     "table_runs": "pipeline.app.runs",
-    "MalformedReport": "pipeline.app.runs",
+    "MalformedReport": "pipeline.core.summary",
     "trends": "pipeline.publish.stats",
 }
 
@@ -84,11 +85,13 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what the names are, for type checkers
     from pipeline.app.cli import main as cli_main
     from pipeline.app.jobs import ENTRY
-    from pipeline.app.runs import MalformedReport, list_reports, render_page, table_runs
+    from pipeline.app.runs import list_reports, render_page, table_runs
     from pipeline.app.whatif import config_named, whatif
     from pipeline.core import layout
     from pipeline.core.config import WHATIF_NAME, load_config
     from pipeline.core.errors import CdrError, ExportError, StageError, StoreError
+    from pipeline.core.report import RunReport
+    from pipeline.core.summary import MalformedReport
     from pipeline.ingest.exports import missing_manifests, safe_relpath
     from pipeline.publish.stats import trends
     from pipeline.resolve.stage import load_summary

@@ -20,6 +20,7 @@ from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import GateError, LockedError, StageError
+from pipeline.core.report import ReportValidation, RunReport, Status
 from pipeline.core.summary import RunSummary, TableSummary
 from pipeline.ingest.exports import ingest as ingest_exports
 from pipeline.publish.commit import (
@@ -201,34 +202,36 @@ def validate(
 
 
 def run_report(
-    config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, status: str
-) -> dict[str, Any]:
+    config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, status: Status
+) -> RunReport:
+    """The run's report, as far as a dry run has it: publish adds the Data Docs files and
+    the versions it committed."""
     from pipeline.resolve.skew import skew_warnings
 
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     skew = skew_warnings(summary.tables, config.max_clock_skew_seconds)
-    return {
-        RUN_ID: ctx.run_id,
-        DT: ctx.dt.isoformat(),
-        "started": ctx.started,
-        "now_us": ctx.now_us,
-        "store": config.store,
-        "status": status,  # published | failed | dry_run
-        "failures": verdict.failures,
-        "warnings": [*verdict.warnings, *skew],
-        "tables": summary.table_dicts(),
-        "validation": {
-            "results": f"{validation}/results.json",
-            "data_docs": f"{validation}/data_docs/index.html" if ctx.data_docs else None,
-            "suites": {name: s["success"] for name, s in verdict.suites.items()},
-        },
-        **({"cdc": summary.cdc} if summary.cdc is not None else {}),
-    }
+    return RunReport(
+        run_id=ctx.run_id,
+        dt=ctx.dt.isoformat(),
+        status=status,
+        started=ctx.started,
+        now_us=ctx.now_us,
+        store=config.store,
+        failures=tuple(verdict.failures),
+        warnings=(*verdict.warnings, *skew),
+        tables=summary.tables,
+        validation=ReportValidation(
+            results=f"{validation}/results.json",
+            data_docs=f"{validation}/data_docs/index.html" if ctx.data_docs else None,
+            suites={name: s["success"] for name, s in verdict.suites.items()},
+        ),
+        cdc=summary.cdc,
+    )
 
 
 def publish(
     config: Config, ctx: RunContext, spark: SparkSession | Callable[[], SparkSession] | None = None
-) -> dict[str, Any]:
+) -> RunReport:
     """Publish a validated run: commit every table, then its report, then its ``runs``
     row. A failed run commits only its logs (under ``_failed/``), its report and its
     ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
@@ -259,17 +262,18 @@ def publish(
     with ctx.validation.fetched() as validation:
         replace_tree(store, validation, layout.validation_dir(ctx.dt, ctx.run_id))
         docs = digests(validation / "data_docs")
-    status = "published" if verdict.passed else "failed"
+    status = Status.PUBLISHED if verdict.passed else Status.FAILED
     report = run_report(config, ctx, summary, verdict, status)
-    report["validation"]["data_docs_files"] = docs  # what the Data Docs server may serve
+    # what the Data Docs server may serve
+    report = replace(report, validation=replace(report.validation, data_docs_files=docs))
     meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")
     committer = Committer(lake, ctx.resolved, meta)
     if not verdict.passed:
         versions = publish_failed(committer, tables, ctx.dt)
     else:
         versions = publish_tables(committer, config, ctx.dt, runs)
-    report["versions"] = versions
-    body = json.dumps(report, indent=2).encode()
+    report = replace(report, versions=versions)
+    body = report.to_json().encode()
     store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
     row = run_row(
         ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
@@ -295,37 +299,37 @@ def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
     config = ctx.config(config)
     assert config.store
     store = open_store(config.store)
-    report = json.loads(store.read_bytes(layout.run_report(ctx.dt, ctx.run_id)))
-    if report["status"] != "published":
+    report = RunReport.from_json(store.read_bytes(layout.run_report(ctx.dt, ctx.run_id)))
+    if not report.published:
         return {}
-    runs_version = version_of(Lake(store), ctx.run_id)
-    notes = operator_notes(
-        config,
-        {
-            t: TableSummary(
-                quarantine_open=c.get("quarantine_open", 0), clock_skew=c.get("clock_skew", {})
-            )
-            for t, c in report["tables"].items()
-        },
-    )
+    return table_extras(config, report, version_of(Lake(store), ctx.run_id))
+
+
+#: the counts of an asset event's ``extra``, each a field of ``TableTotals``, in this order
+ASSET_COUNTS = (
+    *("rows", "events", "applied", "discarded", "duplicates", "quarantined", "conflicts"),
+    "divergent_keys",
+)
+
+
+def table_extras(
+    config: Config, report: RunReport, runs_version: int | None
+) -> dict[str, dict[str, Any]]:
+    """:func:`asset_extras` of a published run's report, its ``runs`` row at
+    ``runs_version``; the counts are each table's ``TableSummary.totals``."""
+    notes = operator_notes(config, report.tables)
+    versions = report.versions or {}
     return {
         table: {
-            RUN_ID: ctx.run_id,
-            DT: report[DT],
-            "status": report["status"],
+            RUN_ID: report.run_id,
+            DT: report.dt,
+            "status": str(report.status),
             "runs_version": runs_version,
-            "snapshot_version": report["versions"].get(layout.table_path(table, layout.SNAPSHOT)),
-            "rows": counts["rows"],
-            "events": counts["events"],
-            "applied": counts["applied"],
-            "discarded": counts["discarded"],
-            "duplicates": counts["duplicates"],
-            "quarantined": sum(counts["quarantined"].values()),
-            "conflicts": sum(n for c in counts["conflicts"].values() for n in c.values()),
-            "divergent_keys": sum(counts["divergent_keys"].values()),
+            "snapshot_version": versions.get(layout.table_path(table, layout.SNAPSHOT)),
+            **{k: getattr(s.totals(), k) for k in ASSET_COUNTS},
             **notes[table],
         }
-        for table, counts in report["tables"].items()
+        for table, s in report.tables.items()
     }
 
 
@@ -353,7 +357,7 @@ def notes_line(notes: Mapping[str, Mapping[str, Any]]) -> str:
 
 def _published_already(
     store: Store, ctx: RunContext, row: RunRow, runs: list[RunRow], verdict: Verdict
-) -> dict[str, Any]:
+) -> RunReport:
     """The retry of a publish whose ``runs`` row went in: its report, or its failure."""
     log.info("publish: run %s is recorded as %s already", ctx.run_id, row.status)
     if not row.published:  # its gate failed, or it stopped before publish
@@ -367,7 +371,7 @@ def _published_already(
     if latest is not None and latest.run_id == ctx.run_id:  # the copy may be missing
         store.write_bytes(layout.date_report(ctx.dt), body)
     lease.release(store, ctx.run_id, ctx.epoch)
-    return dict(json.loads(body))
+    return RunReport.from_json(body)
 
 
 def _epoch_of(ctx: RunContext) -> str | None:
@@ -398,9 +402,7 @@ def _record_stopped(
     record_run(lake, row)
 
 
-def run(
-    config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None
-) -> dict[str, Any]:
+def run(config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None) -> RunReport:
     """``cdr run``: every stage in one process with one Spark session."""
     from pipeline.spark.session import get_spark
     from pipeline.validate.suites import GX_MODULES
@@ -414,7 +416,7 @@ def run(
             if ctx.dry_run:
                 if not verdict.passed:
                     raise GateError("; ".join(verdict.failures))
-                return run_report(ctx.config(config), ctx, summary, verdict, "dry_run")
+                return run_report(ctx.config(config), ctx, summary, verdict, Status.DRY_RUN)
             return publish(config, ctx, spark)
     finally:
         finish(config, ctx, spark)

@@ -39,7 +39,7 @@ import time
 from datetime import date
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
@@ -48,6 +48,9 @@ from airflow.plugins_manager import AirflowPlugin
 from cdr_links import DataDocsLink, export_aws
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+if TYPE_CHECKING:
+    from pipeline import RunReport
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ def _store() -> Any:
     return open_store(config.store)
 
 
-def _reports() -> list[dict[str, Any]]:
+def _reports() -> list[RunReport]:
     from pipeline import list_reports
 
     return list_reports(_store())
@@ -136,7 +139,11 @@ def runs() -> list[dict[str, Any]]:
 
     out = []
     for r in _reports():
-        run = {"dt": r["dt"], "run_id": r.get("run_id"), "status": r.get("status")}
+        run: dict[str, Any] = {
+            "dt": r.dt,
+            "run_id": r.run_id or None,
+            "status": str(r.status) or None,
+        }
         try:
             run["tables"] = [dataclasses.asdict(t) for t in table_runs(r)]
         except MalformedReport as e:
@@ -231,19 +238,15 @@ _LISTINGS: dict[tuple[str, str], dict[str, str]] = {}
 
 
 def _read_listing(dt: str, run_id: str) -> dict[str, str]:
-    import json
-
-    from pipeline import StoreError, layout
+    from pipeline import RunReport, StoreError, layout
 
     try:
-        report = json.loads(_store().read_bytes(layout.run_report(date.fromisoformat(dt), run_id)))
+        body = _store().read_bytes(layout.run_report(date.fromisoformat(dt), run_id))
+        report = RunReport.from_json(body)  # MalformedReport is a ValueError
     except (StoreError, ValueError) as e:
         log.info("Data Docs of %s %s: no report (%s)", dt, run_id, e)
         return {}
-    files = (
-        report.get("validation", {}).get("data_docs_files") if isinstance(report, dict) else None
-    )
-    return files if isinstance(files, dict) else {}
+    return dict(report.validation.data_docs_files or {})
 
 
 def _docs_file(dt: str, run_id: str, path: str) -> Response:

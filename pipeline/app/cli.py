@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.errors import CdrError, ConfigError
 
 if TYPE_CHECKING:
+    from pipeline.core.report import RunReport
     from pipeline.storage.workpath import WorkPath
 
 log = logging.getLogger("cdr")
@@ -346,6 +347,7 @@ def _emit(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
 def _cmd_stage(args: argparse.Namespace) -> int:
     from pipeline import stages
     from pipeline.app.report import format_report
+    from pipeline.core.report import Status
     from pipeline.storage.context import RunContext
 
     config = _load(args)
@@ -363,14 +365,14 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             if not opts.dry_run:
                 _print_failed_report(args, config, opts.run_id)
             raise
-        if report["status"] == "dry_run":
-            ctx = RunContext.load(opts.work_dir, args.date, report["run_id"])
+        if report.status == Status.DRY_RUN:
+            ctx = RunContext.load(opts.work_dir, args.date, report.run_id)
             where = "\ndry run: nothing published"
             if ctx.data_docs:
                 where += f"\n  Data Docs: {(ctx.validation / 'data_docs/index.html').as_uri()}"
-            _emit(args, report, format_report(report) + where)
+            _emit(args, report.to_dict(), format_report(report) + where)
         else:
-            _emit(args, report, format_report(report) + _where(config, report))
+            _emit(args, report.to_dict(), format_report(report) + _where(config, report))
     elif args.command == "ingest":
         ctx = stages.ingest(config, args.date, opts)
         _emit(
@@ -411,52 +413,54 @@ def _one_stage(args: argparse.Namespace, config: Any, ctx: Any) -> None:
     else:
         with stages.naming_a_lost_lease(config, ctx):
             report = stages.publish(config, ctx, lambda: get_spark(opts.master, small=True))
-        _emit(args, report, format_report(report) + _where(config, report))
+        _emit(args, report.to_dict(), format_report(report) + _where(config, report))
 
 
 def _print_failed_report(args: argparse.Namespace, config: Any, run_id: str) -> None:
     """After a failed ``cdr run``, show the counts the run got to, if any."""
     from pipeline.app.report import format_report
     from pipeline.core import layout
+    from pipeline.core.report import RunReport, Status
     from pipeline.storage.store import open_store
 
     try:
         store = open_store(config.store)
         key = layout.run_report(args.date, run_id)
         if store.exists(key) and args.log_format == "text":
-            report = json.loads(store.read_bytes(key))
-            if report.get("status") == "failed":
+            report = RunReport.from_json(store.read_bytes(key))
+            if report.status == Status.FAILED:
                 print(format_report(report), file=sys.stderr)
-                docs = report.get("validation", {}).get("data_docs")
+                docs = report.validation.data_docs
                 if docs:
                     print(f"Data Docs: {config.store}/{docs}", file=sys.stderr)
     except CdrError:
         pass
 
 
-def _where(config: Any, report: dict[str, Any]) -> str:
+def _where(config: Any, report: RunReport) -> str:
     from pipeline.core import layout
 
     lines = ["", f"published to {config.store} (Delta tables):"]
-    for t, counts in report.get("tables", {}).items():
+    versions = report.versions or {}
+    for t, s in report.tables.items():
         path = layout.table_path(t, layout.SNAPSHOT)
-        version = report.get("versions", {}).get(path)
+        version = versions.get(path)
         at = f"version {version}" if version is not None else "not moved: an earlier date"
-        lines.append(f"  {t}: {path} ({at}, {counts.get('rows', 0)} rows)")
-        if counts.get("history"):
-            h, path = counts["history"], layout.table_path(t, layout.HISTORY)
-            version = report.get("versions", {}).get(path)
+        lines.append(f"  {t}: {path} ({at}, {s.totals().rows} rows)")
+        if s.history:
+            h, path = s.history, layout.table_path(t, layout.HISTORY)
             lines.append(
-                f"  {t}: {path} (version {version}, {h['rows']} versions, {h['new']} new, "
-                f"{h['late']} late)"
+                f"  {t}: {path} (version {versions.get(path)}, {h['rows']} versions, "
+                f"{h['new']} new, {h['late']} late)"
             )
-    key = layout.run_report(date.fromisoformat(report["dt"]), report["run_id"])
-    lines.append(f"  report: {key} (and {layout.date_report(date.fromisoformat(report['dt']))})")
-    docs = report.get("validation", {}).get("data_docs")
+    dt = date.fromisoformat(report.dt)
+    key = layout.run_report(dt, report.run_id)
+    lines.append(f"  report: {key} (and {layout.date_report(dt)})")
+    docs = report.validation.data_docs
     if docs:
         lines.append(f"  Data Docs: {docs}")
-    if report.get("cdc"):
-        lines.append(f"  CDC log: {layout.cdc_log_path('<table>')} (dt={report['dt']})")
+    if report.cdc is not None:
+        lines.append(f"  CDC log: {layout.cdc_log_path('<table>')} (dt={report.dt})")
     return "\n".join(lines)
 
 

@@ -21,9 +21,9 @@ from pipeline.app.generate import GenerateOptions, generate
 from pipeline.app.report import format_report
 from pipeline.app.runs import list_reports, render_page
 from pipeline.core import layout
-from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config, load_config
 from pipeline.core.errors import GateError
+from pipeline.core.report import RunReport
 from pipeline.publish.stats import trends
 from pipeline.stages import RunOptions, run
 from pipeline.storage.context import micros_to_iso
@@ -139,7 +139,7 @@ def demo(workdir: Path, events: int = 30_000, seed: int = 7, serve: bool = False
             restore_env(previous)
 
 
-def _nights(config: Config, workdir: Path, events: int, seed: int) -> list[dict[str, Any]]:
+def _nights(config: Config, workdir: Path, events: int, seed: int) -> list[RunReport]:
     """Each night generated and run, with one line about it; the reports of the nights
     that published (a night that fails its gate ends the demo)."""
     store = open_store(config.store or "")
@@ -177,19 +177,17 @@ ADVICE = {
 }
 
 
-def _failed(report: dict[str, Any]) -> list[str]:
-    suites = report.get("validation", {}).get("suites", {})
-    return sorted(name for name, ok in suites.items() if not ok)
+def _failed(report: RunReport) -> list[str]:
+    return sorted(name for name, ok in report.validation.suites.items() if not ok)
 
 
 def _advice(suite: str) -> str:
     return ADVICE.get(suite.split(".")[0], "see the run's Data Docs for the failed checks")
 
 
-def _verdict(report: dict[str, Any]) -> str:
-    tables = report["tables"].values()
-    conflicts = sum(n for t in tables for o in t["conflicts"].values() for n in o.values())
-    suites = report.get("validation", {}).get("suites", {})
+def _verdict(report: RunReport) -> str:
+    conflicts = sum(s.totals().conflicts for s in report.tables.values())
+    suites = report.validation.suites
     failed = _failed(report)
     checked = (
         f"{len(suites)} suites passed"
@@ -243,7 +241,7 @@ def _conflicts_page(copy: Path) -> Path:
 
 
 def _where(
-    uri: str | None, copy: Path, cfg_path: Path, reports: list[dict[str, Any]], page: Path
+    uri: str | None, copy: Path, cfg_path: Path, reports: list[RunReport], page: Path
 ) -> str:
     snapshot = f"{copy}/published/orders/snapshot"
     conflicts = f"{copy}/published/orders/conflicts"
@@ -255,7 +253,7 @@ def _where(
     ]
     if reports:
         last = reports[-1]
-        docs = layout.validation_dir(date.fromisoformat(str(last[DT])), last[RUN_ID])
+        docs = layout.validation_dir(date.fromisoformat(last.dt), last.run_id)
         lines.append(f"  the Data Docs: {copy}/{docs}/data_docs/index.html")
     lines += [
         f"  the run report: {copy}/{layout.date_report(DATES[-1])}",

@@ -3,9 +3,11 @@ and outcome, then the gate."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from pipeline.core.columns import REPLICA
+from pipeline.core.report import RunReport
+from pipeline.core.summary import TableSummary
 from pipeline.storage.context import micros_to_iso
 
 
@@ -29,13 +31,18 @@ COUNTS = [
     *("table", "events", "distinct", "applied", "discarded", "quarantined", "conflicts"),
     *("divergent", "orphans", "rows"),
 ]
+#: the ``TableTotals`` field of each column of :data:`COUNTS` after the table's name
+COUNT_FIELDS = (
+    *("events", "distinct", "applied", "discarded", "quarantined", "conflicts"),
+    *("divergent_keys", "orphans", "rows"),
+)
 
 
-def format_report(report: dict[str, Any]) -> str:
-    lines = [f"run {report['run_id']} for {report['dt']}: {report['status'].upper()}", ""]
-    lines += _table([COUNTS, *(_counts(t, s) for t, s in report["tables"].items())])
-    lines += _breakdowns(report["tables"])
-    suites = report.get("validation", {}).get("suites", {})
+def format_report(report: RunReport) -> str:
+    lines = [f"run {report.run_id} for {report.dt}: {report.status.upper()}", ""]
+    lines += _table([COUNTS, *(_counts(t, s) for t, s in report.tables.items())])
+    lines += _breakdowns(report.tables)
+    suites = report.validation.suites
     if suites:
         failed = sorted(name for name, ok in suites.items() if not ok)
         lines += [
@@ -43,62 +50,48 @@ def format_report(report: dict[str, Any]) -> str:
             f"validation: {len(suites)} suite(s), "
             + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "all passed"),
         ]
-    cdc = report.get("cdc")
-    if cdc:
-        rows_by_table = ", ".join(f"{t} {c['log_rows']}" for t, c in cdc["tables"].items())
+    cdc = report.cdc
+    if cdc is not None:
+        rows_by_table = ", ".join(f"{t} {c.log_rows}" for t, c in cdc.tables.items())
         lines += [
             "",
-            f"CDC log rows: {rows_by_table}; generation of {micros_to_iso(cdc['generation'])} "
-            f"({cdc['streams']} streams{', new' if cdc['new_generation'] else ''})",
+            f"CDC log rows: {rows_by_table}; generation of {micros_to_iso(cdc.generation)} "
+            f"({cdc.streams} streams{', new' if cdc.new_generation else ''})",
         ]
-    lines += [f"warning: {w}" for w in report.get("warnings", [])]
-    lines += [f"FAILED: {f}" for f in report.get("failures", [])]
+    lines += [f"warning: {w}" for w in report.warnings]
+    lines += [f"FAILED: {f}" for f in report.failures]
     return "\n".join(lines)
 
 
-def _counts(t: str, s: dict[str, Any]) -> list[str]:
-    """One table's row of :data:`COUNTS` (an ``error`` resolver's events count as
-    discarded)."""
-    return [
-        t,
-        str(s["events"]),
-        str(s["distinct_events"]),
-        str(s["applied"]),
-        str(s["discarded"] + s.get("errored", 0)),
-        str(sum(s["quarantined"].values())),
-        str(sum(sum(o.values()) for o in s["conflicts"].values())),
-        str(sum(s["divergent_keys"].values())),
-        str(s["orphans"]),
-        str(s.get("rows", "-")),
-    ]
+def _counts(t: str, s: TableSummary) -> list[str]:
+    """One table's row of :data:`COUNTS`: its ``TableSummary.totals`` (an ``error``
+    resolver's events count as discarded)."""
+    totals = s.totals()
+    return [t, *(str(getattr(totals, f)) for f in COUNT_FIELDS)]
 
 
-def _breakdowns(tables: dict[str, Any]) -> list[str]:
+def _breakdowns(tables: Mapping[str, TableSummary]) -> list[str]:
     """Conflicts by type and outcome, quarantine reasons, duplicates and divergent keys by
     replica: each section only when it has a row."""
     conflicts = [
         [t, ctype, outcome, str(n)]
         for t, s in tables.items()
-        for ctype, outcomes in sorted(s["conflicts"].items())
+        for ctype, outcomes in sorted(s.conflicts.items())
         for outcome, n in sorted(outcomes.items())
     ]
     quarantined = [
         [t, reason, str(n)]
         for t, s in tables.items()
-        for reason, n in sorted(s["quarantined"].items())
+        for reason, n in sorted(s.quarantined.items())
     ]
-    duplicates = [[t, str(s["duplicates"])] for t, s in tables.items() if s.get("duplicates")]
+    duplicates = [[t, str(s.duplicates)] for t, s in tables.items() if s.duplicates]
     retried = [  # retry: events of earlier nights' quarantine, apart from the night's own
-        [t, what, str(n)]
-        for t, s in tables.items()
-        for what, n in sorted(s.get("retried", {}).items())
+        [t, what, str(n)] for t, s in tables.items() for what, n in sorted(s.retried.items())
     ]
-    still_open = [
-        [t, str(s["quarantine_open"])] for t, s in tables.items() if s.get("quarantine_open")
-    ]
+    still_open = [[t, str(s.quarantine_open)] for t, s in tables.items() if s.quarantine_open]
     divergent = []
     for t, s in tables.items():
-        per, snap = s["divergent_keys"], s.get("snapshot_divergent_keys", {})
+        per, snap = s.divergent_keys, s.snapshot_divergent_keys
         for replica in sorted(set(per) | {r for r, n in snap.items() if n}):
             divergent.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
     sections = [

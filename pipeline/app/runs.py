@@ -8,11 +8,14 @@ from __future__ import annotations
 import html
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
+from pipeline.core.report import RunReport, status_of, tables_of
+from pipeline.core.summary import MalformedReport, TableSummary, TableTotals
 from pipeline.publish.stats import Point
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
@@ -21,7 +24,7 @@ from pipeline.storage.store import Store
 _DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
 
 
-def list_reports(store: Store) -> list[dict[str, Any]]:
+def list_reports(store: Store) -> list[RunReport]:
     """One report per date, newest date first, chosen by the ``runs`` table (a run is
     visible once its row is in): the run published last for the date, or, for a date
     that no run published, its latest failed run. Each is that run's own report; a run
@@ -33,39 +36,61 @@ def list_reports(store: Store) -> list[dict[str, Any]]:
     reports = {dt.isoformat(): _report_of(store, row) for dt, row in chosen.items()}
     for k in store.list(layout.reports_root()):
         if (m := _DATE_REPORT_RE.search(k)) and m.group(1) not in reports:
-            reports[m.group(1)] = {**_read_report(store, k), DT: m.group(1)}
-    return sorted(reports.values(), key=lambda r: r[DT], reverse=True)
+            reports[m.group(1)] = _read_report(store, k, {DT: m.group(1)})
+    return sorted(reports.values(), key=lambda r: r.dt, reverse=True)
 
 
-def _read_report(store: Store, key: str) -> dict[str, Any]:
-    """A report file as it is in the bucket; one that is not a JSON object is shown as
-    a failure of its run (the page shows the other runs)."""
+def _read_report(store: Store, key: str, given: Mapping[str, str]) -> RunReport:
+    """A report file as it is in the bucket, with the ``given`` date (and run id); one
+    that is not a report is shown as a failure of its run (the page shows the other
+    runs)."""
     try:
         report = json.loads(store.read_bytes(key))
     except ValueError as e:
-        return {"failures": [f"{key} is not JSON: {e}"], "tables": {}}
+        return _unreadable(given, f"{key} is not JSON: {e}")
     if not isinstance(report, dict):
-        return {"failures": [f"{key} is not a JSON object"], "tables": {}}
-    return report
+        return _unreadable(given, f"{key} is not a JSON object")
+    try:
+        return RunReport.from_dict({**report, **given})
+    except MalformedReport as e:
+        return _unreadable({**report, **given}, f"{key} cannot be read: {e}")
 
 
-def _report_of(store: Store, row: RunRow) -> dict[str, Any]:
+def _unreadable(head: Mapping[str, Any], failure: str) -> RunReport:
+    """A run whose report file is not one: its date, and its run id and status if the
+    file or the ``runs`` row says them, failing with ``failure``."""
+    return RunReport(
+        str(head.get(RUN_ID, "")),
+        str(head[DT]),
+        status_of(head.get("status", "")),
+        failures=(failure,),
+    )
+
+
+def _report_of(store: Store, row: RunRow) -> RunReport:
     key = layout.run_report(row.dt, row.run_id)
     if store.exists(key):  # its date and run id are the runs row's
-        return {**_read_report(store, key), DT: row.dt.isoformat(), RUN_ID: row.run_id}
-    return {  # stopped before publish (an error, a kill): no report, only its row
-        RUN_ID: row.run_id,
-        DT: row.dt.isoformat(),
-        "status": row.status,
-        "started": row.started_at.isoformat(),
-        "failures": row.verdict.get("failures") or ["the run stopped before it published"],
-        "tables": row.tables(),
-    }
+        return _read_report(store, key, {DT: row.dt.isoformat(), RUN_ID: row.run_id})
+    failures = row.verdict.get("failures") or ["the run stopped before it published"]
+    try:
+        tables = tables_of(row.tables())
+    except MalformedReport as e:
+        tables, failures = {}, [*failures, f"its runs row's counts cannot be read: {e}"]
+    return RunReport(  # stopped before publish (an error, a kill): no report, only its row
+        run_id=row.run_id,
+        dt=row.dt.isoformat(),
+        status=status_of(row.status),
+        started=row.started_at.isoformat(),
+        failures=tuple(failures),
+        tables=tables,
+    )
 
 
 @dataclass(frozen=True)
 class TableRun:
-    """One table in one run, in the numbers the page shows."""
+    """One table in one run, in the numbers the page shows: its counts are the table's
+    ``TableSummary.totals`` (``events``: the distinct events), the breakdowns its
+    summary's."""
 
     dt: str
     run_id: str
@@ -73,25 +98,28 @@ class TableRun:
     table: str
     events: int
     applied: int
-    discarded: int
+    discarded: int  # with the events an ``error`` resolver stopped
     conflicts: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> outcome -> n
     quarantined: dict[str, int] = field(default_factory=dict)  # reason -> n
-    divergent_keys: dict[str, int] = field(default_factory=dict)  # replica -> n
+    #: replica -> n, and the snapshot comparison's as ``<replica> (snapshot)``
+    divergent_keys: dict[str, int] = field(default_factory=dict)
     orphans: int = 0
     #: clock skew: (replica behind, replica ahead, events, largest difference in seconds)
     clock_skew: tuple[tuple[str, str, int, float], ...] = ()
+    totals: TableTotals = field(default_factory=TableTotals)
 
     @property
     def conflict_total(self) -> int:
-        return sum(sum(o.values()) for o in self.conflicts.values())
+        return self.totals.conflicts
 
     @property
     def quarantined_total(self) -> int:
-        return sum(self.quarantined.values())
+        return self.totals.quarantined
 
     @property
     def divergent_total(self) -> int:
-        return sum(self.divergent_keys.values())
+        """The replicas' perspectives' divergent keys (the snapshot's are listed apart)."""
+        return self.totals.divergent_keys
 
     def by_outcome(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -101,10 +129,6 @@ class TableRun:
         return out
 
 
-class MalformedReport(ValueError):
-    """A report whose numbers are not what a run writes (shown as an error row)."""
-
-
 def _count(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise MalformedReport(f"{v!r} is not a count")
@@ -112,54 +136,74 @@ def _count(v: Any) -> int:
 
 
 def _counts(m: Any) -> dict[str, int]:
-    if not isinstance(m, dict):
+    if not isinstance(m, Mapping):
         raise MalformedReport(f"{m!r} is not a mapping of counts")
     return {str(k): _count(v) for k, v in m.items()}
 
 
 def _skew(m: Any) -> tuple[tuple[str, str, int, float], ...]:
     """A table's clock-skew evidence (``pipeline.resolve.skew``), pair by pair."""
-    if not isinstance(m, dict) or not all(isinstance(a, dict) for a in m.values()):
+    if not isinstance(m, Mapping) or not all(isinstance(a, Mapping) for a in m.values()):
         raise MalformedReport(f"{m!r} is not a mapping of replica pairs")
     out = []
     for behind, ahead in sorted(m.items()):
         for other, ev in sorted(ahead.items()):
-            lag = ev.get("max_seconds") if isinstance(ev, dict) else None
+            lag = ev.get("max_seconds") if isinstance(ev, Mapping) else None
             if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
                 raise MalformedReport(f"{ev!r} is not a clock-skew evidence")
             out.append((str(behind), str(other), _count(ev.get("events")), float(lag)))
     return tuple(out)
 
 
-def table_runs(report: dict[str, Any]) -> list[TableRun]:
+def _checked(t: TableSummary) -> TableSummary:
+    """The table's summary with every number the page shows checked: a count, a mapping
+    of counts (the file may be anyone's), :class:`MalformedReport` if not."""
+    conflicts = t.conflicts or {}
+    if not isinstance(conflicts, Mapping):
+        raise MalformedReport(f"{conflicts!r} is not a mapping of conflict types")
+    return replace(
+        t,
+        events=_count(t.events or 0),
+        distinct_events=_count(t.distinct_events),
+        applied=_count(t.applied),
+        discarded=_count(t.discarded),
+        errored=_count(t.errored or 0),
+        duplicates=_count(t.duplicates or 0),
+        conflicts={str(k): _counts(v) for k, v in conflicts.items()},
+        quarantined=_counts(t.quarantined or {}),
+        divergent_keys=_counts(t.divergent_keys or {}),
+        snapshot_divergent_keys=_counts(t.snapshot_divergent_keys or {}),
+        orphans=_count(t.orphans or 0),
+        rows=_count(t.rows or 0),
+    )
+
+
+def table_runs(report: RunReport) -> list[TableRun]:
     """The numbers of each table of a report; :class:`MalformedReport` if one is not a
     count (a report written by hand, or damaged)."""
     out = []
-    tables = report.get("tables") or {}
-    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
-        raise MalformedReport("its tables are not a mapping of tables")
-    for name, t in sorted(tables.items()):
-        divergent = _counts(t.get("divergent_keys") or {})
-        for replica, n in _counts(t.get("snapshot_divergent_keys") or {}).items():
+    for name, t in sorted(report.tables.items()):
+        s = _checked(t)
+        divergent = dict(s.divergent_keys)
+        for replica, n in s.snapshot_divergent_keys.items():
             if n:
                 divergent[f"{replica} (snapshot)"] = n
-        conflicts = t.get("conflicts") or {}
-        if not isinstance(conflicts, dict):
-            raise MalformedReport(f"{conflicts!r} is not a mapping of conflict types")
+        totals = s.totals()
         out.append(
             TableRun(
-                dt=str(report[DT]),
-                run_id=str(report.get(RUN_ID, "")),
-                status=str(report.get("status", "")),
+                dt=report.dt,
+                run_id=report.run_id,
+                status=str(report.status),
                 table=str(name),
-                events=_count(t.get("distinct_events", 0)),
-                applied=_count(t.get("applied", 0)),
-                discarded=_count(t.get("discarded", 0)),
-                conflicts={str(k): _counts(v) for k, v in conflicts.items()},
-                quarantined=_counts(t.get("quarantined") or {}),
+                events=totals.distinct,
+                applied=totals.applied,
+                discarded=totals.discarded,
+                conflicts={k: dict(v) for k, v in s.conflicts.items()},
+                quarantined=dict(s.quarantined),
                 divergent_keys=divergent,
-                orphans=_count(t.get("orphans") or 0),
-                clock_skew=_skew(t.get("clock_skew") or {}),
+                orphans=totals.orphans,
+                clock_skew=_skew(t.clock_skew or {}),
+                totals=totals,
             )
         )
     return out
@@ -275,7 +319,7 @@ def _trends(trends: dict[str, list[Point]] | None) -> str:
 
 
 def render_page(
-    reports: list[dict[str, Any]],
+    reports: list[RunReport],
     dt: str | None,
     docs_href: str,
     trends: dict[str, list[Point]] | None = None,
@@ -287,7 +331,7 @@ def render_page(
     if not reports:
         body = "<p>No run report published yet.</p>"
         return _page("Conflicts", body)
-    report = next((r for r in reports if r[DT] == dt), reports[0])
+    report = next((r for r in reports if r.dt == dt), reports[0])
     try:
         rows, broken = table_runs(report), ""
     except MalformedReport as e:
@@ -295,10 +339,7 @@ def render_page(
             [],
             f"<p class='failed' id='broken'>this run's report cannot be read: {_e(e)}</p>",
         )
-    listed = report.get("failures") or []
-    failures = "".join(
-        f"<li>{_e(f)}</li>" for f in (listed if isinstance(listed, list) else [listed])
-    )
+    failures = "".join(f"<li>{_e(f)}</li>" for f in report.failures)
     fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
     body = (
         _head(report, reports, docs_href)
@@ -308,20 +349,19 @@ def render_page(
         + _trends(trends)
         + _detail(rows)
     )
-    return _page(f"Conflicts {report['dt']}", body)
+    return _page(f"Conflicts {report.dt}", body)
 
 
-def _head(report: dict[str, Any], reports: list[dict[str, Any]], docs_href: str) -> str:
+def _head(report: RunReport, reports: list[RunReport], docs_href: str) -> str:
     """The run's date and status, its Data Docs, and the links to the other runs."""
     nav = " ".join(
-        f'<a href="?dt={_e(r["dt"])}" class="{_e(r.get("status"))}">{_e(r["dt"])}</a>'
-        for r in reports
+        f'<a href="?dt={_e(r.dt)}" class="{_e(r.status)}">{_e(r.dt)}</a>' for r in reports
     )
-    status = report.get("status", "")
+    status = report.status
     return (
-        f"<h1>Run of {_e(report['dt'])} <span class='{_e(status)}'>{_e(status)}</span></h1>"
-        f"<p class='muted'>run {_e(report.get('run_id'))} · "
-        f"<a href='{_e(docs_href.format(dt=report['dt'], run_id=report.get('run_id')))}' "
+        f"<h1>Run of {_e(report.dt)} <span class='{_e(status)}'>{_e(status)}</span></h1>"
+        f"<p class='muted'>run {_e(report.run_id)} · "
+        f"<a href='{_e(docs_href.format(dt=report.dt, run_id=report.run_id))}' "
         "target='_blank' rel='noopener'>Data Docs</a></p>"
         f"<nav>runs: {nav}</nav>"
     )

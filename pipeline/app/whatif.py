@@ -33,7 +33,8 @@ from pipeline.core import layout
 from pipeline.core.columns import DT, KEY, STATE_DELETED
 from pipeline.core.config import WHATIF_NAME, Config, Table
 from pipeline.core.errors import ConfigError, StageError
-from pipeline.core.summary import RunSummary
+from pipeline.core.report import RunReport
+from pipeline.core.summary import RunSummary, TableSummary
 from pipeline.storage.lake import Lake, read_pinned
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
 from pipeline.storage.store import Store, open_store
@@ -94,8 +95,10 @@ def whatif(
     run = published_by_date(runs).get(dt)
     if run is None:
         raise StageError(f"no published run of {dt} in {config.store}: nothing to compare with")
-    report = json.loads(store.read_bytes(layout.run_report(dt, run.run_id)))
-    now = datetime.fromtimestamp(report["now_us"] / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    report = RunReport.from_json(store.read_bytes(layout.run_report(dt, run.run_id)))
+    if report.now_us is None:
+        raise StageError(f"the report of run {run.run_id} has no clock (now_us) to run under")
+    now = datetime.fromtimestamp(report.now_us / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     opts = stages.RunOptions(
         work_dir,
         now=now,
@@ -123,7 +126,7 @@ def whatif(
         "tables": {
             t: compare_table(
                 table,
-                report["tables"].get(t, {}),
+                report.tables.get(t, TableSummary()),
                 _published_state(spark, store, lake, run, table, runs),
                 _whatif_snapshot(spark, ctx.resolved / t / layout.SNAPSHOT, table),
                 summary,
@@ -168,7 +171,7 @@ def _whatif_snapshot(spark: SparkSession, folder: WorkPath, table: Table) -> Dat
 
 def compare_table(
     table: Table,
-    published: dict[str, Any],
+    published: TableSummary,
     state: DataFrame,
     mine: DataFrame,
     summary: RunSummary,
@@ -176,7 +179,8 @@ def compare_table(
     """The published run's live state rows against the what-if snapshot, joined on the
     key by Spark (``state``, ``mine``: frames of at least the table's columns): one job
     counts both sides and the rows that differ, one more lists the first differing keys
-    with both versions (at most :data:`MAX_KEYS` rows reach the driver)."""
+    with both versions (at most :data:`MAX_KEYS` rows reach the driver). ``published``:
+    the table in the published run's report (empty if it has none)."""
     key = list(table.key)
     joined = _joined(table, state, mine)
     n = joined.agg(
@@ -208,10 +212,7 @@ def compare_table(
                 for r in first[:SAMPLE]
             ],
         },
-        **{
-            k: {"published": published.get(k, {} if k != "orphans" else 0), "whatif": v}
-            for k, v in what.items()
-        },
+        **{k: {"published": getattr(published, k), "whatif": v} for k, v in what.items()},
     }
 
 

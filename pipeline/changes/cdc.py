@@ -39,7 +39,7 @@ from pipeline.changes.tokens import serialize_key, tokens
 from pipeline.core.columns import EVENT_ID, EXPIRY, KEY, OP, POS, RANK, SEQ, TS, TTL
 from pipeline.core.config import CdcConfig, Config, Table
 from pipeline.core.policy import CDC_POST_IMAGE, CDC_PRE_IMAGE, ChangeKind
-from pipeline.core.summary import RunSummary
+from pipeline.core.summary import CdcSection, CdcTable, RunSummary
 from pipeline.spark.schema import change_schema, row_struct_type
 from pipeline.storage.context import RunContext
 from pipeline.storage.outputs import read_output, write_output
@@ -348,7 +348,7 @@ def build_log(changes: DataFrame, table: Table, gens: Generations, cdc: CdcConfi
 
 def cdc_stage(
     spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary
-) -> dict[str, Any]:
+) -> CdcSection:
     """Decide the generations, then write every table's log and the description tables
     to ``resolved/cdc/``. Returns the run report's ``cdc`` section."""
     out = ctx.resolved / "cdc"
@@ -360,24 +360,23 @@ def cdc_stage(
     write_description_tables(gens, out)
     lookup = Generations(gens)
     removed_at = ctx.now_us + config.max_clock_skew_seconds * 1_000_000
-    tables: dict[str, Any] = {}
+    tables: dict[str, CdcTable] = {}
     for name, table in config.tables.items():
         if summary.stopped(name):
             continue  # an error resolver stopped the table: nothing is published
         changes = run_changes(spark, ctx.resolved / name, table, removed_at)
         dest = out / name / "log"
-        tables[name] = {
-            "log_rows": write_output(build_log(changes, table, lookup, config.cdc), dest)
-        }
-        log.info("cdc %s: %d log rows", name, tables[name]["log_rows"])
+        rows = write_output(build_log(changes, table, lookup, config.cdc), dest)
+        tables[name] = CdcTable(log_rows=rows)
+        log.info("cdc %s: %d log rows", name, rows)
     operating = gens[-1]
-    report = {
-        "generation": operating.time,
-        "new_generation": len(gens) > len(current),
-        "generations": len(gens),
-        "streams": len(operating.all_streams()),
-        "warning": held,
-        "tables": tables,
-    }
-    (out / "cdc.json").write_text(json.dumps(report, indent=2))
-    return report
+    section = CdcSection(
+        generation=operating.time,
+        new_generation=len(gens) > len(current),
+        generations=len(gens),
+        streams=len(operating.all_streams()),
+        warning=held,
+        tables=tables,
+    )
+    (out / "cdc.json").write_text(json.dumps(section.to_dict(), indent=2))
+    return section

@@ -1,15 +1,19 @@
 """The run summary: what the resolve stage found, per table and for the CDC log. Built by
 the stages (resolve, its foreign-key pass and snapshot comparison, the CDC stage: each
 returns a new one), saved as ``resolved/summary.json``, read by the validation gate and by
-publish, which puts its tables in the run report (what the report page and the plugin
-read). Frozen: no stage changes the summary it is given."""
+publish, which puts its tables in the run report (``pipeline.core.report``: what the
+report page and the plugin read). Frozen: no stage changes the summary it is given."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+
+class MalformedReport(ValueError):
+    """A report whose numbers are not what a run writes (shown as an error row)."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,24 @@ class Stopped:
     conflict_type: str
     event_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class TableTotals:
+    """A table's headline counts (docs/outputs.md#the-run-report): the columns of the text
+    report's counts table, the counts of the DAG's asset events, the Conflicts page's per
+    table row. Derived by :meth:`TableSummary.totals` alone."""
+
+    events: int = 0  # records in the exports
+    distinct: int = 0  # distinct events
+    applied: int = 0
+    discarded: int = 0  # with the events an ``error`` resolver stopped (``errored``)
+    duplicates: int = 0
+    quarantined: int = 0  # every reason
+    conflicts: int = 0  # every type and outcome
+    divergent_keys: int = 0  # every replica's perspective (not the snapshot comparison's)
+    orphans: int = 0
+    rows: int = 0  # of the snapshot
 
 
 @dataclass(frozen=True)
@@ -62,10 +84,85 @@ class TableSummary:
     #: run's window matches the adapters' ids of before issue 49 only for runs without
     ledger_digests: bool = False
 
+    def totals(self) -> TableTotals:
+        """The table's headline counts: the one place they are summed."""
+        return TableTotals(
+            events=self.events,
+            distinct=self.distinct_events,
+            applied=self.applied,
+            discarded=self.discarded + self.errored,
+            duplicates=self.duplicates,
+            quarantined=sum(self.quarantined.values()),
+            conflicts=sum(n for outcomes in self.conflicts.values() for n in outcomes.values()),
+            divergent_keys=sum(self.divergent_keys.values()),
+            orphans=self.orphans,
+            rows=self.rows,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table's entry of the run report's ``tables``: every field, in order."""
+        return asdict(self)
+
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TableSummary:
-        stopped = d.get("stopped")
-        return cls(**{**d, "stopped": Stopped(**stopped) if stopped else None})
+    def from_dict(cls, d: Mapping[str, Any], *, strict: bool = False) -> TableSummary:
+        """A saved summary or a report's entry. A key no field has is ignored (a report a
+        later release wrote), or with ``strict`` refused (``TypeError`` naming it); a
+        missing one takes its default (a report an earlier release wrote). The values are
+        taken as they are: a reader of files it did not write checks them
+        (``pipeline.app.runs.table_runs``)."""
+        if not isinstance(d, Mapping):
+            raise MalformedReport("its tables are not a mapping of tables")
+        known = dict(d) if strict else {k: v for k, v in d.items() if k in _TABLE_FIELDS}
+        stopped = known.get("stopped")
+        if not stopped:
+            return cls(**{**known, "stopped": None})
+        if not isinstance(stopped, Mapping):
+            raise MalformedReport(f"its stopped conflict is a {type(stopped).__name__}")
+        if not strict:
+            stopped = {k: v for k, v in stopped.items() if k in _STOPPED_FIELDS}
+            if len(stopped) < len(_STOPPED_FIELDS):
+                raise MalformedReport("its stopped conflict lacks a field")
+        return cls(**{**known, "stopped": Stopped(**stopped)})
+
+
+_TABLE_FIELDS = frozenset(f.name for f in fields(TableSummary))
+_STOPPED_FIELDS = frozenset(f.name for f in fields(Stopped))
+
+
+@dataclass(frozen=True)
+class CdcTable:
+    log_rows: int = 0  # the rows of the table's CDC log this run wrote
+
+
+@dataclass(frozen=True)
+class CdcSection:
+    """The CDC stage's section of the run report (``cdc``, docs/cdc.md#a-consumer)."""
+
+    generation: int = 0  # the time (µs) of the generation operating at the end of the run
+    new_generation: bool = False  # this run started it
+    generations: int = 0  # every generation, the operating one included
+    streams: int = 0  # of the operating generation
+    warning: str | None = None  # why a topology change started no generation
+    tables: Mapping[str, CdcTable] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CdcSection:
+        """As saved; a missing key takes its default, an unknown one is ignored."""
+        if not isinstance(d, Mapping):
+            raise MalformedReport("its cdc section is not a mapping")
+        tables = d.get("tables") or {}
+        if not isinstance(tables, Mapping) or not all(
+            isinstance(c, Mapping) for c in tables.values()
+        ):
+            raise MalformedReport("its cdc section's tables are not a mapping of tables")
+        known = {k: v for k, v in d.items() if k in _CDC_FIELDS and k != "tables"}
+        return cls(**known, tables={t: CdcTable(c.get("log_rows", 0)) for t, c in tables.items()})
+
+
+_CDC_FIELDS = frozenset(f.name for f in fields(CdcSection))
 
 
 @dataclass(frozen=True)
@@ -75,7 +172,7 @@ class RunSummary:
     dt: str
     now_us: int
     tables: Mapping[str, TableSummary]
-    cdc: Mapping[str, Any] | None = None  # the CDC stage's section of the run report
+    cdc: CdcSection | None = None  # the CDC stage's section of the run report
 
     def stopped(self, table: str) -> bool:
         return self.tables[table].stopped is not None
@@ -83,10 +180,6 @@ class RunSummary:
     def with_table(self, name: str, **changes: Any) -> RunSummary:
         tables = {**self.tables, name: replace(self.tables[name], **changes)}
         return replace(self, tables=tables)
-
-    def table_dicts(self) -> dict[str, dict[str, Any]]:
-        """The run report's ``tables``."""
-        return {t: asdict(s) for t, s in self.tables.items()}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -99,6 +192,8 @@ class RunSummary:
 
     @classmethod
     def from_json(cls, text: str) -> RunSummary:
+        """The summary a stage of this run saved: an unknown key is refused."""
         d = json.loads(text)
-        tables = {t: TableSummary.from_dict(s) for t, s in d.pop("tables").items()}
-        return cls(**d, tables=tables)
+        tables = {t: TableSummary.from_dict(s, strict=True) for t, s in d.pop("tables").items()}
+        cdc = d.pop("cdc", None)
+        return cls(**d, tables=tables, cdc=CdcSection.from_dict(cdc) if cdc is not None else None)

@@ -24,6 +24,7 @@ from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import StageError
+from pipeline.core.report import RunReport
 from pipeline.ingest.inplace import InPlace, checksum, merge_source, touched_in
 from pipeline.publish.targets import located, outputs
 from pipeline.spark.session import local_frame
@@ -305,10 +306,12 @@ def run_row(
     started: str,
     config_sha256: str | None,
     inputs: dict[str, Any] | None,
-    report: dict[str, Any] | None,
+    report: RunReport | None,
     versions: dict[str, int],
 ) -> RunRow:
-    """The ``runs`` row of a run; ``inputs``: the staged tables (manifests, prior runs)."""
+    """The ``runs`` row of a run; ``inputs``: the staged tables (manifests, prior runs);
+    ``report``: the run's (None: it stopped before publish). Its ``counts`` hold the
+    report's table summaries whole (their headline counts: ``TableSummary.totals``)."""
     from datetime import datetime
 
     manifests: list[dict[str, Any]] = []
@@ -317,22 +320,23 @@ def run_row(
         manifests += [{"table": t, **m} for m in st.get("manifests", [])]
         if st.get("prior"):
             priors.append((st["prior"][DT], st["prior"][RUN_ID]))
-    verdict = {}
+    verdict: dict[str, Any] = {}
+    counts: dict[str, Any] = {}
     if report is not None:
         verdict = {
-            "failures": report.get("failures", []),
-            "warnings": report.get("warnings", []),
-            "suites": report.get("validation", {}).get("suites", {}),
+            "failures": list(report.failures),
+            "warnings": list(report.warnings),
+            "suites": dict(report.validation.suites),
         }
-    counts = {"tables": report["tables"]} if report is not None else {}
-    if report is not None and "cdc" in report:
-        counts["cdc"] = report["cdc"]
-    if report is not None and "now_us" in report:  # the run's clock: TTLs expire from it
-        counts["now_us"] = report["now_us"]
+        counts["tables"] = {t: s.to_dict() for t, s in report.tables.items()}
+        if report.cdc is not None:
+            counts["cdc"] = report.cdc.to_dict()
+        if report.now_us is not None:  # the run's clock: TTLs expire from it
+            counts["now_us"] = report.now_us
     return RunRow(
         run_id=run_id,
         dt=dt,
-        status=status,
+        status=str(status),
         started_at=datetime.fromisoformat(started.replace("Z", "+00:00")) if started else now(),
         finished_at=now(),
         prior_run_id=max(priors)[1] if priors else None,

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
+from pipeline.core.report import Status
 from pipeline.storage.lake import Lake, meta_of
 
 SCHEMA = pa.schema(
@@ -38,7 +39,7 @@ SCHEMA = pa.schema(
     ]
 )
 JSON_FIELDS = ("inputs", "verdict", "counts", "versions")
-STATUSES = ("published", "failed", "dry_run")
+STATUSES = tuple(s.value for s in Status)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class RunRow:
 
     @property
     def published(self) -> bool:
-        return self.status == "published"
+        return self.status == Status.PUBLISHED
 
     @property
     def seq(self) -> int:

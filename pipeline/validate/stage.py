@@ -80,7 +80,7 @@ class Verdict:
 def gate_from_summary(summary: RunSummary) -> Verdict:
     """What the resolve stage already decided: a table stopped by an ``error`` resolver;
     a topology change the CDC log could not apply; late exports an operator accepted."""
-    warnings = [summary.cdc["warning"]] if summary.cdc and summary.cdc.get("warning") else []
+    warnings = [summary.cdc.warning] if summary.cdc and summary.cdc.warning else []
     warnings += [
         f"accepted an export that is in no published state: {late}"
         for s in summary.tables.values()

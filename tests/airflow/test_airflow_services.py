@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.core.report import RunReport
 from pipeline.storage.context import safe_run_id
 from tests.helpers import configs
 from tests.helpers import published as P
@@ -222,8 +223,8 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
-def _report(store, d: date) -> dict[str, Any]:
-    return json.loads(store.read_bytes(f"published/reports/dt={d}/run_report.json"))
+def _report(store, d: date) -> RunReport:
+    return RunReport.from_json(store.read_bytes(f"published/reports/dt={d}/run_report.json"))
 
 
 def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spark):
@@ -239,7 +240,7 @@ def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spar
     store = services.store
     for table in ("products", "orders", "accounts"):
         assert P.snapshot_date(store, table) == str(DATES[0])
-    assert _report(store, DATES[0])["status"] == "published"
+    assert _report(store, DATES[0]).status == "published"
     tables = ("products", "orders", "accounts")
     got = {t: snapshot_rows(store, t) for t in tables}
     assert all(got.values()) and got == cdr_run_snapshots(store, str(DATES[0]), tmp_path, tables)
@@ -284,9 +285,9 @@ def test_a_backfill_of_two_dates_chains_their_states(services):
     store = services.store
     for prev, d in itertools.pairwise(DATES):
         report = _report(store, d)
-        assert report["status"] == "published"
-        for name, table in report["tables"].items():
-            assert table["prior"] == str(prev), (d, name, table["prior"])
+        assert report.status == "published"
+        for name, table in report.tables.items():
+            assert table.prior == str(prev), (d, name, table.prior)
     published = [r for r in P.runs(store) if r["status"] == "published"]
     assert [str(r["dt"]) for r in published] == [str(d) for d in DATES]  # in order
     for prev, run in itertools.pairwise(published):
@@ -347,7 +348,7 @@ def test_the_conflicts_page_and_data_docs_render(services, browser, tmp_path):
         page.get_by_text("Data Docs").first.click()
     docs = opened.value
     docs.wait_for_load_state("networkidle")
-    run_id = _report(services.store, DATES[1])["run_id"]
+    run_id = _report(services.store, DATES[1]).run_id
     assert f"/cdr/docs/{DATES[1]}/{run_id}/grant/" in docs.url
     assert "snapshot" in docs.content()
     # the policy allows what the pages need: their bundled scripts and styles load and
@@ -423,7 +424,7 @@ def test_a_data_docs_page_sends_nothing_to_another_origin(services, browser):
     # the first date's run: no test before asked for its Data Docs, whose listing the
     # server keeps once read (a run's report is written once)
     day = DATES[0]
-    store, run_id = services.store, _report(services.store, day)["run_id"]
+    store, run_id = services.store, _report(services.store, day).run_id
     body = PROBE.format(url=recorder.url).encode()
     docs = f"published/reports/dt={day}/run={run_id}/validation/data_docs"
     store.write_bytes(f"{docs}/probe.html", body)
@@ -495,6 +496,6 @@ def test_the_validate_task_links_to_its_data_docs(services):
     runs = services.api("GET", "/dags/replica_cdr/dagRuns?order_by=logical_date")["dag_runs"]
     run_id = runs[0]["dag_run_id"]
     links = services.api("GET", f"/dags/replica_cdr/dagRuns/{run_id}/taskInstances/validate/links")
-    cdr_run = _report(services.store, DATES[0])["run_id"]  # the plan's id for the DAG run
+    cdr_run = _report(services.store, DATES[0]).run_id  # the plan's id for the DAG run
     assert cdr_run == safe_run_id(f"{DATES[0]}_{run_id}.1")
     assert links["extra_links"] == {"Data Docs": f"/cdr/docs/{DATES[0]}/{cdr_run}/index.html"}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.report import RunReport
 from tests.helpers import published as P
 from tests.helpers.cluster import apps, check_executors
 from tests.helpers.dagrun import asset_events, run_dag, xcom
@@ -47,10 +48,12 @@ def test_the_dags_spark_submit_task_runs_on_the_cluster(
     got = {t: snapshot_rows(s3_store, t) for t in tables}
     assert all(got.values())
     assert got == cdr_run_snapshots(s3_store, D_DAG, tmp_path, tables)
-    report = json.loads(s3_store.read_bytes(f"published/reports/dt={D_DAG}/run_report.json"))
-    assert report["status"] == "published"
+    report = RunReport.from_json(
+        s3_store.read_bytes(f"published/reports/dt={D_DAG}/run_report.json")
+    )
+    assert report.status == "published"
     plan = xcom(run, "plan", "return_value")
-    assert plan["date"] == D_DAG and report["run_id"] == plan["run_id"]
+    assert plan["date"] == D_DAG and report.run_id == plan["run_id"]
     link = f"/cdr/docs/{D_DAG}/{plan['run_id']}/index.html"
     assert xcom(run, "validate", "_link_DataDocsLink") == link
     events = asset_events(run)
@@ -58,7 +61,7 @@ def test_the_dags_spark_submit_task_runs_on_the_cluster(
     (runs,) = [r for r in P.runs(s3_store) if r["run_id"] == plan["run_id"]]
     for table in tables:
         extra = events[f"{s3_store.uri}/published/{table}/snapshot"]
-        counts = report["tables"][table]
+        counts = report.tables[table]
         assert extra == {
             "run_id": plan["run_id"],
             "dt": D_DAG,
@@ -66,14 +69,14 @@ def test_the_dags_spark_submit_task_runs_on_the_cluster(
             "runs_version": P.table_version(s3_store, "published/runs"),
             "snapshot_version": runs["versions"][f"published/{table}/snapshot"],
             "rows": len(got[table]),
-            "events": counts["events"],
-            "applied": counts["applied"],
-            "discarded": counts["discarded"],
-            "duplicates": counts["duplicates"],
-            "quarantined": sum(counts["quarantined"].values()),
-            "conflicts": sum(n for c in counts["conflicts"].values() for n in c.values()),
-            "divergent_keys": sum(counts["divergent_keys"].values()),
-            "quarantine_open": sum(counts["quarantined"].values()),  # the first night
+            "events": counts.events,
+            "applied": counts.applied,
+            "discarded": counts.discarded + counts.errored,  # an error resolver's: discarded
+            "duplicates": counts.duplicates,
+            "quarantined": sum(counts.quarantined.values()),
+            "conflicts": sum(n for c in counts.conflicts.values() for n in c.values()),
+            "divergent_keys": sum(counts.divergent_keys.values()),
+            "quarantine_open": sum(counts.quarantined.values()),  # the first night
             "clock_skew_warnings": [],
         }, table
     assert sum(events[u]["conflicts"] for u in events) > 0  # the counts are not all zero

@@ -7,13 +7,13 @@ Spark cluster (tests/airflow/test_cluster.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import date, datetime, timedelta
 
 import pytest
 
 from pipeline.core import layout
+from pipeline.core.report import RunReport
 from tests.helpers import published as P
 from tests.helpers.dagrun import dagbag, run_dag, write_config, xcom
 
@@ -146,10 +146,11 @@ def test_a_failed_gate_fails_the_validate_task(
     assert P.snapshot_date(s3_store, "orders") is None
     assert not s3_store.exists("published/reports/dt=2026-11-21/run_report.json")
     run_id = xcom(run, "plan", "return_value")["run_id"]
-    report = json.loads(s3_store.read_bytes(layout.run_report(date(2026, 11, 21), run_id)))
-    assert report["status"] == "failed"
-    assert any("convergence." in f for f in report["failures"])
-    assert s3_store.exists(report["validation"]["data_docs"])
+    report = RunReport.from_json(s3_store.read_bytes(layout.run_report(date(2026, 11, 21), run_id)))
+    assert report.status == "failed"
+    assert any("convergence." in f for f in report.failures)
+    assert report.validation.data_docs is not None
+    assert s3_store.exists(report.validation.data_docs)
     assert s3_store.list(f"published/_failed/run={run_id}")  # its logs, apart
     assert [(r["run_id"], r["status"]) for r in P.runs(s3_store)] == [(run_id, "failed")]
     assert not s3_store.list("published/orders/conflicts")  # no published run's logs

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from pipeline.storage.store import Store
 from tests.helpers import configs
 from tests.helpers import pg_replicas as pgr
@@ -290,7 +291,7 @@ def norm(table: str, row: dict[str, Any]) -> tuple:
 
 def check_run(
     store: Store, dt: str, tables: tuple[str, ...], want: dict[str, dict[Any, dict[str, Any]]]
-) -> dict[str, Any]:
+) -> RunReport:
     """The converged snapshot is the SQL's, key by key (with each row's commit time);
     the orphans are the SQL's; returns the run report."""
     for t in tables:
@@ -310,11 +311,11 @@ def check_run(
     assert 500 in orphans  # the one made on purpose
     published = P.log(store, "orders", "orphans", dt)
     assert {json.loads(r["key"])["order_id"] for r in published} == orphans
-    report = json.loads(store.read_bytes(f"published/reports/dt={dt}/run_report.json"))
-    assert report["tables"]["orders"]["orphans"] == len(orphans)
+    report = RunReport.from_json(store.read_bytes(f"published/reports/dt={dt}/run_report.json"))
+    assert report.tables["orders"].orphans == len(orphans)
     for t in tables:
-        counts = report["tables"][t]
-        assert sum(counts["quarantined"].values()) == 0, counts["quarantined"]
+        counts = report.tables[t]
+        assert sum(counts.quarantined.values()) == 0, counts.quarantined
     return report
 
 
@@ -347,7 +348,7 @@ def test_wal2json_exports_of_three_real_servers(tmp_path: Path, s3_store: Store,
             table, key, ctype, [(r["conflict_type"], r["outcome"]) for r in rows])  # fmt: skip
     # every record of every export is accounted for, and the framing lines are counted
     for t in pgr.TABLES:
-        replicas = report["tables"][t]["replicas"]
+        replicas = report.tables[t].replicas
         for rep, tables in sources["exports"].items():
             lines = tables[t]
             framing = sum('"action":"B"' in x or '"action":"C"' in x for x in lines)

@@ -27,20 +27,21 @@ def test_a_failed_gate_publishes_results_and_data_docs_but_no_snapshot(
     assert P.snapshot_date(root, "orders") is None
     assert not (root / f"published/reports/dt={s['date']}/run_report.json").exists()
     report = date_report(root, s["date"])  # the failed run's own, under run=<id>/
-    assert report is not None and report["status"] == "failed"
-    assert (root / f"published/reports/dt={s['date']}/run={report['run_id']}").is_dir()
-    assert report["validation"]["suites"]["foreign_keys.orders"] is False
-    assert report["validation"]["suites"]["snapshot.orders"] is True
-    (failure,) = report["failures"]
+    assert report is not None and report.status == "failed"
+    assert (root / f"published/reports/dt={s['date']}/run={report.run_id}").is_dir()
+    assert report.validation.suites["foreign_keys.orders"] is False
+    assert report.validation.suites["snapshot.orders"] is True
+    (failure,) = report.failures
     assert failure.startswith("table orders: expectation foreign_keys.orders/no_orphan failed")
     assert '"order_id":103' in failure
-    results = json.loads((root / report["validation"]["results"]).read_text())
+    results = json.loads((root / report.validation.results).read_text())
     assert results["passed"] is False and "foreign_keys.orders" in results["suites"]
 
-    index = root / report["validation"]["data_docs"]
+    assert report.validation.data_docs is not None
+    index = root / report.validation.data_docs
     html = index.read_text()  # bundled scripts and styles: it opens without internet
     assert not re.findall(r'<(?:script|link)[^>]*(?:src|href)="https?://', html)
-    suites = report["validation"]["suites"]
+    suites = report.validation.suites
     assert {"snapshot.orders", "cdc.orders", "cdc_replay.products"} <= set(suites)
     dom = render(index, tmp_path)
     assert f"of {len(suites)} rows" in dom  # the tables list a row per suite (10 a page)

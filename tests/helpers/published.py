@@ -15,6 +15,8 @@ from typing import Any
 import deltalake  # noqa: F401  (loaded before duckdb: the other order aborts at exit)
 import pyarrow as pa
 
+from pipeline.core.report import RunReport
+
 
 def _options(uri: str) -> dict[str, str]:
     if not uri.startswith("s3://"):
@@ -93,13 +95,13 @@ def last_run(store: Any, dt: date | str) -> dict[str, Any] | None:
     return mine[-1] if mine else None
 
 
-def report(store: Any, dt: date | str, run_id: str | None = None) -> dict[str, Any] | None:
+def report(store: Any, dt: date | str, run_id: str | None = None) -> RunReport | None:
     """The date's report (of the published run), or one run's own."""
     key = f"published/reports/dt={dt}/" + (f"run={run_id}/" if run_id else "") + "run_report.json"
     if isinstance(store, Path):
         p = store / key
-        return json.loads(p.read_text()) if p.exists() else None
-    return json.loads(store.read_bytes(key)) if store.exists(key) else None
+        return RunReport.from_json(p.read_text()) if p.exists() else None
+    return RunReport.from_json(store.read_bytes(key)) if store.exists(key) else None
 
 
 def duckdb_rows(store: Any, path: str, dt: date | str | None = None) -> list[dict[str, Any]]:

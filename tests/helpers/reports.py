@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 from pipeline.app.runs import list_reports
 from pipeline.core import layout
+from pipeline.core.report import RunReport
 from pipeline.storage.store import FileStore, Store
 
 
@@ -16,16 +16,16 @@ def _store(where: Path | Store) -> Store:
     return FileStore(where) if isinstance(where, Path) else where
 
 
-def date_report(where: Path | Store, d: date | str) -> dict[str, Any] | None:
+def date_report(where: Path | Store, d: date | str) -> RunReport | None:
     """The report a reader sees for ``d`` (``pipeline.app.runs.list_reports``)."""
-    return next((r for r in list_reports(_store(where)) if r["dt"] == str(d)), None)
+    return next((r for r in list_reports(_store(where)) if r.dt == str(d)), None)
 
 
-def log_rows(where: Path | Store, report: dict[str, Any], table: str, kind: str) -> list:
+def log_rows(where: Path | Store, report: RunReport, table: str, kind: str) -> list:
     """The rows of a log (``conflicts``, ``quarantine``, ...) of the run of ``report``: the
     date's partition of the published table, or the failed run's own table."""
     from tests.helpers import published as P
 
-    if report["status"] == "published":
-        return P.rows(where, layout.table_path(table, kind), report["dt"])
-    return P.rows(where, layout.failed_output(report["run_id"], table, kind))
+    if report.published:
+        return P.rows(where, layout.table_path(table, kind), report.dt)
+    return P.rows(where, layout.failed_output(report.run_id, table, kind))

@@ -217,10 +217,10 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
                 json.loads(r["key"])
             )
     if report is not None:
-        out["status"] = report["status"]
-        for t, ts in report["tables"].items():
-            out.setdefault("clock_skew", {})[t] = ts.get("clock_skew", {})
-            if ts.get("orphans"):
+        out["status"] = str(report.status)
+        for t, ts in report.tables.items():
+            out.setdefault("clock_skew", {})[t] = ts.clock_skew
+            if ts.orphans:
                 orphan_rows = log_rows(root, report, t, "orphans")
                 out["orphans"][t] = [json.loads(r["key"]) for r in orphan_rows]
     return out

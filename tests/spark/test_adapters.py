@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.app.cli import main
 from pipeline.core.config import load_config
+from pipeline.core.report import RunReport
 from pipeline.ingest import adapters
 from pipeline.ingest.adapters.debezium import debezium
 from pipeline.ingest.adapters.dms import dms, read_dms
@@ -437,11 +438,11 @@ def test_three_formats_in_one_run_with_malformed_records(tmp_path: Path):
     ]:
         assert any(d.startswith(want) for d in details), (want, details)
     assert "{not json" in {r["event"] for r in q}  # kept as exported
-    report = json.loads((root / f"published/reports/dt={DT}/run_report.json").read_text())
-    t = report["tables"]["items"]
-    assert t["replicas"]["pg1"]["records"] == 5 and t["replicas"]["pg1"]["framing"] == 2
-    assert t["events"] == 10 and t["distinct_events"] == 10
-    assert not t["conflicts"].get("insert_exists")
+    report = RunReport.from_json((root / f"published/reports/dt={DT}/run_report.json").read_text())
+    t = report.tables["items"]
+    assert t.replicas["pg1"]["records"] == 5 and t.replicas["pg1"]["framing"] == 2
+    assert t.events == 10 and t.distinct_events == 10
+    assert not t.conflicts.get("insert_exists")
     snap = P.snapshot(root, "items")
     assert {r["id"]: r["name"] for r in snap} == {1: "pg2's", 2: "b", 3: "c"}
 

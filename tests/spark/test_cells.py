@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.core.config import ColumnType, Kind, parse_config
+from pipeline.core.report import RunReport
 from pipeline.resolve.cells import stage as cell_stage
 from pipeline.resolve.cells import value_order
 from pipeline.rules.cellfold import Cell, CellEvent, CellFold, CellRow, purge, serialize
@@ -253,14 +254,14 @@ def test_spark_equals_the_reference_over_two_runs(tmp_path: Path, spark, monkeyp
     assert any(c.outcome == "discarded" for c in f2.conflicts)
     assert got["quarantine"] == {"t": [{"event_id": "C-stale", "reason": "stale_beyond_gc_grace"}]}
 
-    report = json.loads(
+    report = RunReport.from_json(
         (tmp_path / "store/published/reports/dt=2026-11-21/run_report.json").read_text()
     )
-    t = report["tables"]["t"]
+    t = report.tables["t"]
     fates = f2.fates
-    assert t["applied"] == sum(1 for f in fates.values() if f == "applied")
-    assert t["discarded"] == sum(1 for f in fates.values() if f == "discarded")
-    assert t["divergent_keys"] == {}
+    assert t.applied == sum(1 for f in fates.values() if f == "applied")
+    assert t.discarded == sum(1 for f in fates.values() if f == "discarded")
+    assert t.divergent_keys == {}
 
 
 def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_key(

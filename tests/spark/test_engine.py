@@ -17,6 +17,7 @@ import pytest
 from pipeline.app.cli import main
 from pipeline.core.config import parse_config
 from pipeline.core.jsonvalues import dumps
+from pipeline.core.report import RunReport
 from pipeline.rules.rowfold import (
     Event,
     FoldSpec,
@@ -364,14 +365,14 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
     if "column_groups" in table:  # the run kept rows whose groups differ
         assert any(g is not None for *_, g in got_state.values())
 
-    report = json.loads((store / f"published/reports/dt={D2}/run_report.json").read_text())
-    t = report["tables"]["t"]
+    report = RunReport.from_json((store / f"published/reports/dt={D2}/run_report.json").read_text())
+    t = report.tables["t"]
     # accounting: every distinct event is applied, or not applied with a conflict-log row
     # (the fold's own verdict), or quarantined; every record of every export is one of them
-    assert t["distinct_events"] == len(day2)
-    assert t["discarded"] == len(ref2["not_applied"])
-    assert t["applied"] == len(day2) - len(ref2["not_applied"]) - sum(t["quarantined"].values())
-    assert t["events"] == 2 * len(day2)
+    assert t.distinct_events == len(day2)
+    assert t.discarded == len(ref2["not_applied"])
+    assert t.applied == len(day2) - len(ref2["not_applied"]) - sum(t.quarantined.values())
+    assert t.events == 2 * len(day2)
     for rep in ("pub", "sub"):
-        r = t["replicas"][rep]
+        r = t.replicas[rep]
         assert r["records"] == r.get("applied", 0) + r.get("discarded", 0) + r.get("quarantined", 0)

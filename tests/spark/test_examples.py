@@ -58,7 +58,9 @@ def _on(store: Path, text: str) -> str:
 def _duckdb(found: list[list[dict[str, Any]]], store: Path) -> None:
     snapshot, conflicts, runs = found
     assert len(snapshot) == len(P.snapshot(store, "accounts"))  # once each, after the rerun
-    want = P.report(store, D2)["tables"]["accounts"]["conflicts"]
+    report = P.report(store, D2)
+    assert report is not None
+    want = report.tables["accounts"].conflicts
     assert sum(r["count_star()"] for r in conflicts) == sum(
         n for outcomes in want.values() for n in outcomes.values()
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.reports import date_report
@@ -67,13 +68,12 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
         assert main([*gen, "--seed", str(i), "--clock-offset", "r1=-90"]) == 0
         run(day)
         report = date_report(store, day)
-        assert report["status"] == "published"
-        assert report["tables"]["items"]["quarantined"] == {}, report["tables"]["items"]
+        assert report is not None and report.status == "published"
+        assert report.tables["items"].quarantined == {}, report.tables["items"]
         check_skew(report)
         # the fold's tasks find what the cell engine's window would, on these copies
         assert (
-            _spark_evidence(spark, cfg, tmp_path / "work", day)
-            == report["tables"]["items"]["clock_skew"]
+            _spark_evidence(spark, cfg, tmp_path / "work", day) == report.tables["items"].clock_skew
         )
     writes: dict[int, list[tuple[datetime, int]]] = {}  # (order value, ts) of each write
     deleted: set[int] = set()
@@ -111,17 +111,17 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
         assert diff == ({"_run_id"} if r["dt"].isoformat() == DAYS[0] else set()), (k, diff)
 
 
-def check_skew(report: dict) -> None:
+def check_skew(report: RunReport) -> None:
     """clock skew on a night where r1's clock runs 90 s behind: every pair says r1 is behind
     (no other replica is), by less than 90 s, and the largest lag is a warning."""
-    skew = report["tables"]["items"]["clock_skew"]
+    skew = report.tables["items"].clock_skew
     assert set(skew) == {"r1"}, skew
     assert set(skew["r1"]) <= {"r2", "r3"} and skew["r1"]
     lags = [p["max_seconds"] for p in skew["r1"].values()]
     assert all(p["events"] > 0 for p in skew["r1"].values())
     assert 20 < max(lags) < 90, skew
-    assert any("the clock of replica r1 runs behind" in w for w in report["warnings"])
-    assert report["tables"]["cells"]["clock_skew"] == {}  # its UPDATEs carry no before
+    assert any("the clock of replica r1 runs behind" in w for w in report.warnings)
+    assert report.tables["cells"].clock_skew == {}  # its UPDATEs carry no before
 
 
 def _spark_evidence(spark, cfg: Path, work: Path, day: str) -> dict:
@@ -159,7 +159,8 @@ def check_history(store: Path, table: str, columns: list[str]) -> None:
     snapshot = {r["id"]: {c: r[c] for c in columns} for r in P.snapshot(store, table)}
     assert live == snapshot, table
     assert {r["dt"].isoformat() for r in versions.values()} == set(DAYS), table
-    assert date_report(store, DAYS[1])["tables"][table]["history"]["rows"] == len(versions)
+    report = date_report(store, DAYS[1])
+    assert report is not None and report.tables[table].history["rows"] == len(versions)
     sql = P.duckdb_rows(store, f"published/{table}/history")
     assert len(sql) == len(versions), table
     assert {r["id"] for r in sql if r["_valid_to"] is None and not r["_deleted"]} == set(snapshot)
@@ -184,10 +185,10 @@ def test_column_groups_turned_on_between_two_nights(tmp_path: Path):
         run = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]
         assert main([*run, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
         report = date_report(store, day)
-        assert report["status"] == "published"
+        assert report is not None and report.status == "published"
         # clock skew: clocks that agree leave no evidence (UPDATEs that saw another replica's
         # version, as generated ones do, are stamped after it)
-        assert report["tables"]["items"]["clock_skew"] == {}
+        assert report.tables["items"].clock_skew == {}
     state = P.state(store, "items", "2026-11-22")
     assert state and "_groups" in state[0]
     assert any(r["_groups"] for r in state)  # some rows' groups differ

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import published as P
@@ -147,8 +148,8 @@ def test_a_zero_byte_file_listed_with_no_rows_is_an_empty_file(
     put_export(s, "sub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
     assert cdr_run(tmp_path, store) == 0
     assert [r["id"] for r in P.snapshot(store, "t")] == [1]
-    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
-    assert report["tables"]["t"]["replicas"]["pub"]["records"] == 0
+    report = RunReport.from_json((store / f"published/reports/dt={D}/run_report.json").read_text())
+    assert report.tables["t"].replicas["pub"]["records"] == 0
 
 
 def test_a_parquet_file_that_is_cut_short_names_the_file(tmp_path: Path, spark, capsys):
@@ -235,11 +236,11 @@ def test_copies_of_one_event_that_differ_in_one_export_the_highest_seq_stands(
     put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
     assert cdr_run(tmp_path, store, tables={"t": configs.table(policy=policy)}) == 0
     assert [(r["id"], r["v"]) for r in P.snapshot(store, "t")] == [(1, "new")]
-    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
-    pub = report["tables"]["t"]["replicas"]["pub"]
+    report = RunReport.from_json((store / f"published/reports/dt={D}/run_report.json").read_text())
+    pub = report.tables["t"].replicas["pub"]
     assert (pub["applied"], pub["duplicate"]) == (1, 1)
     # counted, and both versions kept for the operator, with their file and line
-    assert report["tables"]["t"]["differing_copies"] == 1
+    assert report.tables["t"].differing_copies == 1
     kept = P.log(store, "t", "differing_copies", D)
     seen = {(r["seq"], r["standing"], json.loads(r["record"])["after"]["v"]) for r in kept}
     assert seen == {(5, True, "new"), (1, False, "old")}
@@ -254,9 +255,9 @@ def test_identical_copies_of_one_event_are_only_duplicates(tmp_path: Path, spark
     data, n = lines([record(1), record(1), record(2)])
     put_export(open_store(store.as_uri()), "pub", "t", D, "jsonl", {"part-0.jsonl": (data, n)})
     assert cdr_run(tmp_path, store) == 0
-    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
-    assert report["tables"]["t"]["differing_copies"] == 0
-    assert report["tables"]["t"]["replicas"]["pub"]["duplicate"] == 1
+    report = RunReport.from_json((store / f"published/reports/dt={D}/run_report.json").read_text())
+    assert report.tables["t"].differing_copies == 0
+    assert report.tables["t"].replicas["pub"]["duplicate"] == 1
     assert not (store / "published/t/differing_copies").exists()
 
 
@@ -313,8 +314,8 @@ def test_a_delta_past_the_columns_range_is_quarantined_naming_the_column(tmp_pat
     assert json.loads(q[0]["event"])["after"] == {"bal": BIG - 1, "v": "by-pub-2"}
     # +5 by sub, pub-2's +9 quarantined, pub-3's -3 applied (and its v)
     assert [(r["v"], r["bal"]) for r in P.snapshot(store, "t")] == [("by-pub-3", BIG - 8)]
-    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
-    assert report["tables"]["t"]["quarantined"] == {"delta_overflow": 1}
+    report = RunReport.from_json((store / f"published/reports/dt={D}/run_report.json").read_text())
+    assert report.tables["t"].quarantined == {"delta_overflow": 1}
 
 
 def run_on(tmp_path: Path, store: Path, dt: str, *flags: str) -> int:
@@ -363,8 +364,8 @@ def test_an_export_that_arrives_or_changes_after_its_date_ran_stops_the_next_run
     assert f"rerun {d1} and the dates after it" in err and "--accept-late-exports" in err
     assert P.last_run(store, d2) is None or P.last_run(store, d2)["status"] != "published"
     assert run_on(tmp_path, store, d2, "--accept-late-exports") == 0
-    report = json.loads((store / f"published/reports/dt={d2}/run_report.json").read_text())
-    assert any(f"{who}, table 't', {d1}: {verb} after its run" in w for w in report["warnings"])
+    report = RunReport.from_json((store / f"published/reports/dt={d2}/run_report.json").read_text())
+    assert any(f"{who}, table 't', {d1}: {verb} after its run" in w for w in report.warnings)
     put_day(store, "pub", d3, 4)
     assert run_on(tmp_path, store, d3) == 0  # accepted once, not asked again
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from tests.helpers import configs
 from tests.helpers import published as P
 
@@ -133,10 +134,10 @@ def test_malformed_records_are_quarantined_with_their_reason(tmp_path: Path, spa
     assert {r["event"] for r in q} >= {"{not json"}
     snap = P.snapshot(store, "t")
     assert [r["id"] for r in snap] == [1]
-    report = json.loads((store / "published/reports/dt=2026-11-21/run_report.json").read_text())
-    t = report["tables"]["t"]
-    assert t["replicas"]["pub"]["records"] == len(lines)
-    assert t["replicas"]["pub"]["applied"] + t["replicas"]["pub"]["quarantined"] == len(lines)
+    path = store / "published/reports/dt=2026-11-21/run_report.json"
+    t = RunReport.from_json(path.read_text()).tables["t"]
+    assert t.replicas["pub"]["records"] == len(lines)
+    assert t.replicas["pub"]["applied"] + t.replicas["pub"]["quarantined"] == len(lines)
 
 
 def test_a_base_row_that_does_not_fit_stops_the_run_naming_its_line(tmp_path: Path, spark, capsys):

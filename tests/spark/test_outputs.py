@@ -89,9 +89,11 @@ def test_a_table_new_to_the_config_starts_from_base_and_says_so(tmp_path: Path, 
     S.write_jsonl(tmp_path / "store/base/table=u", [{"id": 1, "v": "base"}], {"table": "u"})
     _exports(tmp_path, D2, ("t", "u"))
     assert _run(_config(tmp_path, ("t", "u")), tmp_path, D2) == 0
-    tables = date_report(tmp_path / "store", D2)["tables"]
-    assert tables["t"]["start"].startswith(f"the state of {D1} (run ")
-    assert tables["u"]["start"] == "base/ (1 rows): no published run had this table"
+    report = date_report(tmp_path / "store", D2)
+    assert report is not None
+    tables = report.tables
+    assert tables["t"].start.startswith(f"the state of {D1} (run ")
+    assert tables["u"].start == "base/ (1 rows): no published run had this table"
     assert sorted(r["id"] for r in P.snapshot(tmp_path / "store", "u")) == [1, 21]
 
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
@@ -96,7 +97,7 @@ def test_engine_reports_a_generated_insert_race(races, tmp_path_factory, spark):
         pub_first = (da, 0) < (db, 1)  # pub's tie rank is lower (higher system_id wins ties)
         want.add(("sub" if pub_first else "pub", k))
     assert got == want
-    report = json.loads(
+    report = RunReport.from_json(
         Path(tmp / "store/published/reports/dt=2026-11-21/run_report.json").read_text()
     )
-    assert sum(report["tables"]["t"]["divergent_keys"].values()) == len(races)
+    assert sum(report.tables["t"].divergent_keys.values()) == len(races)

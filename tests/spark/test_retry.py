@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from pipeline.app.cli import main
+from pipeline.core.summary import TableSummary
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers.scenarios import write_exports
@@ -103,12 +104,12 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         }
         write_exports(store, day, numbered)
 
-    def run(day: str, *extra: str) -> dict:
+    def run(day: str, *extra: str) -> TableSummary:
         args = ["run", "--config", str(cfg), "--date", day, "--work-dir", str(tmp_path / "w")]
         assert main([*args, "--allow-missing-exports", "--no-data-docs", *extra]) == 0
         report = P.report(store, day)
         assert report is not None
-        return report["tables"].get("orders", {})
+        return report.tables.get("orders", TableSummary())
 
     night1 = run(D1)
     quarantined = {r["event_id"]: r["reason"] for r in P.log(store, "orders", "quarantine", D1)}
@@ -123,7 +124,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     assert [(c["conflict_type"], c["outcome"]) for c in conflicts] == [
         ("update_missing", "skipped")
     ]
-    assert night1["quarantine_open"] == 5 and night1["retried"] == {}
+    assert night1.quarantine_open == 5 and night1.retried == {}
     assert _orders(store) == {}
     assert _stats(store, D1) == {  # conflict stats
         ("events", None, None, None): 5,
@@ -142,10 +143,10 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     }
     # o1 keeps its first row; o6's offered copy adds none, B's new copy of it does
     assert [r["event_id"] for r in P.log(store, "orders", "quarantine", D2)] == ["o6"]
-    assert night2["retried"] == {"applied": 2, "expired": 1}
-    assert night2["distinct_events"] == 3 and night2["applied"] == 2  # the night's own
-    assert night2["quarantined"] == {"future_timestamp": 1}
-    assert night2["quarantine_open"] == 2  # o1 and o6, once
+    assert night2.retried == {"applied": 2, "expired": 1}
+    assert night2.distinct_events == 3 and night2.applied == 2  # the night's own
+    assert night2.quarantined == {"future_timestamp": 1}
+    assert night2.quarantine_open == 2  # o1 and o6, once
     assert _stats(store, D2) == {
         ("events", None, None, None): 3,
         ("quarantined", "future_timestamp", None, None): 1,
@@ -156,11 +157,11 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
     night3 = run(D3)  # product 9 arrives: o1 goes back; o6's last attempt fails
     assert _orders(store) == {1: 1, 2: 5, 3: 3, 7: 70}
     assert _outcomes(store, D3) == {"o1": ("resolved", 2), "o6": ("expired", 2)}
-    assert night3["retried"] == {"applied": 1, "expired": 1}
-    assert night3["quarantine_open"] == 0 and night3["orphans"] == 0
+    assert night3.retried == {"applied": 1, "expired": 1}
+    assert night3.quarantine_open == 0 and night3.orphans == 0
 
     again = run(D3, "--run-id", "rerun-d3")  # replaces D3's outcomes, heals o1 once more
-    assert again["retried"] == {"applied": 1, "expired": 1} and again["quarantine_open"] == 0
+    assert again.retried == {"applied": 1, "expired": 1} and again.quarantine_open == 0
     assert _orders(store) == {1: 1, 2: 5, 3: 3, 7: 70}
     every = P.rows(store, "published/orders/quarantine_outcomes")
     assert sorted((r["event_id"], r["status"]) for r in every) == [
@@ -191,7 +192,7 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         r["event_id"] for r in cli("list", "--table", "orders", "--status", "open")["events"]
     ] == ["o6"]
     night4 = run(D4)  # o6 offered again, still in the future: open, its own row kept
-    assert night4["retried"] == {} and night4["quarantine_open"] == 1
+    assert night4.retried == {} and night4.quarantine_open == 1
     assert _orders(store) == {1: 1, 2: 5, 3: 30, 7: 70}
     assert cli("dismiss", "--table", "orders", "--event-id", "o6")["status"] == "dismissed"
     d4 = _stats(store, D4)

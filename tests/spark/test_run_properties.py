@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
@@ -184,8 +185,10 @@ def outputs(store: Path) -> dict[str, Any]:
             for r in got
         )
 
-    report = json.loads((store / f"published/reports/dt={DATE}/run_report.json").read_text())
-    counts = {k: v for k, v in report["tables"]["t"].items() if k not in ("divergent_keys",)}
+    report = RunReport.from_json(
+        (store / f"published/reports/dt={DATE}/run_report.json").read_text()
+    )
+    counts = {k: v for k, v in report.tables["t"].to_dict().items() if k not in ("divergent_keys",)}
     return {
         "snapshot": rows(P.snapshot(store, "t")),
         "state": rows(P.state(store, "t", DATE)),
@@ -196,11 +199,13 @@ def outputs(store: Path) -> dict[str, Any]:
 
 
 def check_accounting(store: Path, night: dict[str, Any], ex: dict[str, Any]) -> None:
-    report = json.loads((store / f"published/reports/dt={DATE}/run_report.json").read_text())
-    t = report["tables"]["t"]
+    report = RunReport.from_json(
+        (store / f"published/reports/dt={DATE}/run_report.json").read_text()
+    )
+    t = report.tables["t"]
     ids = {e["event_id"] for e in night["events"]}
     distinct = len(ids) + len(night["no_id"])
-    assert t["distinct_events"] == distinct
+    assert t.distinct_events == distinct
     quarantined = P.log(store, "t", "quarantine", DATE)
     got_q = Counter((q["event_id"], q["reason"]) for q in quarantined)
     want_q = Counter(night["quarantined"].items()) + Counter(
@@ -212,11 +217,11 @@ def check_accounting(store: Path, night: dict[str, Any], ex: dict[str, Any]) -> 
     not_applied = {
         c["remote_event_id"] for c in conflicts if c["outcome"] in ("discarded", "skipped")
     }
-    assert t["discarded"] == len(not_applied)
-    assert t["errored"] == t["not_reached"] == 0
-    assert t["applied"] + t["discarded"] + sum(t["quarantined"].values()) == distinct
+    assert t.discarded == len(not_applied)
+    assert t.errored == t.not_reached == 0
+    assert t.applied + t.discarded + sum(t.quarantined.values()) == distinct
     for r in REPLICAS:
-        mine, records = t["replicas"][r], ex[r]["t"]
+        mine, records = t.replicas[r], ex[r]["t"]
         assert mine["records"] == len(records)
         with_id = [c["event_id"] for c in records if "event_id" in c]
         assert mine.get("duplicate", 0) == len(with_id) - len(set(with_id)), (r, mine)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from pipeline.app.cli import main
+from pipeline.core.report import RunReport
 from tests.helpers import published as P
 from tests.helpers.snapshots import SUB, D, setup
 
@@ -32,13 +33,13 @@ def test_snapshot_differences_are_reported_with_repairs(tmp_path: Path, spark):
     assert json.loads(snap[2]["replica_row"]) == {"id": 2, "v": "stale"}
     assert json.loads(snap[2]["converged_row"]) == {"id": 2, "v": "v2"}
     assert snap[1]["replica_row"] is None and snap[9]["converged_row"] is None
-    report = json.loads((store / f"published/reports/dt={D}/run_report.json").read_text())
-    t = report["tables"]["t"]
-    assert t["snapshot_divergent_keys"] == {"pub": 0, "sub": 3}
-    assert t["divergent_keys"] == {}  # every perspective converges: only the snapshot differs
+    report = RunReport.from_json((store / f"published/reports/dt={D}/run_report.json").read_text())
+    t = report.tables["t"]
+    assert t.snapshot_divergent_keys == {"pub": 0, "sub": 3}
+    assert t.divergent_keys == {}  # every perspective converges: only the snapshot differs
     assert any(
         "convergence.t/no_divergent_snapshot_export failed" in w and '"replica":"sub"' in w
-        for w in report["warnings"]
+        for w in report.warnings
     )
 
 

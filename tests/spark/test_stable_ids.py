@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from pipeline.app.cli import main
 from pipeline.core.config import load_config
+from pipeline.core.summary import TableSummary
 from pipeline.ingest.adapters.debezium import debezium
 from pipeline.ingest.adapters.dms import dms, read_dms
 from pipeline.ingest.adapters.wal2json import wal2json
@@ -88,6 +89,13 @@ def _night(tmp_path: Path, root: Path, dt: str) -> int:
 A = {"id": 1, "owner": "ann"}
 
 
+def _table(store: Path, dt: str, table: str) -> TableSummary:
+    """A table of the date's published report."""
+    report = P.report(store, dt)
+    assert report is not None, dt
+    return report.tables[table]
+
+
 def test_a_transaction_cut_across_nights_waits_for_its_commit(tmp_path: Path):
     """pg1's transaction T2 credits 10 twice; its first UPDATE is in night 1's export, the
     second and its commit in night 2's (and night 2's export is in two files cut inside
@@ -120,8 +128,8 @@ def test_a_transaction_cut_across_nights_waits_for_its_commit(tmp_path: Path):
 
     assert _night(tmp_path, root, D1) == 0
     assert [r["balance"] for r in P.snapshot(root, "accounts")] == [100]
-    t = P.report(root, D1)["tables"]["accounts"]
-    assert t["replicas"]["pg1"]["pending"] == 1  # T2's first UPDATE (its B: framing)
+    t = _table(root, D1, "accounts")
+    assert t.replicas["pg1"]["pending"] == 1  # T2's first UPDATE (its B: framing)
     waiting = P.log(root, "accounts", "pending", D1)
     assert sorted(json.loads(r["raw"])["action"] for r in waiting) == ["B", "U"]
     assert {r["file"] for r in waiting} == {f"dt={D1}/slot-0.json"}
@@ -129,18 +137,18 @@ def test_a_transaction_cut_across_nights_waits_for_its_commit(tmp_path: Path):
     assert _night(tmp_path, root, D2) == 0
     (row,) = P.snapshot(root, "accounts")
     assert (row["balance"], row["owner"]) == (120, "bo")
-    t = P.report(root, D2)["tables"]["accounts"]
-    assert t["replicas"]["pg1"]["pending_in"] == 1 and t["replicas"]["pg1"]["pending"] == 0
-    assert t["distinct_events"] == 4  # T1 (a duplicate now), T2's two changes, T3
-    assert t["replicas"]["pg1"]["duplicate"] == 1  # T1 sent again
-    assert t["replicas"]["pg2"]["applied"] == 2  # its copies of T2's changes: the same events
-    assert not t["quarantined"]
+    t = _table(root, D2, "accounts")
+    assert t.replicas["pg1"]["pending_in"] == 1 and t.replicas["pg1"]["pending"] == 0
+    assert t.distinct_events == 4  # T1 (a duplicate now), T2's two changes, T3
+    assert t.replicas["pg1"]["duplicate"] == 1  # T1 sent again
+    assert t.replicas["pg2"]["applied"] == 2  # its copies of T2's changes: the same events
+    assert not t.quarantined
     assert P.log(root, "accounts", "pending", D2) == []
     ledger = {r["event_id"] for r in P.log(root, "accounts", "ledger", D2)}
     assert f'pg1@{MIDNIGHT}/U/{{"id":"1"}}#2' in ledger  # T2's second UPDATE of id 1
 
-    n = P.report(root, D2)["tables"]["notes"]
-    assert n["changed_copies"] == 1 and n["applied"] == 0 and n["duplicates"] == 1
+    n = _table(root, D2, "notes")
+    assert n.changed_copies == 1 and n.applied == 0 and n.duplicates == 1
     assert [r["text"] for r in P.snapshot(root, "notes")] == ["first"]
     (logged,) = P.log(root, "notes", "differing_copies", D2)
     (known,) = P.log(root, "notes", "ledger", D1)
@@ -163,12 +171,12 @@ def test_the_night_after_the_upgrade_applies_nothing_twice(tmp_path: Path):
     store = root / "store"
     (row,) = P.snapshot(store, "accounts")
     assert row["balance"] == before.BALANCE_AFTER_D2
-    report = P.report(store, before.D2)["tables"]
-    assert report["accounts"]["replicas"]["pg1"]["duplicate"] == 2  # T2 and T3 again
-    assert report["accounts"]["replicas"]["pg2"]["duplicate"] == 2
+    tables = {t: _table(store, before.D2, t) for t in ("accounts", "items_dbz", "items_dms")}
+    assert tables["accounts"].replicas["pg1"]["duplicate"] == 2  # T2 and T3 again
+    assert tables["accounts"].replicas["pg2"]["duplicate"] == 2
     for t in ("items_dbz", "items_dms"):
-        assert report[t]["duplicates"] == 1 and report[t]["applied"] == 1, (t, report[t])
-        assert not report[t]["conflicts"]
+        assert tables[t].duplicates == 1 and tables[t].applied == 1, (t, tables[t])
+        assert not tables[t].conflicts
     new = P.log(store, "accounts", "ledger", before.D2)
     assert new and all(r["digest"] is not None and "#0" not in r["event_id"] for r in new)
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pipeline.changes.replay import replay_differences
+from pipeline.core.report import RunReport
 from pipeline.validate.stage import message
 from pipeline.validate.suites import KEPT_ROWS, Project, find_rows, load_template, render_suite
 from tests.helpers import scenarios as S
@@ -326,9 +327,10 @@ def test_a_run_whose_every_table_stopped_still_has_its_data_docs(tmp_path):
     _, failed = S.run_scenario(s, tmp_path, docs=True)
     assert failed
     report = date_report(tmp_path / "store", s["date"])
-    assert report is not None and report["status"] == "failed"
-    assert report["validation"]["suites"] == {}
-    assert (tmp_path / "store" / report["validation"]["data_docs"]).is_file()
+    assert report is not None and report.status == "failed"
+    assert report.validation.suites == {}
+    docs = report.validation.data_docs
+    assert docs is not None and (tmp_path / "store" / docs).is_file()
 
 
 def test_quarantine_moves_the_orphan_out_and_passes(tmp_path_factory, spark):
@@ -349,10 +351,10 @@ def test_a_divergent_policy_fails_or_warns(tmp_path, tmp_path_factory, spark):
     s = _scenario("divergence_skip_fails", on_divergence="warn")
     got, failed = S.run_scenario(s, tmp_path / "warn")
     assert not failed and got["status"] == "published" and got["snapshot"]
-    report = json.loads(
+    report = RunReport.from_json(
         (tmp_path / f"warn/store/published/reports/dt={s['date']}/run_report.json").read_text()
     )
-    assert any("convergence." in w and "no_divergent_perspective" in w for w in report["warnings"])
+    assert any("convergence." in w and "no_divergent_perspective" in w for w in report.warnings)
 
 
 HISTORY = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pipeline.app.whatif import compare_table
 from pipeline.core.config import parse_config
-from pipeline.core.summary import RunSummary
+from pipeline.core.summary import RunSummary, TableSummary
 from tests.helpers import configs
 
 COLUMNS = {"a": "int", "b": "int", "name": "string"}
@@ -30,7 +30,7 @@ def test_only_rows_that_differ_are_counted_listed_in_key_order_and_sampled(spark
         [(1, 1, "same"), (1, 2, None), (2, 1, "new"), (0, 9, "added"), (4, 1, "back")],
         "a int, b int, name string",
     )
-    out = compare_table(TABLE, {"orphans": 2}, state, mine, NONE)
+    out = compare_table(TABLE, TableSummary(orphans=2), state, mine, NONE)
     assert out["rows"] == {"published": 4, "whatif": 5}
     d = out["differing_rows"]
     assert d["count"] == 4 and not d["keys_truncated"]
@@ -49,5 +49,5 @@ def test_only_rows_that_differ_are_counted_listed_in_key_order_and_sampled(spark
 def test_the_same_rows_on_both_sides_differ_nowhere(spark):
     state = spark.createDataFrame([(1, 1, "x", 1, None)], STATE)  # a null _deleted is live
     mine = spark.createDataFrame([(1, 1, "x")], "a int, b int, name string")
-    d = compare_table(TABLE, {}, state, mine, NONE)["differing_rows"]
+    d = compare_table(TABLE, TableSummary(), state, mine, NONE)["differing_rows"]
     assert (d["count"], d["keys"], d["sample"]) == (0, [], [])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.app.report import format_report
+from pipeline.core.report import RunReport
 
 REPORT = {
     "run_id": "r1",
@@ -45,15 +46,15 @@ REPORT = {
     "failures": ["f1"],
 }
 
-# discarded counts the errored event; conflicts sum the outcomes; a table without a
-# published snapshot has "-" rows; a replica with only a snapshot divergence is listed
+# discarded counts the errored event; conflicts sum the outcomes; a table whose summary
+# has no rows (an older report's) has 0; a replica with only a snapshot divergence is listed
 EXPECTED = """\
 run r1 for 2026-11-21: FAILED
 
 table     events  distinct  applied  discarded  quarantined  conflicts  divergent  orphans  rows
 --------  ------  --------  -------  ---------  -----------  ---------  ---------  -------  ----
 orders         7         5        3          2            1          3          1        0     4
-products       2         2        2          0            0          0          0        1     -
+products       2         2        2          0            0          0          0        1     0
 
 conflicts by type and outcome:
 table   conflict type       outcome  count
@@ -86,12 +87,13 @@ FAILED: f1
 
 
 def test_the_report_prints_every_section():
-    assert format_report(REPORT) == EXPECTED.rstrip("\n")
+    assert format_report(RunReport.from_dict(REPORT)) == EXPECTED.rstrip("\n")
 
 
 def test_a_passed_run_without_breakdowns_prints_its_counts_only():
-    report = {**REPORT, "status": "published", "warnings": [], "failures": []}
-    report["tables"] = {"products": REPORT["tables"]["products"]}
-    del report["validation"], report["cdc"]
+    d = {**REPORT, "status": "published", "warnings": [], "failures": []}
+    d["tables"] = {"products": REPORT["tables"]["products"]}
+    del d["validation"], d["cdc"]
+    report = RunReport.from_dict(d)
     assert format_report(report).splitlines()[0] == "run r1 for 2026-11-21: PUBLISHED"
     assert len(format_report(report).splitlines()) == 5

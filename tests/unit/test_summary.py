@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.core.summary import RunSummary, Stopped, TableSummary
+from pipeline.core.summary import CdcSection, RunSummary, Stopped, TableSummary
 
 STOP = Stopped("orders", '{"id":1}', "insert_exists", "e7", "resolver error")
 SUMMARY = RunSummary(
@@ -29,7 +29,7 @@ SUMMARY = RunSummary(
         ),
         "products": TableSummary(policy="scylla", rows=2, snapshot_divergent_keys={"r2": 1}),
     },
-    cdc={"generation": 5, "warning": None, "tables": {}},
+    cdc=CdcSection(generation=5, warning=None, tables={}),
 )
 
 
@@ -47,7 +47,7 @@ def test_without_a_cdc_log_the_summary_has_no_cdc_section():
 
 
 def test_the_report_tables_keep_the_field_order_and_every_field():
-    d = SUMMARY.table_dicts()["orders"]
+    d = SUMMARY.tables["orders"].to_dict()
     assert list(d) == [f.name for f in dataclasses.fields(TableSummary)]
     assert d["stopped"] == {
         "table": "orders",

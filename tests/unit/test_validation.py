@@ -11,7 +11,7 @@ import json
 import pytest
 
 from pipeline.core.config import parse_config
-from pipeline.core.summary import RunSummary, Stopped, TableSummary
+from pipeline.core.summary import CdcSection, RunSummary, Stopped, TableSummary
 from pipeline.validate.stage import Verdict, gate_from_summary
 from pipeline.validate.suites import (
     EXPECTATIONS_DIR,
@@ -96,7 +96,7 @@ def test_severities_follow_the_config():
 def test_gate_from_the_summary():
     stop = Stopped("t", '{"id":1}', "insert_exists", "e1", "r")
     tables = {"t": TableSummary(stopped=stop), "u": TableSummary()}
-    cdc = {"warning": "the topology change waits"}
+    cdc = CdcSection(warning="the topology change waits")
     v = gate_from_summary(RunSummary("r", "x", "2026-11-21", 0, tables, cdc))
     assert len(v.failures) == 1 and "e1" in v.failures[0] and not v.passed
     assert v.warnings == ["the topology change waits"]
