@@ -268,6 +268,16 @@ def reason(sentence: Why, /, **facts: object) -> str:
     return REASONS[sentence].format(**joined)
 
 
+#: docs/rules.md#resolvers: the steps of the fold that meet no local version to weigh, and
+#: the resolver under which each takes the event: the extra columns dropped, the missing
+#: ones filled from ``defaults``, the rows it collides with on a ``unique`` deleted. Any
+#: other resolver refuses it (:data:`REFUSED`).
+TAKES: dict[ConflictType, Resolver] = {
+    ConflictType.SOURCE_COLUMN_EXTRA: Resolver.IGNORE,
+    ConflictType.TARGET_COLUMN_EXTRA: Resolver.USE_DEFAULT,
+    ConflictType.MULTIPLE_UNIQUE_CONFLICTS: Resolver.APPLY,
+}
+
 #: docs/rules.md#resolvers: what a resolver that refuses the remote event makes of it, in
 #: the steps that have no local version to weigh (an extra or missing column, a missing row,
 #: a unique collision, an ``apply_or_*`` without the full row)

@@ -22,6 +22,7 @@ from typing import Any
 from pipeline.core.config import ColumnType, Table
 from pipeline.core.policy import (
     REFUSED,
+    TAKES,
     ChangeKind,
     ConflictType,
     Detection,
@@ -531,7 +532,7 @@ class RowFold:
             t = _C.SOURCE_COLUMN_EXTRA
             r = self._resolver(t)
             extra = list(e.extra_cols)
-            if r is _R.IGNORE:
+            if r is TAKES[t]:
                 why = reason(_W.EXTRA_DROPPED, columns=extra)
                 log.append(self._conflict(e.key, t, r, _O.APPLIED, e, (), why))
             else:
@@ -626,7 +627,7 @@ class RowFold:
             return {c: given[c] for c in self._all_cols}
         t = _C.TARGET_COLUMN_EXTRA
         r = self._resolver(t)
-        if r is not _R.USE_DEFAULT:
+        if r is not TAKES[t]:
             why = reason(_W.MISSING_REFUSED, columns=missing)
             log.append(self._conflict(key, t, r, REFUSED[r], e, (), why))
             return None
@@ -807,7 +808,7 @@ class RowFold:
             r = self._resolver(t)
             rows = tuple(self.state[k] for k in colliding)
             why = reason(_W.UNIQUE_COLLISION, keys=[repr(k) for k in colliding])
-            if r is _R.APPLY:
+            if r is TAKES[t]:
                 log.append(self._conflict(target, t, r, _O.APPLIED, e, rows, why))
                 # docs/rules.md#fine-points: they become tombstones with the event's ts
                 for k in colliding:

@@ -319,3 +319,24 @@ def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table
     for t in versus_local:
         given = ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
         assert given - set(DECIDE) == set(), t
+
+
+def test_every_resolver_a_conflict_can_meet_has_its_decision_in_a_table():
+    """Every resolver a config may give a conflict type, or a row preset gives it, is
+    decided by a table: weighed against the local version (``rowfold.DECIDE``), the one
+    that takes the event in a step without a local version (``policy.TAKES``), or one that
+    refuses it (``policy.REFUSED``). A resolver allowed for a type with none of the three
+    fails here rather than falling through in the fold."""
+    from pipeline.core.policy import REFUSED, TAKES, Granularity
+    from pipeline.rules.rowfold import DECIDE
+
+    row_presets = [r for r in PRESETS.values() if r.granularity is Granularity.ROW]
+    undecided = {
+        (t, r)
+        for t in ConflictType
+        for r in ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
+        if r not in DECIDE and r is not TAKES.get(t) and r not in REFUSED
+    }
+    assert undecided == set()
+    assert set(TAKES.values()).isdisjoint(REFUSED)
+    assert all(TAKES[t] in ALLOWED[t] for t in TAKES)
