@@ -326,10 +326,10 @@ def table_extras(
             "status": str(report.status),
             "runs_version": runs_version,
             "snapshot_version": versions.get(layout.table_path(table, layout.SNAPSHOT)),
-            **{k: getattr(s.totals(), k) for k in ASSET_COUNTS},
+            **{k: getattr(totals, k) for k in ASSET_COUNTS},
             **notes[table],
         }
-        for table, s in report.tables.items()
+        for table, totals in ((t, s.totals()) for t, s in report.tables.items())
     }
 
 
