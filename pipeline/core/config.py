@@ -241,6 +241,7 @@ class TableModel(_Strict):
     order_by: str | None = None
     column_groups: dict[str, list[str]] | None = None
     history: HistoryModel | None = None
+    ignore_null_updates: bool | list[str] | None = None
 
     @field_validator("history", mode="before")
     @classmethod
@@ -346,6 +347,7 @@ class ConfigModel(_Strict):
     wait_for_exports: WaitModel = Field(default_factory=WaitModel)
     deadline_minutes: int | None = Field(default=None, ge=1)
     priority: list[str] | None = None
+    ignore_null_updates: bool | list[str] = False
     retry: RetryModel = Field(default_factory=RetryModel)
     tables: dict[str, TableModel] = Field(min_length=1)
     cdc: CdcModel = Field(default_factory=CdcModel)
@@ -417,6 +419,9 @@ class Table:
     column_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: docs/outputs.md#history: publish ``published/<table>/history``; None: no history
     history: History | None = None
+    #: docs/rules.md#ignore-null-updates: the value columns whose null in an UPDATE's
+    #: ``after`` means "unchanged" (the typed copy does not hold them)
+    ignore_nulls: frozenset[str] = frozenset()
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -632,6 +637,7 @@ def _resolve_table(
         order_by=t.order_by,
         column_groups=groups,
         history=_history(at, t, p),
+        ignore_nulls=_ignore_nulls(at, t, m.ignore_null_updates, rule.granularity, p),
     )
 
 
@@ -716,6 +722,52 @@ def _history(at: str, t: TableModel, p: _Problems) -> History | None:
         elif h.track.index(c) != i:
             p.add(f"{where}[{i}]", f"column {c!r} is listed twice")
     return History(frozenset(h.track))
+
+
+def _ignore_nulls(
+    at: str, t: TableModel, top: bool | list[str], granularity: Granularity, p: _Problems
+) -> frozenset[str]:
+    """docs/rules.md#ignore-null-updates: the table's own ``ignore_null_updates`` (``true``,
+    ``false`` or its value columns), else the top-level one: ``true`` is every value column
+    of every row table, a list names the columns wherever a row table has them (a name
+    no table has is refused by :func:`_check_top_level_nulls`). A cell table writes a null
+    as a cell: it takes no top-level setting and refuses its own."""
+    value_columns = [c for c in t.columns if c not in t.key]
+    own = t.ignore_null_updates
+    if granularity is Granularity.CELL:
+        if own:
+            p.add(f"{at}.ignore_null_updates", "not allowed on a cell-granularity table")
+        return frozenset()
+    if own is None:
+        if top is True:
+            return frozenset(value_columns)
+        return frozenset(c for c in top or () if c in value_columns)
+    if own is True:
+        return frozenset(value_columns)
+    if own is False:
+        return frozenset()
+    where = f"{at}.ignore_null_updates"
+    if not own:
+        p.add(where, "an empty list (false, or leave it out, ignores no null)")
+    for i, c in enumerate(own):
+        if c not in t.columns:
+            p.add(f"{where}[{i}]", f"no column {c!r} in {at}.columns")
+        elif c in t.key:
+            p.add(f"{where}[{i}]", f"key column {c!r}: an UPDATE's key is never unchanged")
+        elif own.index(c) != i:
+            p.add(f"{where}[{i}]", f"column {c!r} is listed twice")
+    return frozenset(c for c in own if c in value_columns)
+
+
+def _check_top_level_nulls(m: ConfigModel, p: _Problems) -> None:
+    """The top-level ``ignore_null_updates`` list names value columns of the tables."""
+    if not isinstance(m.ignore_null_updates, list):
+        return
+    if not m.ignore_null_updates:
+        p.add("ignore_null_updates", "an empty list (false, or leave it out, ignores no null)")
+    for i, c in enumerate(m.ignore_null_updates):
+        if not any(c in t.columns and c not in t.key for t in m.tables.values()):
+            p.add(f"ignore_null_updates[{i}]", f"no table has a value column {c!r}")
 
 
 def _column_groups(
@@ -818,6 +870,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
             tables[name] = resolved
     _check_foreign_key_types(tables, p)
     _check_priority(m, tables, p)
+    _check_top_level_nulls(m, p)
     if (cron := _cron_problem(m.schedule)) is not None:
         p.add("schedule", cron)
     _check_cdc(m, p)

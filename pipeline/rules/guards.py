@@ -391,6 +391,7 @@ class Typer:
             for c in sorted(t.not_null | t.delta)
         ]
         self.delta = sorted(t.delta)
+        self.ignore_nulls = t.ignore_nulls
         self.order_by = t.order_by
         self.cell = t.granularity is Granularity.CELL
         self.ranks = spec.ranks
@@ -443,8 +444,13 @@ class Typer:
             maps[n] = None if isinstance(m, _NotAnObject) else m
             if isinstance(m, _NotAnObject) and m.why:  # named in the detail
                 whys[f"{n} is not a JSON object"] = f"{n} is not a JSON object: {m.why}"
-        typed = {n: self._typed(maps[n]) for n in _OBJECTS}
         op, origin = text_of(fields.get(OP)), text_of(fields.get(ORIGIN))
+        after = maps[AFTER]
+        if op == "UPDATE" and after and self.ignore_nulls:  # docs/rules.md#ignore-null-updates
+            maps[AFTER] = {
+                c: v for c, v in after.items() if v is not None or c not in self.ignore_nulls
+            }
+        typed = {n: self._typed(maps[n]) for n in _OBJECTS}
         ts_text, seq_text = text_of(fields.get(TS)), text_of(fields.get(SEQ))
         ts = event_ts_micros(ts_text)
         seq = None if seq_text is None else _LONG_READER(seq_text)

@@ -388,3 +388,65 @@ def test_history_and_its_tracked_columns(history, want):
 def test_history_mistakes_name_the_bad_value(history, message):
     with pytest.raises(ConfigError, match=message):
         _one_table({"qty": "int"}, history=history)
+
+
+def _nulls(table=None, top=None, columns=None):
+    """Two tables, ``t`` (row) and ``c`` (cell), with ``ignore_null_updates`` given to ``t``
+    (``table``) and at the top level (``top``)."""
+    t = configs.table(columns or {"id": "int", "qty": "int", "name": "string"})
+    if table is not None:
+        t["ignore_null_updates"] = table
+    c = configs.table({"id": "int", "qty": "int", "tag": "string"}, policy="scylla")
+    cfg = configs.config(t, replicas=("a",))
+    cfg["tables"]["c"] = c
+    if top is not None:
+        cfg["ignore_null_updates"] = top
+    return parse_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("table", "top", "t_nulls"),
+    [
+        (None, None, set()),
+        (True, None, {"qty", "name"}),
+        (["name"], None, {"name"}),
+        (None, True, {"qty", "name"}),
+        (None, ["qty", "tag"], {"qty"}),
+        (False, True, set()),
+        (["qty"], ["name"], {"qty"}),
+    ],
+    ids=["off", "table_true", "table_list", "top_true", "top_list", "table_false", "table_wins"],
+)
+def test_ignore_null_updates_per_table_over_the_top_level(table, top, t_nulls):
+    """docs/rules.md#ignore-null-updates: a table's own setting, else the top level's (a
+    list there applies to the tables that have its columns); a cell table takes none."""
+    config = _nulls(table, top)
+    assert config.tables["t"].ignore_nulls == t_nulls
+    assert config.tables["c"].ignore_nulls == set()
+
+
+@pytest.mark.parametrize(
+    ("table", "top", "message"),
+    [
+        (["nope"], None, r"tables\.t\.ignore_null_updates\[0\]: no column 'nope' in tables\.t"),
+        (["id"], None, r"tables\.t\.ignore_null_updates\[0\]: key column 'id'"),
+        (["qty", "qty"], None, r"ignore_null_updates\[1\]: column 'qty' is listed twice"),
+        ([], None, r"tables\.t\.ignore_null_updates: an empty list"),
+        (None, ["nope"], r"ignore_null_updates\[0\]: no table has a value column 'nope'"),
+        (None, ["id"], r"ignore_null_updates\[0\]: no table has a value column 'id'"),
+        ("sometimes", None, r"tables\.t\.ignore_null_updates"),
+    ],
+    ids=["unknown", "key", "twice", "empty", "top_unknown", "top_key", "not_a_list"],
+)
+def test_ignore_null_updates_mistakes_name_the_column(table, top, message):
+    with pytest.raises(ConfigError, match=message):
+        _nulls(table, top)
+
+
+def test_ignore_null_updates_is_refused_on_a_cell_table():
+    cfg = configs.config(
+        configs.table({"id": "int", "v": "int"}, policy="scylla", ignore_null_updates=True),
+        replicas=("a",),
+    )
+    with pytest.raises(ConfigError, match=r"tables\.t\.ignore_null_updates: not allowed on a cell"):
+        parse_config(cfg)

@@ -5,11 +5,14 @@ type reads a value's text, and the first guard that quarantines a copy
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.core.config import ColumnType, Kind, parse_config
 from pipeline.rules.guards import Typer, TypingSpec, reader
@@ -168,3 +171,64 @@ def test_an_event_without_its_order_value_is_malformed(record, detail) -> None:
         assert c["reason"] is None, c
     else:
         assert c["reason"] == "malformed" and detail in c["detail"], c
+
+
+@pytest.mark.parametrize("setting", [True, ["v", "x"]])
+def test_an_ignored_null_in_an_update_is_not_written(setting) -> None:
+    """docs/rules.md#ignore-null-updates: a null in an UPDATE's ``after`` for an ignored
+    column reads as "unchanged": the copy does not hold the column (so a NOT NULL column's
+    null is no violation), whichever path reads the record; an INSERT's null stays a null,
+    and a column not listed keeps its null."""
+    cfg = configs.config(
+        configs.table(
+            {"id": "int", "v": "string", "x": "decimal(38,10)", "w": "string"},
+            not_null=["v"],
+            ignore_null_updates=setting if setting is True else ["v", "x"],
+        )
+    )
+    config = parse_config(cfg)
+    typer = Typer(TypingSpec.of(config, config.tables["t"], NOW))
+    update = rec(op="UPDATE", after={"v": None, "x": None, "w": None})
+    c = typer.line(json.dumps(update), "sub")
+    assert c["reason"] is None, c
+    assert c["after_has"] == [False, False, False, setting is not True]
+    insert = typer.line(json.dumps(rec(after={"id": 1, "v": None, "x": None, "w": "a"})), "sub")
+    assert insert["detail"] == "after.v is null in a NOT NULL column"
+    # without the setting, the same UPDATE breaks the NOT NULL rule
+    assert typed(update)["detail"] == "after.v is null in a NOT NULL column"
+
+
+_NULLS_CONFIG = configs.config(
+    configs.table(
+        {"id": "int", "v": "string", "x": "decimal(38,10)", "w": "int"},
+        not_null=["v"],
+        ignore_null_updates=["v", "x"],
+    )
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["v", "x", "w"]),
+        st.one_of(st.none(), st.sampled_from(["a", "1", "2.5"])),
+    ),
+    st.sampled_from(["INSERT", "UPDATE", "DELETE"]),
+)
+def test_an_ignored_null_reads_as_the_member_left_out(after, op) -> None:
+    """docs/rules.md#ignore-null-updates as a property: an UPDATE with an ignored column's
+    null is typed exactly as the same UPDATE without that member (reason, detail, values;
+    a quarantine keeps the record as exported); any other op is typed as if the setting were off."""
+    config = parse_config(_NULLS_CONFIG)
+    plain = dataclasses.replace(config.tables["t"], ignore_nulls=frozenset())
+    on = Typer(TypingSpec.of(config, config.tables["t"], NOW))
+    without = Typer(TypingSpec.of(config, plain, NOW))
+    record = rec(op=op, after={"id": 1, **after})
+    got = on.line(json.dumps(record), "sub")
+    if op == "UPDATE":
+        kept = {c: v for c, v in record["after"].items() if v is not None or c not in ("v", "x")}
+        want = without.line(json.dumps({**record, "after": kept}), "sub")
+    else:
+        want = without.line(json.dumps(record), "sub")
+    assert got.pop("raw") == (json.dumps(record) if got["reason"] else None)  # as exported
+    assert got == {k: v for k, v in want.items() if k != "raw"}
