@@ -714,14 +714,21 @@ def _history(at: str, t: TableModel, p: _Problems) -> History | None:
     where = f"{at}.history.track"
     if not h.track:
         p.add(where, "an empty list (leave track out to track every column)")
-    for i, c in enumerate(h.track):
+    _check_value_columns(where, at, t, h.track, "a key change always opens a version", p)
+    return History(frozenset(h.track))
+
+
+def _check_value_columns(
+    where: str, at: str, t: TableModel, cols: list[str], why_not_key: str, p: _Problems
+) -> None:
+    """Each of ``cols`` (listed at ``where``) is a value column of table ``at``, once."""
+    for i, c in enumerate(cols):
         if c not in t.columns:
             p.add(f"{where}[{i}]", f"no column {c!r} in {at}.columns")
         elif c in t.key:
-            p.add(f"{where}[{i}]", f"key column {c!r}: a key change always opens a version")
-        elif h.track.index(c) != i:
+            p.add(f"{where}[{i}]", f"key column {c!r}: {why_not_key}")
+        elif cols.index(c) != i:
             p.add(f"{where}[{i}]", f"column {c!r} is listed twice")
-    return History(frozenset(h.track))
 
 
 def _ignore_nulls(
@@ -749,13 +756,7 @@ def _ignore_nulls(
     where = f"{at}.ignore_null_updates"
     if not own:
         p.add(where, "an empty list (false, or leave it out, ignores no null)")
-    for i, c in enumerate(own):
-        if c not in t.columns:
-            p.add(f"{where}[{i}]", f"no column {c!r} in {at}.columns")
-        elif c in t.key:
-            p.add(f"{where}[{i}]", f"key column {c!r}: an UPDATE's key is never unchanged")
-        elif own.index(c) != i:
-            p.add(f"{where}[{i}]", f"column {c!r} is listed twice")
+    _check_value_columns(where, at, t, own, "an UPDATE's key is never unchanged", p)
     return frozenset(c for c in own if c in value_columns)
 
 
