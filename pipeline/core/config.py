@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipeline.core.errors import ConfigError
 from pipeline.core.kinds import (
     INTEGER_KINDS,
+    MERGE_KINDS,
     NUMERIC_KINDS,
     ORDER_BY_KINDS,
     Kind,
@@ -35,6 +36,7 @@ from pipeline.core.policy import (
     ConflictType,
     Detection,
     Granularity,
+    MergeFn,
     Preset,
     Resolver,
     Scope,
@@ -242,6 +244,7 @@ class TableModel(_Strict):
     column_groups: dict[str, list[str]] | None = None
     history: HistoryModel | None = None
     ignore_null_updates: bool | list[str] | None = None
+    merge: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("history", mode="before")
     @classmethod
@@ -422,6 +425,9 @@ class Table:
     #: docs/rules.md#ignore-null-updates: the value columns whose null in an UPDATE's
     #: ``after`` means "unchanged" (the typed copy does not hold them)
     ignore_nulls: frozenset[str] = frozenset()
+    #: docs/rules.md#merge-functions: the value columns that take the larger (smaller) of
+    #: two rows' values when they meet in a conflict
+    merge: Mapping[str, MergeFn] = field(default_factory=dict)
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -638,6 +644,7 @@ def _resolve_table(
         column_groups=groups,
         history=_history(at, t, p),
         ignore_nulls=_ignore_nulls(at, t, m.ignore_null_updates, rule.granularity, p),
+        merge=_merge(at, t, ctypes, rule.granularity, p),
     )
 
 
@@ -758,6 +765,54 @@ def _ignore_nulls(
         p.add(where, "an empty list (false, or leave it out, ignores no null)")
     _check_value_columns(where, at, t, own, "an UPDATE's key is never unchanged", p)
     return frozenset(c for c in own if c in value_columns)
+
+
+def _merge(
+    at: str,
+    t: TableModel,
+    ctypes: Mapping[str, ColumnType],
+    granularity: Granularity,
+    p: _Problems,
+) -> dict[str, MergeFn]:
+    """docs/rules.md#merge-functions: ``merge: {column: max | min}`` on value columns of an
+    ordered type (numeric, date, timestamp) of a row table. A column whose value another rule
+    decides is refused: the key, ``order_by`` (it decides which version wins), a ``delta``
+    column (it adds), a ``unique`` or foreign-key column (a merged value could collide or
+    point nowhere)."""
+    if not t.merge:
+        return {}
+    where = f"{at}.merge"
+    if granularity is Granularity.CELL:
+        p.add(where, "not allowed on a cell-granularity table (each cell has its own timestamp)")
+        return {}
+    unique = {c for u in t.unique for c in u}
+    foreign = {c for fk in t.foreign_keys for c in fk.columns}
+    fns = ", ".join(f.value for f in MergeFn)
+    kinds = ", ".join(k.value for k in MERGE_KINDS)
+    out: dict[str, MergeFn] = {}
+    for c, fn in t.merge.items():
+        at_c = f"{where}.{c}"
+        if fn not in {f.value for f in MergeFn}:
+            p.add(at_c, f"merge function {fn!r}: one of {fns}")
+            continue
+        if c not in t.columns:
+            p.add(at_c, f"no column {c!r} in {at}.columns")
+            continue
+        taken = [
+            (c in t.key, "a key column"),
+            (c == t.order_by, "the order_by column (it decides which version wins)"),
+            (c in t.delta, "a delta column (its changes add up)"),
+            (c in unique, "a unique column (a merged value could collide)"),
+            (c in foreign, "a foreign-key column (a merged value could reference no row)"),
+        ]
+        why = next((w for hit, w in taken if hit), None)
+        if why is not None:
+            p.add(at_c, f"column {c!r} is {why}; it cannot be merged")
+        elif c in ctypes and ctypes[c].kind not in MERGE_KINDS:
+            p.add(at_c, f"column {c!r} is {ctypes[c]}; merge needs one of: {kinds}")
+        else:
+            out[c] = MergeFn(fn)
+    return out
 
 
 def _check_top_level_nulls(m: ConfigModel, p: _Problems) -> None:

@@ -52,6 +52,8 @@ class KindRow:
     #: its place in the list of the types an ``order_by`` column may have, as messages
     #: and docs/rules.md#order-by-a-column give it; None: not an ``order_by`` type
     order_by: int | None
+    #: may be a ``merge`` column (docs/rules.md#merge-functions): its values are ordered
+    merge: bool
     #: a signed integer of this many bits (two's complement); 0: not an integer
     bits: int
     #: the Spark SQL type (``DataType.simpleString``; decimal's ``p,s`` are the column's)
@@ -68,17 +70,17 @@ class KindRow:
 # fmt: off
 #: every column type, one row each (docs/configuration.md#column-types)
 KINDS: Mapping[Kind, KindRow] = every_kind("the column types", {
-    #                       numeric order_by bits spark           cql          arrow  as_is
-    Kind.INT:       KindRow(True,   3,       32,  "int",          "int",       True,  False),
-    Kind.BIGINT:    KindRow(True,   2,       64,  "bigint",       "bigint",    True,  False),
-    Kind.STRING:    KindRow(False,  None,    0,   "string",       "text",      True,  True),
-    Kind.BOOLEAN:   KindRow(False,  None,    0,   "boolean",      "boolean",   True,  True),
-    Kind.DOUBLE:    KindRow(True,   None,    0,   "double",       "double",    True,  False),
-    Kind.DECIMAL:   KindRow(True,   4,       0,   "decimal(p,s)", "decimal",   True,  False),
-    Kind.DATE:      KindRow(False,  None,    0,   "date",         "date",      False, True),
-    Kind.TIMESTAMP: KindRow(False,  1,       0,   "timestamp",    "timestamp", False, False),
-    Kind.BINARY:    KindRow(False,  None,    0,   "binary",       "blob",      False, True),
-    Kind.UUID:      KindRow(False,  None,    0,   "string",       "uuid",      False, True),
+    #                       numeric order_by merge  bits spark           cql          arrow  as_is
+    Kind.INT:       KindRow(True,   3,       True,  32,  "int",          "int",       True,  False),
+    Kind.BIGINT:    KindRow(True,   2,       True,  64,  "bigint",       "bigint",    True,  False),
+    Kind.STRING:    KindRow(False,  None,    False, 0,   "string",       "text",      True,  True),
+    Kind.BOOLEAN:   KindRow(False,  None,    False, 0,   "boolean",      "boolean",   True,  True),
+    Kind.DOUBLE:    KindRow(True,   None,    True,  0,   "double",       "double",    True,  False),
+    Kind.DECIMAL:   KindRow(True,   4,       True,  0,   "decimal(p,s)", "decimal",   True,  False),
+    Kind.DATE:      KindRow(False,  None,    True,  0,   "date",         "date",      False, True),
+    Kind.TIMESTAMP: KindRow(False,  1,       True,  0,   "timestamp",    "timestamp", False, False),
+    Kind.BINARY:    KindRow(False,  None,    False, 0,   "binary",       "blob",      False, True),
+    Kind.UUID:      KindRow(False,  None,    False, 0,   "string",       "uuid",      False, True),
 })
 # fmt: on
 
@@ -87,6 +89,8 @@ NUMERIC_KINDS = frozenset(k for k, row in KINDS.items() if row.numeric)
 #: order messages name them
 _ORDER_BY_PLACES = {k: row.order_by for k, row in KINDS.items() if row.order_by is not None}
 ORDER_BY_KINDS = tuple(sorted(_ORDER_BY_PLACES, key=_ORDER_BY_PLACES.__getitem__))
+#: docs/rules.md#merge-functions: the types a ``merge`` column may have
+MERGE_KINDS = tuple(k for k, row in KINDS.items() if row.merge)
 #: the signed integers
 INTEGER_KINDS = frozenset(k for k, row in KINDS.items() if row.bits)
 

@@ -8,10 +8,12 @@ implementation.
 
 from __future__ import annotations
 
+import math
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class ConflictType(StrEnum):
@@ -211,6 +213,7 @@ class Why(StrEnum):
     REFUSED = "refused"
     NO_LIVE_ROW = "no_live_row"
     UNIQUE_COLLISION = "unique_collision"
+    MERGED = "merged"
 
 
 #: docs/rules.md#reasons: the sentence of each :class:`Why`, with the facts it names in
@@ -245,6 +248,7 @@ REASONS: dict[Why, str] = {
     Why.REFUSED: "{resolver}",
     Why.NO_LIVE_ROW: "no live row to delete",
     Why.UNIQUE_COLLISION: "collides on a unique constraint with key(s) {keys}",
+    Why.MERGED: "{why}; merge took the {side} value of {columns}",
 }
 
 
@@ -266,6 +270,47 @@ def reason(sentence: Why, /, **facts: object) -> str:
         k: ", ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in facts.items()
     }
     return REASONS[sentence].format(**joined)
+
+
+class MergeFn(StrEnum):
+    """docs/rules.md#merge-functions: what a ``merge`` column of a row takes when two rows
+    meet in a conflict."""
+
+    MAX = "max"
+    MIN = "min"
+
+
+def _rank(v: Any) -> tuple[bool, Any, str]:
+    """A value's place for :data:`MERGES`: NaN above every number, as PostgreSQL and
+    Spark order it, and equal values (``0.0`` and ``-0.0``, ``1.0`` and ``1.00``) by their
+    text, so that the result never depends on which version is which."""
+    nan = isinstance(v, float) and math.isnan(v)
+    return (nan, 0.0 if nan else v, str(v))
+
+
+def _larger(a: Any, b: Any) -> Any:
+    return a if _rank(a) >= _rank(b) else b
+
+
+def _smaller(a: Any, b: Any) -> Any:
+    return a if _rank(a) <= _rank(b) else b
+
+
+#: docs/rules.md#merge-functions: each function on two non-null values (a null is never
+#: taken while the other version has a value)
+MERGES: dict[MergeFn, Callable[[Any, Any], Any]] = {
+    MergeFn.MAX: _larger,
+    MergeFn.MIN: _smaller,
+}
+
+
+def merged(fn: MergeFn, a: Any, b: Any) -> Any:
+    """``a`` and ``b`` merged by ``fn``: the non-null one when the other is null."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return MERGES[fn](a, b)
 
 
 #: docs/rules.md#resolvers: the steps of the fold that meet no local version to weigh, and

@@ -31,6 +31,7 @@ from pipeline.core.policy import (
     Standing,
     Why,
     delete_wins,
+    merged,
     reason,
 )
 
@@ -344,6 +345,7 @@ class RowFold:
         self._key_cols = self.table.key
         self._all_cols = self.table.column_names
         self._delta_types = {c: self.table.column(c).type for c in self.table.delta}
+        self._merges = self.table.merge
         self._indexes: list[dict[tuple[Any, ...], set[Key]]] = [{} for _ in self.table.unique]
         for k, v in state.items():
             self._index(k, v)
@@ -480,6 +482,46 @@ class RowFold:
             values[c] = self._plus_delta(values.get(c), e, c)
         self._set(key, replace(loc, values=values))  # its stamps (and groups) stay
 
+    def _merge_won(
+        self, values: dict[str, Any], loser: Mapping[str, Any], cols: Iterable[str] | None = None
+    ) -> list[str]:
+        """docs/rules.md#merge-functions: the winner's ``values`` with each ``merge``
+        column (of ``cols``, the conflict's column group, when given) taking the merge of
+        the two versions; returns the columns the losing version's value took, as the
+        conflict log names them."""
+        took = []
+        for c, fn in self._merges.items():
+            if cols is not None and c not in cols:
+                continue
+            v = merged(fn, values.get(c), loser.get(c))
+            if v is not values.get(c):  # merged returns one of its two values: the loser's
+                values[c] = v
+                took.append(f"{c} ({fn.value})")
+        return took
+
+    def _merge_lost(
+        self, key: Key, remote: Mapping[str, Any], cols: Iterable[str] | None = None
+    ) -> list[str]:
+        """docs/rules.md#merge-functions: the live local row kept against a remote version
+        that lost (the columns an INSERT or UPDATE wrote, or the row a key change moved)
+        takes the merge of each ``merge`` column (of ``cols``, when given); its stamps
+        stay, as a lost UPDATE's delta leaves them."""
+        loc = self.state.get(key)
+        if not self._merges or loc is None or loc.deleted:
+            return []
+        values = dict(loc.values)
+        took = self._merge_won(values, remote, cols)
+        if took:
+            self._set(key, replace(loc, values=values))
+        return took
+
+    def _note_merge(self, log: list[Conflict], i: int, side: str, took: list[str]) -> None:
+        """Name in conflict ``log[i]``'s reason the ``merge`` columns that took the ``side``
+        (``local`` or ``remote``) version's value."""
+        if took:
+            c = log[i]
+            log[i] = replace(c, reason=reason(_W.MERGED, why=c.reason, side=side, columns=took))
+
     def _live(
         self, values: dict[str, Any], e: Event, stamps: Mapping[str, Stamp] | None = None
     ) -> Version:
@@ -601,18 +643,25 @@ class RowFold:
         key = e.key
         loc = self.state.get(key)
         as_update = False
+        at = -1
         if loc is not None and (not loc.deleted or self._delete_wins(_C.INSERT_EXISTS)):
             # docs/rules.md#conflict-types insert_exists; docs/rules.md#fine-points:
             # under postgres an INSERT onto a tombstone is no conflict
             win = _O.APPLIED if loc.deleted else _O.CONVERTED_TO_UPDATE
             out, r, why = self._decide(_C.INSERT_EXISTS, e, loc, win)
             log.append(self._conflict(key, _C.INSERT_EXISTS, r, out, e, (loc,), why))
+            at = len(log) - 1
             if not out.remote_applied:
+                if out is not _O.ERRORED:
+                    self._note_merge(log, at, "remote", self._merge_lost(key, e.after))
                 return self._done(e, False, log)
             as_update = not loc.deleted
         values = self._insert_values(e, key, loc if as_update else None, log)
         if values is None:
             return self._done(e, False, log)
+        if as_update:
+            assert loc is not None
+            self._note_merge(log, at, "local", self._merge_won(values, loc.values))
         return self._finish(e, key, values, log, None)
 
     def _insert_values(
@@ -657,13 +706,19 @@ class RowFold:
         groups = [(g, c) for g, c in self.table.column_groups if any(x in e.after for x in c)]
         if groups and target == key:
             return self._update_groups(e, key, loc, groups, log)
+        at = None
         if self._differs(e, loc, use_before=True):
             out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
             why = reason(_W.AGAINST_LOCAL, why=why, origin=loc.origin, ts=loc.ts)
             log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,), why))
+            at = len(log) - 1
             if not out.remote_applied:
+                if out is not _O.ERRORED:
+                    self._note_merge(log, at, "remote", self._merge_lost(key, e.after))
                 return self._done(e, False, log)
         values = self._merge(loc.values, e, target)
+        if at is not None:
+            self._note_merge(log, at, "local", self._merge_won(values, loc.values))
         return self._finish(e, target, values, log, key if target != key else None)
 
     def _update_groups(
@@ -680,6 +735,8 @@ class RowFold:
         whatever their group's outcome."""
         stamps = {g: loc.group(g).stamp() for g, _ in self.table.column_groups}
         won: set[str] = set()
+        #: the group conflicts each side won: (the group's columns, its conflict-log row)
+        merges: dict[bool, list[tuple[tuple[str, ...], int]]] = {True: [], False: []}
         for g, cols in groups:
             gv = loc.group(g)
             if self._differs(e, gv, use_before=True, cols=cols):
@@ -689,11 +746,14 @@ class RowFold:
                 log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (gv,), why))
                 if out is _O.ERRORED:
                     return self._done(e, False, log)
+                merges[out.remote_applied].append((cols, len(log) - 1))
                 if not out.remote_applied:
                     continue
             won.update(cols)
             stamps[g] = Stamp(e.ts, e.rank, e.event_id, e.origin, e.pos)
         if not won:
+            for cols, at in merges[False]:
+                self._note_merge(log, at, "remote", self._merge_lost(key, e.after, cols))
             return self._done(e, False, log)
         values = dict(loc.values)
         for c, v in e.after.items():
@@ -702,6 +762,10 @@ class RowFold:
             elif c in won:
                 values[c] = v
         values.update(self.key_dict(key))
+        for cols, at in merges[True]:
+            self._note_merge(log, at, "local", self._merge_won(values, loc.values, cols))
+        for cols, at in merges[False]:
+            self._note_merge(log, at, "remote", self._merge_won(values, e.after, cols))
         a = self._finish(e, key, values, log, None, stamps)
         return replace(a, written=frozenset(won | (self.table.delta & set(e.after))))
 
@@ -800,8 +864,13 @@ class RowFold:
             if m is not None and (not m.deleted or self._delete_wins(_C.PKEY_EXISTS)):
                 out, r, why = self._decide(_C.PKEY_EXISTS, e, m, _O.APPLIED)
                 log.append(self._conflict(target, _C.PKEY_EXISTS, r, out, e, (m,), why))
+                at = len(log) - 1
                 if not out.remote_applied:  # a key change loses as a whole
+                    if out is not _O.ERRORED:
+                        self._note_merge(log, at, "remote", self._merge_lost(target, values))
                     return self._done(e, False, log)
+                if not m.deleted:
+                    self._note_merge(log, at, "local", self._merge_won(values, m.values))
         colliding = self._collisions(values, target, moved_from)
         if colliding:
             t = _C.MULTIPLE_UNIQUE_CONFLICTS

@@ -64,3 +64,23 @@ def test_scenario_through_the_console_script_with_gzip(tmp_path: Path):
 
     got, failed = S.run_scenario(s, tmp_path, gz=True, cli=cli)
     assert S.differences(s, got, failed) == []
+
+
+def test_a_losing_update_that_raises_a_max_column_is_logged_and_in_the_cdc_log(tmp_path_factory):
+    """docs/rules.md#merge-functions, on the published tables of the golden scenario (its
+    run is the one ``test_scenario`` compared): the conflict log's reason names the column
+    the losing version raised, and the CDC log holds that change as an update of the
+    column, with the event's stamp; the lower losing value changed nothing."""
+    from tests.helpers.reports import date_report, log_rows
+
+    ran = S.scenario_run(S.GOLDEN / "merge_losing_update_raises_the_max.json", tmp_path_factory)
+    store, s = ran["root"] / "store", ran["s"]
+    report = date_report(store, s["date"])
+    rows = log_rows(store, report, "scores", "conflicts")
+    reasons = {json.loads(r["key"])["id"]: r["reason"] for r in rows}
+    assert reasons[1].endswith("; merge took the remote value of high_score (max)")
+    assert "merge" not in reasons[2]
+    log = P.cdc_log(store, "scores", s["date"])
+    updates = [(r["id"], r["name"], r["high_score"]) for r in log if r["cdc$operation"] == 1]
+    assert updates == [(1, None, 180)]  # only the merged column is written
+    assert all(r["id"] != 2 for r in log)

@@ -136,7 +136,11 @@ CASES = {
         },
     },
     "delete_wins_delta": {"policy": "delete_wins", "delta": ["n"]},
-    "postgres_groups": {"column_groups": {"label": ["v"], "stock": ["n"]}, "history": True},
+    "postgres_groups": {  # with a merge column in a group (docs/rules.md#merge-functions)
+        "column_groups": {"label": ["v"], "stock": ["n"]},
+        "merge": {"n": "max"},
+        "history": True,
+    },
     "postgres_priority": {  # docs/rules.md#priority, with the top-level priority: [sub, pub]
         "resolvers": {
             t: "priority_wins"
@@ -364,6 +368,8 @@ def test_engine_equals_the_python_fold(case: str, tmp_path: Path, spark, monkeyp
     assert got_state == state_rows(ref2["state"])
     if "column_groups" in table:  # the run kept rows whose groups differ
         assert any(g is not None for *_, g in got_state.values())
+    if "merge" in table:  # the engine's conflicts took a losing version's max
+        assert any("merge took the" in c[-1] for ref in (ref1, ref2) for c in ref["conflicts"])
 
     report = RunReport.from_json((store / f"published/reports/dt={D2}/run_report.json").read_text())
     t = report.tables["t"]

@@ -450,3 +450,60 @@ def test_ignore_null_updates_is_refused_on_a_cell_table():
     )
     with pytest.raises(ConfigError, match=r"tables\.t\.ignore_null_updates: not allowed on a cell"):
         parse_config(cfg)
+
+
+def _merging(merge, policy="postgres", **table):
+    columns = {"id": "int", "score": "bigint", "price": "decimal(10,2)", "seen": "timestamp"}
+    columns |= {"born": "date", "ratio": "double", "name": "string", "ok": "boolean"}
+    columns |= {"parent": "int", "rev": "int", "qty": "int"}
+    t = configs.table(columns, policy=policy, merge=merge, **table)
+    cfg = configs.config(t, replicas=("a",))
+    cfg["tables"]["p"] = configs.table({"id": "int"})
+    return parse_config(cfg)
+
+
+def test_merge_reads_max_and_min_on_numeric_date_and_timestamp_columns():
+    """docs/rules.md#merge-functions: every ordered type may be merged."""
+    merge = {"score": "max", "price": "min", "seen": "max", "born": "min", "ratio": "max"}
+    got = _merging(merge).tables["t"].merge
+    assert {c: f.value for c, f in got.items()} == merge
+    assert _merging({}).tables["t"].merge == {}
+
+
+@pytest.mark.parametrize(
+    ("merge", "table", "message"),
+    [
+        ({"id": "max"}, {}, r"tables\.t\.merge\.id: column 'id' is a key column"),
+        ({"rev": "max"}, {"order_by": "rev"}, r"merge\.rev: column 'rev' is the order_by column"),
+        ({"qty": "max"}, {"delta": ["qty"]}, r"merge\.qty: column 'qty' is a delta column"),
+        ({"score": "min"}, {"unique": [["score"]]}, r"merge\.score: column 'score' is a unique"),
+        (
+            {"parent": "max"},
+            {"foreign_keys": [{"columns": ["parent"], "references": "p"}]},
+            r"merge\.parent: column 'parent' is a foreign-key column",
+        ),
+        ({"name": "max"}, {}, r"merge\.name: column 'name' is string; merge needs one of: int"),
+        ({"ok": "min"}, {}, r"merge\.ok: column 'ok' is boolean; merge needs one of"),
+        ({"score": "sum"}, {}, r"merge\.score: merge function 'sum': one of max, min"),
+        ({"nope": "max"}, {}, r"merge\.nope: no column 'nope' in tables\.t\.columns"),
+    ],
+    ids=[
+        "key",
+        "order_by",
+        "delta",
+        "unique",
+        "foreign_key",
+        "string",
+        "boolean",
+        "sum",
+        "unknown",
+    ],
+)
+def test_merge_mistakes_name_the_column(merge, table, message):
+    with pytest.raises(ConfigError, match=message):
+        _merging(merge, **table)
+
+
+def test_merge_is_refused_on_a_cell_table():
+    with pytest.raises(ConfigError, match=r"tables\.t\.merge: not allowed on a cell-granularity"):
+        _merging({"score": "max"}, policy="scylla")

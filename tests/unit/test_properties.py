@@ -227,6 +227,65 @@ def test_column_groups_converge_in_every_apply_order(w):
                 assert v.values[col] == base.values[col], (k, col)
 
 
+@st.composite
+def merge_workloads(draw):
+    """Full-row writes in which every write but a key's first meets a conflict in every
+    apply order: each origin writes a key at most once, and never the origin of its prior
+    row (docs/rules.md#merge-functions: outside conflicts a merge column is written as it is)."""
+    raw, prior, orders = draw(workloads(deletes=False))
+    seen = {(k, o) for k, (_, _, o) in prior.items()}
+    keep = []
+    for i, r in enumerate(raw):
+        if (r["key"], r["origin"]) not in seen:
+            seen.add((r["key"], r["origin"]))
+            keep.append(i)
+    if not keep:
+        keep = [0]
+        prior.pop(raw[0]["key"], None)
+    place = {old: new for new, old in enumerate(keep)}
+    kept = [raw[i] for i in keep]
+    return kept, prior, {rep: [place[i] for i in o if i in place] for rep, o in orders.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(merge_workloads(), st.sampled_from(["max", "min"]))
+def test_merge_columns_converge_and_hold_the_extreme_of_every_write(w, fn):
+    """docs/rules.md#merge-functions: when every write meets a conflict, every replica's own
+    apply order reaches the converged state, whose merge column ``n`` holds the largest
+    (smallest) value any version of the key had, and whose other columns are the
+    last-writer-wins row's."""
+    raw, prior, orders = w
+    spec, ranks = lww_spec(table={"merge": {"n": fn}})
+    state, events = build(raw, prior, orders, ranks)
+    converged = converged_in_every_order(spec, state, events)
+    plain = fold_converged(lww_spec()[0], state, events).state
+    pick = max if fn == "max" else min
+    for k, v in converged.items():
+        values = [e.after["n"] for e in events if e.key == k]
+        values += [state[k].values["n"]] if k in state else []
+        assert v.values["n"] == pick(values), k
+        assert {**v.values, "n": None} == {**plain[k].values, "n": None}, k
+
+
+def test_a_replica_that_lowers_its_own_max_without_a_conflict_diverges():
+    """The other side of the rule above (GoldenGate's USEMAX has it too): replica ``a``
+    lowers its own row (no conflict: the column is written as it is), ``b`` writes later
+    from another origin. ``b``'s perspective meets ``a``'s lowering only as a conflict
+    that it wins by the max, the converged order meets it before ``b``'s write: the
+    divergence report shows the key."""
+    spec, ranks = lww_spec(table={"merge": {"n": "max"}})
+    state = {(0,): Version({"id": 0, "v": "p", "n": 3}, T0 - MS, "a", None, ranks["a"])}
+    low = Event("e0", "UPDATE", (0,), T0, "a", ranks["a"], after={"n": 0}, seqs={"a": 0, "b": 1})
+    high = Event(
+        "e1", "UPDATE", (0,), T0 + MS, "b", ranks["b"], after={"n": 1}, seqs={"a": 1, "b": 0}
+    )
+    converged = fold_converged(spec, state, [low, high]).state
+    assert converged[(0,)].values["n"] == 1
+    mine = fold_perspective(spec, state, [low, high], "b")
+    assert mine[(0,)].values["n"] == 3
+    assert divergent_keys(converged, mine) == [(0,)]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.integers(0, 50), st.integers(0, 50), st.sampled_from(["x", "y"]), st.sampled_from(["z", "w"])
@@ -270,17 +329,20 @@ def test_insert_race_under_skip_diverges(ts_a, ts_b, va, vb):
 
 @st.composite
 def rule_mixes(draw):
-    """A table with a unique column and a delta column under resolvers drawn from every
-    allowed one (``error`` left out: a stopped run publishes nothing), a prior state, and
-    events of every kind: partial rows, key changes, deletes, TRUNCATEs."""
+    """A table with a unique column, a delta column and a merge column (``m``, max or min,
+    or none) under resolvers drawn from every allowed one (``error`` left out: a stopped
+    run publishes nothing), a prior state, and events of every kind: partial rows, key
+    changes, deletes, TRUNCATEs."""
     resolvers = {
         t.value: draw(st.sampled_from(sorted(r for r in allowed_resolvers(t) if "error" not in r)))
         for t in ConflictType
     }
+    merge = draw(st.sampled_from([{}, {"m": "max"}, {"m": "min"}]))
     table = {
-        "columns": {"id": "int", "v": "string", "n": "int"},
+        "columns": {"id": "int", "v": "string", "n": "int", "m": "int"},
         "unique": [["v"]],
         "delta": ["n"],
+        "merge": merge,
         "resolvers": resolvers,
         "defaults": {"v": "dflt"},
     }
@@ -295,6 +357,7 @@ def rule_mixes(draw):
             "id": k,
             "v": draw(st.sampled_from(["x", "y", None])),
             "n": draw(st.integers(0, 5)),
+            "m": draw(st.sampled_from([None, 1, 5])),
         }
         prior[(k,)] = Version(values, T0 - draw(st.integers(1, 9)) * MS, o, f"p{k}", ranks[o])
     events = []
@@ -305,7 +368,7 @@ def rule_mixes(draw):
         after: dict = {}
         before: dict = {}
         if op in ("INSERT", "UPDATE"):
-            for c in draw(st.sets(st.sampled_from(["v", "n"]), min_size=1)):
+            for c in draw(st.sets(st.sampled_from(["v", "n", "m"]), min_size=1)):
                 after[c] = (
                     draw(st.sampled_from(["x", "y", "z"])) if c == "v" else draw(st.integers(0, 9))
                 )

@@ -690,3 +690,112 @@ def test_a_lost_update_adds_its_delta_and_keeps_the_rows_groups():
     row = res.state[(1,)]
     assert reader_view(row) == {"id": 1, "v": "a", "n": 13}
     assert row.groups == v.groups and (row.ts, row.origin) == (v.ts, v.origin)
+
+
+# ---------------------------------------------------------------- merge functions
+
+MAX_N = {"merge": {"n": "max"}}
+
+
+def test_a_winning_update_keeps_the_local_max():
+    """docs/rules.md#merge-functions: update_differ, the remote wins the row, the local's
+    larger ``n`` stays; the reason names the column."""
+    state = dict([live(1, "a", T0 - H, "pub", n=50)])
+    res = fold(spec(MAX_N), state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "b", "n": 7})])
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "b", "n": 50}
+    assert res.state[(1,)].origin == "sub"
+    c = only_conflict(res)
+    assert (c.type, c.outcome) == (C.UPDATE_DIFFER, O.APPLIED)
+    assert c.reason.endswith("; merge took the local value of n (max)")
+
+
+def test_a_losing_update_still_raises_the_max_and_keeps_the_local_stamp():
+    sp = spec({**MAX_N, "resolvers": {"update_differ": "earliest_timestamp_wins"}})
+    state = dict([live(1, "a", T0 - H, "pub", n=5, eid="p0")])
+    res = fold_converged(
+        sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "b", "n": 9})], trace=True
+    )
+    row = res.state[(1,)]
+    assert reader_view(row) == {"id": 1, "v": "a", "n": 9}
+    assert (row.ts, row.origin, row.event_id) == (T0 - H, "pub", "p0")
+    a = res.applied[0]
+    assert (a.applied, a.conflicts[0].outcome) == (False, O.DISCARDED)
+    assert a.conflicts[0].reason.endswith("; merge took the remote value of n (max)")
+    assert [(ch.kind.value, ch.cols, dict(ch.values)) for ch in a.changes] == [
+        ("update", ("n",), {"n": 9})
+    ]
+
+
+def test_a_lower_losing_value_and_a_null_change_nothing():
+    sp = spec({**MAX_N, "resolvers": {"update_differ": "earliest_timestamp_wins"}})
+    state = dict([live(1, "a", T0 - H, "pub", n=5)])
+    for n in (4, None):
+        res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"v": "b", "n": n})])
+        assert reader_view(res.state[(1,)]) == {"id": 1, "v": "a", "n": 5}
+        assert "merge" not in only_conflict(res).reason
+
+
+def test_min_takes_the_smaller_and_a_null_never_wins():
+    sp = spec({"merge": {"n": "min"}})
+    state = dict([live(1, "a", T0 - H, "pub", n=None)])
+    res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"n": 3})])
+    assert res.state[(1,)].values["n"] == 3
+    state = dict([live(1, "a", T0 - H, "pub", n=2)])
+    res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"n": 3})])
+    assert res.state[(1,)].values["n"] == 2
+
+
+def test_no_conflict_no_merge_a_replica_lowers_its_own_value():
+    """Outside conflicts the column is written like any other: the same origin lowering its
+    own newer row is not overridden."""
+    state = dict([live(1, "a", T0 - H, "pub", n=50)])
+    res = fold(spec(MAX_N), state, [ev("UPDATE", 1, T0, "pub", "pub-1", {"n": 7})])
+    assert res.state[(1,)].values["n"] == 7
+    assert [a.conflicts for a in res.applied] == [()]
+
+
+@pytest.mark.parametrize("remote_ts", [T0 - 2 * H, T0])
+def test_insert_exists_merges_whichever_insert_wins(remote_ts):
+    state = dict([live(1, "a", T0 - H, "pub", n=5)])
+    res = fold(
+        spec(MAX_N), state, [ev("INSERT", 1, remote_ts, "sub", "s", {"id": 1, "v": "b", "n": 8})]
+    )
+    won = remote_ts > T0 - H
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "b" if won else "a", "n": 8}
+    c = only_conflict(res)
+    assert c.type is C.INSERT_EXISTS
+    assert ("merge took" in c.reason) is (not won)
+
+
+def test_a_key_change_onto_a_row_merges_in_pkey_exists():
+    state = dict([live(1, "a", T0 - H, "pub", n=2), live(2, "b", T0 - H, "pub", n=9)])
+    e = ev("UPDATE", 1, T0, "sub", "sub-1", {"id": 3, "n": 1}, new_key=2)
+    res = fold(spec(MAX_N), state, [e])
+    assert (1,) not in res.state or res.state[(1,)].deleted
+    assert reader_view(res.state[(2,)])["n"] == 9
+    assert any(c.type is C.PKEY_EXISTS and "n (max)" in c.reason for c in res.applied[0].conflicts)
+
+
+def test_with_column_groups_the_merge_follows_the_columns_group():
+    """docs/rules.md#merge-functions with column groups: an UPDATE that loses group ``stock``
+    still raises its max column; one that loses group ``label`` and writes ``n`` without a
+    conflict in ``stock`` writes ``n`` as it is."""
+    sp = spec({**MAX_N, "column_groups": {"label": ["v"], "stock": ["n"]}})
+    state = dict([live(1, "a", T0, "pub", n=5)])
+    late = ev("UPDATE", 1, T0 - H, "sub", "sub-1", {"v": "z", "n": 8})
+    res = fold(sp, state, [late])
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "a", "n": 8}
+    assert (
+        sum("merge took the remote value of n (max)" in c.reason for c in res.applied[0].conflicts)
+        == 1
+    )
+    assert res.state[(1,)].origin == "pub"
+
+
+def test_merge_keeps_nan_above_every_number_in_both_orders():
+    sp = spec({"columns": {"id": "int", "v": "string", "n": "double"}, **MAX_N})
+    nan = float("nan")
+    for local, remote in ((nan, 1.0), (1.0, nan)):
+        state = dict([live(1, "a", T0 - H, "pub", n=local)])
+        res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"n": remote})])
+        assert res.state[(1,)].values["n"] != res.state[(1,)].values["n"]  # NaN
