@@ -135,8 +135,8 @@ test-airflow: $(STAMP) jvm-archive browser
 	$(BIN)/pytest tests/airflow
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline dags plugins tests bench
-	$(BIN)/ruff format --check pipeline dags plugins tests bench
+	$(BIN)/ruff check pipeline dags plugins tests bench docs/examples
+	$(BIN)/ruff format --check pipeline dags plugins tests bench docs/examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

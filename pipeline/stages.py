@@ -207,9 +207,11 @@ def run_report(
     """The run's report, as far as a dry run has it: publish adds the Data Docs files and
     the versions it committed."""
     from pipeline.resolve.skew import skew_warnings
+    from pipeline.rules.custom import asymmetric_warnings
 
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
-    skew = skew_warnings(summary.tables, config.max_clock_skew_seconds)
+    warned = skew_warnings(summary.tables, config.max_clock_skew_seconds)
+    warned += asymmetric_warnings(summary.tables)
     return RunReport(
         run_id=ctx.run_id,
         dt=ctx.dt.isoformat(),
@@ -218,7 +220,7 @@ def run_report(
         now_us=ctx.now_us,
         store=config.store,
         failures=tuple(verdict.failures),
-        warnings=(*verdict.warnings, *skew),
+        warnings=(*verdict.warnings, *warned),
         tables=summary.tables,
         validation=ReportValidation(
             results=f"{validation}/results.json",

@@ -215,6 +215,16 @@ class RetryModel(_Strict):
     update_missing: int | None = Field(default=None, ge=1)
 
 
+class CustomResolverModel(_Strict):
+    """docs/rules.md#custom-resolvers: ``{python: "module:function"}``."""
+
+    python: str
+
+
+#: a resolver as the config names it: a built-in one, or the user's function
+ResolverSetting = Resolver | CustomResolverModel
+
+
 class ForeignKeyModel(_Strict):
     columns: list[str] = Field(min_length=1)
     references: str
@@ -224,7 +234,7 @@ class DefaultsModel(_Strict):
     policy: Preset = Preset.POSTGRES
     tie_break: TieBreak | None = None
     detection: Detection | None = None
-    resolvers: dict[ConflictType, Resolver] = Field(default_factory=dict)
+    resolvers: dict[ConflictType, ResolverSetting] = Field(default_factory=dict)
 
 
 class TableModel(_Strict):
@@ -235,7 +245,7 @@ class TableModel(_Strict):
     foreign_keys: list[ForeignKeyModel] = Field(default_factory=list)
     delta: list[str] = Field(default_factory=list)
     policy: Preset | None = None
-    resolvers: dict[ConflictType, Resolver] | None = None
+    resolvers: dict[ConflictType, ResolverSetting] | None = None
     defaults: dict[str, Any] = Field(default_factory=dict)
     tie_break: TieBreak | None = None
     scope: Scope = Scope.ROW
@@ -428,6 +438,14 @@ class Table:
     #: docs/rules.md#merge-functions: the value columns that take the larger (smaller) of
     #: two rows' values when they meet in a conflict
     merge: Mapping[str, MergeFn] = field(default_factory=dict)
+    #: docs/rules.md#custom-resolvers: the ``module:function`` of each conflict type whose
+    #: resolver is :attr:`Resolver.PYTHON`
+    custom: Mapping[ConflictType, str] = field(default_factory=dict)
+
+    def resolver_name(self, t: ConflictType) -> str:
+        """The resolver of conflict type ``t`` as the conflict log names it."""
+        r = self.resolvers[t]
+        return f"python:{self.custom[t]}" if r is Resolver.PYTHON else r.value
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -616,8 +634,10 @@ def _resolve_table(
     col_defaults = _column_defaults(at, t, ctypes, p)
     preset = t.policy or defaults.policy
     rule = PRESETS[preset]
-    resolvers = _resolvers(at, t, defaults, p)
+    resolvers, custom = _resolvers(at, t, defaults, p)
     groups = _column_groups(at, t, preset, p)
+    if custom and groups:
+        p.add(f"{at}.resolvers", "a custom resolver cannot be combined with column_groups")
     if len(columns) != len(t.columns) or not t.key:
         return None
     return Table(
@@ -645,6 +665,7 @@ def _resolve_table(
         history=_history(at, t, p),
         ignore_nulls=_ignore_nulls(at, t, m.ignore_null_updates, rule.granularity, p),
         merge=_merge(at, t, ctypes, rule.granularity, p),
+        custom=custom,
     )
 
 
@@ -872,11 +893,17 @@ def _column_defaults(
     return col_defaults
 
 
+#: docs/rules.md#custom-resolvers: a dotted module path, a colon, a function name
+_FUNCTION_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
 def _resolvers(
     at: str, t: TableModel, defaults: DefaultsModel, p: _Problems
-) -> dict[ConflictType, Resolver]:
+) -> tuple[dict[ConflictType, Resolver], dict[ConflictType, str]]:
     """The table's resolver per conflict type: its policy's, then ``defaults.resolvers``,
-    then its own ``resolvers`` (row tables only), each one allowed for its conflict type."""
+    then its own ``resolvers`` (row tables only), each one allowed for its conflict type;
+    and the ``module:function`` of each custom one (docs/rules.md#custom-resolvers: only
+    its syntax is checked here, the run imports it)."""
     preset = t.policy or defaults.policy
     rule = PRESETS[preset]
     if rule.granularity is Granularity.CELL:
@@ -891,21 +918,37 @@ def _resolvers(
     if t.scope is Scope.TRANSACTION and preset is not Preset.DELETE_WINS:
         p.add(f"{at}.scope", "scope 'transaction' needs policy 'delete_wins'")
     resolvers = dict(rule.resolvers)
+    custom: dict[ConflictType, str] = {}
     if rule.granularity is Granularity.ROW:
         layered = [("defaults.resolvers", defaults.resolvers)]
         if t.resolvers is not None:
             layered.append((f"{at}.resolvers", t.resolvers))
         for path, overrides in layered:
-            for ctype, res in overrides.items():
+            for ctype, setting in overrides.items():
+                where = f"{path}.{ctype.value}"
+                res = Resolver.PYTHON if isinstance(setting, CustomResolverModel) else setting
                 if res not in ALLOWED[ctype]:
                     p.add(
-                        f"{path}.{ctype.value}",
+                        where,
                         f"resolver {res.value!r} is not allowed for {ctype.value}; "
                         f"allowed: {', '.join(allowed_resolvers(ctype))}",
                     )
+                elif not isinstance(setting, CustomResolverModel):
+                    if res is Resolver.PYTHON:
+                        p.add(where, 'a custom resolver is {python: "module:function"}')
+                    resolvers[ctype] = res
+                    custom.pop(ctype, None)
+                elif preset is Preset.DELETE_WINS:
+                    p.add(where, "a custom resolver is not allowed under policy delete_wins")
+                elif not _FUNCTION_PATH.match(setting.python):
+                    p.add(
+                        f"{where}.python",
+                        f"{setting.python!r} is not module:function (e.g. acme.cdr:prefer_paid)",
+                    )
                 else:
                     resolvers[ctype] = res
-    return resolvers
+                    custom[ctype] = setting.python
+    return resolvers, custom
 
 
 def _resolve(m: ConfigModel, p: _Problems) -> Config:

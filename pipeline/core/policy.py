@@ -48,6 +48,8 @@ class Resolver(StrEnum):
     # the Informix rule of docs/rules.md#policies, recorded by `delete_wins` tables
     DELETE_WINS = "delete_wins"
     SCYLLA = "scylla"  # the cell rules of docs/rules.md#cell-rules, recorded by `scylla` tables
+    #: docs/rules.md#custom-resolvers: a function of the user's (``{python: "module:function"}``)
+    PYTHON = "python"
 
 
 class Outcome(StrEnum):
@@ -121,6 +123,9 @@ class QuarantineReason(StrEnum):
     FK_VIOLATION = "fk_violation"
     # the fold's: a delta past its column's range (docs/rules.md#delta-columns)
     DELTA_OVERFLOW = "delta_overflow"
+    #: the fold's: a custom resolver raised or answered what it may not
+    #: (docs/rules.md#custom-resolvers)
+    RESOLVER_ERROR = "resolver_error"
     #: docs/operations.md#a-quarantine-that-heals, with a retry configured: an UPDATE
     #: skipped for want of its row
     UPDATE_MISSING = "update_missing"
@@ -214,7 +219,13 @@ class Why(StrEnum):
     NO_LIVE_ROW = "no_live_row"
     UNIQUE_COLLISION = "unique_collision"
     MERGED = "merged"
+    CUSTOM = "custom"
+    ASYMMETRIC = "asymmetric"
 
+
+#: docs/rules.md#custom-resolvers: how a conflict-log reason says that the custom resolver
+#: answers another row with the sides swapped (the run report counts these)
+ASYMMETRIC_NOTE = " (asymmetric: with the sides swapped it answers "
 
 #: docs/rules.md#reasons: the sentence of each :class:`Why`, with the facts it names in
 #: braces; ``{why}`` is the sentence of the decision it wraps
@@ -249,6 +260,8 @@ REASONS: dict[Why, str] = {
     Why.NO_LIVE_ROW: "no live row to delete",
     Why.UNIQUE_COLLISION: "collides on a unique constraint with key(s) {keys}",
     Why.MERGED: "{why}; merge took the {side} value of {columns}",
+    Why.CUSTOM: "{function} answered {answer}",
+    Why.ASYMMETRIC: "{why}" + ASYMMETRIC_NOTE + "{swapped}, another row)",
 }
 
 
@@ -366,17 +379,19 @@ _C = ConflictType
 _LATEST = frozenset({_R.LATEST_TIMESTAMP_WINS, _R.PRIORITY_WINS})
 _TS = _LATEST | {_R.EARLIEST_TIMESTAMP_WINS}
 _ANY = frozenset({_R.SKIP, _R.ERROR})
+#: where both versions are rows: ``apply``, and a custom resolver (docs/rules.md#custom-resolvers)
+_BOTH_ROWS = frozenset({_R.APPLY, _R.PYTHON})
 
 #: docs/rules.md#resolvers (and docs/rules.md#priority): the resolvers a user may configure for each
 #: conflict type.
 ALLOWED: dict[ConflictType, frozenset[Resolver]] = {
-    _C.INSERT_EXISTS: _TS | _ANY | {_R.APPLY},
-    _C.UPDATE_DIFFER: _TS | _ANY | {_R.APPLY},
+    _C.INSERT_EXISTS: _TS | _ANY | _BOTH_ROWS,
+    _C.UPDATE_DIFFER: _TS | _ANY | _BOTH_ROWS,
     _C.UPDATE_MISSING: _ANY | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
     _C.UPDATE_DELETED: _ANY | _LATEST | {_R.APPLY_OR_SKIP, _R.APPLY_OR_ERROR},
     _C.DELETE_DIFFER: _TS | _ANY | {_R.APPLY},
     _C.DELETE_MISSING: _ANY,
-    _C.PKEY_EXISTS: _TS | _ANY | {_R.APPLY},
+    _C.PKEY_EXISTS: _TS | _ANY | _BOTH_ROWS,
     _C.MULTIPLE_UNIQUE_CONFLICTS: _ANY | {_R.APPLY},
     _C.SOURCE_COLUMN_EXTRA: _ANY | {_R.IGNORE},
     _C.TARGET_COLUMN_EXTRA: _ANY | {_R.USE_DEFAULT},
@@ -504,6 +519,10 @@ RESOLVER_MEANING: dict[Resolver, str] = {
     ),
     _R.DELETE_WINS: "the delete-wins table decides (`policy: delete_wins`)",
     _R.SCYLLA: "each cell is decided by the cell rules (`policy: scylla`)",
+    _R.PYTHON: (
+        '`{python: "module:function"}`: the user\'s function answers `local`, `remote` or a'
+        " row (logged as `python:<module:function>`)"
+    ),
 }
 
 #: Why an event is quarantined (``docs/rules.md#what-is-quarantined``): the guards'
@@ -526,6 +545,10 @@ QUARANTINE_MEANING: dict[QuarantineReason, str] = {
         "its row's parent is not live after resolution (`on_fk_violation: quarantine`)"
     ),
     QuarantineReason.DELTA_OVERFLOW: "its delta would take a column past its type's range",
+    QuarantineReason.RESOLVER_ERROR: (
+        "the table's custom resolver raised on its conflict, or answered something other than"
+        " `local`, `remote` or a row that fits the table (the detail has the message)"
+    ),
     QuarantineReason.UPDATE_MISSING: (
         "with `retry`, an UPDATE skipped for want of its row, offered again to later runs"
     ),

@@ -80,6 +80,9 @@ class TableSummary:
     #: ``discarded``, ``expired``, ...), apart from the night's own events
     retried: Mapping[str, int] = field(default_factory=dict)
     quarantine_open: int = 0  # retry: quarantined events still open after the run
+    #: docs/rules.md#custom-resolvers: per ``python:<module:function>``, the conflicts where
+    #: it answers another row with the sides swapped
+    asymmetric: Mapping[str, int] = field(default_factory=dict)
     #: the ledger rows this run wrote carry content digests (``prior.DIGESTS``): a later
     #: run's window matches the adapters' ids of before issue 49 only for runs without
     ledger_digests: bool = False

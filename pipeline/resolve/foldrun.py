@@ -64,7 +64,7 @@ from pipeline.core.columns import (
 )
 from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
-from pipeline.core.policy import ConflictType, Fate, Outcome, QuarantineReason
+from pipeline.core.policy import ConflictType, Fate, Outcome, QuarantineReason, Resolver
 from pipeline.ingest.copies import copy_record
 from pipeline.resolve.facts import COUNTED_BY, SKEW, skew_counts, tally, task_events
 from pipeline.resolve.groups import (
@@ -328,7 +328,7 @@ class GroupFolder:
         reason, detail, event = c["reason"], c["detail"], c["raw"]
         if fold is not None:
             reason, detail = why or (
-                QuarantineReason.DELTA_OVERFLOW.value,
+                fold.quarantine.value,
                 f"{c['file']} line {c['line']}: {fold.quarantined}",
             )
             event = dumps(copy_record(c, self.columns))
@@ -428,7 +428,11 @@ class GroupFolder:
             **self.run,
             KEY: self.key_json(c.key),
             "conflict_type": c.type.value,
-            "resolver": c.resolver.value,
+            "resolver": (
+                self.job.table.resolver_name(c.type)  # python:<module:function>
+                if c.resolver is Resolver.PYTHON
+                else c.resolver.value
+            ),
             "outcome": c.outcome.value,
             "local_ts": first.ts if first else None,
             "local_origin": first.origin if first else None,

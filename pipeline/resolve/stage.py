@@ -40,7 +40,7 @@ from pipeline.core.columns import (
     STATE_TS,
 )
 from pipeline.core.config import Config, FkPolicy, Table
-from pipeline.core.policy import Fate, Granularity, Outcome, QuarantineReason
+from pipeline.core.policy import ASYMMETRIC_NOTE, Fate, Granularity, Outcome, QuarantineReason
 from pipeline.core.summary import RunSummary, Stopped, TableSummary
 from pipeline.ingest import retry
 from pipeline.ingest.exports import StagedTable, load_inputs
@@ -63,6 +63,7 @@ from pipeline.resolve.read import (
 from pipeline.resolve.skew import skew_warnings
 from pipeline.resolve.snapshots import snapshot_divergence
 from pipeline.resolve.state import read_base, read_prior
+from pipeline.rules import custom
 from pipeline.spark.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
@@ -95,6 +96,8 @@ def resolve_table(
 ) -> tuple[TableSummary, Facts]:
     """One table's outputs into ``resolved/<table>``; returns its counts for the run
     report, and what they were counted from."""
+    for path in table.custom.values():  # docs/rules.md#custom-resolvers: on the driver first
+        custom.load(path)
     out = ctx.resolved / table.name
     ledger = read_ledger(spark, ctx.staged / table.name)
     legacy = legacy_ids(ledger) if staged.legacy_ids else None
@@ -135,8 +138,24 @@ def resolve_table(
         facts = Facts.counted(spark, out)
     counts = _table_counts(table, facts, staged, stopped, differing, waits)
     return replace(
-        counts, clock_skew=clock_skew, retried=settled.retried, changed_copies=facts.changed
+        counts,
+        clock_skew=clock_skew,
+        retried=settled.retried,
+        changed_copies=facts.changed,
+        asymmetric=_asymmetric(spark, out) if table.custom else {},
     ), facts
+
+
+def _asymmetric(spark: SparkSession, out: WorkPath) -> dict[str, int]:
+    """docs/rules.md#custom-resolvers: per custom resolver, its conflicts whose reason says
+    that it answers another row with the sides swapped."""
+    log_ = read_output(spark, out / "conflicts")
+    if "reason" not in log_.columns:
+        return {}
+    rows = (
+        log_.filter(F.col("reason").contains(ASYMMETRIC_NOTE)).groupBy("resolver").count().collect()
+    )
+    return {r["resolver"]: r["count"] for r in rows}
 
 
 def _resolve_cells(

@@ -27,6 +27,7 @@ from pipeline.core.policy import (
     ConflictType,
     Detection,
     Outcome,
+    QuarantineReason,
     Resolver,
     Standing,
     Why,
@@ -34,6 +35,8 @@ from pipeline.core.policy import (
     merged,
     reason,
 )
+from pipeline.rules import custom
+from pipeline.rules.custom import ResolverError
 
 Key = tuple[Any, ...]
 
@@ -179,6 +182,9 @@ class Applied:
     errored: bool = False
     changes: tuple[Change, ...] = ()
     quarantined: str | None = None  # why the fold quarantined it (:class:`DeltaOverflow`)
+    #: the quarantine reason when ``quarantined``: a delta overflow or a custom resolver's
+    #: error (docs/rules.md#custom-resolvers)
+    quarantine: QuarantineReason = QuarantineReason.DELTA_OVERFLOW
     #: the columns it took effect on when not all it wrote (an UPDATE that won some
     #: column groups and lost others, column groups); None: every column it wrote
     written: frozenset[str] | None = None
@@ -247,6 +253,18 @@ def _wins_earliest(e: Event, loc: Version, table: Table) -> bool:
 
 
 Decision = tuple[Outcome, str]  # the outcome and the reason the conflict log shows
+
+
+@dataclass(frozen=True, slots=True)
+class Ruling:
+    """A resolver's decision on a conflict against a local version: the outcome, the
+    resolver, the reason, and the row a custom resolver answered (its value columns; None:
+    the winner's row as it is)."""
+
+    outcome: Outcome
+    resolver: Resolver
+    why: str
+    row: Mapping[str, Any] | None = None
 
 
 def _latest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
@@ -322,6 +340,10 @@ DECIDE: dict[Resolver, Callable[[Event, Version, Outcome, str, Table], Decision]
     _R.DELETE_WINS: _delete_wins,
 }
 
+
+#: the resolvers decided outside :data:`DECIDE`: the user's function
+#: (docs/rules.md#custom-resolvers), which needs the fold's rows (``RowFold._custom``)
+BY_FUNCTION = frozenset({_R.PYTHON})
 
 #: one state transition of a key: (key, version before, version after)
 Transition = tuple[Key, Version | None, Version | None]
@@ -523,12 +545,19 @@ class RowFold:
             log[i] = replace(c, reason=reason(_W.MERGED, why=c.reason, side=side, columns=took))
 
     def _live(
-        self, values: dict[str, Any], e: Event, stamps: Mapping[str, Stamp] | None = None
+        self,
+        values: dict[str, Any],
+        e: Event,
+        stamps: Mapping[str, Stamp] | None = None,
+        ts: int | None = None,
     ) -> Version:
-        """The row ``e`` wrote; with ``stamps`` (column groups), the row's stamp is its latest
-        group's, and the groups are kept where they differ from it."""
+        """The row ``e`` wrote (``ts``: its ts when not the event's, a custom resolver's row,
+        docs/rules.md#custom-resolvers); with ``stamps`` (column groups), the row's stamp is
+        its latest group's, and the groups are kept where they differ from it."""
         if not stamps:
-            return Version(values, e.ts, e.origin, e.event_id, e.rank, pos=e.pos)
+            return Version(
+                values, e.ts if ts is None else ts, e.origin, e.event_id, e.rank, pos=e.pos
+            )
         last = max(stamps.values(), key=Stamp.position)
         groups = None if all(s == last for s in stamps.values()) else dict(stamps)
         return Version(
@@ -538,17 +567,80 @@ class RowFold:
     # ------------------------------------------------------------------ resolution
 
     def _decide(
-        self, t: ConflictType, e: Event, loc: Version, win: Outcome
-    ) -> tuple[Outcome, Resolver, str]:
-        """The type's resolver (:data:`DECIDE`) on a conflict against a local version;
-        ``win`` is the outcome when the remote event wins."""
+        self, t: ConflictType, e: Event, loc: Version, win: Outcome, remote: Mapping[str, Any]
+    ) -> Ruling:
+        """The type's resolver (:data:`DECIDE`, or the user's function) on a conflict against
+        a local version; ``win`` is the outcome when the remote event wins, ``remote`` the
+        remote version's row."""
         r = self._resolver(t)
+        if r in BY_FUNCTION:
+            return self._custom(t, e, loc, win, remote)
         decide = DECIDE.get(r)
         if decide is None:
             raise AssertionError(f"resolver {r} is not valid for {t}")  # config forbids it
         op = "INSERT" if t is _C.PKEY_EXISTS else e.op  # a key change meets its new key
         out, why = decide(e, loc, win, op, self.table)
-        return out, r, why
+        return Ruling(out, r, why)
+
+    def _custom(
+        self, t: ConflictType, e: Event, loc: Version, win: Outcome, remote_row: Mapping[str, Any]
+    ) -> Ruling:
+        """docs/rules.md#custom-resolvers: the user's function on the two rows. An error
+        quarantines the event in the converged fold (:class:`ResolverError` goes up to
+        :meth:`apply`); a perspective keeps the local version. The converged fold also asks
+        with the sides swapped, and says so in the reason when that gives another row."""
+        path = self.table.custom[t]
+        name = f"python:{path}"
+        local = custom.version(loc.values, loc.ts, loc.origin, loc.event_id)
+        remote = custom.version(remote_row, e.ts, e.origin, e.event_id)
+        key = {c: loc.values.get(c) for c in self._key_cols}
+        context = {"table": self.table.name, "conflict_type": t.value, "key": key}
+        try:
+            side, row = custom.answer(self.table, path, local, remote, context)
+        except ResolverError as err:
+            if self.converged:
+                raise
+            return Ruling(_O.DISCARDED, _R.PYTHON, reason(_W.CUSTOM, function=name, answer=err))
+        why = reason(_W.CUSTOM, function=name, answer=side)
+        if self.converged:
+            swapped = self._swapped(
+                path, local, remote, context, self._resolved(side, row, local, remote)
+            )
+            if swapped is not None:
+                why = reason(_W.ASYMMETRIC, why=why, swapped=swapped)
+        return Ruling(_O.DISCARDED if side == "local" else win, _R.PYTHON, why, row)
+
+    def _resolved(
+        self, side: str, row: Mapping[str, Any] | None, local: dict, remote: dict
+    ) -> dict[str, Any]:
+        """The value columns an answer resolves to, but the delta and merge columns (they
+        follow their own rules): the chosen side's row, or the remote row with the answered
+        columns written."""
+        base = local["row"] if side == "local" else remote["row"]
+        values = {**base, **(row or {})}
+        own = self.table.delta | self._merges.keys() | set(self._key_cols)
+        return {c: v for c, v in values.items() if c not in own}
+
+    def _swapped(
+        self, path: str, local: dict, remote: dict, context: dict, resolved: Mapping[str, Any]
+    ) -> str | None:
+        """What the function answers with the sides swapped, when that resolves to another
+        row than ``resolved`` (None: the same row)."""
+        try:
+            side, row = custom.answer(self.table, path, remote, local, context)
+        except ResolverError:
+            return "an error"
+        if self._resolved(side, row, remote, local) == resolved:
+            return None
+        return side
+
+    def _given(self, values: dict[str, Any], ruling: Ruling) -> dict[str, Any]:
+        """The row a custom resolver answered, over the winner's ``values``: its value
+        columns but the delta and merge ones (they follow their own rules)."""
+        for c, v in (ruling.row or {}).items():
+            if c not in self.table.delta and c not in self._merges:
+                values[c] = v
+        return values
 
     # ------------------------------------------------------------------ the step
 
@@ -561,6 +653,10 @@ class RowFold:
             return self._apply(e)
         except DeltaOverflow as overflow:
             return Applied(e, False, (), quarantined=str(overflow))
+        except ResolverError as err:  # docs/rules.md#custom-resolvers, the converged fold
+            return Applied(
+                e, False, (), quarantined=str(err), quarantine=QuarantineReason.RESOLVER_ERROR
+            )
 
     def _apply(self, e: Event) -> Applied:
         if e.op == "TRUNCATE":
@@ -644,11 +740,14 @@ class RowFold:
         loc = self.state.get(key)
         as_update = False
         at = -1
+        ts: int | None = None  # the written row's ts, when not the event's
+        ruling = Ruling(_O.APPLIED, self._resolver(_C.INSERT_EXISTS), "")
         if loc is not None and (not loc.deleted or self._delete_wins(_C.INSERT_EXISTS)):
             # docs/rules.md#conflict-types insert_exists; docs/rules.md#fine-points:
             # under postgres an INSERT onto a tombstone is no conflict
             win = _O.APPLIED if loc.deleted else _O.CONVERTED_TO_UPDATE
-            out, r, why = self._decide(_C.INSERT_EXISTS, e, loc, win)
+            ruling = self._decide(_C.INSERT_EXISTS, e, loc, win, {**e.after, **self.key_dict(key)})
+            out, r, why = ruling.outcome, ruling.resolver, ruling.why
             log.append(self._conflict(key, _C.INSERT_EXISTS, r, out, e, (loc,), why))
             at = len(log) - 1
             if not out.remote_applied:
@@ -661,8 +760,11 @@ class RowFold:
             return self._done(e, False, log)
         if as_update:
             assert loc is not None
+            if ruling.row is not None:
+                values = self._given(values, ruling)
+                ts = max(e.ts, loc.ts)
             self._note_merge(log, at, "local", self._merge_won(values, loc.values))
-        return self._finish(e, key, values, log, None)
+        return self._finish(e, key, values, log, None, ts=ts)
 
     def _insert_values(
         self, e: Event, key: Key, local: Version | None, log: list[Conflict]
@@ -707,9 +809,13 @@ class RowFold:
         if groups and target == key:
             return self._update_groups(e, key, loc, groups, log)
         at = None
+        ruling: Ruling | None = None
         if self._differs(e, loc, use_before=True):
-            out, r, why = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED)
-            why = reason(_W.AGAINST_LOCAL, why=why, origin=loc.origin, ts=loc.ts)
+            ruling = self._decide(
+                _C.UPDATE_DIFFER, e, loc, _O.APPLIED, self._merge(loc.values, e, target)
+            )
+            out, r = ruling.outcome, ruling.resolver
+            why = reason(_W.AGAINST_LOCAL, why=ruling.why, origin=loc.origin, ts=loc.ts)
             log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,), why))
             at = len(log) - 1
             if not out.remote_applied:
@@ -717,9 +823,13 @@ class RowFold:
                     self._note_merge(log, at, "remote", self._merge_lost(key, e.after))
                 return self._done(e, False, log)
         values = self._merge(loc.values, e, target)
+        ts = None
+        if ruling is not None and ruling.row is not None:
+            values = self._given(values, ruling)
+            ts = max(e.ts, loc.ts)
         if at is not None:
             self._note_merge(log, at, "local", self._merge_won(values, loc.values))
-        return self._finish(e, target, values, log, key if target != key else None)
+        return self._finish(e, target, values, log, key if target != key else None, ts=ts)
 
     def _update_groups(
         self,
@@ -740,8 +850,10 @@ class RowFold:
         for g, cols in groups:
             gv = loc.group(g)
             if self._differs(e, gv, use_before=True, cols=cols):
-                out, r, why = self._decide(_C.UPDATE_DIFFER, e, gv, _O.APPLIED)
-                why = reason(_W.AGAINST_LOCAL, why=why, origin=gv.origin, ts=gv.ts)
+                # (a custom resolver is refused with column groups: config)
+                ruling = self._decide(_C.UPDATE_DIFFER, e, gv, _O.APPLIED, e.after)
+                out, r = ruling.outcome, ruling.resolver
+                why = reason(_W.AGAINST_LOCAL, why=ruling.why, origin=gv.origin, ts=gv.ts)
                 why = reason(_W.IN_GROUP, group=g, why=why)
                 log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (gv,), why))
                 if out is _O.ERRORED:
@@ -829,8 +941,9 @@ class RowFold:
             log.append(self._conflict(key, t, r, REFUSED[r], e, local, reason(_W.NO_LIVE_ROW)))
             return self._done(e, False, log)
         if self._differs(e, loc, use_before=False):
-            out, r, why = self._decide(_C.DELETE_DIFFER, e, loc, _O.APPLIED)
-            why = reason(_W.AGAINST_LOCAL, why=why, origin=loc.origin, ts=loc.ts)
+            ruling = self._decide(_C.DELETE_DIFFER, e, loc, _O.APPLIED, {})
+            out, r = ruling.outcome, ruling.resolver
+            why = reason(_W.AGAINST_LOCAL, why=ruling.why, origin=loc.origin, ts=loc.ts)
             log.append(self._conflict(key, _C.DELETE_DIFFER, r, out, e, (loc,), why))
             if not out.remote_applied:
                 return self._done(e, False, log)
@@ -852,6 +965,7 @@ class RowFold:
         log: list[Conflict],
         old_key: Key | None,
         stamps: Mapping[str, Stamp] | None = None,
+        ts: int | None = None,
     ) -> Applied:
         """Write the row at ``target`` after the pkey_exists (docs/rules.md#conflict-types)
         and multiple_unique_conflicts checks; a key change (``old_key``) leaves the old key
@@ -862,13 +976,17 @@ class RowFold:
         if old_key is not None:
             m = self.state.get(target)
             if m is not None and (not m.deleted or self._delete_wins(_C.PKEY_EXISTS)):
-                out, r, why = self._decide(_C.PKEY_EXISTS, e, m, _O.APPLIED)
+                ruling = self._decide(_C.PKEY_EXISTS, e, m, _O.APPLIED, values)
+                out, r, why = ruling.outcome, ruling.resolver, ruling.why
                 log.append(self._conflict(target, _C.PKEY_EXISTS, r, out, e, (m,), why))
                 at = len(log) - 1
                 if not out.remote_applied:  # a key change loses as a whole
                     if out is not _O.ERRORED:
                         self._note_merge(log, at, "remote", self._merge_lost(target, values))
                     return self._done(e, False, log)
+                if ruling.row is not None:
+                    values = self._given(dict(values), ruling)
+                    ts = max(e.ts, m.ts, ts or e.ts)
                 if not m.deleted:
                     self._note_merge(log, at, "local", self._merge_won(values, m.values))
         colliding = self._collisions(values, target, moved_from)
@@ -887,7 +1005,7 @@ class RowFold:
                 return self._done(e, False, log)
         if moved_from is not None:
             self._set(moved_from, None)
-        self._set(target, self._live(values, e, stamps))
+        self._set(target, self._live(values, e, stamps, ts))
         return self._done(e, True, log)
 
     def _collisions(

@@ -122,10 +122,11 @@ FOLD_INPUT = (
 
 def fold_input(table: Table) -> tuple[str, ...]:
     """:data:`FOLD_INPUT`, and a copy's ``file`` and ``line`` for a table with delta
-    columns: the fold quarantines an event whose delta would overflow, naming its line
-    (the other tables do not carry them through the shuffle); and a state row's column
-    groups, ``s_groups``, for a table with ``column_groups`` (column groups)."""
-    out = (*FOLD_INPUT, "file", "line") if table.delta else FOLD_INPUT
+    columns or a custom resolver: the fold quarantines an event whose delta would overflow
+    or whose resolver fails (docs/rules.md#custom-resolvers), naming its line (the other
+    tables do not carry them through the shuffle); and a state row's column groups,
+    ``s_groups``, for a table with ``column_groups`` (column groups)."""
+    out = (*FOLD_INPUT, "file", "line") if table.delta or table.custom else FOLD_INPUT
     return (*out, "s_groups") if table.column_groups else out
 
 

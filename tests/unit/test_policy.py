@@ -102,7 +102,9 @@ def test_every_preset_has_a_resolver_for_every_type():
 
 
 def test_every_allowed_resolver_has_an_expected_outcome():
-    assert {(t, r) for t in ConflictType for r in ALLOWED[t]} == set(EXPECTED)
+    """(A custom resolver's outcome is its function's: ``tests/unit/test_custom_resolvers.py``.)"""
+    allowed = {(t, r) for t in ConflictType for r in ALLOWED[t] if r is not R.PYTHON}
+    assert allowed == set(EXPECTED)
     assert set(DELETE_WINS) == ROW_TYPES
 
 
@@ -307,7 +309,7 @@ def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table
     through ``rowfold.DECIDE``: every resolver a config may give them, or a row preset
     gives them by default, has its entry there."""
     from pipeline.core.policy import Granularity
-    from pipeline.rules.rowfold import DECIDE
+    from pipeline.rules.rowfold import BY_FUNCTION, DECIDE
 
     versus_local = (
         ConflictType.INSERT_EXISTS,
@@ -318,7 +320,7 @@ def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table
     row_presets = [r for r in PRESETS.values() if r.granularity is Granularity.ROW]
     for t in versus_local:
         given = ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
-        assert given - set(DECIDE) == set(), t
+        assert given - set(DECIDE) - BY_FUNCTION == set(), t
 
 
 def test_every_resolver_a_conflict_can_meet_has_its_decision_in_a_table():
@@ -328,14 +330,14 @@ def test_every_resolver_a_conflict_can_meet_has_its_decision_in_a_table():
     refuses it (``policy.REFUSED``). A resolver allowed for a type with none of the three
     fails here rather than falling through in the fold."""
     from pipeline.core.policy import REFUSED, TAKES, Granularity
-    from pipeline.rules.rowfold import DECIDE
+    from pipeline.rules.rowfold import BY_FUNCTION, DECIDE
 
     row_presets = [r for r in PRESETS.values() if r.granularity is Granularity.ROW]
     undecided = {
         (t, r)
         for t in ConflictType
         for r in ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
-        if r not in DECIDE and r is not TAKES.get(t) and r not in REFUSED
+        if r not in DECIDE and r not in BY_FUNCTION and r is not TAKES.get(t) and r not in REFUSED
     }
     assert undecided == set()
     assert set(TAKES.values()).isdisjoint(REFUSED)

@@ -63,6 +63,7 @@ ORDERS = TableSummary(
     clock_skew={"pub": {"sub": {"events": 2, "max_seconds": 400.0}}},
     retried={"applied": 1},
     quarantine_open=2,
+    asymmetric={"python:acme.cdr:prefer": 1},
     ledger_digests=True,
 )
 CDC = CdcSection(
@@ -118,6 +119,10 @@ def test_the_json_is_the_one_publish_wrote_before_the_report_was_typed(tmp_path:
         "event(s) saw a version of sub stamped later than themselves; "
         f"max_clock_skew_seconds: {config.max_clock_skew_seconds})"
     )
+    asymmetric = (
+        "table orders: python:acme.cdr:prefer answered another row with the sides swapped in 1 "
+        "conflict(s): replicas converge only if it gives the same row whichever side is local"
+    )
     validation = "published/reports/dt=2026-11-21/run=r1/validation"
     expected = {
         "run_id": "r1",
@@ -127,7 +132,7 @@ def test_the_json_is_the_one_publish_wrote_before_the_report_was_typed(tmp_path:
         "store": "file:///fixture/store",
         "status": "dry_run",
         "failures": ["f1"],
-        "warnings": ["w1", skew],
+        "warnings": ["w1", skew, asymmetric],
         "tables": {"orders": dataclasses.asdict(ORDERS)},
         "validation": {
             "results": f"{validation}/results.json",
@@ -187,7 +192,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 )
 def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     """Reports an earlier release wrote (the fixtures' stores): the keys added since
-    (``changed_copies``, ``ledger_digests``; ``data_docs_files``) take their defaults."""
+    (``changed_copies``, ``ledger_digests``, ``asymmetric``; ``data_docs_files``) take their
+    defaults."""
     raw = json.loads((FIXTURES / path).read_text())
     report = RunReport.from_dict(raw)
     assert (report.run_id, report.dt, report.status) == (raw["run_id"], raw["dt"], "published")
@@ -196,7 +202,8 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     for name, s in report.tables.items():
         assert "changed_copies" not in raw["tables"][name]
         assert (s.changed_copies, s.ledger_digests) == (0, False)
-        assert s.to_dict() == {**raw["tables"][name], "changed_copies": 0, "ledger_digests": False}
+        added = {"changed_copies": 0, "ledger_digests": False, "asymmetric": {}}
+        assert s.to_dict() == {**raw["tables"][name], **added}
     assert (report.cdc is None) == ("cdc" not in raw)
     if report.cdc is not None:
         assert report.cdc.to_dict() == raw["cdc"]
