@@ -811,9 +811,11 @@ class RowFold:
         at = None
         ruling: Ruling | None = None
         if self._differs(e, loc, use_before=True):
-            ruling = self._decide(
-                _C.UPDATE_DIFFER, e, loc, _O.APPLIED, self._merge(loc.values, e, target)
-            )
+            # the remote version's row only for a custom resolver: its delta could overflow,
+            # which a built-in resolver's ``error`` must meet first
+            custom_row = self._resolver(_C.UPDATE_DIFFER) in BY_FUNCTION
+            remote = self._merge(loc.values, e, target) if custom_row else e.after
+            ruling = self._decide(_C.UPDATE_DIFFER, e, loc, _O.APPLIED, remote)
             out, r = ruling.outcome, ruling.resolver
             why = reason(_W.AGAINST_LOCAL, why=ruling.why, origin=loc.origin, ts=loc.ts)
             log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,), why))

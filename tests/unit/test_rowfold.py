@@ -799,3 +799,15 @@ def test_merge_keeps_nan_above_every_number_in_both_orders():
         state = dict([live(1, "a", T0 - H, "pub", n=local)])
         res = fold(sp, state, [ev("UPDATE", 1, T0, "sub", "sub-1", {"n": remote})])
         assert res.state[(1,)].values["n"] != res.state[(1,)].values["n"]  # NaN
+
+
+def test_an_error_resolver_stops_before_a_losing_delta_would_overflow():
+    """``update_differ: error`` meets the conflict before the UPDATE's delta is added: the
+    run stops there (no quarantine for the overflow the delta would have caused)."""
+    sp = spec({**DELTA, "resolvers": {"update_differ": "error"}})
+    top = 2**31 - 1
+    state = dict([live(1, "a", T0, "pub", n=top - 1)])
+    e = ev("UPDATE", 1, T0 + H, "sub", "sub-1", {"n": top}, {"n": top - 10})
+    res = fold(sp, state, [e])
+    assert res.stopped is not None and res.stopped.outcome is O.ERRORED
+    assert res.applied[0].quarantined is None
