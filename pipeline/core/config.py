@@ -636,8 +636,11 @@ def _resolve_table(
     rule = PRESETS[preset]
     resolvers, custom = _resolvers(at, t, defaults, p)
     groups = _column_groups(at, t, preset, p)
-    if custom and groups:
-        p.add(f"{at}.resolvers", "a custom resolver cannot be combined with column_groups")
+    if ConflictType.UPDATE_DIFFER in custom and groups:
+        p.add(
+            f"{at}.resolvers.update_differ",
+            "a custom resolver cannot decide update_differ group by group (column_groups)",
+        )
     if len(columns) != len(t.columns) or not t.key:
         return None
     return Table(

@@ -118,7 +118,12 @@ def resolve_table(
         facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place)
-        facts = resolve_rows(spark, config, table, copies, prior, run)
+        try:
+            facts = resolve_rows(spark, config, table, copies, prior, run)
+        except Exception as e:  # docs/rules.md#custom-resolvers: the run names the function
+            if not table.custom:
+                raise
+            raise custom.FoldFailed(table, e) from e
         clock_skew = facts.clock_skew  # counted by the fold's tasks
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # docs/rules.md#fine-points: divergence is not checked after an error

@@ -16,10 +16,11 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, Literal
 
-from pipeline.core.config import Table
+from pipeline.core.config import ColumnType, Table
 from pipeline.core.errors import CdrError
 from pipeline.core.kinds import NUMERIC_KINDS, Kind, every_kind
 from pipeline.core.summary import TableSummary
+from pipeline.rules.guards import reader
 
 #: what a value of each column type is in the fold (``pipeline.rules.guards`` reads them so)
 _PY_TYPES: Mapping[Kind, tuple[type, ...]] = every_kind(
@@ -39,11 +40,26 @@ _PY_TYPES: Mapping[Kind, tuple[type, ...]] = every_kind(
 )
 
 Side = Literal["local", "remote", "row"]
+#: a uuid's text as the guards read it: checked, lower case
+_uuid = reader(ColumnType(Kind.UUID))
 
 
 class ResolverMissing(CdrError):
     """The function cannot be imported: the run stops naming it (it is not the event's
     fault, so nothing is quarantined)."""
+
+
+class FoldFailed(CdrError):
+    """The Spark tasks that fold a table with a custom resolver failed (after Spark's
+    retries): the run stops naming the function, whose memory or crash it may be."""
+
+    def __init__(self, table: Table, cause: BaseException):
+        names = ", ".join(sorted({f"python:{p}" for p in table.custom.values()}))
+        first = (str(cause).strip().splitlines() or [""])[0][:200]
+        super().__init__(
+            f"table {table.name}: the fold failed with the custom resolver {names} in its "
+            f"tasks ({type(cause).__name__}: {first})"
+        )
 
 
 class ResolverError(Exception):
@@ -119,10 +135,13 @@ def _checked(table: Table, path: str, row: dict[str, Any]) -> dict[str, Any]:
             ok = isinstance(exponent, int) and -exponent <= kind.scale
         if ok and kind.kind is Kind.TIMESTAMP:
             ok = v.tzinfo is not None  # an instant, not a wall-clock time
-        if ok and kind.kind in NUMERIC_KINDS and not kind.fits(v):
-            ok = False
+        if ok and kind.kind is Kind.UUID:
+            v = _uuid(v)  # as the guards read one: checked, lower case
+            ok = v is not None
+        if ok and kind.kind in NUMERIC_KINDS - {Kind.DOUBLE} and not kind.fits(v):
+            ok = False  # (a double may be NaN or infinite, as the guards read one)
         if not ok:
-            problems.append(f"column {c!r} is {kind}, not {v!r}")
+            problems.append(f"column {c!r} is {kind}, not {row[c]!r}")
             continue
         out[c] = float(v) if kind.kind is Kind.DOUBLE else v
     if problems:

@@ -265,6 +265,9 @@ class Ruling:
     resolver: Resolver
     why: str
     row: Mapping[str, Any] | None = None
+    #: a custom resolver failed in a perspective: the local row stays as it is (no merge,
+    #: no delta: docs/rules.md#custom-resolvers)
+    failed: bool = False
 
 
 def _latest(e: Event, loc: Version, win: Outcome, op: str, table: Table) -> Decision:
@@ -371,6 +374,8 @@ class RowFold:
         self._indexes: list[dict[tuple[Any, ...], set[Key]]] = [{} for _ in self.table.unique]
         for k, v in state.items():
             self._index(k, v)
+        #: the versions the event being applied replaced, to undo it when it is quarantined
+        self._journal: list[tuple[Key, Version | None]] = []
 
     # ------------------------------------------------------------------ state & indexes
 
@@ -388,6 +393,7 @@ class RowFold:
                 bucket.add(key)
 
     def _set(self, key: Key, v: Version | None) -> None:
+        self._journal.append((key, self.state.get(key)))
         if self.trace is not None:
             self.trace.append((key, self.state.get(key), v))
         self._index(key, self.state.get(key), remove=True)
@@ -600,7 +606,8 @@ class RowFold:
         except ResolverError as err:
             if self.converged:
                 raise
-            return Ruling(_O.DISCARDED, _R.PYTHON, reason(_W.CUSTOM, function=name, answer=err))
+            why = reason(_W.CUSTOM, function=name, answer=err)
+            return Ruling(_O.DISCARDED, _R.PYTHON, why, failed=True)
         why = reason(_W.CUSTOM, function=name, answer=side)
         if self.converged:
             swapped = self._swapped(
@@ -649,14 +656,32 @@ class RowFold:
         conflict raises :class:`RunStopped` (after logging); in a perspective the event is
         simply not applied. An event whose delta would overflow changes nothing and is
         quarantined, without its conflicts."""
+        self._journal.clear()
+        traced = len(self.trace) if self.trace is not None else 0
         try:
             return self._apply(e)
         except DeltaOverflow as overflow:
+            self._undo(traced)
             return Applied(e, False, (), quarantined=str(overflow))
         except ResolverError as err:  # docs/rules.md#custom-resolvers, the converged fold
+            self._undo(traced)
             return Applied(
                 e, False, (), quarantined=str(err), quarantine=QuarantineReason.RESOLVER_ERROR
             )
+
+    def _undo(self, traced: int) -> None:
+        """Take back what the event being applied changed (a merge column it raised before
+        its delta overflowed): a quarantined event changes nothing."""
+        for key, old in reversed(self._journal):
+            self._index(key, self.state.get(key), remove=True)
+            if old is None:
+                self.state.pop(key, None)
+            else:
+                self.state[key] = old
+                self._index(key, old)
+        self._journal.clear()
+        if self.trace is not None:
+            del self.trace[traced:]
 
     def _apply(self, e: Event) -> Applied:
         if e.op == "TRUNCATE":
@@ -750,6 +775,8 @@ class RowFold:
             out, r, why = ruling.outcome, ruling.resolver, ruling.why
             log.append(self._conflict(key, _C.INSERT_EXISTS, r, out, e, (loc,), why))
             at = len(log) - 1
+            if ruling.failed:
+                return Applied(e, False, tuple(log))
             if not out.remote_applied:
                 if out is not _O.ERRORED:
                     self._note_merge(log, at, "remote", self._merge_lost(key, e.after))
@@ -758,13 +785,14 @@ class RowFold:
         values = self._insert_values(e, key, loc if as_update else None, log)
         if values is None:
             return self._done(e, False, log)
+        noted = []
         if as_update:
             assert loc is not None
             if ruling.row is not None:
                 values = self._given(values, ruling)
                 ts = max(e.ts, loc.ts)
-            self._note_merge(log, at, "local", self._merge_won(values, loc.values))
-        return self._finish(e, key, values, log, None, ts=ts)
+            noted.append((at, "local", self._merge_won(values, loc.values)))
+        return self._finish(e, key, values, log, None, ts=ts, noted=noted)
 
     def _insert_values(
         self, e: Event, key: Key, local: Version | None, log: list[Conflict]
@@ -820,6 +848,8 @@ class RowFold:
             why = reason(_W.AGAINST_LOCAL, why=ruling.why, origin=loc.origin, ts=loc.ts)
             log.append(self._conflict(key, _C.UPDATE_DIFFER, r, out, e, (loc,), why))
             at = len(log) - 1
+            if ruling.failed:
+                return Applied(e, False, tuple(log))
             if not out.remote_applied:
                 if out is not _O.ERRORED:
                     self._note_merge(log, at, "remote", self._merge_lost(key, e.after))
@@ -829,9 +859,16 @@ class RowFold:
         if ruling is not None and ruling.row is not None:
             values = self._given(values, ruling)
             ts = max(e.ts, loc.ts)
-        if at is not None:
-            self._note_merge(log, at, "local", self._merge_won(values, loc.values))
-        return self._finish(e, target, values, log, key if target != key else None, ts=ts)
+        took = self._merge_won(values, loc.values) if at is not None else []
+        return self._finish(
+            e,
+            target,
+            values,
+            log,
+            key if target != key else None,
+            ts=ts,
+            noted=() if at is None else [(at, "local", took)],
+        )
 
     def _update_groups(
         self,
@@ -876,11 +913,13 @@ class RowFold:
             elif c in won:
                 values[c] = v
         values.update(self.key_dict(key))
-        for cols, at in merges[True]:
-            self._note_merge(log, at, "local", self._merge_won(values, loc.values, cols))
-        for cols, at in merges[False]:
-            self._note_merge(log, at, "remote", self._merge_won(values, e.after, cols))
-        a = self._finish(e, key, values, log, None, stamps)
+        noted = [
+            (at, "local", self._merge_won(values, loc.values, cols)) for cols, at in merges[True]
+        ]
+        noted += [
+            (at, "remote", self._merge_won(values, e.after, cols)) for cols, at in merges[False]
+        ]
+        a = self._finish(e, key, values, log, None, stamps, noted=noted)
         return replace(a, written=frozenset(won | (self.table.delta & set(e.after))))
 
     def _update_absent(
@@ -968,6 +1007,7 @@ class RowFold:
         old_key: Key | None,
         stamps: Mapping[str, Stamp] | None = None,
         ts: int | None = None,
+        noted: Sequence[tuple[int, str, list[str]]] = (),
     ) -> Applied:
         """Write the row at ``target`` after the pkey_exists (docs/rules.md#conflict-types)
         and multiple_unique_conflicts checks; a key change (``old_key``) leaves the old key
@@ -982,9 +1022,11 @@ class RowFold:
                 out, r, why = ruling.outcome, ruling.resolver, ruling.why
                 log.append(self._conflict(target, _C.PKEY_EXISTS, r, out, e, (m,), why))
                 at = len(log) - 1
+                if ruling.failed:
+                    return Applied(e, False, tuple(log))
                 if not out.remote_applied:  # a key change loses as a whole
-                    if out is not _O.ERRORED:
-                        self._note_merge(log, at, "remote", self._merge_lost(target, values))
+                    if out is not _O.ERRORED:  # the target takes what the event wrote
+                        self._note_merge(log, at, "remote", self._merge_lost(target, e.after))
                     return self._done(e, False, log)
                 if ruling.row is not None:
                     values = self._given(dict(values), ruling)
@@ -1005,6 +1047,8 @@ class RowFold:
             else:
                 log.append(self._conflict(target, t, r, REFUSED[r], e, rows, why))
                 return self._done(e, False, log)
+        for note in noted:  # the merges of the conflicts before, now that the row is written
+            self._note_merge(log, *note)
         if moved_from is not None:
             self._set(moved_from, None)
         self._set(target, self._live(values, e, stamps, ts))
@@ -1101,7 +1145,7 @@ def visible_changes(
             kind = ChangeKind.PARTITION_DELETE if e.op == "TRUNCATE" else ChangeKind.ROW_DELETE
             out.append(Change(key, kind, (), {}, pre, None))
             continue
-        if pre is None or e.op == "INSERT":
+        if pre is None or (e.op == "INSERT" and applied):
             kind, cols = ChangeKind.INSERT, values
         else:
             kind = ChangeKind.UPDATE

@@ -38,3 +38,19 @@ WRONG_TYPE = answers({"row": {"n": "seven"}})
 NULL_NOT_NULL = answers({"row": {"v": None}})
 #: a row that also tries to change the key, the delta column and the merge column
 ROW = answers({"row": {"id": 99, "v": "mine", "n": 1000, "m": -5}})
+
+
+def echo_local_row(local: dict, remote: dict, context: dict) -> dict:
+    """Answers the local row as a row (so every value goes through the check)."""
+    return {"row": dict(local["row"])}
+
+
+UPPER_UUID = answers({"row": {"u": "0F8FAD5B-D9CB-469F-A165-70867728950E"}})
+NOT_A_UUID = answers({"row": {"u": "0f8fad5b"}})
+
+
+def crash(local: dict, remote: dict, context: dict) -> str:
+    """Kills its Python worker, as running out of memory does."""
+    import os
+
+    os._exit(3)

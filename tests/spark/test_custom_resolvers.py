@@ -74,3 +74,37 @@ def test_a_run_with_custom_resolvers(tmp_path: Path):
     assert log_rows(store, report, "bad", "conflicts") == []
     assert {r["id"]: r["v"] for r in P.snapshot(store, "bad")} == {1: "a", 2: "two"}
     assert report.tables["bad"].quarantined == {"resolver_error": 1}
+
+
+def test_a_function_that_kills_its_worker_stops_the_run_naming_it(tmp_path: Path):
+    """``crash`` exits its Python worker (as running out of memory does): the task fails,
+    and the run stops naming the function; nothing is quarantined, nothing published."""
+    from pipeline.app.cli import main
+
+    exports = {"A": {"t": [dict(e, seq=i + 1) for i, e in enumerate(_updates("t"))]}}
+    s = {
+        "config": {
+            "replicas": [{"id": "A", "system_id": 1}, {"id": "B", "system_id": 2}],
+            "tables": {"t": _table(f"{HELPERS}:crash")},
+        },
+        "date": "2026-11-21",
+        "now": "2026-11-22T00:00:00Z",
+        "exports": {**exports, "B": {"t": []}},
+        "prior_state": {"t": [{"id": 1, "v": "base", "_ts": 1795132800000000, "_origin": "B"}]},
+    }
+    errors: list[str] = []
+
+    def cli(args: list[str]) -> int:
+        import contextlib
+        import io
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = main(args)
+        errors.append(err.getvalue())
+        return rc
+
+    _, failed = S.run_scenario(s, tmp_path, cli=cli)
+    assert failed
+    assert f"table t: the fold failed with the custom resolver python:{HELPERS}:crash" in errors[-1]
+    assert P.run_rows(tmp_path / "store", s["date"], "published") == []

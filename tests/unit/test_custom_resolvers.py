@@ -57,7 +57,7 @@ def test_the_config_checks_the_path_only_and_names_the_resolver():
         (
             {"update_differ": {"python": "a:b"}},
             {"column_groups": {"g": ["v"]}},
-            r"tables\.t\.resolvers: a custom resolver cannot be combined with column_groups",
+            r"tables\.t\.resolvers\.update_differ: a custom resolver cannot decide update_differ",
         ),
         (
             {"update_differ": {"python": "a:b"}},
@@ -240,3 +240,51 @@ def test_the_json_merge_example_keeps_both_sides_keys_in_every_order():
     assert json.loads(res.state[(1,)].values["attrs"]) == want
     for r in ("pub", "sub"):
         assert json.loads(fold_perspective(sp, base, events, r)[(1,)].values["attrs"]) == want
+
+
+def test_a_perspective_keeps_the_local_row_as_it_is_when_the_function_fails():
+    """No merge and no delta from the failed event in a perspective, as in the converged
+    fold that quarantines it: the key does not diverge."""
+    sp = custom_spec(f"{HELPERS}:boom", table=MIXED)
+    (k, base) = live(1, "a", T0, "pub")
+    base.values.update(n=10, m=1)
+    e = ev(
+        "UPDATE", 1, T0 + H, "sub", "s1", {"v": "b", "n": 15, "m": 9}, {"n": 12}, seqs={"sub": 0}
+    )
+    res = fold_converged(sp, {k: base}, [e])
+    assert res.applied[0].quarantine is QuarantineReason.RESOLVER_ERROR
+    for r in ("pub", "sub"):
+        mine = fold_perspective(sp, {k: base}, [e], r)
+        assert (
+            reader_view(mine[(1,)])
+            == {"id": 1, "v": "a", "n": 10, "m": 1}
+            == reader_view(res.state[(1,)])
+        )
+
+
+def test_an_answered_row_may_hold_nan_and_infinity_in_a_double():
+    sp = custom_spec(
+        f"{HELPERS}:echo_local_row", table={"columns": {"id": "int", "v": "string", "x": "double"}}
+    )
+    (k, base) = live(1, "a", T0, "pub")
+    base.values.clear()
+    base.values.update(id=1, v="a", x=float("inf"))
+    res = fold_converged(sp, {k: base}, [ev("UPDATE", 1, T0 + H, "sub", "s1", {"x": 1.0})])
+    assert res.applied[0].quarantined is None
+    assert res.state[(1,)].values["x"] == float("inf")
+
+
+def test_an_answered_uuid_is_checked_and_lower_cased():
+    sp_table = {"columns": {"id": "int", "v": "string", "u": "uuid"}}
+    (k, base) = live(1, "a", T0, "pub")
+    base.values["u"] = None
+    e = ev("UPDATE", 1, T0 + H, "sub", "s1", {"v": "b"})
+    res = fold_converged(custom_spec(f"{HELPERS}:UPPER_UUID", table=sp_table), {k: base}, [e])
+    assert res.state[(1,)].values["u"] == "0f8fad5b-d9cb-469f-a165-70867728950e"
+    res = fold_converged(custom_spec(f"{HELPERS}:NOT_A_UUID", table=sp_table), {k: base}, [e])
+    assert "column 'u' is uuid, not '0f8fad5b'" in (res.applied[0].quarantined or "")
+
+
+def test_a_custom_insert_exists_resolver_goes_with_column_groups():
+    sp = custom_spec(f"{HELPERS}:larger_n", "insert_exists", table={"column_groups": {"g": ["v"]}})
+    assert sp.table.custom == {C.INSERT_EXISTS: f"{HELPERS}:larger_n"}

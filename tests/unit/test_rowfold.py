@@ -695,6 +695,7 @@ def test_a_lost_update_adds_its_delta_and_keeps_the_rows_groups():
 # ---------------------------------------------------------------- merge functions
 
 MAX_N = {"merge": {"n": "max"}}
+MAX_M = {"merge": {"m": "max"}}
 
 
 def test_a_winning_update_keeps_the_local_max():
@@ -811,3 +812,48 @@ def test_an_error_resolver_stops_before_a_losing_delta_would_overflow():
     res = fold(sp, state, [e])
     assert res.stopped is not None and res.stopped.outcome is O.ERRORED
     assert res.applied[0].quarantined is None
+
+
+def test_a_quarantined_event_takes_back_the_merge_it_made():
+    """A losing UPDATE raises the merge column ``m``, then its delta overflows: quarantined,
+    the row as it was, no change for the CDC log."""
+    sp = spec({**DELTA, **MAX_M, "columns": {"id": "int", "v": "string", "n": "int", "m": "int"}})
+    top = 2**31 - 1
+    (k, base) = live(1, "a", T0, "pub")
+    base.values.update(n=top, m=1)
+    e = ev("UPDATE", 1, T0 - H, "sub", "s1", {"n": top, "m": 9}, {"n": top - 1})
+    res = fold_converged(sp, {k: base}, [e], trace=True)
+    assert res.applied[0].quarantined is not None and res.applied[0].changes == ()
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "a", "n": top, "m": 1}
+
+
+def test_a_losing_insert_that_raises_a_max_is_an_update_of_the_column():
+    state = dict([live(1, "a", T0, "pub", n=5)])
+    e = ev("INSERT", 1, T0 - H, "sub", "s1", {"id": 1, "v": "b", "n": 8})
+    res = fold_converged(spec(MAX_N), state, [e], trace=True)
+    assert [(c.kind.value, c.cols) for c in res.applied[0].changes] == [("update", ("n",))]
+
+
+def test_a_key_change_that_loses_pkey_exists_merges_only_what_it_wrote():
+    """The UPDATE 1 -> 2 wins update_differ against row 1 (whose ``n`` is 50), then loses
+    pkey_exists against row 2: key 2 takes the max of the event's own ``n`` (7), not row
+    1's, and the update_differ row names no merge."""
+    sp = spec({**MAX_N, "resolvers": {"pkey_exists": "skip"}})
+    state = dict([live(1, "a", T0 - H, "pub", n=50), live(2, "b", T0 + 2 * H, "pub", n=5)])
+    e = ev("UPDATE", 1, T0, "sub", "s1", {"id": 2, "n": 7}, new_key=2)
+    res = fold(sp, state, [e])
+    assert reader_view(res.state[(2,)])["n"] == 7
+    assert reader_view(res.state[(1,)])["n"] == 50
+    differ = [c for c in res.applied[0].conflicts if c.type is C.UPDATE_DIFFER]
+    assert differ and all("merge" not in c.reason for c in differ)
+
+
+def test_with_column_groups_a_write_without_a_conflict_in_its_group_is_written_as_is():
+    sp = spec({**MAX_N, "column_groups": {"label": ["v"], "stock": ["n"]}})
+    state = dict([live(1, "a", T0, "pub", n=5)])
+    state[(1,)].groups = {"label": Stamp(T0 + 2 * H, 1, "s0", "sub")}
+    e = ev("UPDATE", 1, T0 + H, "pub", "p1", {"v": "z", "n": 2})  # stock: pub's own, newer
+    res = fold(sp, state, [e])
+    assert reader_view(res.state[(1,)]) == {"id": 1, "v": "a", "n": 2}
+    (c,) = res.applied[0].conflicts
+    assert c.reason.startswith("group label:") and "merge" not in c.reason
