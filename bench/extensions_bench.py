@@ -19,13 +19,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
-from resolve_bench import ITEM_COLUMNS, bench_config, refetch, staged_input
+from resolve_bench import ITEM_COLUMNS, alternate, bench_config, staged_input
 
 from pipeline.core.config import parse_config
 
@@ -40,7 +39,6 @@ VARIANTS["merge_custom"] = {**VARIANTS["merge"], **VARIANTS["custom"]}
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     rounds = int(os.environ.get("BENCH_ROUNDS", "1"))
-    from pipeline.resolve.stage import resolve_stage
     from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-extensions-bench")
@@ -52,20 +50,15 @@ def main() -> None:
         for name, extra in VARIANTS.items():
             variant = bench_config(ITEM_COLUMNS, **extra)
             configs[name] = parse_config({**variant, "store": config.store})
-        seconds: dict[str, list[float]] = {k: [] for k in configs}
-        counts = {}
-        for _ in range(rounds):
-            for name, cfg in configs.items():
-                t = time.perf_counter()
-                refetch(spark, cfg, ctx)
-                summary = resolve_stage(spark, cfg, ctx)
-                seconds[name].append(round(time.perf_counter() - t, 1))
-                s = summary.tables["items"]
-                counts[name] = {
-                    "conflicts": sum(sum(o.values()) for o in s.conflicts.values()),
-                    "quarantined": sum(s.quarantined.values()),
-                    "asymmetric": dict(s.asymmetric),
-                }
+        seconds, summaries = alternate(spark, configs, ctx, rounds)
+        counts = {
+            name: {
+                "conflicts": sum(sum(o.values()) for o in s.conflicts.values()),
+                "quarantined": sum(s.quarantined.values()),
+                "asymmetric": dict(s.asymmetric),
+            }
+            for name, s in summaries.items()
+        }
         best = {k: min(v) for k, v in seconds.items()}
         print(
             json.dumps(

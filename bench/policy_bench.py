@@ -18,13 +18,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("CDR_DRIVER_MEMORY", "6g")
 os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
-from resolve_bench import ITEM_COLUMNS, bench_config, refetch, staged_input
+from resolve_bench import ITEM_COLUMNS, alternate, bench_config, staged_input
 
 from pipeline.core.config import parse_config
 
@@ -39,7 +38,6 @@ VARIANTS = {
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4_000_000
     rounds = int(os.environ.get("BENCH_ROUNDS", "1"))
-    from pipeline.resolve.stage import resolve_stage
     from pipeline.spark.session import get_spark
 
     spark = get_spark("local[2]", app="cdr-policy-bench")
@@ -53,15 +51,8 @@ def main() -> None:
             if name not in configs:
                 variant = bench_config(COLUMNS, **extra)
                 configs[name] = parse_config({**variant, "store": config.store})
-        seconds: dict[str, list[float]] = {k: [] for k in configs}
-        quarantined = {}
-        for _ in range(rounds):
-            for name, cfg in configs.items():
-                t = time.perf_counter()
-                refetch(spark, cfg, ctx)
-                summary = resolve_stage(spark, cfg, ctx)
-                seconds[name].append(round(time.perf_counter() - t, 1))
-                quarantined[name] = sum(summary.tables["items"].quarantined.values())
+        seconds, summaries = alternate(spark, configs, ctx, rounds)
+        quarantined = {k: sum(s.quarantined.values()) for k, s in summaries.items()}
         best = {k: min(v) for k, v in seconds.items()}
         print(
             json.dumps(

@@ -153,6 +153,23 @@ def staged_input(cfg: dict, n: int, root: Path, spark) -> tuple[Config, RunConte
     return config, ctx, stats
 
 
+def alternate(spark, configs: dict[str, Config], ctx: RunContext, rounds: int) -> tuple[dict, dict]:
+    """The resolve stage of each config on the same staged input, the configs alternated,
+    ``rounds`` times: each config's seconds per round, and its last summary of ``items``."""
+    from pipeline.resolve.stage import resolve_stage
+
+    seconds: dict[str, list[float]] = {k: [] for k in configs}
+    summaries = {}
+    for _ in range(rounds):
+        for name, cfg in configs.items():
+            t = time.perf_counter()
+            refetch(spark, cfg, ctx)
+            summary = resolve_stage(spark, cfg, ctx)
+            seconds[name].append(round(time.perf_counter() - t, 1))
+            summaries[name] = summary.tables["items"]
+    return seconds, summaries
+
+
 def refetch(spark, config: Config, ctx: RunContext) -> None:
     """Fetch the exports again (the fetch types every record: it is part of what the
     resolve stage pays, measured with it)."""

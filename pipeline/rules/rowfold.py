@@ -396,6 +396,10 @@ class RowFold:
         self._journal.append((key, self.state.get(key)))
         if self.trace is not None:
             self.trace.append((key, self.state.get(key), v))
+        self._put(key, v)
+
+    def _put(self, key: Key, v: Version | None) -> None:
+        """The key's version, and the unique indexes with it."""
         self._index(key, self.state.get(key), remove=True)
         if v is None:
             self.state.pop(key, None)
@@ -673,12 +677,7 @@ class RowFold:
         """Take back what the event being applied changed (a merge column it raised before
         its delta overflowed): a quarantined event changes nothing."""
         for key, old in reversed(self._journal):
-            self._index(key, self.state.get(key), remove=True)
-            if old is None:
-                self.state.pop(key, None)
-            else:
-                self.state[key] = old
-                self._index(key, old)
+            self._put(key, old)
         self._journal.clear()
         if self.trace is not None:
             del self.trace[traced:]
