@@ -82,17 +82,16 @@ def report_failure(context: dict[str, Any]) -> None:
 
 
 def _notes(plan: dict[str, Any]) -> str:
-    """The quarantine's open count and the clock-skew warnings of the run's resolve, when
-    it got that far ("" otherwise)."""
-    from pipeline import CdrError, load_summary, notes_line, operator_notes
+    """The quarantine's open count, the clock-skew warnings and the alerts of the run,
+    when it got that far ("" otherwise)."""
+    from pipeline import CdrError, run_notes
 
     if not plan.get("date"):
         return ""
     try:
-        summary = load_summary(_run_context(plan))
+        return " (" + run_notes(config, _run_context(plan)) + ")"
     except CdrError:
         return ""
-    return " (" + notes_line(operator_notes(config, summary.tables)) + ")"
 
 
 def _date(plan: dict[str, Any]) -> date:
@@ -156,6 +155,13 @@ PARAMS = {
         description="Go on when an earlier date's export arrived or changed after its run "
         "(without its events; the report warns). Otherwise rerun that date and the later ones.",
     ),
+    "accept_alert": Param(
+        False,
+        type="boolean",
+        title="Accept a fired alert",
+        description="Publish past an alert whose config says on: fail (the report keeps it "
+        "as a warning). For a rerun after the jump has been looked into.",
+    ),
     "on_divergence": Param(
         None,
         type=["null", "string"],
@@ -201,6 +207,7 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
         "dry_run": bool(params["dry_run"]),
         "on_divergence": params["on_divergence"] or "",
         "accept_late_exports": bool(params["accept_late_exports"]),
+        "accept_alert": bool(params.get("accept_alert")),
     }
 
 
@@ -229,6 +236,7 @@ def ingest(p: dict[str, Any]) -> str:
     extra += ["--on-divergence", p["on_divergence"]] if p["on_divergence"] else []
     extra += ["--dry-run"] if p["dry_run"] else []
     extra += ["--accept-late-exports"] if p.get("accept_late_exports") else []
+    extra += ["--accept-alert"] if p.get("accept_alert") else []
     _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
     return p["run_id"]
 

@@ -32,6 +32,7 @@ _FACE: dict[str, str] = {
     "asset_extras": "pipeline.stages",
     "notes_line": "pipeline.stages",
     "operator_notes": "pipeline.stages",
+    "run_notes": "pipeline.stages",
     "load_summary": "pipeline.resolve.stage",
     "load_verdict": "pipeline.validate.stage",
     "RunReport": "pipeline.core.report",  # what ``run`` and ``publish`` return
@@ -106,6 +107,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
         publish,
         resolve,
         run,
+        run_notes,
         validate,
     )
     from pipeline.storage.context import RunContext, check_run_id, safe_run_id

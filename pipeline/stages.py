@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -58,6 +59,7 @@ class RunOptions:
     master: str | None = None
     tables: tuple[str, ...] | None = None  # a subset (with the tables they reference)
     on_divergence: str | None = None  # overrides the config's
+    accept_alert: bool = False  # a fired ``on: fail`` alert only warns
     dry_run: bool = False  # ingest, resolve and validate; publish nothing
     data_docs: bool = True  # build the Data Docs pages of the validation results
 
@@ -74,6 +76,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
         opts.dry_run,
         opts.data_docs,
         config.digest(),
+        opts.accept_alert,
     )
     config = ctx.config(config)
     assert config.store
@@ -92,7 +95,8 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     _clear_work(opts.work_dir, ctx)
     ctx.save()
     try:
-        ingest_exports(config, store, ctx, opts.allow_missing_exports, opts.accept_late_exports)
+        with timed(ctx, "ingest"):
+            ingest_exports(config, store, ctx, opts.allow_missing_exports, opts.accept_late_exports)
     except BaseException:
         if not ctx.dry_run:  # nothing of the run reached the store but its runs row
             try:
@@ -102,6 +106,30 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
             lease.release(store, ctx.run_id, ctx.epoch)
         raise
     return ctx
+
+
+#: the stages whose seconds a run's report keeps (``RunReport.seconds``), in run order
+STAGES = ("ingest", "resolve", "validate", "publish")
+
+
+@contextmanager
+def timed(ctx: RunContext, stage: str) -> Iterator[None]:
+    """Record how long ``stage`` took, in the run's work folder: the stages may run in
+    separate processes, and publish puts them all in the report. A stage that fails
+    records nothing (its retry does)."""
+    started = time.monotonic()
+    yield
+    (ctx.work / "seconds" / f"{stage}.json").write_text(json.dumps(time.monotonic() - started))
+
+
+def stage_seconds(ctx: RunContext) -> dict[str, float]:
+    """The seconds each stage of the run recorded (:func:`timed`), in run order."""
+    out = {}
+    for stage in STAGES:
+        p = ctx.work / "seconds" / f"{stage}.json"
+        if p.exists():
+            out[stage] = round(float(json.loads(p.read_text())), 3)
+    return out
 
 
 def _refuse_a_published_run_id(store: Store, config: Config, run_id: str) -> None:
@@ -154,12 +182,17 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     write the history of the tables that keep one (history) and (``cdc.enabled``) the CDC log,
     then measure what validation judges: the run's Spark work before publish, in one
     Spark application (the DAG's resolve task)."""
+    config = ctx.config(config)
+    ctx.work.attach(spark)
+    with timed(ctx, "resolve"):
+        return _resolve(spark, config, ctx)
+
+
+def _resolve(spark: SparkSession, config: Config, ctx: RunContext) -> RunSummary:
     from pipeline.ingest.exports import fetch
     from pipeline.resolve.stage import resolve_stage, save_summary
     from pipeline.validate.stage import measure_stage
 
-    config = ctx.config(config)
-    ctx.work.attach(spark)
     fetch(spark, config, ctx)
     small = small_run(ctx)  # measures: fewer tasks
     with sized_for(spark, ctx):
@@ -183,10 +216,15 @@ def validate(
 ) -> Verdict:
     """Judge the resolved run with Great Expectations (no Spark). A run resolved without
     its measures is measured first, with the session ``spark`` gives."""
+    config = ctx.config(config)
+    with timed(ctx, "validate"):
+        return _validate(config, ctx, spark)
+
+
+def _validate(config: Config, ctx: RunContext, spark: Callable[[], SparkSession] | None) -> Verdict:
     from pipeline.resolve.stage import load_summary
     from pipeline.validate.stage import judge_stage, measure_stage, measured
 
-    config = ctx.config(config)
     summary = load_summary(ctx)
     if not measured(ctx, summary):
         if spark is None:
@@ -208,6 +246,7 @@ def run_report(
     the versions it committed."""
     from pipeline.resolve.skew import skew_warnings
     from pipeline.rules.custom import asymmetric_warnings
+    from pipeline.validate.alerts import fired
 
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     warned = skew_warnings(summary.tables, config.max_clock_skew_seconds)
@@ -228,6 +267,8 @@ def run_report(
             suites={name: s["success"] for name, s in verdict.suites.items()},
         ),
         cdc=summary.cdc,
+        alerts=fired(verdict.suites),
+        seconds=stage_seconds(ctx),
     )
 
 
@@ -241,11 +282,11 @@ def publish(
     nothing a published run wrote is replaced by a failed one."""
     from pipeline.ingest.exports import load_inputs
     from pipeline.resolve.stage import load_summary
-    from pipeline.validate.datadocs import digests
     from pipeline.validate.stage import load_verdict
 
     if ctx.dry_run:
         raise StageError(f"the run of {ctx.dt} is a dry run: it publishes nothing")
+    started = time.monotonic()
     config = ctx.config(config)
     assert config.store
     store = open_store(config.store)
@@ -259,22 +300,18 @@ def publish(
     done = [r for r in runs if r.run_id == ctx.run_id]
     if done:  # a retry after the runs row went in (the task died before it said so)
         return _published_already(store, ctx, done[-1], runs, verdict)
-    tables = list(config.tables)
     inputs = {t: asdict(s) for t, s in load_inputs(ctx).items()}
-    with ctx.validation.fetched() as validation:
-        replace_tree(store, validation, layout.validation_dir(ctx.dt, ctx.run_id))
-        docs = digests(validation / "data_docs")
-    status = Status.PUBLISHED if verdict.passed else Status.FAILED
-    report = run_report(config, ctx, summary, verdict, status)
-    # what the Data Docs server may serve
-    report = replace(report, validation=replace(report.validation, data_docs_files=docs))
+    report = _validated_report(config, ctx, summary, verdict, store)
+    status = report.status
     meta = commit_meta(ctx.run_id, ctx.dt, "passed" if verdict.passed else "failed")
     committer = Committer(lake, ctx.resolved, meta)
-    if not verdict.passed:
-        versions = publish_failed(committer, tables, ctx.dt)
-    else:
-        versions = publish_tables(committer, config, ctx.dt, runs)
-    report = replace(report, versions=versions)
+    versions = (
+        publish_tables(committer, config, ctx.dt, runs)
+        if verdict.passed
+        else publish_failed(committer, list(config.tables), ctx.dt)
+    )
+    seconds = {**report.seconds, "publish": round(time.monotonic() - started, 3)}
+    report = replace(report, versions=versions, seconds=seconds)
     body = report.to_json().encode()
     store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
     row = run_row(
@@ -288,7 +325,34 @@ def publish(
     lease.release(store, ctx.run_id, ctx.epoch)
     if not verdict.passed:
         raise GateError("; ".join(verdict.failures))
+    _export_metrics(config, lake)
     return report
+
+
+def _validated_report(
+    config: Config, ctx: RunContext, summary: RunSummary, verdict: Verdict, store: Store
+) -> RunReport:
+    """The report of a run about to publish, once its validation results and Data Docs
+    are in the store: with the Data Docs files the server may serve."""
+    from pipeline.validate.datadocs import digests
+
+    with ctx.validation.fetched() as validation:
+        replace_tree(store, validation, layout.validation_dir(ctx.dt, ctx.run_id))
+        docs = digests(validation / "data_docs")
+    status = Status.PUBLISHED if verdict.passed else Status.FAILED
+    report = run_report(config, ctx, summary, verdict, status)
+    return replace(report, validation=replace(report.validation, data_docs_files=docs))
+
+
+def _export_metrics(config: Config, lake: Lake) -> None:
+    """docs/operations.md#metrics, after the run published: a failure is logged, the run
+    stays published."""
+    from pipeline.publish.metrics import export
+
+    try:
+        export(config.metrics, lake)
+    except Exception as e:
+        log.warning("metrics: not exported after the publish: %s", e)
 
 
 def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
@@ -319,7 +383,7 @@ def table_extras(
 ) -> dict[str, dict[str, Any]]:
     """:func:`asset_extras` of a published run's report, its ``runs`` row at
     ``runs_version``; the counts are each table's ``TableSummary.totals``."""
-    notes = operator_notes(config, report.tables)
+    notes = operator_notes(config, report.tables, report.alerts)
     versions = report.versions or {}
     return {
         table: {
@@ -335,16 +399,22 @@ def table_extras(
     }
 
 
-def operator_notes(config: Config, tables: Mapping[str, TableSummary]) -> dict[str, dict[str, Any]]:
+def operator_notes(
+    config: Config,
+    tables: Mapping[str, TableSummary],
+    alerts: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """What an operator follows night after night, per table: the quarantined events
-    still open (retry) and the clock-skew warnings (clock skew). In the asset events' ``extra`` and
-    the DAG's summary and failure log lines (:func:`notes_line`)."""
+    still open (retry), the clock-skew warnings (clock skew) and the alert the table
+    fired (``alerts``: ``RunReport.alerts``; docs/operations.md#alerts). In the asset
+    events' ``extra`` and the DAG's summary and failure log lines (:func:`notes_line`)."""
     from pipeline.resolve.skew import skew_warnings
 
     return {
         t: {
             "quarantine_open": s.quarantine_open,
             "clock_skew_warnings": skew_warnings({t: s}, config.max_clock_skew_seconds),
+            "alert": dict((alerts or {})[t]) if t in (alerts or {}) else None,
         }
         for t, s in tables.items()
     }
@@ -352,9 +422,30 @@ def operator_notes(config: Config, tables: Mapping[str, TableSummary]) -> dict[s
 
 def notes_line(notes: Mapping[str, Mapping[str, Any]]) -> str:
     """:func:`operator_notes` in one line of a log."""
+    from pipeline.validate.alerts import describe
+
     still = ", ".join(f"{t} {n['quarantine_open']}" for t, n in notes.items())
     warnings = [w for n in notes.values() for w in n["clock_skew_warnings"]]
-    return f"quarantine open: {still}; clock skew: " + ("; ".join(warnings) or "no warning")
+    fired = [describe(t, n["alert"]) for t, n in notes.items() if n.get("alert")]
+    return (
+        f"quarantine open: {still}; clock skew: "
+        + ("; ".join(warnings) or "no warning")
+        + "; alerts: "
+        + ("; ".join(fired) or "none")
+    )
+
+
+def run_notes(config: Config, ctx: RunContext) -> str:
+    """:func:`notes_line` of a run that resolved (the DAG's last log line, and its
+    failure's), with the alerts of its verdict when it was validated."""
+    from pipeline.resolve.stage import load_summary
+    from pipeline.validate.alerts import fired
+    from pipeline.validate.stage import load_verdict
+
+    config = ctx.config(config)
+    summary = load_summary(ctx)
+    alerts = fired(load_verdict(ctx).suites) if ctx.results.exists() else {}
+    return notes_line(operator_notes(config, summary.tables, alerts))
 
 
 def _published_already(

@@ -122,6 +122,11 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
         "--on-divergence", choices=("fail", "warn"), help="override the config's on_divergence"
     )
     p.add_argument(
+        "--accept-alert",
+        action="store_true",
+        help="publish past a fired alert whose config says on: fail (it is reported as a warning)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="ingest, resolve and validate, and publish nothing",
@@ -332,6 +337,7 @@ def _options(args: argparse.Namespace) -> Any:
         master=args.master,
         tables=getattr(args, "tables", None),
         on_divergence=getattr(args, "on_divergence", None),
+        accept_alert=getattr(args, "accept_alert", False),
         dry_run=getattr(args, "dry_run", False),
         data_docs=getattr(args, "data_docs", True),
     )

@@ -321,6 +321,30 @@ class FkPolicy(StrEnum):
     QUARANTINE = "quarantine"
 
 
+class MetricsModel(_Strict):
+    prometheus_textfile: str | None = Field(default=None, min_length=1)
+    otlp_endpoint: str | None = Field(default=None, min_length=1)
+
+
+class AlertSeverity(StrEnum):
+    """What a fired alert does to the run (docs/operations.md#alerts)."""
+
+    WARN = "warn"  # reported; the run publishes
+    FAIL = "fail"  # the run fails its gate (``--accept-alert`` publishes past it)
+
+
+class ConflictRateModel(_Strict):
+    window: int = Field(default=30, ge=1, le=3660)
+    factor: float = Field(default=3.0, gt=0, allow_inf_nan=False)
+    min_runs: int = Field(default=7, ge=1)
+    min_conflicts: int = Field(default=20, ge=0)
+    on: AlertSeverity = AlertSeverity.WARN
+
+
+class AlertsModel(_Strict):
+    conflict_rate: ConflictRateModel | None = None
+
+
 class WaitModel(_Strict):
     timeout_minutes: int = Field(default=360, ge=1)
     poke_interval_seconds: int = Field(default=300, ge=10)
@@ -364,6 +388,8 @@ class ConfigModel(_Strict):
     retry: RetryModel = Field(default_factory=RetryModel)
     tables: dict[str, TableModel] = Field(min_length=1)
     cdc: CdcModel = Field(default_factory=CdcModel)
+    metrics: MetricsModel = Field(default_factory=MetricsModel)
+    alerts: AlertsModel = Field(default_factory=AlertsModel)
 
 
 # --------------------------------------------------------------------------- resolved, frozen
@@ -474,6 +500,31 @@ class CdcConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """docs/operations.md#metrics: where each published run's metrics go (None: nowhere)."""
+
+    prometheus_textfile: str | None = None  # a local ``*.prom`` file (node_exporter)
+    otlp_endpoint: str | None = None  # an OTLP/HTTP metrics endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRateAlert:
+    """docs/operations.md#alerts: a table's conflicts per event above ``factor`` times
+    its median over the published runs of the ``window`` dates before the run's."""
+
+    window: int = 30
+    factor: float = 3.0
+    min_runs: int = 7
+    min_conflicts: int = 20
+    on: AlertSeverity = AlertSeverity.WARN
+    accepted: bool = False  # the run's ``--accept-alert``: a fired ``fail`` alert only warns
+
+    @property
+    def fails(self) -> bool:
+        return self.on is AlertSeverity.FAIL and not self.accepted
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     store: str | None
     replicas: tuple[Replica, ...]
@@ -497,6 +548,8 @@ class Config:
     #: docs/operations.md#retention: how many days of runs stay readable
     #: (``cdr vacuum``'s window) and so how long every published table keeps its log
     retention_days: int = 30
+    metrics: MetricsConfig = MetricsConfig()
+    conflict_rate_alert: ConflictRateAlert | None = None
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -544,7 +597,14 @@ class Config:
 
         data = plain(self)
         # how a run is scheduled, and how long its outputs are kept, decide nothing of it
-        for scheduling in ("schedule", "wait_for_exports", "deadline_minutes", "retention_days"):
+        # nor where its metrics are sent
+        for scheduling in (
+            "schedule",
+            "wait_for_exports",
+            "deadline_minutes",
+            "retention_days",
+            "metrics",
+        ):
             data.pop(scheduling)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -554,11 +614,15 @@ class Config:
         return replace(self, store=store)
 
     def select(
-        self, tables: Sequence[str] | None = None, on_divergence: str | None = None
+        self,
+        tables: Sequence[str] | None = None,
+        on_divergence: str | None = None,
+        accept_alert: bool = False,
     ) -> Config:
         """This config for one run: only ``tables`` and the tables their foreign keys
-        reference (a child's orphans are found against its parent's snapshot), and
-        ``on_divergence`` overridden when given. Unknown names raise ConfigError."""
+        reference (a child's orphans are found against its parent's snapshot),
+        ``on_divergence`` overridden when given, and with ``accept_alert`` a fired alert
+        that would fail the run only a warning. Unknown names raise ConfigError."""
         from dataclasses import replace
 
         problems = [f"tables: no table {t!r}" for t in tables or () if t not in self.tables]
@@ -579,6 +643,8 @@ class Config:
             out = replace(out, tables={t: v for t, v in self.tables.items() if t in wanted})
         if on_divergence is not None:
             out = replace(out, on_divergence=DivergencePolicy(on_divergence))
+        if accept_alert and out.conflict_rate_alert is not None:
+            out = replace(out, conflict_rate_alert=replace(out.conflict_rate_alert, accepted=True))
         return out
 
 
@@ -977,7 +1043,9 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         p.add("schedule", cron)
     _check_cdc(m, p)
     retry = _check_retry(m, tables, p)
+    _check_metrics(m.metrics, p)
     c = m.cdc
+    rate = m.alerts.conflict_rate
     return Config(
         store=m.store,
         replicas=tuple(Replica(r.id, r.system_id) for r in m.replicas),
@@ -1005,7 +1073,32 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         ),
         deadline_minutes=m.deadline_minutes,
         retry=retry,
+        metrics=MetricsConfig(m.metrics.prometheus_textfile, m.metrics.otlp_endpoint),
+        conflict_rate_alert=(
+            ConflictRateAlert(rate.window, rate.factor, rate.min_runs, rate.min_conflicts, rate.on)
+            if rate is not None
+            else None
+        ),
     )
+
+
+def _check_metrics(m: MetricsModel, p: _Problems) -> None:
+    """node_exporter's textfile collector reads ``*.prom`` files of a local folder; OTLP
+    metrics go to an http(s) URL."""
+    path = m.prometheus_textfile
+    if path is not None and (not path.endswith(".prom") or "://" in path):
+        p.add(
+            "metrics.prometheus_textfile",
+            f"{path!r}: a local file whose name ends in .prom (node_exporter's textfile "
+            "collector reads only those), e.g. /var/lib/node_exporter/textfile/cdr.prom",
+        )
+    url = m.otlp_endpoint
+    if url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
+        p.add(
+            "metrics.otlp_endpoint",
+            f"{url!r}: an http:// or https:// URL of an OTLP/HTTP receiver, e.g. "
+            "http://collector:4318/v1/metrics",
+        )
 
 
 def _check_foreign_key_types(tables: Mapping[str, Table], p: _Problems) -> None:

@@ -65,8 +65,8 @@ class ReportValidation:
 class RunReport:
     """One run's report. ``to_dict`` gives the JSON publish writes (its keys in this
     order; ``now_us``, ``cdc``, ``versions`` and ``validation.data_docs_files`` only when
-    set); ``from_dict`` takes what a missing key leaves out from its default and ignores a
-    key it does not know."""
+    set, ``alerts`` and ``seconds`` only when not empty); ``from_dict`` takes what a
+    missing key leaves out from its default and ignores a key it does not know."""
 
     run_id: str
     dt: str  # the run's date (ISO)
@@ -81,6 +81,10 @@ class RunReport:
     validation: ReportValidation = field(default_factory=ReportValidation)
     cdc: CdcSection | None = None  # with ``cdc.enabled``
     versions: Mapping[str, int] | None = None  # publish: table path -> version it committed
+    #: docs/operations.md#alerts: table -> the alert it fired (``pipeline.validate.alerts.fired``)
+    alerts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: docs/operations.md#metrics: stage -> its seconds (ingest, resolve, validate, publish)
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def published(self) -> bool:
@@ -102,6 +106,10 @@ class RunReport:
             d["cdc"] = self.cdc.to_dict()
         if self.versions is not None:
             d["versions"] = dict(self.versions)
+        if self.alerts:
+            d["alerts"] = {t: dict(a) for t, a in self.alerts.items()}
+        if self.seconds:
+            d["seconds"] = dict(self.seconds)
         return d
 
     def to_json(self) -> str:
@@ -119,8 +127,15 @@ class RunReport:
         if missing:
             raise MalformedReport(f"it has no {', '.join(missing)}")
         cdc, versions = d.get("cdc"), d.get("versions")
+        alerts, seconds = d.get("alerts") or {}, d.get("seconds") or {}
         if not isinstance(versions, Mapping | None):
             raise MalformedReport("its versions are not a mapping")
+        if not isinstance(alerts, Mapping) or not all(
+            isinstance(a, Mapping) for a in alerts.values()
+        ):
+            raise MalformedReport("its alerts are not a mapping of tables")
+        if not isinstance(seconds, Mapping):
+            raise MalformedReport("its seconds are not a mapping of stages")
         return cls(
             run_id=str(d[RUN_ID]),
             dt=str(d[DT]),
@@ -134,6 +149,8 @@ class RunReport:
             validation=ReportValidation.from_dict(d.get("validation") or {}),
             cdc=CdcSection.from_dict(cdc) if cdc is not None else None,
             versions=dict(versions) if versions is not None else None,
+            alerts={str(t): dict(a) for t, a in alerts.items()},
+            seconds={str(k): float(v) for k, v in seconds.items()},
         )
 
     @classmethod

@@ -80,6 +80,7 @@ class TableSummary:
     #: ``discarded``, ``expired``, ...), apart from the night's own events
     retried: Mapping[str, int] = field(default_factory=dict)
     quarantine_open: int = 0  # retry: quarantined events still open after the run
+    quarantine_open_reasons: Mapping[str, int] = field(default_factory=dict)  # the same, by reason
     #: docs/rules.md#custom-resolvers: per ``python:<module:function>``, the conflicts where
     #: it answers another row with the sides swapped
     asymmetric: Mapping[str, int] = field(default_factory=dict)

@@ -166,8 +166,10 @@ def stage(
         before = pa.concat_tables([earlier, pa.Table.from_pylist(kept, earlier.schema)])
     items = statuses(quarantine, before)
     open_items = [it for it in items.values() if not it.status.closed]
-    ids = pa.array(sorted(it.event_id for it in open_items), _S)
-    write_table(pa.table({EVENT_ID: ids}), dest / OPEN)
+    open_items.sort(key=lambda it: it.event_id)
+    ids = pa.array([it.event_id for it in open_items], _S)
+    reasons = pa.array([it.reason for it in open_items], _S)
+    write_table(pa.table({EVENT_ID: ids, "reason": reasons}), dest / OPEN)
     dates = sorted({r.dt for r in runs if r.published and table.name in r.tables()})
     offers, expired = [], []
     for it in open_items:
@@ -409,28 +411,52 @@ def _save(out: WorkPath, rows: list[dict[str, Any]], table: str) -> None:
     _write(path, [*before, *[{**r, "table": table} for r in rows]], OUTCOME_SCHEMA)
 
 
-def open_after(spark: SparkSession, staged_table: WorkPath, out: WorkPath) -> int:
-    """The table's quarantined events open after the run: those open before it, less
-    those its outcomes closed, with those it quarantined (each event once; the
-    quarantine's ids are counted by the executors, in one small job when it has rows)."""
+#: the reason of an event open before the run whose staged ids carry none (an ingest of
+#: an earlier release)
+UNKNOWN_REASON = "unknown"
+
+
+def open_after(spark: SparkSession, staged_table: WorkPath, out: WorkPath) -> dict[str, int]:
+    """The table's quarantined events open after the run, by reason: those open before
+    it, less those its outcomes closed, with those it quarantined (each event once: by
+    the greatest of its reasons when the run gave it two). The quarantine's ids are
+    counted by the executors, in one small job when it has rows."""
+    from collections import Counter
+
     from pyspark.sql import functions as F
 
     from pipeline.storage.outputs import read_known
 
     before = staged_table / "retry" / OPEN
-    still = set(read_table(before)[EVENT_ID].to_pylist()) if before.is_file() else set()
+    still: dict[str, str] = {}
+    if before.is_file():
+        got_before = read_table(before)
+        reasons = (
+            got_before["reason"].to_pylist()
+            if "reason" in got_before.column_names
+            else [UNKNOWN_REASON] * got_before.num_rows
+        )
+        still = dict(zip(got_before[EVENT_ID].to_pylist(), reasons, strict=True))
     path = out / OUTCOMES / "part-00000.parquet"
     if path.is_file():
         rows = read_table(path, columns=[RUN_ID, EVENT_ID, "status"]).to_pylist()
-        still -= {r[EVENT_ID] for r in rows if Status(r["status"]).closed}
+        for r in rows:
+            if Status(r["status"]).closed:
+                still.pop(r[EVENT_ID], None)
+    opened = Counter(still.values())
     info = output_info(out / "quarantine")
-    if info is not None and info[1] == 0:
-        return len(still)
-    ids = read_known(spark, out / "quarantine", "event_id string").where("event_id IS NOT NULL")
-    known = F.col(EVENT_ID).isin(sorted(still)) if still else F.lit(False)
-    got = ids.distinct().agg(F.count("*").alias("new"), F.count_if(known).alias("known")).first()
-    assert got is not None
-    return len(still) + got["new"] - got["known"]
+    if info is None or info[1] != 0:
+        q = read_known(spark, out / "quarantine", "event_id string, reason string")
+        known = F.col(EVENT_ID).isin(sorted(still)) if still else F.lit(False)
+        events = q.where("event_id IS NOT NULL").groupBy(EVENT_ID).agg(F.max("reason").alias("r"))
+        per_reason = events.groupBy("r").agg(
+            F.count("*").alias("n"), F.collect_list(F.when(known, F.col(EVENT_ID))).alias("known")
+        )
+        for row in per_reason.collect():
+            opened[row["r"]] += row["n"]
+            for event_id in row["known"]:  # open before, quarantined again: once, by its new reason
+                opened[still[event_id]] -= 1
+    return {reason: n for reason, n in sorted(opened.items()) if n}
 
 
 def manual_outcome(lake: Lake, table: str, it: Item, status: Status, dt: date) -> None:

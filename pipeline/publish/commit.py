@@ -333,6 +333,8 @@ def run_row(
             counts["cdc"] = report.cdc.to_dict()
         if report.now_us is not None:  # the run's clock: TTLs expire from it
             counts["now_us"] = report.now_us
+        if report.seconds:  # docs/operations.md#metrics
+            counts["seconds"] = dict(report.seconds)
     return RunRow(
         run_id=run_id,
         dt=dt,

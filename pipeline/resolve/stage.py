@@ -641,7 +641,9 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
         spark.catalog.clearCache()
     for name in summary.tables:  # retry
         still = retry.open_after(spark, ctx.staged / name, ctx.resolved / name)
-        summary = summary.with_table(name, quarantine_open=still)
+        summary = summary.with_table(
+            name, quarantine_open=sum(still.values()), quarantine_open_reasons=still
+        )
     assert config.store
     others = stats.kept_rows(Lake(open_store(config.store)), ctx.dt, config.tables)
     stats.write_stats(ctx.resolved, summary, conflicts, others)  # conflict stats

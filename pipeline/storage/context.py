@@ -108,6 +108,7 @@ class RunContext:
     epoch: str = (
         ""  # the store's lease as ingest took it (storage.lease): later stages re-enter with it
     )
+    accept_alert: bool = False  # ``--accept-alert``: a fired alert only warns
 
     def config(self, config: Config) -> Config:
         """The config as this run uses it (its tables and overrides); one edited since the
@@ -117,7 +118,7 @@ class RunContext:
                 f"the config changed since the run of {self.dt} ({self.run_id}) was ingested: "
                 "its stages would not agree. Run the date again from `cdr ingest` (or `cdr run`)"
             )
-        return config.select(self.tables, self.on_divergence)
+        return config.select(self.tables, self.on_divergence, self.accept_alert)
 
     @property
     def staged(self) -> WorkPath:
@@ -173,6 +174,7 @@ class RunContext:
         dry_run: bool = False,
         data_docs: bool = True,
         config_digest: str | None = None,
+        accept_alert: bool = False,
     ) -> RunContext:
         rid = check_run_id(run_id) if run_id else new_run_id(dt)
         return RunContext(
@@ -186,6 +188,7 @@ class RunContext:
             data_docs,
             config_digest,
             datetime.now(UTC).isoformat(),
+            accept_alert=accept_alert,
         )
 
 
@@ -215,4 +218,5 @@ def _read(run_json: WorkPath) -> RunContext | None:
         d.get("config_digest"),
         d.get("started", ""),
         d.get("epoch", ""),
+        bool(d.get("accept_alert", False)),
     )

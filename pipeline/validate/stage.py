@@ -39,8 +39,10 @@ from pipeline.ingest import pending
 from pipeline.publish.targets import final_state
 from pipeline.spark.session import local_frame
 from pipeline.storage.context import RunContext
+from pipeline.storage.lake import Lake
 from pipeline.storage.outputs import read_output
 from pipeline.storage.workpath import WorkPath
+from pipeline.validate import alerts
 from pipeline.validate.datadocs import bundle
 from pipeline.validate.suites import (
     SUITES,
@@ -114,7 +116,8 @@ class Frames:
     """The DataFrames the suites validate, and the views their queries join with."""
 
     def __init__(self, spark: SparkSession, config: Config, ctx: RunContext, summary: RunSummary):
-        self.spark, self.ctx = spark, ctx
+        self.spark, self.ctx, self.config, self.summary = spark, ctx, config, summary
+        self._past: dict[str, list[tuple[str, int, int]]] | None = None
         self.cdc_gens: list[Any] = []
         if config.cdc.enabled:
             from pipeline.changes.cdc import read_generations
@@ -161,6 +164,8 @@ class Frames:
             return as_of_run(_read(self.spark, out / kind), table, self.ctx)
         if kind == "cdc_log":
             return self._cdc_log(table)
+        if kind == "conflict_rates":
+            return self._conflict_rates(table)
         if kind == "cdc_replay":
             from pipeline.changes.replay import replay_differences
             from pipeline.resolve.inplace import touched_prior
@@ -174,6 +179,20 @@ class Frames:
                 prior, self._log(table), self.batch("snapshot", table), table, self.ctx.now_us
             )
         raise ValueError(f"no frame {kind!r} (expectations/*.json meta.batch)")
+
+    def _conflict_rates(self, table: Table) -> DataFrame:
+        """The ``alerts`` suite's batch (``pipeline.validate.alerts``): the table's past
+        published runs of the alert's window, read once for every table, and tonight."""
+        alert = self.config.conflict_rate_alert
+        assert alert is not None and self.config.store
+        if self._past is None:
+            from pipeline.storage.store import open_store
+
+            lake = Lake(open_store(self.config.store))
+            self._past = alerts.past_counts(lake, self.ctx.dt, alert.window)
+        tonight = self.summary.tables[table.name]
+        rows = alerts.rates_batch(self._past.get(table.name, []), self.ctx.dt, tonight)
+        return local_frame(self.spark, rows, alerts.SCHEMA)
 
     def _log(self, table: Table) -> DataFrame:
         return _read(self.spark, self.ctx.resolved / "cdc" / table.name / "log")
@@ -205,6 +224,8 @@ def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, dic
     for name in SUITES:
         template = load_template(name)
         if template["meta"].get("needs") == "cdc" and not config.cdc.enabled:
+            continue
+        if template["meta"].get("needs") == "alerts" and config.conflict_rate_alert is None:
             continue
         for t, table in config.tables.items():
             if summary.stopped(t):

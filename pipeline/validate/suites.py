@@ -45,6 +45,7 @@ from pyspark.sql import functions as F
 from pipeline.core.columns import STATE_ORIGIN, STATE_TS
 from pipeline.core.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.spark.schema import spark_type
+from pipeline.validate import alerts
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no network calls from a batch job
@@ -73,12 +74,13 @@ SUITES = (
     "cdc",
     "cdc_replay",
     "history",
+    "alerts",
 )
 #: GX's severities of a failed expectation: ``critical`` fails the run, the others are
 #: reported
 SEVERITIES = ("critical", "warning", "info")
 #: the policy settings an expectation's severity may follow (``"${on_divergence}"``)
-SEVERITY_SETTINGS = ("on_divergence", "on_fk_violation")
+SEVERITY_SETTINGS = ("on_divergence", "on_fk_violation", "on_alert")
 #: the SQL checks, which run together (:func:`find_rows`)
 ROW_CHECK = "unexpected_rows_expectation"
 #: offending rows kept per row check (as GX keeps)
@@ -162,9 +164,11 @@ def severities(config: Config | None) -> dict[str, str]:
     orphan may be left), ``warning`` when it only warns. No config: the defaults."""
     if config is None:
         return dict.fromkeys(SEVERITY_SETTINGS, "critical")
+    alert = config.conflict_rate_alert
     return {
         "on_divergence": "critical" if config.on_divergence is DivergencePolicy.FAIL else "warning",
         "on_fk_violation": "critical" if config.on_fk_violation is not FkPolicy.WARN else "warning",
+        "on_alert": "critical" if alert is not None and alert.fails else "warning",
     }
 
 
@@ -176,6 +180,7 @@ def render_suite(
     foreign keys)."""
     base, each = _names(table)
     base |= severities(config)
+    base |= alerts.placeholders(config.conflict_rate_alert if config is not None else None)
     expectations = []
     for exp in template["expectations"]:
         loop = exp.get("meta", {}).get("for_each")

@@ -489,6 +489,7 @@ def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_p
         "dry_run": False,
         "on_divergence": None,
         "accept_late_exports": False,
+        "accept_alert": False,
     }
 
 

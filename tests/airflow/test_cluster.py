@@ -78,5 +78,6 @@ def test_the_dags_spark_submit_task_runs_on_the_cluster(
             "divergent_keys": sum(counts.divergent_keys.values()),
             "quarantine_open": sum(counts.quarantined.values()),  # the first night
             "clock_skew_warnings": [],
+            "alert": None,  # no alerts configured
         }, table
     assert sum(events[u]["conflicts"] for u in events) > 0  # the counts are not all zero

@@ -48,7 +48,14 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
     assert dag.get_task("ingest").retries == 2 and dag.get_task("ingest").retry_exponential_backoff
     sensor = dag.get_task("wait_for_exports")
     assert sensor.mode == "reschedule" and sensor.timeout == 90 * 60 and sensor.poke_interval == 60
-    assert set(dag.params) == {"date", "tables", "dry_run", "on_divergence", "accept_late_exports"}
+    assert set(dag.params) == {
+        "date",
+        "tables",
+        "dry_run",
+        "on_divergence",
+        "accept_late_exports",
+        "accept_alert",
+    }
     assert sorted(dag.params.get_param("tables").schema["items"]["enum"]) == [
         "accounts",
         "orders",
@@ -111,6 +118,7 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
         "dry_run": False,
         "on_divergence": None,
         "accept_late_exports": False,
+        "accept_alert": False,
     }
     conf = {
         "date": "2026-11-21",
@@ -118,6 +126,7 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
         "dry_run": True,
         "on_divergence": "fail",
         "accept_late_exports": True,
+        "accept_alert": True,
     }
     params.update(conf)
     assert params.validate() == conf
@@ -160,8 +169,11 @@ def test_a_failed_gate_fails_the_validate_task(
     for task in ("validate", "publish"):  # the failure callbacks' one line each
         line = next(ln for ln in err if f"replica_cdr {task} failed for 2026-11-21: " in ln)
         assert "failed gate: table " in line and "convergence." in line, line
-        notes = "(quarantine open: products 0, orders 0, accounts 0; clock skew: no warning)"
-        assert line.endswith(notes), line  # the operator notes (retry, clock skew) end the line
+        notes = (
+            "(quarantine open: products 0, orders 0, accounts 0; clock skew: no warning; "
+            "alerts: none)"
+        )
+        assert line.endswith(notes), line  # the operator notes (retry, skew, alerts) end it
 
 
 def test_a_dry_run_of_one_table_publishes_nothing(

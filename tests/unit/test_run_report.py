@@ -63,6 +63,7 @@ ORDERS = TableSummary(
     clock_skew={"pub": {"sub": {"events": 2, "max_seconds": 400.0}}},
     retried={"applied": 1},
     quarantine_open=2,
+    quarantine_open_reasons={"fk_violation": 2},
     asymmetric={"python:acme.cdr:prefer": 1},
     ledger_digests=True,
 )
@@ -93,6 +94,8 @@ REPORT = RunReport(
     validation=VALIDATION,
     cdc=CDC,
     versions={"published/orders/snapshot": 3, "published/runs": 7},
+    alerts={"orders": {"alert": "conflict_rate", "severity": "fail", "rate": 0.5}},
+    seconds={"ingest": 1.25, "resolve": 30.5},
 )
 
 
@@ -192,8 +195,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 )
 def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     """Reports an earlier release wrote (the fixtures' stores): the keys added since
-    (``changed_copies``, ``ledger_digests``, ``asymmetric``; ``data_docs_files``) take their
-    defaults."""
+    (``changed_copies``, ``ledger_digests``, ``asymmetric``, ``quarantine_open_reasons``;
+    ``data_docs_files``; ``alerts``, ``seconds``) take their defaults."""
     raw = json.loads((FIXTURES / path).read_text())
     report = RunReport.from_dict(raw)
     assert (report.run_id, report.dt, report.status) == (raw["run_id"], raw["dt"], "published")
@@ -202,8 +205,14 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     for name, s in report.tables.items():
         assert "changed_copies" not in raw["tables"][name]
         assert (s.changed_copies, s.ledger_digests) == (0, False)
-        added = {"changed_copies": 0, "ledger_digests": False, "asymmetric": {}}
+        added = {
+            "changed_copies": 0,
+            "ledger_digests": False,
+            "asymmetric": {},
+            "quarantine_open_reasons": {},
+        }
         assert s.to_dict() == {**raw["tables"][name], **added}
+    assert (report.alerts, report.seconds) == ({}, {})
     assert (report.cdc is None) == ("cdc" not in raw)
     if report.cdc is not None:
         assert report.cdc.to_dict() == raw["cdc"]
@@ -311,11 +320,14 @@ def test_every_reader_shows_the_same_headline_counts(tmp_path: Path):
     assert {k: extra[k] for k in ASSET_COUNTS} == {k: named[k] for k in ASSET_COUNTS}
     assert (extra["status"], extra["runs_version"], extra["snapshot_version"]) == ("failed", 7, 3)
     assert extra["quarantine_open"] == 2 and len(extra["clock_skew_warnings"]) == 1
+    assert extra["alert"] == REPORT.alerts["orders"]  # docs/operations.md#alerts
+    assert table_extras(make_config(), REPORT, runs_version=7)["products"]["alert"] is None
 
     row = run_row("r1", date(2026, 11, 21), REPORT.status, REPORT.started, None, None, REPORT, {})
     assert row.tables()["orders"] == ORDERS.to_dict()  # the summary whole
     assert TableSummary.from_dict(row.tables()["orders"]).totals() == totals
     assert row.status == "failed" and row.counts["now_us"] == REPORT.now_us
+    assert row.counts["seconds"] == REPORT.seconds  # the metrics read them from the row
 
     page = next(t for t in table_runs(REPORT) if t.table == "orders")
     assert page.totals == totals

@@ -83,12 +83,21 @@ def test_severities_follow_the_config():
     """GX's severity of each rendered expectation: critical, except the convergence and
     foreign-key checks when their setting only warns."""
     warn = make_config(on_divergence="warn", on_fk_violation="warn")
-    assert set(severities(make_config()).values()) == {"critical"}
-    assert severities(warn) == {"on_divergence": "warning", "on_fk_violation": "warning"}
+    assert severities(make_config()) == {
+        "on_divergence": "critical",
+        "on_fk_violation": "critical",
+        "on_alert": "warning",  # an alert's default: on: warn (tests/unit/test_alerts.py)
+    }
+    assert severities(warn) == {
+        "on_divergence": "warning",
+        "on_fk_violation": "warning",
+        "on_alert": "warning",
+    }
     assert severities(make_config(on_fk_violation="quarantine"))["on_fk_violation"] == "critical"
     for config, follows in ((make_config(), "critical"), (warn, "warning")):
         for name in SUITES:
             expected = follows if name in ("convergence", "foreign_keys") else "critical"
+            expected = "warning" if name == "alerts" else expected
             for e in render_suite(load_template(name), ORDERS, config)["expectations"]:
                 assert e["severity"] == expected, (name, e["meta"]["check"])
 
