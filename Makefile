@@ -109,17 +109,17 @@ test:
 	  $(MAKE) --no-print-directory $(ASSETS) lint typecheck; checks=$$?; \
 	  wait $$archive; built=$$?; cat $(VENV)/jvm-archive.log; \
 	  [ $$checks -eq 0 ] && [ $$built -eq 0 ]
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(SLOWEST_FIRST); rc=$$?; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(SLOWEST_FIRST); \
+	  rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
-# The test tiers, by what they need (tests/conftest.py marks each test with its folder, and
-# a run's summary gives each tier's time).
-TIERS := tests/unit tests/spark tests/e2e tests/airflow
-# `make test` runs them in TEST_WORKERS processes (pytest-xdist), each with its own Spark
+# The test tiers are folders, by what they need (tests/conftest.py marks each test with its
+# folder, and a run's summary gives each tier's time). `make test` runs them in TEST_WORKERS processes (pytest-xdist), each with its own Spark
 # session and S3 server, one test file at a time (a module's cluster stays in one
 # process). The whole suite keeps a core busy only about half the time (Spark's and
-# Airflow's start-ups, the services' waits): two workers fill both. The slowest tiers go
-# first, so that the short files even out the end.
+# Airflow's start-ups, the services' waits): two workers fill both. The files go in this
+# order (xdist would otherwise send the files with the most tests first, and end on the
+# long single tests): the slowest tiers first, so that the short files even out the end.
 TEST_WORKERS ?= 2
 SLOWEST_FIRST := tests/airflow tests/e2e tests/spark tests/unit
 
