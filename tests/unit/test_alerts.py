@@ -119,3 +119,25 @@ def test_a_fired_alert_is_read_back_from_the_verdict_and_named_in_the_log_line()
         "0.01 of 30 runs"
     )
     assert notes_line(operator_notes(config, {"t": TableSummary()})).endswith("alerts: none")
+
+
+def test_the_dags_last_log_line_names_the_alert_the_verdict_fired(tmp_path):
+    """``run_notes``: what the DAG logs after publish (and on a failure) reads the run's
+    summary and its verdict in the work folder."""
+    import json
+
+    from pipeline.core.summary import RunSummary
+    from pipeline.resolve.stage import save_summary
+    from pipeline.stages import run_notes
+    from pipeline.storage.context import RunContext
+
+    config = make_config()
+    ctx = RunContext.create(tmp_path, date(2026, 11, 21), 0, "r1", config_digest=config.digest())
+    save_summary(ctx, RunSummary("r1", "x", "2026-11-21", 0, {"t": TableSummary()}))
+    assert run_notes(config, ctx).endswith("alerts: none")  # not validated yet
+    verdict = {"run_id": "r1", "failures": [], "warnings": [], "suites": _suites("warning", False)}
+    ctx.results.write_text(json.dumps(verdict))
+    assert run_notes(config, ctx).endswith(
+        "alerts: t conflict_rate (warn): 0.625 conflicts per event, over 3.0x the median "
+        "0.01 of 30 runs"
+    )
