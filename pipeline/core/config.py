@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.kinds import (
@@ -339,6 +346,14 @@ class ConflictRateModel(_Strict):
     min_runs: int = Field(default=7, ge=1)
     min_conflicts: int = Field(default=20, ge=0)
     on: AlertSeverity = AlertSeverity.WARN
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        """YAML 1.1 (PyYAML) reads the bare key ``on`` as the boolean true: it is ``on``."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
 
 
 class AlertsModel(_Strict):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -26,61 +25,72 @@ SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 WORKER_KEYS = {"AWS_ACCESS_KEY_ID": "cdr-worker", "AWS_SECRET_ACCESS_KEY": "cdr-worker-secret"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _alive_workers(ui: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
             state = json.load(r)
-    except OSError:
+    except (OSError, ValueError):  # not up yet
         return 0
     return sum(w["state"] == "ALIVE" for w in state.get("workers", []))
+
+
+def _bound(log: Path, proc: subprocess.Popen, deadline: float) -> tuple[str, int]:
+    """The master's URL and its web UI's port, as the master's log says it bound them."""
+    while True:
+        text = log.read_text()
+        url = re.search(r"Starting Spark master at (spark://\S+)", text)
+        ui = re.search(r"Successfully started service 'MasterUI' on port (\d+)", text)
+        if url and ui:
+            return url.group(1), int(ui.group(1))
+        assert proc.poll() is None and time.monotonic() < deadline, text[-3000:]
+        time.sleep(0.2)
 
 
 @contextmanager
 def standalone_cluster(root: Path) -> Iterator[tuple[str, list[Path]]]:
     """A master and two workers (one core each) started in ``root``, with credentials of
-    their own (``WORKER_KEYS``): yields ``spark://127.0.0.1:<port>`` and the two workers'
-    work folders (each executor writes its logs there)."""
+    their own (``WORKER_KEYS``): yields the master's ``spark://127.0.0.1:<port>`` and the
+    two workers' work folders (each executor writes its logs there). Every port is the
+    one the system gives (0), read back from the master's log: tests in other processes
+    start clusters and services too, and a port picked free may be taken before it binds."""
     env = {  # the workers' own credentials (no endpoint: the driver tells where S3 is)
         **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
         **WORKER_KEYS,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_HOME": str(SPARK_CLASS.parent.parent),
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.port=0",
     }
-    port, ui = _free_port(), _free_port()
+    master_log = root / "master.log"
     log = (root / "cluster.log").open("w")
     master = [str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
-    procs = [
-        subprocess.Popen(
-            [*master, "--port", str(port), "--webui-port", str(ui)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    ]
-    dirs = [root / f"worker-{i}" for i in range(2)]
-    for d in dirs:
-        worker = [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker"]
-        args = ["--host", "127.0.0.1", "--cores", "1", "--memory", "2g", "--work-dir", str(d)]
-        procs.append(
+    with master_log.open("w") as out:
+        procs = [
             subprocess.Popen(
-                [*worker, f"spark://127.0.0.1:{port}", *args, "--webui-port", str(_free_port())],
+                [*master, "--port", "0", "--webui-port", "0"],
                 env=env,
-                stdout=log,
+                stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        )
+        ]
+    dirs = [root / f"worker-{i}" for i in range(2)]
     try:
         deadline = time.monotonic() + 90
+        url, ui = _bound(master_log, procs[0], deadline)
+        for d in dirs:
+            worker = [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker"]
+            args = ["--host", "127.0.0.1", "--cores", "1", "--memory", "2g", "--work-dir", str(d)]
+            procs.append(
+                subprocess.Popen(
+                    [*worker, url, *args, "--webui-port", "0"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         while _alive_workers(ui) < 2:
             assert time.monotonic() < deadline, (root / "cluster.log").read_text()[-3000:]
             time.sleep(0.5)
-        yield f"spark://127.0.0.1:{port}", dirs
+        yield url, dirs
     finally:
         for p in procs:
             p.terminate()

@@ -141,3 +141,15 @@ def test_the_dags_last_log_line_names_the_alert_the_verdict_fired(tmp_path):
         "alerts: t conflict_rate (warn): 0.625 conflicts per event, over 3.0x the median "
         "0.01 of 30 runs"
     )
+
+
+def test_on_written_bare_in_yaml_is_the_key_on(tmp_path):
+    """YAML 1.1 reads a bare ``on`` as true; the docs' examples write it bare."""
+    from pipeline.core.config import load_config
+    from tests.helpers import configs
+
+    cfg = configs.write(tmp_path / "cdr.yaml", configs.config(replicas=("A", "B")), store=tmp_path)
+    text = cfg.read_text() + "alerts:\n  conflict_rate: {min_runs: 3, on: fail}\n"
+    cfg.write_text(text)
+    alert = load_config(cfg).conflict_rate_alert
+    assert alert is not None and (alert.on, alert.min_runs) == (AlertSeverity.FAIL, 3)
