@@ -119,14 +119,18 @@ def timed(ctx: RunContext, stage: str) -> Iterator[None]:
     records nothing (its retry does)."""
     started = time.monotonic()
     yield
-    (ctx.work / "seconds" / f"{stage}.json").write_text(json.dumps(time.monotonic() - started))
+    _seconds_file(ctx, stage).write_text(json.dumps(time.monotonic() - started))
+
+
+def _seconds_file(ctx: RunContext, stage: str) -> WorkPath:
+    return ctx.work / "seconds" / f"{stage}.json"
 
 
 def stage_seconds(ctx: RunContext) -> dict[str, float]:
     """The seconds each stage of the run recorded (:func:`timed`), in run order."""
     out = {}
     for stage in STAGES:
-        p = ctx.work / "seconds" / f"{stage}.json"
+        p = _seconds_file(ctx, stage)
         if p.exists():
             out[stage] = round(float(json.loads(p.read_text())), 3)
     return out

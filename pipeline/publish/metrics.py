@@ -147,7 +147,7 @@ def samples(runs: Sequence[RunRow], stats: Iterable[Mapping[str, Any]]) -> list[
     if runs:
         for stage, seconds in (runs[-1].counts.get("seconds") or {}).items():
             out.append(_sample("cdr_run_seconds", seconds, stage=stage))
-    return _ordered(out + _counters(stats))
+    return out + _counters(stats)
 
 
 def _latest(table: str, r: RunRow, stats: list[Mapping[str, Any]]) -> list[Sample]:
@@ -211,11 +211,13 @@ def _text_key(item: tuple[tuple[Any, ...], Any]) -> tuple[str, ...]:
     return tuple(str(x or "") for x in item[0])
 
 
-def _ordered(out: list[Sample]) -> list[Sample]:
-    """The samples grouped by metric, in :data:`METRICS`' order (a textfile lists each
-    metric's samples together, under its help and type)."""
-    rank = {m.name: i for i, m in enumerate(METRICS)}
-    return sorted(out, key=lambda s: rank[s.metric])  # stable: each metric's own order kept
+def _by_metric(got: Sequence[Sample]) -> dict[str, list[Sample]]:
+    """The samples of each metric, in their order (a textfile lists them together, under
+    the metric's help and type; an OTLP metric observes them together)."""
+    out: dict[str, list[Sample]] = {}
+    for s in got:
+        out.setdefault(s.metric, []).append(s)
+    return out
 
 
 # ---------------------------------------------------------------------- Prometheus
@@ -237,9 +239,7 @@ def textfile(got: Sequence[Sample]) -> str:
     """The samples in Prometheus' text exposition format (node_exporter's textfile
     collector): each metric's ``HELP`` and ``TYPE``, then its samples."""
     lines: list[str] = []
-    by_metric: dict[str, list[Sample]] = {}
-    for s in got:
-        by_metric.setdefault(s.metric, []).append(s)
+    by_metric = _by_metric(got)
     for m in METRICS:
         lines += [f"# HELP {m.name} {m.help}", f"# TYPE {m.name} {m.kind}"]
         for s in by_metric.get(m.name, []):
@@ -281,9 +281,7 @@ def otlp_data(got: Sequence[Sample]) -> Any:
         metric_readers=[reader], resource=Resource.create({"service.name": "replica-cdr"})
     )
     meter = provider.get_meter("pipeline.publish.metrics")
-    by_metric: dict[str, list[Sample]] = {}
-    for s in got:
-        by_metric.setdefault(s.metric, []).append(s)
+    by_metric = _by_metric(got)
 
     def observe(name: str) -> Any:
         def callback(_: CallbackOptions) -> list[Observation]:
