@@ -248,6 +248,7 @@ def run_report(
 ) -> RunReport:
     """The run's report, as far as a dry run has it: publish adds the Data Docs files and
     the versions it committed."""
+    from pipeline.ingest.decisions import stale_warnings
     from pipeline.resolve.skew import skew_warnings
     from pipeline.rules.custom import asymmetric_warnings
     from pipeline.validate.alerts import fired
@@ -255,6 +256,7 @@ def run_report(
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     warned = skew_warnings(summary.tables, config.max_clock_skew_seconds)
     warned += asymmetric_warnings(summary.tables)
+    warned += stale_warnings(summary.tables)
     return RunReport(
         run_id=ctx.run_id,
         dt=ctx.dt.isoformat(),

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--table", required=True)
     q.add_argument("--event-id", help="the event (retry and dismiss need it)")
     q.add_argument("--status", choices=("open", "resolved", "expired", "dismissed"))
+    _decide_options(
+        sub.add_parser("decide", help="decide one conflict by hand (or withdraw a decision)")
+    )
     w = sub.add_parser("whatif", help="D's published inputs under another config, compared")
     w.add_argument("--config", required=True, type=Path, help="the other configuration")
     w.add_argument("--date", required=True, type=_date)
@@ -233,6 +236,25 @@ def _store_commands(sub: Any) -> None:
         help="break a lease that has not expired (its run is known to be gone); that run, "
         "if it still runs, stops at its next commit",
     )
+
+
+def _decide_options(d: argparse.ArgumentParser) -> None:
+    """docs/rules.md#manual-decisions"""
+    d.add_argument("--config", required=True, type=Path)
+    d.add_argument("--store", help="override the config's store")
+    d.add_argument("--conflict-id", help="the conflict, from the conflict log's conflict_id")
+    d.add_argument("--take", choices=("local", "remote"), help="the version that wins")
+    d.add_argument("--row", help="the row to write instead, a JSON object of the table's columns")
+    d.add_argument("--why", help="the reason, kept with the decision (required to decide)")
+    d.add_argument("--by", default=None, help="who decides (default: the user running it)")
+    d.add_argument("--withdraw", metavar="DECISION_ID", help="withdraw a decision")
+    d.add_argument(
+        "--rerun",
+        action="store_true",
+        help="run the decision's date again, then every later published date, in order",
+    )
+    d.add_argument("--work-dir", type=_work, default=".cdr-work")
+    d.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
 
 
 def _generate_options(g: argparse.ArgumentParser) -> None:
@@ -620,6 +642,56 @@ def _cmd_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_decide(args: argparse.Namespace) -> int:
+    import getpass
+
+    from pipeline.app import decide
+    from pipeline.core.errors import StageError
+    from pipeline.rules.decisions import Take
+    from pipeline.storage import lease
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.runs_table import read_runs
+    from pipeline.storage.store import open_store
+
+    config = _load(args)
+    assert config.store
+    if args.withdraw is None:
+        if args.conflict_id is None or (args.take is None) == (args.row is None):
+            raise StageError("cdr decide needs --conflict-id and one of --take or --row")
+        if not (args.why or "").strip():
+            raise StageError("cdr decide needs --why: the reason is kept with the decision")
+    store = open_store(config.store)
+    holder = f"decide-{os.getpid()}"
+    held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
+    lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
+    try:
+        if args.withdraw is not None:
+            row = decide.withdraw(lake, args.withdraw)
+            verb = "withdrawn"
+        else:
+            take = Take.ROW if args.row is not None else Take(args.take)
+            by = args.by or getpass.getuser()
+            row = decide.record(lake, config, args.conflict_id, take, args.row, args.why, by)
+            verb = f"takes {row['take']}"
+        result = decide.Decided(row, decide.reruns(read_runs(lake), row["table"], row["dt"]))
+    finally:
+        lease.release(store, holder, held.epoch)
+    dates = " ".join(d.isoformat() for d in result.reruns)
+    text = (
+        f"decision {row['decision_id']} ({row['table']} {row['key']}, {row['dt']}) {verb}; "
+        f"it takes effect when these dates run again, in order: {dates}"
+        + ("" if args.rerun else " (cdr decide --rerun, or cdr run --date D for each)")
+    )
+    _emit(args, result.to_dict(), text)
+    if args.rerun:
+        from pipeline.stages import RunOptions, run
+
+        for d in result.reruns:
+            report = run(config, d, RunOptions(work_dir=args.work_dir, master=args.master))
+            print(f"{d}: {report.status}", file=sys.stderr)
+    return 0
+
+
 def _cmd_whatif(args: argparse.Namespace) -> int:
     from pipeline.app.whatif import report_key, whatif
 
@@ -668,6 +740,7 @@ COMMANDS = {
     "vacuum": _cmd_vacuum,
     "verify": _cmd_verify,
     "quarantine": _cmd_quarantine,
+    "decide": _cmd_decide,
     "whatif": _cmd_whatif,
     "jars": _cmd_jars,
     "jvm-archive": _cmd_jvm_archive,

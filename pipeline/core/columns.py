@@ -35,6 +35,11 @@ DT: Final = "dt"
 FATE: Final = "fate"
 DIGEST: Final = "digest"
 
+# the conflict log and the divergence (docs/rules.md#manual-decisions): a conflict's name,
+# and what made a key diverge
+CONFLICT_ID: Final = "conflict_id"
+CAUSE: Final = "cause"
+
 # the state's metadata beside each row (``pipeline.spark.schema.META_FIELDS``)
 STATE_TS: Final = "_ts"
 STATE_ORIGIN: Final = "_origin"

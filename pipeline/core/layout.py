@@ -12,6 +12,8 @@ LOCK = f"{PUBLISHED}/_lock"
 LOCK_TAKEOVER = f"{PUBLISHED}/_lock.takeover"
 #: one row per run, published or not; committed last (``pipeline.storage.runs_table``)
 RUNS = f"{PUBLISHED}/runs"
+#: the operators' manual decisions, by ``dt`` (``pipeline.ingest.decisions``)
+DECISIONS = f"{PUBLISHED}/decisions"
 #: the small objects ``cdr doctor`` writes and removes to check a store (``publish.doctor``)
 PROBES = f"{PUBLISHED}/_probes"
 

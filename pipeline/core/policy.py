@@ -50,6 +50,8 @@ class Resolver(StrEnum):
     SCYLLA = "scylla"  # the cell rules of docs/rules.md#cell-rules, recorded by `scylla` tables
     #: docs/rules.md#custom-resolvers: a function of the user's (``{python: "module:function"}``)
     PYTHON = "python"
+    #: docs/rules.md#manual-decisions: an operator's decision (``cdr decide``), never configured
+    MANUAL = "manual"
 
 
 class Outcome(StrEnum):
@@ -221,6 +223,7 @@ class Why(StrEnum):
     MERGED = "merged"
     CUSTOM = "custom"
     ASYMMETRIC = "asymmetric"
+    MANUAL = "manual"
 
 
 #: docs/rules.md#custom-resolvers: how a conflict-log reason says that the custom resolver
@@ -262,6 +265,7 @@ REASONS: dict[Why, str] = {
     Why.MERGED: "{why}; merge took the {side} value of {columns}",
     Why.CUSTOM: "{function} answered {answer}",
     Why.ASYMMETRIC: "{why}" + ASYMMETRIC_NOTE + "{swapped}, another row)",
+    Why.MANUAL: "decision {decision} took {take}: {note}",
 }
 
 
@@ -522,6 +526,10 @@ RESOLVER_MEANING: dict[Resolver, str] = {
     _R.PYTHON: (
         '`{python: "module:function"}`: the user\'s function answers `local`, `remote` or a'
         " row (logged as `python:<module:function>`)"
+    ),
+    _R.MANUAL: (
+        "an operator's decision of this conflict (`cdr decide`), in place of the configured"
+        " resolver; never configured"
     ),
 }
 

@@ -84,6 +84,9 @@ class TableSummary:
     #: docs/rules.md#custom-resolvers: per ``python:<module:function>``, the conflicts where
     #: it answers another row with the sides swapped
     asymmetric: Mapping[str, int] = field(default_factory=dict)
+    #: docs/rules.md#manual-decisions: per decision of the run's date, ``applied`` or why it
+    #: is stale
+    decisions: Mapping[str, str] = field(default_factory=dict)
     #: the ledger rows this run wrote carry content digests (``prior.DIGESTS``): a later
     #: run's window matches the adapters' ids of before issue 49 only for runs without
     ledger_digests: bool = False

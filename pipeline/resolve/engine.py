@@ -26,7 +26,7 @@ one key is settled before it, on Spark or on the driver:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from functools import reduce
 from typing import Any
@@ -88,6 +88,7 @@ from pipeline.resolve.shuffle import (
     split_special,
     standing_order,
 )
+from pipeline.rules.decisions import Decisions
 from pipeline.rules.rowfold import FoldSpec
 from pipeline.spark.frames import fold_input, fold_outputs
 from pipeline.spark.schema import GROUPS
@@ -236,6 +237,8 @@ class RowRun:
     ledger: DataFrame | None  # the window's events (``ledger.read_ledger``)
     any_special: bool = True  # False: no copy for ``shuffle.split_special`` to bring
     in_place: InPlace | None = None  # merged in place: the fold reads the touched rows
+    #: docs/rules.md#manual-decisions: the date's decisions, applied by the converged fold
+    decisions: Decisions = field(default_factory=Decisions)
 
 
 def resolve_rows(
@@ -260,7 +263,7 @@ def resolve_rows(
     main = admit_transactions(main, prior, config, table)
     schemas = fold_outputs(table, config.captures(table))
     job = FoldJob(
-        FoldSpec(table, run.now_us),
+        FoldSpec(table, run.now_us, run.decisions),
         config.replica_ids,
         tuple(specials.truncates),
         run.dt,

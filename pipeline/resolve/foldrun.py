@@ -41,6 +41,8 @@ from pipeline.core import layout
 from pipeline.core.columns import (
     AFTER,
     BEFORE,
+    CAUSE,
+    CONFLICT_ID,
     DIGEST,
     EVENT_ID,
     EXPIRY,
@@ -75,6 +77,7 @@ from pipeline.resolve.groups import (
     standing_rows,
 )
 from pipeline.resolve.skew import seen_later
+from pipeline.rules.decisions import conflict_id, key_text, local_ref, local_text, remote_text
 from pipeline.rules.rowfold import (
     NO_POS,
     Applied,
@@ -93,7 +96,7 @@ from pipeline.rules.rowfold import (
     replica_order,
     write_groups,
 )
-from pipeline.spark.frames import LEDGER_COLUMNS, SKEW_FIELDS
+from pipeline.spark.frames import DECISION_CAUSE, LEDGER_COLUMNS, SKEW_FIELDS
 from pipeline.spark.schema import GROUPS
 from pipeline.storage.outputs import SPARK_SCHEMA_KEY
 from pipeline.storage.workpath import WorkPath, write_table
@@ -199,7 +202,7 @@ class GroupFolder:
         self.run = {RUN_ID: job.run_id, "table": self.table.name}
 
     def key_json(self, key: Key) -> str:
-        return dumps(dict(zip(self.key_cols, key, strict=True)))
+        return key_text(self.key_cols, key)
 
     def fold(self, rows: list[dict[str, Any]]) -> Iterator[Out]:
         """Fold one group: its state rows and every copy of its events."""
@@ -238,7 +241,10 @@ class GroupFolder:
             return  # docs/rules.md#fine-points: after an error, divergence is not checked
         quarantined = {a.event.event_id for a in result.applied if a.quarantined is not None}
         kept = [e for e in events if e.event_id not in quarantined]
-        yield from self._divergence(state, kept, result.state)
+        decided = {
+            c.key for a in result.applied for c in a.conflicts if c.resolver is Resolver.MANUAL
+        }
+        yield from self._divergence(state, kept, result.state, decided)
 
     def _skew(self, copies: Mapping[str, list[dict[str, Any]]]) -> Iterator[Out]:
         """clock skew: the clock-skew evidence of the group, when an event of it may have seen
@@ -346,7 +352,11 @@ class GroupFolder:
         yield from self._fates(eid, [(x, Fate.QUARANTINED) for x in group])
 
     def _divergence(
-        self, state: dict[Key, Version], events: list[Event], converged: dict[Key, Version]
+        self,
+        state: dict[Key, Version],
+        events: list[Event],
+        converged: dict[Key, Version],
+        decided: set[Key],
     ) -> Iterator[Out]:
         """docs/rules.md#convergence: a replica that applied the events in the canonical
         order (or in the same
@@ -364,7 +374,8 @@ class GroupFolder:
                 seen[ids] = fold_perspective(self.spec, state, order, rep, ordered=True)
             mine = seen[ids]
             for k in divergent_keys(converged, mine):
-                yield "divergence", self._divergence_row(rep, k, mine.get(k), converged.get(k))
+                row = self._divergence_row(rep, k, mine.get(k), converged.get(k))
+                yield "divergence", {**row, CAUSE: DECISION_CAUSE if k in decided else None}
 
     def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
         row = {c: v.values.get(c) for c in self.columns}
@@ -401,32 +412,18 @@ class GroupFolder:
             "post": row(ch.post),
         }
 
-    def _remote_row(self, e: Event) -> dict[str, Any]:
-        out: dict[str, Any] = {OP: e.op}
-        if e.key is not None:
-            out[KEY] = dict(zip(self.key_cols, e.key, strict=True))
-        if e.new_key is not None:
-            out["new_key"] = dict(zip(self.key_cols, e.new_key, strict=True))
-        if e.after:
-            out[AFTER] = dict(e.after)
-        if e.before:
-            out[BEFORE] = dict(e.before)
-        return out
-
-    def _local_row(self, v: Version) -> dict[str, Any]:
-        return {**v.values, STATE_DELETED: True} if v.deleted else dict(v.values)
-
     def _conflict_row(self, c: Conflict, idx: int) -> dict[str, Any]:
         first = c.local[0] if c.local else None
         local: Any = None
         if len(c.local) == 1:
-            local = dumps(self._local_row(c.local[0]))
+            local = local_text(c.local[0])
         elif c.local:
-            local = dumps([self._local_row(v) for v in c.local])
+            local = "[" + ",".join(local_text(v) for v in c.local) + "]"
         e = c.event
+        key = self.key_json(c.key)
         return {
             **self.run,
-            KEY: self.key_json(c.key),
+            KEY: key,
             "conflict_type": c.type.value,
             "resolver": (
                 self.job.table.resolver_name(c.type)  # python:<module:function>
@@ -440,8 +437,11 @@ class GroupFolder:
             "remote_event_id": e.event_id,
             "remote_ts": e.ts,
             "remote_origin": e.origin,
-            "remote_row": dumps(self._remote_row(e)),
+            "remote_row": remote_text(e, self.key_cols),
             "reason": c.reason,
+            CONFLICT_ID: conflict_id(
+                self.job.dt, self.table.name, key, c.type.value, e.event_id, local_ref(c.local)
+            ),
             "pos_rank": e.rank,
             "pos_tx": e.pos,
             "pos_idx": idx,

@@ -21,12 +21,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipeline.core.columns import KEY, REPLICA, STATE_DELETED, STATE_ORIGIN, STATE_TS
+from pipeline.core.columns import CAUSE, KEY, REPLICA, STATE_DELETED, STATE_ORIGIN, STATE_TS
 from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
+from pipeline.core.policy import Resolver
 from pipeline.resolve.foldrun import repair_record
 from pipeline.rules.rowfold import Version
-from pipeline.spark.frames import DIVERGENCE
+from pipeline.spark.frames import DECISION_CAUSE, DIVERGENCE, DIVERGENCE_FIELDS
 
 
 def snapshot_divergence(
@@ -80,3 +81,16 @@ def snapshot_divergence(
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
     return rows.mapInArrow(run, DIVERGENCE)
+
+
+def decided_cause(diff: DataFrame, conflicts: DataFrame) -> DataFrame:
+    """docs/rules.md#manual-decisions: the divergent keys a manual decision resolved (their
+    conflict-log rows' resolver is ``manual``) have cause ``decision``."""
+    decided = (
+        conflicts.where(F.col("resolver") == Resolver.MANUAL.value)
+        .select(F.col(KEY).alias("_decided"))
+        .distinct()
+    )
+    joined = diff.join(F.broadcast(decided), diff[KEY] == decided["_decided"], "left")
+    cause = F.when(F.col("_decided").isNotNull(), F.lit(DECISION_CAUSE)).otherwise(F.col(CAUSE))
+    return joined.withColumn(CAUSE, cause).select(*DIVERGENCE_FIELDS)

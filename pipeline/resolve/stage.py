@@ -27,6 +27,7 @@ from pyspark.sql.window import Window
 
 from pipeline.core import layout
 from pipeline.core.columns import (
+    CONFLICT_ID,
     DT,
     EVENT_ID,
     FATE,
@@ -42,12 +43,13 @@ from pipeline.core.columns import (
 from pipeline.core.config import Config, FkPolicy, Table
 from pipeline.core.policy import ASYMMETRIC_NOTE, Fate, Granularity, Outcome, QuarantineReason
 from pipeline.core.summary import RunSummary, Stopped, TableSummary
-from pipeline.ingest import retry
+from pipeline.ingest import decisions, retry
 from pipeline.ingest.exports import StagedTable, load_inputs
 from pipeline.ingest.inplace import InPlace, staged_record
 from pipeline.publish import stats
 from pipeline.publish.targets import STATE_PRE, final_state
 from pipeline.resolve.cells import resolve_cells
+from pipeline.resolve.cells.conflicts import with_conflict_id
 from pipeline.resolve.cells.state import due as cells_due
 from pipeline.resolve.engine import RowRun, resolve_rows
 from pipeline.resolve.facts import FATE_COLUMNS, Facts, count_outputs, write_ledger
@@ -61,7 +63,7 @@ from pipeline.resolve.read import (
     special_free,
 )
 from pipeline.resolve.skew import skew_warnings
-from pipeline.resolve.snapshots import snapshot_divergence
+from pipeline.resolve.snapshots import decided_cause, snapshot_divergence
 from pipeline.resolve.state import read_base, read_prior
 from pipeline.rules import custom
 from pipeline.spark.frames import (
@@ -117,7 +119,8 @@ def resolve_table(
         tally = write_ledger(spark, out, ctx.run_id, table.name)
         facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
-        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place)
+        chosen = decisions.load(ctx.staged / table.name, table, ctx.dt)
+        run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place, chosen)
         try:
             facts = resolve_rows(spark, config, table, copies, prior, run)
         except Exception as e:  # docs/rules.md#custom-resolvers: the run names the function
@@ -148,7 +151,25 @@ def resolve_table(
         retried=settled.retried,
         changed_copies=facts.changed,
         asymmetric=_asymmetric(spark, out) if table.custom else {},
+        decisions=_decided(spark, ctx, table, out),
     ), facts
+
+
+def _decided(spark: SparkSession, ctx: RunContext, table: Table, out: WorkPath) -> dict[str, str]:
+    """docs/rules.md#manual-decisions: per decision of the date, ``applied`` or why it is
+    stale, from the run's conflict-log rows of their conflicts (one small job, only when
+    the date has decisions)."""
+    staged = decisions.staged_rows(ctx.staged / table.name)
+    if not staged:
+        return {}
+    ids = [d[CONFLICT_ID] for d in staged]
+    logged = (
+        read_output(spark, out / "conflicts")
+        .where(F.col(CONFLICT_ID).isin(ids))
+        .select(CONFLICT_ID, "resolver")
+        .collect()
+    )
+    return decisions.statuses(staged, [r.asDict() for r in logged])
 
 
 def _asymmetric(spark: SparkSession, out: WorkPath) -> dict[str, int]:
@@ -200,7 +221,8 @@ def _resolve_cells(
     _write(res.state, out / STATE_PRE)
     _write(repeats_as_duplicates(fates), out / "fates")
     _write(
-        res.conflicts.coalesce(1)
+        with_conflict_id(res.conflicts, ctx.dt, table.name)
+        .coalesce(1)
         .sortWithinPartitions(*POSITION)
         .select(*_run_cols(ctx, table.name), *CONFLICT_FIELDS),
         out / "conflicts",
@@ -602,6 +624,8 @@ def compare_snapshots(
                 label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
                 mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)
                 diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us)
+                if decisions.APPLIED in summary.tables[t].decisions.values():
+                    diff = decided_cause(diff, read_output(spark, out / "conflicts"))
                 counts[replica] = _write(  # published with the rest of the divergence
                     diff.select(
                         *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_FIELDS

@@ -100,7 +100,10 @@ def answer(
     if isinstance(got, str) and got in ("local", "remote"):
         return got, None  # type: ignore[return-value]
     if isinstance(got, dict) and set(got) == {"row"} and isinstance(got["row"], dict):
-        return "row", _checked(table, path, got["row"])
+        try:
+            return "row", checked(table, got["row"])
+        except RowMisfit as err:
+            raise ResolverError(f"python:{path} answered a row that does not fit: {err}") from err
     shown = repr(got)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     raise ResolverError(
@@ -108,9 +111,14 @@ def answer(
     )
 
 
-def _checked(table: Table, path: str, row: dict[str, Any]) -> dict[str, Any]:
-    """The returned row's value columns, each of its column's type and range; a NOT NULL
-    column is not null."""
+class RowMisfit(ValueError):
+    """A row (a custom resolver's answer, a decision's ``--row``) does not fit the table:
+    what is wrong with each column."""
+
+
+def checked(table: Table, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's value columns, each of its column's type and range; a NOT NULL column is
+    not null (the key columns left out: the conflict keeps its key)."""
     problems = []
     out: dict[str, Any] = {}
     for c, v in row.items():
@@ -145,9 +153,7 @@ def _checked(table: Table, path: str, row: dict[str, Any]) -> dict[str, Any]:
             continue
         out[c] = float(v) if kind.kind is Kind.DOUBLE else v
     if problems:
-        raise ResolverError(
-            f"python:{path} answered a row that does not fit: {'; '.join(problems)}"
-        )
+        raise RowMisfit("; ".join(problems))
     return out
 
 

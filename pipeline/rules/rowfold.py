@@ -37,6 +37,7 @@ from pipeline.core.policy import (
 )
 from pipeline.rules import custom
 from pipeline.rules.custom import ResolverError
+from pipeline.rules.decisions import Decisions, Take
 
 Key = tuple[Any, ...]
 
@@ -215,6 +216,9 @@ class FoldSpec:
 
     table: Table
     now_us: int
+    #: docs/rules.md#manual-decisions: the operator's decisions of the run's date, applied
+    #: by the converged fold in place of the resolver
+    decisions: Decisions = field(default_factory=Decisions)
 
 
 def _num(v: Any) -> Any:
@@ -581,7 +585,15 @@ class RowFold:
     ) -> Ruling:
         """The type's resolver (:data:`DECIDE`, or the user's function) on a conflict against
         a local version; ``win`` is the outcome when the remote event wins, ``remote`` the
-        remote version's row."""
+        remote version's row. A manual decision of this conflict (docs/rules.md#manual-decisions)
+        comes first, in the converged fold only: the replicas applied their resolver."""
+        if self.converged and self.spec.decisions:
+            key = tuple(loc.values[c] for c in self._key_cols)
+            d = self.spec.decisions.ruling(self.table, key, t, e, loc)
+            if d is not None:
+                why = reason(_W.MANUAL, decision=d.decision_id, take=d.take.value, note=d.why)
+                out = _O.DISCARDED if d.take is Take.LOCAL else win
+                return Ruling(out, _R.MANUAL, why, d.row if d.take is Take.ROW else None)
         r = self._resolver(t)
         if r in BY_FUNCTION:
             return self._custom(t, e, loc, win, remote)

@@ -12,6 +12,8 @@ from pyspark.sql import types as T
 from pipeline.core.columns import (
     AFTER,
     BEFORE,
+    CAUSE,
+    CONFLICT_ID,
     DIGEST,
     EVENT_ID,
     EXPIRY,
@@ -166,15 +168,20 @@ CONFLICT = (
     ("remote_origin", _S),
     ("remote_row", _S),
     ("reason", _S),
+    (CONFLICT_ID, _S),  # docs/rules.md#manual-decisions (``pipeline.rules.decisions``)
 )
 CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
 #: a conflict's place in the canonical order (the event's, then its place among the
 #: event's conflicts); the conflict log is written in this order
 POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")
 #: a divergence row after ``run_id, table, source`` (docs/rules.md#convergence); ``source`` is
-#: "perspective" (docs/rules.md#convergence) or "snapshot" (a replica's full copy)
-DIVERGENCE_FIELDS = (REPLICA, KEY, "replica_row", "converged_row", "repair")
+#: "perspective" (docs/rules.md#convergence) or "snapshot" (a replica's full copy);
+#: ``cause`` is ``decision`` where a manual decision made the converged row
+#: (docs/rules.md#manual-decisions), else null
+DIVERGENCE_FIELDS = (REPLICA, KEY, "replica_row", "converged_row", "repair", CAUSE)
 DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
+#: the divergence ``cause`` of a key a manual decision resolved
+DECISION_CAUSE = "decision"
 
 
 #: a copy's fate (``applied``, ``discarded``, ``quarantined``, ``duplicate``, ``errored``,

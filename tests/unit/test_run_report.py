@@ -64,6 +64,7 @@ ORDERS = TableSummary(
     retried={"applied": 1},
     quarantine_open=2,
     quarantine_open_reasons={"fk_violation": 2},
+    decisions={"d-000000000001": "applied"},
     asymmetric={"python:acme.cdr:prefer": 1},
     ledger_digests=True,
 )
@@ -195,8 +196,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 )
 def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     """Reports an earlier release wrote (the fixtures' stores): the keys added since
-    (``changed_copies``, ``ledger_digests``, ``asymmetric``, ``quarantine_open_reasons``;
-    ``data_docs_files``; ``alerts``, ``seconds``) take their defaults."""
+    (``changed_copies``, ``ledger_digests``, ``asymmetric``, ``quarantine_open_reasons``,
+    ``decisions``; ``data_docs_files``; ``alerts``, ``seconds``) take their defaults."""
     raw = json.loads((FIXTURES / path).read_text())
     report = RunReport.from_dict(raw)
     assert (report.run_id, report.dt, report.status) == (raw["run_id"], raw["dt"], "published")
@@ -210,6 +211,7 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
             "ledger_digests": False,
             "asymmetric": {},
             "quarantine_open_reasons": {},
+            "decisions": {},
         }
         assert s.to_dict() == {**raw["tables"][name], **added}
     assert (report.alerts, report.seconds) == ({}, {})

@@ -5,12 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from datetime import date
 from functools import reduce
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from pipeline.core.columns import DEAD, EVENT_ID, EXPIRY, KEY, MARKER, OP, ORIGIN, RANK, TS, TTL
+from pipeline.core.columns import (
+    CONFLICT_ID,
+    DEAD,
+    EVENT_ID,
+    EXPIRY,
+    KEY,
+    MARKER,
+    OP,
+    ORIGIN,
+    RANK,
+    TS,
+    TTL,
+)
 from pipeline.core.config import ColumnType, Table
 from pipeline.core.policy import Resolver
 from pipeline.resolve.cells.writes import expiry, greatest, ttl, value, value_columns
@@ -181,4 +194,22 @@ def _tombstone_findings(slots: list[str], tt: Column) -> _Findings:
             ),
         ),
         remote_row=(F.when(is_delete, F.struct(wt[TS].alias(TS))).alias("_row_tombstone"),),
+    )
+
+
+def with_conflict_id(conflicts: DataFrame, dt: date, table: str) -> DataFrame:
+    """docs/rules.md#manual-decisions: each cell conflict's ``conflict_id``, by the formula of
+    ``pipeline.rules.decisions.conflict_id`` (the local side: the logged local row's
+    digest; a cell's local write has no event id here)."""
+    local = F.coalesce(F.substring(F.sha2(F.col("local_row"), 256), 1, 32), F.lit(""))
+    parts = [
+        F.lit(dt.isoformat()),
+        F.lit(table),
+        F.col(KEY),
+        F.col("conflict_type"),
+        F.col("remote_event_id"),
+        local,
+    ]
+    return conflicts.withColumn(
+        CONFLICT_ID, F.substring(F.sha2(F.concat_ws("\x1f", *parts), 256), 1, 32)
     )

@@ -14,6 +14,7 @@ from pyspark.sql.window import WindowSpec
 
 from pipeline.core.columns import (
     CELLS,
+    CONFLICT_ID,
     DIGEST,
     EVENT_ID,
     FATE,
@@ -174,7 +175,7 @@ def _outputs(
         "remote_ts": F.col(TS),
         "remote_origin": F.col(ORIGIN),
     }
-    fields = {**logged, **remote}
+    fields = {**logged, **remote, CONFLICT_ID: F.lit(None).cast("string")}  # the run's: later
     conflict = F.struct(
         *[fields[n].alias(n) for n in CONFLICT_FIELDS],
         F.col(RANK).alias("pos_rank"),
