@@ -58,6 +58,9 @@ _FACE: dict[str, str] = {
     "submit_conf": "pipeline.spark.jvm",
     "whatif": "pipeline.app.whatif",
     "config_named": "pipeline.app.whatif",
+    "decide_conflict": "pipeline.app.decide",
+    "list_decisions": "pipeline.app.runs",
+    "DecideForm": "pipeline.app.runs",
     "list_reports": "pipeline.app.runs",
     "render_page": "pipeline.app.runs",
     "table_runs": "pipeline.app.runs",
@@ -85,8 +88,15 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers
     from pipeline.app.cli import main as cli_main
+    from pipeline.app.decide import decide_conflict
     from pipeline.app.jobs import ENTRY
-    from pipeline.app.runs import list_reports, render_page, table_runs
+    from pipeline.app.runs import (
+        DecideForm,
+        list_decisions,
+        list_reports,
+        render_page,
+        table_runs,
+    )
     from pipeline.app.whatif import config_named, whatif
     from pipeline.core import layout
     from pipeline.core.config import WHATIF_NAME, load_config

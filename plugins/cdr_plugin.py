@@ -7,6 +7,11 @@ Docs link.
 - ``/cdr/docs/<D>/<run id>/...``: the Data Docs of a run of date D, served from the store:
   the files the run wrote, by their sha256 (the list in its report), and no other.
 - ``/cdr/api/runs``: the same numbers as JSON.
+- The page lists the manual decisions (docs/rules.md#manual-decisions) with their status,
+  and shows a user who may trigger ``replica_cdr_decide`` the form that does:
+  ``POST /cdr/decide`` needs that permission, a same-site request (``Sec-Fetch-Site``,
+  ``Origin``) and the form's token (an HMAC of the user and an hour, keyed like the
+  grants), since Airflow's session cookie would go with a forged one.
 
 The store comes from ``CDR_CONFIG`` (as for the DAG) and S3 credentials from the
 environment or the ``aws_default`` connection.
@@ -42,8 +47,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from cdr_links import DataDocsLink, export_aws
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -57,6 +62,16 @@ log = logging.getLogger(__name__)
 DAG_ID = "replica_cdr"
 #: the routes' guard: an Airflow user who may read the DAG's runs
 READER = Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID))
+#: docs/rules.md#manual-decisions: the DAG the decision form triggers, and the form's
+#: guard: an Airflow user who may trigger its runs
+DECIDE_DAG = "replica_cdr_decide"
+EDITOR = Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=DECIDE_DAG))
+#: how long the decision form's anti-forgery token lasts (seconds)
+FORM_SECONDS = 3600
+#: a form token as :func:`_form_token` writes it
+FORM_TOKEN = re.compile(r"[0-9]{1,12}\.[0-9a-f]{64}")
+TAKES = ("local", "remote", "row")
+CONFLICT_ID = re.compile(r"[0-9a-f]{32}")
 #: a Data Docs file's policy: its scripts run sandboxed (an opaque origin: no cookie, no
 #: API), they and the styles, images and fonts come from the run's files only (inline ones
 #: included: Great Expectations writes them; Vega compiles its charts with ``eval``), and
@@ -121,16 +136,97 @@ def _reports() -> list[RunReport]:
 
 
 @app.get("/", response_class=HTMLResponse, dependencies=[READER])
-def conflicts_page(request: Request, dt: str | None = None) -> str:
-    from pipeline import Lake, StoreError, render_page, trends
+def conflicts_page(request: Request, user: GetUserDep, dt: str | None = None) -> str:
+    from pipeline import DecideForm, Lake, StoreError, list_decisions, render_page, trends
 
     root = request.scope.get("root_path", "")
+    reports = _reports()
+    lake = Lake(_store())
     try:
-        last = trends(Lake(_store()))
+        last = trends(lake)
     except StoreError as e:  # the page still shows the runs
         log.warning("conflicts page: cannot read the conflict statistics: %s", e)
         last = {}
-    return render_page(_reports(), dt, root + "/docs/{dt}/{run_id}/index.html", last)
+    try:
+        decided = list_decisions(lake, reports)
+    except StoreError as e:
+        log.warning("conflicts page: cannot read the decisions: %s", e)
+        decided = []
+    form = None
+    if _may_decide(user):
+        token = _form_token(user.get_name(), int(time.time()) + FORM_SECONDS)
+        form = DecideForm(root + "/decide", token)
+    docs = root + "/docs/{dt}/{run_id}/index.html"
+    return render_page(reports, dt, docs, last, decided, form)
+
+
+def _may_decide(user: Any) -> bool:
+    """The user may trigger ``replica_cdr_decide`` (the auth manager decides)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return get_auth_manager().is_authorized_dag(
+        method="POST",
+        access_entity=DagAccessEntity.RUN,
+        details=DagDetails(id=DECIDE_DAG),
+        user=user,
+    )
+
+
+def _form_token(user: str, expires: int) -> str:
+    """The decision form's anti-forgery token: the user's, for an hour (an HMAC keyed like
+    the grants)."""
+    mac = hmac.new(_secret(), f"decide/{user}/{expires}".encode(), hashlib.sha256)
+    return f"{expires}.{mac.hexdigest()}"
+
+
+def _same_site(request: Request) -> None:
+    """Refuse a request another site made the browser send (its cookie is Airflow's)."""
+    from urllib.parse import urlsplit
+
+    fetched = request.headers.get("sec-fetch-site")
+    origin = request.headers.get("origin")
+    cross = fetched is not None and fetched not in ("same-origin", "none")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        cross = True
+    if cross:
+        raise HTTPException(403, "a decision is taken from the Conflicts page only")
+
+
+@app.post("/decide", dependencies=[EDITOR])
+async def decide(request: Request, user: GetUserDep) -> Response:
+    """The decision form: checked here, then recorded by a run of ``replica_cdr_decide``
+    (its task holds the store's lease; Airflow records who triggered it)."""
+    _same_site(request)
+    form = await request.form()
+    token = str(form.get("token", ""))
+    expires = int(token.partition(".")[0]) if FORM_TOKEN.fullmatch(token) else 0
+    if expires < time.time() or not hmac.compare_digest(
+        token.encode(), _form_token(user.get_name(), expires).encode()
+    ):
+        raise HTTPException(403, "the form expired or is not this user's: open the page again")
+    conf = {k: str(form.get(k, "")).strip() for k in ("conflict_id", "take", "row", "why")}
+    if not CONFLICT_ID.fullmatch(conf["conflict_id"]):
+        raise HTTPException(422, "conflict_id: the conflict log's conflict_id (32 hex digits)")
+    if conf["take"] not in TAKES or not conf["why"] or (conf["take"] == "row") != bool(conf["row"]):
+        raise HTTPException(422, "take local, remote or row (with a row), and a reason")
+    run_id = _trigger(conf, user.get_name())
+    root = request.scope.get("root_path", "")
+    return RedirectResponse(f"{root}/?decided={quote(run_id)}", status_code=303)
+
+
+def _trigger(conf: dict[str, str], user: str) -> str:
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound
+    from airflow.utils.types import DagRunTriggeredByType
+
+    try:
+        run = trigger_dag(
+            DECIDE_DAG, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user, conf=conf
+        )
+    except DagNotFound:
+        raise HTTPException(503, f"the {DECIDE_DAG} DAG is not loaded") from None
+    assert run is not None
+    return str(run.run_id)
 
 
 @app.get("/api/runs", dependencies=[READER])

@@ -645,37 +645,20 @@ def _cmd_quarantine(args: argparse.Namespace) -> int:
 def _cmd_decide(args: argparse.Namespace) -> int:
     import getpass
 
-    from pipeline.app import decide
-    from pipeline.core.errors import StageError
-    from pipeline.rules.decisions import Take
-    from pipeline.storage import lease
-    from pipeline.storage.lake import Lake
-    from pipeline.storage.runs_table import read_runs
-    from pipeline.storage.store import open_store
+    from pipeline.app.decide import decide_conflict
 
     config = _load(args)
-    assert config.store
-    if args.withdraw is None:
-        if args.conflict_id is None or (args.take is None) == (args.row is None):
-            raise StageError("cdr decide needs --conflict-id and one of --take or --row")
-        if not (args.why or "").strip():
-            raise StageError("cdr decide needs --why: the reason is kept with the decision")
-    store = open_store(config.store)
-    holder = f"decide-{os.getpid()}"
-    held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
-    lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
-    try:
-        if args.withdraw is not None:
-            row = decide.withdraw(lake, args.withdraw)
-            verb = "withdrawn"
-        else:
-            take = Take.ROW if args.row is not None else Take(args.take)
-            by = args.by or getpass.getuser()
-            row = decide.record(lake, config, args.conflict_id, take, args.row, args.why, by)
-            verb = f"takes {row['take']}"
-        result = decide.Decided(row, decide.reruns(read_runs(lake), row["table"], row["dt"]))
-    finally:
-        lease.release(store, holder, held.epoch)
+    result = decide_conflict(
+        config,
+        conflict_id=args.conflict_id,
+        take=args.take,
+        row=args.row,
+        why=args.why,
+        by=args.by or getpass.getuser(),
+        withdraw_id=args.withdraw,
+    )
+    row = result.row
+    verb = "withdrawn" if args.withdraw else f"takes {row['take']}"
     dates = " ".join(d.isoformat() for d in result.reruns)
     text = (
         f"decision {row['decision_id']} ({row['table']} {row['key']}, {row['dt']}) {verb}; "

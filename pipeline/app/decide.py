@@ -166,3 +166,45 @@ def reruns(runs: list[Any], table: str, dt: date) -> tuple[date, ...]:
     starts from the state of the one before)."""
     dates = {r.dt for r in runs if r.published and table in r.tables() and r.dt >= dt}
     return tuple(sorted(dates | {dt}))
+
+
+def decide_conflict(
+    config: Config,
+    *,
+    conflict_id: str | None = None,
+    take: str | None = None,
+    row: str | None = None,
+    why: str | None = None,
+    by: str,
+    withdraw_id: str | None = None,
+) -> Decided:
+    """``cdr decide`` and the ``replica_cdr_decide`` DAG's task: record (``take`` local or
+    remote, or a ``row``) or withdraw one decision under the store's lease; returns it and
+    the dates to run again."""
+    import os
+
+    from pipeline.storage import lease
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.runs_table import read_runs
+    from pipeline.storage.store import open_store
+
+    if withdraw_id is None:
+        if conflict_id is None or (take is None) == (row is None):
+            raise StageError("a decision needs a conflict id and either a take or a row")
+        if not (why or "").strip():
+            raise StageError("a decision needs a reason (--why): it is kept with it")
+    assert config.store
+    store = open_store(config.store)
+    holder = f"decide-{os.getpid()}"
+    held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
+    lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
+    try:
+        if withdraw_id is not None:
+            out = withdraw(lake, withdraw_id)
+        else:
+            assert conflict_id is not None and why is not None
+            chosen = Take.ROW if row is not None else Take(take or "")
+            out = record(lake, config, conflict_id, chosen, row, why.strip(), by)
+        return Decided(out, reruns(read_runs(lake), out["table"], out["dt"]))
+    finally:
+        lease.release(store, holder, held.epoch)

@@ -318,18 +318,83 @@ def _trends(trends: dict[str, list[Point]] | None) -> str:
     return f"<h2>Trends: the last runs of each table</h2><div id='trends'>{charts}</div>"
 
 
+@dataclass(frozen=True)
+class DecideForm:
+    """The decision form (docs/rules.md#manual-decisions), for a user who may trigger
+    ``replica_cdr_decide``: where it posts, and the request's anti-forgery token."""
+
+    action: str
+    token: str
+
+
+def list_decisions(lake: Lake, reports: list[RunReport]) -> list[dict[str, Any]]:
+    """Every decision, newest first, with its status: ``withdrawn``, what the published
+    run of its date made of it (``applied``, or why it is stale), or ``pending`` until
+    that date runs again."""
+    from pipeline.ingest import decisions
+
+    published = {r.dt: r for r in reports if r.published}
+    out = []
+    for d in decisions.read(lake):
+        report = published.get(str(d[DT]))
+        said = report.tables.get(d["table"]) if report is not None else None
+        status = said.decisions.get(d["decision_id"]) if said is not None else None
+        if d["withdrawn_at"] is not None:
+            status = "withdrawn"
+        out.append({**d, "status": status or f"pending: run {d[DT]} again"})
+    return sorted(out, key=lambda d: d["at"], reverse=True)
+
+
+def _decisions(rows: list[dict[str, Any]], form: DecideForm | None) -> str:
+    """The decisions, and the form to record one."""
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{_e(d[c])}</td>"
+            for c in ("decision_id", "dt", "table", "key", "take", "why", "by", "status")
+        )
+        + f"<td><code>{_e(d['conflict_id'])}</code></td></tr>"
+        for d in rows
+    )
+    head = "".join(
+        f"<th>{c}</th>"
+        for c in ("decision", "dt", "table", "key", "take", "why", "by", "status", "conflict")
+    )
+    out = "<h2>Decisions</h2>"
+    out += (
+        f"<table id='decisions'><tr>{head}</tr>{body}</table>"
+        if rows
+        else "<p id='decisions'>No decision recorded.</p>"
+    )
+    if form is not None:
+        out += (
+            f"<form id='decide' method='post' action='{_e(form.action)}'>"
+            f"<input type='hidden' name='token' value='{_e(form.token)}'>"
+            "<label>conflict_id <input name='conflict_id' required pattern='[0-9a-f]{32}'>"
+            "</label> <label>take <select name='take'><option>local</option>"
+            "<option>remote</option><option>row</option></select></label> "
+            "<label>row <input name='row' placeholder='{\"column\": value}'></label> "
+            "<label>why <input name='why' required></label> "
+            "<button>Decide (triggers replica_cdr_decide)</button></form>"
+        )
+    return out
+
+
 def render_page(
     reports: list[RunReport],
     dt: str | None,
     docs_href: str,
     trends: dict[str, list[Point]] | None = None,
+    decisions: list[dict[str, Any]] | None = None,
+    form: DecideForm | None = None,
 ) -> str:
     """The conflicts page of one run (``dt``, default the newest), with links to the
     other runs, and each table's trend over its last runs (``stats.trends``).
     ``docs_href`` is a format string with ``{dt}`` and ``{run_id}`` for the run's Data
-    Docs."""
+    Docs. ``decisions`` (``list_decisions``) and, for a user who may decide, the
+    ``form``."""
     if not reports:
-        body = "<p>No run report published yet.</p>"
+        body = "<p>No run report published yet.</p>" + _decisions(decisions or [], form)
         return _page("Conflicts", body)
     report = next((r for r in reports if r.dt == dt), reports[0])
     try:
@@ -348,6 +413,7 @@ def render_page(
         + _per_table(rows)
         + _trends(trends)
         + _detail(rows)
+        + _decisions(decisions or [], form)
     )
     return _page(f"Conflicts {report.dt}", body)
 

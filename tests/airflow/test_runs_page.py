@@ -24,7 +24,10 @@ def store(tmp_path: Path) -> FileStore:
 
 @pytest.fixture
 def client(airflow, store, tmp_path, monkeypatch):
+    from airflow.api_fastapi.app import init_auth_manager
     from fastapi.testclient import TestClient
+
+    init_auth_manager()  # as the API server does: a bad token is judged by it
 
     cfg = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())  # the stack's config
     configs.write(tmp_path / "cdr.yaml", cfg, store=store.uri)

@@ -91,16 +91,19 @@ def test_foreign_keys(project, spark):
     assert run(project, spark, "foreign_keys", orphan, SNAPSHOT, **VIEWS) == {"no_orphan": False}
 
 
-DIVERGENCE = "source string, replica string, key string"
+DIVERGENCE = "source string, replica string, key string, cause string"
 
 
 @pytest.mark.parametrize(
     ("rows", "failing"),
     [
         ([], set()),
-        ([("perspective", "sub", '{"order_id":1}')], {"no_divergent_perspective"}),
-        ([("snapshot", "pub", '{"order_id":2}')], {"no_divergent_snapshot_export"}),
+        ([("perspective", "sub", '{"order_id":1}', None)], {"no_divergent_perspective"}),
+        ([("snapshot", "pub", '{"order_id":2}', None)], {"no_divergent_snapshot_export"}),
+        # docs/rules.md#manual-decisions: by design, a warning only
+        ([("perspective", "sub", '{"order_id":3}', "decision")], {"divergence_by_decision"}),
     ],
+    ids=["none", "perspective", "snapshot", "decision"],
 )
 def test_convergence(project, spark, rows, failing):
     got = run(project, spark, "convergence", rows, DIVERGENCE)
@@ -281,7 +284,7 @@ def test_a_failed_check_fails_the_run_by_its_gx_severity(tmp_path, spark, on_div
 
     config = make_config(on_divergence=on_divergence)
     suite = render_suite(load_template("convergence"), ORDERS, config)
-    bad = spark.createDataFrame([("perspective", "sub", '{"order_id":1}')], DIVERGENCE)
+    bad = spark.createDataFrame([("perspective", "sub", '{"order_id":1}', None)], DIVERGENCE)
     (measure,) = measure_all([(bad, suite)])
     project = Project(tmp_path, tmp_path / "docs")
     verdict = _judge(
