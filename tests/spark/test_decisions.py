@@ -173,3 +173,21 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     assert P.report(store, D1).tables["items"].decisions == {}
     assert _the_conflict(store, D1)["resolver"] == "latest_timestamp_wins"
     assert str(P.rows(store, "published/decisions")[0]["dt"]) == str(date.fromisoformat(D1))
+
+
+def test_a_cell_conflicts_id_follows_the_same_formula(spark):
+    """The cell engine names its conflicts in Spark by ``rules.decisions.conflict_id`` (the
+    local side: its logged row's digest; none: empty)."""
+    from pipeline.resolve.cells.conflicts import with_conflict_id
+    from pipeline.rules.decisions import conflict_id, digest
+
+    rows = [('{"id":1}', "update_differ", "e1", '{"v":"a"}'), ('{"id":2}', "cell", "e2", None)]
+    frame = spark.createDataFrame(
+        rows, "key string, conflict_type string, remote_event_id string, local_row string"
+    )
+    got = [r["conflict_id"] for r in with_conflict_id(frame, date(2026, 11, 21), "t").collect()]
+    want = [
+        conflict_id(D1, "t", key, ctype, eid, digest(local) if local else "")
+        for key, ctype, eid, local in rows
+    ]
+    assert got == want
