@@ -19,6 +19,7 @@ from pipeline.core import layout
 from pipeline.core.columns import CONFLICT_ID, DT, KEY
 from pipeline.core.config import Table
 from pipeline.core.policy import Resolver
+from pipeline.rules.custom import RowMisfit
 from pipeline.rules.decisions import Decision, Decisions, Stale, Take, digest, typed_row
 
 #: the columns of ``published/decisions/`` (``dt`` is its partition)
@@ -83,27 +84,38 @@ def staged_rows(folder: Any) -> list[dict[str, Any]]:
 def load(folder: Any, table: Table, dt: date) -> Decisions:
     """The table's staged decisions, as the fold applies them."""
     by: dict[str, Decision] = {}
+    unfit: dict[str, str] = {}
     for r in staged_rows(folder):
         take = Take(r["take"])
-        row = typed_row(table, json.loads(r["row"])) if take is Take.ROW else None
+        try:
+            row = typed_row(table, json.loads(r["row"])) if take is Take.ROW else None
+        except RowMisfit as err:  # the table changed since: not applied, reported
+            unfit[r["decision_id"]] = str(err)
+            continue
         local, remote = r["digests"]
         by[r[CONFLICT_ID]] = Decision(
             r["decision_id"], r[CONFLICT_ID], take, row, r["why"], local, remote
         )
-    return Decisions(dt.isoformat(), by)
+    return Decisions(dt.isoformat(), by, unfit)
 
 
-def statuses(staged: list[dict[str, Any]], logged: list[dict[str, Any]]) -> dict[str, str]:
+def statuses(
+    staged: list[dict[str, Any]],
+    logged: list[dict[str, Any]],
+    unfit: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """Per staged decision, ``applied`` or why it is stale, from the run's conflict-log
-    rows of their conflict ids (``conflict_id``, ``resolver``, ``local_row``,
-    ``remote_row``)."""
+    rows of their conflict ids (``conflict_id``, ``resolver``) and the decisions
+    :func:`load` found ``unfit``."""
     seen: dict[str, list[dict[str, Any]]] = {}
     for c in logged:
         seen.setdefault(c[CONFLICT_ID], []).append(c)
     out = {}
     for d in staged:
         rows = seen.get(d[CONFLICT_ID], [])
-        if any(c["resolver"] == Resolver.MANUAL.value for c in rows):
+        if unfit and d["decision_id"] in unfit:
+            out[d["decision_id"]] = f"{Stale.UNFIT.value}: {unfit[d['decision_id']]}"
+        elif any(c["resolver"] == Resolver.MANUAL.value for c in rows):
             out[d["decision_id"]] = APPLIED
         elif rows:
             out[d["decision_id"]] = Stale.CHANGED.value

@@ -66,6 +66,7 @@ from pipeline.resolve.skew import skew_warnings
 from pipeline.resolve.snapshots import decided_cause, snapshot_divergence
 from pipeline.resolve.state import read_base, read_prior
 from pipeline.rules import custom
+from pipeline.rules.decisions import Decisions
 from pipeline.spark.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
@@ -112,6 +113,7 @@ def resolve_table(
     prior = read_prior(spark, ctx.staged / table.name, table)
     any_special = not special_free(staged.exports, ctx.staged / table.name)
     in_place = None if staged.snapshots else staged_record(staged.prior)
+    chosen: Decisions | None = None  # docs/rules.md#manual-decisions: a row table's
     if table.granularity is Granularity.CELL:
         clock_skew = _resolve_cells(
             spark, config, table, ctx, copies, prior, ledger, any_special, in_place
@@ -151,11 +153,13 @@ def resolve_table(
         retried=settled.retried,
         changed_copies=facts.changed,
         asymmetric=_asymmetric(spark, out) if table.custom else {},
-        decisions=_decided(spark, ctx, table, out),
+        decisions=_decided(spark, ctx, table, out, chosen),
     ), facts
 
 
-def _decided(spark: SparkSession, ctx: RunContext, table: Table, out: WorkPath) -> dict[str, str]:
+def _decided(
+    spark: SparkSession, ctx: RunContext, table: Table, out: WorkPath, chosen: Decisions | None
+) -> dict[str, str]:
     """docs/rules.md#manual-decisions: per decision of the date, ``applied`` or why it is
     stale, from the run's conflict-log rows of their conflicts (one small job, only when
     the date has decisions)."""
@@ -169,7 +173,8 @@ def _decided(spark: SparkSession, ctx: RunContext, table: Table, out: WorkPath) 
         .select(CONFLICT_ID, "resolver")
         .collect()
     )
-    return decisions.statuses(staged, [r.asDict() for r in logged])
+    unfit = chosen.unfit if chosen is not None else {}
+    return decisions.statuses(staged, [r.asDict() for r in logged], unfit)
 
 
 def _asymmetric(spark: SparkSession, out: WorkPath) -> dict[str, int]:

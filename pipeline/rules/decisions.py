@@ -79,6 +79,7 @@ class Stale(StrEnum):
 
     GONE = "its conflict did not occur"
     CHANGED = "the versions in conflict changed since it was decided"
+    UNFIT = "its row no longer fits the table"
 
 
 def digest(text: str) -> str:
@@ -144,6 +145,9 @@ class Decisions:
 
     dt: str = ""
     by_conflict: Mapping[str, Decision] = field(default_factory=dict)
+    #: the decisions not applied because their row no longer fits the table (its schema
+    #: changed since), by id: what does not fit
+    unfit: Mapping[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.by_conflict)

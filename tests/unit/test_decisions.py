@@ -224,3 +224,26 @@ def test_the_dates_to_rerun_are_the_date_and_every_later_published_one():
         Row(date(2026, 11, 25), tables=("u",)),
     ]
     assert decide.reruns(runs, "t", date(2026, 11, 21)) == (date(2026, 11, 21), date(2026, 11, 23))
+
+
+def test_a_decision_whose_row_no_longer_fits_is_reported_not_applied(tmp_path):
+    """The table changed since the decision (a column dropped): the run goes on, the
+    decision is not loaded, and its status says why."""
+    import json
+    from datetime import date
+
+    from pipeline.storage.workpath import WorkPath
+
+    folder = WorkPath.of(tmp_path)
+    staged = [
+        {"decision_id": "d-1", "conflict_id": "x", "key": "{}", "take": "row",
+         "row": json.dumps({"gone": 1}), "why": "w", "digests": ["a", "b"]},
+        {"decision_id": "d-2", "conflict_id": "y", "key": "{}", "take": "local",
+         "row": None, "why": "w", "digests": ["a", "b"]},
+    ]  # fmt: skip
+    (folder / table_.STAGED).write_text(json.dumps(staged))
+    got = table_.load(folder, make_config().tables["t"], date(2026, 11, 21))
+    assert list(got.by_conflict) == ["y"] and "no column 'gone'" in got.unfit["d-1"]
+    status = table_.statuses(staged, [{"conflict_id": "y", "resolver": "manual"}], got.unfit)
+    assert status["d-2"] == table_.APPLIED
+    assert status["d-1"].startswith(Stale.UNFIT.value) and "gone" in status["d-1"]
