@@ -50,7 +50,11 @@ def find_conflict(lake: Any, config: Config, conflict_id: str) -> tuple[str, dic
     if not _ID.match(conflict_id):
         raise StageError(f"--conflict-id {conflict_id!r} is not a conflict id (32 hex digits)")
     for t in config.tables:
-        got = lake.read(layout.table_path(t, "conflicts"), where=f"{CONFLICT_ID} = '{conflict_id}'")
+        path = layout.table_path(t, "conflicts")
+        log = lake.table(path)
+        if log is None or CONFLICT_ID not in pa.schema(log.schema().to_arrow()).names:
+            continue  # no conflict yet, or only ones an earlier release logged (no ids)
+        got = lake.read(path, where=f"{CONFLICT_ID} = '{conflict_id}'")
         if got is not None and got.num_rows:
             return t, got.to_pylist()[0]
     raise StageError(

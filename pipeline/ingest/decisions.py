@@ -132,8 +132,8 @@ def digests(conflict: Mapping[str, Any]) -> tuple[str, str]:
 def stale_warnings(tables: Mapping[str, Any]) -> list[str]:
     """A warning per decision a run of its date did not apply."""
     return [
-        f"table {t}: decision {d} is stale ({why}): not applied; withdraw it, or decide the "
-        "conflict again from this run's conflict log"
+        f"table {t}: decision {d} is stale ({why}): not applied; withdraw it (cdr decide "
+        f"--withdraw {d}), then decide the conflict again from this run's conflict log"
         for t, s in tables.items()
         for d, why in sorted(s.decisions.items())
         if why != APPLIED
