@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.core import layout
 from pipeline.core.errors import ConfigError
 from pipeline.core.kinds import (
     INTEGER_KINDS,
@@ -1046,8 +1047,15 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         p.add("store", f"{m.store!r} is neither s3://BUCKET[/PREFIX] nor file:///PATH")
     tables: dict[str, Table] = {}
     for name, t in m.tables.items():
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            p.add(f"tables.{name}", "a table name is letters, digits and _ (it names folders)")
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", name):
+            p.add(
+                f"tables.{name}",
+                "a table name is letters, digits and _, and starts with a letter (it names "
+                "folders)",
+            )
+        elif name in layout.OWN_NAMES:
+            own = ", ".join(sorted(layout.OWN_NAMES))
+            p.add(f"tables.{name}", f"{name!r} is a folder of the store's own ({own}): rename it")
         resolved = _resolve_table(name, t, m, p)
         if resolved is not None:
             tables[name] = resolved

@@ -14,6 +14,11 @@ LOCK_TAKEOVER = f"{PUBLISHED}/_lock.takeover"
 RUNS = f"{PUBLISHED}/runs"
 #: the operators' manual decisions, by ``dt`` (``pipeline.ingest.decisions``)
 DECISIONS = f"{PUBLISHED}/decisions"
+#: the names under ``published/`` that are the store's own, so no table's
+#: (``published/<table>/``); a name that starts with ``_`` is the store's too
+OWN_NAMES = frozenset({"runs", "decisions", "conflict_stats", "cdc", "reports"})
+#: per run and table, the statistics in long form (``pipeline.publish.stats``)
+CONFLICT_STATS = f"{PUBLISHED}/conflict_stats"
 #: the small objects ``cdr doctor`` writes and removes to check a store (``publish.doctor``)
 PROBES = f"{PUBLISHED}/_probes"
 

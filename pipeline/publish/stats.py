@@ -33,7 +33,7 @@ from pipeline.storage.lake import Lake
 from pipeline.storage.outputs import note_small_output
 from pipeline.storage.workpath import WorkPath
 
-PATH = f"{layout.PUBLISHED}/conflict_stats"
+PATH = layout.CONFLICT_STATS
 FOLDER = "conflict_stats"  # in the run's ``resolved`` folder
 _S = pa.string()
 SCHEMA = pa.schema(

@@ -247,3 +247,14 @@ def test_a_decision_whose_row_no_longer_fits_is_reported_not_applied(tmp_path):
     status = table_.statuses(staged, [{"conflict_id": "y", "resolver": "manual"}], got.unfit)
     assert status["d-2"] == table_.APPLIED
     assert status["d-1"].startswith(Stale.UNFIT.value) and "gone" in status["d-1"]
+
+
+@pytest.mark.parametrize("name", ["decisions", "runs", "conflict_stats", "cdc", "reports", "_x"])
+def test_a_table_may_not_take_a_folder_of_the_stores_own(name):
+    from pipeline.core.config import parse_config
+    from pipeline.core.errors import ConfigError
+    from tests.helpers import configs
+
+    cfg = configs.config({name: {"key": ["id"], "columns": {"id": "int"}}}, replicas=("A", "B"))
+    with pytest.raises(ConfigError, match=rf"tables\.{name}: .*(store's own|starts with a letter)"):
+        parse_config(cfg)
