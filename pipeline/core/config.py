@@ -1047,15 +1047,7 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         p.add("store", f"{m.store!r} is neither s3://BUCKET[/PREFIX] nor file:///PATH")
     tables: dict[str, Table] = {}
     for name, t in m.tables.items():
-        if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", name):
-            p.add(
-                f"tables.{name}",
-                "a table name is letters, digits and _, and starts with a letter (it names "
-                "folders)",
-            )
-        elif name in layout.OWN_NAMES:
-            own = ", ".join(sorted(layout.OWN_NAMES))
-            p.add(f"tables.{name}", f"{name!r} is a folder of the store's own ({own}): rename it")
+        _check_table_name(name, p)
         resolved = _resolve_table(name, t, m, p)
         if resolved is not None:
             tables[name] = resolved
@@ -1103,6 +1095,16 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
             else None
         ),
     )
+
+
+def _check_table_name(name: str, p: _Problems) -> None:
+    """A table's name names its folders: ``published/<table>/`` beside the store's own."""
+    if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", name):
+        why = "a table name is letters, digits and _, and starts with a letter (it names folders)"
+        p.add(f"tables.{name}", why)
+    elif name in layout.OWN_NAMES:
+        own = ", ".join(sorted(layout.OWN_NAMES))
+        p.add(f"tables.{name}", f"{name!r} is a folder of the store's own ({own}): rename it")
 
 
 def _check_metrics(m: MetricsModel, p: _Problems) -> None:

@@ -123,12 +123,7 @@ def resolve_table(
     else:
         chosen = decisions.load(ctx.staged / table.name, table, ctx.dt)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place, chosen)
-        try:
-            facts = resolve_rows(spark, config, table, copies, prior, run)
-        except Exception as e:  # docs/rules.md#custom-resolvers: the run names the function
-            if not table.custom:
-                raise
-            raise custom.FoldFailed(table, e) from e
+        facts = _resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = facts.clock_skew  # counted by the fold's tasks
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
     if stopped is not None:  # docs/rules.md#fine-points: divergence is not checked after an error
@@ -155,6 +150,24 @@ def resolve_table(
         asymmetric=_asymmetric(spark, out) if table.custom else {},
         decisions=_decided(spark, ctx, table, out, chosen),
     ), facts
+
+
+def _resolve_rows(
+    spark: SparkSession,
+    config: Config,
+    table: Table,
+    copies: DataFrame,
+    prior: DataFrame,
+    run: RowRun,
+) -> Facts:
+    """The row engine; a fold whose tasks fail with a custom resolver in them names the
+    function (docs/rules.md#custom-resolvers)."""
+    try:
+        return resolve_rows(spark, config, table, copies, prior, run)
+    except Exception as e:
+        if not table.custom:
+            raise
+        raise custom.FoldFailed(table, e) from e
 
 
 def _decided(
