@@ -56,11 +56,9 @@ def active(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["withdrawn_at"] is None]
 
 
-def stage(lake: Any, dt: date, tables: Mapping[str, Any], staged: Any) -> dict[str, int]:
-    """Each table's decisions of ``dt`` that are not withdrawn into its staged folder;
-    returns how many per table."""
+def stage(lake: Any, dt: date, tables: Mapping[str, Any], staged: Any) -> None:
+    """Each table's decisions of ``dt`` that are not withdrawn into its staged folder."""
     rows = active(read(lake, dt))
-    counts: dict[str, int] = {}
     for t in tables:
         mine = [
             {
@@ -72,20 +70,14 @@ def stage(lake: Any, dt: date, tables: Mapping[str, Any], staged: Any) -> dict[s
         ]
         if mine:
             (staged / t / STAGED).write_text(json.dumps(mine))
-            counts[t] = len(mine)
-    return counts
-
-
-def staged_rows(folder: Any) -> list[dict[str, Any]]:
-    path = folder / STAGED
-    return json.loads(path.read_text()) if path.exists() else []
 
 
 def load(folder: Any, table: Table, dt: date) -> Decisions:
     """The table's staged decisions, as the fold applies them."""
     by: dict[str, Decision] = {}
     unfit: dict[str, str] = {}
-    for r in staged_rows(folder):
+    path = folder / STAGED
+    for r in json.loads(path.read_text()) if path.exists() else []:
         take = Take(r["take"])
         try:
             row = typed_row(table, json.loads(r["row"])) if take is Take.ROW else None
@@ -99,28 +91,19 @@ def load(folder: Any, table: Table, dt: date) -> Decisions:
     return Decisions(dt.isoformat(), by, unfit)
 
 
-def statuses(
-    staged: list[dict[str, Any]],
-    logged: list[dict[str, Any]],
-    unfit: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """Per staged decision, ``applied`` or why it is stale, from the run's conflict-log
-    rows of their conflict ids (``conflict_id``, ``resolver``) and the decisions
-    :func:`load` found ``unfit``."""
+def statuses(chosen: Decisions, logged: list[dict[str, Any]]) -> dict[str, str]:
+    """Per decision :func:`load` found, ``applied`` or why it is stale, from the run's
+    conflict-log rows of their conflict ids (``conflict_id``, ``resolver``)."""
     seen: dict[str, list[dict[str, Any]]] = {}
     for c in logged:
         seen.setdefault(c[CONFLICT_ID], []).append(c)
-    out = {}
-    for d in staged:
-        rows = seen.get(d[CONFLICT_ID], [])
-        if unfit and d["decision_id"] in unfit:
-            out[d["decision_id"]] = f"{Stale.UNFIT.value}: {unfit[d['decision_id']]}"
-        elif any(c["resolver"] == Resolver.MANUAL.value for c in rows):
-            out[d["decision_id"]] = APPLIED
-        elif rows:
-            out[d["decision_id"]] = Stale.CHANGED.value
+    out = {d: f"{Stale.UNFIT.value}: {why}" for d, why in chosen.unfit.items()}
+    for cid, d in chosen.by_conflict.items():
+        rows = seen.get(cid, [])
+        if any(c["resolver"] == Resolver.MANUAL.value for c in rows):
+            out[d.decision_id] = APPLIED
         else:
-            out[d["decision_id"]] = Stale.GONE.value
+            out[d.decision_id] = (Stale.CHANGED if rows else Stale.GONE).value
     return out
 
 

@@ -148,7 +148,7 @@ def resolve_table(
         retried=settled.retried,
         changed_copies=facts.changed,
         asymmetric=_asymmetric(spark, out) if table.custom else {},
-        decisions=_decided(spark, ctx, table, out, chosen),
+        decisions=_decided(spark, out, chosen),
     ), facts
 
 
@@ -170,24 +170,19 @@ def _resolve_rows(
         raise custom.FoldFailed(table, e) from e
 
 
-def _decided(
-    spark: SparkSession, ctx: RunContext, table: Table, out: WorkPath, chosen: Decisions | None
-) -> dict[str, str]:
+def _decided(spark: SparkSession, out: WorkPath, chosen: Decisions | None) -> dict[str, str]:
     """docs/rules.md#manual-decisions: per decision of the date, ``applied`` or why it is
     stale, from the run's conflict-log rows of their conflicts (one small job, only when
     the date has decisions)."""
-    staged = decisions.staged_rows(ctx.staged / table.name)
-    if not staged:
+    if chosen is None or not (chosen.by_conflict or chosen.unfit):
         return {}
-    ids = [d[CONFLICT_ID] for d in staged]
     logged = (
         read_output(spark, out / "conflicts")
-        .where(F.col(CONFLICT_ID).isin(ids))
+        .where(F.col(CONFLICT_ID).isin(list(chosen.by_conflict)))
         .select(CONFLICT_ID, "resolver")
         .collect()
     )
-    unfit = chosen.unfit if chosen is not None else {}
-    return decisions.statuses(staged, [r.asDict() for r in logged], unfit)
+    return decisions.statuses(chosen, [r.asDict() for r in logged])
 
 
 def _asymmetric(spark: SparkSession, out: WorkPath) -> dict[str, int]:

@@ -143,16 +143,15 @@ def test_a_delta_column_follows_its_own_rule_under_a_decision():
 
 
 def test_statuses_tell_applied_changed_and_gone():
-    staged = [
-        {"decision_id": "d-a", "conflict_id": "x"},
-        {"decision_id": "d-b", "conflict_id": "y"},
-        {"decision_id": "d-c", "conflict_id": "z"},
-    ]
+    def d(i: str, cid: str) -> Decision:
+        return Decision(i, cid, Take.LOCAL, None, "w", "a", "b")
+
+    chosen = Decisions(DT, {c: d(i, c) for i, c in (("d-a", "x"), ("d-b", "y"), ("d-c", "z"))})
     logged = [
         {"conflict_id": "x", "resolver": "manual"},
         {"conflict_id": "y", "resolver": "latest_timestamp_wins"},
     ]
-    assert table_.statuses(staged, logged) == {
+    assert table_.statuses(chosen, logged) == {
         "d-a": table_.APPLIED,
         "d-b": Stale.CHANGED.value,
         "d-c": Stale.GONE.value,
@@ -244,7 +243,7 @@ def test_a_decision_whose_row_no_longer_fits_is_reported_not_applied(tmp_path):
     (folder / table_.STAGED).write_text(json.dumps(staged))
     got = table_.load(folder, make_config().tables["t"], date(2026, 11, 21))
     assert list(got.by_conflict) == ["y"] and "no column 'gone'" in got.unfit["d-1"]
-    status = table_.statuses(staged, [{"conflict_id": "y", "resolver": "manual"}], got.unfit)
+    status = table_.statuses(got, [{"conflict_id": "y", "resolver": "manual"}])
     assert status["d-2"] == table_.APPLIED
     assert status["d-1"].startswith(Stale.UNFIT.value) and "gone" in status["d-1"]
 
