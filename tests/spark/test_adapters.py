@@ -101,11 +101,18 @@ def staged_lines(tmp_path: Path, fmt: str, records: list[Any]):
 
 def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
     cfg = config(tmp_path, (tmp_path / "store").as_uri())
-    row = {"id": 1, "name": 'café "q"', "price": 12345678.91, "added": "2026-01-02"}
+    # a bytea as wal2json's format 2 writes it: its hex digits, without PostgreSQL's \x
+    row = {"id": 1, "name": 'café "q"', "price": 12345678.91, "added": "2026-01-02", "blob": "00ff"}
     records = [
         framing("B", 700, T0),
         w2j("I", 700, T0, "0/153BBB8", columns={**row, "seen": None}),
-        w2j("I", 700, T0, "0/153BCA0", columns={"id": 2, "name": "b", "price": 2.00}),
+        w2j(
+            "I",
+            700,
+            T0,
+            "0/153BCA0",
+            columns={"id": 2, "name": "b", "price": 2.00, "blob": "\\x0102"},
+        ),
         framing("C", 700, T0),
         framing("B", 701, T0 + 5),
         w2j("U", 701, T0 + 5, "0/153BD58", columns={"id": 20, "name": "b"}, identity={"id": 2}),
@@ -123,8 +130,10 @@ def test_wal2json_actions_map_to_canonical_events(tmp_path: Path, spark):
         "name": 'café "q"',
         "price": "12345678.91",  # the digits as written, not through a double
         "added": "2026-01-02",
+        "blob": "AP8=",  # base64, as every export gives binary
         "seen": None,
     }
+    assert got[1]["after"]["blob"] == "AQI="  # PostgreSQL's own \x form reads too
     assert ins["ts"] == T0 and ins["origin"] == "pg1" and ins["txid"] == "700"
     assert ins["seq"] == 0x153BBB8  # the LSN as a 64-bit integer
     # the id: origin, commit time, op, old key and its place among the transaction's

@@ -71,8 +71,11 @@ def _pg_value(table: Table, name: Column, value: Column) -> Column:
 
 
 def _pg_bytea(value: Column) -> Column:
-    """A ``bytea``'s hex form (``\\x…``) as base64; any other text as it is."""
-    hexed = F.when(value.startswith("\\x"), F.base64(F.unhex(F.substring(value, 3, 1 << 30))))
+    """A ``bytea`` as base64: wal2json's format 2 writes its hex digits (PostgreSQL's own
+    text puts ``\\x`` before them, read too); a text that is not hex stays as it is (the
+    binary reader makes it malformed unless it is base64)."""
+    digits = F.regexp_replace(value, r"^\\x", "")
+    hexed = F.when(digits.rlike("^([0-9A-Fa-f]{2})*$"), F.base64(F.unhex(digits)))
     return F.coalesce(hexed, value)
 
 
