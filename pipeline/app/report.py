@@ -71,8 +71,9 @@ def _counts(t: str, s: TableSummary) -> list[str]:
 
 
 def _breakdowns(tables: Mapping[str, TableSummary]) -> list[str]:
-    """Conflicts by type and outcome, quarantine reasons, duplicates and divergent keys by
-    replica: each section only when it has a row."""
+    """Conflicts by type and outcome, quarantine reasons, duplicates, divergent keys by
+    replica and by cause, repairs and late arrivals: each section only when it has a
+    row."""
     conflicts = [
         [t, ctype, outcome, str(n)]
         for t, s in tables.items()
@@ -94,6 +95,22 @@ def _breakdowns(tables: Mapping[str, TableSummary]) -> list[str]:
         per, snap = s.divergent_keys, s.snapshot_divergent_keys
         for replica in sorted(set(per) | {r for r, n in snap.items() if n}):
             divergent.append([t, replica, str(per.get(replica, 0)), str(snap.get(replica, "-"))])
+    causes = [
+        [t, replica, source, cause, str(n)]
+        for t, s in tables.items()
+        for source, by in (
+            ("perspective", s.divergent_causes),
+            ("snapshot", s.snapshot_divergent_causes),
+        )
+        for replica, counted in sorted(by.items())
+        for cause, n in sorted(counted.items())
+    ]
+    seen_again = [[t, "repaired", "-", str(s.repaired)] for t, s in tables.items() if s.repaired]
+    seen_again += [
+        [t, "arrived_late", replica, str(n)]
+        for t, s in tables.items()
+        for replica, n in sorted(s.arrived_late.items())
+    ]
     sections = [
         (
             "conflicts by type and outcome:",
@@ -105,6 +122,8 @@ def _breakdowns(tables: Mapping[str, TableSummary]) -> list[str]:
         ("quarantined events open:", ["table", "events"], still_open),
         ("duplicates (resolved on an earlier night, not again):", ["table", "events"], duplicates),
         ("divergent keys by replica:", ["table", REPLICA, "perspective", "snapshot"], divergent),
+        ("divergent keys by cause:", ["table", REPLICA, "source", "cause", "keys"], causes),
+        ("copies seen again:", ["table", "as", REPLICA, "copies"], seen_again),
     ]
     lines: list[str] = []
     for title, header, rows in sections:

@@ -103,7 +103,12 @@ class TableRun:
     quarantined: dict[str, int] = field(default_factory=dict)  # reason -> n
     #: replica -> n, and the snapshot comparison's as ``<replica> (snapshot)``
     divergent_keys: dict[str, int] = field(default_factory=dict)
+    #: the same replicas -> cause -> n (docs/rules.md#divergence-causes; ``unclassified``
+    #: in a report of a release before causes)
+    divergent_causes: dict[str, dict[str, int]] = field(default_factory=dict)
     orphans: int = 0
+    repaired: int = 0  # docs/operations.md#repair: changes cdr repair made, seen again
+    arrived_late: dict[str, int] = field(default_factory=dict)  # replica -> copies
     #: clock skew: (replica behind, replica ahead, events, largest difference in seconds)
     clock_skew: tuple[tuple[str, str, int, float], ...] = ()
     totals: TableTotals = field(default_factory=TableTotals)
@@ -155,6 +160,29 @@ def _skew(m: Any) -> tuple[tuple[str, str, int, float], ...]:
     return tuple(out)
 
 
+def _by_cause(m: Any) -> dict[str, dict[str, int]]:
+    if not isinstance(m, Mapping):
+        raise MalformedReport(f"{m!r} is not a mapping of replicas")
+    return {str(k): _counts(v) for k, v in m.items()}
+
+
+def _divergent(s: TableSummary) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Per replica its divergent keys, and by cause; a replica's snapshot comparison as
+    ``<replica> (snapshot)``."""
+    keys: dict[str, int] = {}
+    causes: dict[str, dict[str, int]] = {}
+    for suffix, counted, by_cause in (
+        ("", s.divergent_keys, s.divergent_causes),
+        (" (snapshot)", s.snapshot_divergent_keys, s.snapshot_divergent_causes),
+    ):
+        for replica, n in counted.items():
+            if n or not suffix:
+                keys[replica + suffix] = n
+            if n:
+                causes[replica + suffix] = dict(by_cause.get(replica) or {"unclassified": n})
+    return keys, causes
+
+
 def _checked(t: TableSummary) -> TableSummary:
     """The table's summary with every number the page shows checked: a count, a mapping
     of counts (the file may be anyone's), :class:`MalformedReport` if not."""
@@ -173,6 +201,10 @@ def _checked(t: TableSummary) -> TableSummary:
         quarantined=_counts(t.quarantined or {}),
         divergent_keys=_counts(t.divergent_keys or {}),
         snapshot_divergent_keys=_counts(t.snapshot_divergent_keys or {}),
+        divergent_causes=_by_cause(t.divergent_causes),
+        snapshot_divergent_causes=_by_cause(t.snapshot_divergent_causes),
+        repaired=_count(t.repaired or 0),
+        arrived_late=_counts(t.arrived_late or {}),
         orphans=_count(t.orphans or 0),
         rows=_count(t.rows or 0),
     )
@@ -184,10 +216,7 @@ def table_runs(report: RunReport) -> list[TableRun]:
     out = []
     for name, t in sorted(report.tables.items()):
         s = _checked(t)
-        divergent = dict(s.divergent_keys)
-        for replica, n in s.snapshot_divergent_keys.items():
-            if n:
-                divergent[f"{replica} (snapshot)"] = n
+        divergent, causes = _divergent(s)
         totals = s.totals()
         out.append(
             TableRun(
@@ -201,7 +230,10 @@ def table_runs(report: RunReport) -> list[TableRun]:
                 conflicts={k: dict(v) for k, v in s.conflicts.items()},
                 quarantined=dict(s.quarantined),
                 divergent_keys=divergent,
+                divergent_causes=causes,
                 orphans=totals.orphans,
+                repaired=s.repaired,
+                arrived_late=dict(s.arrived_late),
                 clock_skew=_skew(t.clock_skew or {}),
                 totals=totals,
             )
@@ -473,10 +505,21 @@ def _detail(rows: list[TableRun]) -> str:
                 f"<tr><td>{_e(r.table)}</td><td>quarantined: {_e(reason)}</td>"
                 f"<td class=n>{n}</td></tr>"
             )
-        for replica, n in sorted(r.divergent_keys.items()):
+        for replica, causes in sorted(r.divergent_causes.items()):
+            for cause, n in sorted(causes.items()):
+                detail.append(
+                    f"<tr><td>{_e(r.table)}</td><td>divergent keys: {_e(replica)}, "
+                    f"{_e(cause)}</td><td class=n>{n}</td></tr>"
+                )
+        for replica, n in sorted(r.arrived_late.items()):
             detail.append(
-                f"<tr><td>{_e(r.table)}</td><td>divergent keys: {_e(replica)}</td>"
+                f"<tr><td>{_e(r.table)}</td><td>arrived late: {_e(replica)}</td>"
                 f"<td class=n>{n}</td></tr>"
+            )
+        if r.repaired:
+            detail.append(
+                f"<tr><td>{_e(r.table)}</td><td>repaired (cdr repair's changes)</td>"
+                f"<td class=n>{r.repaired}</td></tr>"
             )
         if r.orphans:
             detail.append(

@@ -39,6 +39,7 @@ DIGEST: Final = "digest"
 # and what made a key diverge
 CONFLICT_ID: Final = "conflict_id"
 CAUSE: Final = "cause"
+EVIDENCE: Final = "evidence"  # docs/rules.md#divergence-causes: what a cause was decided from
 
 # the state's metadata beside each row (``pipeline.spark.schema.META_FIELDS``)
 STATE_TS: Final = "_ts"

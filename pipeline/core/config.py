@@ -41,6 +41,7 @@ from pipeline.core.kinds import (
 from pipeline.core.policy import (
     ALLOWED,
     PRESETS,
+    REPAIR_ORIGIN,
     ConflictType,
     Detection,
     Granularity,
@@ -1036,13 +1037,21 @@ def _resolvers(
     return resolvers, custom
 
 
-def _resolve(m: ConfigModel, p: _Problems) -> Config:
+def _check_replicas(m: ConfigModel, p: _Problems) -> None:
+    """Distinct ids and system ids; no replica named as the changes ``cdr repair`` makes
+    (docs/operations.md#repair)."""
     ids = [r.id for r in m.replicas]
     for i, r in enumerate(m.replicas):
         if ids.count(r.id) > 1:
             p.add(f"replicas[{i}].id", f"replica id {r.id!r} is used twice")
+        if r.id == REPAIR_ORIGIN:
+            p.add(f"replicas[{i}].id", f"{REPAIR_ORIGIN!r} names the changes cdr repair makes")
         if [x.system_id for x in m.replicas].count(r.system_id) > 1:
             p.add(f"replicas[{i}].system_id", "system ids must differ: they break ties")
+
+
+def _resolve(m: ConfigModel, p: _Problems) -> Config:
+    _check_replicas(m, p)
     if m.store is not None and not re.match(r"^(s3://[^/]+|file:///)", m.store):
         p.add("store", f"{m.store!r} is neither s3://BUCKET[/PREFIX] nor file:///PATH")
     tables: dict[str, Table] = {}

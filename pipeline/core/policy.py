@@ -81,12 +81,21 @@ class Fate(StrEnum):
     DUPLICATE = "duplicate"
     ERRORED = "errored"  # the run stopped on it (docs/rules.md#fine-points)
     NOT_REACHED = "not_reached"  # after the event the run stopped on
+    #: a change ``cdr repair`` made (its origin is :data:`REPAIR_ORIGIN`): counted, never
+    #: resolved (docs/operations.md#repair)
+    REPAIRED = "repaired"
 
     @property
     def final(self) -> bool:
         """Never resolved again: the ledger's fates (a quarantined event is resolved
         again if it comes again)."""
         return self in (Fate.APPLIED, Fate.DISCARDED)
+
+
+#: the replication origin of the sessions ``cdr repair`` applies its statements in, and the
+#: ``origin`` of the changes they made, as an export names it (docs/operations.md#repair);
+#: no replica may take the name
+REPAIR_ORIGIN = "cdr_repair"
 
 
 class ChangeKind(StrEnum):
@@ -563,6 +572,64 @@ QUARANTINE_MEANING: dict[QuarantineReason, str] = {
 }
 
 
+class Cause(StrEnum):
+    """docs/rules.md#divergence-causes: why a replica's row differs from the converged one,
+    in the order of precedence (a key's causes are listed in this order; the first is its
+    ``cause``)."""
+
+    SCHEMA = "schema"
+    MISSING_EVENTS = "missing_events"
+    APPLY_ORDER = "apply_order"
+    UNIQUE_COLLISION = "unique_collision"
+    RESURRECTION = "resurrection"
+    POLICY = "policy"
+    DECISION = "decision"
+    UNDETERMINED = "undetermined"
+
+
+#: What each cause means, and what the divergence row's ``evidence`` holds for it.
+CAUSE_MEANING: dict[Cause, str] = {
+    Cause.SCHEMA: (
+        "the replica's snapshot lacks a column on which its row differs"
+        " (`missing_columns`), or the key met a conflict of columns one replica's table"
+        " has and another's lacks (`conflict_types`: source_column_extra,"
+        " target_column_extra)"
+    ),
+    Cause.MISSING_EVENTS: (
+        "the replica's export lacks events of the key that other replicas' exports hold"
+        " (`missing_events`: their count and ids); in a perspective, one of them comes"
+        " before an event the replica holds; a later night whose export of the replica"
+        " brings them counts them `arrived_late`"
+    ),
+    Cause.APPLY_ORDER: (
+        "the replica applied the same events in another order (`replica_order`,"
+        " `canonical_order`: the event ids)"
+    ),
+    Cause.UNIQUE_COLLISION: (
+        "a unique constraint made one side keep another row (`unique`: the columns,"
+        " `other_key`: the row that holds the value)"
+    ),
+    Cause.RESURRECTION: (
+        "the replica holds a row whose key is a tombstone in the converged state (`tombstone_ts`)"
+    ),
+    Cause.POLICY: (
+        "the key met a conflict that the project's own rules decided, as no replica"
+        " database does by itself: delete-wins, priority, a custom resolver, a merge,"
+        " delta or order-by column, column groups (`rules`)"
+    ),
+    Cause.DECISION: "an operator's decision (`cdr decide`) resolved a conflict of the key",
+    Cause.UNDETERMINED: (
+        "none of the above is supported by the data; `evidence` has what was checked, and"
+        " no cause is guessed"
+    ),
+}
+#: the resolvers no replica database applies by itself (:data:`Cause.POLICY`); the cell
+#: rules are Scylla's and Cassandra's own
+POLICY_RESOLVERS: frozenset[Resolver] = frozenset(
+    {Resolver.DELETE_WINS, Resolver.PRIORITY_WINS, Resolver.PYTHON}
+)
+
+
 def _meaning_table(head: str, rows: Iterable[tuple[str, str]]) -> str:
     lines = [f"| {head} | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in rows]
@@ -582,6 +649,11 @@ def resolvers_meaning_table() -> str:
 def quarantine_table() -> str:
     """The rules page's table of quarantine reasons, from :data:`QUARANTINE_MEANING`."""
     return _meaning_table("reason", QUARANTINE_MEANING.items())
+
+
+def causes_table() -> str:
+    """The rules page's table of divergence causes, from :data:`CAUSE_MEANING`."""
+    return _meaning_table("cause", CAUSE_MEANING.items())
 
 
 def reasons_table() -> str:

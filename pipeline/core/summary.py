@@ -87,6 +87,16 @@ class TableSummary:
     #: docs/rules.md#manual-decisions: per decision of the run's date, ``applied`` or why it
     #: is stale
     decisions: Mapping[str, str] = field(default_factory=dict)
+    #: docs/rules.md#divergence-causes: the perspectives' divergent keys per replica by
+    #: cause, and the snapshot comparisons'
+    divergent_causes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    snapshot_divergent_causes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: docs/operations.md#repair: the changes ``cdr repair`` made that the exports hold
+    #: (their origin ``cdr_repair``), counted and never resolved (per replica: ``replicas``)
+    repaired: int = 0
+    #: docs/rules.md#divergence-causes: per replica, the copies its export brings of events
+    #: an earlier night's divergence reported it lacked (``missing_events``)
+    arrived_late: Mapping[str, int] = field(default_factory=dict)
     #: the ledger rows this run wrote carry content digests (``prior.DIGESTS``): a later
     #: run's window matches the adapters' ids of before issue 49 only for runs without
     ledger_digests: bool = False

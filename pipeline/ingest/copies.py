@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.core.columns import AFTER, BEFORE, EVENT_ID, KEY, OP, ORIGIN, REPLICA, SEQ, TS, TXID
+from pipeline.core.policy import REPAIR_ORIGIN
 from pipeline.ingest.blocks import BlockTyper
 from pipeline.rules.guards import (
     JsonNumber,
@@ -153,9 +154,10 @@ def located(copy: dict[str, Any]) -> dict[str, Any]:
 
 def special_count(copies: pa.Table) -> int:
     """The typed copies ``shuffle.split_special`` brings to the driver: a TRUNCATE, a
-    record without an event id, or a change of its key (the same rule, in pyarrow, for
-    the tasks that type the copies)."""
+    record without an event id, a repair, or a change of its key (the same rule, in
+    pyarrow, for the tasks that type the copies)."""
     special = pc.or_kleene(pc.is_null(copies[EVENT_ID]), pc.equal(copies[OP], "TRUNCATE"))
+    special = pc.or_kleene(special, pc.equal(copies[ORIGIN], REPAIR_ORIGIN))
     brought = pc.or_kleene(special, pc.is_valid(copies["new_key"]))
     return int(pc.sum(pc.fill_null(brought, False)).as_py() or 0)
 

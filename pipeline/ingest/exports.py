@@ -732,7 +732,7 @@ def ingest(
     """Stage every export of ``ctx.dt``, the state the run starts from (or the base
     snapshot), the ledger window and the CDC generations. An earlier date's export that
     arrived or changed after its run stops the run, unless ``accept_late``."""
-    from pipeline.ingest import decisions
+    from pipeline.ingest import decisions, lacked
     from pipeline.ingest.late import find_late, late_error
     from pipeline.storage.lake import Lake
     from pipeline.storage.runs_table import read_runs
@@ -760,6 +760,7 @@ def ingest(
             ctx.staged / tname / "retry",
         )
     decisions.stage(lake, ctx.dt, config.tables, ctx.staged)
+    lacked.stage(lake, ctx.dt, config.gc_grace_seconds, config.tables, ctx.staged)
     if gaps:
         raise ExportError(
             f"cannot run {ctx.dt}: {'; '.join(gaps)}. Each date starts from the state of the "

@@ -104,7 +104,7 @@ METRICS = (
     ),
 )
 BY_NAME = {m.name: m for m in METRICS}
-#: the ``cause`` of a divergent key until its causes are classified
+#: the ``cause`` of a divergent key a run of an earlier release counted (before causes)
 UNCLASSIFIED = "unclassified"
 #: the ``resolver`` label of a conflict without one (a type no resolver decides)
 NO_RESOLVER = "none"
@@ -162,10 +162,8 @@ def _latest(table: str, r: RunRow, stats: list[Mapping[str, Any]]) -> list[Sampl
         out.append(_sample("cdr_run_quarantined", n, table=table, reason=reason))
     for reason, n in sorted((s.get("quarantine_open_reasons") or {}).items()):
         out.append(_sample("cdr_quarantine_open", n, table=table, reason=reason))
-    for replica, n in sorted((s.get("divergent_keys") or {}).items()):
-        out.append(
-            _sample("cdr_divergent_keys", n, table=table, replica=replica, cause=UNCLASSIFIED)
-        )
+    for replica, cause, n in _divergent(s):
+        out.append(_sample("cdr_divergent_keys", n, table=table, replica=replica, cause=cause))
     for behind, aheads in sorted((s.get("clock_skew") or {}).items()):
         for ahead, seen in sorted(aheads.items()):
             seconds = seen.get("max_seconds", 0)
@@ -174,6 +172,17 @@ def _latest(table: str, r: RunRow, stats: list[Mapping[str, Any]]) -> list[Sampl
             )
     finished = r.finished_at.timestamp()
     out.append(_sample("cdr_last_published_timestamp_seconds", finished, table=table))
+    return out
+
+
+def _divergent(s: Mapping[str, Any]) -> list[tuple[str, str, int]]:
+    """``(replica, cause, keys)`` of a run's table counts (docs/rules.md#divergence-causes);
+    a run of an earlier release counted keys by replica only: ``unclassified``."""
+    causes = s.get("divergent_causes") or {}
+    out = []
+    for replica, n in sorted((s.get("divergent_keys") or {}).items()):
+        by_cause = causes.get(replica) or {UNCLASSIFIED: n}
+        out += [(replica, cause, k) for cause, k in sorted(by_cause.items())]
     return out
 
 

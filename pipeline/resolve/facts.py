@@ -29,7 +29,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.core import layout
-from pipeline.core.columns import DIGEST, EVENT_ID, FATE, REPLICA
+from pipeline.core.columns import CAUSE, DIGEST, EVENT_ID, FATE, REPLICA
 from pipeline.core.policy import Fate
 from pipeline.resolve.skew import EVENTS, MAX_SECONDS
 from pipeline.spark.frames import LEDGER_COLUMNS, RUN_COLUMNS, SKEW_FIELDS
@@ -51,7 +51,7 @@ COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "fates": ("replicas", (REPLICA, FATE)),
     "conflicts": ("conflicts", ("conflict_type", "resolver", "outcome")),
     "quarantine": ("quarantined", ("reason",)),
-    "divergence": ("divergent", (REPLICA,)),
+    "divergence": ("divergent", (REPLICA, CAUSE)),
 }
 #: the counts of the events (not of an output's rows): distinct events per fate, the
 #: events a replica exported twice, and the copies of an earlier night's event whose
@@ -80,7 +80,7 @@ class Facts:
     #: the conflict log's rows per (conflict type, resolver, outcome)
     conflicts: Mapping[tuple[str, str, str], int]
     quarantined: Mapping[str, int]
-    divergent: Mapping[str, int]
+    divergent: Mapping[str, int]  # by replica
     #: events whose copies sit under different keys: each key's task chose a copy of its
     #: own (the fates' ``chosen``; the row engine folds them again, ``engine``)
     disputed: tuple[str, ...] = ()
@@ -89,6 +89,8 @@ class Facts:
     #: copies of events an earlier night resolved, whose content differs from the copy
     #: that stood for the event then (``pipeline.resolve.ledger``)
     changed: int = 0
+    #: the divergent keys per replica by cause (docs/rules.md#divergence-causes)
+    divergent_causes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, counts: Iterable[Count], disputed: Iterable[str] = ()) -> Facts:
@@ -102,8 +104,13 @@ class Facts:
             replicas.setdefault(replica, {})[fate] = n
         flat = {
             k: {a: n for (a, _, _), n in found.get(k, {}).items()}
-            for k in ("events", "quarantined", "divergent")
+            for k in ("events", "quarantined")
         }
+        divergent: dict[str, int] = {}
+        causes: dict[str, dict[str, int]] = {}
+        for (replica, cause, _), n in found.get("divergent", {}).items():
+            divergent[replica] = divergent.get(replica, 0) + n
+            causes.setdefault(replica, {})[cause] = n
         return cls(
             events=flat["events"],
             replicas=replicas,
@@ -111,7 +118,8 @@ class Facts:
             changed=sum(found.get("changed", {}).values()),
             conflicts=dict(found.get("conflicts", {})),
             quarantined=flat["quarantined"],
-            divergent=flat["divergent"],
+            divergent=divergent,
+            divergent_causes=causes,
             disputed=tuple(sorted(disputed)),
             clock_skew=_clock_skew(found.get(SKEW, {})),
         )

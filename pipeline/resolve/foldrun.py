@@ -45,6 +45,7 @@ from pipeline.core.columns import (
     CONFLICT_ID,
     DIGEST,
     EVENT_ID,
+    EVIDENCE,
     EXPIRY,
     FATE,
     KEY,
@@ -77,6 +78,7 @@ from pipeline.resolve.groups import (
     standing_rows,
 )
 from pipeline.resolve.skew import seen_later
+from pipeline.rules.causes import perspective_checked, perspective_findings, verdict
 from pipeline.rules.decisions import conflict_id, key_text, local_ref, local_text, remote_text
 from pipeline.rules.rowfold import (
     NO_POS,
@@ -96,7 +98,7 @@ from pipeline.rules.rowfold import (
     replica_order,
     write_groups,
 )
-from pipeline.spark.frames import DECISION_CAUSE, LEDGER_COLUMNS, SKEW_FIELDS
+from pipeline.spark.frames import LEDGER_COLUMNS, SKEW_FIELDS
 from pipeline.spark.schema import GROUPS
 from pipeline.storage.outputs import SPARK_SCHEMA_KEY
 from pipeline.storage.workpath import WorkPath, write_table
@@ -364,9 +366,13 @@ class GroupFolder:
         once; a single event has one order."""
         if len(events) < 2:
             return
-        seen: dict[tuple[str, ...], dict[Key, Version]] = {
-            tuple(e.event_id for e in canonical(events)): converged
-        }
+        # a replica applies the resolvers, never a decision: with one, the canonical order's
+        # perspective is not the converged state (docs/rules.md#divergence-causes)
+        in_order = canonical(events)
+        undecided = (
+            fold_perspective(self.spec, state, in_order, "", ordered=True) if decided else {}
+        )
+        seen = {tuple(e.event_id for e in in_order): undecided if decided else converged}
         for rep in self.job.replicas:
             order = replica_order(events, rep)
             ids = tuple(e.event_id for e in order)
@@ -375,7 +381,11 @@ class GroupFolder:
             mine = seen[ids]
             for k in divergent_keys(converged, mine):
                 row = self._divergence_row(rep, k, mine.get(k), converged.get(k))
-                yield "divergence", {**row, CAUSE: DECISION_CAUSE if k in decided else None}
+                found = perspective_findings(
+                    self.table, rep, k, events, mine, converged, undecided if k in decided else None
+                )
+                cause, evidence = verdict(found, perspective_checked(rep, events))
+                yield "divergence", {**row, CAUSE: cause, EVIDENCE: evidence}
 
     def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
         row = {c: v.values.get(c) for c in self.columns}

@@ -1,8 +1,8 @@
 """What both engines do with a run's typed copies around their one shuffle by key
 (docs/rules.md#the-canonical-order, docs/rules.md#fine-points): the special copies settled
-on the driver (TRUNCATEs, records without an event id) with the keys a key change couples,
-the events whose copies sit under different keys moved to their winner's key, and the tie
-ranks and key structs of the shuffle. ``resolve.engine`` (rows) and ``resolve.cells``
+on the driver (TRUNCATEs, records without an event id, repairs) with the keys a key change
+couples, the events whose copies sit under different keys moved to their winner's key, and
+the tie ranks and key structs of the shuffle. ``resolve.engine`` (rows) and ``resolve.cells``
 (cells) import this module, never each other."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from pipeline.core.columns import EVENT_ID, KEY, OP, ORIGIN, RANK, REPLICA, SEQ, TS
 from pipeline.core.config import Config, Table
-from pipeline.core.policy import Fate
+from pipeline.core.policy import REPAIR_ORIGIN, Fate
 from pipeline.rules.rowfold import Event
 
 
@@ -90,30 +90,47 @@ def split_special(copies: DataFrame, possible: bool = True) -> tuple[DataFrame, 
     and no job runs."""
     if not possible:
         return copies, Specials([], [], [], [])
+    repair = F.coalesce(_repair(), F.lit(False))
     special = (F.col(EVENT_ID).isNull() | (F.col(OP) == "TRUNCATE")).cast("boolean")
-    special = F.coalesce(special, F.lit(False))
+    special = F.coalesce(special, F.lit(False)) | repair
     main = copies.where(~special)
     fields = [EVENT_ID, REPLICA, SEQ, "pref", TS, ORIGIN, RANK, "reason", "detail"]
     seen = F.col("seen") if "seen" in copies.columns else F.lit(False)
     rows = (
         copies.where(special | F.col("new_key").isNotNull())
-        .select(special.alias("special"), *fields, "raw", seen.alias("seen"), KEY, "new_key")
+        .select(
+            special.alias("special"),
+            repair.alias("repair"),
+            *fields,
+            F.when(~repair, F.col("raw")).alias("raw"),  # a repair's record is not kept
+            seen.alias("seen"),
+            KEY,
+            "new_key",
+        )
         .collect()
     )
     moved = {k for r in rows if not r.special and r.key is not None for k in (r.key, r.new_key)}
     return main, special_copies([r for r in rows if r.special], list(moved))
 
 
+def _repair() -> Column:
+    """docs/operations.md#repair: a change ``cdr repair`` made (a well-formed copy whose
+    origin is :data:`REPAIR_ORIGIN`), counted and never resolved."""
+    return (F.col(ORIGIN) == REPAIR_ORIGIN) & F.col("reason").isNull()
+
+
 def special_copies(rows: list[Any], moved: list[Any]) -> Specials:
-    """The special copies (``split_special``), settled on the driver: a TRUNCATE that an
-    earlier night resolved (``seen``) is a duplicate, and so is a replica's second copy of
-    one."""
+    """The special copies (``split_special``), settled on the driver: a repair is
+    ``repaired``; a TRUNCATE that an earlier night resolved (``seen``) is a duplicate, and
+    so is a replica's second copy of one."""
     events: list[Event] = []
     fates: list[tuple] = []
     quarantined: list[tuple] = []
     by_event: dict[str, list] = {}
     for r in rows:
-        if r.event_id is None:  # cannot be deduplicated: quarantined one by one
+        if r.repair:
+            fates.append((r.event_id, r.replica, Fate.REPAIRED.value))
+        elif r.event_id is None:  # cannot be deduplicated: quarantined one by one
             fates.append((None, r.replica, Fate.QUARANTINED.value))
             quarantined.append((r.replica, None, r.reason, r.detail, r.raw))
         else:

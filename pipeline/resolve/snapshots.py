@@ -1,8 +1,8 @@
 """Replica snapshots: when a replica also exports a full copy of a table
 (``exports/replica=R/table=T/snapshot/dt=D/``, docs/rules.md#convergence), compare it with
 the converged snapshot and report every key that differs the way a perspective's divergence
-is reported (docs/rules.md#convergence): both versions, as a reader sees them, and the
-repair.
+is reported (docs/rules.md#convergence): both versions, as a reader sees them, the repair,
+and the causes (docs/rules.md#divergence-causes).
 
 A perspective says what a replica *should* hold if it applied the run's events in its
 order; its snapshot says what it *does* hold. Both go to ``divergence/dt=D/``, told
@@ -11,7 +11,9 @@ apart by ``source`` (``perspective`` or ``snapshot``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import date
 from functools import reduce
 from typing import Any
@@ -21,13 +23,43 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipeline.core.columns import CAUSE, KEY, REPLICA, STATE_DELETED, STATE_ORIGIN, STATE_TS
+from pipeline.core.columns import (
+    CAUSE,
+    EVENT_ID,
+    EVIDENCE,
+    KEY,
+    ORIGIN,
+    REPLICA,
+    STATE_DELETED,
+    STATE_ORIGIN,
+    STATE_TS,
+)
 from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
-from pipeline.core.policy import Resolver
+from pipeline.core.policy import REPAIR_ORIGIN, Cause
 from pipeline.resolve.foldrun import repair_record
+from pipeline.rules.causes import Finding, run_findings, snapshot_findings, verdict
 from pipeline.rules.rowfold import Version
-from pipeline.spark.frames import DECISION_CAUSE, DIVERGENCE, DIVERGENCE_FIELDS
+from pipeline.spark.frames import DIVERGENCE, DIVERGENCE_FIELDS
+
+Batches = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What the run knows that explains a snapshot's divergent rows
+    (docs/rules.md#divergence-causes): the final state (its tombstones), the night's typed
+    copies (which replica holds which event of a key), the conflict log, the perspectives'
+    divergence, and the columns the replica's snapshot holds."""
+
+    state: DataFrame  # key columns, ``_deleted``, ``_ts``
+    copies: DataFrame  # ``copy_schema``: replica, event_id, key, new_key, reason
+    conflicts: DataFrame  # the run's conflict log (``key``, ``resolver``, ``conflict_type``)
+    perspectives: DataFrame  # the run's divergence so far (``source``, ``replica``, ...)
+    columns: frozenset[str]  # the columns the replica's snapshot rows hold
+    #: the key columns of the orphans ``on_fk_violation: quarantine`` took out of the
+    #: converged state (None: the rule is not ``quarantine``)
+    orphans: DataFrame | None = None
 
 
 def snapshot_divergence(
@@ -37,60 +69,135 @@ def snapshot_divergence(
     replica: str,
     dt: date,
     now_us: int,
+    run: RunEvidence,
 ) -> DataFrame:
     """The keys where ``replica_rows`` (the replica's exported live rows) and ``converged``
-    (the published snapshot: the table's columns, ``_ts``, ``_origin``) differ."""
+    (the published snapshot: the table's columns, ``_ts``, ``_origin``) differ, with their
+    causes. Only the differing keys meet the run's evidence: two passes over them, one
+    that renders each row with what it shows by itself (its key as the logs write it),
+    one that adds what the rest of the run says of that key."""
     cols = table.column_names
-    conv = converged.select(
-        *[F.col(c) for c in table.key],
-        F.struct(*cols, STATE_TS, STATE_ORIGIN).alias("conv"),
-    )
-    mine = replica_rows.where(~F.col(STATE_DELETED)).select(
-        *[F.col(c) for c in table.key], F.struct(*cols).alias("mine")
-    )
-    joined = conv.join(mine, list(table.key), "full_outer")
+    key = list(table.key)
+    conv = converged.select(*key, F.struct(*cols, STATE_TS, STATE_ORIGIN).alias("conv"))
+    mine = replica_rows.where(~F.col(STATE_DELETED)).select(*key, F.struct(*cols).alias("mine"))
     differs = reduce(
         lambda a, b: a | b,
         [~F.col(f"conv.{c}").eqNullSafe(F.col(f"mine.{c}")) for c in cols],
         F.col("conv").isNull() | F.col("mine").isNull(),
     )
-    rows = joined.where(differs).select("conv", "mine")
-    key_cols = table.key
+    rows = conv.join(mine, key, "full_outer").where(differs)
+    rows = _with_row_evidence(rows, run, table, replica)
+    missing_cols = tuple(c for c in cols if c not in run.columns)
+    found = rows.mapInArrow(_rows_of(table, replica, dt, now_us, missing_cols), DIVERGENCE)
+    return _with_run_evidence(found, run, table, replica)
+
+
+def _with_row_evidence(rows: DataFrame, run: RunEvidence, table: Table, replica: str) -> DataFrame:
+    """``rows`` with the key's tombstone (``tomb``: its ``_ts``) and the ids of the night's
+    events of the key (by key and new key, quarantined ones and repairs aside) that the
+    replica's export lacks (``missing``), joined by key."""
+    key = list(table.key)
+    tombs = run.state.where(F.col(STATE_DELETED)).select(*key, F.col(STATE_TS).alias("tomb"))
+    held = run.copies.where(F.col("reason").isNull() & (F.col(ORIGIN) != REPAIR_ORIGIN))
+    by_key = held.select(F.col(KEY).alias("k"), EVENT_ID, REPLICA).unionByName(
+        held.where(F.col("new_key").isNotNull()).select(
+            F.col("new_key").alias("k"), EVENT_ID, REPLICA
+        )
+    )
+    theirs = F.when(F.col(REPLICA) == replica, F.col(EVENT_ID))
+    lacks = (
+        by_key.where(F.col("k").isNotNull())
+        .groupBy("k")
+        .agg(F.array_except(F.collect_set(EVENT_ID), F.collect_set(theirs)).alias("missing"))
+        .select(*[F.col(f"k.{c}").alias(c) for c in key], "missing")
+    )
+    joined = rows.join(tombs, key, "left").join(lacks, key, "left")
+    orphan = F.lit(False)
+    if run.orphans is not None:
+        joined = joined.join(run.orphans.withColumn("_orphan", F.lit(True)), key, "left")
+        orphan = F.coalesce(F.col("_orphan"), F.lit(False))
+    return joined.select("conv", "mine", "tomb", "missing", orphan.alias("orphan"))
+
+
+def _rows_of(
+    table: Table, replica: str, dt: date, now_us: int, missing_cols: tuple[str, ...]
+) -> Batches:
+    """The task that renders each differing key as a divergence row; its ``evidence``
+    holds, until :func:`_with_run_evidence` decides, the findings the row shows by itself
+    (a JSON list of ``[cause, evidence]``)."""
+    cols, key_cols = table.column_names, table.key
     arrow_schema = to_arrow_schema(DIVERGENCE)
+
+    def converged(c: dict[str, Any] | None, key: dict[str, Any], tomb: int | None):
+        if c is not None:
+            return Version({x: c[x] for x in cols}, c[STATE_TS], c[STATE_ORIGIN], None, 0)
+        if tomb is not None:  # a repair that deletes takes the tombstone's ts
+            return Version(key, tomb, None, None, 0, deleted=True)
+        return None
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             out: list[dict[str, Any]] = []
             for r in batch.to_pylist():
                 c, m = r["conv"], r["mine"]
-                side = c if c is not None else m
-                k = tuple(side[x] for x in key_cols)
-                cv = None
-                if c is not None:
-                    values = {x: c[x] for x in cols}
-                    cv = Version(values, c[STATE_TS], c[STATE_ORIGIN], None, 0)
+                k = tuple((c if c is not None else m)[x] for x in key_cols)
+                key = dict(zip(key_cols, k, strict=True))
+                cv = converged(c, key, r["tomb"])
+                values = cv.values if cv is not None and not cv.deleted else None
+                found = snapshot_findings(
+                    m, values, missing_cols, r["missing"] or (), r["tomb"], r["orphan"]
+                )
                 out.append(
                     {
                         REPLICA: replica,
-                        KEY: dumps(dict(zip(key_cols, k, strict=True))),
+                        KEY: dumps(key),
                         "replica_row": dumps(m) if m is not None else None,
-                        "converged_row": dumps(cv.values) if cv is not None else None,
+                        "converged_row": dumps(values) if values is not None else None,
                         "repair": dumps(repair_record(table, replica, k, m, cv, dt, now_us)),
+                        CAUSE: None,
+                        EVIDENCE: dumps([[f.cause.value, f.evidence] for f in found]),
                     }
                 )
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
-    return rows.mapInArrow(run, DIVERGENCE)
+    return run
 
 
-def decided_cause(diff: DataFrame, conflicts: DataFrame) -> DataFrame:
-    """docs/rules.md#manual-decisions: the divergent keys a manual decision resolved (their
-    conflict-log rows' resolver is ``manual``) have cause ``decision``."""
-    decided = (
-        conflicts.where(F.col("resolver") == Resolver.MANUAL.value)
-        .select(F.col(KEY).alias("_decided"))
-        .distinct()
+def _with_run_evidence(found: DataFrame, run: RunEvidence, table: Table, replica: str) -> DataFrame:
+    """The snapshot's rows with their causes: their own, the perspective's of the same
+    replica and key, and the key's conflicts; ``undetermined`` when none."""
+    seen = run.perspectives.where(
+        (F.col("source") == "perspective") & (F.col(REPLICA) == replica)
+    ).select(F.col(KEY).alias("_k"), F.col(EVIDENCE).alias("_p"))
+    met = run.conflicts.groupBy(F.col(KEY).alias("_k")).agg(
+        F.collect_set("resolver").alias("_resolvers"),
+        F.collect_set("conflict_type").alias("_types"),
     )
-    joined = diff.join(F.broadcast(decided), diff[KEY] == decided["_decided"], "left")
-    cause = F.when(F.col("_decided").isNotNull(), F.lit(DECISION_CAUSE)).otherwise(F.col(CAUSE))
-    return joined.withColumn(CAUSE, cause).select(*DIVERGENCE_FIELDS)
+    rows = (
+        found.join(seen, found[KEY] == seen["_k"], "left")
+        .drop("_k")
+        .join(met, found[KEY] == met["_k"], "left")
+        .drop("_k")
+    )
+    arrow_schema = to_arrow_schema(DIVERGENCE)
+    meta = {STATE_TS, STATE_ORIGIN, STATE_DELETED}
+    extra = sorted(run.columns - set(table.column_names) - meta)
+
+    def combine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            out = []
+            for r in batch.to_pylist():
+                own = [Finding(Cause(c), e) for c, e in json.loads(r[EVIDENCE])]
+                resolvers = r["_resolvers"] or ()
+                theirs = run_findings(table, r["_p"], resolvers, r["_types"] or ())
+                checked = {
+                    "perspective_differs": r["_p"] is not None,
+                    "conflict_resolvers": sorted(resolvers),
+                    "extra_columns": extra,
+                }
+                cause, evidence = verdict([*own, *theirs], checked)
+                row = {n: r[n] for n in DIVERGENCE_FIELDS}
+                out.append({**row, CAUSE: cause, EVIDENCE: evidence})
+            yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
+
+    return rows.mapInArrow(combine, DIVERGENCE)

@@ -27,6 +27,7 @@ from pyspark.sql.window import Window
 
 from pipeline.core import layout
 from pipeline.core.columns import (
+    CAUSE,
     CONFLICT_ID,
     DT,
     EVENT_ID,
@@ -43,7 +44,7 @@ from pipeline.core.columns import (
 from pipeline.core.config import Config, FkPolicy, Table
 from pipeline.core.policy import ASYMMETRIC_NOTE, Fate, Granularity, Outcome, QuarantineReason
 from pipeline.core.summary import RunSummary, Stopped, TableSummary
-from pipeline.ingest import decisions, retry
+from pipeline.ingest import decisions, lacked, retry
 from pipeline.ingest.exports import StagedTable, load_inputs
 from pipeline.ingest.inplace import InPlace, staged_record
 from pipeline.publish import stats
@@ -63,8 +64,8 @@ from pipeline.resolve.read import (
     special_free,
 )
 from pipeline.resolve.skew import skew_warnings
-from pipeline.resolve.snapshots import decided_cause, snapshot_divergence
-from pipeline.resolve.state import read_base, read_prior
+from pipeline.resolve.snapshots import RunEvidence, snapshot_divergence
+from pipeline.resolve.state import columns_held, read_base, read_prior
 from pipeline.rules import custom
 from pipeline.rules.decisions import Decisions
 from pipeline.spark.frames import (
@@ -85,6 +86,7 @@ from pipeline.storage.workpath import WorkPath, read_table, write_table
 log = logging.getLogger(__name__)
 
 DUPLICATE = Fate.DUPLICATE.value
+REPAIRED = Fate.REPAIRED.value
 #: a cell table's resolution, in the table's folder until its outputs are written
 RESOLUTION = "_resolution"
 
@@ -149,6 +151,7 @@ def resolve_table(
         changed_copies=facts.changed,
         asymmetric=_asymmetric(spark, out) if table.custom else {},
         decisions=_decided(spark, out, chosen),
+        arrived_late=lacked.arrived_late(spark, copies, ctx.staged / table.name),
     ), facts
 
 
@@ -321,7 +324,7 @@ def _table_counts(
     return TableSummary(
         policy=table.preset.value,
         events=sum(e.records for e in staged.exports.values()),
-        distinct_events=sum(by_fate.values()),
+        distinct_events=sum(n for fate, n in by_fate.items() if fate != REPAIRED),
         applied=by_fate.get("applied", 0),
         discarded=by_fate.get("discarded", 0),
         duplicates=sum(f.get(DUPLICATE, 0) for f in facts.replicas.values()),
@@ -331,12 +334,14 @@ def _table_counts(
         quarantined=dict(facts.quarantined),
         conflicts=_by_type(facts.conflicts),
         divergent_keys=dict(facts.divergent),
+        divergent_causes={r: dict(c) for r, c in facts.divergent_causes.items()},
         replicas=per_replica,
         missing_exports=staged.missing,
         late_exports=staged.late_exports,
         prior=staged.prior[DT] if staged.prior else base,
         start=staged.start,
         stopped=stopped,
+        repaired=by_fate.get(REPAIRED, 0),
         ledger_digests=True,
     )
 
@@ -633,12 +638,13 @@ def compare_snapshots(
         if inputs[t].snapshots and not summary.stopped(t):
             out = ctx.resolved / t
             converged = read_output(spark, out / "snapshot")
+            evidence = _run_evidence(spark, config, ctx, table, inputs[t])
             for replica in inputs[t].snapshots:
                 label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
-                mine = read_base(spark, ctx.staged / t / f"snapshot={replica}", table, label)
-                diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us)
-                if decisions.APPLIED in summary.tables[t].decisions.values():
-                    diff = decided_cause(diff, read_output(spark, out / "conflicts"))
+                where = ctx.staged / t / f"snapshot={replica}"
+                mine = read_base(spark, where, table, label)
+                run = replace(evidence, columns=columns_held(spark, where))
+                diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us, run)
                 counts[replica] = _write(  # published with the rest of the divergence
                     diff.select(
                         *_run_cols(ctx, t), F.lit("snapshot").alias("source"), *DIVERGENCE_FIELDS
@@ -646,8 +652,52 @@ def compare_snapshots(
                     out / "divergence",
                     mode="append",
                 )
-        summary = summary.with_table(t, snapshot_divergent_keys=counts)
+        causes = _snapshot_causes(spark, ctx.resolved / t) if any(counts.values()) else {}
+        summary = summary.with_table(
+            t, snapshot_divergent_keys=counts, snapshot_divergent_causes=causes
+        )
     return summary
+
+
+def _snapshot_causes(spark: SparkSession, out: WorkPath) -> dict[str, dict[str, int]]:
+    """The snapshot comparisons' divergent keys per replica by cause, read back (the
+    divergent rows only)."""
+    rows = read_output(spark, out / "divergence").where(F.col("source") == "snapshot")
+    causes: dict[str, dict[str, int]] = {}
+    for r in rows.groupBy(REPLICA, CAUSE).count().collect():
+        causes.setdefault(r[REPLICA], {})[r[CAUSE]] = r["count"]
+    return causes
+
+
+def _run_evidence(
+    spark: SparkSession, config: Config, ctx: RunContext, table: Table, staged: StagedTable
+) -> RunEvidence:
+    """What the run knows that explains a snapshot's divergent rows (read lazily: only
+    the differing keys are joined with it)."""
+    out = ctx.resolved / table.name
+    copies, _ = read_copies(
+        spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us
+    )
+    return RunEvidence(
+        state=read_known(spark, final_state(out), state_schema(table)),
+        copies=copies,
+        conflicts=read_output(spark, out / "conflicts"),
+        perspectives=read_output(spark, out / "divergence"),
+        columns=frozenset(),
+        orphans=_quarantined_orphans(spark, config, table, out),
+    )
+
+
+def _quarantined_orphans(
+    spark: SparkSession, config: Config, table: Table, out: WorkPath
+) -> DataFrame | None:
+    """The key columns of the orphans ``on_fk_violation: quarantine`` took out of the
+    table's converged state (None: another rule, or a table without foreign keys)."""
+    if config.on_fk_violation is not FkPolicy.QUARANTINE or not table.foreign_keys:
+        return None
+    schema = T.StructType([state_schema(table)[c] for c in table.key])
+    orphans = read_known(spark, out / "orphans", f"{KEY} string")
+    return orphans.select(F.from_json(KEY, schema).alias("_k")).select("_k.*").distinct()
 
 
 def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSummary:

@@ -125,6 +125,21 @@ def read_base(
     return reduce(DataFrame.unionByName, parts)
 
 
+def columns_held(spark: SparkSession, base: WorkPath) -> frozenset[str]:
+    """The columns a staged base or replica snapshot's rows hold (``schema`` in
+    docs/rules.md#divergence-causes): the names of its JSON lines' fields, its Parquet
+    files' columns. One Spark job for JSON lines."""
+    held: set[str] = set()
+    jsonl = [str(p) for p in (base / "jsonl").parquet_files()]
+    if jsonl:
+        names = F.explode(F.map_keys(F.from_json("raw", TEXT_MAP)))  # type: ignore[arg-type]
+        held |= {r[0] for r in read_staged(spark, jsonl).select(names).distinct().collect()}
+    pq_files = [str(p) for p in (base / "parquet").parquet_files()]
+    if pq_files:
+        held |= set(spark.read.parquet(*pq_files).columns)
+    return frozenset(held)
+
+
 def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> DataFrame:
     m = F.from_json("raw", TEXT_MAP)  # type: ignore[arg-type]  # a MapType works; 4.2's stubs omit it
     schema = state_schema(table)

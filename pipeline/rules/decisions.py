@@ -15,7 +15,6 @@ fold tasks render the conflict log with :func:`local_text` and :func:`remote_tex
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -175,23 +174,9 @@ def typed_row(table: Table, given: Mapping[str, Any]) -> dict[str, Any]:
     then checked as a custom resolver's row (the key columns left out). Raises
     ``custom.RowMisfit`` naming each column that does not fit."""
     from pipeline.rules import custom
-    from pipeline.rules.guards import reader
+    from pipeline.rules.guards import read_values
 
-    problems: list[str] = []
-    out: dict[str, Any] = {}
-    for c, v in given.items():
-        if c not in table.column_names:
-            problems.append(f"no column {c!r} (the columns: {', '.join(table.column_names)})")
-            continue
-        if v is None:
-            out[c] = None
-            continue
-        ct = table.column(c).type
-        value = reader(ct)(v if isinstance(v, str) else json.dumps(v))
-        if value is None:
-            problems.append(f"column {c!r} is {ct}, not {v!r}")
-            continue
-        out[c] = value
+    out, problems = read_values(table, given)
     if problems:
         raise custom.RowMisfit("; ".join(problems))
     return custom.checked(table, out)

@@ -43,7 +43,7 @@ from pipeline.core.columns import (
 )
 from pipeline.core.config import ColumnType, Config, Kind, Table
 from pipeline.core.kinds import every_kind, integer_bound
-from pipeline.core.policy import Granularity, QuarantineReason
+from pipeline.core.policy import REPAIR_ORIGIN, Granularity, QuarantineReason
 
 #: the ops of a canonical record
 OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
@@ -309,6 +309,28 @@ def reader(ct: ColumnType) -> Callable[[str], Any]:
     return READERS[ct.kind](ct)
 
 
+def read_values(table: Table, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A row's parsed JSON values (``parse_json``'s, or ``json.loads``') read by the
+    table's column types as an export's values are; and what does not read, one line per
+    column."""
+    problems: list[str] = []
+    out: dict[str, Any] = {}
+    for c, v in given.items():
+        if c not in table.column_names:
+            problems.append(f"no column {c!r} (the columns: {', '.join(table.column_names)})")
+            continue
+        if v is None:
+            out[c] = None
+            continue
+        ct = table.column(c).type
+        value = reader(ct)(text_of(v) or "")
+        if value is None:
+            problems.append(f"column {c!r} is {ct}, not {text_of(v)!r}")
+            continue
+        out[c] = value
+    return out, problems
+
+
 def _text(text: str) -> str:
     return text
 
@@ -539,6 +561,8 @@ class Typer:
         its key, new key and images), future_timestamp, stale_beyond_gc_grace,
         delta_without_old_value. The first that matches is the reason."""
         detail = _record_problem(fields, eid, op, origin, self.ranks, ts_text, ts, seq_text, seq)
+        if detail is None and origin == REPAIR_ORIGIN:
+            return None, None  # a repair is counted, never resolved: no event's guard applies
         if detail is None:
             detail = self._row_problem(fields, maps, typed, op)
         if detail is not None:
@@ -775,7 +799,7 @@ def _record_problem(
         return f"unknown op {_quote(op)}"
     if origin is None:
         return "no origin"
-    if origin not in ranks:
+    if origin not in ranks and origin != REPAIR_ORIGIN:
         return f"origin {_quote(origin)} is not a configured replica"
     if ts_text is None:
         return "no ts"

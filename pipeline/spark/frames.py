@@ -16,6 +16,7 @@ from pipeline.core.columns import (
     CONFLICT_ID,
     DIGEST,
     EVENT_ID,
+    EVIDENCE,
     EXPIRY,
     FATE,
     KEY,
@@ -176,12 +177,9 @@ CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
 POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")
 #: a divergence row after ``run_id, table, source`` (docs/rules.md#convergence); ``source`` is
 #: "perspective" (docs/rules.md#convergence) or "snapshot" (a replica's full copy);
-#: ``cause`` is ``decision`` where a manual decision made the converged row
-#: (docs/rules.md#manual-decisions), else null
-DIVERGENCE_FIELDS = (REPLICA, KEY, "replica_row", "converged_row", "repair", CAUSE)
+#: ``cause`` and ``evidence`` say why the row differs (docs/rules.md#divergence-causes)
+DIVERGENCE_FIELDS = (REPLICA, KEY, "replica_row", "converged_row", "repair", CAUSE, EVIDENCE)
 DIVERGENCE = T.StructType([T.StructField(n, _S) for n in DIVERGENCE_FIELDS])
-#: the divergence ``cause`` of a key a manual decision resolved
-DECISION_CAUSE = "decision"
 
 
 #: a copy's fate (``applied``, ``discarded``, ``quarantined``, ``duplicate``, ``errored``,

@@ -123,15 +123,25 @@ def write_exports(
                 write_jsonl(folder, events, manifest, gz)
 
 
+def write_snapshots(root: Path, date: str, snapshots: dict[str, dict[str, list[dict]]]) -> None:
+    """A night's replica snapshots (``{replica: {table: [rows]}}``, docs/rules.md#convergence):
+    each replica's full copy of a table, as JSON lines (a row may lack a column its
+    replica's table lacks)."""
+    for replica, tables in snapshots.items():
+        for table, rows in tables.items():
+            folder = root / f"exports/replica={replica}/table={table}/snapshot/dt={date}"
+            write_jsonl(folder, rows, {"replica": replica, "table": table, "dt": date})
+
+
 def layout_store(s: dict[str, Any], root: Path, gz: bool = False, fmt: str = "jsonl") -> None:
     for table, rows in (s.get("prior_state") or {}).items():
         if fmt == "parquet":
             write_parquet(root / f"base/table={table}", rows, {"table": table}, objects=False)
         else:
             write_jsonl(root / f"base/table={table}", rows, {"table": table}, gz)
-    for h in s.get("history", []):
-        write_exports(root, h["date"], h["exports"], gz, fmt)
-    write_exports(root, s["date"], s["exports"], gz, fmt)
+    for night in [*s.get("history", []), s]:
+        write_exports(root, night["date"], night["exports"], gz, fmt)
+        write_snapshots(root, night["date"], night.get("snapshots") or {})
 
 
 def config_file(s: dict[str, Any], root: Path, path: Path) -> Path:
@@ -213,13 +223,20 @@ def published(root: Path, s: dict[str, Any]) -> dict[str, Any]:
         if q:
             out["quarantine"][t] = [{"event_id": r["event_id"], "reason": r["reason"]} for r in q]
         for r in log_rows(root, report, t, "divergence"):
-            out["divergent_keys"].setdefault(t, {}).setdefault(r["replica"], []).append(
-                json.loads(r["key"])
+            causes = json.loads(r["evidence"])["causes"] if r.get("evidence") else []
+            out.setdefault("causes", {}).setdefault(t, {}).setdefault(r["replica"], []).append(
+                {"key": json.loads(r["key"]), "source": r["source"], "causes": causes}
             )
+            if r["source"] == "perspective":
+                out["divergent_keys"].setdefault(t, {}).setdefault(r["replica"], []).append(
+                    json.loads(r["key"])
+                )
     if report is not None:
         out["status"] = str(report.status)
         for t, ts in report.tables.items():
             out.setdefault("clock_skew", {})[t] = ts.clock_skew
+            out.setdefault("arrived_late", {})[t] = dict(ts.arrived_late)
+            out.setdefault("repaired", {})[t] = ts.repaired
             if ts.orphans:
                 orphan_rows = log_rows(root, report, t, "orphans")
                 out["orphans"][t] = [json.loads(r["key"]) for r in orphan_rows]
@@ -320,8 +337,14 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
     for t, want_s in exp.get("clock_skew", {}).items():  # clock skew: where a scenario names it
         if got.get("clock_skew", {}).get(t) != want_s:
             diffs.append(f"clock_skew {t}: got {got.get('clock_skew', {}).get(t)}, want {want_s}")
+    diffs += _seen_again(exp, got)
     for t in tables:
         spec = tables[t]
+        if "causes" in exp:  # docs/rules.md#divergence-causes: where a scenario names them
+            want_k = _cause_rows(exp["causes"].get(t, {}))
+            got_k = _cause_rows(got.get("causes", {}).get(t, {}))
+            if want_k != got_k:
+                diffs.append(f"causes {t}: got {dict(got_k)}, want {dict(want_k)}")
         want_c = _conflict_rows(exp.get("conflicts", {}).get(t, []), spec)
         got_c = _conflict_rows(got["conflicts"].get(t, []), spec)
         if exp.get("fails"):
@@ -343,6 +366,27 @@ def differences(s: dict[str, Any], got: dict[str, Any], failed: bool) -> list[st
         got_o = multiset(got["orphans"].get(t, []), spec)
         if want_o != got_o:
             diffs.append(f"orphans {t}: got {dict(got_o)}, want {dict(want_o)}")
+    return diffs
+
+
+def _cause_rows(by_replica: dict[str, list[dict[str, Any]]]) -> Counter[str]:
+    """Divergence rows as (replica, source, key, causes), comparable as a multiset."""
+    return Counter(
+        json.dumps([rep, r["source"], r["key"], r["causes"]], sort_keys=True)
+        for rep, rows in by_replica.items()
+        for r in rows
+    )
+
+
+def _seen_again(exp: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """The copies a night counts apart (docs/rules.md#divergence-causes, docs/operations.md#repair),
+    where a scenario names them: ``arrived_late`` per table and replica, ``repaired`` per
+    table."""
+    diffs = []
+    for what in ("arrived_late", "repaired"):
+        for t, want in exp.get(what, {}).items():
+            if got.get(what, {}).get(t) != want:
+                diffs.append(f"{what} {t}: got {got.get(what, {}).get(t)}, want {want}")
     return diffs
 
 

@@ -128,10 +128,11 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     report = P.report(store, D1)
     assert report is not None and report.published
     assert report.tables["items"].decisions == {did: "applied"}
-    # B applied its resolver (its own update won there): it diverges, by decision, and
-    # the gate passed; A kept its own version, which the decision took
+    # both replicas applied their resolver (B's later update won on each): both diverge,
+    # by decision alone (their orders made no difference), and the gate passed
     div = P.log(store, "items", "divergence", D1)
-    assert [(r["replica"], r["cause"]) for r in div] == [("B", "decision")]
+    assert sorted((r["replica"], r["cause"]) for r in div) == [("A", "decision"), ("B", "decision")]
+    assert {tuple(json.loads(r["evidence"])["causes"]) for r in div} == {("decision",)}
     assert any("divergence_by_decision" in w for w in report.warnings)
     stats = P.rows(store, "published/conflict_stats", D1)
     assert any(s["resolver"] == "manual" and s["count"] == 1 for s in stats)

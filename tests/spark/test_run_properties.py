@@ -188,7 +188,8 @@ def outputs(store: Path) -> dict[str, Any]:
     report = RunReport.from_json(
         (store / f"published/reports/dt={DATE}/run_report.json").read_text()
     )
-    counts = {k: v for k, v in report.tables["t"].to_dict().items() if k not in ("divergent_keys",)}
+    perspectives = ("divergent_keys", "divergent_causes")  # each replica's order's
+    counts = {k: v for k, v in report.tables["t"].to_dict().items() if k not in perspectives}
     return {
         "snapshot": rows(P.snapshot(store, "t")),
         "state": rows(P.state(store, "t", DATE)),

@@ -50,7 +50,8 @@ SUMMARY = {
     "distinct_events": 40,
     "quarantined": {"malformed": 2},
     "quarantine_open_reasons": {"fk_violation": 3, "malformed": 2},
-    "divergent_keys": {"B": 1},
+    "divergent_keys": {"B": 3, "C": 1},
+    "divergent_causes": {"B": {"missing_events": 2, "apply_order": 1}},  # C: an older run's
     "clock_skew": {"A": {"B": {"events": 4, "max_seconds": 61.5}}},
 }
 
@@ -119,7 +120,11 @@ def test_the_textfile_reads_back_with_prometheus_parser():
         (("reason", "fk_violation"), *t): 3,
         (("reason", "malformed"), *t): 2,
     }
-    assert got["cdr_divergent_keys"] == {(("cause", "unclassified"), ("replica", "B"), *t): 1}
+    assert got["cdr_divergent_keys"] == {
+        (("cause", "apply_order"), ("replica", "B"), *t): 1,
+        (("cause", "missing_events"), ("replica", "B"), *t): 2,
+        (("cause", "unclassified"), ("replica", "C"), *t): 1,
+    }
     assert got["cdr_clock_skew_seconds"] == {(("ahead", "B"), ("behind", "A"), *t): 61.5}
     assert got["cdr_run_seconds"] == {(("stage", "ingest"),): 1.5, (("stage", "resolve"),): 9.25}
     assert got["cdr_last_published_timestamp_seconds"] == {t: runs[-1].finished_at.timestamp()}

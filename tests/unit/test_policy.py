@@ -258,6 +258,7 @@ def test_every_sentence_is_written_by_the_fold_and_named_facts_are_required():
         ("conflict-types", "conflict_types_table"),
         ("resolver-meanings", "resolvers_meaning_table"),
         ("quarantine-reasons", "quarantine_table"),
+        ("causes", "causes_table"),
         ("reasons", "reasons_table"),
     ],
 )

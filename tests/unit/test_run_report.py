@@ -65,6 +65,10 @@ ORDERS = TableSummary(
     quarantine_open=2,
     quarantine_open_reasons={"fk_violation": 2},
     decisions={"d-000000000001": "applied"},
+    divergent_causes={"pub": {"missing_events": 1, "apply_order": 1}},
+    snapshot_divergent_causes={"pub": {"schema": 1}},
+    repaired=2,
+    arrived_late={"pub": 1},
     asymmetric={"python:acme.cdr:prefer": 1},
     ledger_digests=True,
 )
@@ -197,7 +201,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     """Reports an earlier release wrote (the fixtures' stores): the keys added since
     (``changed_copies``, ``ledger_digests``, ``asymmetric``, ``quarantine_open_reasons``,
-    ``decisions``; ``data_docs_files``; ``alerts``, ``seconds``) take their defaults."""
+    ``decisions``, ``divergent_causes``, ``snapshot_divergent_causes``, ``repaired``,
+    ``arrived_late``; ``data_docs_files``; ``alerts``, ``seconds``) take their defaults."""
     raw = json.loads((FIXTURES / path).read_text())
     report = RunReport.from_dict(raw)
     assert (report.run_id, report.dt, report.status) == (raw["run_id"], raw["dt"], "published")
@@ -212,6 +217,10 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
             "asymmetric": {},
             "quarantine_open_reasons": {},
             "decisions": {},
+            "divergent_causes": {},
+            "snapshot_divergent_causes": {},
+            "repaired": 0,
+            "arrived_late": {},
         }
         assert s.to_dict() == {**raw["tables"][name], **added}
     assert (report.alerts, report.seconds) == ({}, {})
