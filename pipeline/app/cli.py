@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     _decide_options(
         sub.add_parser("decide", help="decide one conflict by hand (or withdraw a decision)")
     )
+    _repair_options(
+        sub.add_parser(
+            "repair", help="the statements that bring one replica to a date's converged state"
+        )
+    )
     w = sub.add_parser("whatif", help="D's published inputs under another config, compared")
     w.add_argument("--config", required=True, type=Path, help="the other configuration")
     w.add_argument("--date", required=True, type=_date)
@@ -255,6 +260,32 @@ def _decide_options(d: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--work-dir", type=_work, default=".cdr-work")
     d.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
+
+
+def _repair_options(r: argparse.ArgumentParser) -> None:
+    """docs/operations.md#repair"""
+    from pipeline.app.statements import DIALECTS
+
+    r.add_argument("--config", required=True, type=Path)
+    r.add_argument("--store", help="override the config's store")
+    r.add_argument("--date", required=True, type=_date, help="a published date")
+    r.add_argument("--replica", required=True, help="the replica to repair")
+    r.add_argument("--dialect", required=True, choices=DIALECTS)
+    r.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+    r.add_argument("--keyspace", help="cql: the keyspace of the replica's tables")
+    out = r.add_mutually_exclusive_group()
+    out.add_argument("--out", type=Path, help="write the statements to this file")
+    out.add_argument("--apply", action="store_true", help="run them on the replica (--dsn)")
+    r.add_argument(
+        "--dsn",
+        help="with --apply: a libpq connection string (postgres), or host[:port],... (cql)",
+    )
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: print the statements, or with --apply run them and roll back "
+        "(cql: read the rows back), naming the rows that changed since the report",
+    )
 
 
 def _generate_options(g: argparse.ArgumentParser) -> None:
@@ -675,6 +706,35 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_repair(args: argparse.Namespace) -> int:
+    from pipeline.app.repair import apply_cql, apply_postgres, describe, repair
+    from pipeline.core.errors import StageError
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.store import open_store
+
+    if args.apply and not args.dsn:
+        raise StageError("--apply needs --dsn (the replica's database)")
+    config = _load(args)
+    lake = Lake(open_store(config.store), config.retention_days)
+    result = repair(config, lake, args.date, args.replica, args.dialect, args.keyspace, args.table)
+    if args.apply and args.dialect == "cql":
+        result = apply_cql(result, config, args.dsn, args.keyspace, args.dry_run)
+    elif args.apply:
+        result = apply_postgres(result, config, args.dsn, args.dry_run)
+    elif args.out and not args.dry_run:
+        args.out.write_text(result.text, encoding="utf-8")
+    elif args.log_format != "json":
+        sys.stdout.write(result.text)
+    text = describe(result, config)
+    if args.out and not args.dry_run:
+        text += f"\nstatements: {args.out}"
+    if args.log_format == "json":
+        print(json.dumps(result.to_dict(config)))
+    else:
+        print(text, file=sys.stderr if not (args.apply or args.out) else sys.stdout)
+    return 0
+
+
 def _cmd_whatif(args: argparse.Namespace) -> int:
     from pipeline.app.whatif import report_key, whatif
 
@@ -724,6 +784,7 @@ COMMANDS = {
     "verify": _cmd_verify,
     "quarantine": _cmd_quarantine,
     "decide": _cmd_decide,
+    "repair": _cmd_repair,
     "whatif": _cmd_whatif,
     "jars": _cmd_jars,
     "jvm-archive": _cmd_jvm_archive,

@@ -54,3 +54,8 @@ class LockedError(CdrError):
 class JarsError(CdrError):
     """The locked JVM packages (``jars.lock``: Delta Lake, s3a) are missing, damaged, or
     cannot be fetched."""
+
+
+class RepairError(CdrError):
+    """``cdr repair`` cannot write a replica's repair: a divergence row it cannot read, or
+    writes no order of statements lets the database accept (docs/operations.md#repair)."""
