@@ -31,7 +31,7 @@ import json
 import os
 import random
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,7 @@ def sources() -> Any:
             "changes": changes,
             "system_ids": system_ids,
             "verify": cluster.verify,
+            "servers": servers,  # as the workload left them (the repair test, last, changes them)
         }
 
 
@@ -421,3 +422,135 @@ def test_dms_sample_of_the_same_changes(tmp_path: Path, s3_store: Store, sources
     check_run(s3_store, dt, tables, {**want, "accounts": {}})
     types = {r["conflict_type"] for r in conflicts(s3_store, dt, "products")}
     assert {"insert_exists", "update_differ", "update_deleted", "delete_differ"} <= types
+
+
+# ------------------------------------------------------------------------- repair
+
+
+def _cli_json(*args: str) -> tuple[int, dict[str, Any]]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["--log-format", "json", *args])
+    lines = out.getvalue().splitlines()
+    return rc, json.loads(lines[-1]) if lines else {}
+
+
+def _held(server: pgr.Server, table: str) -> dict[Any, tuple]:
+    key = TABLES[table]["key"][0]
+    return {r[key]: norm(table, {**r, "_ts": 0}) for r in server.table_rows(table)}
+
+
+def _converged(store: Store, table: str) -> dict[Any, tuple]:
+    key = TABLES[table]["key"][0]
+    return {r[key]: norm(table, {**r, "_ts": 0}) for r in P.snapshot(store, table)}
+
+
+def test_repair_brings_every_server_to_the_converged_state(
+    tmp_path: Path, s3_store: Store, sources
+):
+    """docs/operations.md#repair on the three servers: night 1 exports their changes and
+    their full copies; every divergent row of a copy has a cause. One row changes on pg2
+    after its export. Each server gets its repair (pg1 from a file run by psql, the others
+    with --apply, after a dry run that changes nothing): then every server holds the
+    converged snapshot but that row, which its repair skipped and kept. Night 2 exports
+    the servers' changes since: the repairs come back as ``repaired`` (origin
+    cdr_repair), and the night has no divergence and no quarantine."""
+    servers: dict[str, pgr.Server] = sources["servers"]
+    dt = run_date(sources["changes"])
+    put_base(s3_store, pgr.TABLES)
+    for rep, tables in sources["exports"].items():
+        for t, lines in tables.items():
+            src.put_export(s3_store, rep, t, dt, "wal2json", {"slot.json": src.lines(lines)})
+            rows = src.lines(servers[rep].table_rows(t))  # its copy, as its export left it
+            src.put_export(s3_store, rep, t, dt, "jsonl", {"copy.jsonl": rows}, snapshot=True)
+    cfg = configs.config(
+        TABLES,
+        replicas=configs.replicas(**sources["system_ids"]),
+        store=s3_store.uri,
+        defaults={"policy": "postgres", "resolvers": LWW},
+        on_divergence="warn",
+        # the orphan leaves the converged state: a PostgreSQL table with the key refuses it
+        on_fk_violation="quarantine",
+    )
+    configs.write(tmp_path / "cdr.yaml", cfg)
+    conf = ["--config", str(tmp_path / "cdr.yaml")]
+    work = ["--work-dir", str(tmp_path / "work"), "--no-data-docs"]
+    assert main(["run", *conf, "--date", dt, *work]) == 0
+    report = RunReport.from_json(s3_store.read_bytes(f"published/reports/dt={dt}/run_report.json"))
+    for t in pgr.TABLES:
+        div = [r for r in P.log(s3_store, t, "divergence", dt) if r["source"] == "snapshot"]
+        assert div, t  # no replica replicates here: each lacks the others' changes
+        causes = {json.loads(r["evidence"])["causes"][0] for r in div}
+        assert "missing_events" in causes and "undetermined" not in causes, (t, causes)
+        assert sum(report.tables[t].snapshot_divergent_causes["pg2"].values()) == len(
+            [r for r in div if r["replica"] == "pg2"]
+        )
+
+    # one row changes on pg2 after its export: its repair must skip it
+    products = [r for r in P.log(s3_store, "products", "divergence", dt)
+                if r["source"] == "snapshot" and r["replica"] == "pg2"
+                and r["replica_row"] and r["converged_row"]]  # fmt: skip
+    changed = json.loads(products[0]["key"])["product_no"]
+    servers["pg2"].sql(f"update products set name = 'changed after the export' "
+                       f"where product_no = {changed};")  # fmt: skip
+    before = {t: _held(servers["pg2"], t) for t in pgr.TABLES}
+    repair = ["repair", *conf, "--date", dt, "--dialect", "postgres"]
+
+    rc, dry = _cli_json(*repair, "--replica", "pg2", "--apply", "--dsn", servers["pg2"].dsn,
+                        "--dry-run")  # fmt: skip
+    assert rc == 0 and dry["applied"] is False
+    assert dry["skipped"] == [
+        {"row": f'products {{"product_no":{changed}}}', "why": "it changed since the report"}
+    ]
+    assert {t: _held(servers["pg2"], t) for t in pgr.TABLES} == before  # rolled back
+
+    script = tmp_path / "pg1.sql"
+    rc, out = _cli_json(*repair, "--replica", "pg1", "--out", str(script))
+    assert rc == 0 and out["statements"] >= out["rows"] > 0 and out["left_out"] == []
+    servers["pg1"].sql(script.read_text())
+    for rep in ("pg2", "pg3"):
+        rc, out = _cli_json(*repair, "--replica", rep, "--apply", "--dsn", servers[rep].dsn)
+        assert rc == 0 and out["applied"] is True and out["left_out"] == []
+        assert out["skipped"] == (dry["skipped"] if rep == "pg2" else []), out
+
+    for t in pgr.TABLES:
+        want = _converged(s3_store, t)
+        for rep, server in servers.items():
+            held = _held(server, t)
+            if rep == "pg2" and t == "products":
+                assert held[changed][1] == "changed after the export"  # kept, not repaired
+                held[changed] = want[changed]
+            assert held == want, (rep, t, sorted(set(held) ^ set(want))[:5])
+
+    # night 2: the changes since night 1, the repairs among them (origin cdr_repair)
+    dt2 = (datetime.fromisoformat(dt) + timedelta(days=1)).date().isoformat()
+    repaired: dict[str, int] = {}
+    for rep, server in servers.items():
+        origins = server.origins()
+        ids = [k for k, name in origins.items() if name == "cdr_repair"]
+        assert len(ids) == 1, origins  # the repair set its origin up
+        for t in pgr.TABLES:
+            lines = server.wal2json(t)
+            made = [json.loads(x) for x in lines if f'"origin":{ids[0]},' in x]
+            repaired[rep] = repaired.get(rep, 0) + sum(c["action"] in "IUD" for c in made)
+            src.put_export(s3_store, rep, t, dt2, "wal2json", {"slot.json": src.lines(lines)},
+                           {"origins": origins})  # fmt: skip
+    assert all(repaired.values()), repaired
+    assert main(["run", *conf, "--date", dt2, *work]) == 0
+    night2 = RunReport.from_json(s3_store.read_bytes(f"published/reports/dt={dt2}/run_report.json"))
+    for t in pgr.TABLES:
+        s = night2.tables[t]
+        assert sum(s.quarantined.values()) == 0 and sum(s.divergent_keys.values()) == 0, (t, s)
+        assert P.log(s3_store, t, "divergence", dt2) == []
+    assert {
+        rep: sum(night2.tables[t].replicas.get(rep, {}).get("repaired", 0) for t in pgr.TABLES)
+        for rep in servers
+    } == repaired
+    assert sum(night2.tables[t].repaired for t in pgr.TABLES) == sum(repaired.values())
+    # the changed row is pg2's own change: an event, applied
+    assert {r["product_no"]: r["name"] for r in P.snapshot(s3_store, "products")}[changed] == (
+        "changed after the export"
+    )

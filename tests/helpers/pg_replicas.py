@@ -153,7 +153,25 @@ class Server:
 
     def rows(self, query: str) -> list[Any]:
         """The rows of a query that selects one JSON value per row."""
-        return [json.loads(line) for line in self.sql(query).splitlines() if line]
+        # one row a line: split on newlines only (a value may hold U+2028, which
+        # str.splitlines takes for a line break)
+        return [json.loads(line) for line in self.sql(query).split("\n") if line]
+
+    @property
+    def dsn(self) -> str:
+        """libpq's connection string of the application's database."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=app"
+
+    def table_rows(self, table: str) -> list[dict[str, Any]]:
+        """Every row of ``table`` as a JSON object (a replica's full copy)."""
+        return self.rows(f"select row_to_json(x) from {table} x")
+
+    def origins(self) -> dict[str, str]:
+        """The replication origins by id, as a wal2json manifest's ``options.origins``
+        names them (docs/operations.md#repair)."""
+        rows = self.rows("select json_build_object('id', roident, 'name', roname) "
+                         "from pg_replication_origin")  # fmt: skip
+        return {str(r["id"]): r["name"] for r in rows}
 
     @property
     def system_id(self) -> int:
@@ -172,7 +190,7 @@ class Server:
             f"select data from pg_logical_slot_get_changes('cdr_{table}', NULL, NULL, "
             f"{WAL2JSON_OPTIONS}, 'add-tables', 'public.{table}')"
         )
-        return [line for line in out.splitlines() if line]
+        return [line for line in out.split("\n") if line]
 
     def audit(self) -> list[dict[str, Any]]:
         """Every change the audit trigger recorded, with its commit time in µs."""

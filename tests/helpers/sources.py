@@ -37,9 +37,11 @@ def put_export(
     fmt: str,
     files: dict[str, tuple[bytes, int]],
     options: dict[str, Any] | None = None,
+    snapshot: bool = False,
 ) -> None:
-    """Upload ``files`` (name -> (bytes, rows)) and then their manifest."""
-    folder = f"exports/replica={replica}/table={table}/dt={dt}"
+    """Upload ``files`` (name -> (bytes, rows)) and then their manifest; ``snapshot``: as
+    the replica's full copy of the table (docs/rules.md#convergence)."""
+    folder = f"exports/replica={replica}/table={table}/{'snapshot/' if snapshot else ''}dt={dt}"
     entries = []
     for name, (data, rows) in files.items():
         store.write_bytes(f"{folder}/{name}", data)
