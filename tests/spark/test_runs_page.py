@@ -64,6 +64,9 @@ ORDERS = {
     "quarantined": {"malformed": 2, "fk_violation": 1},
     "divergent_keys": {"us-east": 3, "eu-west": 0},
     "snapshot_divergent_keys": {"eu-west": 4},
+    "divergent_causes": {"us-east": {"missing_events": 2, "apply_order": 1}},
+    "arrived_late": {"us-east": 2},
+    "repaired": 5,
     "orphans": 1,
     "clock_skew": {"eu-west": {"us-east": {"events": 7, "max_seconds": 88.25}}},
 }
@@ -112,6 +115,12 @@ def test_reports_newest_first_and_the_numbers_per_table(store):
     assert orders.conflict_total == 8 and orders.quarantined_total == 3
     assert orders.by_outcome() == {"converted_to_update": 5, "applied": 1, "skipped": 2}
     assert orders.divergent_keys == {"us-east": 3, "eu-west": 0, "eu-west (snapshot)": 4}
+    # docs/rules.md#divergence-causes: a count a report gives without causes is unclassified
+    assert orders.divergent_causes == {
+        "us-east": {"missing_events": 2, "apply_order": 1},
+        "eu-west (snapshot)": {"unclassified": 4},
+    }
+    assert (orders.repaired, orders.arrived_late) == (5, {"us-east": 2})
     # the headline count is the perspectives' (TableTotals), the snapshot's listed apart
     assert orders.divergent_total == 3 and orders.orphans == 1
     assert orders.clock_skew == (("eu-west", "us-east", 7, 88.25),)
@@ -144,7 +153,14 @@ def test_the_page_shows_one_run_with_its_chart_and_links(store):
     assert "Run of 2026-11-21" in html and "failed" in html
     assert html.count("<rect") == 3 + 3  # orders: three outcomes; legend: three
     assert "<title>orders: converted_to_update 5</title>" in html
-    assert "quarantined: malformed" in html and "divergent keys: eu-west (snapshot)" in html
+    assert "quarantined: malformed" in html
+    for row in (
+        "divergent keys: us-east, missing_events</td><td class=n>2",
+        "divergent keys: eu-west (snapshot), unclassified</td><td class=n>4",
+        "arrived late: us-east</td><td class=n>2",
+        "repaired (cdr repair's changes)</td><td class=n>5",
+    ):
+        assert row in html, row
     assert "/cdr/docs/2026-11-21/2026-11-21_bb/index.html" in html and "?dt=2026-11-20" in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # names are escaped
     skew = "<td>orders</td><td>eu-west</td><td>us-east</td><td class=n>7</td><td class=n>88.2</td>"
