@@ -10,6 +10,7 @@ database with the constraint takes it). ``pipeline.rules.repairs`` orders the wr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -17,21 +18,22 @@ from typing import Any, cast
 
 import pyarrow as pa
 
-from pipeline.app.statements import CHANGED
+from pipeline.app.statements import CHANGED, Script
 from pipeline.core import layout
-from pipeline.core.columns import KEY, REPLICA
+from pipeline.core.columns import EVIDENCE, KEY, REPLICA
 from pipeline.core.config import Config, Table
 from pipeline.core.errors import RepairError, StageError
-from pipeline.core.policy import Cause
-from pipeline.rules.decisions import key_text
-from pipeline.rules.repairs import RowRepair, plan, row_repair, same, typed_row
+from pipeline.rules.causes import REPLICA_LACKS
+from pipeline.rules.repairs import RowRepair, Write, plan, row_repair, same, typed_row
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
 
 #: why a row is left out of the repair
 ORPHAN = "its converged row is a foreign-key orphan (its parent is not live)"
-#: why a row whose cause is ``schema`` is left out
-SCHEMA = "the replica's table has other columns (cause schema): change it, then repair again"
+#: why a row is left out that differs in none but columns the replica's table lacks
+SCHEMA = (
+    "it differs in none but columns the replica's table lacks ({}): add them, then repair again"
+)
 #: why a CQL row is skipped: a write after the report holds it
 SHADOWED = "a later write holds it (its timestamp is after the converged _ts)"
 
@@ -50,11 +52,12 @@ class Repair:
     left_out: tuple[tuple[RowRepair, str], ...]
     text: str  # the file: the statements with a header
     statements: tuple[str, ...]  # each statement (PostgreSQL: each step's DO block)
+    script: Script | None = None  # PostgreSQL: the script the text is
     applied: bool = False
     skipped: Mapping[int, str] = field(default_factory=dict)
 
     def name(self, config: Config, r: RowRepair) -> str:
-        return f"{r.table} {key_text(config.tables[r.table].key, r.key)}"
+        return f"{r.table} {r.label or repr(r.key)}"
 
     def to_dict(self, config: Config) -> dict[str, Any]:
         by_number = {r.number: r for r in self.rows}
@@ -104,10 +107,11 @@ def repair(
         assert keyspace is not None
         steps = tuple(statements.cql(config, rows, keyspace))
         text = "".join(f"-- {h}\n" for h in header.splitlines()) + "".join(f"{s}\n" for s in steps)
+        script = None
     else:
         script = statements.postgres(config, plan(config, rows), header)
         text, steps = script.text(), script.steps
-    return Repair(replica, dt, dialect, sources, tuple(rows), tuple(left_out), text, steps)
+    return Repair(replica, dt, dialect, sources, tuple(rows), tuple(left_out), text, steps, script)
 
 
 def _rows(
@@ -128,20 +132,29 @@ def _rows(
         compared = replica in (run.tables().get(name, {}).get("snapshot_divergent_keys") or {})
         source = "snapshot" if compared else "perspective"
         sources[name] = source
-        mine = [r for r in found.to_pylist() if r[REPLICA] == replica and r.get("source") == source]
+        mine = [  # a row of a release before snapshots has no source: a perspective's
+            r for r in found.to_pylist()
+            if r[REPLICA] == replica and (r.get("source") or "perspective") == source
+        ]  # fmt: skip
+        lacked = sorted({c for r in mine for c in _evidence(r).get(REPLICA_LACKS, ())})
         orphans = _orphans(lake, run, table)
         for r in sorted(mine, key=lambda r: r[KEY]):
-            row = row_repair(table, r, len(rows) + len(left_out) + 1)
+            row = row_repair(table, r, len(rows) + len(left_out) + 1, lacked)
             if row.want is not None and row.key in orphans:
                 left_out.append((row, ORPHAN))
-            elif row.cause == Cause.SCHEMA:
-                left_out.append((row, SCHEMA))
+            elif row.write is Write.UPDATE and not row.changed():
+                left_out.append((row, SCHEMA.format(", ".join(lacked))))
             else:
                 rows.append(row)
     unknown = sorted(set(tables) - set(config.tables))
     if unknown:
         raise StageError(f"--table {', '.join(unknown)}: not a table of the config")
     return rows, left_out, sources
+
+
+def _evidence(row: Mapping[str, Any]) -> dict[str, Any]:
+    text = row.get(EVIDENCE)
+    return json.loads(text) if text else {}
 
 
 def _read(lake: Lake, run: RunRow, table: str, kind: str) -> pa.Table | None:
@@ -176,9 +189,8 @@ def apply_postgres(result: Repair, config: Config, dsn: str, dry_run: bool) -> R
 
     from pipeline.app import statements
 
-    text = result.text
-    if dry_run:
-        text = text.replace("\nCOMMIT;\n", "\nROLLBACK;\n")
+    assert result.script is not None
+    text = replace(result.script, tail=statements.tail(commit=not dry_run)).text()
     notices: list[str] = []
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:

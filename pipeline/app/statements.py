@@ -8,10 +8,10 @@ grant of those functions), so that its changes carry that origin in the WAL: a P
 subscription with ``origin = none`` does not carry them to the other replicas, and the
 wal2json adapter reads them as repairs. Each step is a ``DO`` block: its statement,
 conditioned on the row (``IS NOT DISTINCT FROM`` the values the report saw, ``ON CONFLICT
-(key) DO NOTHING`` for an insert); when it changes no row, or a constraint refuses it, a
-``NOTICE`` names the row as skipped and the transaction goes on (the block's own
-savepoint undoes the step). ``cdr repair --apply`` runs the same script and reads the
-notices.
+(key) DO NOTHING`` for an insert); when it changes no row, or a constraint or the
+column's type refuses it, a ``NOTICE`` names the row as skipped and the transaction goes
+on (the block's own savepoint undoes the step). ``cdr repair --apply`` runs the same
+script and reads the notices.
 
 **CQL.** ``INSERT``/``UPDATE ... USING TIMESTAMP`` and ``DELETE ... USING TIMESTAMP`` with
 the converged ``_ts``: a cell written after the report has a later timestamp and keeps its
@@ -68,9 +68,13 @@ def postgres(config: Config, steps: Sequence[Step], header: str, commit: bool = 
         "SELECT pg_replication_origin_xact_setup(pg_current_wal_lsn(), now());\n"
     )
     blocks = tuple(_do_block(_pg_statement(config.tables[s.row.table], s), s.row) for s in steps)
+    return Script(head, blocks, tail(commit))
+
+
+def tail(commit: bool) -> str:
+    """A script's end: its transaction committed, or rolled back (a dry run)."""
     end = "COMMIT;\n" if commit else "ROLLBACK;\n"
-    tail = end + "SELECT pg_replication_origin_session_reset();\n"
-    return Script(head, blocks, tail)
+    return end + "SELECT pg_replication_origin_session_reset();\n"
 
 
 def _pg_statement(table: Table, step: Step) -> str:
@@ -90,9 +94,10 @@ def _pg_statement(table: Table, step: Step) -> str:
     assert step.expect is not None
     where = sql.SQL(" AND ").join(
         sql.SQL("{} = {}" if c in table.key else "{} IS NOT DISTINCT FROM {}").format(
-            sql.Identifier(c), lit(step.expect.get(c))
+            sql.Identifier(c), lit(step.expect[c])
         )
         for c in table.column_names
+        if c in step.expect  # a column the replica's table lacks is in no step
     )
     if step.write is Write.DELETE:
         return sql.SQL("DELETE FROM {} WHERE {}").format(t, where).as_string(None)
@@ -111,7 +116,7 @@ def _do_block(statement: str, row: RowRepair) -> str:
         "#variable_conflict use_column\nBEGIN\n"
         f"  {statement};\n"
         f"  IF NOT FOUND THEN RAISE NOTICE '{notice}', {n}, '{CHANGED}'; END IF;\n"
-        "EXCEPTION WHEN integrity_constraint_violation THEN\n"
+        "EXCEPTION WHEN integrity_constraint_violation OR data_exception THEN\n"
         f"  RAISE NOTICE '{notice}', {n}, SQLERRM;\n"
         "END\n"
     )

@@ -78,7 +78,7 @@ from pipeline.resolve.groups import (
     standing_rows,
 )
 from pipeline.resolve.skew import seen_later
-from pipeline.rules.causes import perspective_checked, perspective_findings, verdict
+from pipeline.rules.causes import divergent_perspectives
 from pipeline.rules.decisions import conflict_id, key_text, local_ref, local_text, remote_text
 from pipeline.rules.rowfold import (
     NO_POS,
@@ -89,13 +89,9 @@ from pipeline.rules.rowfold import (
     FoldSpec,
     Key,
     Version,
-    canonical,
-    divergent_keys,
     fold_converged,
-    fold_perspective,
     read_groups,
     reader_view,
-    replica_order,
     write_groups,
 )
 from pipeline.spark.frames import LEDGER_COLUMNS, SKEW_FIELDS
@@ -360,32 +356,13 @@ class GroupFolder:
         converged: dict[Key, Version],
         decided: set[Key],
     ) -> Iterator[Out]:
-        """docs/rules.md#convergence: a replica that applied the events in the canonical
-        order (or in the same
-        order as another replica) reaches the same state: each distinct order is folded
-        once; a single event has one order."""
-        if len(events) < 2:
-            return
-        # a replica applies the resolvers, never a decision: with one, the canonical order's
-        # perspective is not the converged state (docs/rules.md#divergence-causes)
-        in_order = canonical(events)
-        undecided = (
-            fold_perspective(self.spec, state, in_order, "", ordered=True) if decided else {}
-        )
-        seen = {tuple(e.event_id for e in in_order): undecided if decided else converged}
-        for rep in self.job.replicas:
-            order = replica_order(events, rep)
-            ids = tuple(e.event_id for e in order)
-            if ids not in seen:
-                seen[ids] = fold_perspective(self.spec, state, order, rep, ordered=True)
-            mine = seen[ids]
-            for k in divergent_keys(converged, mine):
-                row = self._divergence_row(rep, k, mine.get(k), converged.get(k))
-                found = perspective_findings(
-                    self.table, rep, k, events, mine, converged, undecided if k in decided else None
-                )
-                cause, evidence = verdict(found, perspective_checked(rep, events))
-                yield "divergence", {**row, CAUSE: cause, EVIDENCE: evidence}
+        """docs/rules.md#convergence: the keys where a replica's perspective differs, with
+        their causes (``causes.divergent_perspectives``)."""
+        for rep, k, mine, cause, evidence in divergent_perspectives(
+            self.spec, self.job.replicas, state, events, converged, decided
+        ):
+            row = self._divergence_row(rep, k, mine.get(k), converged.get(k))
+            yield "divergence", {**row, CAUSE: cause, EVIDENCE: evidence}
 
     def _state_row(self, k: Key, v: Version) -> dict[str, Any]:
         row = {c: v.values.get(c) for c in self.columns}

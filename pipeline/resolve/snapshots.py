@@ -38,7 +38,13 @@ from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
 from pipeline.core.policy import REPAIR_ORIGIN, Cause
 from pipeline.resolve.foldrun import repair_record
-from pipeline.rules.causes import Finding, run_findings, snapshot_findings, verdict
+from pipeline.rules.causes import (
+    REPLICA_LACKS,
+    Finding,
+    run_findings,
+    snapshot_findings,
+    verdict,
+)
 from pipeline.rules.rowfold import Version
 from pipeline.spark.frames import DIVERGENCE, DIVERGENCE_FIELDS
 
@@ -89,7 +95,7 @@ def snapshot_divergence(
     rows = _with_row_evidence(rows, run, table, replica)
     missing_cols = tuple(c for c in cols if c not in run.columns)
     found = rows.mapInArrow(_rows_of(table, replica, dt, now_us, missing_cols), DIVERGENCE)
-    return _with_run_evidence(found, run, table, replica)
+    return _with_run_evidence(found, run, table, replica, missing_cols)
 
 
 def _with_row_evidence(rows: DataFrame, run: RunEvidence, table: Table, replica: str) -> DataFrame:
@@ -163,9 +169,12 @@ def _rows_of(
     return run
 
 
-def _with_run_evidence(found: DataFrame, run: RunEvidence, table: Table, replica: str) -> DataFrame:
+def _with_run_evidence(
+    found: DataFrame, run: RunEvidence, table: Table, replica: str, lacks: tuple[str, ...]
+) -> DataFrame:
     """The snapshot's rows with their causes: their own, the perspective's of the same
-    replica and key, and the key's conflicts; ``undetermined`` when none."""
+    replica and key, and the key's conflicts; ``undetermined`` when none. Each says the
+    table's columns the replica's snapshot lacks (``lacks``), if any."""
     seen = run.perspectives.where(
         (F.col("source") == "perspective") & (F.col(REPLICA) == replica)
     ).select(F.col(KEY).alias("_k"), F.col(EVIDENCE).alias("_p"))
@@ -183,6 +192,8 @@ def _with_run_evidence(found: DataFrame, run: RunEvidence, table: Table, replica
     meta = {STATE_TS, STATE_ORIGIN, STATE_DELETED}
     extra = sorted(run.columns - set(table.column_names) - meta)
 
+    context = {REPLICA_LACKS: list(lacks)} if lacks else {}
+
     def combine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             out = []
@@ -195,7 +206,7 @@ def _with_run_evidence(found: DataFrame, run: RunEvidence, table: Table, replica
                     "conflict_resolvers": sorted(resolvers),
                     "extra_columns": extra,
                 }
-                cause, evidence = verdict([*own, *theirs], checked)
+                cause, evidence = verdict([*own, *theirs], checked, context)
                 row = {n: r[n] for n in DIVERGENCE_FIELDS}
                 out.append({**row, CAUSE: cause, EVIDENCE: evidence})
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)

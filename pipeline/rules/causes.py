@@ -17,7 +17,7 @@ same key (:func:`snapshot_findings`, :func:`run_findings`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,17 @@ from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
 from pipeline.core.policy import POLICY_RESOLVERS, Cause, ConflictType, Resolver
 from pipeline.rules.decisions import key_text
-from pipeline.rules.rowfold import Event, Key, Version, canonical, reader_view
+from pipeline.rules.rowfold import (
+    Event,
+    FoldSpec,
+    Key,
+    Version,
+    canonical,
+    divergent_keys,
+    fold_perspective,
+    reader_view,
+    replica_order,
+)
 
 #: the event ids an order's evidence shows (its length is given whole)
 SHOWN = 20
@@ -43,9 +53,15 @@ class Finding:
     evidence: Mapping[str, Any]
 
 
-def verdict(findings: Iterable[Finding], checked: Mapping[str, Any]) -> tuple[str, str]:
+def verdict(
+    findings: Iterable[Finding],
+    checked: Mapping[str, Any],
+    context: Mapping[str, Any] | None = None,
+) -> tuple[str, str]:
     """The row's ``cause`` and ``evidence``: the findings in precedence order (one per
-    cause, the first found kept), or ``undetermined`` with what was ``checked``."""
+    cause, the first found kept), or ``undetermined`` with what was ``checked``; and
+    ``context``, what the evidence says whatever the causes (a snapshot's columns its
+    replica lacks: :data:`REPLICA_LACKS`)."""
     by_cause: dict[Cause, Finding] = {}
     for f in findings:
         by_cause.setdefault(f.cause, f)
@@ -55,7 +71,12 @@ def verdict(findings: Iterable[Finding], checked: Mapping[str, Any]) -> tuple[st
     evidence: dict[str, Any] = {"causes": [f.cause.value for f in found]}
     for f in found:
         evidence.update(f.evidence)
-    return found[0].cause.value, dumps(evidence)
+    return found[0].cause.value, dumps({**evidence, **(context or {})})
+
+
+#: the evidence key of the table's columns a replica's snapshot does not hold (every row of
+#: that comparison gives it; ``cdr repair`` writes none of them)
+REPLICA_LACKS = "replica_lacks"
 
 
 def missing_ids(evidence: str | None) -> list[str]:
@@ -73,6 +94,38 @@ def _listed(ids: Sequence[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- perspectives
+
+
+def divergent_perspectives(
+    spec: FoldSpec,
+    replicas: Sequence[str],
+    state: Mapping[Key, Version],
+    events: Sequence[Event],
+    converged: Mapping[Key, Version],
+    decided: set[Key],
+) -> Iterator[tuple[str, Key, Mapping[Key, Version], str, str]]:
+    """docs/rules.md#convergence: each replica's perspective of one group (``events``
+    folded from ``state`` in its order; each distinct order once) against the converged
+    state; per key that differs, ``(replica, key, perspective, cause, evidence)``. A
+    replica applies the resolvers, never an operator's decision (``decided``: the keys one
+    resolved), so with one the canonical order's perspective is not the converged state,
+    and even a single event may diverge."""
+    if len(events) < 2 and not decided:  # one event has one order
+        return
+    in_order = canonical(events)
+    undecided = fold_perspective(spec, state, in_order, "", ordered=True) if decided else {}
+    seen = {tuple(e.event_id for e in in_order): undecided if decided else dict(converged)}
+    for rep in replicas:
+        order = replica_order(events, rep)
+        ids = tuple(e.event_id for e in order)
+        if ids not in seen:
+            seen[ids] = fold_perspective(spec, state, order, rep, ordered=True)
+        mine = seen[ids]
+        for k in divergent_keys(converged, mine):
+            found = perspective_findings(
+                spec.table, rep, k, events, mine, converged, undecided if k in decided else None
+            )
+            yield (rep, k, mine, *verdict(found, perspective_checked(rep, events)))
 
 
 def perspective_findings(
@@ -212,7 +265,8 @@ def policy_rules(table: Table, resolvers: set[str]) -> list[str]:
     """The project's own rules that decided a key's conflicts (``resolvers``: theirs; none:
     the key met no conflict), as no replica database applies them by itself: delete-wins,
     priority, a custom resolver, and the table's merge, delta, order-by and column-group
-    rules."""
+    rules. A conflict an operator's decision answered is the decision's, not a rule's."""
+    resolvers = resolvers - {Resolver.MANUAL.value}
     if not resolvers:
         return []
     own = sorted(r for r in resolvers if r.split(":", 1)[0] in {p.value for p in POLICY_RESOLVERS})

@@ -61,6 +61,7 @@ class RowRepair:
     ts: int
     cause: str | None = None
     number: int = 0  # its place in the repair (1, 2, ...): how the skipped rows are named
+    label: str = ""  # its key as the logs write it (``key``), how people read it
 
     @property
     def write(self) -> Write:
@@ -115,18 +116,24 @@ def typed_row(table: Table, text: str | None) -> dict[str, Any] | None:
     return out
 
 
-def row_repair(table: Table, divergence: Mapping[str, Any], number: int) -> RowRepair:
+def row_repair(
+    table: Table, divergence: Mapping[str, Any], number: int, lacked: Iterable[str] = ()
+) -> RowRepair:
     """A published divergence row (``replica_row``, ``converged_row``, ``repair``: its
     canonical event, whose ``ts`` is the converged row's or its tombstone's) as a
-    :class:`RowRepair`."""
-    seen = typed_row(table, divergence["replica_row"])
-    want = typed_row(table, divergence["converged_row"])
+    :class:`RowRepair`, without the ``lacked`` columns (the replica's table has none of
+    them: no statement names them)."""
+
+    def without(row: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if row is None else {c: v for c, v in row.items() if c not in lacked}
+
+    seen = without(typed_row(table, divergence["replica_row"]))
+    want = without(typed_row(table, divergence["converged_row"]))
     event = json.loads(divergence["repair"]) if divergence.get("repair") else {}
     key_row = typed_row(table, divergence["key"]) or {}
     key = tuple(key_row[c] for c in table.key)
-    return RowRepair(
-        table.name, key, seen, want, int(event.get("ts") or 0), divergence.get("cause"), number
-    )
+    ts, cause = int(event.get("ts") or 0), divergence.get("cause")
+    return RowRepair(table.name, key, seen, want, ts, cause, number, divergence["key"])
 
 
 # ----------------------------------------------------------------------- the plan
@@ -161,7 +168,8 @@ def plan(config: Config, rows: Sequence[RowRepair]) -> list[Step]:
             nodes[j].waits -= 1
             if not nodes[j].waits:
                 heapq.heappush(ready, (_rank(nodes[j]), j))
-    return [_step(config.tables[nodes[i].row.table], nodes[i]) for i in done]
+    steps = (_step(config.tables[nodes[i].row.table], nodes[i]) for i in done)
+    return [s for s in steps if s.write is not Write.UPDATE or s.values]  # nothing to write
 
 
 #: parks first, then deletes (they only give values up), updates, inserts
@@ -225,50 +233,43 @@ def _hashable(v: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _park_one(config: Config, nodes: list[_Node], done: set[int]) -> tuple[tuple[int, int], int]:
-    """A cycle: the first waiting update that gives a unique value up parks it first (a
-    new node, ready now: returned); the rows that waited for it to give the value up
-    wait for the park instead."""
+    """A cycle: the first waiting update that gives a unique value up to a row that waits
+    for it, and can set the value aside, parks it first (a new node, ready now:
+    returned); the rows that waited for it to give the value up wait for the park
+    instead. Each row parks once, and each park frees a waiting row: the plan ends."""
     waiting = sorted((i for i in range(len(nodes)) if i not in done), key=lambda i: _rank(nodes[i]))
     for i in waiting:
         n = nodes[i]
-        table = config.tables[n.row.table]
-        if n.park or n.row.write is not Write.UPDATE:
+        if n.park or n.parked is not None or n.row.write is not Write.UPDATE:
             continue
+        table = config.tables[n.row.table]
         columns = _parked_columns(table, n.row)
-        if not columns:
+        takers = [j for j in sorted(n.before) if _takes_from(table, nodes[j].row, n.row, columns)]
+        if not takers:
             continue
         n.parked = {c: park_value(table, c, n.row) for c in columns}
         park = len(nodes)
-        nodes.append(_Node(n.row, park=True, parked=n.parked))
-        for j in sorted(n.before):
-            if _takes_from(table, nodes[j].row, n.row, columns):
-                n.before.discard(j)
-                nodes[park].before.add(j)
+        nodes.append(_Node(n.row, park=True, parked=n.parked, before=set(takers)))
+        n.before.difference_update(takers)
         return (_rank(nodes[park]), park)
     cycle = ", ".join(f"{nodes[i].row.table} {nodes[i].row.key}" for i in waiting)
     raise RepairError(
-        f"the writes of {cycle} wait for each other (a cycle of foreign keys, or of unique "
-        "values no update can set aside): repair them by hand"
+        f"the writes of {cycle} wait for each other (a cycle of foreign keys, or a unique "
+        "value moving between rows where no column of it can hold a temporary value: a "
+        "nullable column, or a string, uuid or integer one): repair them by hand"
     )
 
 
 def _parked_columns(table: Table, row: RowRepair) -> tuple[str, ...]:
     """One column of each unique constraint whose value ``row`` gives up (the first that
-    can take a parked value)."""
+    can hold a parked value; none for a constraint none of whose columns can)."""
     out: list[str] = []
     for cols in table.unique:
         v = _reference(row.seen, cols)
-        if v is None or _reference(row.want, cols) == v:
+        if v is None or _reference(row.want, cols) == v or any(c in out for c in cols):
             continue
         usable = [c for c in cols if _parkable(table, c)]
-        if not usable:
-            raise RepairError(
-                f"table {table.name}: the unique value ({', '.join(cols)}) of key {row.key} "
-                f"moves to another row, and no column of it can hold a temporary value "
-                f"(a nullable column, or a string, uuid or integer one): repair it by hand"
-            )
-        if not any(c in out for c in cols):
-            out.append(usable[0])
+        out += usable[:1]
     return tuple(out)
 
 

@@ -6,6 +6,7 @@ whichever events a replica's export lacks."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,14 +14,17 @@ from hypothesis import strategies as st
 from pipeline.core.policy import Cause
 from pipeline.rules.causes import (
     Finding,
+    divergent_perspectives,
     missing_ids,
     perspective_findings,
     run_findings,
     snapshot_findings,
     verdict,
 )
+from pipeline.rules.decisions import Take
 from pipeline.rules.rowfold import divergent_keys, fold_converged, fold_perspective
 from tests.helpers.fold_helpers import T0, H, ev, live, make_config, spec, tomb
+from tests.unit.test_decisions import _conflict, _decided
 from tests.unit.test_properties import build, lww_spec, workloads
 
 SKIP = {"insert_exists": "skip", "update_differ": "skip"}
@@ -105,6 +109,20 @@ def test_a_decision_alone_where_the_order_made_no_difference():
     assert divergent_keys(decided, theirs) == []
 
 
+def test_a_decided_conflict_of_a_single_event_diverges_on_every_replica():
+    """The prior row against one remote update: each replica applies its resolver (the
+    remote wins), the decision keeps the local row: one event, and yet divergence."""
+    state, loc, e = _conflict()
+    e = replace(e, seqs={"pub": 0, "sub": 0})
+    converged = fold_converged(_decided(spec(), loc, e, Take.LOCAL), state, [e]).state
+    rows = list(divergent_perspectives(spec(), ("pub", "sub"), state, [e], converged, {(1,)}))
+    assert [(rep, k, cause) for rep, k, _, cause, _ in rows] == [
+        ("pub", (1,), "decision"),
+        ("sub", (1,), "decision"),
+    ]
+    assert list(divergent_perspectives(spec(), ("pub",), state, [e], converged, set())) == []
+
+
 def test_resurrection_and_unique_collision_are_found_beside_the_order():
     t = make_config(
         {"columns": {"id": "int", "v": "string", "n": "int"}, "unique": [["v"]]}
@@ -141,7 +159,9 @@ def test_the_runs_causes_of_a_snapshot_row():
         {"rules": ["python:acme:f", "delta:n"]}
     ]
     assert run_findings(t, None, [], []) == []  # no conflict: no rule of the project decided it
-    assert _causes(run_findings(t, None, ["manual"], ["update_differ"])) == ["policy", "decision"]
+    # an operator's decision is not one of the table's rules, even where the table has some
+    assert _causes(run_findings(t, None, ["manual"], ["update_differ"])) == ["decision"]
+    assert _causes(run_findings(t, None, ["manual", "skip"], [])) == ["policy", "decision"]
 
 
 @settings(max_examples=300, deadline=None)

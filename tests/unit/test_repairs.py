@@ -104,6 +104,23 @@ def test_a_published_row_is_a_row_repair_with_its_converged_ts():
     assert r.write is Write.DELETE
 
 
+def test_the_columns_a_replica_lacks_are_in_no_write():
+    """docs/rules.md#divergence-causes ``replica_lacks``: a replica's table without ``w``;
+    a row that differs there alone has nothing left to write."""
+    t = parse_config(configs.config(configs.table({"id": "uuid", "v": "string", "w": "string"})))
+    key = '{"id":"0f8fad5b-d9cb-469f-a165-70867728950e"}'
+    div = {
+        "key": key,
+        "replica_row": '{"id":"0f8fad5b-d9cb-469f-a165-70867728950e","v":"a","w":null}',
+        "converged_row": '{"id":"0f8fad5b-d9cb-469f-a165-70867728950e","v":"a","w":"x"}',
+        "repair": '{"ts":5}',
+    }
+    r = row_repair(t.tables["t"], div, 1, ["w"])
+    assert r.seen == r.want == {"id": uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e"), "v": "a"}
+    assert r.label == key and r.changed() == ()
+    assert plan(t, [r]) == []  # an update with nothing to write is no step
+
+
 def test_parents_are_inserted_before_their_children_and_deleted_after():
     rows = [
         _row("orders", 1, None, {"order_id": 1, "product_no": 5, "qty": 1}, 1),
@@ -164,6 +181,38 @@ def test_a_nullable_unique_column_parks_null_and_a_not_null_integer_its_smallest
     assert park_value(ints, "seat", r) == -(2**31) + 4
 
 
+def test_a_row_off_the_cycle_is_not_parked():
+    """2 and 3 swap nicks, 1 takes 2's owner: 2 parks both its values (1 and 3 wait for
+    it), 1 and 3 take theirs, then 2 takes its own; 1 gives nothing anyone waits for and
+    is never parked."""
+    rows = [
+        _account(1, "r", 1, "p"),
+        _row(
+            "accounts",
+            2,
+            {"id": 2, "owner": "p", "nick": "a"},
+            {"id": 2, "owner": "p2", "nick": "b"},
+            2,
+        ),
+        _row(
+            "accounts",
+            3,
+            {"id": 3, "owner": "o3", "nick": "b"},
+            {"id": 3, "owner": "o3", "nick": "a"},
+            3,
+        ),
+    ]
+    steps = plan(SHOP, rows)
+    assert _order(steps) == [
+        ("park", "accounts", (2,)),
+        ("update", "accounts", (1,)),
+        ("update", "accounts", (3,)),
+        ("update", "accounts", (2,)),
+    ]
+    assert set(steps[0].values) == {"owner", "nick"}
+    assert steps[0].values["nick"] is None  # nullable: parked as null
+
+
 def test_a_swap_no_column_can_park_is_refused_by_name():
     cfg = parse_config(
         configs.config(
@@ -175,7 +224,7 @@ def test_a_swap_no_column_can_park_is_refused_by_name():
         _row("t", 1, {"id": 1, "day": d1}, {"id": 1, "day": d2}, 1),
         _row("t", 2, {"id": 2, "day": d2}, {"id": 2, "day": d1}, 2),
     ]
-    with pytest.raises(RepairError, match=r"unique value \(day\) of key \(1,\)"):
+    with pytest.raises(RepairError, match=r"writes of t \(1,\), t \(2,\) wait for each other"):
         plan(cfg, rows)
 
 
