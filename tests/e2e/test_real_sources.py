@@ -45,6 +45,7 @@ from tests.helpers import configs
 from tests.helpers import pg_replicas as pgr
 from tests.helpers import published as P
 from tests.helpers import sources as src
+from tests.helpers.cli import cdr_json
 
 pytestmark = [pytest.mark.slow]
 
@@ -427,17 +428,6 @@ def test_dms_sample_of_the_same_changes(tmp_path: Path, s3_store: Store, sources
 # ------------------------------------------------------------------------- repair
 
 
-def _cli_json(*args: str) -> tuple[int, dict[str, Any]]:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["--log-format", "json", *args])
-    lines = out.getvalue().splitlines()
-    return rc, json.loads(lines[-1]) if lines else {}
-
-
 def _held(server: pgr.Server, table: str) -> dict[Any, tuple]:
     key = TABLES[table]["key"][0]
     return {r[key]: norm(table, {**r, "_ts": 0}) for r in server.table_rows(table)}
@@ -499,7 +489,7 @@ def test_repair_brings_every_server_to_the_converged_state(
     before = {t: _held(servers["pg2"], t) for t in pgr.TABLES}
     repair = ["repair", *conf, "--date", dt, "--dialect", "postgres"]
 
-    rc, dry = _cli_json(*repair, "--replica", "pg2", "--apply", "--dsn", servers["pg2"].dsn,
+    rc, dry = cdr_json(*repair, "--replica", "pg2", "--apply", "--dsn", servers["pg2"].dsn,
                         "--dry-run")  # fmt: skip
     assert rc == 0 and dry["applied"] is False
     assert dry["skipped"] == [
@@ -508,11 +498,11 @@ def test_repair_brings_every_server_to_the_converged_state(
     assert {t: _held(servers["pg2"], t) for t in pgr.TABLES} == before  # rolled back
 
     script = tmp_path / "pg1.sql"
-    rc, out = _cli_json(*repair, "--replica", "pg1", "--out", str(script))
+    rc, out = cdr_json(*repair, "--replica", "pg1", "--out", str(script))
     assert rc == 0 and out["statements"] >= out["rows"] > 0 and out["left_out"] == []
     servers["pg1"].sql(script.read_text())
     for rep in ("pg2", "pg3"):
-        rc, out = _cli_json(*repair, "--replica", rep, "--apply", "--dsn", servers[rep].dsn)
+        rc, out = cdr_json(*repair, "--replica", rep, "--apply", "--dsn", servers[rep].dsn)
         assert rc == 0 and out["applied"] is True and out["left_out"] == []
         assert out["skipped"] == (dry["skipped"] if rep == "pg2" else []), out
 

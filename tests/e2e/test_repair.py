@@ -16,8 +16,6 @@ is applied:
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
 import math
 import os
@@ -34,6 +32,7 @@ from tests.helpers import pg_replicas as pgr
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
 from tests.helpers import sources as src
+from tests.helpers.cli import cdr_json
 
 pytestmark = [pytest.mark.slow]
 
@@ -72,14 +71,6 @@ def _events() -> list[dict[str, Any]]:
             ev["after"] = after
         out.append(ev)
     return out
-
-
-def _cli(*args: str) -> tuple[int, dict[str, Any]]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["--log-format", "json", *args])
-    lines = out.getvalue().splitlines()
-    return rc, json.loads(lines[-1]) if lines else {}
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +137,7 @@ def test_postgres_repair_writes_every_hostile_value_and_reads_back_as_a_repair(n
             )
     server.sql("select pg_create_logical_replication_slot('cdr_h', 'wal2json')")
     conf = ["--config", str(night["config"]), "--date", D, "--replica", "R"]
-    rc, out = _cli("repair", *conf, "--dialect", "postgres", "--apply", "--dsn", server.dsn)
+    rc, out = cdr_json("repair", *conf, "--dialect", "postgres", "--apply", "--dsn", server.dsn)
     assert rc == 0 and out["applied"] and out["rows"] == 8 and out["skipped"] == [], out
     with psycopg.connect(server.dsn) as conn:
         held = {r[0]: (r[1], r[2], bytes(r[3])) for r in conn.execute("select * from h")}
@@ -190,10 +181,10 @@ def test_cql_repair_writes_at_the_converged_timestamp_and_skips_a_later_write(ni
         session.execute(put, (1, "written after the report", 2.5, b"", later))
         conf = ["--config", str(night["config"]), "--date", D, "--replica", "R"]
         cql = [*conf, "--dialect", "cql", "--keyspace", "app", "--apply", "--dsn", hosts]
-        rc, dry = _cli("repair", *cql, "--dry-run")
+        rc, dry = cdr_json("repair", *cql, "--dry-run")
         assert rc == 0 and not dry["applied"]
         assert dry["skipped"] == [{"row": 'h {"id":1}', "why": "it changed since the report"}]
-        rc, out = _cli("repair", *cql)
+        rc, out = cdr_json("repair", *cql)
         assert rc == 0 and out["applied"] and out["rows"] == 8, out
         assert [s["row"] for s in out["skipped"]] == ['h {"id":1}']
         held = {

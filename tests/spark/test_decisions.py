@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.app.cli import main
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S
+from tests.helpers.cli import cdr
 
 D1, D2 = "2026-11-21", "2026-11-22"
 TABLE = {"items": {"key": ["id"], "columns": {"id": "bigint", "v": "string"}}}
@@ -58,18 +58,8 @@ def _cfg(tmp: Path, store: Path) -> Path:
     return configs.write(tmp / "cdr.yaml", configs.config(TABLE, replicas=("A", "B")), store=store)
 
 
-def _cli(*args: str) -> tuple[int, str]:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["--log-format", "json", *args])
-    return rc, out.getvalue()
-
-
 def _run(cfg: Path, tmp: Path, day: str, *extra: str) -> int:
-    rc, _ = _cli(
+    rc, _ = cdr(
         "run", "--config", str(cfg), "--date", day, "--work-dir", str(tmp / "work"),
         "--no-data-docs", *extra,
     )  # fmt: skip
@@ -97,15 +87,15 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     assert len(cid) == 32
 
     # a row that does not fit is refused naming the column; so is an unknown conflict
-    rc, out = _cli("decide", "--config", str(cfg), "--conflict-id", cid, "--row", '{"w": 1}',
+    rc, out = cdr("decide", "--config", str(cfg), "--conflict-id", cid, "--row", '{"w": 1}',
                    "--why", "x")  # fmt: skip
     assert rc == 1 and "no column 'w'" in out
-    rc, out = _cli("decide", "--config", str(cfg), "--conflict-id", "0" * 32, "--take",
+    rc, out = cdr("decide", "--config", str(cfg), "--conflict-id", "0" * 32, "--take",
                    "local", "--why", "x")  # fmt: skip
     assert rc == 1 and "no conflict" in out
 
     # take the loser, and run the chain: D1, then D2 (which starts from D1's state)
-    rc, out = _cli(
+    rc, out = cdr(
         "decide", "--config", str(cfg), "--conflict-id", cid, "--take", "local",
         "--why", "A is the system of record", "--by", "ops", "--rerun",
         "--work-dir", str(tmp_path / "work"),
@@ -142,7 +132,7 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     assert _the_conflict(store, D1)["resolver"] == "manual"
 
     # what-if: D1's inputs under another config (still with the decision)
-    rc, out = _cli("whatif", "--config", str(cfg), "--date", D1, "--name", "same",
+    rc, out = cdr("whatif", "--config", str(cfg), "--date", D1, "--name", "same",
                    "--work-dir", str(tmp_path / "work"))  # fmt: skip
     assert rc == 0, out
     assert json.loads(out)["tables"]["items"]["differing_rows"]["count"] == 0
@@ -165,7 +155,7 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     assert _v(store, 1) == "from A"
 
     # withdrawn: recorded, never deleted; the next run of D1 stages it no more
-    rc, out = _cli("decide", "--config", str(cfg), "--withdraw", did)
+    rc, out = cdr("decide", "--config", str(cfg), "--withdraw", did)
     assert rc == 0, out
     (row,) = P.rows(store, "published/decisions")
     assert row["withdrawn_at"] is not None

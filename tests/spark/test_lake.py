@@ -4,6 +4,7 @@ and on the loopback S3 server through s3a."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import date
 
 import pyarrow as pa
@@ -183,9 +184,11 @@ def test_readers_agree_on_a_version_after_a_merge_that_updated_and_deleted(store
 
 
 def _jobs_of(spark, work) -> int:
-    """The Spark jobs ``work()`` ran."""
+    """The Spark jobs ``work()`` ran (in a job group of its own: a name from ``id(work)``
+    was taken again by the next call's lambda once the first was freed, and the status
+    tracker counted both calls' jobs)."""
     sc = spark.sparkContext
-    group = f"cdr-test-{id(work)}"
+    group = f"cdr-test-{uuid.uuid4().hex}"
     sc.setJobGroup(group, group)
     try:
         work()
