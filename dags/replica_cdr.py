@@ -247,13 +247,18 @@ SPARK_CONF = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress
 class SparkStage(SparkSubmitOperator):
     """spark-submit with the ``aws_default`` connection in its environment: the resolve
     stage's Spark tasks fetch the exports from the store. The driver starts from the
-    worker's class-data archive, if it has one (``pipeline.spark.jvm``)."""
+    worker's class-data archive, if it has one, and with a small run's options when
+    ingest staged a small run (``pipeline.spark.jvm``)."""
 
     def execute(self, context: Any) -> Any:
-        from pipeline import submit_conf
+        from pipeline import CdrError, small_run, submit_conf
 
         aws_env_from_connection()
-        self.conf = {**submit_conf(), **(self.conf or {})}
+        try:  # a small night's driver starts as `cdr run` starts it
+            small = small_run(_run_context(context["ti"].xcom_pull(task_ids="plan")))
+        except CdrError:  # no run to resolve: the stage itself says so
+            small = False
+        self.conf = {**submit_conf(small), **(self.conf or {})}
         return super().execute(context)
 
 

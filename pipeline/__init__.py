@@ -33,6 +33,7 @@ _FACE: dict[str, str] = {
     "notes_line": "pipeline.stages",
     "operator_notes": "pipeline.stages",
     "run_notes": "pipeline.stages",
+    "small_run": "pipeline.stages",
     "load_summary": "pipeline.resolve.stage",
     "load_verdict": "pipeline.validate.stage",
     "RunReport": "pipeline.core.report",  # what ``run`` and ``publish`` return
@@ -118,6 +119,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
         resolve,
         run,
         run_notes,
+        small_run,
         validate,
     )
     from pipeline.storage.context import RunContext, check_run_id, safe_run_id

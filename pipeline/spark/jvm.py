@@ -136,15 +136,17 @@ def usable_archive() -> Path | None:
     return path
 
 
-def submit_conf() -> dict[str, str]:
+def submit_conf(small: bool = False) -> dict[str, str]:
     """spark-submit's settings for a driver started on this machine (the DAG's Spark
     stages, client mode): the locked jars (on the driver's class path, and shipped to the
-    executors by ``spark.jars``), the archive's options when it has one."""
+    executors by ``spark.jars``), the archive's options when it has one, and a small
+    run's (``small``: what ingest staged is a small run, as ``cdr run`` decides)."""
     from pipeline.spark import jars
 
     paths = [str(p) for p in jars.classpath()]
     conf = {"spark.jars": ",".join(paths), "spark.driver.extraClassPath": os.pathsep.join(paths)}
     archive = usable_archive()
-    if archive is not None:
-        conf["spark.driver.extraJavaOptions"] = " ".join(driver_options(False, archive))
+    options = driver_options(small, archive) if archive is not None or small else []
+    if options:
+        conf["spark.driver.extraJavaOptions"] = " ".join(options)
     return conf

@@ -250,6 +250,10 @@ def test_a_run_triggered_through_the_rest_api_publishes(services, tmp_path, spar
     assert deadline["missed"] and deadline["alert_name"] == "replica_cdr not done"
     line = f"replica_cdr missed its deadline for {DATES[0]}: run {run['dag_run_id']} not done by"
     assert _wait_for_log_line(services.logs / "logs" / "executor_callbacks", line, timeout=120)
+    # a small night: the resolve task's driver starts with a small run's JVM options
+    resolve = services.logs / "logs" / "dag_id=replica_cdr" / f"run_id={run['dag_run_id']}"
+    submitted = _wait_for_log_line(resolve / "task_id=resolve", "Spark-Submit cmd:", timeout=10)
+    assert submitted and "-XX:TieredStopAtLevel=1" in submitted.read_text(), submitted
 
 
 def _wait_for_log_line(folder: Path, text: str, timeout: float) -> Path | None:

@@ -32,6 +32,22 @@ def test_driver_options_by_run_size_and_mode(monkeypatch, tmp_path: Path):
         jvmstart.driver_options(True, archive)
 
 
+def test_a_small_nights_spark_submit_starts_its_driver_as_a_small_run(monkeypatch, tmp_path):
+    """The DAG's resolve stage (spark-submit) gets a small run's options when ingest staged
+    a small run, as ``cdr run`` does; a large night keeps the JVM's defaults."""
+    archive = tmp_path / "a.jsa"
+    monkeypatch.delenv(jvmstart.START_ENV, raising=False)
+    monkeypatch.setattr(jvmstart, "usable_archive", lambda: archive)
+    small = jvmstart.submit_conf(True)["spark.driver.extraJavaOptions"].split()
+    assert set(jvmstart.SMALL_RUN_OPTIONS) <= set(small)
+    assert f"-XX:SharedArchiveFile={archive}" in small
+    large = jvmstart.submit_conf(False)["spark.driver.extraJavaOptions"].split()
+    assert not set(jvmstart.SMALL_RUN_OPTIONS) & set(large)
+    monkeypatch.setattr(jvmstart, "usable_archive", lambda: None)
+    assert "spark.driver.extraJavaOptions" not in jvmstart.submit_conf(False)
+    assert "-XX:TieredStopAtLevel=1" in jvmstart.submit_conf(True)["spark.driver.extraJavaOptions"]
+
+
 def test_the_archive_is_named_by_the_jdk_build_and_sparks_jars(monkeypatch, tmp_path: Path, caplog):
     jdk, jars = tmp_path / "jdk", tmp_path / "jars"
     jdk.mkdir()
