@@ -42,7 +42,6 @@ from pipeline.core.columns import (
     EVENT_ID,
     FATE,
     KEY,
-    OP,
     ORIGIN,
     REPLICA,
     RUN_ID,
@@ -55,6 +54,7 @@ from pipeline.core.columns import (
     TXID,
 )
 from pipeline.core.config import Config, Table
+from pipeline.core.errors import StageError
 from pipeline.core.layout import LEDGER
 from pipeline.core.policy import QuarantineReason, Scope
 from pipeline.ingest.inplace import InPlace
@@ -88,11 +88,17 @@ from pipeline.resolve.shuffle import (
     split_special,
     standing_order,
 )
+from pipeline.resolve.unique import (
+    possible_values,
+    refold_needed,
+    unique_columns,
+    value_column,
+)
 from pipeline.rules.decisions import Decisions
 from pipeline.rules.rowfold import FoldSpec
-from pipeline.spark.frames import fold_input, fold_outputs
+from pipeline.spark.frames import UNFORESEEN, fold_input, fold_outputs
 from pipeline.spark.schema import GROUPS
-from pipeline.storage.outputs import note_output
+from pipeline.storage.outputs import note_output, read_output
 from pipeline.storage.workpath import WorkPath
 
 log = logging.getLogger(__name__)
@@ -150,15 +156,20 @@ def admit_transactions(
 
 
 def coupled_keys(
-    events: DataFrame, prior: DataFrame, table: Table, moved_keys: list[Any]
+    events: DataFrame,
+    prior: DataFrame,
+    table: Table,
+    moved_keys: list[Any],
+    extra: DataFrame | None = None,
 ) -> DataFrame | None:
     """Keys whose fold must see other keys' rows: both ends of every key change
     (``moved_keys``, found on the driver by :func:`split_special`), and every key that may
     share a unique value with another key at some point of the run (a safe
-    over-approximation: each key's possible values come from its prior row and its
-    events; keys touched by key changes pool their values, since rows move between them).
-    ``events`` are the typed copies (``frames.copy_schema``). None when no key is coupled;
-    only a table with unique constraints pays a Spark job for it."""
+    over-approximation: each key's possible values come from its prior row and
+    ``unique.possible_values`` of its events and of the ``extra`` values; keys touched by
+    key changes pool their values, since rows move between them). ``events`` are the
+    typed copies (``frames.copy_schema``). None when no key is coupled; only a table with
+    unique constraints pays a Spark job for it."""
     spark = events.sparkSession
     key_type = events.schema[KEY].dataType
     moved = spark.createDataFrame(
@@ -166,20 +177,12 @@ def coupled_keys(
     )
     if not table.unique:
         return moved if moved_keys else None
-    events = events.where(F.col(KEY).isNotNull())
     moved_flag = moved.withColumn("moved", F.lit(True))
-    unique_cols = sorted({c for u in table.unique for c in u})
+    unique_cols = unique_columns(table)
     live = prior.where(~F.col(STATE_DELETED)).select(
-        key_struct(table).alias(KEY), *[F.col(c).alias(f"v_{c}") for c in unique_cols]
+        key_struct(table).alias(KEY), *[F.col(c).alias(value_column(c)) for c in unique_cols]
     )
-    names = table.column_names
-    writes = events.where(F.col(OP).isin("INSERT", "UPDATE")).select(
-        F.coalesce("new_key", KEY).alias(KEY),
-        *[
-            F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}")).alias(f"v_{c}")
-            for c in unique_cols
-        ],
-    )
+    writes = possible_values(events, table, extra)
     values = live.unionByName(writes).join(F.broadcast(moved_flag), KEY, "left")
     unit = F.when(F.col("moved"), F.lit(None)).otherwise(F.col(KEY))
     values = values.withColumn(
@@ -187,7 +190,9 @@ def coupled_keys(
     )
     shared_units = []
     for cols in table.unique:
-        sets = values.groupBy("unit").agg(*[F.collect_set(f"v_{c}").alias(f"s_{c}") for c in cols])
+        sets = values.groupBy("unit").agg(
+            *[F.collect_set(value_column(c)).alias(f"s_{c}") for c in cols]
+        )
         tuples = sets
         for c in cols:
             tuples = tuples.withColumn(f"t_{c}", F.explode(f"s_{c}"))
@@ -259,46 +264,96 @@ def resolve_rows(
     (``facts.may_split``)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies, run.any_special)
-    prior = _start_from(prior, main, specials, config, table, run)
-    main = admit_transactions(main, prior, config, table)
-    schemas = fold_outputs(table, config.captures(table))
-    job = FoldJob(
-        FoldSpec(table, run.now_us, run.decisions),
-        config.replica_ids,
-        tuple(specials.truncates),
-        run.dt,
-        run.run_id,
-        run.out,
-        config.captures(table),
-        QuarantineReason.UPDATE_MISSING in config.retry,
-        schemas,
+    folds = _Folds(spark, config, table, run, specials)
+    extra: DataFrame | None = None  # the unforeseen unique values of the folds before
+    for _ in range(MAX_FOLDS):
+        start = _start_from(prior, main, specials, config, table, run, extra)
+        admitted = admit_transactions(main, start, config, table)
+        coupled = coupled_keys(admitted, start, table, specials.moved, extra)
+        facts = folds.once(admitted, start, coupled)
+        if facts.disputed:  # rare: move every copy of those events to their winner's key
+            log.warning(
+                "table %s: %d event(s) have copies under different keys; the winning "
+                "copy's key is used",
+                table.name,
+                len(facts.disputed),
+            )
+            folds.clear()
+            admitted = settle_disputes(admitted, list(facts.disputed))
+            facts = folds.once(admitted, start, coupled)
+        if not folds.written.get(UNFORESEEN):
+            return facts
+        found = _unforeseen(spark, run.out, extra)
+        if not refold_needed(found, prior, admitted, table, coupled):
+            return facts
+        log.info(
+            "table %s: a row took a unique value no export states, which another row "
+            "holds: folded again with the keys that share it",
+            table.name,
+        )
+        extra = found
+        folds.clear()
+    raise StageError(
+        f"table {table.name}: the unique values the fold's rows take kept meeting other "
+        f"rows after {MAX_FOLDS} folds; report it, with the run's work folder"
     )
-    coupled = coupled_keys(main, prior, table, specials.moved)
 
-    def resolve(main: DataFrame) -> Facts:
-        counts, rows, told = fold(spark, main, prior, config, table, job, coupled)
-        counts += _write_specials(specials, job, rows)
-        for kind, schema in schemas.items():  # what the tasks wrote, for its readers (an
-            note_output(run.out / kind, schema, rows.get(kind, 0))  # output none wrote: empty)
-        told.append(event_digests(e for e, _, _ in specials.fates).tobytes())
-        disputed, split = split_events(spark, run.out) if may_split(told) else ([], False)
+
+class _Folds:
+    """The folds of one table's run: each writes every output (:func:`fold`, the special
+    copies', the ledger made again when an event is split) into the table's folder."""
+
+    def __init__(
+        self, spark: SparkSession, config: Config, table: Table, run: RowRun, specials: Specials
+    ):
+        self.spark, self.config, self.table, self.run = spark, config, table, run
+        self.specials = specials
+        self.schemas = fold_outputs(table, config.captures(table))
+        self.job = FoldJob(
+            FoldSpec(table, run.now_us, run.decisions),
+            config.replica_ids,
+            tuple(specials.truncates),
+            run.dt,
+            run.run_id,
+            run.out,
+            config.captures(table),
+            QuarantineReason.UPDATE_MISSING in config.retry,
+            self.schemas,
+        )
+        self.written: dict[str, int | None] = {}  # each output's rows, of the last fold
+
+    def once(self, main: DataFrame, prior: DataFrame, coupled: DataFrame | None) -> Facts:
+        run, job, table = self.run, self.job, self.table
+        counts, rows, told = fold(self.spark, main, prior, self.config, table, job, coupled)
+        self.written = rows
+        counts += _write_specials(self.specials, job, rows)
+        for kind, schema in self.schemas.items():  # what the tasks wrote, for its readers
+            note_output(run.out / kind, schema, rows.get(kind, 0))  # (none wrote: empty)
+        told.append(event_digests(e for e, _, _ in self.specials.fates).tobytes())
+        split_at = split_events(self.spark, run.out) if may_split(told) else ([], False)
+        disputed, split = split_at
         if split and not disputed:  # rare: the events' counts and ledger made again
-            again = write_ledger(spark, run.out, run.run_id, table.name)
+            again = write_ledger(self.spark, run.out, run.run_id, table.name)
             counts = [c for c in counts if c[0] not in EVENT_COUNTS] + list(again.counts)
         return Facts.of(counts, disputed)
 
-    facts = resolve(main)
-    if facts.disputed:  # rare: move every copy of those events to their winner's key, and redo
-        log.warning(
-            "table %s: %d event(s) have copies under different keys; the winning "
-            "copy's key is used",
-            table.name,
-            len(facts.disputed),
-        )
-        for kind in schemas:
-            (run.out / kind).rmtree()
-        facts = resolve(settle_disputes(main, list(facts.disputed)))
-    return facts
+    def clear(self) -> None:
+        """Remove every output, before the next fold writes them again."""
+        for kind in self.schemas:
+            (self.run.out / kind).rmtree()
+
+
+#: how many times a table is folded at most (``unique.refold_needed``): a fold that finds
+#: a unique value no export states, held by a row it did not read, is done again
+MAX_FOLDS = 4
+
+
+def _unforeseen(spark: SparkSession, out: WorkPath, before: DataFrame | None) -> DataFrame:
+    """The unforeseen unique values the fold's tasks reported (``unique``), with those of
+    the folds before, brought to the driver (their folder is replaced by the next fold)."""
+    found = read_output(spark, out / UNFORESEEN)
+    now = spark.createDataFrame(found.collect(), found.schema)
+    return now if before is None else before.unionByName(now).distinct()
 
 
 def _start_from(
@@ -308,11 +363,12 @@ def _start_from(
     config: Config,
     table: Table,
     run: RowRun,
+    extra: DataFrame | None,
 ) -> DataFrame:
     """The prior rows the fold reads (``inplace.narrowed``), purged."""
     horizon = gc_horizon(run.now_us, config.gc_grace_seconds)
     due = F.col(STATE_DELETED) & (F.col(STATE_DELETED_AT) < horizon)  # purged: see purge
-    prior = narrowed(prior, main, specials.truncates, table, due, run.out, run.in_place)
+    prior = narrowed(prior, main, specials.truncates, table, due, run.out, run.in_place, extra)
     return purge(prior, run.now_us, config.gc_grace_seconds)
 
 

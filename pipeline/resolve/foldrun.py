@@ -94,7 +94,7 @@ from pipeline.rules.rowfold import (
     reader_view,
     write_groups,
 )
-from pipeline.spark.frames import LEDGER_COLUMNS, SKEW_FIELDS
+from pipeline.spark.frames import LEDGER_COLUMNS, SKEW_FIELDS, UNFORESEEN, VALUE
 from pipeline.spark.schema import GROUPS
 from pipeline.storage.outputs import SPARK_SCHEMA_KEY
 from pipeline.storage.workpath import WorkPath, write_table
@@ -110,6 +110,7 @@ OUTPUTS = (
     "changes",
     layout.LEDGER,
     layout.SNAPSHOT,
+    UNFORESEEN,  # a table with unique constraints (``pipeline.resolve.unique``)
 )
 _UPDATE_MISSING = QuarantineReason.UPDATE_MISSING.value
 _ROWS = 8192  # rows of an output buffered before they go to its file
@@ -188,6 +189,38 @@ def version_from_row(
 Out = tuple[str, dict[str, Any]]  # an output's name and one of its rows
 
 
+def unforeseen(
+    table: Table,
+    state: Mapping[Key, Version],
+    events: Iterable[Event],
+    held: Iterable[tuple[Key, int, tuple[Any, ...]]],
+) -> list[tuple[Key, dict[str, Any]]]:
+    """The unique values a live row of the group held that no source of
+    ``unique.possible_values`` states (a custom resolver's row, a decision's, a delta
+    column's sum): (key, the constraint's columns and values), each once. A value is
+    stated when each of its columns' values is: a live prior row's, an event's ``after``
+    or ``before``, or the column's default."""
+    stated: dict[str, set[Any]] = {c: set() for cols in table.unique for c in cols}
+    for v in state.values():
+        if not v.deleted:
+            for c, got in stated.items():
+                got.add(v.values.get(c))
+    for e in events:
+        for c, got in stated.items():
+            got.update(x[c] for x in (e.after, e.before) if c in x)
+            if c in table.defaults:
+                got.add(table.defaults[c])
+    out: dict[tuple[Key, int, tuple[Any, ...]], None] = {}
+    for key, i, vals in held:
+        cols = table.unique[i]
+        if any(x not in stated[c] for c, x in zip(cols, vals, strict=True)):
+            out[(key, i, vals)] = None
+    return [
+        (key, dict(zip(table.unique[i], vals, strict=True)))
+        for key, i, vals in sorted(out, key=repr)
+    ]
+
+
 class GroupFolder:
     """Folds one group at a time and renders its output rows."""
 
@@ -201,6 +234,9 @@ class GroupFolder:
 
     def key_json(self, key: Key) -> str:
         return key_text(self.key_cols, key)
+
+    def key_dict(self, key: Key) -> dict[str, Any]:
+        return dict(zip(self.key_cols, key, strict=True))
 
     def fold(self, rows: list[dict[str, Any]]) -> Iterator[Out]:
         """Fold one group: its state rows and every copy of its events."""
@@ -225,9 +261,13 @@ class GroupFolder:
             seqs = {c[REPLICA]: c[SEQ] for c in group}
             events.append(event_from_row(chosen, self.key_cols, self.columns, seqs))
         events += self.job.truncates
-        result = fold_converged(self.spec, state, events, trace=self.job.trace)
+        unique = bool(self.table.unique)
+        result = fold_converged(self.spec, state, events, trace=self.job.trace, held=unique)
         for k, v in result.state.items():
             yield "state_pre", self._state_row(k, v)
+        if unique:
+            for key, values in unforeseen(self.table, state, events, result.held):
+                yield UNFORESEEN, {KEY: self.key_dict(key), VALUE: values}
         for a in result.applied:
             for i, c in enumerate(a.conflicts):
                 yield "conflicts", self._conflict_row(c, i)

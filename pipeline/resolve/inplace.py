@@ -1,7 +1,8 @@
 """The resolve step of a night merged in place (docs/outputs.md#a-night-costs-the-night;
 the three steps and the record they share: ``pipeline.ingest.inplace``): :func:`narrow`
 keeps the prior rows the fold needs (the keys the night's events name, a key change's new
-key included, the live rows holding a unique value an event writes, the tombstones whose
+key included, the live rows holding a unique value a row may take tonight
+(``unique.possible_values``), the tombstones whose
 GC is due; in a cell table the rows whose TTL expires and the table tombstone), writes
 their keys as ``touched`` and counts them into the record.
 """
@@ -14,9 +15,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pipeline.core import layout
-from pipeline.core.columns import KEY, OP, STATE_DELETED
+from pipeline.core.columns import KEY, STATE_DELETED
 from pipeline.core.config import Table
 from pipeline.ingest.inplace import LIVE_MARK, TOUCHED, InPlace, by_key, read_touched
+from pipeline.resolve.unique import VALUE, possible_values, unique_columns, values_of
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -37,11 +39,13 @@ def narrow(
     due: Column,
     out: WorkPath,
     record: InPlace,
+    extra: DataFrame | None = None,
 ) -> DataFrame:
     """The prior rows the night's fold needs (the module's docstring), persisted, their
     keys written to ``out/touched``, their counts saved in the record there.
     ``events``: the typed copies (``frames.copy_schema``); ``due``: whether a prior row
-    changes tonight though no event touches it (a tombstone purged, a TTL expired). Each
+    changes tonight though no event touches it (a tombstone purged, a TTL expired);
+    ``extra``: the unforeseen values of a fold done before (``unique``). Each
     set of marks is broadcast: the night's keys and values, not the table's; the prior
     is scanned once, not shuffled."""
     from pyspark import StorageLevel
@@ -57,12 +61,11 @@ def narrow(
     df = prior.withColumn(_KEY, key_struct(table))
     df = df.join(F.broadcast(keys.withColumn(f"{_MARK}0", F.lit(True))), _KEY, "left")
     needed = F.col(f"{_MARK}0").isNotNull() | due
-    names = table.column_names
-    writes = events.where(F.col(OP).isin("INSERT", "UPDATE"))
-    for i, c in enumerate(sorted({c for u in table.unique for c in u}), 1):
+    possible = possible_values(events, table, extra) if table.unique else None
+    for i, c in enumerate(unique_columns(table), 1):
+        assert possible is not None
         mark = f"{_MARK}{i}"
-        written = F.when(F.col("after_has")[names.index(c)], F.col(f"after.{c}"))
-        values = writes.select(written.alias(_VALUE)).where(F.col(_VALUE).isNotNull()).distinct()
+        values = values_of(possible, c).withColumnRenamed(VALUE, _VALUE)
         marks = F.broadcast(values.withColumn(mark, F.lit(True)))
         df = df.join(marks, df[c] == marks[_VALUE], "left").drop(_VALUE)
         needed = needed | (~F.col(STATE_DELETED) & F.col(mark).isNotNull())
@@ -94,6 +97,7 @@ def narrowed(
     due: Column,
     out: WorkPath,
     record: InPlace | None,
+    extra: DataFrame | None = None,
 ) -> DataFrame:
     """The prior rows a table's fold reads: those :func:`narrow` keeps for ``events``
     when the table is merged in place (``record``), else all of them. A TRUNCATE in the
@@ -103,14 +107,13 @@ def narrowed(
     if truncates:
         log.info("resolve %s: a TRUNCATE; the whole table is replaced", table.name)
         return prior
-    return narrow(prior, events, table, due, out, record)
+    return narrow(prior, events, table, due, out, record, extra)
 
 
 def _overlay(published: DataFrame, rows: DataFrame, out: WorkPath, table: Table) -> DataFrame:
     """The table after the merge: the published rows of the keys not touched, and the
     run's ``rows`` (those of the touched keys)."""
-    touched = read_touched(rows.sparkSession, out)
-    untouched = by_key(published, touched, table.key, "left_anti")
+    untouched = by_key(published, read_touched(rows.sparkSession, out), table.key, "left_anti")
     return untouched.unionByName(rows.select(*published.columns))
 
 
@@ -130,15 +133,14 @@ def whole_state(
     return _overlay(prior, read_known(spark, out / STATE_PRE, state_schema(table)), out, table)
 
 
-def whole_snapshot(
+def _published_snapshot(
     spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
 ) -> DataFrame | None:
-    """The whole snapshot the merge will make of the run's snapshot rows (None: not
-    merged in place), from the version of ``snapshot`` ingest planned from."""
+    """The snapshot a night merged in place starts from (None: not merged in place): the
+    version of ``snapshot`` ingest planned from."""
     from pipeline.ingest.prior import PRIOR_PIN
     from pipeline.spark.schema import snapshot_columns
     from pipeline.storage.lake import Pin
-    from pipeline.storage.outputs import read_output
 
     record, pin = InPlace.load(out), Pin.load(staged_table / PRIOR_PIN)
     if record is None or pin is None:
@@ -146,8 +148,31 @@ def whole_snapshot(
     path = layout.table_path(table.name, layout.SNAPSHOT)
     uri = pin.uri.removesuffix(layout.table_path(table.name, layout.STATE)) + path
     published = spark.read.format("delta").option("versionAsOf", record.versions[path]).load(uri)
-    published = published.select(*snapshot_columns(table))
+    return published.select(*snapshot_columns(table))
+
+
+def whole_snapshot(
+    spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
+) -> DataFrame | None:
+    """The whole snapshot the merge will make of the run's snapshot rows (None: not
+    merged in place), from the version of ``snapshot`` ingest planned from."""
+    from pipeline.storage.outputs import read_output
+
+    published = _published_snapshot(spark, staged_table, out, table)
+    if published is None:
+        return None
     return _overlay(published, read_output(spark, out / layout.SNAPSHOT), out, table)
+
+
+def untouched_snapshot(
+    spark: SparkSession, staged_table: WorkPath, out: WorkPath, table: Table
+) -> DataFrame | None:
+    """The published snapshot rows a night merged in place keeps as they are (None: not
+    merged in place): those of the keys it did not touch."""
+    published = _published_snapshot(spark, staged_table, out, table)
+    if published is None:
+        return None
+    return by_key(published, read_touched(spark, out), table.key, "left_anti")
 
 
 def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:

@@ -376,6 +376,9 @@ class RowFold:
         self._delta_types = {c: self.table.column(c).type for c in self.table.delta}
         self._merges = self.table.merge
         self._indexes: list[dict[tuple[Any, ...], set[Key]]] = [{} for _ in self.table.unique]
+        #: every (key, constraint, values) a live row held in this fold, when asked for
+        #: (``pipeline.resolve.unique``: the values no export states)
+        self.held: set[tuple[Key, int, tuple[Any, ...]]] | None = None
         for k, v in state.items():
             self._index(k, v)
         #: the versions the event being applied replaced, to undo it when it is quarantined
@@ -395,6 +398,8 @@ class RowFold:
                 bucket.discard(key)
             else:
                 bucket.add(key)
+                if self.held is not None:
+                    self.held.add((key, i, vals))
 
     def _set(self, key: Key, v: Version | None) -> None:
         self._journal.append((key, self.state.get(key)))
@@ -1101,28 +1106,41 @@ class FoldResult:
     state: dict[Key, Version]
     applied: list[Applied]
     stopped: Conflict | None  # the errored conflict that stopped the fold, if any
+    #: every (key, constraint, values) a live row held (``RowFold.held``), when asked for
+    held: frozenset[tuple[Key, int, tuple[Any, ...]]] = frozenset()
 
 
 def fold_converged(
-    spec: FoldSpec, state: Mapping[Key, Version], events: Iterable[Event], trace: bool = False
+    spec: FoldSpec,
+    state: Mapping[Key, Version],
+    events: Iterable[Event],
+    trace: bool = False,
+    held: bool = False,
 ) -> FoldResult:
     """docs/rules.md#the-canonical-order: apply the events in canonical order; stop at an
     ``error``. With ``trace``, each result carries its event's changes
-    (:func:`visible_changes`)."""
+    (:func:`visible_changes`); with ``held``, the result has every unique value a live
+    row held (``FoldResult.held``)."""
     f = RowFold(spec, dict(state), converged=True, trace=trace)
+    if held:
+        f.held = set()
     results: list[Applied] = []
+
+    def done(stopped: Conflict | None) -> FoldResult:
+        return FoldResult(f.state, results, stopped, frozenset(f.held or ()))
+
     for e in canonical(events):
         try:
             a = f.apply(e)
         except RunStopped as stop:
             results.append(Applied(e, False, stop.log, errored=True))
-            return FoldResult(f.state, results, stop.conflict)
+            return done(stop.conflict)
         if f.trace is not None:
             changes = visible_changes(e, f.trace, spec.table, a.applied, a.written)
             a = replace(a, changes=changes)
             f.trace.clear()
         results.append(a)
-    return FoldResult(f.state, results, None)
+    return done(None)
 
 
 def visible_changes(

@@ -206,6 +206,11 @@ QUARANTINE_FIELDS = (REPLICA, EVENT_ID, "reason", "detail", "event")
 SKEW_FIELDS = ("behind", "ahead", "lag_us")
 
 
+#: the fold tasks' output of the unique values no export states (``pipeline.resolve.unique``):
+#: the key, and in ``value`` a row of the table with the constraint's columns set
+UNFORESEEN, VALUE = "unforeseen", "value"
+
+
 def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
     """What the row engine's fold tasks write (``foldrun.OUTPUTS``), each output's schema:
     the state (and its live rows, the snapshot), the fates, and the run's logs as they
@@ -229,6 +234,13 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
         out["changes"] = change_schema(table)
     out[LEDGER] = LEDGER_SCHEMA  # the ledger's rows of the events a task folded
     out[SNAPSHOT] = snapshot_schema(table)  # unless the foreign-key step changes the state
+    if table.unique:  # the values no export states (``pipeline.resolve.unique``)
+        out[UNFORESEEN] = T.StructType(
+            [
+                T.StructField(KEY, key_struct_type(table)),
+                T.StructField(VALUE, row_struct_type(table)),
+            ]
+        )
     return out
 
 

@@ -135,6 +135,9 @@ class Frames:
             if t in parents:  # the foreign_keys suite's (the Delta table read only then)
                 whole = self.whole_snapshot(config.tables[t])
                 whole.createOrReplaceTempView(f"cdr_whole_snapshot_{t}")
+            if config.tables[t].unique:  # the snapshot suite's unique_in_table
+                kept = self.untouched_snapshot(config.tables[t])
+                kept.createOrReplaceTempView(f"cdr_untouched_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
             _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
             replicas = summary.tables[t].replicas.items()
@@ -151,6 +154,19 @@ class Frames:
         out = self.ctx.resolved / table.name
         whole = whole_snapshot(self.spark, self.ctx.staged / table.name, out, table)
         return _read(self.spark, out / "snapshot") if whole is None else whole
+
+    def untouched_snapshot(self, table: Table) -> DataFrame:
+        """The published snapshot rows the publish keeps as they are: merged in place,
+        those of the keys the run did not touch (``inplace``); else none (the run's
+        snapshot replaces the table)."""
+        from pipeline.resolve.inplace import untouched_snapshot
+
+        out = self.ctx.resolved / table.name
+        kept = untouched_snapshot(self.spark, self.ctx.staged / table.name, out, table)
+        if kept is None:
+            snapshot = _read(self.spark, out / "snapshot")
+            return self.spark.createDataFrame([], snapshot.schema)
+        return kept
 
     def batch(self, kind: str, table: Table) -> DataFrame:
         out = self.ctx.resolved / table.name

@@ -137,6 +137,7 @@ def _names(table: Table) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]
             {
                 "constraint_columns": ", ".join(q(c) for c in u),
                 "constraint_not_null": " AND ".join(f"{q(c)} IS NOT NULL" for c in u),
+                "constraint_join": " AND ".join(f"b.{q(c)} = k.{q(c)}" for c in u),
             }
             for u in table.unique
         ],

@@ -54,3 +54,7 @@ def crash(local: dict, remote: dict, context: dict) -> str:
     import os
 
     os._exit(3)
+
+
+#: a row whose unique value ``u`` no event writes (tests/spark/test_two_paths.py)
+MERGED_ROW = answers({"row": {"u": "merged"}})

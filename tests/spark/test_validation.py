@@ -54,6 +54,8 @@ VIEWS = {
         [(10, "p", 100, "pub")],
         "product_no int, name string, _ts bigint, _origin string",
     ),
+    # a night merged in place keeps order 9 as published (its qty 7 is unique)
+    "cdr_untouched_snapshot_orders": ([(9, 10, 7, 90, "pub")], SNAPSHOT),
 }
 
 
@@ -69,6 +71,8 @@ def test_the_snapshot_suites_pass_on_a_good_snapshot(project, spark, suite):
         ([(None, 10, 5, 100, "pub")], SNAPSHOT, "not_null"),  # a key column
         ([(1, 10, None, 100, "pub")], SNAPSHOT, "not_null"),  # a not_null column
         ([(1, 10, 5, 100, "pub"), (2, 10, 5, 100, "pub")], SNAPSHOT, "unique_constraint"),
+        # the run writes qty 7, which a row it keeps as published holds
+        ([GOOD[0], (2, 10, 7, 100, "sub")], SNAPSHOT, "unique_in_table"),
         (
             [(1, "10", 5, 100, "pub")],
             SNAPSHOT.replace("product_no int", "product_no string"),
