@@ -208,6 +208,8 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
         "on_divergence": params["on_divergence"] or "",
         "accept_late_exports": bool(params["accept_late_exports"]),
         "accept_alert": bool(params.get("accept_alert")),
+        # a backfill runs its dates oldest first, each once: the later ones follow
+        "backfill": str(dag_run.run_type) == "backfill",
     }
 
 
@@ -237,6 +239,7 @@ def ingest(p: dict[str, Any]) -> str:
     extra += ["--dry-run"] if p["dry_run"] else []
     extra += ["--accept-late-exports"] if p.get("accept_late_exports") else []
     extra += ["--accept-alert"] if p.get("accept_alert") else []
+    extra += ["--backfill"] if p.get("backfill") else []
     _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
     return p["run_id"]
 

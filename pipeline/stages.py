@@ -61,6 +61,10 @@ class RunOptions:
     on_divergence: str | None = None  # overrides the config's
     accept_alert: bool = False  # a fired ``on: fail`` alert only warns
     dry_run: bool = False  # ingest, resolve and validate; publish nothing
+    #: one date of a backfill or a rerun with the dates after it: those run next, in order
+    #: (docs/operations.md#reruns-and-backfills); else a date with later published dates
+    #: is refused
+    backfill: bool = False
     data_docs: bool = True  # build the Data Docs pages of the validation results
 
 
@@ -96,7 +100,14 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     ctx.save()
     try:
         with timed(ctx, "ingest"):
-            ingest_exports(config, store, ctx, opts.allow_missing_exports, opts.accept_late_exports)
+            ingest_exports(
+                config,
+                store,
+                ctx,
+                opts.allow_missing_exports,
+                opts.accept_late_exports,
+                opts.backfill,
+            )
     except BaseException:
         if not ctx.dry_run:  # nothing of the run reached the store but its runs row
             try:
@@ -519,6 +530,28 @@ def run(config: Config, dt: date, opts: RunOptions, spark: SparkSession | None =
             return publish(config, ctx, spark)
     finally:
         finish(config, ctx, spark)
+
+
+def run_then_later(
+    config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None
+) -> list[RunReport]:
+    """``cdr run --then-later`` (and ``cdr decide --rerun``): ``dt``, then every later
+    date published for the run's tables, in order, each starting from the one before
+    (docs/operations.md#reruns-and-backfills); stops at the first that fails (it raises).
+    ``opts.run_id`` and ``opts.now`` are the first date's; the others take their own."""
+    from pipeline.storage.context import new_run_id
+    from pipeline.storage.runs_table import later_dates
+
+    selected = config.select(opts.tables, opts.on_divergence)
+    assert selected.store
+    dates = [dt, *later_dates(read_runs(Lake(open_store(selected.store))), selected.tables, dt)]
+    reports = []
+    for i, d in enumerate(dates):
+        mine = opts if i == 0 else replace(opts, run_id=new_run_id(d), now=None)
+        if len(dates) > 1:
+            log.info("run %s (%d of %d: %s)", d, i + 1, len(dates), ", ".join(map(str, dates)))
+        reports.append(run(config, d, replace(mine, backfill=True), spark))
+    return reports
 
 
 @contextmanager

@@ -137,6 +137,12 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="keep the validation results but build no Data Docs pages (faster)",
     )
+    p.add_argument(
+        "--backfill",
+        action="store_true",
+        help="one date of a backfill: the published dates after it run next, in order "
+        "(else a date with later published dates is refused; the DAG's backfill runs)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         _run_options(stage)
         if name in ("run", "ingest"):
             _plan_options(stage)
+        if name == "run":
+            stage.add_argument(
+                "--then-later",
+                action="store_true",
+                help="then run every later published date again, in order (a rerun or "
+                "backfill of a date that later dates were built on)",
+            )
     _store_commands(sub)
     q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events")
     q.add_argument("action", choices=("list", "retry", "dismiss"))
@@ -393,6 +406,7 @@ def _options(args: argparse.Namespace) -> Any:
         accept_alert=getattr(args, "accept_alert", False),
         dry_run=getattr(args, "dry_run", False),
         data_docs=getattr(args, "data_docs", True),
+        backfill=getattr(args, "backfill", False),
     )
 
 
@@ -419,7 +433,12 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
         opts = replace(opts, run_id=opts.run_id or new_run_id(args.date))
         try:
-            report = stages.run(config, args.date, opts)
+            if args.then_later:
+                *before, report = stages.run_then_later(config, args.date, opts)
+                for r in before:
+                    print(f"{r.dt}: {r.status} (run {r.run_id})", file=sys.stderr)
+            else:
+                report = stages.run(config, args.date, opts)
         except CdrError:
             if not opts.dry_run:
                 _print_failed_report(args, config, opts.run_id)
@@ -698,11 +717,11 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     )
     _emit(args, result.to_dict(), text)
     if args.rerun:
-        from pipeline.stages import RunOptions, run
+        from pipeline.stages import RunOptions, run_then_later
 
-        for d in result.reruns:
-            report = run(config, d, RunOptions(work_dir=args.work_dir, master=args.master))
-            print(f"{d}: {report.status}", file=sys.stderr)
+        opts = RunOptions(work_dir=args.work_dir, master=args.master)
+        for report in run_then_later(config, result.reruns[0], opts):
+            print(f"{report.dt}: {report.status}", file=sys.stderr)
     return 0
 
 

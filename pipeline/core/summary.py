@@ -67,6 +67,7 @@ class TableSummary:
     missing_exports: list[str] = field(default_factory=list)
     late_exports: list[str] = field(default_factory=list)  # accepted (``pipeline.ingest.late``)
     prior: str | None = None  # the date of the state the run started from, or "base"
+    prior_run_id: str | None = None  # the run that published that state (None: base, none)
     start: str = ""  # what the table started from, in words
     stopped: Stopped | None = None
     orphans: int = 0

@@ -727,11 +727,18 @@ def unpublished_dates(
 
 
 def ingest(
-    config: Config, store: Store, ctx: RunContext, allow_missing: bool, accept_late: bool = False
+    config: Config,
+    store: Store,
+    ctx: RunContext,
+    allow_missing: bool,
+    accept_late: bool = False,
+    backfill: bool = False,
 ) -> dict[str, StagedTable]:
     """Stage every export of ``ctx.dt``, the state the run starts from (or the base
     snapshot), the ledger window and the CDC generations. An earlier date's export that
-    arrived or changed after its run stops the run, unless ``accept_late``."""
+    arrived or changed after its run stops the run, unless ``accept_late``; so does a
+    state to start from that was built on a run since replaced, and a run of a date with
+    later published dates unless ``backfill`` (they run after it, in order)."""
     from pipeline.ingest import decisions, lacked
     from pipeline.ingest.late import find_late, late_error
     from pipeline.storage.lake import Lake
@@ -742,6 +749,7 @@ def ingest(
     late = find_late(config, store, runs, ctx.dt)
     if late and not accept_late:
         raise ExportError(late_error(late))
+    refuse_a_broken_chain(config, runs, ctx, backfill)
     out: dict[str, StagedTable] = {}
     gaps: list[str] = []
     tasks: list[FileTask] = []
@@ -783,6 +791,32 @@ def ingest(
     save_inputs(ctx, out)
     save_plan(ctx, tasks)
     return out
+
+
+def refuse_a_broken_chain(
+    config: Config, runs: list[RunRow], ctx: RunContext, backfill: bool
+) -> None:
+    """docs/operations.md#reruns-and-backfills: every date starts from the state of the
+    one before, so a run of ``ctx.dt`` is refused (:class:`ExportError`, naming the dates
+    and the command) when a table's state to start from was built on a run since replaced
+    (``runs_table.replaced_under``), and, unless it is a ``backfill`` (the later dates run
+    after it, in order) or a dry run, when dates after it are published: running it alone
+    would leave them built on the run it replaces."""
+    from pipeline.storage.runs_table import later_dates, replaced_under
+
+    for t in config.tables:
+        replaced = replaced_under(runs, t, ctx.dt)
+        if replaced is not None:
+            raise ExportError(f"cannot run {ctx.dt}: {replaced}, then {ctx.dt}")
+    later = later_dates(runs, config.tables, ctx.dt)
+    if later and not backfill and not ctx.dry_run:
+        dates = ", ".join(map(str, later))
+        raise ExportError(
+            f"cannot run {ctx.dt} alone: {dates} {'was' if len(later) == 1 else 'were'} "
+            f"published after it, each built on the state of the date before. Run it with "
+            f"them, in order: `cdr run --date {ctx.dt} --then-later` (under Airflow: a "
+            f"backfill from {ctx.dt} to {later[-1]})"
+        )
 
 
 def _pin_read_tables(

@@ -339,6 +339,7 @@ def _table_counts(
         missing_exports=staged.missing,
         late_exports=staged.late_exports,
         prior=staged.prior[DT] if staged.prior else base,
+        prior_run_id=staged.prior[RUN_ID] if staged.prior else None,
         start=staged.start,
         stopped=stopped,
         repaired=by_fate.get(REPAIRED, 0),

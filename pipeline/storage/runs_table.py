@@ -12,6 +12,7 @@ table named its own version come first, in their finish order.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from typing import Any
@@ -125,6 +126,74 @@ def published_by_date(rows: list[RunRow]) -> dict[date, RunRow]:
         if r.published:
             out[r.dt] = r
     return out
+
+
+def published_dates(rows: list[RunRow], table: str) -> dict[date, RunRow]:
+    """Each date's run published last for ``table`` (in commit order)."""
+    return {r.dt: r for r in sorted(rows, key=RunRow.order) if r.published and table in r.tables()}
+
+
+def prior_run(row: RunRow, table: str) -> str | None:
+    """The run whose state ``row`` started ``table`` from: its report says (None: the
+    base, or nothing); a row of an earlier release names the run of the newest of its
+    tables' priors."""
+    counts = row.tables().get(table, {})
+    found: str | None = counts.get("prior_run_id", row.prior_run_id)
+    return found
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A published date run again since the state a run starts from was built on it:
+    ``later``, the dates built on the run it replaced, to run again in order."""
+
+    table: str
+    start: RunRow  # the state the run starts from
+    dt: date  # the date run again
+    now: RunRow  # its published run now
+    later: tuple[date, ...]
+
+    def __str__(self) -> str:
+        dates = ", ".join(map(str, self.later))
+        return (
+            f"table {self.table!r} would start from the state of {self.start.dt} (run "
+            f"{self.start.run_id}), which was built on an earlier run of {self.dt}; {self.dt} "
+            f"has been run again since (run {self.now.run_id}), and that state lacks what the "
+            f"new run applied. Run the dates after it again, in order ({dates}): "
+            f"`cdr run --date {self.later[0]} --then-later`"
+        )
+
+
+def replaced_under(rows: list[RunRow], table: str, dt: date) -> Replaced | None:
+    """docs/operations.md#reruns-and-backfills: whether the state a run of ``dt`` starts
+    ``table`` from descends from the published run of every date before it: the chain of
+    the runs each state was built on (``prior_run``) holds each date's run published last,
+    back to the oldest run the chain reaches. None: it does; else the first date whose
+    published run it does not hold."""
+    start = latest_published(rows, table, dt)
+    if start is None:
+        return None
+    by_id = {r.run_id: r for r in rows}
+    chain: set[str] = set()
+    run: RunRow | None = start
+    while run is not None and run.run_id not in chain:
+        chain.add(run.run_id)
+        before = prior_run(run, table)
+        run = by_id.get(before) if before else None
+    oldest = min(by_id[x].dt for x in chain)
+    published = {d: r for d, r in published_dates(rows, table).items() if oldest <= d <= start.dt}
+    stale = sorted(d for d, r in published.items() if r.run_id not in chain)
+    if not stale:
+        return None
+    later = tuple(d for d in sorted(published) if d > stale[0])
+    return Replaced(table, start, stale[0], published[stale[0]], later)
+
+
+def later_dates(rows: list[RunRow], tables: Iterable[str], dt: date) -> list[date]:
+    """The dates after ``dt`` published for any of ``tables``: each starts from the state
+    of the one before, so that a run of ``dt`` changes what they were built on."""
+    names = set(tables)
+    return sorted({r.dt for r in rows if r.published and r.dt > dt and names & set(r.tables())})
 
 
 def latest_date(rows: list[RunRow], table: str) -> date | None:

@@ -9,6 +9,7 @@ A history is a config, the base rows of each table, and its nights: ``{date: {re
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Mapping
@@ -58,8 +59,13 @@ def _layout(root: Path, history: History) -> Path:
     for t, rows in history.base.items():
         S.write_jsonl(root / f"base/table={t}", rows, {"table": t})
     for d, exports in history.nights.items():
-        S.write_exports(root, d, {r: dict(tables) for r, tables in exports.items()})
+        _layout_night(root, d, exports)
     return configs.write(root.parent / f"{root.name}.yaml", history.config, store=root)
+
+
+def _layout_night(root: Path, d: str, exports: Mapping[str, Mapping[str, list[dict]]]) -> None:
+    """One night's exports (``{replica: {table: [records]}}``) in the store at ``root``."""
+    S.write_exports(root, d, {r: dict(tables) for r, tables in exports.items()})
 
 
 def _run(cfg: Path, d: str, work: Path) -> int:
@@ -72,8 +78,15 @@ def _verify(cfg: Path, d: str) -> int:
 
 
 def _snapshot(store: Any) -> dict[str, Counter[str]]:
+    """Every published table, run ids written as ``<run>`` in its rows and its path (a
+    failed run's logs are under ``_failed/run=<id>``)."""
     run_ids = tuple(r["run_id"] for r in P.runs(store))
-    return P.all_tables(store, run_ids)
+    out: dict[str, Counter[str]] = {}
+    for path, rows in P.all_tables(store, run_ids).items():
+        for run_id in run_ids:
+            path = path.replace(run_id, "<run>")
+        out[path] = out.get(path, Counter()) + rows
+    return out
 
 
 def publish(history: History, root: Path, path: str, verify: bool = True) -> Published:
@@ -327,3 +340,26 @@ def history(seed: int, nights: int = 3) -> History:
                 exports[r][name] = records
         out[d] = exports
     return History(config, base, out)
+
+
+def history_problems(rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[str]:
+    """docs/outputs.md#history's invariants, broken (none: an empty list): per key, the
+    version numbers are distinct, exactly one version is current (``_valid_to`` null, and it
+    is the last), and the intervals follow each other without overlap."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_key.setdefault(tuple(r[c] for c in key), []).append(r)
+    out = []
+    for k, versions in sorted(by_key.items(), key=repr):
+        numbers = [v["_version"] for v in versions]
+        if len(set(numbers)) != len(numbers):
+            out.append(f"{k}: versions {sorted(numbers)}")
+            continue
+        versions.sort(key=lambda v: v["_version"])
+        current = [v["_version"] for v in versions if v["_valid_to"] is None]
+        if current != [versions[-1]["_version"]]:
+            out.append(f"{k}: current versions {current} of {numbers}")
+        for a, b in itertools.pairwise(versions):
+            if a["_valid_to"] is None or a["_valid_to"] > b["_valid_from"]:
+                out.append(f"{k}: version {a['_version']} overlaps version {b['_version']}")
+    return out
