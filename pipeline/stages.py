@@ -89,7 +89,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     store = open_store(config.store)
     if not ctx.dry_run:  # a dry run writes nothing to the store: it needs no lease
         require_atomic_create(store)  # what the lease rests on, checked
-        held = lease.acquire(store, ctx.run_id, lease.SECONDS, _epoch_of(ctx))
+        held = lease.acquire(store, ctx.run_id, config.lease_seconds, _epoch_of(ctx))
         ctx = replace(ctx, epoch=held.epoch)  # the later stages re-enter with it
         try:
             _refuse_a_published_run_id(store, config, ctx.run_id)
@@ -99,7 +99,7 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
     _clear_work(opts.work_dir, ctx)
     ctx.save()
     try:
-        with timed(ctx, "ingest"):
+        with working(config, ctx), timed(ctx, "ingest"):
             ingest_exports(
                 config,
                 store,
@@ -121,6 +121,26 @@ def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
 
 #: the stages whose seconds a run's report keeps (``RunReport.seconds``), in run order
 STAGES = ("ingest", "resolve", "validate", "publish")
+
+
+@contextmanager
+def working(config: Config, ctx: RunContext) -> Iterator[None]:
+    """The run's lease renewed while this process works on it (``lease.Heartbeat``), so
+    that a killed run's lapses within ``lease.seconds``; nothing for a dry run."""
+    store = ctx.config(config).store
+    if ctx.dry_run or not ctx.epoch or not store:
+        yield
+        return
+    with lease.Heartbeat(open_store(store), ctx.run_id, ctx.epoch, config.lease_seconds):
+        yield
+
+
+def hand_off(config: Config, ctx: RunContext) -> None:
+    """A stage that ran as a task of its own (the DAG's) and ended leaves the lease to the
+    run's next task, for ``lease.handoff_seconds`` (docs/operations.md#the-lease)."""
+    store = ctx.config(config).store
+    if not ctx.dry_run and ctx.epoch and store:
+        lease.hand_off(open_store(store), ctx.run_id, ctx.epoch, config.lease_handoff_seconds)
 
 
 @contextmanager
@@ -199,7 +219,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     Spark application (the DAG's resolve task)."""
     config = ctx.config(config)
     ctx.work.attach(spark)
-    with timed(ctx, "resolve"):
+    with working(config, ctx), timed(ctx, "resolve"):
         return _resolve(spark, config, ctx)
 
 
@@ -232,7 +252,7 @@ def validate(
     """Judge the resolved run with Great Expectations (no Spark). A run resolved without
     its measures is measured first, with the session ``spark`` gives."""
     config = ctx.config(config)
-    with timed(ctx, "validate"):
+    with working(config, ctx), timed(ctx, "validate"):
         return _validate(config, ctx, spark)
 
 
@@ -297,7 +317,6 @@ def publish(
     ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
     run's report and validation results go to its own ``reports/dt=<D>/run=<id>/``;
     nothing a published run wrote is replaced by a failed one."""
-    from pipeline.ingest.exports import load_inputs
     from pipeline.resolve.stage import load_summary
     from pipeline.validate.stage import load_verdict
 
@@ -310,8 +329,23 @@ def publish(
     summary = load_summary(ctx)
     verdict = load_verdict(ctx, summary)
     # still this run's, renewed; or taken again (new epoch) by a retry after a release
-    held = lease.acquire(store, ctx.run_id, lease.SECONDS, ctx.epoch or None)
+    held = lease.acquire(store, ctx.run_id, config.lease_seconds, ctx.epoch or None)
     ctx = replace(ctx, epoch=held.epoch)
+    with working(config, ctx):
+        return _publish(config, ctx, store, summary, verdict, started, spark)
+
+
+def _publish(
+    config: Config,
+    ctx: RunContext,
+    store: Store,
+    summary: RunSummary,
+    verdict: Verdict,
+    started: float,
+    spark: SparkSession | Callable[[], SparkSession] | None,
+) -> RunReport:
+    from pipeline.ingest.exports import load_inputs
+
     lake = Lake(store, config.retention_days, fence(store, ctx), spark)
     runs = read_runs(lake)
     done = [r for r in runs if r.run_id == ctx.run_id]

@@ -453,13 +453,19 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             _emit(args, report.to_dict(), format_report(report) + _where(config, report))
     elif args.command == "ingest":
         ctx = stages.ingest(config, args.date, opts)
+        stages.hand_off(config, ctx)  # to the run's next task
         _emit(
             args,
             {"run_id": ctx.run_id, "work": str(ctx.work)},
             f"ingested {args.date} into {ctx.work} (run {ctx.run_id})",
         )
     else:
-        _one_stage(args, config, RunContext.load(opts.work_dir, args.date, opts.run_id))
+        ctx = RunContext.load(opts.work_dir, args.date, opts.run_id)
+        try:
+            _one_stage(args, config, ctx)
+        finally:
+            if args.command in ("resolve", "validate"):  # to the run's next task, or retry
+                stages.hand_off(config, ctx)
     log.info("done in %.1fs", time.monotonic() - started)
     return 0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -88,6 +88,12 @@ def check(config: Config, table: str, conflict: Mapping[str, Any], take: Take, r
         raise StageError("the local version is a tombstone: a decision takes local or remote")
     if not isinstance(row, dict):
         raise StageError("--row must be a JSON object of the table's columns")
+    keys = [c for c in row if c in t.key]
+    if keys:
+        raise StageError(
+            f"--row names the key column(s) {', '.join(keys)}: a decision keeps the "
+            "conflict's key; give the value columns only"
+        )
     try:
         typed_row(t, row)
     except RowMisfit as err:
@@ -164,12 +170,13 @@ def _write(lake: Any, dt: date, rows: list[dict[str, Any]], operation: str, mode
     lake.write(layout.DECISIONS, pa.table(cols, schema=table_.SCHEMA), meta, dt=dt, mode=mode)
 
 
-def reruns(runs: list[Any], table: str, dt: date) -> tuple[date, ...]:
-    """The dates to run again, in order, for a decision of ``table`` on ``dt`` to reach
-    the published state: ``dt``, then every later date the table was published for (each
-    starts from the state of the one before)."""
-    dates = {r.dt for r in runs if r.published and table in r.tables() and r.dt >= dt}
-    return tuple(sorted(dates | {dt}))
+def reruns(runs: list[Any], tables: Iterable[str], dt: date) -> tuple[date, ...]:
+    """The dates to run again, in order, for a decision of ``dt`` to reach the published
+    state: ``dt``, then every later date published for the config's ``tables`` (each
+    starts from the state of the one before: ``stages.run_then_later`` runs them)."""
+    from pipeline.storage.runs_table import later_dates
+
+    return (dt, *later_dates(runs, tables, dt))
 
 
 def decide_conflict(
@@ -209,6 +216,6 @@ def decide_conflict(
             assert conflict_id is not None and why is not None
             chosen = Take.ROW if row is not None else Take(take or "")
             out = record(lake, config, conflict_id, chosen, row, why.strip(), by)
-        return Decided(out, reruns(read_runs(lake), out["table"], out["dt"]))
+        return Decided(out, reruns(read_runs(lake), config.tables, out["dt"]))
     finally:
         lease.release(store, holder, held.epoch)

@@ -34,6 +34,11 @@ ORPHAN = "its converged row is a foreign-key orphan (its parent is not live)"
 SCHEMA = (
     "it differs in none but columns the replica's table lacks ({}): add them, then repair again"
 )
+#: why a row is left out of a PostgreSQL repair that holds a NUL in a text value
+NUL = (
+    "a text value holds a NUL character (U+0000), which PostgreSQL text cannot hold: "
+    "repair this row by hand"
+)
 #: why a CQL row is skipped: a write after the report holds it
 SHADOWED = "a later write holds it (its timestamp is after the converged _ts)"
 
@@ -99,6 +104,9 @@ def repair(
     if run is None:
         raise StageError(f"no run is published for {dt}: repair follows a published date")
     rows, left_out, sources = _rows(config, lake, run, replica, tables or tuple(config.tables))
+    if dialect == "postgres":  # text there cannot hold a NUL
+        left_out += [(r, NUL) for r in rows if _holds_nul(r)]
+        rows = [r for r in rows if not _holds_nul(r)]
     header = (
         f"cdr repair of replica {replica} for {dt} (run {run.run_id}): {len(rows)} row(s), "
         + ", ".join(f"{t} from its {s}" for t, s in sources.items())
@@ -150,6 +158,11 @@ def _rows(
     if unknown:
         raise StageError(f"--table {', '.join(unknown)}: not a table of the config")
     return rows, left_out, sources
+
+
+def _holds_nul(row: RowRepair) -> bool:
+    values = [*row.key, *(row.seen or {}).values(), *(row.want or {}).values()]
+    return any(isinstance(v, str) and "\x00" in v for v in values)
 
 
 def _evidence(row: Mapping[str, Any]) -> dict[str, Any]:

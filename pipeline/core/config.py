@@ -385,6 +385,11 @@ def _cron_problem(text: str) -> str | None:
     return None
 
 
+class LeaseModel(_Strict):
+    seconds: int = Field(default=300, ge=5)
+    handoff_seconds: int = Field(default=1800, ge=5)
+
+
 class ConfigModel(_Strict):
     store: str | None = None
     replicas: list[ReplicaModel] = Field(min_length=1)
@@ -392,6 +397,7 @@ class ConfigModel(_Strict):
     max_clock_skew_seconds: int = Field(default=300, ge=0)
     gc_grace_seconds: int = Field(default=864000, ge=0)
     retention_days: int = Field(default=30, ge=1)
+    lease: LeaseModel = Field(default_factory=LeaseModel)
     max_record_bytes: int = Field(default=16 << 20, gt=0)
     max_expansion: int = Field(default=100, gt=0)
     on_divergence: DivergencePolicy = DivergencePolicy.FAIL
@@ -567,6 +573,11 @@ class Config:
     retention_days: int = 30
     metrics: MetricsConfig = MetricsConfig()
     conflict_rate_alert: ConflictRateAlert | None = None
+    #: docs/operations.md#the-lease: how long the store's lease outlives the last renewal
+    #: of a process that works on the run, and how long a stage that ended cleanly keeps it
+    #: for the next task of the run (the DAG's retry horizon)
+    lease_seconds: int = 300
+    lease_handoff_seconds: int = 1800
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -621,6 +632,8 @@ class Config:
             "deadline_minutes",
             "retention_days",
             "metrics",
+            "lease_seconds",
+            "lease_handoff_seconds",
         ):
             data.pop(scheduling)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -1077,6 +1090,8 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         max_clock_skew_seconds=m.max_clock_skew_seconds,
         gc_grace_seconds=m.gc_grace_seconds,
         retention_days=m.retention_days,
+        lease_seconds=m.lease.seconds,
+        lease_handoff_seconds=m.lease.handoff_seconds,
         max_record_bytes=m.max_record_bytes,
         max_expansion=m.max_expansion,
         on_divergence=m.on_divergence,

@@ -11,6 +11,8 @@ rather than assumed.
 - **Retention:** every published table keeps its log ``retention_days`` (the config's);
   a table that does not gets it at its next commit (``pipeline.storage.lake``), so this is a
   warning, not a failure.
+- **Lease:** who holds the store's lease and until when; a live lease whose process is
+  gone from this host is a warning (``cdr unlock`` breaks it).
 """
 
 from __future__ import annotations
@@ -105,11 +107,32 @@ def retention(store: Store, days: int) -> Finding:
     return Finding("retention", True, f"{len(paths)} table(s) keep their log {days} days")
 
 
+def held(store: Store) -> Finding:
+    """Who holds the store's lease (docs/operations.md#the-lease): a warning when it is
+    live and its process is gone from this host (``cdr unlock`` breaks it)."""
+    from datetime import UTC, datetime
+
+    from pipeline.storage import lease
+
+    try:
+        current = lease.holder(store)
+    except StoreError as e:
+        return Finding("lease", False, str(e), fatal=False)
+    if current is None:
+        return Finding("lease", True, "free")
+    if current.expired(datetime.now(UTC)):
+        return Finding("lease", True, f"expired ({current.describe()}): the next run takes it")
+    if current.holder_gone():
+        detail = f"live, but its process is gone: {current.describe()}; `cdr unlock` breaks it"
+        return Finding("lease", False, detail, fatal=False)
+    return Finding("lease", True, f"held by {current.describe()}")
+
+
 def examine(store: Store, retention_days: int) -> list[Finding]:
     """``cdr doctor``: every check, in order; the later ones only if access works."""
     found = [access(store)]
     if found[0].ok:
-        found += [atomic_create(store), retention(store, retention_days)]
+        found += [atomic_create(store), retention(store, retention_days), held(store)]
     return found
 
 

@@ -119,44 +119,50 @@ def vacuum(
     holder = f"vacuum-{now.strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}-{os.getpid()}"
     held = lease.acquire(store, holder, lease.SECONDS)
     try:
-        lake = Lake(store)
-        named: dict[str, set[int]] = {}
-        retained = retained_rows(read_runs(lake), horizon)
-        for row in retained:
-            for path, version in row.versions.items():
-                named.setdefault(path, set()).add(int(version))
-        keep_logs_of = {r.run_id for r in retained}
-        result = VacuumResult()
-        for path in table_paths(store):
-            table = lake.table(path)
-            if table is None:
-                continue
-            gone = _run_table(store, path, table, keep_logs_of, horizon)
-            if gone:
-                log.info("vacuum %s: a table of one run past the window", path)
-            else:
-                count, gone = _stale_files(lake, path, table, named.get(path, set()), horizon)
-                result.kept[path] = count - len(gone)
-                if gone:
-                    log.info("vacuum %s: %d file(s) no retained version needs", path, len(gone))
-            if gone:
-                result.removed[path] = gone
-                if not dry_run:
-                    store.delete(gone)
-        old = [
-            key
-            for key, taker in lease.takeovers(store)
-            if datetime.fromisoformat(taker.acquired_at) < horizon
-        ]
-        if old:  # markers of takeovers long done (vacuum holds the lease: none is current)
-            result.removed[layout.LOCK_TAKEOVER] = old
-            if not dry_run:
-                store.delete(old)
-        staged = store.list(layout.STAGING)  # vacuum holds the lease: no run is publishing
-        if staged:
-            result.removed[layout.STAGING] = staged
-            if not dry_run:
-                store.delete(staged)
-        return result
+        with lease.Heartbeat(store, holder, held.epoch, lease.SECONDS):
+            return _vacuum(store, horizon, dry_run)
     finally:
         lease.release(store, holder, held.epoch)
+
+
+def _vacuum(store: Store, horizon: datetime, dry_run: bool) -> VacuumResult:
+    """What vacuum removes (the caller holds the lease)."""
+    lake = Lake(store)
+    named: dict[str, set[int]] = {}
+    retained = retained_rows(read_runs(lake), horizon)
+    for row in retained:
+        for path, version in row.versions.items():
+            named.setdefault(path, set()).add(int(version))
+    keep_logs_of = {r.run_id for r in retained}
+    result = VacuumResult()
+    for path in table_paths(store):
+        table = lake.table(path)
+        if table is None:
+            continue
+        gone = _run_table(store, path, table, keep_logs_of, horizon)
+        if gone:
+            log.info("vacuum %s: a table of one run past the window", path)
+        else:
+            count, gone = _stale_files(lake, path, table, named.get(path, set()), horizon)
+            result.kept[path] = count - len(gone)
+            if gone:
+                log.info("vacuum %s: %d file(s) no retained version needs", path, len(gone))
+        if gone:
+            result.removed[path] = gone
+            if not dry_run:
+                store.delete(gone)
+    old = [
+        key
+        for key, taker in lease.takeovers(store)
+        if datetime.fromisoformat(taker.acquired_at) < horizon
+    ]
+    if old:  # markers of takeovers long done (vacuum holds the lease: none is current)
+        result.removed[layout.LOCK_TAKEOVER] = old
+        if not dry_run:
+            store.delete(old)
+    staged = store.list(layout.STAGING)  # vacuum holds the lease: no run is publishing
+    if staged:
+        result.removed[layout.STAGING] = staged
+        if not dry_run:
+            store.delete(staged)
+    return result

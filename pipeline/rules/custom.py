@@ -76,6 +76,12 @@ def load(path: str) -> Callable[..., Any]:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ResolverMissing(f"custom resolver python:{path} cannot be imported: {e}") from e
+    except Exception as e:  # its module raised on import (a SyntaxError, its own error)
+        where = f" ({e.filename} line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        raise ResolverMissing(
+            f"custom resolver python:{path} cannot be imported: importing {module} raised "
+            f"{type(e).__name__}{where}: {e}; fix the module, or the table's resolver setting"
+        ) from e
     if not callable(fn):
         raise ResolverMissing(f"custom resolver python:{path} is not a function")
     return fn

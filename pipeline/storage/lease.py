@@ -1,13 +1,20 @@
-"""One writer per store (docs/outputs.md, "One writer"): ``published/_lock`` is a
-lease, created with a conditional put (S3 ``If-None-Match: *``, an exclusive create on
-``file://``), that names the run holding it, its host, its expiry and its **epoch**, a
-token new at every acquisition.
+"""One writer per store (docs/outputs.md, "One writer"; docs/operations.md#the-lease):
+``published/_lock`` is a lease, created with a conditional put (S3 ``If-None-Match: *``,
+an exclusive create on ``file://``), that names the run holding it, its host, the
+process renewing it (its pid and start), its expiry and its **epoch**, a token new at
+every acquisition.
 
-- The stages of the run that write to the store (ingest, publish, finish) and their
-  Airflow retries re-enter it with the epoch ingest recorded in the run's work folder,
-  and renew it with a conditional put (``If-Match``): a process of the same run id
-  without that epoch is refused, and of two renewals at once one wins. Resolve and
-  validate work in the run's work folder only.
+- The lease lives ``lease.seconds`` (a setting, minutes) past its last renewal. Every
+  process that works on the run renews it while it works (:class:`Heartbeat`, a thread):
+  the stages that write (ingest, publish, finish) and those that only read the store
+  (resolve, validate), so a killed run's lease lapses within minutes. A stage that ends
+  cleanly as a task of its own (the DAG's) leaves it to the run's next task for
+  ``lease.handoff_seconds`` (:func:`hand_off`: the DAG's retry horizon), naming no
+  process.
+- The stages of the run and their Airflow retries re-enter it with the epoch ingest
+  recorded in the run's work folder, and renew it with a conditional put (``If-Match``):
+  a process of the same run id without that epoch is refused, and of two renewals at once
+  one wins.
 - Another run fails at once, naming the holder; or, when the lease has expired, takes
   it over and says so in the log. Of runs that find the same expired lease at once,
   one takes it over: the one that creates its takeover marker,
@@ -19,8 +26,9 @@ token new at every acquisition.
   lease went lands, and no ``runs`` row ever names it (the row is the run's last commit,
   fenced like the others).
 - The run's last step releases it (a conditional delete, so a run that lost it never
-  removes its successor's); ``cdr unlock`` breaks a lease that has expired, or with
-  ``--force`` a live one whose run is known to be gone.
+  removes its successor's); ``cdr unlock`` breaks a lease that has expired, or one whose
+  process is gone from this host, or with ``--force`` any live one whose run is known to
+  be gone.
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ import json
 import logging
 import os
 import socket
+import threading
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from pipeline.core import layout
 from pipeline.core.errors import LockedError
@@ -40,11 +50,13 @@ from pipeline.storage.store import Store
 
 log = logging.getLogger(__name__)
 
-#: how long a lease lasts unless renewed (at ingest and at publish): it runs out for a
-#: run that is gone (a killed process, a lost worker), or one whose resolve and validate
-#: took longer; if another run has taken the store over by then, that run's publish
-#: stops (LockedError) instead of writing
-SECONDS = 4 * 3600
+#: how long a lease lasts past its last renewal unless the config says (``lease.seconds``):
+#: it runs out within minutes for a run that is gone (a killed process, a lost worker);
+#: if another run has taken the store over by then, the first run's publish stops
+#: (LockedError) instead of writing
+SECONDS = 300
+#: how often a :class:`Heartbeat` renews the lease, as a share of its lifetime
+BEATS_PER_LIFETIME = 5
 #: how long a takeover of an expired lease may take before the next run may take over
 #: instead (it takes milliseconds: a run killed in the middle of one leaves it unfinished)
 TAKEOVER_SECONDS = 60
@@ -54,16 +66,40 @@ TAKEOVER_SECONDS = 60
 class Lease:
     run_id: str
     host: str
-    pid: int
+    pid: int  # the process that renews it (0: none, between two tasks of the run)
     acquired_at: str
     expires_at: str
     epoch: str = ""  # new at every acquisition; absent in leases of older releases
+    #: when that process started (:func:`process_start`; "": unknown, or between tasks):
+    #: with the pid, which process it is, though the pid be reused
+    started: str = ""
 
     def expired(self, now: datetime) -> bool:
         return datetime.fromisoformat(self.expires_at) <= now
 
     def describe(self) -> str:
-        return f"run {self.run_id} on {self.host} (pid {self.pid}), until {self.expires_at}"
+        who = f"pid {self.pid}" if self.pid else "between two of its tasks"
+        return f"run {self.run_id} on {self.host} ({who}), until {self.expires_at}"
+
+    def holder_gone(self) -> bool:
+        """Whether the process that renews the lease is known to be gone: on this host,
+        no process with its pid and start is running. False when it may run elsewhere,
+        or between two tasks of the run, or its start was not recorded."""
+        if self.host != socket.gethostname() or not self.pid or not self.started:
+            return False
+        return process_start(self.pid) != self.started
+
+
+def process_start(pid: int) -> str:
+    """When process ``pid`` started, as the kernel counts it since boot, with the boot's
+    id (``/proc``); "" when it is not running or this is not Linux."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command, which may hold spaces
+    return f"{boot}/{fields[19]}"  # field 22 of stat: the start time in clock ticks
 
 
 def _now() -> datetime:
@@ -92,15 +128,25 @@ def holder(store: Store) -> Lease | None:
     return None if got is None else _parse(store, got[0])
 
 
-def _new(run_id: str, seconds: int, acquired: str | None = None, epoch: str | None = None) -> Lease:
+def _new(
+    run_id: str,
+    seconds: int,
+    acquired: str | None = None,
+    epoch: str | None = None,
+    between: bool = False,
+) -> Lease:
+    """A lease of ``run_id`` for ``seconds`` from now, renewed by this process (or by
+    none, ``between`` two tasks of the run)."""
     now = _now()
+    pid = 0 if between else os.getpid()
     return Lease(
         run_id=run_id,
         host=socket.gethostname(),
-        pid=os.getpid(),
+        pid=pid,
         acquired_at=acquired or now.isoformat(),
         expires_at=(now + timedelta(seconds=seconds)).isoformat(),
         epoch=epoch or uuid.uuid4().hex[:16],
+        started=process_start(pid) if pid else "",
     )
 
 
@@ -141,10 +187,10 @@ def acquire(store: Store, run_id: str, seconds: int, epoch: str | None = None) -
     raise LockedError(f"could not take the lease {store.uri}/{layout.LOCK}: it keeps changing")
 
 
-def _renew(store: Store, current: Lease, token: str, seconds: int) -> Lease:
+def _renew(store: Store, current: Lease, token: str, seconds: int, between: bool = False) -> Lease:
     """The lease renewed by a conditional put of what was read: of two renewals (or a
     renewal and a takeover) at once, one wins; the other is refused naming the holder."""
-    renewed = _new(current.run_id, seconds, current.acquired_at, current.epoch)
+    renewed = _new(current.run_id, seconds, current.acquired_at, current.epoch, between)
     if not store.replace_if(layout.LOCK, _body(renewed), token):
         now = holder(store)
         who = "nobody" if now is None else now.describe()
@@ -208,10 +254,78 @@ def release(store: Store, run_id: str, epoch: str | None = None) -> bool:
     return True
 
 
+def renew(
+    store: Store, run_id: str, epoch: str, seconds: int, between: bool = False
+) -> Lease | None:
+    """``run_id``'s lease (with ``epoch``) renewed for ``seconds`` from now, by this
+    process (or by none, ``between`` two tasks of the run); never created: None when the
+    store is free (the run released it). :class:`LockedError` names the holder when
+    another run or epoch holds it."""
+    got = _read(store)
+    if got is None:
+        return None
+    current = _parse(store, got[0])
+    if current.run_id != run_id or current.epoch != epoch:
+        raise LockedError(
+            f"run {run_id} does not hold the lease of {store.uri} (held by "
+            f"{current.describe()}); it was broken or taken over: rerun the date"
+        )
+    try:
+        return _renew(store, current, got[1], seconds, between)
+    except LockedError:
+        if holder(store) is None:
+            return None  # released meanwhile
+        raise
+
+
+def hand_off(store: Store, run_id: str, epoch: str, seconds: int) -> Lease | None:
+    """A stage that ended cleanly as a task of its own leaves the lease to the run's next
+    task: renewed for ``seconds`` (the DAG's retry horizon), naming no process. None when
+    ``run_id`` no longer holds it (its next stage then fails naming the holder)."""
+    try:
+        return renew(store, run_id, epoch, seconds, between=True)
+    except LockedError as e:
+        log.warning("lease: %s", e)
+        return None
+
+
+class Heartbeat:
+    """Renews ``run_id``'s lease every ``seconds / BEATS_PER_LIFETIME`` in a daemon thread
+    while the process works on the run (a context manager). A renewal that finds the lease
+    taken stops the beat and says so: the run's next fenced commit stops it."""
+
+    def __init__(self, store: Store, run_id: str, epoch: str, seconds: int):
+        self.store, self.run_id, self.epoch, self.seconds = store, run_id, epoch, seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="cdr-lease", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        renew(self.store, self.run_id, self.epoch, self.seconds)  # this process holds it
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.seconds / BEATS_PER_LIFETIME):
+            try:
+                if renew(self.store, self.run_id, self.epoch, self.seconds) is None:
+                    return  # released: the run is done
+            except LockedError as e:
+                log.error("lease: %s", e)
+                return
+            except Exception as e:  # the store out of reach for a moment: try again
+                log.warning("lease: could not renew the lease of run %s: %s", self.run_id, e)
+
+
 def unlock(store: Store, force: bool = False) -> Lease | None:
     """``cdr unlock``: break the lease; returns what it was. A live lease (not expired)
-    is broken only with ``force``: its run may still be writing, and it would then stop
-    at its next commit (:class:`Fence`), with that one commit per table landed."""
+    is broken without ``force`` only when the process renewing it is gone from this host
+    (:meth:`Lease.holder_gone`); otherwise its run may still be writing, and with
+    ``force`` it would then stop at its next commit (:class:`Fence`), with that one
+    commit per table landed."""
     got = _read(store)
     if got is None:
         return None
@@ -219,7 +333,8 @@ def unlock(store: Store, force: bool = False) -> Lease | None:
         current: Lease | None = _parse(store, got[0])
     except LockedError:
         current = None  # a garbled lease: nobody can hold it
-    if current is not None and not current.expired(_now()) and not force:
+    live = current is not None and not current.expired(_now())
+    if live and current is not None and not force and not current.holder_gone():
         raise LockedError(
             f"the lease of {store.uri} is live: {current.describe()}. If that run is gone "
             "(its process killed, its machine lost), `cdr unlock --force` breaks it; "

@@ -113,3 +113,39 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
     killed.append("run-next")
     assert P.all_tables(store, tuple(killed)) == after
     assert [r["run_id"] for r in P.runs(store)] == ["run-first", "run-next"]
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_runs_lease_lapses_within_its_seconds(tmp_path: Path, spark, capsys):
+    """docs/operations.md#the-lease: ``cdr run`` killed with its process group in resolve
+    leaves its lease, which no process renews any more: ``cdr doctor`` says its process is
+    gone, a run started at once is refused naming the holder, one started after
+    ``lease.seconds`` (5 here) takes the store without ``--force``. A second killed run's
+    lease is broken by ``cdr unlock`` without ``--force``: its process is gone from this
+    host."""
+    import time
+
+    s = json.loads((S.SCENARIOS / f"{SCENARIO}.json").read_text())
+    root = tmp_path / "store"
+    root.mkdir()
+    S.layout_store(s, root)
+    cfg = configs.write(tmp_path / "cdr.yaml", s["config"], store=root, lease={"seconds": 5})
+    argv = ["--config", str(cfg), "--date", s["date"], "--now", s["now"], "--no-data-docs"]
+    argv += ["--work-dir", str(tmp_path / "work"), "--allow-missing-exports"]
+    store = open_store(root.as_uri())
+    assert main(["run", *argv, "--run-id", "run-first"]) == 0
+
+    killed_at(["run", *argv, "--run-id", "run-killed"], r"resolve t \.\.\.", 1)
+    killed_at_ = time.monotonic()
+    capsys.readouterr()
+    assert main(["doctor", "--config", str(cfg)]) == 0
+    assert "lease: live, but its process is gone: run run-killed" in capsys.readouterr().out
+    assert main(["run", *argv, "--run-id", "run-too-soon"]) == 1
+    assert "is being written by run run-killed" in capsys.readouterr().err
+    time.sleep(max(0.0, 5.5 - (time.monotonic() - killed_at_)))
+    assert main(["run", *argv, "--run-id", "run-after"]) == 0  # no unlock, no --force
+    assert [r["run_id"] for r in P.runs(store) if r["status"] == "published"][-1] == "run-after"
+
+    killed_at(["run", *argv, "--run-id", "run-killed-2"], r"resolve t \.\.\.", 1)
+    assert main(["unlock", "--config", str(cfg)]) == 0  # its process is gone: no --force
+    assert not store.exists(layout.LOCK)

@@ -29,6 +29,7 @@ def test_runs_started_at_once_in_their_own_processes_one_writes(tmp_path: Path, 
     argv = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
     ingest = ["ingest", *argv, "--no-data-docs"]
     argvs = {r: [*ingest, "--date", d, "--run-id", r] for r, d in racers.items()}
+    argvs["backfill"].append("--backfill")  # D2 runs after it
     codes, errors = started_together(argvs, tmp_path)
     winners = [r for r, c in codes.items() if c == 0]
     assert len(winners) == 1, told(codes, errors)
@@ -39,8 +40,11 @@ def test_runs_started_at_once_in_their_own_processes_one_writes(tmp_path: Path, 
     for stage in ("resolve", "validate", "publish"):
         assert main([stage, *argv, "--date", racers[winner], "--run-id", winner]) == 0
     assert P.snapshot_date(store, "t") == max(D2, racers[winner])
+    if winner == "backfill":  # D2 was built on the D1 it replaced: D2 runs again
+        assert _run(cfg, tmp_path, D2) == 0
     for loser in sorted(set(racers) - {winner}):  # their retries, once the store is free
-        assert _run(cfg, tmp_path, racers[loser], "--run-id", loser) == 0
+        later = ["--then-later"] if racers[loser] == D1 else []  # the backfill with D2 (and D3)
+        assert _run(cfg, tmp_path, racers[loser], "--run-id", loser, *later) == 0
     assert P.snapshot_date(store, "t") == D3
     assert sorted(r["id"] for r in P.snapshot(store, "t")) == [20, 21, 22]
     published = {(r["run_id"], r["dt"].isoformat()) for r in P.runs(store)}

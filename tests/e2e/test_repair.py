@@ -54,7 +54,9 @@ HOSTILE: list[tuple[str, int, dict[str, Any] | None]] = [
         {"id": 7, "s": "a new row's text", "d": 0.1, "b": base64.b64encode(NUL).decode()},
     ),
     ("DELETE", 8, None),
+    ("UPDATE", 9, {"s": "a NUL \u0000 inside"}),  # PostgreSQL text cannot hold it
 ]
+KEYS = range(1, 10)
 TABLE = configs.table({"id": "int", "s": "string", "d": "double", "b": "binary"})
 
 
@@ -79,10 +81,10 @@ def night(tmp_path_factory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("repair")
     store = tmp / "store"
     scenario = {
-        "prior_state": {"h": [{**_old(i), "_ts": PRIOR_TS, "_origin": "A"} for i in range(1, 9)]},
+        "prior_state": {"h": [{**_old(i), "_ts": PRIOR_TS, "_origin": "A"} for i in KEYS]},
         "date": D,
         "exports": {"A": {"h": _events()}, "R": {"h": []}},
-        "snapshots": {"R": {"h": [_old(i) for i in range(1, 9)]}},
+        "snapshots": {"R": {"h": [_old(i) for i in KEYS]}},
     }
     store.mkdir()
     S.layout_store(scenario, store)
@@ -91,9 +93,7 @@ def night(tmp_path_factory) -> dict[str, Any]:
     work = ["--work-dir", str(tmp / "work"), "--no-data-docs"]
     assert main(["run", "--config", str(path), "--date", D, "--now", NOW, *work]) == 0
     div = P.log(store, "h", "divergence", D)
-    assert sorted(json.loads(r["key"])["id"] for r in div if r["replica"] == "R") == list(
-        range(1, 9)
-    )
+    assert sorted(json.loads(r["key"])["id"] for r in div if r["replica"] == "R") == list(KEYS)
     assert {r["cause"] for r in div} == {"missing_events"}
     return {"store": store, "config": path, "work": work}
 
@@ -129,7 +129,7 @@ def test_postgres_repair_writes_every_hostile_value_and_reads_back_as_a_repair(n
     server: pgr.Server = postgres
     server.sql("create table h(id int primary key, s text, d float8, b bytea);")
     with psycopg.connect(server.dsn, autocommit=True) as conn:
-        for i in range(1, 9):
+        for i in KEYS:
             o = _old(i)
             conn.execute(
                 "insert into h values (%s, %s, %s, %s)",
@@ -139,9 +139,13 @@ def test_postgres_repair_writes_every_hostile_value_and_reads_back_as_a_repair(n
     conf = ["--config", str(night["config"]), "--date", D, "--replica", "R"]
     rc, out = cdr_json("repair", *conf, "--dialect", "postgres", "--apply", "--dsn", server.dsn)
     assert rc == 0 and out["applied"] and out["rows"] == 8 and out["skipped"] == [], out
+    assert [r["row"] for r in out["left_out"]] == ['h {"id":9}'], out  # the NUL: named
+    assert "NUL" in out["left_out"][0]["why"]
     with psycopg.connect(server.dsn) as conn:
         held = {r[0]: (r[1], r[2], bytes(r[3])) for r in conn.execute("select * from h")}
-    assert _same(held, _converged(night["store"]))
+    want = _converged(night["store"])
+    assert held.pop(9) == (_old(9)["s"], 1.5, b"plain") and want.pop(9)[0].endswith("inside")
+    assert _same(held, want)
 
     # the next night: the server's changes, the repair's among them, exported by wal2json
     before = _converged(night["store"])
@@ -175,7 +179,7 @@ def test_cql_repair_writes_at_the_converged_timestamp_and_skips_a_later_write(ni
         put = session.prepare(
             "INSERT INTO app.h (id, s, d, b) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"
         )
-        for i in range(1, 9):
+        for i in KEYS:
             o = _old(i)
             session.execute(put, (i, o["s"], o["d"], base64.b64decode(o["b"]), PRIOR_TS))
         session.execute(put, (1, "written after the report", 2.5, b"", later))
@@ -185,7 +189,7 @@ def test_cql_repair_writes_at_the_converged_timestamp_and_skips_a_later_write(ni
         assert rc == 0 and not dry["applied"]
         assert dry["skipped"] == [{"row": 'h {"id":1}', "why": "it changed since the report"}]
         rc, out = cdr_json("repair", *cql)
-        assert rc == 0 and out["applied"] and out["rows"] == 8, out
+        assert rc == 0 and out["applied"] and out["rows"] == 9, out  # CQL text holds a NUL
         assert [s["row"] for s in out["skipped"]] == ['h {"id":1}']
         held = {
             r.id: (r.s, r.d, bytes(r.b or b""))

@@ -58,9 +58,9 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
         tmp_path / "cdr.yaml", CONFIG, max_clock_skew_seconds=20, store=store, tables=tables
     )
 
-    def run(day: str) -> None:
+    def run(day: str, *more: str) -> None:
         args = ["run", "--config", str(cfg), "--date", day, "--now", f"{day}T23:59:59Z"]
-        assert main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs"]) == 0
+        assert main([*args, "--work-dir", str(tmp_path / "work"), "--no-data-docs", *more]) == 0
 
     for i, day in enumerate(DAYS):
         gen = ["generate", "--config", str(cfg), "--date", day, "--events", "1800"]
@@ -103,7 +103,7 @@ def test_generated_nights_under_order_by_with_history(tmp_path: Path, spark):
     for t, spec in tables.items():
         check_history(store, t, list(spec["columns"]))
     before = _versions(store, "items")
-    run(DAYS[0])  # a backfill of the first night, the second published
+    run(DAYS[0], "--backfill")  # a backfill of the first night, the second published
     after = _versions(store, "items")
     assert after.keys() == before.keys()
     for k, r in before.items():

@@ -106,7 +106,7 @@ def test_a_backfill_never_moves_the_snapshot_back(tmp_path: Path, spark, capsys)
     after_d2 = P.snapshot(store, "t")
     # the backfill of D1 holds the store: the next date's run is refused, naming it
     argv = ["--config", str(cfg), "--date", D1, "--work-dir", str(tmp_path / "work")]
-    assert main(["ingest", *argv, "--run-id", "backfill", "--no-data-docs"]) == 0
+    assert main(["ingest", *argv, "--run-id", "backfill", "--no-data-docs", "--backfill"]) == 0
     capsys.readouterr()
     assert _run(cfg, tmp_path, D2, "--run-id", "next") == 1
     assert "is being written by run backfill on" in capsys.readouterr().err

@@ -288,3 +288,23 @@ def test_an_answered_uuid_is_checked_and_lower_cased():
 def test_a_custom_insert_exists_resolver_goes_with_column_groups():
     sp = custom_spec(f"{HELPERS}:larger_n", "insert_exists", table={"column_groups": {"g": ["v"]}})
     assert sp.table.custom == {C.INSERT_EXISTS: f"{HELPERS}:larger_n"}
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("raise RuntimeError('no database here')", r"raised RuntimeError: no database here"),
+        ("def f(:\n    pass\n", r"raised SyntaxError \(.*broken_\w+\.py line 1\)"),
+    ],
+)
+def test_a_module_that_raises_on_import_names_the_resolver(tmp_path, monkeypatch, source, said):
+    """A custom resolver whose module raises when imported (its own error, a syntax
+    error) stops the run with a message that names the resolver, not a traceback."""
+    name = f"broken_{len(source)}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        custom.ResolverMissing,
+        match=rf"python:{name}:f cannot be imported: importing {name} {said}",
+    ):
+        custom.load(f"{name}:f")

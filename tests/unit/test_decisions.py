@@ -180,6 +180,7 @@ def _logged(ctype: str, local_row: str = '{"id":1,"v":"a","n":5}') -> dict:
         ("delete_differ", Take.ROW, {"v": "x"}, {}, r"takes local or remote, not a row"),
         ("update_differ", Take.ROW, {"n": "x"}, {}, r"--row does not fit: column 'n' is int"),
         ("update_differ", Take.ROW, [1], {}, r"--row must be a JSON object"),
+        ("update_differ", Take.ROW, {"id": 2, "v": "x"}, {}, r"--row names the key column"),
         (
             "update_differ",
             Take.ROW,
@@ -188,7 +189,7 @@ def _logged(ctype: str, local_row: str = '{"id":1,"v":"a","n":5}') -> dict:
             r"has column_groups",
         ),
     ],
-    ids=["type", "row_on_delete", "misfit", "not_object", "groups"],
+    ids=["type", "row_on_delete", "misfit", "not_object", "key", "groups"],
 )
 def test_cdr_decide_refuses_what_it_cannot_apply(ctype, take, row, table, message):
     cfg = make_config(table)
@@ -221,8 +222,13 @@ def test_the_dates_to_rerun_are_the_date_and_every_later_published_one():
         Row(date(2026, 11, 23)),
         Row(date(2026, 11, 24), published=False),
         Row(date(2026, 11, 25), tables=("u",)),
+        Row(date(2026, 11, 26), tables=("w",)),
     ]
-    assert decide.reruns(runs, "t", date(2026, 11, 21)) == (date(2026, 11, 21), date(2026, 11, 23))
+    assert decide.reruns(runs, ("t", "u"), date(2026, 11, 21)) == (
+        date(2026, 11, 21),
+        date(2026, 11, 23),
+        date(2026, 11, 25),
+    )
 
 
 def test_a_decision_whose_row_no_longer_fits_is_reported_not_applied(tmp_path):

@@ -242,3 +242,59 @@ def test_a_run_whose_lease_cannot_be_checked_fails_with_its_own_error(store, mon
     ):
         raise ValueError("the run's own failure")
     assert "out of reach" in caplog.text
+
+
+def _exited_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_unlock_breaks_a_live_lease_whose_process_is_gone_from_this_host(store):
+    """docs/operations.md#the-lease: the lease names the process renewing it (pid and
+    start); ``cdr unlock`` without ``--force`` breaks a live lease whose process is gone
+    from this host, and refuses one whose process runs, one renewed on another host, and
+    one held between two tasks of the run (no process: the next task takes it)."""
+    mine = lease.acquire(store, "run-a", 600)
+    assert mine.pid and mine.started and not mine.holder_gone()
+    with pytest.raises(LockedError, match="is live"):
+        lease.unlock(store)
+    for changed in ({"pid": 0, "started": ""}, {"host": "elsewhere"}):
+        store.write_bytes(layout.LOCK, json.dumps({**json.loads(store.read_bytes(layout.LOCK)),
+                                                  **changed}).encode())  # fmt: skip
+        with pytest.raises(LockedError, match="is live"):
+            lease.unlock(store)
+    held = json.loads(store.read_bytes(layout.LOCK))
+    gone = {**held, "host": mine.host, "pid": _exited_pid(), "started": mine.started}
+    store.write_bytes(layout.LOCK, json.dumps(gone).encode())
+    assert lease.holder(store).holder_gone()
+    assert lease.unlock(store).run_id == "run-a"
+    assert lease.holder(store) is None
+
+
+def test_a_heartbeat_renews_the_lease_while_the_process_works_and_hands_it_off(store):
+    """A lease of 5 s renewed every second while the heartbeat runs outlives its lifetime;
+    after it the lease is left as renewed last; a hand-off names no process and lasts the
+    hand-off's seconds; a heartbeat stops quietly once the run released it."""
+    import time
+
+    first = lease.acquire(store, "run-a", 5)
+    with lease.Heartbeat(store, "run-a", first.epoch, 5):
+        time.sleep(6.5)
+        now = lease.holder(store)
+        assert now.expires_at > first.expires_at and not now.expired(datetime.now(UTC))
+        assert now.epoch == first.epoch and now.pid == first.pid
+    handed = lease.hand_off(store, "run-a", first.epoch, 3600)
+    assert handed is not None and handed.pid == 0 and not handed.started
+    assert datetime.fromisoformat(handed.expires_at) > datetime.now(UTC) + timedelta(minutes=59)
+    assert "between two of its tasks" in handed.describe()
+    beat = lease.Heartbeat(store, "run-a", first.epoch, 5)
+    with beat:
+        assert lease.release(store, "run-a", first.epoch)
+        time.sleep(1.5)
+        assert not beat._thread.is_alive()  # released: nothing to renew, never re-created
+    assert lease.holder(store) is None
