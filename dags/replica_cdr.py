@@ -281,7 +281,9 @@ def spark_stage(command: str, **kwargs: Any) -> SparkSubmitOperator:
 
 @task(retries=0)  # a failed gate fails the same way again
 def validate(p: dict[str, Any]) -> None:
-    """Great Expectations judges what the resolve task measured: no Spark, no JVM."""
+    """Great Expectations judges what the resolve task measured: no Spark, no JVM. (It
+    renews the run's lease while it works: the store's credentials.)"""
+    aws_env_from_connection()
     _cli("validate", p["date"], "--run-id", p["run_id"])
 
 
