@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 ASSETS := pipeline/validate/assets/.fetched
 
-.PHONY: venv jars jars-lock jvm-archive bytecode demo test test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
+.PHONY: venv jars jars-lock jvm-archive bytecode demo test test-deep test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
 
 venv: $(STAMP)
 
@@ -127,6 +127,12 @@ SLOWEST_FIRST := tests/airflow tests/e2e tests/spark tests/unit
 # as Debezium and DMS write them.
 test-postgres: $(STAMP) jvm-archive postgres
 	$(BIN)/pytest tests/e2e/test_real_sources.py
+
+# The deeper tier, before each resolve of an issue (CONTRIBUTING.md): the differential
+# property test of the two paths with hundreds of generated histories and `cdr verify`
+# of every date (tests/spark/test_two_paths.py), the commit-phase kills at more seeds.
+test-deep: $(STAMP) jvm-archive
+	CDR_DEEP=1 CDR_CRASH_SEEDS=1,2,3,4,5 $(BIN)/pytest tests/spark/test_two_paths.py tests/e2e/test_crash.py
 
 # No Spark, no services: under a minute.
 test-fast: $(STAMP)

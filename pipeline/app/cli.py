@@ -145,11 +145,8 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdr", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _stage_commands(sub: Any) -> None:
+    """``cdr run`` and the stages it is made of (the DAG's tasks)."""
     for name, help_ in (
         ("run", "ingest, resolve, validate and publish one date"),
         ("ingest", "find, verify and stage the exports of one date"),
@@ -169,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help="then run every later published date again, in order (a rerun or "
                 "backfill of a date that later dates were built on)",
             )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdr", description=__doc__.split("\n")[0])
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _stage_commands(sub)
     _store_commands(sub)
     q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events")
     q.add_argument("action", choices=("list", "retry", "dismiss"))

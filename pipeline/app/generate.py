@@ -366,11 +366,11 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
         keys = KeySpace(base_n) if base_n else KeySpace.before(store, name, dt)
         g = gens[name] = _TableGen(config, table, rng, gens, day0, keys)
         if base_n:
-            base_rows = [g.row(n) for n in range(base_n)]
+            base_rows = [exported(table, g.row(n)) for n in range(base_n)]
             _write_export(store, layout.base_dir(name), base_rows, "jsonl", 1, {"table": name})
         first_new = keys.next_key
         events, k_touched = _day_events(g, dt, opts, per_table)
-        n_records = _write_day(store, name, dt, events, g.replicas, rng, opts)
+        n_records = _write_day(store, table, dt, events, g.replicas, rng, opts)
         store.write_bytes(layout.generated_keys(name, dt), keys.to_json())
         stats["records"] += n_records
         stats["tables"][name] = {
@@ -466,9 +466,17 @@ def _set_order(g: _TableGen, ev: _Ev, full: dict[str, Any]) -> None:
     full[col.name] = value
 
 
+def exported(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    """A row (a key, an image) by the names the exports give its columns
+    (docs/configuration.md#column-names)."""
+    if not table.renamed:
+        return row
+    return {table.exported(c): v for c, v in row.items()}
+
+
 def _write_day(
     store: Store,
-    table: str,
+    table: Table,
     dt: date,
     events: list[_Ev],
     replicas: list[str],
@@ -488,16 +496,16 @@ def _write_day(
         records = []
         for seq, (_at, i) in enumerate(arrivals, start=1):
             e = events[i]
-            r: dict[str, Any] = {OP: e.op, KEY: e.key}
+            r: dict[str, Any] = {OP: e.op, KEY: exported(table, e.key)}
             if e.after is not None:
-                r[AFTER] = e.after
+                r[AFTER] = exported(table, e.after)
             if e.before:
-                r[BEFORE] = e.before
+                r[BEFORE] = exported(table, e.before)
             if e.ttl:
                 r[TTL] = e.ttl
             r |= {TS: e.ts, ORIGIN: e.origin, EVENT_ID: e.event_id, SEQ: seq}
             records.append(r)
-        folder = layout.export_dir(rep, table, dt)
+        folder = layout.export_dir(rep, table.name, dt)
         _write_export(
             store,
             folder,
@@ -506,7 +514,7 @@ def _write_day(
             opts.files,
             {
                 REPLICA: rep,
-                "table": table,
+                "table": table.name,
                 DT: dt.isoformat(),
                 "watermark": f"{dt.isoformat()}T23:59:59.999999Z",
             },

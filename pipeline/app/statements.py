@@ -82,19 +82,23 @@ def _pg_statement(table: Table, step: Step) -> str:
 
     t = sql.Identifier(table.name)
     lit = sql.Literal
+
+    def name(c: str) -> Any:  # the replica's column (docs/configuration.md#column-names)
+        return sql.Identifier(table.exported(c))
+
     if step.write is Write.INSERT:
         cols = list(step.values)
         query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO NOTHING").format(
             t,
-            sql.SQL(", ").join(map(sql.Identifier, cols)),
+            sql.SQL(", ").join(map(name, cols)),
             sql.SQL(", ").join(lit(step.values[c]) for c in cols),
-            sql.SQL(", ").join(map(sql.Identifier, table.key)),
+            sql.SQL(", ").join(map(name, table.key)),
         )
         return query.as_string(None)
     assert step.expect is not None
     where = sql.SQL(" AND ").join(
         sql.SQL("{} = {}" if c in table.key else "{} IS NOT DISTINCT FROM {}").format(
-            sql.Identifier(c), lit(step.expect[c])
+            name(c), lit(step.expect[c])
         )
         for c in table.column_names
         if c in step.expect  # a column the replica's table lacks is in no step
@@ -102,7 +106,7 @@ def _pg_statement(table: Table, step: Step) -> str:
     if step.write is Write.DELETE:
         return sql.SQL("DELETE FROM {} WHERE {}").format(t, where).as_string(None)
     sets = sql.SQL(", ").join(
-        sql.SQL("{} = {}").format(sql.Identifier(c), lit(v)) for c, v in step.values.items()
+        sql.SQL("{} = {}").format(name(c), lit(v)) for c, v in step.values.items()
     )
     return sql.SQL("UPDATE {} SET {} WHERE {}").format(t, sets, where).as_string(None)
 
@@ -169,18 +173,22 @@ def _cql_statement(table: Table, r: RowRepair, keyspace: str) -> str:
     from cassandra.metadata import protect_name
 
     t = f"{protect_name(keyspace)}.{protect_name(table.name)}"
+
+    def name(c: str) -> str:  # the replica's column (docs/configuration.md#column-names)
+        return str(protect_name(table.exported(c)))
+
     key = dict(zip(table.key, r.key, strict=True))
-    where = " AND ".join(f"{protect_name(c)} = {cql_literal(v)}" for c, v in key.items())
+    where = " AND ".join(f"{name(c)} = {cql_literal(v)}" for c, v in key.items())
     ts = int(r.ts)
     if r.write is Write.DELETE:
         return f"DELETE FROM {t} USING TIMESTAMP {ts} WHERE {where};"
     assert r.want is not None
     if r.write is Write.INSERT:
         cols = list(r.want)
-        names = ", ".join(protect_name(c) for c in cols)
+        names = ", ".join(name(c) for c in cols)
         values = ", ".join(cql_literal(r.want[c]) for c in cols)
         return f"INSERT INTO {t} ({names}) VALUES ({values}) USING TIMESTAMP {ts};"
-    sets = ", ".join(f"{protect_name(c)} = {cql_literal(r.want[c])}" for c in r.changed())
+    sets = ", ".join(f"{name(c)} = {cql_literal(r.want[c])}" for c in r.changed())
     return f"UPDATE {t} USING TIMESTAMP {ts} SET {sets} WHERE {where};"
 
 

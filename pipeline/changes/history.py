@@ -46,6 +46,8 @@ from pipeline.core.columns import (
     DT,
     EVENT_ID,
     EXPIRY,
+    HISTORY_RUN_ID,
+    LATE,
     MARKER,
     ORIGIN,
     POS,
@@ -56,6 +58,9 @@ from pipeline.core.columns import (
     STATE_ORIGIN,
     STATE_TS,
     TS,
+    VALID_FROM,
+    VALID_TO,
+    VERSION,
 )
 from pipeline.core.config import Config, Table
 from pipeline.core.layout import HISTORY
@@ -73,15 +78,15 @@ log = logging.getLogger(__name__)
 
 #: the columns after the table's own (docs/outputs.md#history), then ``_version`` and ``dt``
 META = (
-    ("_valid_from", T.TimestampType()),
-    ("_valid_to", T.TimestampType()),
+    (VALID_FROM, T.TimestampType()),
+    (VALID_TO, T.TimestampType()),
     (STATE_DELETED, T.BooleanType()),
     (STATE_TS, T.TimestampType()),
     (STATE_ORIGIN, T.StringType()),
     (STATE_EVENT_ID, T.StringType()),
-    ("_run_id", T.StringType()),
-    ("_late", T.BooleanType()),
-    ("_version", T.LongType()),
+    (HISTORY_RUN_ID, T.StringType()),
+    (LATE, T.BooleanType()),
+    (VERSION, T.LongType()),
     (DT, T.DateType()),
 )
 

@@ -57,3 +57,38 @@ TTL: Final = "ttl"
 EXPIRY: Final = "expiry"
 DEAD: Final = "dead"
 DELETED_AT: Final = "deleted_at"
+
+# what a published table holds beside a table's own columns: the history's versions
+# (docs/outputs.md#history), a row's column groups (docs/rules.md#column-groups)
+HISTORY_RUN_ID: Final = "_run_id"
+VALID_FROM: Final = "_valid_from"
+VALID_TO: Final = "_valid_to"
+LATE: Final = "_late"
+VERSION: Final = "_version"
+GROUPS: Final = "_groups"
+
+#: docs/configuration.md#column-names: the names a table's column cannot take (compared
+#: without case, as Spark and Delta compare them): what the state, the snapshot and the
+#: history hold beside a table's own columns, and the prefixes of the marks the pipeline
+#: joins with and of the CDC log's columns. ``tests/unit/test_config.py`` holds it to the
+#: schemas.
+RESERVED: Final = frozenset(
+    {
+        STATE_TS,
+        STATE_ORIGIN,
+        STATE_EVENT_ID,
+        STATE_DELETED,
+        STATE_DELETED_AT,
+        CELLS,
+        MARKER,
+        TOMB,
+        DT,
+        HISTORY_RUN_ID,
+        VALID_FROM,
+        VALID_TO,
+        LATE,
+        VERSION,
+        GROUPS,
+    }
+)
+RESERVED_PREFIXES: Final = ("__cdr", "cdc$")

@@ -7,6 +7,7 @@ downstream reads raw dicts: stages take a :class:`Config`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from pydantic import (
 )
 
 from pipeline.core import layout
+from pipeline.core.columns import RESERVED, RESERVED_PREFIXES
 from pipeline.core.errors import ConfigError
 from pipeline.core.kinds import (
     INTEGER_KINDS,
@@ -246,9 +248,17 @@ class DefaultsModel(_Strict):
     resolvers: dict[ConflictType, ResolverSetting] = Field(default_factory=dict)
 
 
+class ColumnModel(_Strict):
+    """A column given with the name it takes in the published tables:
+    ``{type: date, as: order_date}`` (docs/configuration.md#column-names)."""
+
+    type: str
+    as_: str | None = Field(default=None, alias="as")
+
+
 class TableModel(_Strict):
     key: list[str] = Field(default_factory=list)
-    columns: dict[str, str] = Field(min_length=1)
+    columns: dict[str, str | ColumnModel] = Field(min_length=1)
     not_null: list[str] = Field(default_factory=list)
     unique: list[list[str]] = Field(default_factory=list)
     foreign_keys: list[ForeignKeyModel] = Field(default_factory=list)
@@ -434,8 +444,14 @@ class Replica:
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    name: str
+    name: str  # as the published tables name it
     type: ColumnType
+    #: docs/configuration.md#column-names: as the exports name it ("": ``name``)
+    source: str = ""
+
+    @property
+    def exported(self) -> str:
+        return self.source or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,6 +525,16 @@ class Table:
             if c.name == name:
                 return c
         raise KeyError(name)
+
+    @property
+    def renamed(self) -> Mapping[str, str]:
+        """docs/configuration.md#column-names: each column the exports name otherwise,
+        exported name -> published name (empty for most tables)."""
+        return {c.source: c.name for c in self.columns if c.source and c.source != c.name}
+
+    def exported(self, name: str) -> str:
+        """The name the exports give column ``name``."""
+        return self.column(name).exported
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,12 +745,16 @@ def _resolve_table(
 ) -> Table | None:
     defaults, tables, priority = m.defaults, m.tables, m.priority
     at = f"tables.{name}"
+    sources = published_names(at, t, p)  # published name -> exported name
+    t = t.model_copy(update={"columns": {n: _type_text(t.columns[s]) for n, s in sources.items()}})
+    first = len(p.items)
     columns: list[Column] = []
     for col, text in t.columns.items():
         try:
-            columns.append(Column(col, parse_column_type(text)))
+            source = sources[col] if sources[col] != col else ""
+            columns.append(Column(col, parse_column_type(str(text)), source))
         except ValueError as e:
-            p.add(f"{at}.columns.{col}", str(e))
+            p.add(f"{at}.columns.{sources[col]}", str(e))
     ctypes = {c.name: c.type for c in columns}
     _check_constraints(at, t, ctypes, tables, p)
     col_defaults = _column_defaults(at, t, ctypes, p)
@@ -737,6 +767,7 @@ def _resolve_table(
             f"{at}.resolvers.update_differ",
             "a custom resolver cannot decide update_differ group by group (column_groups)",
         )
+    _name_them_as_published(p, first, {s: n for n, s in sources.items() if s != n})
     if len(columns) != len(t.columns) or not t.key:
         return None
     return Table(
@@ -766,6 +797,89 @@ def _resolve_table(
         merge=_merge(at, t, ctypes, rule.granularity, p),
         custom=custom,
     )
+
+
+def _type_text(given: str | ColumnModel) -> str:
+    return given if isinstance(given, str) else given.type
+
+
+#: docs/configuration.md#column-names: a name the published tables hold as it is (Spark,
+#: Delta without column mapping, Parquet, and the readers of docs/outputs.md): a letter or
+#: an underscore, then letters, digits, underscores and dollar signs
+_HOLDABLE = re.compile(r"^[^\W\d][\w$]*$")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a column of the published tables as it is (None: it can)."""
+    folded = name.casefold()
+    if folded in {r.casefold() for r in RESERVED}:
+        return f"the published tables keep their own {name!r} beside a table's columns"
+    if folded.startswith(RESERVED_PREFIXES):
+        return f"names starting with {' or '.join(RESERVED_PREFIXES)} are the pipeline's own"
+    if not _HOLDABLE.match(name):
+        odd = sorted({ch for ch in name if not (ch.isalnum() or ch in "_$")})
+        if not name:
+            return "an empty name"
+        if odd:
+            shown = ", ".join("a space" if ch == " " else repr(ch) for ch in odd)
+            return f"it holds {shown}, which the published tables' names cannot"
+        return "it starts with a digit"
+    return None
+
+
+def suggested_name(name: str, taken: set[str]) -> str:
+    """A name the published tables can hold for column ``name``, none of ``taken``
+    (compared without case): lower case, other characters as ``_``."""
+    base = re.sub(r"[^\w$]+", "_", name.casefold()).strip("_") or "column"
+    if base[0].isdigit():
+        base = f"c_{base}"
+    base = base.lstrip("_") if name_problem(base) else base
+    base = base if base and not name_problem(base) else f"col_{base}".rstrip("_")
+    out, n = base, 2
+    while out.casefold() in taken or name_problem(out):
+        out, n = f"{base}_{n}", n + 1
+    return out
+
+
+def published_names(at: str, t: TableModel, p: _Problems) -> dict[str, str]:
+    """Each column's published name -> its exported name
+    (docs/configuration.md#column-names): the name the config gives it, or its ``as``. A
+    name the tables cannot hold as
+    it is, or equal to another but for case, is refused naming the column, why, and the
+    ``as`` that would hold it."""
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {}  # folded published name -> the column that took it
+    exported = {s.casefold(): s for s in t.columns}
+    for source, given in t.columns.items():
+        alias = given.as_ if isinstance(given, ColumnModel) else None
+        name = alias if alias is not None else source
+        where = f"{at}.columns.{source}" + (".as" if alias is not None else "")
+        why = name_problem(name)
+        if why is None and name.casefold() in seen:
+            why = f"it equals column {seen[name.casefold()]!r} but for case"
+        if why is None and alias is not None and exported.get(name.casefold(), source) != source:
+            why = f"another column is exported as {exported[name.casefold()]!r}"
+        if why is not None:
+            taken = set(seen) | set(exported) | {r.casefold() for r in RESERVED}
+            hint = suggested_name(name, taken)
+            key = source if _HOLDABLE.match(source) else json.dumps(source)
+            p.add(
+                where,
+                f"{name!r} cannot name a column of the published tables: {why}; give it a "
+                f"name they hold: {key}: {{type: {_type_text(given)}, as: {hint}}}",
+            )
+        seen[name.casefold()] = source
+        out[name] = source
+    return out
+
+
+def _name_them_as_published(p: _Problems, first: int, renamed: Mapping[str, str]) -> None:
+    """The settings of a table name its columns as published: a problem since ``first``
+    that names a column by its exported name says which name to use."""
+    for i in range(first, len(p.items)):
+        for source, name in renamed.items():
+            if f"no column {source!r} in" in p.items[i]:
+                p.items[i] += f" (the column exported as {source!r} is published as {name!r})"
 
 
 def _check_constraints(

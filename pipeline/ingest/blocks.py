@@ -82,13 +82,20 @@ class BlockTyper:
         key_type: pa.StructType = schema.field(KEY).type
         self.row_type, self.key_type = row_type, key_type
         kinds = {c.name: c.type.kind for c in t.columns}
+        #: docs/configuration.md#column-names: each column as the exports name it
+        self.exported = {c.name: c.exported for c in t.columns}
         #: per column: its type as Arrow reads it, and the guards' reader when Arrow reads text
         self.readers: dict[str, Callable[[str], Any] | None] = {
             c.name: None if c.type.kind in _ARROW_KINDS else reader(c.type) for c in t.columns
         }
 
         def parsed(struct: pa.StructType) -> pa.StructType:
-            return pa.struct([pa.field(f.name, _parse_type(kinds[f.name], f.type)) for f in struct])
+            return pa.struct(
+                [
+                    pa.field(self.exported[f.name], _parse_type(kinds[f.name], f.type))
+                    for f in struct
+                ]
+            )
 
         self.read_schema = pa.schema(
             [
@@ -181,7 +188,7 @@ class BlockTyper:
         given = pc.is_valid(struct)
         for f in target:
             # a member of an absent object is absent (whatever Arrow keeps under its null)
-            child = pc.struct_field(struct, f.name)
+            child = pc.struct_field(struct, self.exported[f.name])
             child = pc.if_else(given, child, pa.scalar(None, child.type))
             read = self.readers[f.name]
             if read is not None:

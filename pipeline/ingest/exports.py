@@ -769,6 +769,29 @@ def ingest(
         )
     decisions.stage(lake, ctx.dt, config.tables, ctx.staged)
     lacked.stage(lake, ctx.dt, config.gc_grace_seconds, config.tables, ctx.staged)
+    _refuse_gaps_and_missing(config, store, ctx, out, gaps, allow_missing)
+    for x in late:
+        log.warning("ingest: accepted: %s", x)
+        out[x.table].manifests.append(x.record())
+        out[x.table].late_exports.append(str(x))
+    if config.cdc.enabled:
+        name = "cdc_generation_descriptions"
+        prior.stage_small(lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
+    save_inputs(ctx, out)
+    save_plan(ctx, tasks)
+    return out
+
+
+def _refuse_gaps_and_missing(
+    config: Config,
+    store: Store,
+    ctx: RunContext,
+    out: dict[str, StagedTable],
+    gaps: list[str],
+    allow_missing: bool,
+) -> None:
+    """Stop on a date skipped since a table's state (``gaps``), and on a missing export
+    unless allowed."""
     if gaps:
         raise ExportError(
             f"cannot run {ctx.dt}: {'; '.join(gaps)}. Each date starts from the state of the "
@@ -781,16 +804,6 @@ def ingest(
             f"exports/replica=<id>/table=<table>/dt={ctx.dt}/{layout.MANIFEST} in {store.uri}); "
             "pass --allow-missing-exports to run without them"
         )
-    for x in late:
-        log.warning("ingest: accepted: %s", x)
-        out[x.table].manifests.append(x.record())
-        out[x.table].late_exports.append(str(x))
-    if config.cdc.enabled:
-        name = "cdc_generation_descriptions"
-        prior.stage_small(lake, layout.cdc_table_dir(name), ctx.staged / "cdc" / name)
-    save_inputs(ctx, out)
-    save_plan(ctx, tasks)
-    return out
 
 
 def refuse_a_broken_chain(

@@ -65,7 +65,7 @@ from pipeline.resolve.read import (
 )
 from pipeline.resolve.skew import skew_warnings
 from pipeline.resolve.snapshots import RunEvidence, snapshot_divergence
-from pipeline.resolve.state import columns_held, read_base, read_prior
+from pipeline.resolve.state import columns_held, published_held, read_base, read_prior
 from pipeline.rules import custom
 from pipeline.rules.decisions import Decisions
 from pipeline.spark.frames import (
@@ -644,7 +644,7 @@ def compare_snapshots(
                 label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
                 where = ctx.staged / t / f"snapshot={replica}"
                 mine = read_base(spark, where, table, label)
-                run = replace(evidence, columns=columns_held(spark, where))
+                run = replace(evidence, columns=published_held(table, columns_held(spark, where)))
                 diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us, run)
                 counts[replica] = _write(  # published with the rest of the divergence
                     diff.select(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -140,18 +140,28 @@ def columns_held(spark: SparkSession, base: WorkPath) -> frozenset[str]:
     return frozenset(held)
 
 
+def published_held(table: Table, held: frozenset[str]) -> frozenset[str]:
+    """The exported names ``held`` (:func:`columns_held`) with the table's columns by
+    their published names (docs/configuration.md#column-names), any other as it is."""
+    renamed = table.renamed
+    return frozenset(renamed.get(n, n) for n in held)
+
+
 def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> DataFrame:
     m = F.from_json("raw", TEXT_MAP)  # type: ignore[arg-type]  # a MapType works; 4.2's stubs omit it
     schema = state_schema(table)
     df = raw.withColumn("m", m)
-    cols = [typed(F.col("m")[c.name], c.type).alias(c.name) for c in table.columns]
-    ts_text = F.col("m")[STATE_TS]
+    # each column by the name the exports give it (docs/configuration.md#column-names);
+    # a column exported as ``_ts`` or ``_origin`` takes that member: the row has no ts
+    # or origin of its own then
+    cols = [typed(F.col("m")[c.exported], c.type).alias(c.name) for c in table.columns]
+    ts_text, origin = _own(table, STATE_TS), _own(table, STATE_ORIGIN)
     if check:
         _refuse_misfits(df, table, label)
     rows = df.select(
         *cols,
         F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias(STATE_TS),
-        F.col("m")[STATE_ORIGIN].alias(STATE_ORIGIN),
+        origin.alias(STATE_ORIGIN),
         F.lit(None).cast("string").alias(STATE_EVENT_ID),
         F.lit(False).alias(STATE_DELETED),
         F.lit(None).cast("bigint").alias(STATE_DELETED_AT),
@@ -167,17 +177,23 @@ def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> Da
     )
 
 
+def _own(table: Table, name: str) -> Column:
+    """A base row's own ``_ts`` or ``_origin`` member, unless a column is exported so."""
+    exported = {c.exported for c in table.columns}
+    return F.lit(None).cast("string") if name in exported else F.col("m")[name]
+
+
 def _refuse_misfits(df: DataFrame, table: Table, label: str) -> None:
     """Stop at the first row (``m``: its text values) that does not fit the schema."""
     bad_cond = F.col("m").isNull()
     if "bad" in df.columns:  # a line that is not UTF-8
         bad_cond = bad_cond | F.col("bad").isNotNull()
     for c in table.columns:
-        v = F.col("m")[c.name]
+        v = F.col("m")[c.exported]
         bad_cond = bad_cond | (v.isNotNull() & typed(v, c.type).isNull())
         if c.name in table.not_null:
             bad_cond = bad_cond | v.isNull()
-    ts_text = F.col("m")[STATE_TS]
+    ts_text = _own(table, STATE_TS)
     bad_cond = bad_cond | (ts_text.isNotNull() & ts_text.try_cast(T.LongType()).isNull())
     bad = df.where(bad_cond).select("file", "line", "raw").limit(1).collect()
     if bad:

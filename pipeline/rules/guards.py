@@ -421,6 +421,9 @@ class Typer:
         self.future = spec.now_us + spec.max_clock_skew_seconds * 1_000_000
         self.stale = spec.now_us - spec.gc_grace_seconds * 1_000_000
         self.empty = dict.fromkeys(self.cols)
+        #: docs/configuration.md#column-names: exported name -> published name
+        self.renamed = dict(t.renamed)
+        self._taken = frozenset(self.renamed.values()) - frozenset(self.renamed)
 
     def line(self, line: str, replica: str) -> dict[str, Any]:
         """A JSONL line as a typed copy; a line that is not a JSON object is malformed."""
@@ -459,11 +462,22 @@ class Typer:
         except RecursionError:
             return self.malformed_line(source, replica, "not a JSON object: nested too deep")
 
+    def _published(self, m: TextMap | None) -> TextMap | None:
+        """An object's members by their columns' published names
+        (docs/configuration.md#column-names); a member the table does not have that
+        bears a published name is kept apart, as an unknown column."""
+        if m is None or not self.renamed:
+            return m
+        return {
+            self.renamed.get(k) or (f"{k} (as exported)" if k in self._taken else k): v
+            for k, v in m.items()
+        }
+
     def _record(self, fields: dict[str, Any], source: str, replica: str) -> dict[str, Any]:
         maps, whys = {}, {}
         for n in _OBJECTS:
             m = object_of(fields.get(n))
-            maps[n] = None if isinstance(m, _NotAnObject) else m
+            maps[n] = None if isinstance(m, _NotAnObject) else self._published(m)
             if isinstance(m, _NotAnObject) and m.why:  # named in the detail
                 whys[f"{n} is not a JSON object"] = f"{n} is not a JSON object: {m.why}"
         op, origin = text_of(fields.get(OP)), text_of(fields.get(ORIGIN))

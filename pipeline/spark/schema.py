@@ -20,6 +20,7 @@ from pipeline.core.columns import (
     DELETED_AT,
     EVENT_ID,
     EXPIRY,
+    GROUPS,
     KEY,
     MARKER,
     ORIGIN,
@@ -121,7 +122,6 @@ def key_struct_type(table: Table) -> T.StructType:
 
 #: docs/rules.md#column-groups: a row's stamp per column group, as JSON ``{group: [ts, rank,
 #: event_id, origin]}`` (``rowfold.Version.groups``)
-GROUPS = "_groups"
 META_FIELDS = [
     T.StructField(STATE_TS, T.LongType()),
     T.StructField(STATE_ORIGIN, T.StringType()),

@@ -507,3 +507,68 @@ def test_merge_mistakes_name_the_column(merge, table, message):
 def test_merge_is_refused_on_a_cell_table():
     with pytest.raises(ConfigError, match=r"tables\.t\.merge: not allowed on a cell-granularity"):
         _merging({"score": "max"}, policy="scylla")
+
+
+#: docs/configuration.md#column-names: names a PostgreSQL table may have that the published
+#: tables cannot hold as they are, and why each is refused
+UNHOLDABLE = {
+    "Order Date": "it holds a space",
+    "a.b": "it holds '.'",
+    "price-usd": "it holds '-'",
+    "1st": "it starts with a digit",
+    "_ts": "the published tables keep their own '_ts'",
+    "_DELETED": "the published tables keep their own '_DELETED'",
+    "dt": "the published tables keep their own 'dt'",
+    "_valid_from": "the published tables keep their own '_valid_from'",
+    "cdc$time": "names starting with __cdr or cdc$ are the pipeline's own",
+    "ID": "it equals column 'id' but for case",
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNHOLDABLE))
+def test_a_column_name_the_tables_cannot_hold_is_refused_with_the_as_that_would(name):
+    """Each is refused at load, naming the column, why, and an ``as`` that the published
+    tables hold; with that ``as`` the config loads, and the column keeps its exported
+    name for the exports' records."""
+    columns = {"id": "int", name: "string"}
+    with pytest.raises(ConfigError) as e:
+        parse_config(configs.config(configs.table(columns)))
+    said = str(e.value)
+    assert f"tables.t.columns.{name}: {name!r} cannot name a column" in said
+    assert UNHOLDABLE[name] in said
+    hint = said.split("as: ")[1].rstrip("}")
+    columns[name] = {"type": "string", "as": hint}
+    table = parse_config(configs.config(configs.table(columns))).tables["t"]
+    assert table.column_names == ("id", hint) and table.exported(hint) == name
+    assert table.renamed == {name: hint}
+
+
+def test_settings_name_columns_as_published_and_an_as_must_be_holdable_and_unique():
+    cols = {"Order Id": {"type": "int", "as": "order_id"}, "v": "string"}
+    table = parse_config(configs.config(configs.table(cols, key=["order_id"]))).tables["t"]
+    assert table.key == ("order_id",) and table.exported("order_id") == "Order Id"
+    with pytest.raises(ConfigError, match=r"is published as 'order_id'"):
+        parse_config(configs.config(configs.table(cols, key=["Order Id"])))
+    for bad, why in (
+        ({"id": "int", "x": {"type": "int", "as": "V"}, "v": "string"}, "exported as 'v'"),
+        ({"id": "int", "x": {"type": "int", "as": "a b"}}, "tables.t.columns.x.as: 'a b'"),
+        ({"id": "int", "x": {"type": "int", "as": "ID"}}, "equals column 'id' but for case"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            parse_config(configs.config(configs.table(bad)))
+
+
+def test_every_column_a_published_table_holds_beside_a_tables_own_is_reserved():
+    """The reserved names (``columns.RESERVED``) are those the state, snapshot and history
+    schemas put beside a table's columns: a column named so would be ambiguous."""
+    from pipeline.changes.history import history_schema
+    from pipeline.core.columns import RESERVED
+    from pipeline.spark.schema import snapshot_schema, state_schema
+
+    for cfg in (configs.table(), configs.table(policy="scylla"),
+                configs.table({"id": "int", "v": "string", "w": "string"},
+                              column_groups={"g": ["v"]})):  # fmt: skip
+        table = parse_config(configs.config(cfg)).tables["t"]
+        for schema in (state_schema(table), snapshot_schema(table), history_schema(table)):
+            beside = set(schema.names) - set(table.column_names)
+            assert beside <= RESERVED, beside - RESERVED

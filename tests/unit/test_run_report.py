@@ -53,6 +53,7 @@ ORDERS = TableSummary(
     missing_exports=["sub"],
     late_exports=["pub 2026-11-20"],
     prior="2026-11-20",
+    prior_run_id="2026-11-20_run",
     start="the state of 2026-11-20",
     stopped=STOP,
     orphans=1,
@@ -202,7 +203,8 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
     """Reports an earlier release wrote (the fixtures' stores): the keys added since
     (``changed_copies``, ``ledger_digests``, ``asymmetric``, ``quarantine_open_reasons``,
     ``decisions``, ``divergent_causes``, ``snapshot_divergent_causes``, ``repaired``,
-    ``arrived_late``; ``data_docs_files``; ``alerts``, ``seconds``) take their defaults."""
+    ``arrived_late``, ``prior_run_id``; ``data_docs_files``; ``alerts``, ``seconds``) take
+    their defaults."""
     raw = json.loads((FIXTURES / path).read_text())
     report = RunReport.from_dict(raw)
     assert (report.run_id, report.dt, report.status) == (raw["run_id"], raw["dt"], "published")
@@ -221,6 +223,7 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
             "snapshot_divergent_causes": {},
             "repaired": 0,
             "arrived_late": {},
+            "prior_run_id": None,
         }
         assert s.to_dict() == {**raw["tables"][name], **added}
     assert (report.alerts, report.seconds) == ({}, {})

@@ -84,17 +84,18 @@ def rfc3339(ts: Column, naive_utc: bool) -> Column:
 
 
 def key_map(table: Table, m: Column) -> Column:
-    """The key columns of a text map, in key order; null when the map is null."""
+    """The key columns of a text map, in key order, by the names the exports give them
+    (docs/configuration.md#column-names); null when the map is null."""
+    names = [table.exported(c) for c in table.key]
     return F.when(
         m.isNotNull(),
-        F.map_from_arrays(
-            F.array(*[F.lit(c) for c in table.key]), F.array(*[m[c] for c in table.key])
-        ),
+        F.map_from_arrays(F.array(*[F.lit(c) for c in names]), F.array(*[m[c] for c in names])),
     )
 
 
 def has_key(table: Table, m: Column) -> Column:
-    parts = [F.coalesce(F.map_contains_key(m, c), F.lit(False)) for c in table.key]
+    names = [table.exported(c) for c in table.key]
+    parts = [F.coalesce(F.map_contains_key(m, c), F.lit(False)) for c in names]
     out = parts[0]
     for p in parts[1:]:
         out = out & p

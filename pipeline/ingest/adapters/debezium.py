@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
+from pipeline.core.config import Column as TableColumn
 from pipeline.core.config import Kind, Table
 from pipeline.core.kinds import every_kind
 from pipeline.ingest.adapters.common import (
@@ -144,7 +145,7 @@ def debezium(
     """Debezium change events as an S3 sink writes them: one envelope per line, plain or
     wrapped as ``{"schema": …, "payload": …}`` (Kafka Connect's JsonConverter).
     ``legacy_ids``: ``common.canonical``'s."""
-    decimals = [c.name for c in table.columns if c.type.kind is Kind.DECIMAL]
+    decimals = [c for c in table.columns if c.type.kind is Kind.DECIMAL]
     unavailable = options.get("unavailable_value_placeholder", UNAVAILABLE)
     df = _dbz_envelopes(raw, decimals)
     df = df.select(
@@ -212,7 +213,7 @@ def _placed(df: DataFrame, legacy: bool) -> DataFrame:
     return out.drop("order", "lsn")
 
 
-def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
+def _dbz_envelopes(raw: DataFrame, decimals: list[TableColumn]) -> DataFrame:
     """Each line parsed: ``v`` (the JSON), ``p`` (the envelope's payload), ``sf`` (the
     schema's fields, when wrapped), ``lt`` (each column's logical type and scale: before
     and after share the row's schema) and ``dec_<part>_<column>`` (the unscaled value of
@@ -244,8 +245,9 @@ def _dbz_envelopes(raw: DataFrame, decimals: list[str]) -> DataFrame:
         "*",
         *[
             F.when(
-                F.col("lt")[c]["name"] == _DECIMAL, _decimal_unscaled(text(F.col(f"p.{part}")[c]))
-            ).alias(f"dec_{part}_{c}")
+                F.col("lt")[c.exported]["name"] == _DECIMAL,
+                _decimal_unscaled(text(F.col(f"p.{part}")[c.exported])),
+            ).alias(f"dec_{part}_{c.name}")
             for c in decimals
             for part in (AFTER, BEFORE)
         ],
@@ -286,7 +288,7 @@ _UNAVAILABLE: Mapping[Kind, Callable[[Column, str], Column]] = every_kind(
 )
 
 
-def _dbz_text_map(table: Table, part: str, decimals: list[str], unavailable: str) -> Column:
+def _dbz_text_map(table: Table, part: str, decimals: list[TableColumn], unavailable: str) -> Column:
     """The envelope's ``before`` or ``after`` as a map of canonical texts: the table's
     columns by their logical types, any other field as its JSON text. A column whose value
     is the placeholder of an unchanged TOASTed value is left out: the change did not
@@ -294,19 +296,19 @@ def _dbz_text_map(table: Table, part: str, decimals: list[str], unavailable: str
     m = F.col(f"p.{part}")
     entries = [
         F.when(
-            F.map_contains_key(m, col.name)
+            F.map_contains_key(m, col.exported)
             & ~F.coalesce(
-                _unavailable(col.type.kind, text(m[col.name]), unavailable), F.lit(False)
+                _unavailable(col.type.kind, text(m[col.exported]), unavailable), F.lit(False)
             ),
             F.struct(
-                F.lit(col.name).alias("k"),
+                F.lit(col.exported).alias("k"),
                 _dbz_value(
                     table,
                     col.name,
-                    m[col.name],
-                    F.col("lt")[col.name]["name"],
-                    F.col("lt")[col.name]["scale"],
-                    F.col(f"dec_{part}_{col.name}") if col.name in decimals else F.lit(None),
+                    m[col.exported],
+                    F.col("lt")[col.exported]["name"],
+                    F.col("lt")[col.exported]["scale"],
+                    F.col(f"dec_{part}_{col.name}") if col in decimals else F.lit(None),
                 ).alias("v"),
             ),
         )
@@ -314,21 +316,23 @@ def _dbz_text_map(table: Table, part: str, decimals: list[str], unavailable: str
     ]
     known = F.filter(F.array(*entries), lambda e: e.isNotNull())
     extra = F.transform(
-        F.filter(F.map_keys(m), lambda k: ~k.isin(*table.column_names)),
+        F.filter(F.map_keys(m), lambda k: ~k.isin(*[c.exported for c in table.columns])),
         lambda k: F.struct(k.alias("k"), text(m[k]).alias("v")),
     )
     return F.when(m.isNotNull(), F.map_from_entries(F.concat(known, extra)))
 
 
-def _dbz_problem(table: Table, decimals: list[str], ts_us: Column, old_key: Column) -> Column:
+def _dbz_problem(
+    table: Table, decimals: list[TableColumn], ts_us: Column, old_key: Column
+) -> Column:
     """Why a line is no change event the run can apply (null if it is one)."""
     op = F.col("p.op")
     src = F.col("p.source")
     # a Decimal too long to decode reads as null: the record is malformed, not changed
     oversized = [
-        (F.col("lt")[c]["name"] == _DECIMAL)
-        & text(F.col(f"p.{part}")[c]).isNotNull()
-        & F.col(f"dec_{part}_{c}").isNull()
+        (F.col("lt")[c.exported]["name"] == _DECIMAL)
+        & text(F.col(f"p.{part}")[c.exported]).isNotNull()
+        & F.col(f"dec_{part}_{c.name}").isNull()
         for c in decimals
         for part in (AFTER, BEFORE)
     ]

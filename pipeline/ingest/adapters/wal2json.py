@@ -66,7 +66,7 @@ def _pg_value(table: Table, name: Column, value: Column) -> Column:
     for col in table.columns:
         canonical_text = _PG_TEXT[col.type.kind]
         if canonical_text is not None:
-            out = F.when(name == col.name, canonical_text(value)).otherwise(out)
+            out = F.when(name == col.exported, canonical_text(value)).otherwise(out)
     return out
 
 
