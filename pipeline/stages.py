@@ -126,8 +126,9 @@ STAGES = ("ingest", "resolve", "validate", "publish")
 @contextmanager
 def working(config: Config, ctx: RunContext) -> Iterator[None]:
     """The run's lease renewed while this process works on it (``lease.Heartbeat``), so
-    that a killed run's lapses within ``lease.seconds``; nothing for a dry run."""
-    store = ctx.config(config).store
+    that a killed run's lapses within ``lease.seconds``; nothing for a dry run.
+    ``config``: the run's (``ctx.config``)."""
+    store = config.store
     if ctx.dry_run or not ctx.epoch or not store:
         yield
         return

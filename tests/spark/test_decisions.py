@@ -127,8 +127,8 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     stats = P.rows(store, "published/conflict_stats", D1)
     assert any(s["resolver"] == "manual" and s["count"] == 1 for s in stats)
 
-    # a plain rerun of D1 applies it again
-    assert _run(cfg, tmp_path, D1) == 0
+    # a rerun of D1 applies it again (D1 alone: one date of a backfill, D2 left as it is)
+    assert _run(cfg, tmp_path, D1, "--backfill") == 0
     assert _the_conflict(store, D1)["resolver"] == "manual"
 
     # what-if: D1's inputs under another config (still with the decision)
@@ -140,7 +140,7 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     # B's export replaced: its update has other content under the same id: stale
     changed = {**B1, "after": {"v": "from B, again"}}
     S.write_exports(store, D1, {"B": {"items": [changed]}})
-    assert _run(cfg, tmp_path, D1, "--accept-late-exports") == 0
+    assert _run(cfg, tmp_path, D1, "--accept-late-exports", "--backfill") == 0
     report = P.report(store, D1)
     assert report.tables["items"].decisions == {did: "the versions in conflict changed since it "
                                                 "was decided"}  # fmt: skip
@@ -149,7 +149,7 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
 
     # B's update gone from its export: the conflict does not occur
     S.write_exports(store, D1, {"B": {"items": []}})
-    assert _run(cfg, tmp_path, D1, "--accept-late-exports") == 0
+    assert _run(cfg, tmp_path, D1, "--accept-late-exports", "--backfill") == 0
     report = P.report(store, D1)
     assert report.tables["items"].decisions == {did: "its conflict did not occur"}
     assert _v(store, 1) == "from A"
@@ -160,7 +160,7 @@ def test_a_decision_survives_the_rerun_chain_and_goes_stale_when_its_conflict_ch
     (row,) = P.rows(store, "published/decisions")
     assert row["withdrawn_at"] is not None
     S.write_exports(store, D1, {"B": {"items": [B1]}})
-    assert _run(cfg, tmp_path, D1, "--accept-late-exports") == 0
+    assert _run(cfg, tmp_path, D1, "--accept-late-exports", "--backfill") == 0
     assert P.report(store, D1).tables["items"].decisions == {}
     assert _the_conflict(store, D1)["resolver"] == "latest_timestamp_wins"
     assert str(P.rows(store, "published/decisions")[0]["dt"]) == str(date.fromisoformat(D1))

@@ -28,7 +28,7 @@ def test_doctor_checks_a_store_and_warns_of_a_table_without_the_retention(tmp_pa
     store = FileStore(tmp_path / "store")
     cfg = configs.write(tmp_path / "cdr.yaml", CONFIG, store=store.uri)
     assert [(f.check, f.ok) for f in examine(store, 45)] == [
-        ("access", True), ("atomic create", True), ("retention", True)
+        ("access", True), ("atomic create", True), ("retention", True), ("lease", True)
     ]  # fmt: skip
     older = "published/items/snapshot"  # written before the setting: no retention
     Lake(store).write(older, pa.table({"id": [1]}), {})
@@ -36,5 +36,5 @@ def test_doctor_checks_a_store_and_warns_of_a_table_without_the_retention(tmp_pa
     assert main(["doctor", "--config", str(cfg)]) == 0  # a warning, not a failure
     out = capsys.readouterr().out
     assert "warn retention: 1 of 2 table(s)" in out and older in out, out
-    assert "ok   atomic create" in out
+    assert "ok   atomic create" in out and "ok   lease: free" in out
     assert store.list("published/_probes") == []  # the probes are gone

@@ -75,7 +75,7 @@ def test_the_night_after_the_move_and_a_backfill_from_before_it(tmp_path: Path, 
     assert {k: snapshot.metadata().configuration.get(k) for k in FEATURES} == FEATURES
 
     # D2 again, a date the release before published: from D1's state as that release left it
-    assert _night(moved, D2, "--run-id", "backfill-d2") == 0
+    assert _night(moved, D2, "--run-id", "backfill-d2", "--backfill") == 0
     assert P.runs(old)[-1]["run_id"] == "backfill-d2" and P.runs(old)[-1]["status"] == "published"
     assert P.snapshot_date(old, "accounts") == D3  # a backfill never moves it back
     by_d2 = {r["run_id"] for r in P.log(old, "accounts", "ledger", D2)}
