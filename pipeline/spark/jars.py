@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -304,19 +305,33 @@ def resolve_lock() -> str:
 
     jars = (Path(_find_spark_home()) / "jars").glob("*.jar")
     shipped = {re.sub(r"-\d.*", "", p.name) for p in jars}  # the artifact, without its version
-    excluded = "".join(
+    head = [
+        "# The JVM packages Spark needs beside pyspark's own jars (Delta Lake, s3a), exact.",
+        "# Written by `make jars-lock` (python -m pipeline.spark.jars lock) from",
+        "# pipeline/spark/jars.py's ROOTS; fetched and checked by `make` (cdr jars fetch).",
+    ]
+    return lock_of(ROOTS, EXCLUDED, shipped, head)
+
+
+def lock_of(
+    roots: Sequence[str], excluded: Sequence[str], shipped: set[str], head: list[str]
+) -> str:
+    """A lock's text: every runtime jar Maven resolves from ``roots`` (``group:artifact:
+    version``), but ``excluded`` (``group:artifact``) and the artifacts ``shipped``
+    (already on the class path), each with its sha256, below ``head``'s comment lines."""
+    exclusions = "".join(
         f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId></exclusion>"
-        for g, a in (x.split(":") for x in EXCLUDED)
+        for g, a in (x.split(":") for x in excluded)
     )
-    roots = "".join(
+    deps = "".join(
         f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>"
-        f"<exclusions>{excluded}</exclusions></dependency>"
-        for g, a, v in (r.split(":") for r in ROOTS)
+        f"<exclusions>{exclusions}</exclusions></dependency>"
+        for g, a, v in (r.split(":") for r in roots)
     )
     pom = (
         '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
         "<groupId>cdr</groupId><artifactId>cdr-jars-lock</artifactId><version>1</version>"
-        f"<packaging>pom</packaging><dependencies>{roots}</dependencies></project>"
+        f"<packaging>pom</packaging><dependencies>{deps}</dependencies></project>"
     )
     with tempfile.TemporaryDirectory(prefix="cdr-jars-lock-") as tmp:
         listed = Path(tmp) / "list.txt"
@@ -335,18 +350,12 @@ def resolve_lock() -> str:
             if len(parts) < 5 or parts[2] != "jar":
                 continue
             group, artifact, version = parts[0], parts[1], parts[3]
-            if artifact in shipped or f"{group}:{artifact}" in EXCLUDED:
+            if artifact in shipped or f"{group}:{artifact}" in excluded:
                 continue
             lines.append(
                 f"{group}:{artifact}:{version}  {sha256(out / f'{artifact}-{version}.jar')}"
             )
-    head = [
-        "# The JVM packages Spark needs beside pyspark's own jars (Delta Lake, s3a), exact.",
-        "# Written by `make jars-lock` (python -m pipeline.spark.jars lock) from",
-        "# pipeline/spark/jars.py's ROOTS; fetched and checked by `make` (cdr jars fetch).",
-        "# group:artifact:version  sha256",
-    ]
-    return "\n".join(head + sorted(lines)) + "\n"
+    return "\n".join([*head, "# group:artifact:version  sha256", *sorted(lines)]) + "\n"
 
 
 def main(argv: list[str]) -> int:
