@@ -79,7 +79,7 @@ def test_a_night_merged_in_place_that_would_duplicate_a_unique_value_is_refused(
 
 #: generated histories per run besides the pinned ones: ``make test`` draws a few, ``make
 #: test-deep`` (CDR_DEEP=1) hundreds
-EXAMPLES = 300 if os.environ.get("CDR_DEEP") else 2
+EXAMPLES = 150 if os.environ.get("CDR_DEEP") else 2
 
 
 #: the histories the property test always runs, whatever the draw: a unique value from
