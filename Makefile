@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 ASSETS := pipeline/validate/assets/.fetched
 
-.PHONY: venv jars jars-lock jvm-archive bytecode demo test test-deep test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
+.PHONY: venv jars jars-lock debezium jvm-archive bytecode demo test test-deep test-fast test-spark test-e2e test-airflow test-postgres lint typecheck bench bench-scale lock clean docs-assets browser compose-tool compose-env postgres debian
 
 venv: $(STAMP)
 
@@ -86,6 +86,15 @@ $(JARS): jars.lock $(wildcard pipeline/spark/java/*.java) | $(STAMP)
 	$(BIN)/cdr jars fetch
 	@touch $(JARS)
 
+# Debezium's embedded engine and PostgreSQL connector (debezium.lock), and the tests'
+# capture program built against them (tests/helpers/debezium.py): the real-capture test.
+DEBEZIUM := $(VENV)/share/cdr/debezium/.locked
+debezium: $(DEBEZIUM)
+$(DEBEZIUM): debezium.lock tests/java/DebeziumCapture.java | $(STAMP)
+	$(call debian_install,maven default-jdk-headless)
+	$(BIN)/python -m tests.helpers.debezium fetch
+	@touch $(DEBEZIUM)
+
 # Resolve jars.lock again from pipeline/spark/jars.py's ROOTS (a maintainer's step).
 jars-lock: $(STAMP)
 	$(BIN)/python -m pipeline.spark.jars lock
@@ -106,7 +115,7 @@ test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target venv debian
 	@$(MAKE) --no-print-directory bytecode
 	@$(MAKE) --no-print-directory jvm-archive > $(VENV)/jvm-archive.log 2>&1 & archive=$$!; \
-	  $(MAKE) --no-print-directory $(ASSETS) lint typecheck; checks=$$?; \
+	  $(MAKE) --no-print-directory $(ASSETS) lint typecheck debezium; checks=$$?; \
 	  wait $$archive; built=$$?; cat $(VENV)/jvm-archive.log; \
 	  [ $$checks -eq 0 ] && [ $$built -eq 0 ]
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(SLOWEST_FIRST); \

@@ -281,7 +281,9 @@ def run_report(
     """The run's report, as far as a dry run has it: publish adds the Data Docs files and
     the versions it committed."""
     from pipeline.ingest.decisions import stale_warnings
+    from pipeline.ingest.exports import load_notices
     from pipeline.resolve.skew import skew_warnings
+    from pipeline.resolve.stage import read_warnings
     from pipeline.rules.custom import asymmetric_warnings
     from pipeline.validate.alerts import fired
 
@@ -289,6 +291,8 @@ def run_report(
     warned = skew_warnings(summary.tables, config.max_clock_skew_seconds)
     warned += asymmetric_warnings(summary.tables)
     warned += stale_warnings(summary.tables)
+    warned += read_warnings(summary.tables)
+    warned += load_notices(ctx)
     return RunReport(
         run_id=ctx.run_id,
         dt=ctx.dt.isoformat(),

@@ -395,6 +395,17 @@ def _cron_problem(text: str) -> str | None:
     return None
 
 
+class UnknownExportPolicy(StrEnum):
+    WARN = "warn"
+    FAIL = "fail"
+
+
+class QuarantineShareModel(_Strict):
+    warn: float = Field(default=0.05, ge=0, le=1)
+    fail: float = Field(default=0.5, ge=0, le=1)
+    min_records: int = Field(default=10, ge=1)
+
+
 class LeaseModel(_Strict):
     seconds: int = Field(default=300, ge=5)
     handoff_seconds: int = Field(default=1800, ge=5)
@@ -408,6 +419,8 @@ class ConfigModel(_Strict):
     gc_grace_seconds: int = Field(default=864000, ge=0)
     retention_days: int = Field(default=30, ge=1)
     lease: LeaseModel = Field(default_factory=LeaseModel)
+    quarantine_share: QuarantineShareModel = Field(default_factory=QuarantineShareModel)
+    on_unknown_export: UnknownExportPolicy = UnknownExportPolicy.WARN
     max_record_bytes: int = Field(default=16 << 20, gt=0)
     max_expansion: int = Field(default=100, gt=0)
     on_divergence: DivergencePolicy = DivergencePolicy.FAIL
@@ -574,6 +587,15 @@ class ConflictRateAlert:
 
 
 @dataclass(frozen=True, slots=True)
+class QuarantineShare:
+    """docs/operations.md#a-loud-quarantine (:attr:`Config.quarantine_share`)."""
+
+    warn: float = 0.05
+    fail: float = 0.5
+    min_records: int = 10
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     store: str | None
     replicas: tuple[Replica, ...]
@@ -604,6 +626,13 @@ class Config:
     #: for the next task of the run (the DAG's retry horizon)
     lease_seconds: int = 300
     lease_handoff_seconds: int = 1800
+    #: docs/operations.md#a-loud-quarantine: the share of an export's (or a file's) records
+    #: the guards quarantine above which the night warns, and at which it fails (an export
+    #: of at least ``min_records``)
+    quarantine_share: QuarantineShare = field(default_factory=lambda: QuarantineShare())
+    #: docs/operations.md#a-loud-quarantine: an export folder of a replica the config does
+    #: not name: a warning, or the run stops
+    on_unknown_export: UnknownExportPolicy = UnknownExportPolicy.WARN
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -1206,6 +1235,10 @@ def _resolve(m: ConfigModel, p: _Problems) -> Config:
         retention_days=m.retention_days,
         lease_seconds=m.lease.seconds,
         lease_handoff_seconds=m.lease.handoff_seconds,
+        quarantine_share=QuarantineShare(
+            m.quarantine_share.warn, m.quarantine_share.fail, m.quarantine_share.min_records
+        ),
+        on_unknown_export=m.on_unknown_export,
         max_record_bytes=m.max_record_bytes,
         max_expansion=m.max_expansion,
         on_divergence=m.on_divergence,

@@ -84,6 +84,9 @@ class Fate(StrEnum):
     #: a change ``cdr repair`` made (its origin is :data:`REPAIR_ORIGIN`): counted, never
     #: resolved (docs/operations.md#repair)
     REPAIRED = "repaired"
+    #: a snapshot's read of a row (docs/adapters.md#snapshot-reads): never a write;
+    #: counted (on a table's first night the reads seed its state)
+    READ = "read"
 
     @property
     def final(self) -> bool:

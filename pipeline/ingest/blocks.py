@@ -53,7 +53,7 @@ from pipeline.core.columns import (
 from pipeline.core.config import Kind, Table
 from pipeline.core.kinds import KINDS
 from pipeline.core.policy import Granularity
-from pipeline.rules.guards import MAX_TTL, ROW_OPS, Typer, reader
+from pipeline.rules.guards import MAX_TTL, READ, ROW_OPS, Typer, reader
 
 #: lines per block given to Arrow's reader (a block that does not read is halved)
 BLOCK = 16384
@@ -237,7 +237,7 @@ class BlockTyper:
         ok = im.reads & im.key_ok
         for cond in (
             pc.greater(pc.utf8_length(col[EVENT_ID]), 0),
-            pc.is_in(op, pa.array(ROW_OPS)),
+            pc.is_in(op, pa.array([*ROW_OPS, READ])),
             pc.is_in(col[ORIGIN], self.origins),
             pc.is_valid(col[SEQ]),
             pc.less_equal(ts, typer.future),
@@ -250,7 +250,7 @@ class BlockTyper:
             ok &= ~nk_given & self._cell_rules(col[TTL], col[EXPIRY])
         else:
             ok &= ~nk_given | is_update
-            is_insert = np.asarray(pc.fill_null(pc.equal(op, "INSERT"), False))
+            is_insert = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", READ])), False))
             ok &= ~is_insert | np.asarray(pc.is_valid(col[AFTER]))
         nk_full = nk_given.copy()
         for v in im.new_key:
@@ -329,7 +329,7 @@ class BlockTyper:
         """guards ``_value_rules``: a key column given in ``after`` of an INSERT or UPDATE
         equals the key (the new key, when the event changes it)."""
         n = len(op)
-        writes = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", "UPDATE"])), False))
+        writes = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", "UPDATE", READ])), False))
         ok = np.ones(n, dtype=bool)
         names = [f.name for f in self.row_type]
         for i, c in enumerate(self.table.key):
@@ -360,7 +360,7 @@ class BlockTyper:
         if col is None:
             return np.ones(len(op), dtype=bool)
         i = [f.name for f in self.row_type].index(col)
-        writes = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", "UPDATE"])), False))
+        writes = np.asarray(pc.fill_null(pc.is_in(op, pa.array(["INSERT", "UPDATE", READ])), False))
         deletes = np.asarray(pc.fill_null(pc.equal(op, "DELETE"), False))
         return ~(writes & ~after_has[:, i]) & ~(deletes & ~before_has[:, i])
 

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core import layout
 from pipeline.core.columns import DT, REPLICA, RUN_ID
-from pipeline.core.config import Config
+from pipeline.core.config import Config, UnknownExportPolicy
 from pipeline.core.errors import ExportError, StoreError
 from pipeline.ingest import inplace, pending, prior, retry
 from pipeline.ingest.adapters import (
@@ -750,6 +750,7 @@ def ingest(
     if late and not accept_late:
         raise ExportError(late_error(late))
     refuse_a_broken_chain(config, runs, ctx, backfill)
+    save_notices(ctx, unknown_exports(config, store))
     out: dict[str, StagedTable] = {}
     gaps: list[str] = []
     tasks: list[FileTask] = []
@@ -804,6 +805,41 @@ def _refuse_gaps_and_missing(
             f"exports/replica=<id>/table=<table>/dt={ctx.dt}/{layout.MANIFEST} in {store.uri}); "
             "pass --allow-missing-exports to run without them"
         )
+
+
+#: what ingest tells the run's report beside the tables (in ``staged``)
+NOTICES = "notices.json"
+
+
+def unknown_exports(config: Config, store: Store) -> list[str]:
+    """docs/operations.md#a-loud-quarantine: a warning per folder of ``exports/`` that no
+    configured replica's exports are in (they are not read); with ``on_unknown_export:
+    fail`` the run stops (:class:`ExportError`), naming them. One listing of the level."""
+    known = {f"replica={r}" for r in config.replica_ids}
+    unknown = [f for f in store.folders("exports") if f not in known]
+    if not unknown:
+        return []
+    said = [
+        f"{store.uri}/exports/{f}/ holds exports of a replica the config does not name "
+        f"(replicas: {', '.join(config.replica_ids)}): they are not read; add it to "
+        "`replicas`, or move the folder away"
+        for f in unknown
+    ]
+    if config.on_unknown_export is UnknownExportPolicy.FAIL:
+        raise ExportError("; ".join(said) + " (on_unknown_export: fail)")
+    for w in said:
+        log.warning("ingest: %s", w)
+    return said
+
+
+def save_notices(ctx: RunContext, notices: list[str]) -> None:
+    (ctx.staged / NOTICES).write_text(json.dumps(notices))
+
+
+def load_notices(ctx: RunContext) -> list[str]:
+    """What ingest told the run's report (none from a run staged before notices)."""
+    p = ctx.staged / NOTICES
+    return list(json.loads(p.read_text())) if p.is_file() else []
 
 
 def refuse_a_broken_chain(

@@ -75,11 +75,14 @@ from pipeline.resolve.groups import (
     find_groups,
     lone_insert_outputs,
     lone_inserts,
+    read_fates,
+    reads,
     standing_rows,
 )
 from pipeline.resolve.skew import seen_later
 from pipeline.rules.causes import divergent_perspectives
 from pipeline.rules.decisions import conflict_id, key_text, local_ref, local_text, remote_text
+from pipeline.rules.guards import READ
 from pipeline.rules.rowfold import (
     NO_POS,
     Applied,
@@ -252,6 +255,9 @@ class GroupFolder:
         events: list[Event] = []
         for eid, group in copies.items():
             chosen = group[0]  # the stream's order: the copy that stands for the event
+            if chosen[OP] == READ and chosen["reason"] is None:  # a snapshot read: no write
+                yield from self._fates(eid, [(c, Fate.READ) for c in group], chosen=False)
+                continue
             if chosen["seen"]:
                 yield from self._fates(eid, [(c, Fate.DUPLICATE) for c in group], chosen=False)
                 continue
@@ -713,11 +719,18 @@ class _Stream:
         n_groups = len(groups.starts) - 1
         quiet = np.zeros(n_groups, dtype=bool)
         lone = np.zeros(n_groups, dtype=bool)
+        read = reads(t)  # snapshot reads: a group of them alone is quiet
         if not self.job.truncates:  # a TRUNCATE touches every key
-            quiet = ~groups.any(np.asarray(t.column("is_event")) == 1)
+            quiet = ~groups.any((np.asarray(t.column("is_event")) == 1) & ~read)
             lone = lone_inserts(t, groups, self.job.table) & ~quiet
         if quiet.any():
-            self.out.add_table("state_pre", _passed_through(t.filter(groups.rows(quiet)), self.job))
+            rows = t.filter(groups.rows(quiet))
+            state = np.asarray(rows.column("is_event")) != 1
+            self.out.add_table("state_pre", _passed_through(rows.filter(state), self.job))
+            if not state.all():
+                self.out.add_table(
+                    "fates", read_fates(rows.filter(~state), self.out.arrow["fates"])
+                )
         if lone.any():
             rows = t.filter(groups.rows(lone))
             outputs = lone_insert_outputs(rows, groups.select(lone), self.job.table, self.out.arrow)

@@ -49,6 +49,7 @@ from pipeline.core.columns import (
 )
 from pipeline.core.config import Table
 from pipeline.core.policy import Fate
+from pipeline.rules.guards import READ
 from pipeline.rules.rowfold import NO_POS
 
 
@@ -163,6 +164,30 @@ def _all_true(lists: pa.ListArray, n: int) -> np.ndarray:
         np.concatenate((~flat, [False])).astype(np.int64), offsets[:-1].clip(max=len(flat))
     )
     return (lengths > 0) & (false_count == 0)
+
+
+def read_fates(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The fates of snapshot reads (docs/adapters.md#snapshot-reads; ``rows``: the READ
+    copies): each is ``read``, never applied."""
+    return pa.table(
+        {
+            EVENT_ID: rows.column(EVENT_ID),
+            REPLICA: rows.column(REPLICA),
+            FATE: pa.repeat(pa.scalar(Fate.READ.value), rows.num_rows),
+            "chosen": pa.repeat(pa.scalar(False), rows.num_rows),
+            DIGEST: rows.column(DIGEST),
+            "differs": rows.column("differs"),
+        },
+        schema=schema,
+    )
+
+
+def reads(t: pa.Table) -> np.ndarray:
+    """Per row: a snapshot read (docs/adapters.md#snapshot-reads), not an event the fold
+    applies."""
+    return np.asarray(pc.fill_null(pc.equal(t.column(OP), READ), False)) & (
+        np.asarray(t.column("is_event")) == 1
+    )
 
 
 def lone_insert_outputs(

@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pipeline.core import layout
-from pipeline.core.columns import KEY, STATE_DELETED
+from pipeline.core.columns import KEY, OP, STATE_DELETED
 from pipeline.core.config import Table
 from pipeline.ingest.inplace import LIVE_MARK, TOUCHED, InPlace, by_key, read_touched
 from pipeline.resolve.unique import VALUE, possible_values, unique_columns, values_of
+from pipeline.rules.guards import READ
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -55,7 +56,8 @@ def narrow(
     from pipeline.resolve.shuffle import key_struct
     from pipeline.storage.outputs import write_output
 
-    keys = events.select(
+    writes = events.where(~F.coalesce(F.col(OP) == READ, F.lit(False)))  # a read touches none
+    keys = writes.select(
         F.explode(F.filter(F.array(KEY, "new_key"), lambda k: k.isNotNull())).alias(_KEY)
     ).distinct()
     df = prior.withColumn(_KEY, key_struct(table))

@@ -65,7 +65,13 @@ from pipeline.resolve.read import (
 )
 from pipeline.resolve.skew import skew_warnings
 from pipeline.resolve.snapshots import RunEvidence, snapshot_divergence
-from pipeline.resolve.state import columns_held, published_held, read_base, read_prior
+from pipeline.resolve.state import (
+    columns_held,
+    from_reads,
+    published_held,
+    read_base,
+    read_prior,
+)
 from pipeline.rules import custom
 from pipeline.rules.decisions import Decisions
 from pipeline.spark.frames import (
@@ -86,7 +92,30 @@ from pipeline.storage.workpath import WorkPath, read_table, write_table
 log = logging.getLogger(__name__)
 
 DUPLICATE = Fate.DUPLICATE.value
-REPAIRED = Fate.REPAIRED.value
+REPAIRED, READ = Fate.REPAIRED.value, Fate.READ.value
+#: what a table that starts empty starts from (docs/adapters.md#snapshot-reads): the
+#: night's snapshot reads, if its exports hold any
+SEEDED = "the snapshot reads of its exports, if any (the first replica's of each key)"
+
+
+def read_warnings(tables: Mapping[str, TableSummary]) -> list[str]:
+    """docs/adapters.md#snapshot-reads: a warning per replica whose export of a table that
+    did not start from its reads holds some (its connector snapshotted it again)."""
+    out = []
+    for t, st in tables.items():
+        if st.start.startswith(SEEDED):
+            continue
+        for replica, fates in sorted(st.replicas.items()):
+            if fates.get(READ):
+                out.append(
+                    f"table {t}: replica {replica}'s export holds {fates[READ]} snapshot "
+                    "read(s) (a connector that snapshotted the table: a new connector, a "
+                    "lost slot or offsets, Debezium's snapshot.mode, a re-snapshot asked "
+                    "for): counted, never applied (docs/adapters.md#snapshot-reads)"
+                )
+    return out
+
+
 #: a cell table's resolution, in the table's folder until its outputs are written
 RESOLUTION = "_resolution"
 
@@ -113,6 +142,9 @@ def resolve_table(
         spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us, adapting
     )
     prior = read_prior(spark, ctx.staged / table.name, table)
+    if staged.prior is None and staged.base_rows is None:  # the table starts empty
+        prior = from_reads(copies, table, config.replica_ids)  # docs/adapters.md#snapshot-reads
+        staged = replace(staged, start=f"{SEEDED}; {staged.start}")
     any_special = not special_free(staged.exports, ctx.staged / table.name)
     in_place = None if staged.snapshots else staged_record(staged.prior)
     chosen: Decisions | None = None  # docs/rules.md#manual-decisions: a row table's
@@ -324,7 +356,7 @@ def _table_counts(
     return TableSummary(
         policy=table.preset.value,
         events=sum(e.records for e in staged.exports.values()),
-        distinct_events=sum(n for fate, n in by_fate.items() if fate != REPAIRED),
+        distinct_events=sum(n for fate, n in by_fate.items() if fate not in (REPAIRED, READ)),
         applied=by_fate.get("applied", 0),
         discarded=by_fate.get("discarded", 0),
         duplicates=sum(f.get(DUPLICATE, 0) for f in facts.replicas.values()),

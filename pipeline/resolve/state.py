@@ -1,5 +1,6 @@
 """The state a run starts from: the previous date's published state, else the base snapshot,
-else nothing (docs/rules.md#terms, docs/rules.md#fine-points; ``base/`` in docs/outputs.md).
+else the night's snapshot reads (:func:`from_reads`), else nothing (docs/rules.md#terms,
+docs/rules.md#fine-points; ``base/`` in docs/outputs.md).
 
 Base rows carry the table's columns and optionally ``_ts`` (µs) and ``_origin``; a row
 without them has ``ts = 0`` and no origin (a frozen row: no origin conflict is raised
@@ -9,6 +10,7 @@ line: the base is the operator's input, not replicated data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,11 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from pipeline.core.columns import (
+    AFTER,
+    KEY,
+    OP,
     REPLICA,
+    SEQ,
     STATE_DELETED,
     STATE_DELETED_AT,
     STATE_EVENT_ID,
@@ -149,7 +155,6 @@ def published_held(table: Table, held: frozenset[str]) -> frozenset[str]:
 
 def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> DataFrame:
     m = F.from_json("raw", TEXT_MAP)  # type: ignore[arg-type]  # a MapType works; 4.2's stubs omit it
-    schema = state_schema(table)
     df = raw.withColumn("m", m)
     # each column by the name the exports give it (docs/configuration.md#column-names);
     # a column exported as ``_ts`` or ``_origin`` takes that member: the row has no ts
@@ -162,19 +167,48 @@ def _base_from_json(raw: DataFrame, table: Table, label: str, check: bool) -> Da
         *cols,
         F.coalesce(ts_text.try_cast(T.LongType()), F.lit(0)).alias(STATE_TS),
         origin.alias(STATE_ORIGIN),
+    )
+    return _as_state(rows, table)
+
+
+def _as_state(rows: DataFrame, table: Table) -> DataFrame:
+    """Live base rows (the table's columns, ``_ts``, ``_origin``) as state rows; a cell
+    table's per-cell metadata is null: a base row is cells written at ``_ts``."""
+    rows = rows.select(
+        "*",
         F.lit(None).cast("string").alias(STATE_EVENT_ID),
         F.lit(False).alias(STATE_DELETED),
         F.lit(None).cast("bigint").alias(STATE_DELETED_AT),
     )
-    # a cell table's per-cell metadata is null: a base row is cells written at ``_ts``
     return rows.select(
         *[
             (F.col(f.name) if f.name in rows.columns else F.lit(None))
             .cast(f.dataType)
             .alias(f.name)
-            for f in schema.fields
+            for f in state_schema(table).fields
         ]
     )
+
+
+def from_reads(copies: DataFrame, table: Table, replicas: Sequence[str]) -> DataFrame:
+    """docs/adapters.md#snapshot-reads: the state of a table that starts empty (no
+    published state, no ``base/``), from the night's snapshot reads: per key, the read of
+    the first replica in config order that read it, as a base row (``_ts`` 0, no
+    origin). ``copies``: the typed copies (``frames.copy_schema``)."""
+    from pyspark.sql import Window
+
+    from pipeline.rules.guards import READ
+
+    rank = F.create_map(*[x for i, r in enumerate(replicas) for x in (F.lit(r), F.lit(i))])
+    reads = copies.where((F.col(OP) == READ) & F.col("reason").isNull() & F.col(KEY).isNotNull())
+    first = Window.partitionBy(KEY).orderBy(rank[F.col(REPLICA)], F.desc_nulls_last(SEQ))
+    chosen = reads.withColumn("__cdr_n", F.row_number().over(first)).where("__cdr_n = 1")
+    rows = chosen.select(
+        *[F.col(f"{AFTER}.{c}").alias(c) for c in table.column_names],
+        F.lit(0).cast("bigint").alias(STATE_TS),
+        F.lit(None).cast("string").alias(STATE_ORIGIN),
+    )
+    return _as_state(rows, table)
 
 
 def _own(table: Table, name: str) -> Column:

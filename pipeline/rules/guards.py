@@ -45,8 +45,12 @@ from pipeline.core.config import ColumnType, Config, Kind, Table
 from pipeline.core.kinds import every_kind, integer_bound
 from pipeline.core.policy import REPAIR_ORIGIN, Granularity, QuarantineReason
 
+#: docs/adapters.md#snapshot-reads: a replica's copy of a row as a snapshot read it (a
+#: CDC tool's initial or re-snapshot, Debezium's ``op: r``): never a write; it seeds a
+#: table that starts empty, and is otherwise counted (fate ``read``)
+READ = "READ"
 #: the ops of a canonical record
-OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
+OPS = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", READ)
 ROW_OPS = ("INSERT", "UPDATE", "DELETE")
 #: Scylla's and Cassandra's largest TTL (20 years)
 MAX_TTL = 630_720_000
@@ -577,8 +581,8 @@ class Typer:
         detail = _record_problem(fields, eid, op, origin, self.ranks, ts_text, ts, seq_text, seq)
         if detail is None and origin == REPAIR_ORIGIN:
             return None, None  # a repair is counted, never resolved: no event's guard applies
-        if detail is None:
-            detail = self._row_problem(fields, maps, typed, op)
+        if detail is None:  # a read is shaped as an INSERT: a key and the whole row
+            detail = self._row_problem(fields, maps, typed, "INSERT" if op == READ else op)
         if detail is not None:
             return QuarantineReason.MALFORMED.value, detail
         assert ts is not None

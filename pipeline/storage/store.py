@@ -23,6 +23,9 @@ from urllib.parse import unquote, urlparse
 
 from pipeline.core.errors import NotFoundError, StoreError
 
+#: names (a class body's ``list`` is its method: this is the builtin's)
+Names = list[str]
+
 
 class Store(Protocol):
     uri: str
@@ -36,6 +39,7 @@ class Store(Protocol):
     def delete_if(self, key: str, token: str) -> bool: ...
     def read_tail(self, key: str, n: int) -> tuple[int, bytes]: ...
     def list(self, prefix: str) -> list[str]: ...
+    def folders(self, prefix: str) -> Names: ...
     def sizes(self, prefix: str) -> dict[str, int]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
@@ -167,6 +171,11 @@ class FileStore:
         if not base.is_dir():
             return []
         return sorted(str(f.relative_to(self.root).as_posix()) for f in _files_under(base))
+
+    def folders(self, prefix: str) -> Names:
+        """The names of the folders right under ``prefix`` (none: no such folder)."""
+        base = self._p(prefix)
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """The keys under ``prefix`` with their sizes in bytes."""
@@ -343,6 +352,25 @@ class S3Store:
 
     def list(self, prefix: str) -> list[str]:
         return sorted(self.sizes(prefix))
+
+    def folders(self, prefix: str) -> Names:
+        """The names of the folders right under ``prefix`` (S3's common prefixes: one
+        listing of the level, not of every key below it)."""
+        from botocore.exceptions import ClientError
+
+        base = self._k(prefix).rstrip("/") + "/"
+        out: Names = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base, Delimiter="/"
+            )
+            for page in pages:
+                out += [
+                    p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", [])
+                ]
+        except ClientError as e:
+            raise self._fail(prefix, e) from None
+        return sorted(out)
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """The keys under ``prefix/`` with their sizes in bytes (one listing)."""

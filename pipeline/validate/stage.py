@@ -44,6 +44,7 @@ from pipeline.storage.outputs import read_output
 from pipeline.storage.workpath import WorkPath
 from pipeline.validate import alerts
 from pipeline.validate.datadocs import bundle
+from pipeline.validate.shares import shares
 from pipeline.validate.suites import (
     SUITES,
     Check,
@@ -139,7 +140,9 @@ class Frames:
                 kept = self.untouched_snapshot(config.tables[t])
                 kept.createOrReplaceTempView(f"cdr_untouched_snapshot_{t}")
             _read(spark, out / "conflicts").createOrReplaceTempView(f"cdr_conflicts_{t}")
-            _read(spark, out / "quarantine").createOrReplaceTempView(f"cdr_quarantine_{t}")
+            quarantine = _read(spark, out / "quarantine")
+            quarantine.createOrReplaceTempView(f"cdr_quarantine_{t}")
+            shares(spark, ctx, t, quarantine).createOrReplaceTempView(f"cdr_quarantine_shares_{t}")
             replicas = summary.tables[t].replicas.items()
             records = [(r, pending.to_account(v)) for r, v in replicas]
             local_frame(spark, records, "replica string, records long").createOrReplaceTempView(

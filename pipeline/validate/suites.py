@@ -46,6 +46,7 @@ from pipeline.core.columns import STATE_ORIGIN, STATE_TS
 from pipeline.core.config import Config, DivergencePolicy, FkPolicy, Table
 from pipeline.spark.schema import spark_type
 from pipeline.validate import alerts
+from pipeline.validate.shares import placeholders as share_placeholders
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no network calls from a batch job
@@ -182,6 +183,7 @@ def render_suite(
     base, each = _names(table)
     base |= severities(config)
     base |= alerts.placeholders(config.conflict_rate_alert if config is not None else None)
+    base |= share_placeholders(config)
     expectations = []
     for exp in template["expectations"]:
         loop = exp.get("meta", {}).get("for_each")

@@ -20,8 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def missing() -> str | None:
 
 def classpath() -> str:
     where = folder()
-    return os.pathsep.join([str(where / j.file_name) for j in locked()] + [str(where / program_name())])
+    paths = [where / j.file_name for j in locked()] + [where / program_name()]
+    return os.pathsep.join(map(str, paths))
 
 
 def fetch() -> Path:
@@ -95,6 +97,11 @@ def fetch() -> Path:
     return where
 
 
+#: the table of the capture's marker rows (:meth:`Capture.stop`): each server needs it
+MARKER = "cdr_capture_marker"
+MARKER_SQL = f"create table {MARKER}(token text primary key);"
+
+
 def properties(
     name: str,
     port: int,
@@ -119,12 +126,12 @@ def properties(
         "database.user": "postgres",
         "database.password": "",
         "database.dbname": time_zone_db,
-        "topic.prefix": name,
+        "topic.prefix": name,  # each engine its own: its metrics and topics
         "plugin.name": "pgoutput",
         "slot.name": slot,
         "publication.name": f"{slot}_pub",
         "publication.autocreate.mode": "filtered",
-        "table.include.list": ",".join(f"public.{t}" for t in tables),
+        "table.include.list": ",".join(f"public.{t}" for t in (*tables, MARKER)),
         "snapshot.mode": snapshot_mode,
         "provide.transaction.metadata": str(transaction_metadata).lower(),
         "decimal.handling.mode": decimals,
@@ -152,31 +159,42 @@ class Capture:
              *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
-        self.started: set[str] = set()
+        self.said: dict[str, set[str]] = {"slot": set(), "snapshot": set()}
 
-    def wait_for_slots(self, timeout: float = 120) -> None:
+    def wait_for(self, what: str, names: set[str] | None = None, timeout: float = 120) -> None:
+        """Until every engine (of ``names``) said ``what``: ``slot`` (its task started, its
+        slot exists) or ``snapshot`` (its snapshot's last read is written)."""
+        names = self.names if names is None else names
         deadline = time.monotonic() + timeout
         assert self.p.stdout is not None
-        while self.started != self.names:
+        while not names <= self.said[what]:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Debezium's engines did not start: {self.names - self.started}")
+                raise TimeoutError(f"Debezium's engines said no {what}: {names - self.said[what]}")
             line = self.p.stdout.readline()
             if not line:
                 raise RuntimeError(f"the capture ended: see {self.log.name}")
             word, _, rest = line.strip().partition(" ")
-            if word == "slot":
-                self.started.add(rest)
+            if word in self.said:
+                self.said[word].add(rest)
             elif word == "failed":
                 raise RuntimeError(f"an engine failed: {rest} (see {self.log.name})")
 
-    def stop(self, timeout: float = 180) -> None:
+    def wait_for_slots(self, timeout: float = 120) -> None:
+        self.wait_for("slot", timeout=timeout)
+
+    def stop(self, servers: Iterable[Any], timeout: float = 180) -> None:
+        """Once every engine streamed a marker row inserted now into each of ``servers``
+        (``pg_replicas.Server``; :data:`MARKER`): it streamed every change before it."""
         assert self.p.stdin is not None and self.p.stdout is not None
-        self.p.stdin.write("stop\n")
+        token = uuid.uuid4().hex
+        for s in servers:
+            s.sql(f"insert into {MARKER} values ('{token}')")
+        self.p.stdin.write(f"stop {token}\n")
         self.p.stdin.flush()
         rest = self.p.stdout.read()
         code = self.p.wait(timeout=timeout)
         self.log.close()
-        if code != 0 or "done" not in rest:
+        if code != 0 or "done" not in rest or "failed" in rest:
             raise RuntimeError(f"the capture failed ({code}): {rest[-500:]}; see {self.log.name}")
 
     def __enter__(self) -> Capture:

@@ -177,11 +177,11 @@ class Server:
     def system_id(self) -> int:
         return int(self.sql("select system_identifier from pg_control_system()").strip())
 
-    def setup(self, base: str) -> None:
+    def setup(self, base: str, slots: bool = True) -> None:
         """The schema, the base rows (before the audit triggers and the slots, so that
-        they are in no export), then one wal2json slot per table."""
+        they are in no export), then (``slots``) one wal2json slot per table."""
         self.sql(SCHEMA + base + TRIGGERS)
-        for t in TABLES:
+        for t in TABLES if slots else ():
             self.sql(f"select pg_create_logical_replication_slot('cdr_{t}', 'wal2json')")
 
     def wal2json(self, table: str) -> list[str]:

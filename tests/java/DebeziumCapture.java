@@ -1,7 +1,7 @@
 import io.debezium.engine.DebeziumEngine;
 import io.debezium.engine.RecordChangeEvent;
 import io.debezium.engine.format.ChangeEventFormat;
-import io.debezium.engine.format.Connect;
+import io.debezium.embedded.Connect;
 import java.io.BufferedReader;
 import java.io.FileInputStream;
 import java.io.IOException;
@@ -16,10 +16,13 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.connect.data.Struct;
 import org.apache.kafka.connect.json.JsonConverter;
 import org.apache.kafka.connect.source.SourceRecord;
 
@@ -31,8 +34,10 @@ import org.apache.kafka.connect.source.SourceRecord;
  * <out>/<name>/plain}), one record per line, in objects named as Confluent's S3 sink names
  * them: {@code topics/<topic>/partition=0/<topic>+0+<first offset>.json}, a new object every
  * {@code rotate} records of a topic. A line "slot <name>" on stdout says an engine's task
- * started (its slot exists); "stop" on stdin ends the capture once no engine has had a
- * record for {@code idle-ms}; each engine commits its offsets as it closes.
+ * started (its slot exists), "snapshot <name>" that its snapshot's last read was written;
+ * "stop <token>" on stdin ends the capture once every engine has streamed the marker row
+ * {@code <token>} the test inserted into {@code cdr_capture_marker} after its workload (so
+ * every change committed before it); each engine commits its offsets as it closes.
  *
  * <p>Usage: {@code DebeziumCapture <out> <rotate> <idle-ms> name=props [name=props ...]}
  */
@@ -95,6 +100,45 @@ public final class DebeziumCapture {
     }
   }
 
+  /** The marker tokens each engine has streamed (see {@link #marker}). */
+  private static final Map<String, Set<String>> MARKS = new ConcurrentHashMap<>();
+
+  /**
+   * The token of a marker row the test inserted into {@code cdr_capture_marker} after its
+   * workload (null for any other record): once an engine streamed it, it streamed every
+   * change committed before it.
+   */
+  static String marker(SourceRecord r) {
+    if (!r.topic().endsWith(".cdr_capture_marker")
+        || !(r.value() instanceof Struct value)
+        || value.schema().field("after") == null
+        || value.getStruct("after") == null) {
+      return null;
+    }
+    Object token = value.getStruct("after").get("token");
+    return token == null ? null : token.toString();
+  }
+
+  /** Whether the record is the last read of the connector's snapshot. */
+  static boolean lastOfSnapshot(SourceRecord r) {
+    if (!(r.value() instanceof Struct value) || value.schema().field("source") == null) {
+      return false;
+    }
+    Struct source = value.getStruct("source");
+    return source != null
+        && source.schema().field("snapshot") != null
+        && "last".equals(source.get("snapshot"));
+  }
+
+  static boolean allMarked(List<String> names, String token) {
+    for (String n : names) {
+      if (!MARKS.getOrDefault(n, Set.of()).contains(token)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   public static void main(String[] args) throws Exception {
     Path out = Paths.get(args[0]);
     int rotate = Integer.parseInt(args[1]);
@@ -137,6 +181,14 @@ public final class DebeziumCapture {
                     } catch (IOException e) {
                       throw new RuntimeException(e);
                     }
+                    if (lastOfSnapshot(event.record())) {
+                      System.out.println("snapshot " + name);
+                      System.out.flush();
+                    }
+                    String mark = marker(event.record());
+                    if (mark != null) {
+                      MARKS.computeIfAbsent(name, k -> ConcurrentHashMap.newKeySet()).add(mark);
+                    }
                   })
               .build();
       engines.add(engine);
@@ -144,11 +196,26 @@ public final class DebeziumCapture {
     }
     BufferedReader stdin = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
     String line;
-    while ((line = stdin.readLine()) != null && !line.trim().equals("stop")) {
-      // the test says when its workload is done
+    String token = null;
+    while ((line = stdin.readLine()) != null) {
+      // the test says when its workload is done: "stop <the marker's token>"
+      if (line.startsWith("stop ")) {
+        token = line.substring(5).trim();
+        break;
+      }
     }
-    while (System.currentTimeMillis() - LAST.get() < idleMs) {
-      Thread.sleep(100);
+    long stopped = System.currentTimeMillis();
+    List<String> names = new ArrayList<>();
+    for (int i = 3; i < args.length; i++) {
+      names.add(args[i].split("=", 2)[0]);
+    }
+    while (token != null && !allMarked(names, token)) {
+      if (System.currentTimeMillis() - stopped > idleMs * 40) {
+        System.out.println("failed: no marker " + token + " from every engine: " + MARKS);
+        System.out.flush();
+        break;
+      }
+      Thread.sleep(50);
     }
     for (DebeziumEngine<RecordChangeEvent<SourceRecord>> e : engines) {
       e.close();

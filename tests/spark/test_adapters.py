@@ -200,7 +200,8 @@ def test_debezium_envelopes_map_to_canonical_events(tmp_path: Path, spark, wrapp
     dest, rows, skipped = staged_lines(tmp_path, "debezium", recs)
     assert (rows, skipped) == (5, 1)
     got = canonical_rows(debezium(spark.read.parquet(str(dest)), cfg.tables["items"], {}))
-    assert [g["op"] for g in got] == ["INSERT", "UPDATE", "DELETE", "TRUNCATE"]
+    # docs/adapters.md#snapshot-reads: a snapshot's read (op r) is a READ, not an INSERT
+    assert [g["op"] for g in got] == ["READ", "UPDATE", "DELETE", "TRUNCATE"]
     ins, upd, dele, _ = got
     want_seen = "1795251600000001" if wrapped else "2026-11-21T09:00:00.000001Z"
     assert ins["after"] == {
@@ -215,6 +216,29 @@ def test_debezium_envelopes_map_to_canonical_events(tmp_path: Path, spark, wrapp
     assert upd["before"]["name"] == "a" and upd["after"]["name"] == "b"
     assert upd["key"] == {"id": "1"} and "new_key" not in upd
     assert dele["key"] == {"id": "1"}
+
+
+def test_debezium_replication_origins_map_to_replicas(tmp_path: Path, spark):
+    """docs/adapters.md#debezium: Debezium 3's ``source.origin`` names the replication
+    origin of a change another server made and this one applied (``pg_<subscription
+    oid>``; null for its own): ``options.origins`` maps it to the replica that made the
+    change; an origin it does not map is malformed, naming the option."""
+    cfg = config(tmp_path, (tmp_path / "store").as_uri())
+    dbz = src.Debezium("items", ["id"], COLUMNS, schema=False)
+    recs = []
+    for i, origin in enumerate([None, "pg_16390", "pg_99"], 1):
+        e = dbz.envelope("c", None, {"id": i, "name": "a"}, T0 + i, 5 + i, 100 * i)
+        e["source"]["origin"] = origin
+        recs.append(e)
+    dest, _, _ = staged_lines(tmp_path, "debezium", recs)
+    df = debezium(
+        spark.read.parquet(str(dest)), cfg.tables["items"], {"origins": {"pg_16390": "pg2"}}
+    )
+    own, applied, unmapped = canonical_rows(df)
+    assert own["origin"] == "pg1" and applied["origin"] == "pg2"
+    assert applied["event_id"].startswith(f"pg2@{T0 + 2}/"), applied["event_id"]
+    assert "source.origin 'pg_99' is not mapped to a replica" in unmapped["_malformed"]
+    assert "options.origins" in unmapped["_malformed"]
 
 
 @pytest.mark.parametrize("placeholder", [None, "<unchanged toast>"], ids=["default", "option"])

@@ -119,6 +119,11 @@ ACCOUNT_VIEWS = {
     "cdr_records_orders": ([("pub", 3), ("sub", 2)], "replica string, records long"),
     "cdr_conflicts_orders": ([("e2",)], "remote_event_id string"),
     "cdr_quarantine_orders": ([("e3",)], "event_id string"),
+    "cdr_quarantine_shares_orders": (  # e3 is quarantined by a rule, not by the guards
+        [("pub", None, 3, 0, 0.0, None, None), ("sub", None, 2, 0, 0.0, None, None)],
+        "replica string, file string, records long, quarantined long, share double, "
+        "reason string, detail string",
+    ),
 }
 GOOD_FATES = [
     ("e1", "pub", "applied"),

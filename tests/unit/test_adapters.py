@@ -26,7 +26,7 @@ DT = "2026-11-21"
         ("dms", {"timestamp_column": "t", "header": False}, "needs options.columns"),
         ("wal2json", {"origin": {}}, "options ['origin'] are not options of wal2json"),
         ("wal2json", {"origins": {"x": "pg1"}}, "maps replication origin ids"),
-        ("debezium", {"timestamp_column": "t"}, "(known: transaction_metadata, unavailable_"),
+        ("debezium", {"timestamp_column": "t"}, "(known: origins, transaction_metadata, unavail"),
         ("debezium", {"unavailable_value_placeholder": 1}, "must be a str"),
     ],
 )

@@ -119,13 +119,13 @@ MANGLES = [
 
 def _record(rng: random.Random, table: str, n: int, mangle: str) -> str:
     cols = [c for c in COLUMNS if c in CONFIG["tables"][table]["columns"]]
-    op = rng.choice(["INSERT", "UPDATE", "DELETE"])
+    op = rng.choice(["INSERT", "UPDATE", "DELETE", "READ"])  # READ: a snapshot's read
     key = {"id": n, "k2": f"k{n % 3}"}
     after = dict(key)
     for c in cols:
         if c in key:
             continue
-        if op == "INSERT" or rng.random() < 0.5:
+        if op in ("INSERT", "READ") or rng.random() < 0.5:
             after[c] = rng.choice(GOOD[c])
     after.setdefault("s", "a")
     rec: dict = {"op": op, "key": key, "ts": NOW - rng.randint(1, DAY)}

@@ -40,13 +40,14 @@ from pipeline.ingest.adapters.common import (
     text,
 )
 from pipeline.ingest.adapters.options import UNAVAILABLE
+from pipeline.rules.guards import READ
 from pipeline.spark.schema import event_ts_micros
 
 _FIELD = "struct<field string, name string, parameters map<string,string>>"
 _DBZ_SCHEMA = f"array<struct<field string, fields array<{_FIELD}>>>"
 _SOURCE = (
     "struct<ts_ms bigint, ts_us bigint, ts_ns bigint, lsn bigint, txId string, "
-    "schema string, table string, db string>"
+    "schema string, table string, db string, origin string>"
 )
 _DBZ = (
     f"struct<op string, source {_SOURCE}, before map<string, variant>, "
@@ -163,15 +164,36 @@ def debezium(
     ns_to_us = F.floor(src["ts_ns"].cast("decimal(20,0)") / 1000).cast("bigint")
     ts_us = F.coalesce(src["ts_us"], ns_to_us, src["ts_ms"] * 1000)
     order = F.col("p.transaction.data_collection_order")
-    problem = _dbz_problem(table, decimals, ts_us, old_key)
-    if options.get("transaction_metadata"):
+    origin = _dbz_origin(options.get("origins", {}))
+    problem = _dbz_problem(table, decimals, ts_us, old_key, origin)
+    if options.get("transaction_metadata"):  # a snapshot's read is in no transaction
         missing = "no transaction.data_collection_order (options.transaction_metadata)"
-        problem = F.coalesce(problem, F.when(order.isNull(), F.lit(missing)))
-    mapped = df.select(
+        problem = F.coalesce(problem, F.when(order.isNull() & (op != "r"), F.lit(missing)))
+    mapped = _mapped(df, op, problem, origin, ts_us, order, old_key, new_key)
+    return Adapted(
+        canonical(_placed(mapped, legacy_ids is not None), "debezium", table, legacy_ids)
+    )
+
+
+def _mapped(
+    df: DataFrame,
+    op: Column,
+    problem: Column,
+    origin: Column,
+    ts_us: Column,
+    order: Column,
+    old_key: Column,
+    new_key: Column,
+) -> DataFrame:
+    """The envelopes as canonical records' fields (``common.canonical`` finishes them)."""
+    after, before = F.col("a_m"), F.col("b_m")
+    src = F.col("p.source")
+    return df.select(
         *LINE_COLUMNS,
         F.col("raw").alias("source"),
         problem.alias("problem"),
-        F.when(op.isin("c", "r"), "INSERT")
+        F.when(op == "c", "INSERT")
+        .when(op == "r", READ)  # docs/adapters.md#snapshot-reads: a read, not a write
         .when(op == "u", "UPDATE")
         .when(op == "d", "DELETE")
         .when(op == "t", "TRUNCATE")
@@ -186,14 +208,11 @@ def debezium(
         F.when(op.isin("c", "r", "u"), after).alias(AFTER),
         F.when(op.isin("u", "d"), before).alias(BEFORE),
         ts_us.cast("string").alias(TS),
-        F.coalesce(F.col("p.origin"), F.col(REPLICA)).alias(ORIGIN),
+        F.coalesce(F.col("p.origin"), origin).alias(ORIGIN),
         F.coalesce(src["txId"], F.col("p.transaction.id")).alias(TXID),
         F.coalesce(src["lsn"], line_order(F.col("fileno"), F.col("line"))).alias(SEQ),
         order.alias("order"),
         src["lsn"].alias("lsn"),
-    )
-    return Adapted(
-        canonical(_placed(mapped, legacy_ids is not None), "debezium", table, legacy_ids)
     )
 
 
@@ -322,12 +341,53 @@ def _dbz_text_map(table: Table, part: str, decimals: list[TableColumn], unavaila
     return F.when(m.isNotNull(), F.map_from_entries(F.concat(known, extra)))
 
 
+def _dbz_origin(origins: Mapping[str, str]) -> Column:
+    """The replica a change came from: the exporting replica's own change (no
+    ``source.origin``), else the one its replication origin maps to (the manifest's
+    ``options.origins``: a change another replica made, that this one applied through a
+    subscription; docs/adapters.md); null when unmapped."""
+    origin_map = (
+        F.create_map(*[x for k, r in origins.items() for x in (F.lit(k), F.lit(r))])
+        if origins
+        else F.create_map().cast("map<string,string>")
+    )
+    named = F.col("p.source.origin")
+    return F.when(named.isNull() | (named == ""), F.col(REPLICA)).otherwise(origin_map[named])
+
+
+def _bytes_decimals(decimals: list[TableColumn]) -> Column:
+    """The first decimal column of the change given as Debezium's bytes (base64) without
+    the schema that says how to read them: its image, name and text (null: none)."""
+    found = [
+        F.when(
+            F.col("sf").isNull()
+            & text(F.col(f"p.{part}")[c.exported]).rlike(r"^[A-Za-z0-9+/]+=*$")
+            & text(F.col(f"p.{part}")[c.exported]).try_cast("decimal(38,18)").isNull(),
+            F.concat(
+                F.lit(f"{part}.{c.name}: '"), text(F.col(f"p.{part}")[c.exported]), F.lit("'")
+            ),
+        )
+        for c in decimals
+        for part in (AFTER, BEFORE)
+    ]
+    return F.coalesce(*found) if found else F.lit(None).cast("string")
+
+
+#: why a decimal given as bytes without a schema cannot be read (docs/adapters.md#debezium)
+DECIMAL_BYTES = (
+    " is a decimal as Debezium's bytes (decimal.handling.mode=precise), which only the "
+    "schema says how to read: set decimal.handling.mode=string on the connector, or "
+    "value.converter.schemas.enable=true"
+)
+
+
 def _dbz_problem(
-    table: Table, decimals: list[TableColumn], ts_us: Column, old_key: Column
+    table: Table, decimals: list[TableColumn], ts_us: Column, old_key: Column, origin: Column
 ) -> Column:
     """Why a line is no change event the run can apply (null if it is one)."""
     op = F.col("p.op")
     src = F.col("p.source")
+    as_bytes = _bytes_decimals(decimals)
     # a Decimal too long to decode reads as null: the record is malformed, not changed
     oversized = [
         (F.col("lt")[c.exported]["name"] == _DECIMAL)
@@ -347,7 +407,16 @@ def _dbz_problem(
                 F.concat(F.lit("unknown op '"), op, F.lit("'")),
             ),
             table_check(table, src["schema"], src["table"], f"table {table.name}"),
+            (
+                origin.isNull(),
+                F.concat(
+                    F.lit("source.origin '"),
+                    src["origin"],
+                    F.lit("' is not mapped to a replica (the manifest's options.origins)"),
+                ),
+            ),
             (ts_us.isNull(), "no source.ts_ms, ts_us or ts_ns (the commit time)"),
+            (as_bytes.isNotNull(), F.concat(as_bytes, F.lit(DECIMAL_BYTES))),
             (op.isin("c", "r", "u") & F.col("p.after").isNull(), "no after"),
             ((op == "d") & old_key.isNull(), "no before key"),
             *[

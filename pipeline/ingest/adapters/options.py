@@ -41,7 +41,11 @@ OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "jsonl": {},
     "parquet": {},
     "wal2json": {"origins": dict},
-    "debezium": {"unavailable_value_placeholder": str, "transaction_metadata": bool},
+    "debezium": {
+        "unavailable_value_placeholder": str,
+        "transaction_metadata": bool,
+        "origins": dict,
+    },
     "dms": {
         "timestamp_column": str,
         "header": bool,
@@ -82,6 +86,13 @@ def check_options(fmt: str, options: Any, where: str) -> dict[str, Any]:
                 raise ExportError(
                     f"{where}: options.origins maps replication origin ids (digits) to "
                     f"replica ids, got {k!r}: {v!r}"
+                )
+    if fmt == "debezium":
+        for k, v in options.get("origins", {}).items():
+            if not isinstance(v, str) or not k:
+                raise ExportError(
+                    f"{where}: options.origins maps replication origin names (the "
+                    f"connector's source.origin, e.g. pg_16392) to replica ids, got {k!r}: {v!r}"
                 )
     if fmt == "dms":
         _check_dms(options, where)
@@ -140,8 +151,9 @@ _W2J_SETTINGS = {
 class SettingsCheck:
     """The export settings an adapter's export needs, read from its first record: a
     wal2json action must carry what ``include-xids``, ``include-timestamp``,
-    ``include-origin`` and ``include-lsn`` add; a Debezium change event, when the
-    manifest says ``options.transaction_metadata``, its ``transaction`` block. A file
+    ``include-origin`` and ``include-lsn`` add; a Debezium change event (not a snapshot's
+    read), when the manifest says ``options.transaction_metadata``, its ``transaction``
+    block. A file
     without them is refused naming the setting and the line."""
 
     def __init__(self, fmt: str, options: dict[str, Any], name: str):
@@ -178,7 +190,8 @@ class SettingsCheck:
 
     def _debezium(self, line_no: int, record: dict[str, Any]) -> None:
         payload = record.get("payload") if "schema" in record else record
-        if not isinstance(payload, dict) or payload.get(OP) not in ("c", "r", "u", "d", "t"):
+        # a snapshot's read (op r) is in no transaction: the first change decides
+        if not isinstance(payload, dict) or payload.get(OP) not in ("c", "u", "d", "t"):
             return
         tx = payload.get("transaction")
         if not isinstance(tx, dict) or tx.get("data_collection_order") is None:

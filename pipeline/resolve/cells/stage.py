@@ -20,6 +20,7 @@ from pipeline.core.columns import (
     FATE,
     KEY,
     MARKER,
+    OP,
     ORIGIN,
     RANK,
     REPLICA,
@@ -30,6 +31,7 @@ from pipeline.core.columns import (
     TS,
 )
 from pipeline.core.config import Config, Table
+from pipeline.core.policy import Fate
 from pipeline.resolve.cells.changes import event_change, truncate_changes, truncate_slots
 from pipeline.resolve.cells.conflicts import conflict_columns
 from pipeline.resolve.cells.state import (
@@ -48,6 +50,7 @@ from pipeline.resolve.shuffle import (
     with_special_copies,
 )
 from pipeline.resolve.skew import tally, with_evidence
+from pipeline.rules.guards import READ
 from pipeline.rules.rowfold import Event
 from pipeline.spark.frames import CONFLICT_FIELDS, DIVERGENCE
 from pipeline.spark.schema import change_schema
@@ -226,6 +229,7 @@ def resolve_cells(
     ``narrow``: for a table merged in place, the prior rows the events (its second
     argument) need of it, given the night's TRUNCATEs (``inplace.narrowed``)."""
     main, specials = split_special(refs, any_special)
+    main, reads = _reads_aside(main)
     truncs = specials.truncates
     prior = prior if narrow is None else narrow(prior, main, truncs)
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
@@ -250,7 +254,7 @@ def resolve_cells(
     )
     fates, quarantine = with_special_copies(
         spark,
-        out.select(F.explode("fates").alias("f")).select("f.*"),
+        out.select(F.explode("fates").alias("f")).select("f.*").unionByName(reads, True),
         out.where(F.col("quarantine").isNotNull()).select("quarantine.*"),
         specials,
     )
@@ -268,6 +272,14 @@ def resolve_cells(
         changes,
         tally(out.select(F.explode("skews").alias("skew"))),
     )
+
+
+def _reads_aside(main: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """docs/adapters.md#snapshot-reads: the copies to resolve, and the fates of the
+    snapshot reads among them (``read``: never a write)."""
+    read = (F.col(OP) == READ) & F.col("reason").isNull()
+    reads = main.where(read).select(EVENT_ID, REPLICA, F.lit(Fate.READ.value).alias(FATE))
+    return main.where(~F.coalesce(read, F.lit(False))), reads
 
 
 def _state_rows(
