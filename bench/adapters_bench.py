@@ -31,8 +31,9 @@ from typing import Any
 
 from resolve_bench import CONFIG, D, measure, staged_input
 
-from pipeline.core.config import parse_config
-from pipeline.ingest.exports import fetch, ingest
+from pipeline.core.config_load import parse_config
+from pipeline.ingest.exports import ingest
+from pipeline.ingest.fetch import fetch
 from pipeline.storage.context import RunContext, resolve_now
 from pipeline.storage.store import open_store
 

@@ -26,7 +26,7 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 
 from resolve_bench import ITEM_COLUMNS, alternate, bench_config, staged_input
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 
 CUSTOM = {"python": "bench.resolvers:latest"}
 VARIANTS: dict[str, dict] = {

@@ -8,7 +8,7 @@ staged input:
 - ``baseline``: the bare window dedupe (``resolve_bench.baseline``);
 - ``resolve``: the resolve stage as it is;
 - ``floor``: the same stage, but each fold task drops its contended keys' groups instead
-  of folding them in Python (``foldrun._Stream.fold_python`` does nothing, patched in
+  of folding them in Python (``fold_task._Stream.fold_python`` does nothing, patched in
   the task's process). Everything else runs: the fetch, the shuffle by key and its sort,
   the Arrow stream to the Python tasks, the quiet rows and lone inserts written as Arrow
   columns, and the steps after the fold job (over fewer output rows).
@@ -36,19 +36,19 @@ import pipeline.resolve.engine
 
 
 def _fold_function(floor: bool):
-    """``foldrun.fold_function``; with ``floor``, the contended groups are dropped in the
+    """``fold_task.fold_function``; with ``floor``, the contended groups are dropped in the
     task. Python workers are reused, so each task sets the fold it needs."""
 
     def make(job, single_group: bool):
-        from pipeline.resolve.foldrun import fold_function
+        from pipeline.resolve.fold_task import fold_function
 
         whole = fold_function(job, single_group)
 
         def run(batches):
-            from pipeline.resolve import foldrun
+            from pipeline.resolve import fold_task
 
-            stream = foldrun._Stream
-            kept = foldrun.__dict__.setdefault("_bench_fold_python", stream.fold_python)
+            stream = fold_task._Stream
+            kept = fold_task.__dict__.setdefault("_bench_fold_python", stream.fold_python)
             stream.fold_python = (lambda self, groups: None) if floor else kept
             yield from whole(batches)
 

@@ -35,7 +35,8 @@ from resolve_bench import CONFIG, bench_config, staged_input
 
 from pipeline import stages
 from pipeline.core import layout
-from pipeline.core.config import Config, parse_config
+from pipeline.core.config import Config
+from pipeline.core.config_load import parse_config
 from pipeline.storage.context import RunContext
 
 HISTORY = bench_config(history=True)

@@ -36,9 +36,9 @@ import yaml
 from pipeline import stages
 from pipeline.app.generate import GenerateOptions, generate
 from pipeline.changes import cdc
-from pipeline.core.config import parse_config
-from pipeline.ingest import copies, exports
-from pipeline.resolve import engine
+from pipeline.core.config_load import parse_config
+from pipeline.ingest import copies, fetch
+from pipeline.resolve import engine, foreign_keys, snapshots
 from pipeline.resolve import stage as resolve
 from pipeline.resolve.cells import stage as cell_stage
 from pipeline.spark.session import get_spark
@@ -55,7 +55,7 @@ if os.environ.get("BENCH_TABLE") == "cells":
 PHASES = [
     (stages, "ingest", "ingest"),
     (stages, "resolve", "resolve (rest)"),
-    (exports, "fetch", "fetch and type exports (Spark tasks)"),
+    (fetch, "fetch", "fetch and type exports (Spark tasks)"),
     (copies, "read_copies", "read copies"),
     (engine, "with_seen", "ledger dedupe"),
     (engine, "resolve_rows", "row engine (rest)"),
@@ -68,8 +68,8 @@ PHASES = [
     (engine, "write_ledger", "ledger (row engine: only for events two tasks saw)"),
     (resolve, "write_ledger", "ledger (cell engine)"),
     (resolve, "_table_counts", "counts"),
-    (resolve, "check_foreign_keys", "foreign keys"),
-    (resolve, "compare_snapshots", "snapshot comparison"),
+    (foreign_keys, "check_foreign_keys", "foreign keys"),
+    (snapshots, "compare_snapshots", "snapshot comparison"),
     (cdc, "cdc_stage", "CDC log"),
     (validation, "measure_stage", "validate: measure (Spark, in the resolve job)"),
     (stages, "validate", "validate (rest)"),

@@ -39,11 +39,11 @@ import yaml
 from pipeline import stages
 from pipeline.app.generate import GenerateOptions, generate
 from pipeline.core import layout
-from pipeline.core.config import parse_config
-from pipeline.publish.targets import located
+from pipeline.core.config_load import parse_config
 from pipeline.spark.session import get_spark
 from pipeline.storage.context import RunContext
 from pipeline.storage.store import open_store
+from pipeline.storage.targets import located
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resolve_bench import CONFIG, D

@@ -40,8 +40,10 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "8")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.app.generate import GenerateOptions, generate
-from pipeline.core.config import Config, parse_config
-from pipeline.ingest.exports import fetch, ingest
+from pipeline.core.config import Config
+from pipeline.core.config_load import parse_config
+from pipeline.ingest.exports import ingest
+from pipeline.ingest.fetch import fetch
 from pipeline.storage.context import RunContext, resolve_now
 from pipeline.storage.store import open_store
 from tests.helpers import configs

@@ -28,7 +28,7 @@ os.environ.setdefault("CDR_SHUFFLE_PARTITIONS", "2")
 import yaml
 
 from pipeline.app.cli import main
-from pipeline.core.config import load_config
+from pipeline.core.config_load import load_config
 from pipeline.resolve.stage import load_summary
 from pipeline.spark.session import get_spark
 from pipeline.storage.context import RunContext

@@ -65,7 +65,7 @@ def report_failure(context: dict[str, Any]) -> None:
         if missing:
             reason = f"timed out waiting for {len(missing)} manifest(s), e.g. {missing[0]}"
     if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
-        from pipeline import CdrError, load_verdict
+        from pipeline import CdrError, load_verdict  # deferred: the task's, not the DAG's parse
 
         try:
             failures = load_verdict(_run_context(plan)).failures
@@ -84,7 +84,7 @@ def report_failure(context: dict[str, Any]) -> None:
 def _notes(plan: dict[str, Any]) -> str:
     """The quarantine's open count, the clock-skew warnings and the alerts of the run,
     when it got that far ("" otherwise)."""
-    from pipeline import CdrError, run_notes
+    from pipeline import CdrError, run_notes  # deferred: the task's, not the DAG's parse
 
     if not plan.get("date"):
         return ""
@@ -100,14 +100,14 @@ def _date(plan: dict[str, Any]) -> date:
 
 def _run_context(plan: dict[str, Any]) -> Any:
     """The pipeline's context of the plan's run (what ingest left in the work folder)."""
-    from pipeline import RunContext
+    from pipeline import RunContext  # deferred: the task's, not the DAG's parse
 
     return RunContext.load(WORK_DIR, _date(plan), plan.get("run_id"))
 
 
 def _missing_manifests(plan: dict[str, Any]) -> list[str]:
     """The manifests of the plan's date and tables not in the store yet."""
-    from pipeline import missing_manifests, open_store
+    from pipeline import missing_manifests, open_store  # deferred: the task's, not the DAG's parse
 
     selected = config.select(plan["tables"].split(",") if plan["tables"] else None)
     assert selected.store
@@ -115,7 +115,7 @@ def _missing_manifests(plan: dict[str, Any]) -> list[str]:
 
 
 def _cli(command: str, date: str, *extra: str) -> None:
-    from pipeline import cli_main as main
+    from pipeline import cli_main as main  # deferred: the task's, not the DAG's parse
 
     args = [command, "--config", CONFIG, "--date", date, "--work-dir", WORK_DIR, *extra]
     rc = main(args)
@@ -188,7 +188,7 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
     """The run's date, options and pipeline run id, checked against the config. The id
     is the DAG run's with this task's try: retries of later tasks re-enter the run
     (and its lease); clearing the whole DAG run starts a new run."""
-    from pipeline import safe_run_id
+    from pipeline import safe_run_id  # deferred: the task's, not the DAG's parse
 
     when = logical_date or dag_run.run_after
     day = params["date"] or (when - timedelta(days=1)).date().isoformat()
@@ -254,7 +254,11 @@ class SparkStage(SparkSubmitOperator):
     ingest staged a small run (``pipeline.spark.jvm``)."""
 
     def execute(self, context: Any) -> Any:
-        from pipeline import CdrError, small_run, submit_conf
+        from pipeline import (  # deferred: the task's, not the DAG's parse
+            CdrError,
+            small_run,
+            submit_conf,
+        )
 
         aws_env_from_connection()
         try:  # a small night's driver starts as `cdr run` starts it
@@ -304,7 +308,7 @@ def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
         raise AirflowSkipException(f"this run did not validate {p['date']}: nothing to publish")
     aws_env_from_connection()
     _cli("publish", p["date"], "--run-id", p["run_id"])
-    from pipeline import asset_extras
+    from pipeline import asset_extras  # deferred: the task's, not the DAG's parse
 
     extras = asset_extras(config, _run_context(p))
     for table, extra in extras.items():
@@ -318,7 +322,7 @@ def finish(p: dict[str, Any]) -> None:
     failed run must not keep the next night out)."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from pipeline import StageError
+    from pipeline import StageError  # deferred: the task's, not the DAG's parse
 
     try:
         _run_context(p)

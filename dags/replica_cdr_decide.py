@@ -56,7 +56,7 @@ PARAMS = {
 @task(retries=0)
 def decide(params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cdr decide``: returns the decision and the dates to rerun (an XCom)."""
-    from pipeline import decide_conflict, load_config
+    from pipeline import decide_conflict, load_config  # deferred: the task's, not the DAG's parse
 
     assert params is not None
     run = get_current_context()["dag_run"]

@@ -55,10 +55,10 @@ PARAMS = {
 @task(retries=0)
 def whatif(params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cdr whatif``: returns each table's count of differing rows (an XCom)."""
-    import json
+    import json  # deferred: the task's, not the DAG's parse
 
-    from pipeline import config_named, load_config
-    from pipeline import whatif as run_whatif
+    from pipeline import config_named, load_config  # deferred: the task's, not the DAG's parse
+    from pipeline import whatif as run_whatif  # deferred: the task's, not the DAG's parse
 
     assert params is not None
     main = Path(os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml")))

@@ -29,16 +29,16 @@ _FACE: dict[str, str] = {
     "publish": "pipeline.stages",
     "finish": "pipeline.stages",
     "RunOptions": "pipeline.stages",
-    "asset_extras": "pipeline.stages",
-    "notes_line": "pipeline.stages",
-    "operator_notes": "pipeline.stages",
-    "run_notes": "pipeline.stages",
+    "asset_extras": "pipeline.app.dag_notes",
+    "notes_line": "pipeline.app.dag_notes",
+    "operator_notes": "pipeline.app.dag_notes",
+    "run_notes": "pipeline.app.dag_notes",
     "small_run": "pipeline.stages",
     "load_summary": "pipeline.resolve.stage",
     "load_verdict": "pipeline.validate.stage",
     "RunReport": "pipeline.core.report",  # what ``run`` and ``publish`` return
     # the config, the store, a run's identity
-    "load_config": "pipeline.core.config",
+    "load_config": "pipeline.core.config_load",
     "WHATIF_NAME": "pipeline.core.config",
     "layout": "pipeline.core.layout:",  # the module: every key of the store
     "open_store": "pipeline.storage.store",
@@ -46,8 +46,8 @@ _FACE: dict[str, str] = {
     "RunContext": "pipeline.storage.context",
     "safe_run_id": "pipeline.storage.context",
     "check_run_id": "pipeline.storage.context",
-    "missing_manifests": "pipeline.ingest.exports",
-    "safe_relpath": "pipeline.ingest.exports",
+    "missing_manifests": "pipeline.ingest.manifests",
+    "safe_relpath": "pipeline.ingest.manifests",
     # errors
     "CdrError": "pipeline.core.errors",
     "ExportError": "pipeline.core.errors",
@@ -66,7 +66,7 @@ _FACE: dict[str, str] = {
     "render_page": "pipeline.app.runs",
     "table_runs": "pipeline.app.runs",
     "MalformedReport": "pipeline.core.summary",
-    "trends": "pipeline.publish.stats",
+    "trends": "pipeline.storage.stats",
 }
 
 __all__ = ["__version__", *_FACE]
@@ -89,6 +89,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers
     from pipeline.app.cli import main as cli_main
+    from pipeline.app.dag_notes import asset_extras, notes_line, operator_notes, run_notes
     from pipeline.app.decide import decide_conflict
     from pipeline.app.jobs import ENTRY
     from pipeline.app.runs import (
@@ -100,29 +101,26 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     )
     from pipeline.app.whatif import config_named, whatif
     from pipeline.core import layout
-    from pipeline.core.config import WHATIF_NAME, load_config
+    from pipeline.core.config import WHATIF_NAME
+    from pipeline.core.config_load import load_config
     from pipeline.core.errors import CdrError, ExportError, StageError, StoreError
     from pipeline.core.report import RunReport
     from pipeline.core.summary import MalformedReport
-    from pipeline.ingest.exports import missing_manifests, safe_relpath
-    from pipeline.publish.stats import trends
+    from pipeline.ingest.manifests import missing_manifests, safe_relpath
     from pipeline.resolve.stage import load_summary
     from pipeline.spark.jvm import submit_conf
     from pipeline.stages import (
         RunOptions,
-        asset_extras,
         finish,
         ingest,
-        notes_line,
-        operator_notes,
         publish,
         resolve,
         run,
-        run_notes,
         small_run,
         validate,
     )
     from pipeline.storage.context import RunContext, check_run_id, safe_run_id
     from pipeline.storage.lake import Lake
+    from pipeline.storage.stats import trends
     from pipeline.storage.store import open_store
     from pipeline.validate.stage import load_verdict

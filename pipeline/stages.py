@@ -10,20 +10,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from pipeline.changes.cdc import cdc_stage
+from pipeline.changes.history import history_stage
 from pipeline.core import layout
-from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import GateError, LockedError, StageError
 from pipeline.core.report import ReportValidation, RunReport, Status
-from pipeline.core.summary import RunSummary, TableSummary
+from pipeline.core.summary import RunSummary
+from pipeline.ingest.decisions import stale_warnings
 from pipeline.ingest.exports import ingest as ingest_exports
+from pipeline.ingest.exports import load_notices
+from pipeline.ingest.fetch import fetch
+from pipeline.ingest.inputs import load_inputs
 from pipeline.publish.commit import (
     Committer,
     commit_meta,
@@ -34,12 +39,18 @@ from pipeline.publish.commit import (
     run_row,
 )
 from pipeline.publish.doctor import require_atomic_create
+from pipeline.publish.metrics import export
+from pipeline.resolve.skew import skew_warnings
+from pipeline.rules.custom import asymmetric_warnings
+from pipeline.spark.session import CODEGEN_MIN_RECORDS, get_spark, sized
 from pipeline.storage import lease
-from pipeline.storage.context import RunContext, resolve_now, runs_of
+from pipeline.storage.context import RunContext, new_run_id, resolve_now, runs_of
 from pipeline.storage.lake import Lake
-from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
+from pipeline.storage.runs_table import RunRow, later_dates, published_by_date, read_runs
 from pipeline.storage.store import Store, open_store, replace_tree
 from pipeline.storage.workpath import WorkPath
+from pipeline.validate.alerts import fired
+from pipeline.validate.datadocs import digests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -194,21 +205,18 @@ def _clear_work(work_dir: WorkPath | Path, ctx: RunContext) -> None:
 
 def staged_records(ctx: RunContext) -> int:
     """The run's size: the records ingest staged (what resolve reads)."""
-    from pipeline.ingest.exports import load_inputs
 
     return sum(s.records for s in load_inputs(ctx).values())
 
 
 def sized_for(spark: SparkSession, ctx: RunContext) -> AbstractContextManager[bool]:
     """The Spark settings that depend on the run's size, for one stage."""
-    from pipeline.spark.session import sized
 
     return sized(spark, staged_records(ctx))
 
 
 def small_run(ctx: RunContext) -> bool:
     """A run small enough for a small run's JVM (:mod:`pipeline.spark.jvm`)."""
-    from pipeline.spark.session import CODEGEN_MIN_RECORDS
 
     return staged_records(ctx) < CODEGEN_MIN_RECORDS
 
@@ -225,22 +233,20 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
 
 
 def _resolve(spark: SparkSession, config: Config, ctx: RunContext) -> RunSummary:
-    from pipeline.ingest.exports import fetch
-    from pipeline.resolve.stage import resolve_stage, save_summary
-    from pipeline.validate.stage import measure_stage
+    from pipeline.resolve.stage import (  # deferred: loads pandas (half a second)
+        resolve_stage,
+        save_summary,
+    )
+    from pipeline.validate.stage import measure_stage  # deferred: loads pandas (half a second)
 
     fetch(spark, config, ctx)
     small = small_run(ctx)  # measures: fewer tasks
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if any(t.history is not None for t in config.tables.values()):
-            from pipeline.changes.history import history_stage
-
             summary = history_stage(spark, config, ctx, summary)
             save_summary(ctx, summary)
         if config.cdc.enabled:
-            from pipeline.changes.cdc import cdc_stage
-
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
         measure_stage(spark, config, ctx, summary, one_task=small)
@@ -258,8 +264,12 @@ def validate(
 
 
 def _validate(config: Config, ctx: RunContext, spark: Callable[[], SparkSession] | None) -> Verdict:
-    from pipeline.resolve.stage import load_summary
-    from pipeline.validate.stage import judge_stage, measure_stage, measured
+    from pipeline.resolve.stage import load_summary  # deferred: loads pandas (half a second)
+    from pipeline.validate.stage import (  # deferred: loads pandas (half a second)
+        judge_stage,
+        measure_stage,
+        measured,
+    )
 
     summary = load_summary(ctx)
     if not measured(ctx, summary):
@@ -280,12 +290,7 @@ def run_report(
 ) -> RunReport:
     """The run's report, as far as a dry run has it: publish adds the Data Docs files and
     the versions it committed."""
-    from pipeline.ingest.decisions import stale_warnings
-    from pipeline.ingest.exports import load_notices
-    from pipeline.resolve.skew import skew_warnings
-    from pipeline.resolve.stage import read_warnings
-    from pipeline.rules.custom import asymmetric_warnings
-    from pipeline.validate.alerts import fired
+    from pipeline.resolve.stage import read_warnings  # deferred: loads pandas (half a second)
 
     validation = layout.validation_dir(ctx.dt, ctx.run_id)
     warned = skew_warnings(summary.tables, config.max_clock_skew_seconds)
@@ -322,8 +327,8 @@ def publish(
     ``runs`` row, then raises :class:`GateError` naming the failures. Either way the
     run's report and validation results go to its own ``reports/dt=<D>/run=<id>/``;
     nothing a published run wrote is replaced by a failed one."""
-    from pipeline.resolve.stage import load_summary
-    from pipeline.validate.stage import load_verdict
+    from pipeline.resolve.stage import load_summary  # deferred: loads pandas (half a second)
+    from pipeline.validate.stage import load_verdict  # deferred: loads pandas (half a second)
 
     if ctx.dry_run:
         raise StageError(f"the run of {ctx.dt} is a dry run: it publishes nothing")
@@ -349,7 +354,6 @@ def _publish(
     started: float,
     spark: SparkSession | Callable[[], SparkSession] | None,
 ) -> RunReport:
-    from pipeline.ingest.exports import load_inputs
 
     lake = Lake(store, config.retention_days, fence(store, ctx), spark)
     runs = read_runs(lake)
@@ -390,7 +394,6 @@ def _validated_report(
 ) -> RunReport:
     """The report of a run about to publish, once its validation results and Data Docs
     are in the store: with the Data Docs files the server may serve."""
-    from pipeline.validate.datadocs import digests
 
     with ctx.validation.fetched() as validation:
         replace_tree(store, validation, layout.validation_dir(ctx.dt, ctx.run_id))
@@ -403,105 +406,11 @@ def _validated_report(
 def _export_metrics(config: Config, lake: Lake) -> None:
     """docs/operations.md#metrics, after the run published: a failure is logged, the run
     stays published."""
-    from pipeline.publish.metrics import export
 
     try:
         export(config.metrics, lake)
     except Exception as e:
         log.warning("metrics: not exported after the publish: %s", e)
-
-
-def asset_extras(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
-    """What a published run says of each table it committed, for the DAG's asset events
-    (their ``extra``): the run, its date and status, the ``runs`` version that holds its
-    row, the snapshot's version and the table's counts. Empty for a run that did not
-    publish; a subset run names only its tables (and their foreign keys' parents)."""
-    from pipeline.storage.runs_table import version_of
-
-    config = ctx.config(config)
-    assert config.store
-    store = open_store(config.store)
-    report = RunReport.from_json(store.read_bytes(layout.run_report(ctx.dt, ctx.run_id)))
-    if not report.published:
-        return {}
-    return table_extras(config, report, version_of(Lake(store), ctx.run_id))
-
-
-#: the counts of an asset event's ``extra``, each a field of ``TableTotals``, in this order
-ASSET_COUNTS = (
-    *("rows", "events", "applied", "discarded", "duplicates", "quarantined", "conflicts"),
-    "divergent_keys",
-)
-
-
-def table_extras(
-    config: Config, report: RunReport, runs_version: int | None
-) -> dict[str, dict[str, Any]]:
-    """:func:`asset_extras` of a published run's report, its ``runs`` row at
-    ``runs_version``; the counts are each table's ``TableSummary.totals``."""
-    notes = operator_notes(config, report.tables, report.alerts)
-    versions = report.versions or {}
-    return {
-        table: {
-            RUN_ID: report.run_id,
-            DT: report.dt,
-            "status": str(report.status),
-            "runs_version": runs_version,
-            "snapshot_version": versions.get(layout.table_path(table, layout.SNAPSHOT)),
-            **{k: getattr(totals, k) for k in ASSET_COUNTS},
-            **notes[table],
-        }
-        for table, totals in ((t, s.totals()) for t, s in report.tables.items())
-    }
-
-
-def operator_notes(
-    config: Config,
-    tables: Mapping[str, TableSummary],
-    alerts: Mapping[str, Mapping[str, Any]] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """What an operator follows night after night, per table: the quarantined events
-    still open (retry), the clock-skew warnings (clock skew) and the alert the table
-    fired (``alerts``: ``RunReport.alerts``; docs/operations.md#alerts). In the asset
-    events' ``extra`` and the DAG's summary and failure log lines (:func:`notes_line`)."""
-    from pipeline.resolve.skew import skew_warnings
-
-    return {
-        t: {
-            "quarantine_open": s.quarantine_open,
-            "clock_skew_warnings": skew_warnings({t: s}, config.max_clock_skew_seconds),
-            "alert": dict((alerts or {})[t]) if t in (alerts or {}) else None,
-        }
-        for t, s in tables.items()
-    }
-
-
-def notes_line(notes: Mapping[str, Mapping[str, Any]]) -> str:
-    """:func:`operator_notes` in one line of a log."""
-    from pipeline.validate.alerts import describe
-
-    still = ", ".join(f"{t} {n['quarantine_open']}" for t, n in notes.items())
-    warnings = [w for n in notes.values() for w in n["clock_skew_warnings"]]
-    fired = [describe(t, n["alert"]) for t, n in notes.items() if n.get("alert")]
-    return (
-        f"quarantine open: {still}; clock skew: "
-        + ("; ".join(warnings) or "no warning")
-        + "; alerts: "
-        + ("; ".join(fired) or "none")
-    )
-
-
-def run_notes(config: Config, ctx: RunContext) -> str:
-    """:func:`notes_line` of a run that resolved (the DAG's last log line, and its
-    failure's), with the alerts of its verdict when it was validated."""
-    from pipeline.resolve.stage import load_summary
-    from pipeline.validate.alerts import fired
-    from pipeline.validate.stage import load_verdict
-
-    config = ctx.config(config)
-    summary = load_summary(ctx)
-    alerts = fired(load_verdict(ctx).suites) if ctx.results.exists() else {}
-    return notes_line(operator_notes(config, summary.tables, alerts))
 
 
 def _published_already(
@@ -553,8 +462,7 @@ def _record_stopped(
 
 def run(config: Config, dt: date, opts: RunOptions, spark: SparkSession | None = None) -> RunReport:
     """``cdr run``: every stage in one process with one Spark session."""
-    from pipeline.spark.session import get_spark
-    from pipeline.validate.suites import GX_MODULES
+    from pipeline.validate.suites import GX_MODULES  # deferred: loads pandas (half a second)
 
     ctx = ingest(config, dt, opts)
     try:
@@ -578,8 +486,6 @@ def run_then_later(
     date published for the run's tables, in order, each starting from the one before
     (docs/operations.md#reruns-and-backfills); stops at the first that fails (it raises).
     ``opts.run_id`` and ``opts.now`` are the first date's; the others take their own."""
-    from pipeline.storage.context import new_run_id
-    from pipeline.storage.runs_table import later_dates
 
     selected = config.select(opts.tables, opts.on_divergence)
     assert selected.store

@@ -116,7 +116,7 @@ async def _nosniff(request: Request, call_next: Any) -> Response:
 
 @cache
 def _store() -> Any:
-    from pipeline import load_config, open_store
+    from pipeline import load_config, open_store  # deferred: the task's, not the DAG's parse
 
     dags = Path(__file__).resolve().parent.parent / "dags"
     config = load_config(os.environ.get("CDR_CONFIG", str(dags.parent / "cdr.yaml")))
@@ -130,14 +130,21 @@ def _store() -> Any:
 
 
 def _reports() -> list[RunReport]:
-    from pipeline import list_reports
+    from pipeline import list_reports  # deferred: the task's, not the DAG's parse
 
     return list_reports(_store())
 
 
 @app.get("/", response_class=HTMLResponse, dependencies=[READER])
 def conflicts_page(request: Request, user: GetUserDep, dt: str | None = None) -> str:
-    from pipeline import DecideForm, Lake, StoreError, list_decisions, render_page, trends
+    from pipeline import (  # deferred: the task's, not the DAG's parse
+        DecideForm,
+        Lake,
+        StoreError,
+        list_decisions,
+        render_page,
+        trends,
+    )
 
     root = request.scope.get("root_path", "")
     reports = _reports()
@@ -181,7 +188,7 @@ def _form_token(user: str, expires: int) -> str:
 
 def _same_site(request: Request) -> None:
     """Refuse a request another site made the browser send (its cookie is Airflow's)."""
-    from urllib.parse import urlsplit
+    from urllib.parse import urlsplit  # deferred: the task's, not the DAG's parse
 
     fetched = request.headers.get("sec-fetch-site")
     origin = request.headers.get("origin")
@@ -231,7 +238,7 @@ def _trigger(conf: dict[str, str], user: str) -> str:
 
 @app.get("/api/runs", dependencies=[READER])
 def runs() -> list[dict[str, Any]]:
-    from pipeline import MalformedReport, table_runs
+    from pipeline import MalformedReport, table_runs  # deferred: the task's, not the DAG's parse
 
     out = []
     for r in _reports():
@@ -269,7 +276,7 @@ def data_docs_entry(request: Request, dt: str, run_id: str, path: str) -> Respon
 
 def _relpath(path: str) -> str:
     """``path`` inside the Data Docs, normalised; one that leaves them is not served."""
-    from pipeline import ExportError, safe_relpath
+    from pipeline import ExportError, safe_relpath  # deferred: the task's, not the DAG's parse
 
     try:
         return safe_relpath(path or "index.html", "Data Docs")
@@ -302,7 +309,7 @@ def _granted(dt: str, run_id: str, grant: str) -> bool:
 
 
 def _check_run(dt: str, run_id: str) -> None:
-    from pipeline import CdrError, check_run_id
+    from pipeline import CdrError, check_run_id  # deferred: the task's, not the DAG's parse
 
     try:
         canonical = date.fromisoformat(dt).isoformat() == dt  # one spelling of a date
@@ -334,7 +341,7 @@ _LISTINGS: dict[tuple[str, str], dict[str, str]] = {}
 
 
 def _read_listing(dt: str, run_id: str) -> dict[str, str]:
-    from pipeline import RunReport, StoreError, layout
+    from pipeline import RunReport, StoreError, layout  # deferred: the task's, not the DAG's parse
 
     try:
         body = _store().read_bytes(layout.run_report(date.fromisoformat(dt), run_id))
@@ -348,7 +355,7 @@ def _read_listing(dt: str, run_id: str) -> dict[str, str]:
 def _docs_file(dt: str, run_id: str, path: str) -> Response:
     """A file of the run's Data Docs: one the run's report lists, with the content it
     lists (a file written into the bucket later, or changed, is not served)."""
-    from pipeline import StoreError, layout
+    from pipeline import StoreError, layout  # deferred: the task's, not the DAG's parse
 
     _check_run(dt, run_id)
     rel = _relpath(path)

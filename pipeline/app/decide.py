@@ -9,6 +9,7 @@ JSON object whose every column fits the table (a refusal names the column)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -26,6 +27,10 @@ from pipeline.core.policy import ConflictType, Granularity
 from pipeline.ingest import decisions as table_
 from pipeline.rules.custom import RowMisfit
 from pipeline.rules.decisions import DECIDABLE, Take, typed_row
+from pipeline.storage import lease
+from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import later_dates, read_runs
+from pipeline.storage.store import open_store
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _DECISION_ID = re.compile(r"^d-[0-9a-f]{12}$")
@@ -174,7 +179,6 @@ def reruns(runs: list[Any], tables: Iterable[str], dt: date) -> tuple[date, ...]
     """The dates to run again, in order, for a decision of ``dt`` to reach the published
     state: ``dt``, then every later date published for the config's ``tables`` (each
     starts from the state of the one before: ``stages.run_then_later`` runs them)."""
-    from pipeline.storage.runs_table import later_dates
 
     return (dt, *later_dates(runs, tables, dt))
 
@@ -192,12 +196,6 @@ def decide_conflict(
     """``cdr decide`` and the ``replica_cdr_decide`` DAG's task: record (``take`` local or
     remote, or a ``row``) or withdraw one decision under the store's lease; returns it and
     the dates to run again."""
-    import os
-
-    from pipeline.storage import lease
-    from pipeline.storage.lake import Lake
-    from pipeline.storage.runs_table import read_runs
-    from pipeline.storage.store import open_store
 
     if withdraw_id is None:
         if conflict_id is None or (take is None) == (row is None):

@@ -9,6 +9,7 @@ the outputs are, and copies the store to ``<dir>/store`` for a look after the se
 from __future__ import annotations
 
 import logging
+import time
 from copy import deepcopy
 from dataclasses import replace
 from datetime import date
@@ -18,17 +19,18 @@ from typing import Any
 import yaml
 
 from pipeline.app.generate import GenerateOptions, generate
-from pipeline.app.report import format_report
+from pipeline.app.report_text import format_report
 from pipeline.app.runs import list_reports, render_page
 from pipeline.core import layout
-from pipeline.core.config import Config, load_config
+from pipeline.core.config import Config
+from pipeline.core.config_load import load_config
 from pipeline.core.errors import GateError
 from pipeline.core.report import RunReport
-from pipeline.publish.stats import trends
 from pipeline.stages import RunOptions, run
 from pipeline.storage.context import micros_to_iso
 from pipeline.storage.lake import Lake
 from pipeline.storage.s3server import create_bucket, restore_env, s3_server, use_endpoint
+from pipeline.storage.stats import trends
 from pipeline.storage.store import FileStore, open_store
 
 log = logging.getLogger(__name__)
@@ -265,7 +267,6 @@ def _where(
 
 
 def _wait_forever() -> None:
-    import time
 
     try:
         while True:

@@ -37,6 +37,9 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from pipeline.core import layout
 from pipeline.core.columns import (
     AFTER,
@@ -52,8 +55,8 @@ from pipeline.core.columns import (
     TS,
     TTL,
 )
-from pipeline.core.config import Column, Config, Kind, Table
-from pipeline.core.kinds import INTEGER_KINDS, NUMERIC_KINDS, ORDER_BY_KINDS, every_kind
+from pipeline.core.config import Column, Config, Table
+from pipeline.core.kinds import INTEGER_KINDS, NUMERIC_KINDS, ORDER_BY_KINDS, Kind, every_kind
 from pipeline.core.policy import Granularity
 from pipeline.storage.context import to_micros
 from pipeline.storage.store import Store
@@ -330,9 +333,6 @@ def _write_export(
     for i in range(parts):
         chunk = records[i * size : (i + 1) * size] if records else []
         if fmt == "parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
             objs = (KEY, "new_key", AFTER, BEFORE)
             rows = [
                 {k: (json.dumps(v) if k in objs and v is not None else v) for k, v in r.items()}

@@ -10,10 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+from pipeline.app.generate import GenerateOptions, generate
+from pipeline.core.errors import StageError
 from pipeline.spark.jvm import ARCHIVE_ENV, CODE_CACHE_HEADROOM, archive_path
+from pipeline.spark.session import get_spark
+from pipeline.storage.store import open_store
 
 #: the archive's workload: the demo's tables (a foreign key, a unique and a delta
 #: column, the CDC log) and a cell table, a few events each
@@ -24,8 +29,6 @@ def build() -> Path:
     """``cdr jvm-archive``: run a small workload in a JVM that writes the classes it
     loaded to an archive when it exits, then put the archive in place (whole, or not at
     all: a JVM cannot start with a file cut short)."""
-    from pipeline.core.errors import StageError
-    from pipeline.spark.session import get_spark
 
     target = archive_path()
     if target is None:
@@ -63,15 +66,15 @@ def build() -> Path:
 
 
 def _workload(spark: object, tmp: Path) -> None:
-    from datetime import date
 
     import yaml
 
-    from pipeline.app.demo import DEMO_CONFIG
-    from pipeline.app.generate import GenerateOptions, generate
-    from pipeline.core.config import load_config
-    from pipeline.stages import RunOptions, run
-    from pipeline.storage.store import open_store
+    from pipeline.app.demo import DEMO_CONFIG  # deferred: loads moto, pydantic, pyspark, yaml
+    from pipeline.core.config_load import load_config  # deferred: loads pydantic, yaml
+    from pipeline.stages import (  # deferred: loads pyspark
+        RunOptions,
+        run,
+    )
 
     store = tmp / "store"
     store.mkdir()

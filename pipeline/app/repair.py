@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import date
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime
 from typing import Any, cast
 
 import pyarrow as pa
 
-from pipeline.app.statements import CHANGED, Script
+from pipeline.app import statements
+from pipeline.app.statements import CHANGED, Script, cql_literal
 from pipeline.core import layout
 from pipeline.core.columns import EVIDENCE, KEY, REPLICA
 from pipeline.core.config import Config, Table
@@ -93,7 +94,6 @@ def repair(
 ) -> Repair:
     """The repair of ``replica`` for ``dt`` in ``dialect`` (``postgres`` or ``cql``), of
     ``tables`` (all: none given), not applied."""
-    from pipeline.app import statements
 
     if replica not in config.replica_ids:
         known = ", ".join(config.replica_ids)
@@ -196,11 +196,8 @@ def _orphans(lake: Lake, run: RunRow, table: Table) -> set[tuple[Any, ...]]:
 def apply_postgres(result: Repair, config: Config, dsn: str, dry_run: bool) -> Repair:
     """The repair run on the database (``dsn``: libpq's), in one transaction, committed or
     (``dry_run``) rolled back; returns it with the rows skipped and why."""
-    from dataclasses import replace
 
     import psycopg
-
-    from pipeline.app import statements
 
     assert result.script is not None
     text = replace(result.script, tail=statements.tail(commit=not dry_run)).text()
@@ -221,7 +218,6 @@ def apply_cql(result: Repair, config: Config, hosts: str, keyspace: str, dry_run
     every row read back: one that does not hold the converged row (a later write's
     timestamp won) is skipped. With ``dry_run`` nothing is written, and the rows that no
     longer hold what the report saw are named."""
-    from dataclasses import replace
 
     from cassandra.cluster import Cluster
 
@@ -247,8 +243,6 @@ def apply_cql(result: Repair, config: Config, hosts: str, keyspace: str, dry_run
 def _cql_row(session: Any, table: Table, keyspace: str, key: tuple[Any, ...]) -> dict | None:
     from cassandra.metadata import protect_name
 
-    from pipeline.app.statements import cql_literal
-
     cols = ", ".join(protect_name(c) for c in table.column_names)
     where = " AND ".join(
         f"{protect_name(c)} = {cql_literal(v)}" for c, v in zip(table.key, key, strict=True)
@@ -270,7 +264,6 @@ def _rows_equal(
 def _driver_value(v: Any) -> Any:
     """A value as the repair compares it: the driver's date as a date, a timestamp at the
     millisecond a Cassandra timestamp holds, naive UTC."""
-    from datetime import UTC, datetime
 
     if hasattr(v, "date") and type(v).__name__ == "Date":
         return v.date()

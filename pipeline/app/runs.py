@@ -16,9 +16,10 @@ from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.report import RunReport, status_of, tables_of
 from pipeline.core.summary import MalformedReport, TableSummary, TableTotals
-from pipeline.publish.stats import Point
+from pipeline.ingest import decisions
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
+from pipeline.storage.stats import Point
 from pipeline.storage.store import Store
 
 _DATE_REPORT_RE = re.compile(r"reports/dt=(\d{4}-\d{2}-\d{2})/run_report\.json$")
@@ -363,7 +364,6 @@ def list_decisions(lake: Lake, reports: list[RunReport]) -> list[dict[str, Any]]
     """Every decision, newest first, with its status: ``withdrawn``, what the published
     run of its date made of it (``applied``, or why it is stale), or ``pending`` until
     that date runs again."""
-    from pipeline.ingest import decisions
 
     published = {r.dt: r for r in reports if r.published}
     out = []

@@ -17,9 +17,12 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import layout
-from pipeline.core.columns import STATE_DELETED
-from pipeline.core.config import Config, FkPolicy, Granularity, Table
+from pipeline.core.columns import DT, STATE_DELETED
+from pipeline.core.config import Config, Table
 from pipeline.core.errors import StageError
+from pipeline.core.policy import FkPolicy, Granularity
+from pipeline.ingest.prior import state_path
+from pipeline.storage.runs_table import published_by_date, read_runs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -78,7 +81,7 @@ def check_table(
     table's state (the parents of its foreign keys)."""
     from pyspark.sql import functions as F
 
-    from pipeline.spark.schema import snapshot_columns
+    from pipeline.spark.schema import snapshot_columns  # deferred: loads pyspark
 
     t = table.name
     key = list(table.key)
@@ -123,8 +126,6 @@ def _published(lake: Lake, run: Any, path: str) -> DataFrame:
     before the state was one table)."""
     from pyspark.sql import functions as F
 
-    from pipeline.core.columns import DT
-
     df = lake.frame(path, run.versions[path])
     if DT in df.columns:
         df = df.where(F.col(DT) == F.lit(run.dt)).drop(DT)
@@ -133,8 +134,6 @@ def _published(lake: Lake, run: Any, path: str) -> DataFrame:
 
 def verify(config: Config, lake: Lake, dt: date) -> list[Finding]:
     """Every check of every table D's published run names."""
-    from pipeline.ingest.prior import state_path
-    from pipeline.storage.runs_table import published_by_date, read_runs
 
     run = published_by_date(read_runs(lake)).get(dt)
     if run is None:

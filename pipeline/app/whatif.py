@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 import uuid
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -29,13 +30,20 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline import stages
 from pipeline.core import layout
 from pipeline.core.columns import DT, KEY, STATE_DELETED
 from pipeline.core.config import WHATIF_NAME, Config, Table
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.report import RunReport
 from pipeline.core.summary import RunSummary, TableSummary
-from pipeline.storage.lake import Lake, read_pinned
+from pipeline.ingest.inputs import load_inputs
+from pipeline.ingest.prior import pin_state, state_path
+from pipeline.resolve.state import empty_state
+from pipeline.spark.session import get_spark
+from pipeline.storage.lake import Lake
+from pipeline.storage.lake_read import read_pinned
+from pipeline.storage.outputs import output_record, read_output
 from pipeline.storage.runs_table import RunRow, published_by_date, read_runs
 from pipeline.storage.store import Store, open_store
 from pipeline.storage.workpath import WorkPath
@@ -56,7 +64,6 @@ def config_named(name: str, main: Path, folder: Path) -> Path:
     other name is ``<name>.yaml`` in the what-if ``folder`` (``CDR_WHATIF_DIR``). A path,
     or a name that is not one of these, is refused before anything is read: a form must
     not tell which files a worker holds, nor quote them into a task's log."""
-    import re
 
     if not isinstance(name, str) or not re.fullmatch(WHATIF_NAME, name):
         given = name[:80] if isinstance(name, str) else repr(name)
@@ -85,8 +92,6 @@ def whatif(
 ) -> dict[str, Any]:
     """Resolve D's published inputs under ``config``, compare, write the JSON and HTML
     into the store; returns the comparison."""
-    from pipeline import stages
-    from pipeline.spark.session import get_spark
 
     assert config.store
     store = open_store(config.store)
@@ -142,7 +147,6 @@ def whatif(
 
 
 def _inputs(ctx: Any) -> list[list[dict[str, Any]]]:
-    from pipeline.ingest.exports import load_inputs
 
     return [s.manifests for s in load_inputs(ctx).values()]
 
@@ -152,8 +156,6 @@ def _published_state(
 ) -> DataFrame:
     """The state ``run`` published for ``table``, checked and read as a run's prior is
     (empty for a table the run did not publish)."""
-    from pipeline.ingest.prior import pin_state, state_path
-    from pipeline.resolve.state import empty_state
 
     if state_path(run, table.name) is None:
         return empty_state(spark, table)
@@ -161,8 +163,6 @@ def _published_state(
 
 
 def _whatif_snapshot(spark: SparkSession, folder: WorkPath, table: Table) -> DataFrame:
-    from pipeline.resolve.state import empty_state
-    from pipeline.storage.outputs import output_record, read_output
 
     if output_record(folder) is None and not folder.parquet_files():
         return empty_state(spark, table)  # the table's resolve wrote none

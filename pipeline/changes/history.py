@@ -67,10 +67,12 @@ from pipeline.core.layout import HISTORY
 from pipeline.core.policy import ChangeKind, Granularity
 from pipeline.core.summary import RunSummary
 from pipeline.ingest.inplace import InPlace
+from pipeline.ingest.prior import HISTORY_PIN
 from pipeline.resolve.inplace import history_keys
 from pipeline.resolve.state import read_prior
 from pipeline.spark.schema import row_struct_type
 from pipeline.storage.context import RunContext
+from pipeline.storage.lake_read import Pin, read_pinned
 from pipeline.storage.outputs import write_output
 from pipeline.storage.workpath import WorkPath, read_folder
 
@@ -345,8 +347,6 @@ def as_of_run(history: DataFrame, table: Table, ctx: RunContext) -> DataFrame:
 
 def _staged_history(spark: SparkSession, ctx: RunContext, table: Table) -> DataFrame | None:
     """The published history ingest pinned, read by the executors through Delta."""
-    from pipeline.ingest.prior import HISTORY_PIN
-    from pipeline.storage.lake import Pin, read_pinned
 
     pin = Pin.load(ctx.staged / table.name / HISTORY_PIN)
     if pin is None:

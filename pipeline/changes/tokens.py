@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.core.config import ColumnType, Kind
-from pipeline.core.kinds import every_kind
+from pipeline.core.kinds import ColumnType, Kind, every_kind
+from pipeline.rules.cellfold import serialize
 
 U64 = np.uint64
 _C1 = U64(0x87C37B91114253D5)
@@ -114,7 +114,6 @@ def serialize_array(arr: pa.Array, ct: ColumnType) -> Ragged:
 
 
 def _decimal(arr: pa.Array, ct: ColumnType) -> Ragged:
-    from pipeline.rules.cellfold import serialize
 
     return Ragged.from_bytes([b"" if v is None else serialize(v, ct) for v in arr.to_pylist()])
 
@@ -267,7 +266,7 @@ def token_of(values: Sequence[Any], types: Sequence[ColumnType]) -> int:
     """The token of one key given as Python values (tests, tools)."""
     from pyspark.sql.pandas.types import to_arrow_type
 
-    from pipeline.spark.schema import spark_type
+    from pipeline.spark.schema import spark_type  # deferred: loads pyspark
 
     arrays = [
         pa.array([v], type=to_arrow_type(spark_type(t), timezone="UTC"))

@@ -1,17 +1,27 @@
-"""The column types of ``cdr.yaml`` as one table (docs/configuration.md#column-types).
+"""The column types of ``cdr.yaml``, in one place (docs/configuration.md#column-types).
 
 :data:`KINDS` holds, per :class:`Kind`, what the code decides from a column's type
 alone: whether it is numeric, whether it may be an ``order_by`` column, its Spark and CQL
-types. What a layer does with a type (a Spark type, Cassandra's bytes, a reader) is a
-mapping of its own, built with :func:`every_kind` like this table, so that a kind
-without an entry fails at import rather than falling through to a default."""
+types. A column's :class:`ColumnType` (its kind, and a decimal's precision and scale) is
+read from the config's text by :func:`parse_column_type`; it knows its range
+(:meth:`ColumnType.fits`), which Python values are of it in the fold
+(:meth:`ColumnType.admits`), and :func:`coerce_value` reads a config-supplied value
+(a column default) as one of it. What a layer does with a type (a Spark type,
+Cassandra's bytes, a reader) is a mapping of its own, built with :func:`every_kind` like
+this table, so that a kind without an entry fails at import rather than falling through
+to a default."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import base64
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 V = TypeVar("V")
 
@@ -119,3 +129,192 @@ def kinds_table() -> str:
         order_by = "yes" if row.order_by is not None else "no"
         lines.append(f"| `{name}` | {numeric} | {order_by} | `{row.spark}` | `{row.cql}` |")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- a column's type
+
+
+_DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """A column's type as the config gives it: its kind, and a decimal's precision and
+    scale (0 for every other kind)."""
+
+    kind: Kind
+    precision: int = 0
+    scale: int = 0
+
+    def __str__(self) -> str:
+        if self.kind is Kind.DECIMAL:
+            return f"decimal({self.precision},{self.scale})"
+        return self.kind.value
+
+    def fits(self, value: int | float | Decimal) -> bool:
+        """Whether a number is in this numeric type's range (a 32- or 64-bit integer, a
+        finite double, a decimal with at most ``precision - scale`` integer digits)."""
+        if self.kind not in NUMERIC_KINDS:
+            raise TypeError(f"{self} is not numeric")
+        return _FITS[self.kind](self, value)
+
+    def admits(self, value: Any) -> bool:
+        """Whether a value (not null) is one of this type as the fold holds it
+        (:data:`_PY_TYPES`): of its Python type (a bool is no number, a datetime no date),
+        a decimal with at most ``scale`` digits after the point, an aware timestamp, a
+        number in the type's range (a double may be NaN or infinite, as the guards read
+        one). A uuid is its text; whether the text is a uuid is the guards' reading."""
+        kind = self.kind
+        if not _held_as(kind, value):
+            return False
+        if kind is Kind.DECIMAL:
+            value = Decimal(value)
+            exponent = value.as_tuple().exponent
+            if not (isinstance(exponent, int) and -exponent <= self.scale):
+                return False
+        if kind is Kind.TIMESTAMP:
+            return value.tzinfo is not None  # an instant, not a wall-clock time
+        return kind not in NUMERIC_KINDS or kind is Kind.DOUBLE or self.fits(value)
+
+
+def _fits_integer(ct: ColumnType, value: int | float | Decimal) -> bool:
+    bound = integer_bound(ct.kind)
+    return -bound <= value < bound
+
+
+def _fits_double(ct: ColumnType, value: int | float | Decimal) -> bool:
+    return math.isfinite(value)
+
+
+def _fits_decimal(ct: ColumnType, value: int | float | Decimal) -> bool:
+    return abs(value) < 10 ** (ct.precision - ct.scale)
+
+
+#: the range of each numeric type (``ColumnType.fits``)
+_FITS: Mapping[Kind, Callable[[ColumnType, int | float | Decimal], bool]] = every_kind(
+    "ColumnType.fits",
+    {
+        **dict.fromkeys(INTEGER_KINDS, _fits_integer),
+        Kind.DOUBLE: _fits_double,
+        Kind.DECIMAL: _fits_decimal,
+    },
+    NUMERIC_KINDS,
+)
+
+#: what a value of each column type is in the fold, as the guards read them
+#: (``ColumnType.admits``)
+_PY_TYPES: Mapping[Kind, tuple[type, ...]] = every_kind(
+    "ColumnType.admits",
+    {
+        Kind.INT: (int,),
+        Kind.BIGINT: (int,),
+        Kind.STRING: (str,),
+        Kind.BOOLEAN: (bool,),
+        Kind.DOUBLE: (float, int),
+        Kind.DECIMAL: (Decimal, int),
+        Kind.DATE: (date,),
+        Kind.TIMESTAMP: (datetime,),
+        Kind.BINARY: (bytes,),
+        Kind.UUID: (str,),
+    },
+)
+
+
+def _held_as(kind: Kind, value: Any) -> bool:
+    """Whether ``value`` is of the Python type the fold holds a value of ``kind`` as (a
+    bool is no number, a datetime no date)."""
+    if isinstance(value, bool) and kind is not Kind.BOOLEAN:
+        return False
+    if isinstance(value, datetime) and kind is Kind.DATE:
+        return False
+    return isinstance(value, _PY_TYPES[kind])
+
+
+def parse_column_type(text: str) -> ColumnType:
+    """``int`` ... ``decimal(p,s)``; raises ValueError naming the allowed types."""
+    t = text.strip().lower()
+    m = _DECIMAL_RE.match(t)
+    if m:
+        p, s = int(m.group(1)), int(m.group(2))
+        if not 1 <= p <= 38 or s > p:
+            raise ValueError(f"decimal({p},{s}): precision must be 1..38 and scale <= precision")
+        return ColumnType(Kind.DECIMAL, p, s)
+    try:
+        kind = Kind(t)
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind if k is not Kind.DECIMAL)
+        raise ValueError(f"unknown type {text!r}; allowed: {allowed}, decimal(p,s)") from None
+    if kind is Kind.DECIMAL:
+        raise ValueError("decimal needs a precision and scale: decimal(p,s)")
+    return ColumnType(kind)
+
+
+def coerce_value(ctype: ColumnType, value: Any) -> Any:
+    """A config-supplied value (column default) as the Python value of the column type."""
+    if value is None:
+        return None
+    return _COERCE[ctype.kind](ctype, value)
+
+
+def _coerce_integer(ctype: ColumnType, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not an integer")
+    if not ctype.fits(value):
+        raise ValueError(f"{value} does not fit {ctype.kind.value}")
+    return value
+
+
+def _coerce_double(ctype: ColumnType, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _coerce_decimal(ctype: ColumnType, value: Any) -> Decimal:
+    try:
+        return Decimal(str(value)).quantize(Decimal(1).scaleb(-ctype.scale))
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a decimal") from None
+
+
+def _coerce_boolean(ctype: ColumnType, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a boolean")
+    return value
+
+
+def _coerce_date(ctype: ColumnType, value: Any) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(str(value))
+
+
+def _coerce_timestamp(ctype: ColumnType, value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _coerce_binary(ctype: ColumnType, value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return base64.b64decode(str(value), validate=True)
+
+
+def _coerce_text(ctype: ColumnType, value: Any) -> str:
+    return str(value)
+
+
+#: how each column type reads a config-supplied value (:func:`coerce_value`)
+_COERCE: Mapping[Kind, Callable[[ColumnType, Any], Any]] = every_kind(
+    "coerce_value",
+    {
+        **dict.fromkeys(INTEGER_KINDS, _coerce_integer),
+        Kind.DOUBLE: _coerce_double,
+        Kind.DECIMAL: _coerce_decimal,
+        Kind.BOOLEAN: _coerce_boolean,
+        Kind.DATE: _coerce_date,
+        Kind.TIMESTAMP: _coerce_timestamp,
+        Kind.BINARY: _coerce_binary,
+        Kind.STRING: _coerce_text,
+        Kind.UUID: _coerce_text,
+    },
+)

@@ -17,7 +17,7 @@ DECISIONS = f"{PUBLISHED}/decisions"
 #: the names under ``published/`` that are the store's own, so no table's
 #: (``published/<table>/``); a name that starts with ``_`` is the store's too
 OWN_NAMES = frozenset({"runs", "decisions", "conflict_stats", "cdc", "reports"})
-#: per run and table, the statistics in long form (``pipeline.publish.stats``)
+#: per run and table, the statistics in long form (``pipeline.storage.stats``)
 CONFLICT_STATS = f"{PUBLISHED}/conflict_stats"
 #: the small objects ``cdr doctor`` writes and removes to check a store (``publish.doctor``)
 PROBES = f"{PUBLISHED}/_probes"
@@ -60,7 +60,8 @@ LEDGER = "ledger"
 #: snapshot (each version carries the ``dt`` of the run that appended it)
 HISTORY = "history"
 #: the logs, a failed run's too (``quarantine_outcomes``:
-#: docs/operations.md#a-quarantine-that-heals, ``ingest.retry``)
+#: docs/operations.md#a-quarantine-that-heals, written by ``resolve.retry`` and
+#: ``app.quarantine``, read by ``ingest.retry``)
 LOGS = (
     "conflicts",
     "quarantine",

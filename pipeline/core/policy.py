@@ -1,16 +1,18 @@
 """Policy as data: the closed sets of conflict types, resolvers and outcomes, and one table
 per preset (docs/rules.md#conflict-types, docs/rules.md#fine-points).
 
-Config validation, dispatch in the fold and the README's tables all derive from the
-tables below; ``tests/unit/test_policy.py`` proves every type has a rule and every resolver an
-implementation.
+Config validation, dispatch in the fold and the tables of docs/rules.md (rendered by
+``pipeline.core.meanings``, with what each name means) all derive from the tables below;
+how each resolver decides is the fold's resolver table (``pipeline.rules.resolvers``),
+which reads the delete-wins table from here. ``tests/unit/test_policy.py`` proves every
+type has a rule and every resolver an implementation.
 """
 
 from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -165,26 +167,29 @@ class Standing(StrEnum):
     TIE_WON = "equal ts, L wins the tie-break"
 
 
-class Ruling(StrEnum):
-    """What docs/rules.md#policies's delete-wins table does with the remote event."""
+class DeleteWinsRuling(StrEnum):
+    """What docs/rules.md#policies's delete-wins table does with the remote event: a cell
+    of :data:`DELETE_WINS_TABLE` (a resolver's ruling on a conflict is
+    ``pipeline.rules.resolution.Ruling``)."""
 
     APPLY = "apply"
     DISCARD = "discard"
     IF_LIVE = "apply if L is live, discard if L is a tombstone"
 
 
+_DW = DeleteWinsRuling
 #: the columns of :data:`DELETE_WINS_TABLE`: the remote event's operation
 DELETE_WINS_OPS = ("INSERT", "UPDATE", "DELETE")
 # fmt: off
 #: docs/rules.md#policies: Informix Enterprise Replication's delete-wins rule (row scope),
 #: against a live row or a tombstone L. So a delete is never undone by an update, and an
 #: update never creates a row. (A key change meets the row at its new key as an INSERT.)
-DELETE_WINS_TABLE: dict[Standing, tuple[Ruling, Ruling, Ruling]] = {
-    #                  E = INSERT      E = UPDATE      E = DELETE
-    Standing.ABSENT:  (Ruling.APPLY,   Ruling.DISCARD, Ruling.APPLY),
-    Standing.OLDER:   (Ruling.APPLY,   Ruling.IF_LIVE, Ruling.APPLY),
-    Standing.NEWER:   (Ruling.DISCARD, Ruling.DISCARD, Ruling.APPLY),
-    Standing.TIE_WON: (Ruling.DISCARD, Ruling.DISCARD, Ruling.DISCARD),
+DELETE_WINS_TABLE: dict[Standing, tuple[DeleteWinsRuling, DeleteWinsRuling, DeleteWinsRuling]] = {
+    #                  E = INSERT    E = UPDATE    E = DELETE
+    Standing.ABSENT:  (_DW.APPLY,   _DW.DISCARD, _DW.APPLY),
+    Standing.OLDER:   (_DW.APPLY,   _DW.IF_LIVE, _DW.APPLY),
+    Standing.NEWER:   (_DW.DISCARD, _DW.DISCARD, _DW.APPLY),
+    Standing.TIE_WON: (_DW.DISCARD, _DW.DISCARD, _DW.DISCARD),
 }
 # fmt: on
 
@@ -193,7 +198,7 @@ def delete_wins(standing: Standing, op: str, live: bool) -> tuple[bool, str]:
     """docs/rules.md#policies's table: whether E applies against L (``live``: L is a live
     row), and why."""
     ruling = DELETE_WINS_TABLE[standing][DELETE_WINS_OPS.index(op)]
-    applies = ruling is Ruling.APPLY or (ruling is Ruling.IF_LIVE and live)
+    applies = ruling is _DW.APPLY or (ruling is _DW.IF_LIVE and live)
     return applies, reason(Why.DELETE_WINS, standing=standing.value, op=op, ruling=ruling.value)
 
 
@@ -342,27 +347,6 @@ def merged(fn: MergeFn, a: Any, b: Any) -> Any:
     return MERGES[fn](a, b)
 
 
-#: docs/rules.md#resolvers: the steps of the fold that meet no local version to weigh, and
-#: the resolver under which each takes the event: the extra columns dropped, the missing
-#: ones filled from ``defaults``, the rows it collides with on a ``unique`` deleted. Any
-#: other resolver refuses it (:data:`REFUSED`).
-TAKES: dict[ConflictType, Resolver] = {
-    ConflictType.SOURCE_COLUMN_EXTRA: Resolver.IGNORE,
-    ConflictType.TARGET_COLUMN_EXTRA: Resolver.USE_DEFAULT,
-    ConflictType.MULTIPLE_UNIQUE_CONFLICTS: Resolver.APPLY,
-}
-
-#: docs/rules.md#resolvers: what a resolver that refuses the remote event makes of it, in
-#: the steps that have no local version to weigh (an extra or missing column, a missing row,
-#: a unique collision, an ``apply_or_*`` without the full row)
-REFUSED: dict[Resolver, Outcome] = {
-    Resolver.SKIP: Outcome.SKIPPED,
-    Resolver.APPLY_OR_SKIP: Outcome.SKIPPED,
-    Resolver.ERROR: Outcome.ERRORED,
-    Resolver.APPLY_OR_ERROR: Outcome.ERRORED,
-}
-
-
 class Preset(StrEnum):
     POSTGRES = "postgres"
     DELETE_WINS = "delete_wins"
@@ -387,6 +371,23 @@ class Detection(StrEnum):
 class Scope(StrEnum):
     ROW = "row"
     TRANSACTION = "transaction"
+
+
+class DivergencePolicy(StrEnum):
+    """``on_divergence``: whether a divergent key (the replicas' rows of a key differ after
+    the run) fails the validation or only warns."""
+
+    FAIL = "fail"
+    WARN = "warn"
+
+
+class FkPolicy(StrEnum):
+    """``on_fk_violation``: what the run does with a row whose foreign key references no
+    row (an orphan)."""
+
+    FAIL = "fail"
+    WARN = "warn"
+    QUARANTINE = "quarantine"
 
 
 _R = Resolver
@@ -466,115 +467,6 @@ def allowed_resolvers(conflict: ConflictType) -> list[str]:
     return sorted(r.value for r in ALLOWED[conflict])
 
 
-def resolver_table() -> str:
-    """The README's table of docs/rules.md#resolvers, rendered from :data:`ALLOWED` and
-    :data:`PRESETS` (``tests/unit/test_policy.py`` compares it with the README)."""
-    row_presets = [p for p in Preset if PRESETS[p].granularity is Granularity.ROW]
-    lines = [
-        "| conflict type | " + " | ".join(f"`{p}` default" for p in row_presets) + " | allowed |",
-        "|---|" + "---|" * len(row_presets) + "---|",
-    ]
-    for t in ConflictType:
-        defaults = " | ".join(f"`{PRESETS[p].resolvers[t]}`" for p in row_presets)
-        allowed = ", ".join(f"`{r}`" for r in allowed_resolvers(t))
-        lines.append(f"| `{t}` | {defaults} | {allowed} |")
-    return "\n".join(lines) + "\n"
-
-
-def delete_wins_table() -> str:
-    """The README's copy of docs/rules.md#policies's delete-wins table, rendered from
-    :data:`DELETE_WINS_TABLE` (``tests/unit/test_policy.py`` compares it with the README)."""
-    lines = [
-        "| L | " + " | ".join(f"E = {op}" for op in DELETE_WINS_OPS) + " |",
-        "|---|" + "---|" * len(DELETE_WINS_OPS),
-    ]
-    for s, rulings in DELETE_WINS_TABLE.items():
-        lines.append(f"| {s.value} | " + " | ".join(r.value for r in rulings) + " |")
-    return "\n".join(lines) + "\n"
-
-
-#: What each conflict type means, for the rules page (``docs/rules.md#conflict-types``;
-#: ``tests/unit/test_policy.py`` checks that every type has a row and that the page shows it).
-CONFLICT_MEANING: dict[ConflictType, str] = {
-    _C.SOURCE_COLUMN_EXTRA: "the event carries a column the table does not have",
-    _C.INSERT_EXISTS: "an INSERT meets a live row with its key",
-    _C.UPDATE_DIFFER: (
-        "an UPDATE meets a row another origin changed last (with `detection: before_image`:"
-        " a row that differs from the event's `before`)"
-    ),
-    _C.UPDATE_MISSING: "an UPDATE finds no row with its key",
-    _C.UPDATE_DELETED: "an UPDATE finds its row deleted (a tombstone not yet purged)",
-    _C.DELETE_DIFFER: "a DELETE meets a row another origin changed last",
-    _C.DELETE_MISSING: "a DELETE finds no row with its key",
-    _C.PKEY_EXISTS: "an UPDATE that changes the key (`new_key`) meets a live row at the new key",
-    _C.TARGET_COLUMN_EXTRA: "an INSERT lacks a column the table has",
-    _C.MULTIPLE_UNIQUE_CONFLICTS: "the event's row would collide with other rows on a `unique`",
-}
-
-#: What each resolver does with the remote event E against the local version L
-#: (``docs/rules.md#resolvers``).
-RESOLVER_MEANING: dict[Resolver, str] = {
-    _R.LATEST_TIMESTAMP_WINS: (
-        "the later version stays: E if its `(ts, tie rank)` is after L's, else L"
-    ),
-    _R.EARLIEST_TIMESTAMP_WINS: "the earlier version stays",
-    _R.APPLY: "E is applied whatever L is",
-    _R.APPLY_OR_SKIP: (
-        "E is applied as an INSERT when it holds the whole row (`converted_to_insert`),"
-        " else skipped"
-    ),
-    _R.APPLY_OR_ERROR: "as `apply_or_skip`, but a partial row stops the table",
-    _R.SKIP: "E is discarded, L stays",
-    _R.ERROR: (
-        "the table stops at E: its conflict log is written up to E and nothing is published"
-    ),
-    _R.IGNORE: "the extra column is dropped and the rest of E applied",
-    _R.USE_DEFAULT: "the missing column takes its value from the table's `defaults`",
-    _R.PRIORITY_WINS: (
-        "the version whose origin comes first in `priority` stays, whatever the timestamps"
-    ),
-    _R.DELETE_WINS: "the delete-wins table decides (`policy: delete_wins`)",
-    _R.SCYLLA: "each cell is decided by the cell rules (`policy: scylla`)",
-    _R.PYTHON: (
-        '`{python: "module:function"}`: the user\'s function answers `local`, `remote` or a'
-        " row (logged as `python:<module:function>`)"
-    ),
-    _R.MANUAL: (
-        "an operator's decision of this conflict (`cdr decide`), in place of the configured"
-        " resolver; never configured"
-    ),
-}
-
-#: Why an event is quarantined (``docs/rules.md#what-is-quarantined``): the guards'
-#: reasons in the order they check, then the fold's, the foreign keys' and ``retry``'s.
-QUARANTINE_MEANING: dict[QuarantineReason, str] = {
-    QuarantineReason.MALFORMED: (
-        "the record cannot be read as an event of the table (its detail names the file, the"
-        " line and what is wrong)"
-    ),
-    QuarantineReason.FUTURE_TIMESTAMP: (
-        "its `ts` is more than `max_clock_skew_seconds` after the run's clock"
-    ),
-    QuarantineReason.STALE_BEYOND_GC_GRACE: (
-        "its `ts` is older than `gc_grace_seconds`: it could bring back a purged deletion"
-    ),
-    QuarantineReason.DELTA_WITHOUT_OLD_VALUE: (
-        "it changes a `delta` column without the column's old value in `before`"
-    ),
-    QuarantineReason.FK_VIOLATION: (
-        "its row's parent is not live after resolution (`on_fk_violation: quarantine`)"
-    ),
-    QuarantineReason.DELTA_OVERFLOW: "its delta would take a column past its type's range",
-    QuarantineReason.RESOLVER_ERROR: (
-        "the table's custom resolver raised on its conflict, or answered something other than"
-        " `local`, `remote` or a row that fits the table (the detail has the message)"
-    ),
-    QuarantineReason.UPDATE_MISSING: (
-        "with `retry`, an UPDATE skipped for want of its row, offered again to later runs"
-    ),
-}
-
-
 class Cause(StrEnum):
     """docs/rules.md#divergence-causes: why a replica's row differs from the converged one,
     in the order of precedence (a key's causes are listed in this order; the first is its
@@ -590,77 +482,8 @@ class Cause(StrEnum):
     UNDETERMINED = "undetermined"
 
 
-#: What each cause means, and what the divergence row's ``evidence`` holds for it.
-CAUSE_MEANING: dict[Cause, str] = {
-    Cause.SCHEMA: (
-        "the replica's snapshot lacks a column on which its row differs"
-        " (`missing_columns`), or the key met a conflict of columns one replica's table"
-        " has and another's lacks (`conflict_types`: source_column_extra,"
-        " target_column_extra)"
-    ),
-    Cause.MISSING_EVENTS: (
-        "the replica's export lacks events of the key that other replicas' exports hold"
-        " (`missing_events`: their count and ids); in a perspective, one of them comes"
-        " before an event the replica holds; a later night whose export of the replica"
-        " brings them counts them `arrived_late`"
-    ),
-    Cause.APPLY_ORDER: (
-        "the replica applied the same events in another order (`replica_order`,"
-        " `canonical_order`: the event ids)"
-    ),
-    Cause.UNIQUE_COLLISION: (
-        "a unique constraint made one side keep another row (`unique`: the columns,"
-        " `other_key`: the row that holds the value)"
-    ),
-    Cause.RESURRECTION: (
-        "the replica holds a row whose key is a tombstone in the converged state (`tombstone_ts`)"
-    ),
-    Cause.POLICY: (
-        "the key met a conflict that the project's own rules decided, as no replica"
-        " database does by itself: delete-wins, priority, a custom resolver, a merge,"
-        " delta or order-by column, column groups (`rules`)"
-    ),
-    Cause.DECISION: "an operator's decision (`cdr decide`) resolved a conflict of the key",
-    Cause.UNDETERMINED: (
-        "none of the above is supported by the data; `evidence` has what was checked, and"
-        " no cause is guessed"
-    ),
-}
 #: the resolvers no replica database applies by itself (:data:`Cause.POLICY`); the cell
 #: rules are Scylla's and Cassandra's own
 POLICY_RESOLVERS: frozenset[Resolver] = frozenset(
     {Resolver.DELETE_WINS, Resolver.PRIORITY_WINS, Resolver.PYTHON}
 )
-
-
-def _meaning_table(head: str, rows: Iterable[tuple[str, str]]) -> str:
-    lines = [f"| {head} | meaning |", "|---|---|"]
-    lines += [f"| `{k}` | {v} |" for k, v in rows]
-    return "\n".join(lines) + "\n"
-
-
-def conflict_types_table() -> str:
-    """The rules page's table of conflict types, from :data:`CONFLICT_MEANING`."""
-    return _meaning_table("conflict type", CONFLICT_MEANING.items())
-
-
-def resolvers_meaning_table() -> str:
-    """The rules page's table of what each resolver does, from :data:`RESOLVER_MEANING`."""
-    return _meaning_table("resolver", RESOLVER_MEANING.items())
-
-
-def quarantine_table() -> str:
-    """The rules page's table of quarantine reasons, from :data:`QUARANTINE_MEANING`."""
-    return _meaning_table("reason", QUARANTINE_MEANING.items())
-
-
-def causes_table() -> str:
-    """The rules page's table of divergence causes, from :data:`CAUSE_MEANING`."""
-    return _meaning_table("cause", CAUSE_MEANING.items())
-
-
-def reasons_table() -> str:
-    """The rules page's list of the conflict log's reasons, from :data:`REASONS`."""
-    lines = ["| reason | sentence |", "|---|---|"]
-    lines += [f"| `{w}` | {REASONS[w]} |" for w in Why]
-    return "\n".join(lines) + "\n"

@@ -50,10 +50,11 @@ from pipeline.core.columns import (
     TTL,
     TXID,
 )
-from pipeline.core.config import Kind, Table
-from pipeline.core.kinds import KINDS
+from pipeline.core.config import Table
+from pipeline.core.kinds import KINDS, Kind
 from pipeline.core.policy import Granularity
-from pipeline.rules.guards import MAX_TTL, READ, ROW_OPS, Typer, reader
+from pipeline.rules.guards import MAX_TTL, READ, ROW_OPS, Typer
+from pipeline.rules.readers import reader
 
 #: lines per block given to Arrow's reader (a block that does not read is halved)
 BLOCK = 16384
@@ -62,7 +63,7 @@ _SMALLEST = 16
 #: the kinds Arrow's JSON reader reads itself, exactly as the guards' readers do; the
 #: others are read as JSON strings, then by the guards' reader of their type
 _ARROW_KINDS = tuple(k for k, row in KINDS.items() if row.arrow_json)
-_WHOLE_SECONDS = 10**12  # guards._SECONDS_RE: at most 12 digits
+_WHOLE_SECONDS = 10**12  # readers.whole_seconds: at most 12 digits
 
 
 def _parse_type(kind: Kind, target: pa.DataType) -> pa.DataType:

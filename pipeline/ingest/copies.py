@@ -3,7 +3,7 @@ once (``pipeline.rules.guards``) and written as Parquet with one explicit schema
 (``frames.copy_schema``), in ``staged/<table>/replica=<id>/copies/``.
 
 Where they are written: a JSONL or canonical Parquet export is typed in the Spark task
-that fetches the file (``exports.fetch``); the formats an adapter maps (wal2json, Debezium,
+that fetches the file (``pipeline.ingest.fetch``); the formats an adapter maps (wal2json, Debezium,
 DMS) are mapped on Spark, and their canonical records typed in Arrow batches of the same
 function (:func:`type_adapted`), written once per run. The resolve stage reads them with
 their schema (``pipeline.resolve.read``): nothing parses a record twice, and no Spark plan
@@ -26,15 +26,8 @@ import pyarrow.parquet as pq
 from pipeline.core.columns import AFTER, BEFORE, EVENT_ID, KEY, OP, ORIGIN, REPLICA, SEQ, TS, TXID
 from pipeline.core.policy import REPAIR_ORIGIN
 from pipeline.ingest.blocks import BlockTyper
-from pipeline.rules.guards import (
-    JsonNumber,
-    LongLine,
-    Typer,
-    TypingSpec,
-    long_line,
-    not_utf8,
-    text_of,
-)
+from pipeline.rules.guards import Typer, TypingSpec
+from pipeline.rules.jsontext import JsonNumber, LongLine, long_line, not_utf8, text_of
 from pipeline.spark.frames import copy_schema
 
 if TYPE_CHECKING:

@@ -44,14 +44,19 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core import layout
 from pipeline.core.columns import DT, KEY
-from pipeline.core.config import Config, Granularity
+from pipeline.core.config import Config
+from pipeline.core.policy import Granularity
+from pipeline.storage.lake import DROP
+from pipeline.storage.outputs import read_output
+from pipeline.storage.runs_table import latest_date
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.storage.lake import Lake, Pin
+    from pipeline.storage.lake import Lake
+    from pipeline.storage.lake_read import Pin
     from pipeline.storage.runs_table import RunRow
     from pipeline.storage.workpath import WorkPath
 
@@ -137,8 +142,7 @@ def plan(
     state (``pin``). The latest versions of ``state`` and ``snapshot`` are those ``run``'s
     row names, or the run takes the whole-table path (a warning names the table and both
     versions: another run moved it, or restored it after a refused commit)."""
-    from pipeline.spark.schema import state_schema
-    from pipeline.storage.runs_table import latest_date
+    from pipeline.spark.schema import state_schema  # deferred: loads pyspark
 
     table = config.tables[name]
     if latest_date(runs, name) != run.dt or run.dt >= dt:
@@ -235,8 +239,6 @@ def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...
     fold read) with no row is deleted (``lake.DROP``; None: none is)."""
     from pyspark.sql import functions as F
 
-    from pipeline.storage.lake import DROP
-
     if touched is None:
         return rows.withColumn(DROP, F.lit(False))
     gone = by_key(touched.select(*key), rows, key, "left_anti")
@@ -252,7 +254,6 @@ def merge_source(rows: DataFrame, touched: DataFrame | None, key: tuple[str, ...
 
 def read_touched(spark: SparkSession, out: WorkPath) -> DataFrame:
     """The keys :func:`narrow` (and :func:`touch`) wrote, with the schema recorded beside."""
-    from pipeline.storage.outputs import read_output
 
     return read_output(spark, out / TOUCHED)
 

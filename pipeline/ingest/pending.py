@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING
 
 from pipeline.core import layout
 from pipeline.core.columns import REPLICA
+from pipeline.ingest.adapters.options import FRAMING
+from pipeline.ingest.prior import pin_dates
 from pipeline.spark.frames import RUN_COLUMNS
+from pipeline.spark.session import local_frame
+from pipeline.storage.lake_read import Pin, read_pinned
+from pipeline.storage.outputs import write_output
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -50,7 +55,6 @@ READ_BACK, LEFT = "pending_in", "pending"
 def pin(store: Store, lake: Lake, table: str, prior_dt: date, dest: WorkPath) -> bool:
     """Pin the pending lines the run of ``prior_dt`` left (the run this one starts
     from) into ``dest``; False when it left none."""
-    from pipeline.ingest.prior import pin_dates
 
     found = pin_dates(store, lake, layout.table_path(table, layout.PENDING), prior_dt, prior_dt)
     if found is None:
@@ -61,7 +65,6 @@ def pin(store: Store, lake: Lake, table: str, prior_dt: date, dest: WorkPath) ->
 
 def carried(spark: SparkSession, staged_table: WorkPath) -> DataFrame | None:
     """The lines earlier exports left waiting, as ingest pinned them (:data:`COLUMNS`)."""
-    from pipeline.storage.lake import Pin, read_pinned
 
     found = Pin.load(staged_table / PIN)
     if found is None:
@@ -89,9 +92,6 @@ def write(
     it (``dt=<D>/<file>``: the quarantine of a later night says which export held it)."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
-
-    from pipeline.spark.session import local_frame
-    from pipeline.storage.outputs import write_output
 
     frame = local_frame(spark, [], SCHEMA_DDL).select(*COLUMNS)
     for w in waiting:
@@ -132,8 +132,6 @@ def read_back(carried_lines: DataFrame | None, replicas: tuple[str, ...]) -> dic
 def _per_replica(replicas: tuple[str, ...]) -> list[Column]:
     """Aggregates of pending lines: per replica, its records (its framing aside)."""
     from pyspark.sql import functions as F
-
-    from pipeline.ingest.adapters.options import FRAMING
 
     record = ~F.col("raw").rlike(FRAMING["wal2json"].pattern.decode())
     mine = [record & (F.col(REPLICA) == r) for r in replicas]

@@ -3,7 +3,7 @@ its table published for the latest date before it, checked against that run's ``
 row; else ``base/`` (a table new to the config, or the first run); else nothing. And the
 event ids of the ledger's window, which the run does not resolve again.
 
-Ingest *pins* each published table the run reads (:class:`pipeline.storage.lake.Pin`: its URI,
+Ingest *pins* each published table the run reads (:class:`pipeline.storage.lake_read.Pin`: its URI,
 the version, the partitions), checked on the driver from the Delta log and one listing
 of the table's folder: the version the ``runs`` row names, the run id in that commit,
 every file the log names present at its size (a deleted or truncated file stops the
@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.errors import PriorStateError, StoreError
-from pipeline.storage.lake import Lake, Pin, add_actions
+from pipeline.storage.lake import Lake
+from pipeline.storage.lake_read import Pin, add_actions
 from pipeline.storage.runs_table import RunRow, retained_rows
 from pipeline.storage.store import Store
 from pipeline.storage.workpath import WorkPath, write_table

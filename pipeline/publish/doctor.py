@@ -21,10 +21,14 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pipeline.core import layout
 from pipeline.core.errors import StoreError
-from pipeline.storage.lake import RETENTION_PROPERTIES, Lake, retention_properties
+from pipeline.publish.vacuum import table_paths
+from pipeline.storage import lease
+from pipeline.storage.lake import Lake
+from pipeline.storage.lake_retention import RETENTION_PROPERTIES, retention_properties
 from pipeline.storage.store import Store
 
 
@@ -85,7 +89,6 @@ def atomic_create(store: Store) -> Finding:
 
 def retention(store: Store, days: int) -> Finding:
     """Every published table's log retention against the config's ``retention_days``."""
-    from pipeline.publish.vacuum import table_paths
 
     lake = Lake(store)
     want = retention_properties(days)
@@ -110,9 +113,6 @@ def retention(store: Store, days: int) -> Finding:
 def held(store: Store) -> Finding:
     """Who holds the store's lease (docs/operations.md#the-lease): a warning when it is
     live and its process is gone from this host (``cdr unlock`` breaks it)."""
-    from datetime import UTC, datetime
-
-    from pipeline.storage import lease
 
     try:
         current = lease.holder(store)

@@ -33,6 +33,7 @@ from pipeline.core.columns import RUN_ID
 from pipeline.core.config import MetricsConfig
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, read_runs
+from pipeline.storage.stats import PATH
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,6 @@ def _sample(metric: str, value: float, **labels: Any) -> Sample:
 
 def collect(lake: Lake) -> list[Sample]:
     """Every sample of :data:`METRICS`, from the store's ``runs`` and ``conflict_stats``."""
-    from pipeline.publish.stats import PATH
 
     runs = [r for r in read_runs(lake) if r.published]
     stats = lake.read(PATH)

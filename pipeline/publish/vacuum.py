@@ -2,8 +2,8 @@
 tables that no version a reader may still ask for needs.
 
 The window is the config's ``retention_days`` (``--retain-days N`` may shorten it, never
-lengthen it: every table keeps its log that long, ``pipeline.storage.lake``). A file stays if it
-belongs to
+lengthen it: every table keeps its log that long, ``pipeline.storage.lake_retention``). A
+file stays if it belongs to
 - the latest version of its table,
 - any version committed within the window, or the version that was current at its start
   (time travel to any moment of the window),
@@ -37,7 +37,9 @@ from typing import Any
 
 from pipeline.core import layout
 from pipeline.storage import lease
-from pipeline.storage.lake import DV_PREFIX, DV_SUFFIX, Lake, add_actions, deletion_vector_files
+from pipeline.storage.lake import Lake
+from pipeline.storage.lake_read import add_actions
+from pipeline.storage.lake_retention import DV_PREFIX, DV_SUFFIX, deletion_vector_files
 from pipeline.storage.runs_table import read_runs, retained_rows
 from pipeline.storage.store import Store
 

@@ -1,12 +1,12 @@
-"""Row-granularity resolution (docs/rules.md#the-canonical-order,
-docs/rules.md#tombstones-and-gc_grace_seconds, docs/rules.md#fine-points): the Spark
-side of the row
-engine, and the parts of the run both engines share (the special copies, the disputes).
+"""Row-granularity resolution on Spark (docs/rules.md#the-canonical-order,
+docs/rules.md#tombstones-and-gc_grace_seconds, docs/rules.md#fine-points): the jobs of
+the row engine, and the parts of the run both engines share (the special copies, the
+disputes).
 
 One Spark job per table (:func:`fold`): one shuffle by key brings each key's prior state row
 and every copy of its events together, sorted, and a Python task per partition folds them
 with ``pipeline.rules.rowfold`` (through ``mapInArrow``: notes/performance.md) and writes
-the outputs itself (``pipeline.resolve.foldrun``). The copies of an event meet under their
+the outputs itself (``pipeline.resolve.fold_task``). The copies of an event meet under their
 key, where the first in the order of docs/rules.md#fine-points stands for it (the origin's
 own copy, else the first replica in config order): no shuffle by ``event_id``. A key no
 event touches keeps its row without a Python object per row. What the fold cannot see from
@@ -58,7 +58,17 @@ from pipeline.core.errors import StageError
 from pipeline.core.layout import LEDGER
 from pipeline.core.policy import QuarantineReason, Scope
 from pipeline.ingest.inplace import InPlace
-from pipeline.resolve.facts import (
+from pipeline.resolve.fold_task import (
+    TASK_COLUMNS,
+    TASK_EVENTS,
+    fold_function,
+    ledger_rows,
+    write_parquet,
+)
+from pipeline.resolve.group_fold import FoldJob
+from pipeline.resolve.inplace import narrowed
+from pipeline.resolve.ledger import with_seen as ledger_marks
+from pipeline.resolve.report_counts import (
     COUNTED_BY,
     EVENT_COUNTS,
     SKEW,
@@ -70,16 +80,6 @@ from pipeline.resolve.facts import (
     tally,
     write_ledger,
 )
-from pipeline.resolve.foldrun import (
-    TASK_COLUMNS,
-    TASK_EVENTS,
-    FoldJob,
-    fold_function,
-    ledger_rows,
-    write_parquet,
-)
-from pipeline.resolve.inplace import narrowed
-from pipeline.resolve.ledger import with_seen as ledger_marks
 from pipeline.resolve.shuffle import (
     Specials,
     key_struct,
@@ -95,7 +95,7 @@ from pipeline.resolve.unique import (
     value_column,
 )
 from pipeline.rules.decisions import Decisions
-from pipeline.rules.rowfold import FoldSpec
+from pipeline.rules.events import FoldSpec
 from pipeline.spark.frames import UNFORESEEN, fold_input, fold_outputs
 from pipeline.spark.schema import GROUPS
 from pipeline.storage.outputs import note_output, read_output
@@ -254,14 +254,14 @@ def resolve_rows(
     prior: DataFrame,
     run: RowRun,
 ) -> Facts:
-    """Resolve one row-granularity table into ``run.out`` (``foldrun.OUTPUTS``): ``copies``
+    """Resolve one row-granularity table into ``run.out`` (``fold_task.OUTPUTS``): ``copies``
     are the typed copies of its exports (``frames.copy_schema``), ``prior`` the state the
     run starts from (its tombstones purged here, :func:`purge`; merged in place, only the
     rows its events touch are read: ``inplace.narrow``). Returns what the run report
     counts of them, counted by the fold's tasks (which write the ledger's rows of their
-    events too), and the disputes one more job finds (``facts.split_events``: folded
+    events too), and the disputes one more job finds (``report_counts.split_events``: folded
     again), run only when what the tasks told of their events says an event may be split
-    (``facts.may_split``)."""
+    (``report_counts.may_split``)."""
     copies = with_seen(copies, run.ledger)
     main, specials = split_special(copies, run.any_special)
     folds = _Folds(spark, config, table, run, specials)
@@ -390,10 +390,11 @@ def fold(
 ) -> tuple[list[Count], dict[str, int | None], list[bytes]]:
     """The one Spark job of the row engine: every key's prior row and copies meet in its
     partition, sorted, and each task folds its keys and writes their outputs
-    (``foldrun``); the keys coupled by a key change or a unique value are folded as one
+    (``fold_task``); the keys coupled by a key change or a unique value are folded as one
     group in a task of their own (``coupled``: :func:`coupled_keys`). Returns what the
-    tasks counted of their outputs (``facts.COUNTED_BY``, ``facts.EVENT_COUNTS``), the
-    rows of each output, and what each task told of its events (``facts.task_events``)."""
+    tasks counted of their outputs (``report_counts.COUNTED_BY``,
+    ``report_counts.EVENT_COUNTS``), the rows of each output, and what each task told of its
+    events (``report_counts.task_events``)."""
     items = build_items(main, prior, config, table)
     order = [F.col("is_event"), F.col(EVENT_ID), *standing_order()]
     if coupled is not None:

@@ -1,5 +1,5 @@
 """The key groups of a fold task's stream, found with Arrow: where each group starts, and
-the groups whose result is certain without the Python fold (used by ``pipeline.resolve.foldrun``).
+the groups whose result is certain without the Python fold (used by ``pipeline.resolve.fold_task``).
 
 The stream is sorted by key, then by ``is_event`` (a key's prior state row first), event
 id, and the copies' order of preference (docs/rules.md#fine-points). A group is one key (the null
@@ -49,8 +49,8 @@ from pipeline.core.columns import (
 )
 from pipeline.core.config import Table
 from pipeline.core.policy import Fate
+from pipeline.rules.events import NO_POS
 from pipeline.rules.guards import READ
-from pipeline.rules.rowfold import NO_POS
 
 
 def _differs(a: pa.Array) -> np.ndarray:

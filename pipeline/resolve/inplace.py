@@ -18,8 +18,15 @@ from pipeline.core import layout
 from pipeline.core.columns import KEY, OP, STATE_DELETED
 from pipeline.core.config import Table
 from pipeline.ingest.inplace import LIVE_MARK, TOUCHED, InPlace, by_key, read_touched
+from pipeline.ingest.prior import PRIOR_PIN
+from pipeline.resolve.shuffle import key_struct
+from pipeline.resolve.state import read_prior
 from pipeline.resolve.unique import VALUE, possible_values, unique_columns, values_of
 from pipeline.rules.guards import READ
+from pipeline.spark.schema import snapshot_columns, state_schema
+from pipeline.storage.lake_read import Pin
+from pipeline.storage.outputs import read_known, read_output, write_output
+from pipeline.storage.targets import STATE_PRE, final_state
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -52,9 +59,6 @@ def narrow(
     from pyspark import StorageLevel
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
-
-    from pipeline.resolve.shuffle import key_struct
-    from pipeline.storage.outputs import write_output
 
     writes = events.where(~F.coalesce(F.col(OP) == READ, F.lit(False)))  # a read touches none
     keys = writes.select(
@@ -124,10 +128,6 @@ def whole_state(
 ) -> DataFrame | None:
     """The whole state the merge will make of the fold's rows (None: not merged in
     place): for the checks that need every row (the foreign keys)."""
-    from pipeline.publish.targets import STATE_PRE
-    from pipeline.resolve.state import read_prior
-    from pipeline.spark.schema import state_schema
-    from pipeline.storage.outputs import read_known
 
     if InPlace.load(out) is None:
         return None
@@ -140,9 +140,6 @@ def _published_snapshot(
 ) -> DataFrame | None:
     """The snapshot a night merged in place starts from (None: not merged in place): the
     version of ``snapshot`` ingest planned from."""
-    from pipeline.ingest.prior import PRIOR_PIN
-    from pipeline.spark.schema import snapshot_columns
-    from pipeline.storage.lake import Pin
 
     record, pin = InPlace.load(out), Pin.load(staged_table / PRIOR_PIN)
     if record is None or pin is None:
@@ -158,7 +155,6 @@ def whole_snapshot(
 ) -> DataFrame | None:
     """The whole snapshot the merge will make of the run's snapshot rows (None: not
     merged in place), from the version of ``snapshot`` ingest planned from."""
-    from pipeline.storage.outputs import read_output
 
     published = _published_snapshot(spark, staged_table, out, table)
     if published is None:
@@ -183,8 +179,6 @@ def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
     them), counted in the record."""
     from pyspark.sql import functions as F
 
-    from pipeline.storage.outputs import write_output
-
     record = InPlace.load(out)
     assert record is not None
     new = keys.select(*table.key).distinct()
@@ -199,9 +193,6 @@ def touch(out: WorkPath, keys: DataFrame, table: Table) -> None:
 def history_keys(spark: SparkSession, out: WorkPath, table: Table) -> DataFrame:
     """The keys whose history a night merged in place rewrites (history): those the fold read
     and those its final state holds (new keys included)."""
-    from pipeline.publish.targets import final_state
-    from pipeline.spark.schema import state_schema
-    from pipeline.storage.outputs import read_known
 
     final = read_known(spark, final_state(out), state_schema(table)).select(*table.key)
     return final.unionByName(read_touched(spark, out).select(*table.key)).distinct()

@@ -37,6 +37,10 @@ from pipeline.core.columns import (
     TTL,
 )
 from pipeline.core.config import Table
+from pipeline.core.jsonvalues import dumps
+from pipeline.ingest.copies import copy_record
+from pipeline.ingest.prior import LEDGER_PIN
+from pipeline.storage.lake_read import Pin, read_pinned
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,8 +80,6 @@ def read_ledger(spark: SparkSession, staged_table: WorkPath) -> DataFrame | None
     """The events of the ledger partitions ingest pinned (the window's nights), read by
     the executors through Delta: ``event_id`` and the digests its rows hold (``known``,
     empty for rows written before the digests); None when there are none."""
-    from pipeline.ingest.prior import LEDGER_PIN
-    from pipeline.storage.lake import Pin, read_pinned
 
     pin = Pin.load(staged_table / LEDGER_PIN)
     if pin is None:
@@ -137,8 +139,6 @@ def changed_copies(copies: DataFrame, ledger: DataFrame, table: Table) -> list[d
     copy that stood for it then, as rows of the ``differing_copies`` log
     (``copies.DIFFERING_SCHEMA``: the copy, its digest and the ledger's). One Spark job;
     run only when the fates counted some."""
-    from pipeline.core.jsonvalues import dumps
-    from pipeline.ingest.copies import copy_record
 
     found = copies.join(ledger, EVENT_ID).where(_marks(F.col(KNOWN))[1])
     out = []

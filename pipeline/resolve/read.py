@@ -17,12 +17,21 @@ import pyarrow as pa
 
 from pipeline.core.columns import DIGEST, EVENT_ID, REPLICA, RUN_ID, SEQ
 from pipeline.core.jsonvalues import dumps
-from pipeline.ingest import pending, retry
+from pipeline.ingest import pending
+from pipeline.ingest.adapters.debezium import debezium
+from pipeline.ingest.adapters.dms import dms, read_dms
+from pipeline.ingest.adapters.wal2json import wal2json
 from pipeline.ingest.copies import COPIES, WAITING, copy_record, type_adapted
+from pipeline.ingest.staging import RAW_SCHEMA
+from pipeline.resolve import retry
+from pipeline.resolve.ledger import content_digest
+from pipeline.resolve.shuffle import standing_order
+from pipeline.resolve.state import read_staged
 from pipeline.rules.guards import (
     TypingSpec,
 )
 from pipeline.spark.frames import copy_schema
+from pipeline.spark.session import local_frame
 from pipeline.storage.workpath import WorkPath
 
 if TYPE_CHECKING:
@@ -30,7 +39,7 @@ if TYPE_CHECKING:
 
     from pipeline.core.config import Config, Table
     from pipeline.ingest.adapters.common import Adapted
-    from pipeline.ingest.exports import StagedExport
+    from pipeline.ingest.inputs import StagedExport
 
 
 @dataclass(frozen=True)
@@ -58,10 +67,6 @@ def _adapted(
 ) -> Adapted | None:
     """An adapter's export mapped to canonical records (Spark), or None when it is empty
     and nothing of it waits."""
-    from pipeline.ingest.adapters.debezium import debezium
-    from pipeline.ingest.adapters.dms import dms, read_dms
-    from pipeline.ingest.adapters.wal2json import wal2json
-    from pipeline.resolve.state import read_staged
 
     def staged(kind: str) -> list[str]:
         return [str(p) for p in (rep_dir / kind).parquet_files()]
@@ -84,8 +89,6 @@ def _adapted(
 
 
 def _no_lines(spark: SparkSession) -> DataFrame:
-    from pipeline.ingest.exports import RAW_SCHEMA
-    from pipeline.spark.session import local_frame
 
     ddl = ", ".join(f"{f.name} string" if f.name != "line" else "line bigint" for f in RAW_SCHEMA)
     return local_frame(spark, [], ddl)
@@ -130,8 +133,6 @@ def read_copies(
         files += [str(p) for p in (rep_dir / COPIES).parquet_files()]
     counts = _pending(spark, run, exports, carried, waiting, table.name)
     files += retry.copies_of(table_dir)  # retry: quarantined events offered again
-    from pipeline.resolve.ledger import content_digest
-    from pipeline.spark.session import local_frame
 
     typed = spark.read.schema(schema).parquet(*files) if files else local_frame(spark, [], schema)
     return typed.withColumn(DIGEST, content_digest(table)), counts
@@ -187,8 +188,6 @@ def differing_copies(copies: DataFrame, fates: DataFrame, table: Table) -> list[
     holds an event twice (its fates say so: ``resolve.Facts``): the copies of those events
     alone."""
     from pyspark.sql import functions as F
-
-    from pipeline.resolve.shuffle import standing_order
 
     repeated = (
         fates.where(F.col(EVENT_ID).isNotNull())

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pipeline.core.columns import EVENT_ID, KEY, OP, ORIGIN, RANK, REPLICA, SEQ, TS
 from pipeline.core.config import Config, Table
 from pipeline.core.policy import REPAIR_ORIGIN, Fate
-from pipeline.rules.rowfold import Event
+from pipeline.rules.events import Event
 
 
 def rank_map(config: Config, table: Table) -> Column:

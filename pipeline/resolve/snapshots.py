@@ -6,21 +6,23 @@ and the causes (docs/rules.md#divergence-causes).
 
 A perspective says what a replica *should* hold if it applied the run's events in its
 order; its snapshot says what it *does* hold. Both go to ``divergence/dt=D/``, told
-apart by ``source`` (``perspective`` or ``snapshot``).
+apart by ``source`` (``perspective`` or ``snapshot``). The resolve stage compares every
+snapshot of the date once the foreign keys left their final state (:func:`compare_snapshots`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.core.columns import (
@@ -34,19 +36,23 @@ from pipeline.core.columns import (
     STATE_ORIGIN,
     STATE_TS,
 )
-from pipeline.core.config import Table
+from pipeline.core.config import Config, Table
 from pipeline.core.jsonvalues import dumps
-from pipeline.core.policy import REPAIR_ORIGIN, Cause
-from pipeline.resolve.foldrun import repair_record
-from pipeline.rules.causes import (
-    REPLICA_LACKS,
-    Finding,
-    run_findings,
-    snapshot_findings,
-    verdict,
-)
-from pipeline.rules.rowfold import Version
-from pipeline.spark.frames import DIVERGENCE, DIVERGENCE_FIELDS
+from pipeline.core.policy import REPAIR_ORIGIN, Cause, FkPolicy
+from pipeline.core.summary import RunSummary
+from pipeline.ingest.inputs import StagedTable
+from pipeline.resolve.group_fold import repair_record
+from pipeline.resolve.read import read_copies
+from pipeline.resolve.state import columns_held, published_held, read_base
+from pipeline.rules.causes import REPLICA_LACKS, Finding, run_findings, snapshot_findings, verdict
+from pipeline.rules.events import Version
+from pipeline.spark.frames import DIVERGENCE, DIVERGENCE_FIELDS, run_columns
+from pipeline.spark.schema import state_schema
+from pipeline.storage.context import RunContext
+from pipeline.storage.outputs import read_known, read_output
+from pipeline.storage.outputs import write_output as _write
+from pipeline.storage.targets import final_state
+from pipeline.storage.workpath import WorkPath
 
 Batches = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -212,3 +218,84 @@ def _with_run_evidence(
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
     return rows.mapInArrow(combine, DIVERGENCE)
+
+
+def compare_snapshots(
+    spark: SparkSession,
+    config: Config,
+    ctx: RunContext,
+    inputs: dict[str, StagedTable],
+    summary: RunSummary,
+) -> RunSummary:
+    """docs/rules.md#convergence against what the replicas hold: each replica snapshot
+    export of the date is
+    compared with the converged snapshot; differences are appended to the divergence.
+    Returns the summary with the divergent keys per replica."""
+    for t, table in config.tables.items():
+        counts: dict[str, int] = {}
+        # docs/rules.md#fine-points: not compared after an error
+        if inputs[t].snapshots and not summary.stopped(t):
+            out = ctx.resolved / t
+            converged = read_output(spark, out / "snapshot")
+            evidence = _run_evidence(spark, config, ctx, table, inputs[t])
+            for replica in inputs[t].snapshots:
+                label = f"exports/replica={replica}/table={t}/snapshot/dt={ctx.dt}"
+                where = ctx.staged / t / f"snapshot={replica}"
+                mine = read_base(spark, where, table, label)
+                run = replace(evidence, columns=published_held(table, columns_held(spark, where)))
+                diff = snapshot_divergence(converged, mine, table, replica, ctx.dt, ctx.now_us, run)
+                counts[replica] = _write(  # published with the rest of the divergence
+                    diff.select(
+                        *run_columns(ctx.run_id, t),
+                        F.lit("snapshot").alias("source"),
+                        *DIVERGENCE_FIELDS,
+                    ),
+                    out / "divergence",
+                    mode="append",
+                )
+        causes = _snapshot_causes(spark, ctx.resolved / t) if any(counts.values()) else {}
+        summary = summary.with_table(
+            t, snapshot_divergent_keys=counts, snapshot_divergent_causes=causes
+        )
+    return summary
+
+
+def _snapshot_causes(spark: SparkSession, out: WorkPath) -> dict[str, dict[str, int]]:
+    """The snapshot comparisons' divergent keys per replica by cause, read back (the
+    divergent rows only)."""
+    rows = read_output(spark, out / "divergence").where(F.col("source") == "snapshot")
+    causes: dict[str, dict[str, int]] = {}
+    for r in rows.groupBy(REPLICA, CAUSE).count().collect():
+        causes.setdefault(r[REPLICA], {})[r[CAUSE]] = r["count"]
+    return causes
+
+
+def _run_evidence(
+    spark: SparkSession, config: Config, ctx: RunContext, table: Table, staged: StagedTable
+) -> RunEvidence:
+    """What the run knows that explains a snapshot's divergent rows (read lazily: only
+    the differing keys are joined with it)."""
+    out = ctx.resolved / table.name
+    copies, _ = read_copies(
+        spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us
+    )
+    return RunEvidence(
+        state=read_known(spark, final_state(out), state_schema(table)),
+        copies=copies,
+        conflicts=read_output(spark, out / "conflicts"),
+        perspectives=read_output(spark, out / "divergence"),
+        columns=frozenset(),
+        orphans=_quarantined_orphans(spark, config, table, out),
+    )
+
+
+def _quarantined_orphans(
+    spark: SparkSession, config: Config, table: Table, out: WorkPath
+) -> DataFrame | None:
+    """The key columns of the orphans ``on_fk_violation: quarantine`` took out of the
+    table's converged state (None: another rule, or a table without foreign keys)."""
+    if config.on_fk_violation is not FkPolicy.QUARANTINE or not table.foreign_keys:
+        return None
+    schema = T.StructType([state_schema(table)[c] for c in table.key])
+    orphans = read_known(spark, out / "orphans", f"{KEY} string")
+    return orphans.select(F.from_json(KEY, schema).alias("_k")).select("_k.*").distinct()

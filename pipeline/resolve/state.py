@@ -32,27 +32,30 @@ from pipeline.core.columns import (
     STATE_TS,
 )
 from pipeline.core.config import Table
-from pipeline.core.errors import ExportError
-from pipeline.ingest.exports import RAW_SCHEMA
+from pipeline.core.errors import ExportError, PriorStateError
+from pipeline.ingest.prior import PRIOR_PIN
+from pipeline.ingest.staging import RAW_SCHEMA
+from pipeline.rules.guards import READ
 from pipeline.spark.schema import state_schema, typed
+from pipeline.spark.session import local_frame
+from pipeline.storage.lake_read import Pin, read_pinned
 from pipeline.storage.workpath import WorkPath
 
 if TYPE_CHECKING:
-    from pipeline.storage.lake import Pin
+    from pipeline.storage.lake_read import Pin
 
-#: the staged lines of a row export (``exports.RAW_SCHEMA``): read with it, not inferred (a
+#: the staged lines of a row export (``staging.RAW_SCHEMA``): read with it, not inferred (a
 #: Spark job per read)
 RAW_RECORD = from_arrow_schema(RAW_SCHEMA)
 TEXT_MAP = T.MapType(T.StringType(), T.StringType())
 
 
 def read_staged(spark: SparkSession, files: list[str]) -> DataFrame:
-    """Lines as ``exports.stage_jsonl`` staged them (``replica, file, line, raw``)."""
+    """Lines as ``staging.stage_jsonl`` staged them (``replica, file, line, raw``)."""
     return spark.read.schema(RAW_RECORD).parquet(*files)
 
 
 def empty_state(spark: SparkSession, table: Table) -> DataFrame:
-    from pipeline.spark.session import local_frame
 
     return local_frame(spark, [], state_schema(table))
 
@@ -64,8 +67,6 @@ def read_prior(
     executors through Delta), a staged state of the earlier layout, or a base snapshot.
     ``check=False``: what this run's resolve already checked (the pinned state's row
     count, a base snapshot's rows) is not checked again (a Spark job spared)."""
-    from pipeline.ingest.prior import PRIOR_PIN
-    from pipeline.storage.lake import Pin
 
     pin = Pin.load(staged_table / PRIOR_PIN)
     if pin is not None:
@@ -82,8 +83,6 @@ def read_prior(
 def _pinned_state(spark: SparkSession, pin: Pin, table: Table, check: bool) -> DataFrame:
     """The pinned state partition in the state's schema (a column the config added since
     reads as null); ``check``: its row count is the one its ``runs`` row recorded."""
-    from pipeline.core.errors import PriorStateError
-    from pipeline.storage.lake import read_pinned
 
     df = read_pinned(spark, pin)
     schema = state_schema(table)
@@ -196,8 +195,6 @@ def from_reads(copies: DataFrame, table: Table, replicas: Sequence[str]) -> Data
     the first replica in config order that read it, as a base row (``_ts`` 0, no
     origin). ``copies``: the typed copies (``frames.copy_schema``)."""
     from pyspark.sql import Window
-
-    from pipeline.rules.guards import READ
 
     rank = F.create_map(*[x for i, r in enumerate(replicas) for x in (F.lit(r), F.lit(i))])
     reads = copies.where((F.col(OP) == READ) & F.col("reason").isNull() & F.col(KEY).isNotNull())

@@ -12,7 +12,7 @@ A row's value comes from one of:
   lacks);
 - a value no export states: a custom resolver's row, an operator's decision, a delta
   column's sum. The fold tasks report each such value a row held (*unforeseen*, with its
-  key: ``foldrun``); when one meets a row of another key the fold did not read with it
+  key: ``group_fold``); when one meets a row of another key the fold did not read with it
   (:func:`refold_needed`), the table is folded again with those values added here as
   ``extra``.
 """
@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 
 from pipeline.core.columns import AFTER, BEFORE, KEY, OP, STATE_DELETED
 from pipeline.core.config import Table
+from pipeline.resolve.shuffle import key_struct
 from pipeline.spark.frames import VALUE
+from pipeline.spark.schema import spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -46,8 +48,6 @@ def possible_values(events: DataFrame, table: Table, extra: DataFrame | None = N
     and the ``extra`` values (rows of the fold tasks' ``UNFORESEEN`` output). Columns: ``key`` and
     :func:`value_column` of each unique column."""
     from pyspark.sql import functions as F
-
-    from pipeline.spark.schema import spark_type
 
     names, cols = table.column_names, unique_columns(table)
     events = events.where(F.col(KEY).isNotNull())
@@ -106,8 +106,6 @@ def refold_needed(
     by column: a constraint of several columns may call for a fold that finds no
     collision, never miss one."""
     from pyspark.sql import functions as F
-
-    from pipeline.resolve.shuffle import key_struct
 
     possible = possible_values(events, table, unforeseen)
     live = prior.where(~F.col(STATE_DELETED))

@@ -25,17 +25,9 @@ from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
 from pipeline.core.policy import POLICY_RESOLVERS, Cause, ConflictType, Resolver
 from pipeline.rules.decisions import key_text
-from pipeline.rules.rowfold import (
-    Event,
-    FoldSpec,
-    Key,
-    Version,
-    canonical,
-    divergent_keys,
-    fold_perspective,
-    reader_view,
-    replica_order,
-)
+from pipeline.rules.events import Event, FoldSpec, Key, Version, reader_view
+from pipeline.rules.perspectives import divergent_keys, fold_perspective, replica_order
+from pipeline.rules.rowfold import canonical
 
 #: the event ids an order's evidence shows (its length is given whole)
 SHOWN = 20

@@ -40,25 +40,40 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, localcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.core.columns import MARKER, STATE_ORIGIN, STATE_TS
-from pipeline.core.config import ColumnType, Kind, Table
-from pipeline.core.kinds import every_kind
+from pipeline.core.config import Table
+from pipeline.core.kinds import ColumnType, Kind, every_kind
+from pipeline.core.policy import ConflictType, Fate, Outcome
 
 Key = tuple[Any, ...]
 _EPOCH_DAY = date(1970, 1, 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-#: why one cell beat another, in the order the rules are tried (docs/rules.md#cell-rules)
-RULES = (
-    "rule 1: higher ts",
-    "rule 2: dead beats live",
-    "rule 2: later deletion time",
-    "rule 3: expiring beats non-expiring",
-    "rule 3: later expiry",
-    "rule 3: later write time (smaller ttl)",
-    "rule 4: bigger value",
+
+class Rules(NamedTuple):
+    """Why one cell beat another, each rule by name, in the order the rules are tried
+    (docs/rules.md#cell-rules): the order of the fields of :meth:`Cell.rule_key`."""
+
+    ts: str
+    dead: str
+    deletion: str
+    expiring: str
+    expiry: str
+    write_time: str
+    value: str
+
+
+#: the reasons of the cell rules (docs/rules.md#cell-rules)
+RULES = Rules(
+    ts="rule 1: higher ts",
+    dead="rule 2: dead beats live",
+    deletion="rule 2: later deletion time",
+    expiring="rule 3: expiring beats non-expiring",
+    expiry="rule 3: later expiry",
+    write_time="rule 3: later write time (smaller ttl)",
+    value="rule 4: bigger value",
 )
 TIE = "tie: later in canonical order"
 SHADOWED = "shadowed by a tombstone"
@@ -338,8 +353,8 @@ class CellConflict:
     ``(slot, won, why)``."""
 
     key: Key
-    conflict_type: str
-    outcome: str
+    conflict_type: ConflictType
+    outcome: Outcome
     event_id: str
     local_ts: int
     local_origin: str | None
@@ -347,7 +362,11 @@ class CellConflict:
 
 
 #: a cell table's conflict type is named by the op (docs/rules.md#fine-points)
-TYPE_BY_OP = {"INSERT": "insert_exists", "UPDATE": "update_differ", "DELETE": "delete_differ"}
+TYPE_BY_OP = {
+    "INSERT": ConflictType.INSERT_EXISTS,
+    "UPDATE": ConflictType.UPDATE_DIFFER,
+    "DELETE": ConflictType.DELETE_DIFFER,
+}
 
 
 def _met(x: Cell | Tombstone | None, e: CellEvent) -> bool:
@@ -372,14 +391,14 @@ class CellFold:
         self.rows: dict[Key, CellRow] = {k: r.copy() for k, r in (rows or {}).items()}
         self.table_tomb = table_tomb
         self.conflicts: list[CellConflict] = []
-        self.fates: dict[str, str] = {}
+        self.fates: dict[str, Fate] = {}
 
     def apply(self, e: CellEvent) -> None:
         if e.op == "TRUNCATE":  # never a conflict
             t = Tombstone(e.ts, self.now_us, e.origin, e.event_id, e.rank, True)
             self.table_tomb = _max(self.table_tomb, t, Tombstone.order_key)
             self.rows = {k: shadow(r, self.table_tomb) for k, r in self.rows.items()}
-            self.fates[e.event_id] = "applied"
+            self.fates[e.event_id] = Fate.APPLIED
             return
         assert e.key is not None
         row = self.rows.get(e.key, CellRow())
@@ -389,12 +408,12 @@ class CellFold:
             won_any = self._meet_tombstone(e, row, tomb, met, local)
         if met:
             lts, lorigin = max(local, key=lambda x: (x[0], x[1] or ""))
-            outcome = "applied" if won_any else "discarded"
+            outcome = Outcome.APPLIED if won_any else Outcome.DISCARDED
             self.conflicts.append(
                 CellConflict(e.key, TYPE_BY_OP[e.op], outcome, e.event_id, lts, lorigin, tuple(met))
             )
         self.fates[e.event_id] = (
-            "applied" if won_any or not (cells or marker or tomb) else "discarded"
+            Fate.APPLIED if won_any or not (cells or marker or tomb) else Fate.DISCARDED
         )
         new = merge_rows(row, CellRow(cells, marker, tomb), self.types)
         self.rows[e.key] = shadow(new, self.table_tomb)

@@ -11,33 +11,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from datetime import date, datetime
 from decimal import Decimal
 from functools import cache
 from typing import Any, Literal
 
-from pipeline.core.config import ColumnType, Table
+from pipeline.core.config import Table
 from pipeline.core.errors import CdrError
-from pipeline.core.kinds import NUMERIC_KINDS, Kind, every_kind
+from pipeline.core.kinds import ColumnType, Kind
 from pipeline.core.summary import TableSummary
-from pipeline.rules.guards import reader
-
-#: what a value of each column type is in the fold (``pipeline.rules.guards`` reads them so)
-_PY_TYPES: Mapping[Kind, tuple[type, ...]] = every_kind(
-    "the values a custom resolver may answer",
-    {
-        Kind.INT: (int,),
-        Kind.BIGINT: (int,),
-        Kind.STRING: (str,),
-        Kind.BOOLEAN: (bool,),
-        Kind.DOUBLE: (float, int),
-        Kind.DECIMAL: (Decimal, int),
-        Kind.DATE: (date,),
-        Kind.TIMESTAMP: (datetime,),
-        Kind.BINARY: (bytes,),
-        Kind.UUID: (str,),
-    },
-)
+from pipeline.rules.readers import reader
 
 Side = Literal["local", "remote", "row"]
 #: a uuid's text as the guards read it: checked, lower case
@@ -139,24 +121,15 @@ def checked(table: Table, row: Mapping[str, Any]) -> dict[str, Any]:
                 problems.append(f"column {c!r} is NOT NULL")
             out[c] = v
             continue
-        ok = isinstance(v, _PY_TYPES[kind.kind]) and not (
-            (isinstance(v, bool) and kind.kind is not Kind.BOOLEAN)
-            or (isinstance(v, datetime) and kind.kind is Kind.DATE)
-        )
-        if ok and kind.kind is Kind.DECIMAL:
-            v = Decimal(v)
-            exponent = v.as_tuple().exponent
-            ok = isinstance(exponent, int) and -exponent <= kind.scale
-        if ok and kind.kind is Kind.TIMESTAMP:
-            ok = v.tzinfo is not None  # an instant, not a wall-clock time
+        ok = kind.admits(v)
         if ok and kind.kind is Kind.UUID:
             v = _uuid(v)  # as the guards read one: checked, lower case
             ok = v is not None
-        if ok and kind.kind in NUMERIC_KINDS - {Kind.DOUBLE} and not kind.fits(v):
-            ok = False  # (a double may be NaN or infinite, as the guards read one)
         if not ok:
             problems.append(f"column {c!r} is {kind}, not {row[c]!r}")
             continue
+        if kind.kind is Kind.DECIMAL:
+            v = Decimal(v)
         out[c] = float(v) if kind.kind is Kind.DOUBLE else v
     if problems:
         raise RowMisfit("; ".join(problems))

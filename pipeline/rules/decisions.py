@@ -8,7 +8,7 @@ A decision also keeps the content digests of the two versions as the conflict lo
 them; a run whose conflict has other contents (an export replaced, an earlier event
 decided otherwise) does not apply it and reports it ``stale``.
 
-Pure Python: the fold (``pipeline.rules.rowfold``) asks :meth:`Decisions.ruling`, the
+Pure Python: the fold (``pipeline.rules.resolution``) asks :meth:`Decisions.ruling`, the
 fold tasks render the conflict log with :func:`local_text` and :func:`remote_text`, and
 ``cdr decide`` (``pipeline.app.decide``) checks what it records with :func:`take_row`."""
 
@@ -25,10 +25,12 @@ from pipeline.core.columns import AFTER, BEFORE, KEY, OP, STATE_DELETED
 from pipeline.core.config import Table
 from pipeline.core.jsonvalues import dumps
 from pipeline.core.policy import ConflictType
+from pipeline.rules import custom
+from pipeline.rules.readers import read_values
 
 
 class Version(Protocol):
-    """What a decision reads of a local version (``rowfold.Version``)."""
+    """What a decision reads of a local version (``events.Version``)."""
 
     @property
     def values(self) -> Mapping[str, Any]: ...
@@ -39,7 +41,7 @@ class Version(Protocol):
 
 
 class Event(Protocol):
-    """What a decision reads of the remote event (``rowfold.Event``)."""
+    """What a decision reads of the remote event (``events.Event``)."""
 
     @property
     def event_id(self) -> str: ...
@@ -64,7 +66,7 @@ class Take(StrEnum):
 
 
 #: the conflict types a decision may answer: those whose resolver chooses between a local
-#: version and the remote event (``RowFold._decide``); ``row`` not on a DELETE's
+#: version and the remote event (``resolution.Resolution.decide``); ``row`` not on a DELETE's
 DECIDABLE: Mapping[ConflictType, frozenset[Take]] = {
     ConflictType.INSERT_EXISTS: frozenset(Take),
     ConflictType.UPDATE_DIFFER: frozenset(Take),
@@ -173,9 +175,6 @@ def typed_row(table: Table, given: Mapping[str, Any]) -> dict[str, Any]:
     """A decision's ``--row`` (JSON values) read as the guards read an export's values,
     then checked as a custom resolver's row (the key columns left out). Raises
     ``custom.RowMisfit`` naming each column that does not fit."""
-    from pipeline.rules import custom
-    from pipeline.rules.guards import read_values
-
     out, problems = read_values(table, given)
     if problems:
         raise custom.RowMisfit("; ".join(problems))

@@ -1,29 +1,22 @@
 """The canonical event record, typed and guarded, in pure Python (docs/adapters.md;
-docs/rules.md#conflict-types, docs/rules.md#fine-points): one function,
-:func:`type_copy`, turns one exported
-record into one typed copy, with the reason and detail of the first guard that quarantines
-it. It runs where the records are read: in the Spark task that fetches an export file, and
-in the Arrow batches of an adapter's output (``pipeline.ingest.copies``). Nothing downstream parses
-JSON again.
+docs/rules.md#conflict-types, docs/rules.md#fine-points): a :class:`Typer` turns one
+exported record into one typed copy, with the reason and detail of the first guard that
+quarantines it. It runs where the records are read: in the Spark task that fetches an
+export file, and in the Arrow batches of an adapter's output (``pipeline.ingest.copies``).
+Nothing downstream parses JSON again.
 
-How values are read: the record's scalars are taken as their JSON text (a number's digits
-as written, ``true``/``false``, a string's content, an object's or array's compact JSON),
-and each column's type reads that text (:data:`READERS`): a number keeps every digit it was
-written with, so a ``decimal(38,10)`` is exact. A text that does not read as the column's
-type is ``malformed``, with a message that quotes it.
+How values are read: the record's scalars are taken as their JSON text
+(``pipeline.rules.jsontext``), and each column's type reads that text
+(``pipeline.rules.readers``). A text that does not read as the column's type is
+``malformed``, with a message that quotes it.
 
-The guards are :func:`guard_checks`, in the order of docs/rules.md#fine-points: the first
+The guards are ``Typer._verdict``'s, in the order of docs/rules.md#fine-points: the first
 that matches is the copy's reason."""
 
 from __future__ import annotations
 
-import base64
-import json
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 
 from pipeline.core.columns import (
@@ -41,9 +34,10 @@ from pipeline.core.columns import (
     TTL,
     TXID,
 )
-from pipeline.core.config import ColumnType, Config, Kind, Table
-from pipeline.core.kinds import every_kind, integer_bound
+from pipeline.core.config import Config, Table
 from pipeline.core.policy import REPAIR_ORIGIN, Granularity, QuarantineReason
+from pipeline.rules.jsontext import NotAnObject, NotJson, TextMap, object_of, parse_json, text_of
+from pipeline.rules.readers import LONG_READER, event_ts_micros, reader, whole_seconds
 
 #: docs/adapters.md#snapshot-reads: a replica's copy of a row as a snapshot read it (a
 #: CDC tool's initial or re-snapshot, Debezium's ``op: r``): never a write; it seeds a
@@ -55,313 +49,6 @@ ROW_OPS = ("INSERT", "UPDATE", "DELETE")
 #: Scylla's and Cassandra's largest TTL (20 years)
 MAX_TTL = 630_720_000
 _OBJECTS = (KEY, "new_key", AFTER, BEFORE)
-
-# ---------------------------------------------------------------------- JSON text
-
-
-class JsonNumber(str):
-    """A JSON number, kept as the text it was written with."""
-
-    __slots__ = ()
-
-
-class NotJson(ValueError):
-    """A text that is not the JSON the guards read, and why (the quarantine's detail)."""
-
-
-#: a JSON escape of a UTF-16 surrogate (a pair of them is one character)
-_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object's members; a name given twice is refused (JSON parsers disagree on
-    which one counts: the last here, the first or an error elsewhere)."""
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise NotJson(f"duplicate key {json.dumps(twice)[:200]}")  # ASCII: any name is text
-    return d
-
-
-def parse_json(text: str) -> Any:
-    """JSON with numbers kept as their text (:class:`JsonNumber`); ``NaN`` and
-    ``Infinity`` are not JSON, nor is an object that names a member twice
-    (:class:`NotJson`, which names it) or a value nested deeper than Python's parser
-    goes. Raises ValueError."""
-    try:
-        v = json.loads(
-            text,
-            parse_int=JsonNumber,
-            parse_float=JsonNumber,
-            parse_constant=_no_constant,
-            object_pairs_hook=_members,
-        )
-    except RecursionError:
-        raise NotJson("nested too deep") from None
-    if _SURROGATE.search(text):  # an escaped half of a UTF-16 pair, alone, is no text
-        try:
-            json.dumps(v, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise NotJson("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
-    return v
-
-
-def _compact(v: Any) -> str:
-    if isinstance(v, JsonNumber):
-        return str(v)
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{json.dumps(k)}:{_compact(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ",".join(_compact(x) for x in v) + "]"
-    return json.dumps(v, ensure_ascii=False)
-
-
-def text_of(v: Any) -> str | None:
-    """A JSON value as text: a string's content, a number's digits, ``true``/``false``,
-    an object or array as compact JSON; None for null."""
-    if v is None:
-        return None
-    if isinstance(v, str):
-        return str(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return _compact(v)
-
-
-@dataclass(frozen=True)
-class _NotAnObject:
-    """An object field that holds something else (a number, an array, a text that is not
-    a JSON object: ``why``, when the text says)."""
-
-    why: str = ""
-
-
-NOT_AN_OBJECT = _NotAnObject()
-TextMap = dict[str, str | None]
-
-
-def object_of(v: Any) -> TextMap | _NotAnObject | None:
-    """An object field as a map of its members' texts; a string that holds a JSON object
-    counts as that object (Parquet exports may give objects as JSON text); None when the
-    field is absent or null."""
-    if v is None:
-        return None
-    if isinstance(v, str) and not isinstance(v, JsonNumber):
-        try:
-            v = parse_json(v)
-        except NotJson as e:
-            return _NotAnObject(str(e))
-        except ValueError:
-            return NOT_AN_OBJECT
-    if not isinstance(v, dict):
-        return NOT_AN_OBJECT
-    return {k: text_of(x) for k, x in v.items()}
-
-
-# ---------------------------------------------------------------------- reading a type
-
-_INT_RE = re.compile(r"^\s*[+-]?\d+\s*$", re.ASCII)
-_NUM_RE = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$", re.ASCII)
-_DOUBLE_WORDS = {"nan": float("nan"), "infinity": float("inf"), "inf": float("inf")}
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$", re.ASCII)
-_UUID_RE = re.compile(
-    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-)
-#: RFC 3339 with its UTC offset (the ``T`` may be a space; ``T`` and ``Z`` in either case)
-TS_WITH_OFFSET_RE = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})$",
-    re.ASCII,
-)
-_MICROS_RE = re.compile(r"^-?\d+$", re.ASCII)
-_SECONDS_RE = re.compile(r"^\d{1,12}$", re.ASCII)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_LONG = integer_bound(Kind.BIGINT)
-_INT = integer_bound(Kind.INT)
-
-
-#: the most digits an integer's text may have (a bigint has 19; Python's ``int`` refuses
-#: texts of over 4,300 digits, and would take quadratic time on them)
-_MAX_DIGITS = 40
-
-
-def _integer(bound: int) -> Callable[[str], int | None]:
-    def read(text: str) -> int | None:
-        if not _INT_RE.match(text):
-            return None
-        if len(text) > _MAX_DIGITS:  # leading zeros or blanks: the digits that count
-            t = text.strip()
-            digits = t.lstrip("+-").lstrip("0")
-            if len(digits) > 19:
-                return None
-            text = ("-" if t.startswith("-") else "") + (digits or "0")
-        v = int(text)
-        return v if -bound <= v < bound else None
-
-    return read
-
-
-def _double(text: str) -> float | None:
-    t = text.strip()
-    sign = -1.0 if t.startswith("-") else 1.0
-    word = _DOUBLE_WORDS.get(t.lstrip("+-").lower()) if t[:1] in "+-" or t[:1].isalpha() else None
-    if word is not None and t.count("-") + t.count("+") <= 1:
-        return sign * word
-    return float(text) if _NUM_RE.match(text) else None
-
-
-#: enough digits for any decimal(38, s), whatever its exponent
-_DECIMALS = Context(prec=80, rounding=ROUND_HALF_UP, Emax=999_999, Emin=-999_999)
-
-
-def _decimal(ct: ColumnType) -> Callable[[str], Decimal | None]:
-    quantum = Decimal(1).scaleb(-ct.scale)
-    limit = Decimal(10) ** (ct.precision - ct.scale)
-
-    def read(text: str) -> Decimal | None:
-        if not _NUM_RE.match(text):
-            return None
-        try:
-            v = _DECIMALS.quantize(Decimal(text.strip()), quantum)
-        except InvalidOperation:
-            return None
-        return v if abs(v) < limit else None
-
-    return read
-
-
-def _date(text: str) -> date | None:
-    if not _DATE_RE.match(text):
-        return None
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        return None
-
-
-def rfc3339_micros(text: str) -> int | None:
-    """µs since the epoch of an RFC 3339 time with its UTC offset; fractions beyond the
-    µs are cut."""
-    m = TS_WITH_OFFSET_RE.match(text)
-    if not m:
-        return None
-    day, hh, mm, ss, frac, offset = m.groups()
-    try:
-        t = datetime.fromisoformat(f"{day}T{hh}:{mm}:{ss}")
-    except ValueError:
-        return None
-    if offset not in ("Z", "z"):
-        hours, minutes = int(offset[1:3]), int(offset[4:6])
-        if hours > 18 or minutes > 59:
-            return None
-        sign = 1 if offset[0] == "+" else -1
-        t -= sign * timedelta(hours=hours, minutes=minutes)
-    micros = int((frac or "").ljust(6, "0")[:6])
-    return (t.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1) + micros
-
-
-_LONG_READER = _integer(_LONG)
-
-
-def event_ts_micros(text: str | None) -> int | None:
-    """docs/rules.md#conflict-types/docs/rules.md#fine-points: ``ts`` is µs since
-    the epoch or RFC 3339 *with* a UTC offset."""
-    if text is None:
-        return None
-    if _MICROS_RE.match(text):
-        return _LONG_READER(text)
-    return rfc3339_micros(text)
-
-
-def _timestamp(text: str) -> datetime | None:
-    micros = _LONG_READER(text) if _MICROS_RE.match(text) else rfc3339_micros(text)
-    if micros is None:
-        return None
-    try:
-        return _EPOCH + timedelta(microseconds=micros)
-    except OverflowError:
-        return None
-
-
-def _binary(text: str) -> bytes | None:
-    """Base64, with or without its padding; blanks inside are ignored."""
-    s = "".join(text.split())
-    if "=" not in s:
-        if len(s) % 4 == 1:
-            return None
-        s += "=" * (-len(s) % 4)
-    try:
-        return base64.b64decode(s, validate=True)
-    except ValueError:
-        return None
-
-
-def _uuid(text: str) -> str | None:
-    return text.lower() if _UUID_RE.match(text) else None
-
-
-def _boolean(text: str) -> bool | None:
-    return {"true": True, "false": False}.get(text)
-
-
-def reader(ct: ColumnType) -> Callable[[str], Any]:
-    """How a column type reads a value's text: the value, or None when it does not read."""
-    return READERS[ct.kind](ct)
-
-
-def read_values(table: Table, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A row's parsed JSON values (``parse_json``'s, or ``json.loads``') read by the
-    table's column types as an export's values are; and what does not read, one line per
-    column."""
-    problems: list[str] = []
-    out: dict[str, Any] = {}
-    for c, v in given.items():
-        if c not in table.column_names:
-            problems.append(f"no column {c!r} (the columns: {', '.join(table.column_names)})")
-            continue
-        if v is None:
-            out[c] = None
-            continue
-        ct = table.column(c).type
-        value = reader(ct)(text_of(v) or "")
-        if value is None:
-            problems.append(f"column {c!r} is {ct}, not {text_of(v)!r}")
-            continue
-        out[c] = value
-    return out, problems
-
-
-def _text(text: str) -> str:
-    return text
-
-
-def _always(read: Callable[[str], Any]) -> Callable[[ColumnType], Callable[[str], Any]]:
-    """The reader of a type whose reading does not depend on the column (all but decimal)."""
-    return lambda ct: read
-
-
-#: every column type's reader, given the column's type (decimal's depends on its
-#: precision and scale)
-READERS: Mapping[Kind, Callable[[ColumnType], Callable[[str], Any]]] = every_kind(
-    "guards.READERS",
-    {
-        Kind.STRING: _always(_text),
-        Kind.UUID: _always(_uuid),
-        Kind.BOOLEAN: _always(_boolean),
-        Kind.INT: _always(_integer(_INT)),
-        Kind.BIGINT: _always(_LONG_READER),
-        Kind.DOUBLE: _always(_double),
-        Kind.DECIMAL: _decimal,
-        Kind.DATE: _always(_date),
-        Kind.TIMESTAMP: _always(_timestamp),
-        Kind.BINARY: _always(_binary),
-    },
-)
-
 
 # ---------------------------------------------------------------------- the typed copy
 
@@ -391,10 +78,6 @@ class TypingSpec:
 
 def _quote(v: str | None) -> str:
     return "'null'" if v is None else f"'{v}'"
-
-
-def _whole_seconds(text: str | None) -> int | None:
-    return int(text) if text is not None and _SECONDS_RE.match(text) else None
 
 
 Verdict = tuple[str | None, str | None]  # the reason (a QuarantineReason's value), its detail
@@ -481,8 +164,8 @@ class Typer:
         maps, whys = {}, {}
         for n in _OBJECTS:
             m = object_of(fields.get(n))
-            maps[n] = None if isinstance(m, _NotAnObject) else self._published(m)
-            if isinstance(m, _NotAnObject) and m.why:  # named in the detail
+            maps[n] = None if isinstance(m, NotAnObject) else self._published(m)
+            if isinstance(m, NotAnObject) and m.why:  # named in the detail
                 whys[f"{n} is not a JSON object"] = f"{n} is not a JSON object: {m.why}"
         op, origin = text_of(fields.get(OP)), text_of(fields.get(ORIGIN))
         after = maps[AFTER]
@@ -493,9 +176,9 @@ class Typer:
         typed = {n: self._typed(maps[n]) for n in _OBJECTS}
         ts_text, seq_text = text_of(fields.get(TS)), text_of(fields.get(SEQ))
         ts = event_ts_micros(ts_text)
-        seq = None if seq_text is None else _LONG_READER(seq_text)
+        seq = None if seq_text is None else LONG_READER(seq_text)
         pos_text = text_of(fields.get(POS))
-        pos = None if pos_text is None else _LONG_READER(pos_text)
+        pos = None if pos_text is None else LONG_READER(pos_text)
         eid = text_of(fields.get(EVENT_ID)) or None
         reason, detail = self._verdict(
             fields, maps, typed, eid, op, origin, ts_text, ts, seq_text, seq
@@ -506,10 +189,10 @@ class Typer:
         detail = whys.get(detail or "", detail)
         after, before = maps[AFTER], maps[BEFORE]
         # docs/rules.md#cell-rules: a ttl of 0 is none
-        ttl = _whole_seconds(text_of(fields.get(TTL))) or None
+        ttl = whole_seconds(text_of(fields.get(TTL))) or None
         expiry = None
         if ttl is not None:
-            expiry = _whole_seconds(text_of(fields.get(EXPIRY)))
+            expiry = whole_seconds(text_of(fields.get(EXPIRY)))
             if expiry is None and ts is not None:
                 expiry = ts // 1_000_000 + ttl
         return {
@@ -721,10 +404,10 @@ class Typer:
                 "has no source_column_extra)"
             )
         ttl, expiry = text_of(fields.get(TTL)), text_of(fields.get(EXPIRY))
-        ttl_s = _whole_seconds(ttl)
+        ttl_s = whole_seconds(ttl)
         if ttl is not None and not (ttl_s is not None and ttl_s <= MAX_TTL):
             return f"ttl {_quote(ttl)} is not whole seconds 0..{MAX_TTL}"
-        if expiry is not None and _whole_seconds(expiry) is None:
+        if expiry is not None and whole_seconds(expiry) is None:
             return f"expiry {_quote(expiry)} is not whole seconds"
         if expiry is not None and not ttl_s:
             return "expiry without a ttl"
@@ -756,30 +439,6 @@ class Typer:
             "detail": detail,
             "raw": source,
         }
-
-
-class LongLine(bytes):
-    """The first bytes of a line longer than ``max_record_bytes``, and its ``length``: the
-    rest of it was skipped as it was read (``exports._line_chunks``)."""
-
-    length: int
-
-
-#: the bytes of a long line kept for its quarantine row
-LONG_LINE_KEPT = 1024
-
-
-def long_line(head: LongLine, limit: int | None) -> str:
-    """Why a long line is no record."""
-    return (
-        f"{head.length} bytes, over max_record_bytes ({limit}); "
-        f"its first {len(head)} bytes are kept"
-    )
-
-
-def not_utf8(e: UnicodeDecodeError) -> str:
-    """Where bytes stop being UTF-8, for a message."""
-    return f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
 
 
 def _why_not_json(malformed: str, source: Any) -> str:

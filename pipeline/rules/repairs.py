@@ -36,7 +36,8 @@ from typing import Any
 from pipeline.core.config import Config, Table
 from pipeline.core.errors import RepairError
 from pipeline.core.kinds import Kind, integer_bound
-from pipeline.rules.guards import JsonNumber, read_values
+from pipeline.rules.jsontext import JsonNumber
+from pipeline.rules.readers import read_values
 
 
 class Write(StrEnum):

@@ -1,12 +1,15 @@
-"""The frames the resolve wing passes between its modules, each column named and typed
-once: the light and the typed copy of an event (``events``), what the Python fold reads
-and writes (``engine``, ``foldrun``), and the run's logs as the resolve stage writes them
-(``resolve``, then ``lake`` publishes them). A module that reads or writes one of these
-frames takes its columns from here. Types only: nothing here needs a Spark session.
+"""The frames the resolve stage passes between its modules, each column named and typed
+once: the light and the typed copy of an event (as ingest stages them), what the fold
+tasks read and write (``resolve.engine``, ``resolve.fold_task``), and the run's logs as
+``resolve.stage`` writes them for the publish to commit. A module that reads or writes one of these
+frames takes its columns from here. Types only (and :func:`run_columns`'s literals):
+nothing here needs a Spark session to be imported.
 """
 
 from __future__ import annotations
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.core.columns import (
@@ -33,7 +36,13 @@ from pipeline.core.columns import (
 )
 from pipeline.core.config import Table
 from pipeline.core.layout import LEDGER, SNAPSHOT
-from pipeline.spark.schema import key_struct_type, row_struct_type
+from pipeline.spark.schema import (
+    change_schema,
+    key_struct_type,
+    row_struct_type,
+    snapshot_schema,
+    state_schema,
+)
 
 _S, _L, _I, _B = T.StringType(), T.LongType(), T.IntegerType(), T.BooleanType()
 
@@ -45,7 +54,7 @@ COPY_SOURCE = (REPLICA, "file", "line")
 
 def copy_schema(table: Table) -> T.StructType:
     """A typed copy of an event: one record of one export, read and guarded once, where the
-    export is fetched (``pipeline.rules.guards.type_copy``; ``pipeline.ingest.copies`` writes them).
+    export is fetched (``pipeline.rules.guards.Typer``; ``pipeline.ingest.copies`` writes them).
     ``pos`` is the change's place in its origin transaction (the record's, given by an
     adapter: docs/adapters.md), which orders the events of one transaction; ``pref``
     orders the copies of one event (docs/rules.md#fine-points); ``rank`` is the origin's tie rank;
@@ -85,7 +94,7 @@ def copy_schema(table: Table) -> T.StructType:
 
 # ---------------------------------------------------------------------- the Python fold
 
-#: what the row engine's Python fold reads of each row of the stream (``foldrun``): a state
+#: what the row engine's Python fold reads of each row of the stream (``group_fold``): a state
 #: row's ``row`` and ``s_*``, a copy's typed fields, ``seen`` (an earlier night resolved its
 #: event), ``rejected`` (its transaction was)
 FOLD_INPUT = (
@@ -212,10 +221,9 @@ UNFORESEEN, VALUE = "unforeseen", "value"
 
 
 def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
-    """What the row engine's fold tasks write (``foldrun.OUTPUTS``), each output's schema:
+    """What the row engine's fold tasks write (``fold_task.OUTPUTS``), each output's schema:
     the state (and its live rows, the snapshot), the fates, and the run's logs as they
     are published."""
-    from pipeline.spark.schema import change_schema, snapshot_schema, state_schema
 
     run = [T.StructField(n, _S) for n in RUN_COLUMNS]
     out = {
@@ -249,6 +257,13 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
 #: the columns every log row starts with; its ``dt`` is the partition of the published Delta
 #: table (``pipeline.storage.lake``), not a column of the files
 RUN_COLUMNS = (RUN_ID, "table")
+
+
+def run_columns(run_id: str, table: str) -> list[Column]:
+    """:data:`RUN_COLUMNS` as the literal columns of one run and table."""
+    return [F.lit(v).alias(n) for n, v in zip(RUN_COLUMNS, (run_id, table), strict=True)]
+
+
 LEDGER_COLUMNS = (*RUN_COLUMNS, EVENT_ID, FATE, DIGEST)
 #: how Spark reads the ledger's files (as ``resolve`` writes them; ``digest``: the content
 #: digest of the copy that stood for the event, ``pipeline.resolve.ledger``)

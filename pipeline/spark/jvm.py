@@ -29,6 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.core.errors import StageError
+from pipeline.spark import jars
+
 log = logging.getLogger(__name__)
 
 ARCHIVE_ENV = "CDR_JVM_ARCHIVE"
@@ -73,7 +76,6 @@ def digest() -> str:
     release = home / "release" if home else None
     if release is not None and release.is_file():
         h.update(release.read_bytes())
-    from pipeline.spark import jars
 
     for jar in [*sorted(jars.spark_jars().glob("*.jar")), *jars.classpath()]:
         st = jar.stat()
@@ -92,7 +94,6 @@ def archive_path() -> Path | None:
 
 
 def start_mode() -> str:
-    from pipeline.core.errors import StageError
 
     mode = os.environ.get(START_ENV, "auto")
     if mode not in START_MODES:
@@ -141,7 +142,6 @@ def submit_conf(small: bool = False) -> dict[str, str]:
     stages, client mode): the locked jars (on the driver's class path, and shipped to the
     executors by ``spark.jars``), the archive's options when it has one, and a small
     run's (``small``: what ingest staged is a small run, as ``cdr run`` decides)."""
-    from pipeline.spark import jars
 
     paths = [str(p) for p in jars.classpath()]
     conf = {"spark.jars": ",".join(paths), "spark.driver.extraClassPath": os.pathsep.join(paths)}

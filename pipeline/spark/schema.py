@@ -35,8 +35,8 @@ from pipeline.core.columns import (
     TS,
     TTL,
 )
-from pipeline.core.config import ColumnType, Kind, Table
-from pipeline.core.kinds import every_kind
+from pipeline.core.config import Table
+from pipeline.core.kinds import ColumnType, Kind, every_kind
 from pipeline.core.policy import Granularity
 
 _UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -121,7 +121,7 @@ def key_struct_type(table: Table) -> T.StructType:
 
 
 #: docs/rules.md#column-groups: a row's stamp per column group, as JSON ``{group: [ts, rank,
-#: event_id, origin]}`` (``rowfold.Version.groups``)
+#: event_id, origin]}`` (``events.Version.groups``)
 META_FIELDS = [
     T.StructField(STATE_TS, T.LongType()),
     T.StructField(STATE_ORIGIN, T.StringType()),

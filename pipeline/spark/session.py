@@ -16,6 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
+from pipeline.core.errors import StageError
+from pipeline.spark import jars
+from pipeline.spark import jvm as jvmstart
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -64,9 +70,6 @@ def get_spark(
 
 def _session(b: Any, master: str | None, small: bool = False, dump: Path | None = None) -> Any:
     from pyspark.errors import PySparkRuntimeError
-
-    from pipeline.spark import jars
-    from pipeline.spark import jvm as jvmstart
 
     # Python workers must run the interpreter that has this package and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -214,7 +217,7 @@ def _configured(b: Any) -> SparkSession:
     return spark
 
 
-#: below this many records read (``exports.StagedTable.records``), a run's Spark plans
+#: below this many records read (``inputs.StagedTable.records``), a run's Spark plans
 #: are interpreted, not compiled: compiling them (Janino) costs more than it saves on
 #: small inputs (bench/RESULTS.md, "Interpreted plans for small runs")
 CODEGEN_MIN_RECORDS = 50_000
@@ -237,8 +240,6 @@ def fit_codegen(spark: SparkSession, records: int) -> bool:
     ``CDR_SHUFFLE_PARTITIONS`` sets them. Returns whether compiled."""
     mode = os.environ.get("CDR_CODEGEN", "auto")
     if mode not in CODEGEN_MODES:
-        from pipeline.core.errors import StageError
-
         raise StageError(f"CDR_CODEGEN={mode!r}: use one of {', '.join(CODEGEN_MODES)}")
     compiled = mode == "on" or (mode == "auto" and records >= CODEGEN_MIN_RECORDS)
     spark.conf.set(_WHOLE_STAGE, str(compiled).lower())
@@ -273,7 +274,6 @@ def local_frame(
     """A few rows the driver holds, as a DataFrame whose plan holds them (handed over as
     Arrow): its jobs start no Python worker, where ``createDataFrame`` of a list makes
     Python tasks that serve the rows (about a second on a cold executor)."""
-    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 

@@ -1,16 +1,19 @@
-"""The one Spark session of a run, built inside the job, never at import time.
-
-``local[*]`` by default; ``CDR_SPARK_MASTER`` or ``--master`` selects another, and under
-``spark-submit`` the master and resources come from spark-submit itself.
+"""The outputs a stage writes into the run's work folder (a folder of Parquet files per
+output), each with its record: its schema and row count, noted when it is written, so
+that the next stage knows both without reading a footer or counting on Spark, and reads
+an empty output as an empty frame of its schema.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeline.spark.session import local_frame
+from pipeline.storage import workpath
+from pipeline.storage.workpath import write_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -93,7 +96,6 @@ def replace_output(folder: WorkPath, data: pa.Table | None) -> None:
     the conflict log, a retry's rewrite of the fates and the quarantine): its files
     replaced by one holding ``data`` (None: no rows, its record alone), its rows
     recorded again."""
-    from pipeline.storage.workpath import write_table
 
     for f in folder.parquet_files():
         f.unlink()
@@ -106,7 +108,6 @@ def write_output(df: DataFrame, folder: WorkPath, mode: str = "overwrite") -> in
     """``df`` written as Parquet into ``folder`` by the executors, its schema and rows
     recorded beside (:func:`note_output`); returns its rows, counted as they were written
     (no file of it is read again to count them)."""
-    import time
 
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -130,14 +131,14 @@ def read_output(spark: SparkSession, folder: WorkPath) -> DataFrame:
     whose schema is known: ``read_known``.)"""
     from pyspark.sql.types import StructType
 
-    from pipeline.storage.workpath import metadata
-
     info = output_record(folder)
     if info is not None:
         small = info.small_frame(spark)
         return small if small is not None else spark.read.schema(info[0]).parquet(str(folder))
     first = min(folder.parquet_files(), default=None)
-    stored = None if first is None else (metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)
+    stored = (
+        None if first is None else (workpath.metadata(first).metadata or {}).get(SPARK_SCHEMA_KEY)
+    )
     if stored is None:
         return spark.read.parquet(str(folder))
     schema = StructType.fromJson(json.loads(stored))

@@ -22,7 +22,8 @@ import pyarrow as pa
 from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.report import Status
-from pipeline.storage.lake import Lake, meta_of
+from pipeline.storage.lake import Lake
+from pipeline.storage.lake_read import meta_of
 
 SCHEMA = pa.schema(
     [

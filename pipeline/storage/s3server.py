@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -99,7 +100,6 @@ CONFLICT = (
 def atomic_puts() -> None:
     """Make moto's PutObject decide a conditional put and write it in one step (a lock
     per key); a conditional put that overlaps another put of its key gets a 409."""
-    import threading
 
     from moto.s3.responses import S3Response
 

@@ -3,13 +3,16 @@
 ``s3://BUCKET/PREFIX`` goes through boto3 (endpoint, region and credentials from the usual
 boto3 sources: ``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, profiles); ``file:///PATH``
 is a local folder. Keys are always relative to the store's root and use ``/``.
-Spark never reads the store through Hadoop (pip's pyspark has no ``s3a://``): these
-methods move data between the store and the run's work folder, in the stages (manifests,
-the published tables) and in Spark tasks (the export files, ``exports.fetch``).
+These methods move the small objects (manifests, the runs table's and the lease's control
+files, reports) and, in Spark tasks, the export files of the fetch. The bulk of the bytes
+(the Delta tables, an ``s3://`` work folder) go through Spark's own Hadoop filesystem:
+:func:`s3a_uri` names an ``s3://`` URI as Hadoop reads it, and
+``pipeline.spark.session.use_s3a`` configures the bucket's ``s3a://`` access.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import mimetypes
 import os
@@ -131,7 +134,6 @@ class FileStore:
 
     @contextmanager
     def _swapping(self, key: str) -> Iterator[None]:
-        import fcntl
 
         p = self._p(key)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,8 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.errors import CdrError
+from pipeline.spark.session import use_s3a
 from pipeline.storage.store import Store, open_store, s3a_uri
 
 if TYPE_CHECKING:
@@ -60,8 +62,6 @@ class WorkPath:
         if "://" not in text:
             return WorkPath(Path(text).resolve().as_uri())
         if urlparse(text).scheme not in ("file", "s3"):
-            from pipeline.core.errors import CdrError
-
             raise CdrError(f"{text}: a work location is a local folder or s3://BUCKET/PREFIX")
         return WorkPath(text.rstrip("/"))
 
@@ -194,8 +194,6 @@ class WorkPath:
     def attach(self, spark: SparkSession) -> None:
         """Point the session's s3a at this location's bucket (nothing for a local one)."""
         if self.local is None:
-            from pipeline.spark.session import use_s3a
-
             use_s3a(spark, urlparse(self.root).netloc)
 
 

@@ -23,6 +23,7 @@ from pipeline.core.columns import DT
 from pipeline.core.config import ConflictRateAlert
 from pipeline.core.summary import TableSummary
 from pipeline.storage.lake import Lake
+from pipeline.storage.stats import PATH
 
 SUITE = "alerts"  # the template's name: its suites are ``alerts.<table>``
 CHECK = "conflict_rate"
@@ -33,7 +34,6 @@ SCHEMA = "dt string, events long, conflicts long, tonight boolean"
 def past_counts(lake: Lake, dt: date, window: int) -> dict[str, list[tuple[str, int, int]]]:
     """Per table, ``(date, events, conflicts)`` of the published runs of the ``window``
     dates before ``dt``, oldest first."""
-    from pipeline.publish.stats import PATH
 
     first = dt - timedelta(days=window)
     where = (

@@ -13,6 +13,7 @@ pages keep their CDN links (and a warning says so).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -164,7 +165,6 @@ def digests(site: Path) -> dict[str, str]:
     """Every file of a written site (its path inside the site -> its sha256): the run's
     report lists them, and the Data Docs server serves these files, with these contents,
     and no other (``plugins/cdr_plugin.py``)."""
-    import hashlib
 
     if not site.is_dir():
         return {}

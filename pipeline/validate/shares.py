@@ -13,7 +13,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.columns import REPLICA
+from pipeline.core.config import QuarantineShare
 from pipeline.core.policy import QuarantineReason
+from pipeline.ingest.inputs import load_inputs
+from pipeline.spark.session import local_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -41,7 +44,7 @@ SCHEMA = (
 def _records(ctx: RunContext, table: str) -> list[tuple[str, str | None, int]]:
     """(replica, file or None for the whole export, records) of the table's exports, from
     ingest's staging: each export's records, and each file's rows by its manifest."""
-    from pipeline.ingest.exports import PLAN, load_inputs
+    from pipeline.ingest.fetch import PLAN  # deferred: loads pyspark
 
     out: list[tuple[str, str | None, int]] = [
         (r, None, e.records) for r, e in load_inputs(ctx)[table].exports.items()
@@ -59,8 +62,6 @@ def shares(spark: SparkSession, ctx: RunContext, table: str, quarantine: DataFra
     """Per export and per file of ``table``: its records, those the guards quarantined,
     their share, and the first quarantined record's reason and detail (``SCHEMA``)."""
     from pyspark.sql import functions as F
-
-    from pipeline.spark.session import local_frame
 
     records = local_frame(spark, _records(ctx, table), "replica string, file string, records long")
     if "detail" not in quarantine.columns:  # an empty output
@@ -104,7 +105,6 @@ def shares(spark: SparkSession, ctx: RunContext, table: str, quarantine: DataFra
 
 def placeholders(config: Any) -> dict[str, Any]:
     """The accounting template's ``${quarantine_*}`` values (no config: the defaults)."""
-    from pipeline.core.config import QuarantineShare
 
     q = config.quarantine_share if config is not None else QuarantineShare()
     return {

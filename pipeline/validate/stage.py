@@ -31,16 +31,22 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline.changes.cdc import read_generations
+from pipeline.changes.history import as_of_run
+from pipeline.changes.replay import entry_micros, replay_differences
 from pipeline.core.columns import RUN_ID
 from pipeline.core.config import Config, Table
 from pipeline.core.errors import StageError
 from pipeline.core.summary import RunSummary
 from pipeline.ingest import pending
-from pipeline.publish.targets import final_state
+from pipeline.resolve.inplace import touched_prior, untouched_snapshot, whole_snapshot
+from pipeline.resolve.state import read_prior
 from pipeline.spark.session import local_frame
 from pipeline.storage.context import RunContext
 from pipeline.storage.lake import Lake
 from pipeline.storage.outputs import read_output
+from pipeline.storage.store import open_store
+from pipeline.storage.targets import final_state
 from pipeline.storage.workpath import WorkPath
 from pipeline.validate import alerts
 from pipeline.validate.datadocs import bundle
@@ -121,8 +127,6 @@ class Frames:
         self._past: dict[str, list[tuple[str, int, int]]] | None = None
         self.cdc_gens: list[Any] = []
         if config.cdc.enabled:
-            from pipeline.changes.cdc import read_generations
-
             self.cdc_gens = read_generations(ctx.resolved / "cdc" / "cdc_generation_descriptions")
             streams = [(g.time, s.to_bytes()) for g in self.cdc_gens for s in g.all_streams()]
             local_frame(spark, streams, "time long, stream_id binary").createOrReplaceTempView(
@@ -152,7 +156,6 @@ class Frames:
     def whole_snapshot(self, table: Table) -> DataFrame:
         """The table's snapshot as the publish will leave it: the run's, or, merged in
         place, the run's rows over the published snapshot's others (``inplace``)."""
-        from pipeline.resolve.inplace import whole_snapshot
 
         out = self.ctx.resolved / table.name
         whole = whole_snapshot(self.spark, self.ctx.staged / table.name, out, table)
@@ -162,7 +165,6 @@ class Frames:
         """The published snapshot rows the publish keeps as they are: merged in place,
         those of the keys the run did not touch (``inplace``); else none (the run's
         snapshot replaces the table)."""
-        from pipeline.resolve.inplace import untouched_snapshot
 
         out = self.ctx.resolved / table.name
         kept = untouched_snapshot(self.spark, self.ctx.staged / table.name, out, table)
@@ -178,18 +180,12 @@ class Frames:
         if kind == "whole_snapshot":
             return self.whole_snapshot(table)
         if kind == "history":
-            from pipeline.changes.history import as_of_run
-
             return as_of_run(_read(self.spark, out / kind), table, self.ctx)
         if kind == "cdc_log":
             return self._cdc_log(table)
         if kind == "conflict_rates":
             return self._conflict_rates(table)
         if kind == "cdc_replay":
-            from pipeline.changes.replay import replay_differences
-            from pipeline.resolve.inplace import touched_prior
-            from pipeline.resolve.state import read_prior
-
             # the run's resolve read (and checked) the same staged state; merged in
             # place, the rows its fold read: the snapshot holds theirs only
             prior = read_prior(self.spark, self.ctx.staged / table.name, table, check=False)
@@ -205,8 +201,6 @@ class Frames:
         alert = self.config.conflict_rate_alert
         assert alert is not None and self.config.store
         if self._past is None:
-            from pipeline.storage.store import open_store
-
             lake = Lake(open_store(self.config.store))
             self._past = alerts.past_counts(lake, self.ctx.dt, alert.window)
         tonight = self.summary.tables[table.name]
@@ -218,7 +212,6 @@ class Frames:
 
     def _cdc_log(self, table: Table) -> DataFrame:
         """The log with the time of each entry and the generation operating then."""
-        from pipeline.changes.replay import entry_micros
 
         t = entry_micros(F.col("`cdc$time`"))
         generation = F.lit(None).cast("long")

@@ -43,7 +43,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipeline.core.columns import STATE_ORIGIN, STATE_TS
-from pipeline.core.config import Config, DivergencePolicy, FkPolicy, Table
+from pipeline.core.config import Config, Table
+from pipeline.core.policy import DivergencePolicy, FkPolicy
 from pipeline.spark.schema import spark_type
 from pipeline.validate import alerts
 from pipeline.validate.shares import placeholders as share_placeholders

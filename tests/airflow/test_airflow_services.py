@@ -137,7 +137,7 @@ def services(tmp_path_factory, s3_endpoint, airflow_db) -> Iterator[Airflow]:
 
     from pipeline.app.demo import DEMO_CONFIG
     from pipeline.app.generate import generate
-    from pipeline.core.config import load_config
+    from pipeline.core.config_load import load_config
     from pipeline.storage.store import open_store
 
     home = tmp_path_factory.mktemp("airflow-services")

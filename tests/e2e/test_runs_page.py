@@ -27,7 +27,7 @@ def _stats_of_runs(s: FileStore, days: int) -> None:
 
     import pyarrow as pa
 
-    from pipeline.publish import stats
+    from pipeline.storage import stats
 
     lake = Lake(s)
     first = date(2026, 10, 1)
@@ -68,7 +68,7 @@ def test_the_trends_draw_each_tables_last_30_runs_in_chromium(store, tmp_path: P
     """conflict stats: 32 runs in ``conflict_stats``; the page draws, per table, the last 30 (oldest
     on the left) with a line and a point per run for each series, each point naming its
     date and count; rendered by headless Chromium, with a screenshot kept beside the page."""
-    from pipeline.publish.stats import trends
+    from pipeline.storage.stats import trends
 
     _stats_of_runs(store, 32)
     last = trends(Lake(store))

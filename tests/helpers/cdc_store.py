@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.app.cli import main
 from pipeline.app.generate import GenerateOptions, generate
 from pipeline.changes.cdc import generations
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.storage.context import to_micros
 from pipeline.storage.store import open_store
 from tests.helpers import configs

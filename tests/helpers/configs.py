@@ -1,6 +1,6 @@
 """One config builder for the tests and the benchmarks: the content of ``cdr.yaml``
-(docs/configuration.md) as the dict ``pipeline.core.config.parse_config`` reads, with defaults
-for what a test does not care about.
+(docs/configuration.md) as the dict ``pipeline.core.config_load.parse_config`` reads, with
+defaults for what a test does not care about.
 
     config()                                   # pub and sub, one table t (id int, v string)
     config(table(COLUMNS, policy="scylla"), replicas=("A", "B", "C"), on_divergence="warn")

@@ -34,7 +34,7 @@ def run_dag(
     """``dag.test()`` of one nightly run of the demo config (with ``overrides``) over
     generated exports; returns the run and the state of each task."""
     from pipeline.app.generate import GenerateOptions, generate
-    from pipeline.core.config import load_config
+    from pipeline.core.config_load import load_config
 
     cfg_path = write_config(tmp_path / "cdr.yaml", s3_store.uri, **overrides)
     config = load_config(cfg_path)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.core.config import Config, Table, parse_config
-from pipeline.rules.rowfold import Event, FoldSpec, Version
+from pipeline.core.config import Config, Table
+from pipeline.core.config_load import parse_config
+from pipeline.rules.events import Event, FoldSpec, Version
 from tests.helpers import configs
 
 NOW = 1_795_305_600_000_000  # 2026-11-22T00:00:00Z

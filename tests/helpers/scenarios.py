@@ -287,7 +287,7 @@ def typed(row: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
     """An expected row (JSON values) as the pipeline publishes it: each column as its
     configured type (docs/adapters.md), ``_ts`` an integer; a value that does not fit its type
     is kept as it is, so that it cannot match."""
-    from pipeline.core.config import Kind, coerce_value, parse_column_type
+    from pipeline.core.kinds import Kind, coerce_value, parse_column_type
 
     out = {}
     for k, v in row.items():

@@ -15,13 +15,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.app.cli import main
-from pipeline.core.config import load_config
+from pipeline.core.config_load import load_config
 from pipeline.core.report import RunReport
 from pipeline.ingest import adapters
+from pipeline.ingest.adapters import FRAMING
 from pipeline.ingest.adapters.debezium import debezium
 from pipeline.ingest.adapters.dms import dms, read_dms
 from pipeline.ingest.adapters.wal2json import wal2json
-from pipeline.ingest.exports import FRAMING, read_manifest, stage_jsonl
+from pipeline.ingest.manifests import read_manifest
+from pipeline.ingest.staging import stage_jsonl
 from pipeline.storage.store import open_store
 from pipeline.storage.workpath import WorkPath
 from tests.helpers import configs
@@ -307,7 +309,7 @@ def load_config_for(tmp_path: Path, tables: dict[str, Any]):
 
 
 def test_dms_csv_and_parquet_stage_and_map(tmp_path: Path, spark):
-    from pipeline.ingest.exports import fetch_files, plan_export
+    from pipeline.ingest.fetch import fetch_files, plan_export
 
     store = open_store((tmp_path / "store").as_uri())
     cfg = config(tmp_path, store.uri)

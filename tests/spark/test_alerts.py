@@ -15,8 +15,8 @@ import pyarrow as pa
 from pipeline.app.cli import main
 from pipeline.core import layout
 from pipeline.core.report import RunReport
-from pipeline.publish import stats
 from pipeline.publish.commit import commit_meta
+from pipeline.storage import stats
 from pipeline.storage.lake import Lake
 from pipeline.storage.store import open_store
 from tests.helpers import configs

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from pipeline.changes.cdc import stream_id_column, timeuuid
 from pipeline.changes.streams import Generation, Generations, Topology, next_generations, vnode_ends
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.spark.schema import key_struct_type
 from tests.helpers import configs
 from tests.helpers.cassandra import cassandra_bytes, driver_token, random_value

@@ -19,7 +19,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.core.config import ColumnType, Kind, parse_config
+from pipeline.core.config_load import parse_config
+from pipeline.core.kinds import ColumnType, Kind
 from pipeline.core.report import RunReport
 from pipeline.resolve.cells import stage as cell_stage
 from pipeline.resolve.cells import value_order

@@ -15,20 +15,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.app.cli import main
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.jsonvalues import dumps
 from pipeline.core.report import RunReport
-from pipeline.rules.rowfold import (
-    Event,
-    FoldSpec,
-    Version,
-    divergent_keys,
-    fold_converged,
-    fold_perspective,
-    read_groups,
-    reader_view,
-    write_groups,
-)
+from pipeline.rules.events import Event, FoldSpec, Version, read_groups, reader_view, write_groups
+from pipeline.rules.perspectives import divergent_keys, fold_perspective
+from pipeline.rules.rowfold import fold_converged
 from tests.helpers import configs
 from tests.helpers import published as P
 from tests.helpers import scenarios as S

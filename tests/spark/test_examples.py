@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.app.cli import build_parser
-from pipeline.core.config import parse_config
+from pipeline.app.cli_args import build_parser
+from pipeline.core.config_load import parse_config
 from pipeline.ingest.adapters import check_options
 from tests.helpers import REPO, configs
 from tests.helpers import published as P

@@ -129,7 +129,7 @@ def _spark_evidence(spark, cfg: Path, work: Path, day: str) -> dict:
     run staged."""
     from datetime import date
 
-    from pipeline.core.config import load_config
+    from pipeline.core.config_load import load_config
     from pipeline.resolve.skew import tally, with_evidence
     from pipeline.spark.frames import copy_schema
     from pipeline.storage.context import RunContext

@@ -1,6 +1,6 @@
 """The run report's counts of the row engine, as the fold's tasks count what they write
-and tally their events (``pipeline.resolve.facts``), against the same counts taken again from
-the outputs those tasks wrote (``Facts.counted``); the tasks' tally against the Spark
+and tally their events (``pipeline.resolve.report_counts``), against the same counts taken
+again from the outputs those tasks wrote (``Facts.counted``); the tasks' tally against the Spark
 job that makes it for the cell engine and for the events two tasks saw."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pipeline.core import layout
 from pipeline.core.policy import Fate
 from pipeline.resolve import engine
 from pipeline.resolve import stage as resolve
-from pipeline.resolve.facts import Facts, split_events, tally, write_ledger
+from pipeline.resolve.report_counts import Facts, split_events, tally, write_ledger
 from pipeline.spark.frames import FATES
 from pipeline.storage.workpath import WorkPath
 from tests.helpers import GOLDEN
@@ -105,7 +105,7 @@ def _fates(rng: random.Random, n: int) -> pa.Table:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_tasks_tally_equals_the_spark_job(seed: int, tmp_path: Path, spark):
-    """``facts.tally`` (a fold task's, in pyarrow) and ``write_ledger`` (Spark) find the
+    """``report_counts.tally`` (a fold task's, in pyarrow) and ``write_ledger`` (Spark) find the
     same events' counts and the same ledger pairs on the same fates."""
     fates = _fates(random.Random(seed), 60)
     out = WorkPath.of(tmp_path)
@@ -147,8 +147,8 @@ def test_the_clock_skew_evidence_is_counted_by_the_tasks_and_added_up() -> None:
     """clock skew: each task counts its evidence per pair of replicas with its largest lag
     (``skew_counts``); the report's evidence adds the tasks' counts and keeps the largest
     lag, as counting every row of the evidence at once does."""
-    from pipeline.resolve.facts import skew_counts
-    from pipeline.resolve.foldrun import _counted
+    from pipeline.resolve.fold_task import _counted
+    from pipeline.resolve.report_counts import skew_counts
 
     rnd = random.Random(3)
     rows = [
@@ -176,7 +176,7 @@ _SKEW = pa.schema([("behind", pa.string()), ("ahead", pa.string()), ("lag_us", p
 def test_the_tasks_digests_say_when_an_event_may_be_split_or_disputed() -> None:
     """``may_split``: false for tasks whose events differ (records without an id aside),
     true when two tasks hold an event, or one task chose an event under two keys."""
-    from pipeline.resolve.facts import may_split, task_events
+    from pipeline.resolve.report_counts import may_split, task_events
 
     def fates(*rows: tuple[str | None, str, bool]) -> pa.Table:
         cols = ("event_id", "replica", "chosen")

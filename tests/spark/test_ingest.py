@@ -1,6 +1,6 @@
 """Ingest against a real S3 HTTP server on loopback: manifests, checksums, row counts,
 path escapes, truncated files, missing exports (docs/adapters.md). Ingest reads
-the manifests; the files are fetched, checked and staged by ``exports.fetch`` in Spark
+the manifests; the files are fetched, checked and staged by ``fetch.fetch`` in Spark
 tasks (the resolve stage's first job). On a file store without Spark:
 tests/unit/test_ingest.py."""
 
@@ -14,7 +14,9 @@ from datetime import date
 import pytest
 
 from pipeline.core.errors import ExportError
-from pipeline.ingest.exports import fetch, ingest, load_inputs
+from pipeline.ingest.exports import ingest
+from pipeline.ingest.fetch import fetch
+from pipeline.ingest.inputs import load_inputs
 from pipeline.storage.context import RunContext
 from tests.helpers.fold_helpers import make_config
 from tests.helpers.sparkjobs import tasks_per_stage
@@ -199,7 +201,7 @@ def test_the_typing_counts_what_split_special_brings_to_the_driver(kind, spark, 
     """The fetch's typing counts the copies ``split_special`` brings (the same rule in
     pyarrow): none for a plain copy, and then the run skips that job safely; one for a
     TRUNCATE, a record without an event id or a key change, which the job finds."""
-    from pipeline.core.config import parse_config
+    from pipeline.core.config_load import parse_config
     from pipeline.ingest.copies import CopyWriter
     from pipeline.resolve.shuffle import split_special
     from pipeline.rules.guards import TypingSpec

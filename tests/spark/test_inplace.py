@@ -179,7 +179,7 @@ def test_the_nights_after_the_first_merge_and_rewrite_no_file(nights):
 
 
 def _adds(lake: Lake, path: str, version: int) -> list[dict[str, Any]]:
-    from pipeline.storage.lake import add_actions
+    from pipeline.storage.lake_read import add_actions
 
     return add_actions(lake.table(path, version))
 

@@ -10,7 +10,8 @@ from datetime import date
 import pyarrow as pa
 import pytest
 
-from pipeline.storage.lake import FEATURES, RETENTION_PROPERTIES, Files, Lake
+from pipeline.storage.lake import FEATURES, Files, Lake
+from pipeline.storage.lake_retention import RETENTION_PROPERTIES
 from tests.helpers import published as P
 
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)

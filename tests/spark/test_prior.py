@@ -13,7 +13,8 @@ import pytest
 from pipeline.core import layout
 from pipeline.core.errors import PriorStateError
 from pipeline.ingest.prior import ledger_window, pin_ledger, pin_state
-from pipeline.storage.lake import Lake, read_pinned
+from pipeline.storage.lake import Lake
+from pipeline.storage.lake_read import read_pinned
 from pipeline.storage.runs_table import RunRow, now
 
 D1 = date(2026, 11, 20)

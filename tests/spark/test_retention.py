@@ -16,9 +16,9 @@ from deltalake import DeltaTable
 
 from pipeline.app.cli import main
 from pipeline.app.generate import GenerateOptions, generate
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.publish.vacuum import table_paths
-from pipeline.storage.lake import RETENTION_PROPERTIES
+from pipeline.storage.lake_retention import RETENTION_PROPERTIES
 from pipeline.storage.store import FileStore
 from tests.helpers import configs
 from tests.helpers import published as P

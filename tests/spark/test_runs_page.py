@@ -192,7 +192,7 @@ def test_hostile_values_in_every_report_field_render_as_text(store, tmp_path: Pa
 
 
 def test_no_statistics_no_trends(store):
-    from pipeline.publish.stats import trends
+    from pipeline.storage.stats import trends
 
     assert trends(Lake(store)) == {}
     assert "Trends" not in render_page(list_reports(store), None, "/d/{dt}/{run_id}", {})

@@ -14,12 +14,13 @@ import pytest
 from pyspark.sql import functions as F
 
 from pipeline.app.cli import main
-from pipeline.core.config import load_config
+from pipeline.core.config_load import load_config
 from pipeline.core.summary import TableSummary
+from pipeline.ingest.adapters import FRAMING
 from pipeline.ingest.adapters.debezium import debezium
 from pipeline.ingest.adapters.dms import dms, read_dms
 from pipeline.ingest.adapters.wal2json import wal2json
-from pipeline.ingest.exports import FRAMING, stage_jsonl
+from pipeline.ingest.staging import stage_jsonl
 from pipeline.storage.store import open_store
 from tests.fixtures import make_store_before_stable_ids as before
 from tests.helpers import configs

@@ -173,7 +173,7 @@ def test_read_output_takes_the_schema_spark_stored_without_a_job(spark, tmp_path
 
 
 def test_small_runs_interpret_their_plans_and_large_ones_compile(spark, monkeypatch):
-    from pipeline.ingest.exports import StagedExport, StagedTable
+    from pipeline.ingest.inputs import StagedExport, StagedTable
     from pipeline.spark.session import CODEGEN_MIN_RECORDS, fit_codegen, sized
 
     def mode() -> tuple[str, str]:

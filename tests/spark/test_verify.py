@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.app.verify import CHECKS, check_table
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from tests.helpers import configs
 
 CONFIG = parse_config(

@@ -5,7 +5,7 @@ whole what-if against a reference run: tests/airflow/test_whatif.py.)"""
 from __future__ import annotations
 
 from pipeline.app.whatif import compare_table
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.summary import RunSummary, TableSummary
 from tests.helpers import configs
 

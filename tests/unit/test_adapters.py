@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.errors import ExportError
 from pipeline.ingest.adapters import SettingsCheck, check_dms_columns, check_requirements
-from pipeline.ingest.exports import read_manifest, stage_jsonl
+from pipeline.ingest.manifests import read_manifest
+from pipeline.ingest.staging import stage_jsonl
 from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import sources as src

@@ -8,10 +8,10 @@ from datetime import date
 
 import pytest
 
+from pipeline.app.dag_notes import notes_line, operator_notes
 from pipeline.core.config import AlertSeverity
 from pipeline.core.errors import ConfigError
 from pipeline.core.summary import TableSummary
-from pipeline.stages import notes_line, operator_notes
 from pipeline.validate import alerts
 from pipeline.validate.suites import load_template, render_suite
 from tests.helpers.fold_helpers import make_config
@@ -126,9 +126,9 @@ def test_the_dags_last_log_line_names_the_alert_the_verdict_fired(tmp_path):
     summary and its verdict in the work folder."""
     import json
 
+    from pipeline.app.dag_notes import run_notes
     from pipeline.core.summary import RunSummary
     from pipeline.resolve.stage import save_summary
-    from pipeline.stages import run_notes
     from pipeline.storage.context import RunContext
 
     config = make_config()
@@ -145,7 +145,7 @@ def test_the_dags_last_log_line_names_the_alert_the_verdict_fired(tmp_path):
 
 def test_on_written_bare_in_yaml_is_the_key_on(tmp_path):
     """YAML 1.1 reads a bare ``on`` as true; the docs' examples write it bare."""
-    from pipeline.core.config import load_config
+    from pipeline.core.config_load import load_config
     from tests.helpers import configs
 
     cfg = configs.write(tmp_path / "cdr.yaml", configs.config(replicas=("A", "B")), store=tmp_path)

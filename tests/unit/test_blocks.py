@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.ingest.blocks import BlockTyper
 from pipeline.ingest.copies import arrow_schema, columns_table
 from pipeline.rules.guards import Typer, TypingSpec

@@ -22,7 +22,8 @@ from pipeline.rules.causes import (
     verdict,
 )
 from pipeline.rules.decisions import Take
-from pipeline.rules.rowfold import divergent_keys, fold_converged, fold_perspective
+from pipeline.rules.perspectives import divergent_keys, fold_perspective
+from pipeline.rules.rowfold import fold_converged
 from tests.helpers.fold_helpers import T0, H, ev, live, make_config, spec, tomb
 from tests.unit.test_decisions import _conflict, _decided
 from tests.unit.test_properties import build, lww_spec, workloads

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.config import ColumnType, Kind, parse_config
+from pipeline.core.config_load import parse_config
+from pipeline.core.kinds import ColumnType, Kind
 from pipeline.rules.cellfold import (
     RULES,
     SHADOWED,
@@ -53,28 +54,31 @@ def _both_orders(winner: Cell, loser: Cell, ct: ColumnType | None, rule: str) ->
 
 
 def test_rule1_higher_ts_wins_whatever_else():
-    _both_orders(Cell(T + 1, "a"), Cell(T, "z", ttl=10, expiry=NOW_S + 99), TEXT, RULES[0])
-    _both_orders(Cell(T + 1, "a"), Cell(T, dead=True, deleted_at=NOW), TEXT, RULES[0])
+    _both_orders(Cell(T + 1, "a"), Cell(T, "z", ttl=10, expiry=NOW_S + 99), TEXT, RULES.ts)
+    _both_orders(Cell(T + 1, "a"), Cell(T, dead=True, deleted_at=NOW), TEXT, RULES.ts)
 
 
 def test_rule2_dead_beats_live_at_equal_ts():
-    _both_orders(Cell(T, dead=True, deleted_at=NOW), Cell(T, "zzz"), TEXT, RULES[1])
+    _both_orders(Cell(T, dead=True, deleted_at=NOW), Cell(T, "zzz"), TEXT, RULES.dead)
 
 
 def test_rule2_an_expired_cell_still_compares_as_live():
     expired = Cell(T, "zzz", ttl=1, expiry=T // 1_000_000 + 1)
     assert expired.expired(NOW_S)
-    _both_orders(Cell(T, dead=True, deleted_at=NOW), expired, TEXT, RULES[1])
+    _both_orders(Cell(T, dead=True, deleted_at=NOW), expired, TEXT, RULES.dead)
 
 
 def test_rule2_later_deletion_time_between_dead_cells():
     _both_orders(
-        Cell(T, dead=True, deleted_at=NOW), Cell(T, dead=True, deleted_at=NOW - 1), TEXT, RULES[2]
+        Cell(T, dead=True, deleted_at=NOW),
+        Cell(T, dead=True, deleted_at=NOW - 1),
+        TEXT,
+        RULES.deletion,
     )
 
 
 def test_rule3_expiring_beats_non_expiring():
-    _both_orders(Cell(T, "aaa", ttl=60, expiry=NOW_S + 60), Cell(T, "zzz"), TEXT, RULES[3])
+    _both_orders(Cell(T, "aaa", ttl=60, expiry=NOW_S + 60), Cell(T, "zzz"), TEXT, RULES.expiring)
 
 
 def test_rule3_later_expiry_wins():
@@ -82,7 +86,7 @@ def test_rule3_later_expiry_wins():
         Cell(T, "aaa", ttl=60, expiry=NOW_S + 61),
         Cell(T, "zzz", ttl=60, expiry=NOW_S + 60),
         TEXT,
-        RULES[4],
+        RULES.expiry,
     )
 
 
@@ -92,7 +96,7 @@ def test_rule3_equal_expiry_later_write_time_wins():
         Cell(T, "aaa", ttl=50, expiry=NOW_S + 60),
         Cell(T, "zzz", ttl=60, expiry=NOW_S + 60),
         TEXT,
-        RULES[5],
+        RULES.write_time,
     )
 
 
@@ -111,7 +115,7 @@ def test_rule3_equal_expiry_later_write_time_wins():
     ],
 )
 def test_rule4_bigger_serialized_value_wins(ct, big, small):
-    _both_orders(Cell(T, big), Cell(T, small), ct, RULES[6])
+    _both_orders(Cell(T, big), Cell(T, small), ct, RULES.value)
 
 
 def test_full_tie_is_decided_by_the_canonical_order():

@@ -95,7 +95,7 @@ def test_the_stack_runs_every_airflow_service_on_postgres():
 
 def test_the_stacks_config_is_the_demos_with_the_stacks_bucket():
     from pipeline.app.demo import DEMO_CONFIG
-    from pipeline.core.config import load_config
+    from pipeline.core.config_load import load_config
 
     data = yaml.safe_load((REPO / "docker" / "cdr.yaml").read_text())
     assert {k: v for k, v in data.items() if k in DEMO_CONFIG and k != "store"} == {
@@ -131,7 +131,7 @@ def test_each_service_gets_only_the_secrets_it_needs():
     assert sorted(root) == ["minio", "minio-init"], root
     init = services["minio-init"]
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
-    from pipeline.core.config import load_config
+    from pipeline.core.config_load import load_config
 
     bucket = load_config(REPO / "docker" / "cdr.yaml").store.split("/")[2]
     assert init["environment"]["CDR_BUCKET"] == bucket

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.core.config import History, Kind, load_config, parse_column_type, parse_config
+from pipeline.core.config import History
+from pipeline.core.config_load import load_config, parse_config
 from pipeline.core.errors import ConfigError
+from pipeline.core.kinds import Kind, parse_column_type
 from pipeline.core.policy import ConflictType, Resolver, TieBreak
 from tests.helpers import configs
 

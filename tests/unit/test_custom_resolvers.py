@@ -14,7 +14,9 @@ from pipeline.core.policy import ConflictType as C
 from pipeline.core.policy import Outcome as O
 from pipeline.core.policy import Resolver as R
 from pipeline.rules import custom
-from pipeline.rules.rowfold import FoldSpec, fold_converged, fold_perspective, reader_view
+from pipeline.rules.events import FoldSpec, reader_view
+from pipeline.rules.perspectives import fold_perspective
+from pipeline.rules.rowfold import fold_converged
 from tests.helpers.fold_helpers import NOW, T0, H, ev, live, make_config, spec
 from tests.unit.test_properties import build, converged_in_every_order, lww_spec, merge_workloads
 

@@ -29,7 +29,9 @@ from pipeline.rules.decisions import (
     remote_text,
     typed_row,
 )
-from pipeline.rules.rowfold import FoldSpec, fold_converged, fold_perspective, reader_view
+from pipeline.rules.events import FoldSpec, reader_view
+from pipeline.rules.perspectives import fold_perspective
+from pipeline.rules.rowfold import fold_converged
 from tests.helpers.fold_helpers import T0, H, ev, live, make_config, spec
 
 DT = "2026-11-21"
@@ -256,7 +258,7 @@ def test_a_decision_whose_row_no_longer_fits_is_reported_not_applied(tmp_path):
 
 @pytest.mark.parametrize("name", ["decisions", "runs", "conflict_stats", "cdc", "reports", "_x"])
 def test_a_table_may_not_take_a_folder_of_the_stores_own(name):
-    from pipeline.core.config import parse_config
+    from pipeline.core.config_load import parse_config
     from pipeline.core.errors import ConfigError
     from tests.helpers import configs
 

@@ -38,11 +38,11 @@ def test_a_repair_of_an_order_by_table_carries_its_order_value():
     DELETE's ``before``), or replaying it would be quarantined as malformed."""
     from datetime import date
 
-    from pipeline.core.config import parse_config
+    from pipeline.core.config_load import parse_config
     from pipeline.core.jsonvalues import dumps
-    from pipeline.resolve.foldrun import repair_record
+    from pipeline.resolve.group_fold import repair_record
+    from pipeline.rules.events import Version
     from pipeline.rules.guards import Typer, TypingSpec
-    from pipeline.rules.rowfold import Version
 
     config = parse_config(CONFIG)
     table = config.tables["items"]

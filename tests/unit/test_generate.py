@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pipeline.app.generate import GenerateOptions, KeySpace, generate
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.storage.store import FileStore
 from tests.helpers import configs
 

@@ -1,4 +1,4 @@
-"""A fold task (resolve.foldrun) with the Arrow paths of resolve.groups against the same
+"""A fold task (resolve.fold_task) with the Arrow paths of resolve.groups against the same
 task with every touched key folded in Python (pipeline.rules.rowfold, the rules' one home): the
 same state, fates, conflicts, quarantine, divergence and changes, whatever the cuts between
 its batches. Pure Python: the task's function runs on Arrow batches built here, as Spark's
@@ -18,12 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.jsonvalues import dumps
-from pipeline.resolve import foldrun
-from pipeline.resolve.foldrun import FoldJob, fold_function
+from pipeline.resolve import fold_task
+from pipeline.resolve.fold_task import fold_function
+from pipeline.resolve.group_fold import FoldJob
+from pipeline.rules.events import FoldSpec
 from pipeline.rules.guards import Typer, TypingSpec
-from pipeline.rules.rowfold import FoldSpec
 from pipeline.spark.frames import FOLD_INPUT, fold_input_schema, fold_outputs
 from pipeline.storage.workpath import WorkPath
 from tests.helpers import configs
@@ -162,17 +163,17 @@ def test_the_arrow_paths_give_what_the_python_fold_gives(seed: int, tmp_path: Pa
     cuts = rng.sample(range(1, len(rows)), k=min(len(rows) - 1, rng.randint(0, 12)))
     assert lone > 10
     taken: list[int] = []
-    real = foldrun.lone_insert_outputs
+    real = fold_task.lone_insert_outputs
 
     def spy(rows, groups, table, schemas):
         taken.append(len(groups.starts) - 1)
         return real(rows, groups, table, schemas)
 
-    monkeypatch.setattr(foldrun, "lone_insert_outputs", spy)
+    monkeypatch.setattr(fold_task, "lone_insert_outputs", spy)
     fast = _run_task(tmp_path / "fast", rows, cuts, table)
     assert sum(taken) >= lone  # those keys took the Arrow path (a cut may split none)
     monkeypatch.setattr(
-        foldrun, "lone_inserts", lambda t, g, table: np.zeros(len(g.starts) - 1, bool)
+        fold_task, "lone_inserts", lambda t, g, table: np.zeros(len(g.starts) - 1, bool)
     )
     python = _run_task(tmp_path / "python", rows, cuts, table)
     assert fast == python

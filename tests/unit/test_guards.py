@@ -1,5 +1,5 @@
-"""The typing and guards of a record (pipeline.rules.guards), pure Python: how each column
-type reads a value's text, and the first guard that quarantines a copy
+"""The typing and guards of a record (pipeline.rules.guards and .readers), pure Python: how
+each column type reads a value's text, and the first guard that quarantines a copy
 (docs/rules.md#conflict-types, docs/rules.md#what-is-quarantined).
 ``tests/spark/test_malformed.py`` runs the messages end to end through ``cdr run``."""
 
@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.config import ColumnType, Kind, parse_config
-from pipeline.rules.guards import Typer, TypingSpec, reader
+from pipeline.core.config_load import parse_config
+from pipeline.core.kinds import ColumnType, Kind
+from pipeline.rules.guards import Typer, TypingSpec
+from pipeline.rules.readers import reader
 from tests.helpers import configs
 
 INT, BIGINT = ColumnType(Kind.INT), ColumnType(Kind.BIGINT)

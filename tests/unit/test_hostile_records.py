@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.policy import QuarantineReason
 from pipeline.ingest.copies import CopyWriter, arrow_schema, columns_table
 from pipeline.rules.guards import Typer, TypingSpec

@@ -1,6 +1,6 @@
 """Ingest on a file store, without Spark: manifests, path escapes, formats and the prior
 state it starts from (docs/adapters.md). Ingest reads the manifests; the files
-are fetched by ``exports.fetch`` in Spark tasks (tests/spark/test_ingest.py, on the S3
+are fetched by ``fetch.fetch`` in Spark tasks (tests/spark/test_ingest.py, on the S3
 server on loopback)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from datetime import date
 import pytest
 
 from pipeline.core.errors import ExportError
-from pipeline.ingest.exports import ingest, safe_relpath
+from pipeline.ingest.exports import ingest
+from pipeline.ingest.manifests import safe_relpath
 from pipeline.storage.context import RunContext
 from tests.helpers.fold_helpers import make_config
 

@@ -14,13 +14,13 @@ import pytest
 
 from pipeline.app import generate
 from pipeline.changes import tokens
-from pipeline.core import config
-from pipeline.core.config import ColumnType
+from pipeline.core import kinds
 from pipeline.core.kinds import (
     INTEGER_KINDS,
     KINDS,
     NUMERIC_KINDS,
     ORDER_BY_KINDS,
+    ColumnType,
     Kind,
     KindRow,
     every_kind,
@@ -30,7 +30,7 @@ from pipeline.core.kinds import (
 from pipeline.ingest import blocks
 from pipeline.ingest.adapters import debezium, wal2json
 from pipeline.resolve.cells import order
-from pipeline.rules import cellfold, guards
+from pipeline.rules import cellfold, readers
 from pipeline.spark import schema
 from tests.helpers import REPO
 from tests.helpers.cassandra import DRIVER_TYPES, random_value
@@ -51,14 +51,14 @@ def test_the_derived_sets_are_the_ones_the_code_spelled_out():
     assert blocks._ARROW_KINDS == (K.INT, K.BIGINT, K.STRING, K.BOOLEAN, K.DOUBLE, K.DECIMAL)
     assert frozenset({K.INT, K.BIGINT}) == order._SIGNED
     assert frozenset({K.STRING, K.BOOLEAN, K.DATE, K.BINARY, K.UUID}) == order._AS_IS
-    assert (guards._INT, guards._LONG) == (2**31, 2**63)
+    assert (readers._INT, readers._LONG) == (2**31, 2**63)
 
 
 #: every mapping of the kinds a layer keeps, with the kinds it covers
 LAYERS = {
-    "config._FITS": (config._FITS, NUMERIC_KINDS),
-    "config._COERCE": (config._COERCE, set(Kind)),
-    "guards.READERS": (guards.READERS, set(Kind)),
+    "kinds._FITS": (kinds._FITS, NUMERIC_KINDS),
+    "kinds._COERCE": (kinds._COERCE, set(Kind)),
+    "readers.READERS": (readers.READERS, set(Kind)),
     "cellfold._SERIALIZE": (cellfold._SERIALIZE, set(Kind)),
     "schema._SPARK_TYPES": (schema._SPARK_TYPES, set(Kind)),
     "schema._TYPED": (schema._TYPED, set(Kind)),
@@ -116,7 +116,7 @@ def test_an_integer_type_has_the_bits_of_its_range(k: Kind):
     assert len(cellfold.serialize(1, ct)) * 8 == KINDS[k].bits
     assert ct.fits(-bound) and ct.fits(bound - 1)
     assert not ct.fits(-bound - 1) and not ct.fits(bound)
-    read = guards.reader(ct)
+    read = readers.reader(ct)
     assert read(str(bound - 1)) == bound - 1
     assert read(str(bound)) is None
 

@@ -60,7 +60,7 @@ def test_generated_nights_have_their_own_event_ids(tmp_path: Path):
     from datetime import date
 
     from pipeline.app.generate import GenerateOptions, generate
-    from pipeline.core.config import parse_config
+    from pipeline.core.config_load import parse_config
     from pipeline.storage.store import FileStore
 
     (tmp_path / "hand").mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.errors import ConfigError
 from pipeline.publish import metrics as M
 from pipeline.storage.runs_table import RunRow

@@ -232,7 +232,8 @@ def test_every_sentence_is_written_by_the_fold_and_named_facts_are_required():
     from pipeline.core import policy
 
     assert list(policy.REASONS) == list(policy.Why)
-    source = (REPO / "pipeline" / "rules" / "rowfold.py").read_text()
+    fold = ("rowfold", "resolvers", "resolution", "rows", "detection", "foldstate")
+    source = "".join((REPO / "pipeline" / "rules" / f"{m}.py").read_text() for m in fold)
     source += (REPO / "pipeline" / "core" / "policy.py").read_text().split("class Why")[0]
     unused = [
         w for w in policy.Why if f"_W.{w.name}" not in source and f"Why.{w.name}," not in source
@@ -263,23 +264,27 @@ def test_every_sentence_is_written_by_the_fold_and_named_facts_are_required():
     ],
 )
 def test_the_rules_page_shows_the_policy_tables(marker, render):
-    """Each table of ``docs/rules.md`` is rendered from ``pipeline.core.policy``: edit the
-    table there, then paste ``policy.<render>()`` between the page's markers."""
-    from pipeline.core import policy
+    """Each table of ``docs/rules.md`` is rendered from the policy by
+    ``pipeline.core.meanings``: edit the table, then paste ``meanings.<render>()`` between
+    the page's markers."""
+    from pipeline.core import meanings
 
     page = RULES_PAGE.read_text()
     shown = page.split(f"<!-- {marker}:begin -->\n")[1].split(f"<!-- {marker}:end -->")[0]
-    assert shown == getattr(policy, render)()
+    assert shown == getattr(meanings, render)()
 
 
 def test_every_conflict_type_resolver_and_reason_is_explained():
-    from pipeline.core import policy
+    from pipeline.core import meanings, policy
 
-    assert list(policy.CONFLICT_MEANING) == list(policy.ConflictType)
-    assert set(policy.RESOLVER_MEANING) == set(policy.Resolver)
-    assert list(policy.QUARANTINE_MEANING) == list(policy.QuarantineReason)
+    assert list(meanings.CONFLICT_MEANING) == list(policy.ConflictType)
+    assert set(meanings.RESOLVER_MEANING) == set(policy.Resolver)
+    assert list(meanings.QUARANTINE_MEANING) == list(policy.QuarantineReason)
+    assert list(meanings.CAUSE_MEANING) == list(policy.Cause)
     assert all(
-        v.strip() for d in (policy.CONFLICT_MEANING, policy.RESOLVER_MEANING) for v in d.values()
+        v.strip()
+        for d in (meanings.CONFLICT_MEANING, meanings.RESOLVER_MEANING)
+        for v in d.values()
     )
 
 
@@ -298,7 +303,9 @@ def test_the_fold_reads_the_delete_wins_literal(ctype, monkeypatch):
     row = standing.get(ctype, policy.Standing.ABSENT)
     column = policy.DELETE_WINS_OPS.index(event.op)
     rulings = list(policy.DELETE_WINS_TABLE[row])
-    rulings[column] = policy.Ruling.DISCARD if before.remote_applied else policy.Ruling.APPLY
+    rulings[column] = (
+        policy.DeleteWinsRuling.DISCARD if before.remote_applied else policy.DeleteWinsRuling.APPLY
+    )
     monkeypatch.setitem(policy.DELETE_WINS_TABLE, row, tuple(rulings))
     res = fold_converged(spec({"policy": "delete_wins"}), dict(state), [event])
     (after,) = [c.outcome for a in res.applied for c in a.conflicts if c.type is ctype]
@@ -307,10 +314,10 @@ def test_the_fold_reads_the_delete_wins_literal(ctype, monkeypatch):
 
 def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table():
     """The fold dispatches insert_exists, update_differ, delete_differ and pkey_exists
-    through ``rowfold.DECIDE``: every resolver a config may give them, or a row preset
-    gives them by default, has its entry there."""
+    through the resolver table (``resolvers.RULES``): every resolver a config may give
+    them, or a row preset gives them by default, weighs there or is the user's function."""
     from pipeline.core.policy import Granularity
-    from pipeline.rules.rowfold import BY_FUNCTION, DECIDE
+    from pipeline.rules.resolvers import RULES
 
     versus_local = (
         ConflictType.INSERT_EXISTS,
@@ -321,25 +328,45 @@ def test_every_resolver_of_a_conflict_against_a_local_row_decides_from_the_table
     row_presets = [r for r in PRESETS.values() if r.granularity is Granularity.ROW]
     for t in versus_local:
         given = ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
-        assert given - set(DECIDE) - BY_FUNCTION == set(), t
+        undecided = {r for r in given if RULES[r].weigh is None and not RULES[r].by_function}
+        assert undecided == set(), t
 
 
 def test_every_resolver_a_conflict_can_meet_has_its_decision_in_a_table():
-    """Every resolver a config may give a conflict type, or a row preset gives it, is
-    decided by a table: weighed against the local version (``rowfold.DECIDE``), the one
-    that takes the event in a step without a local version (``policy.TAKES``), or one that
-    refuses it (``policy.REFUSED``). A resolver allowed for a type with none of the three
-    fails here rather than falling through in the fold."""
-    from pipeline.core.policy import REFUSED, TAKES, Granularity
-    from pipeline.rules.rowfold import BY_FUNCTION, DECIDE
+    """Every resolver a config may give a conflict type, or a row preset gives it, has its
+    decision in the one resolver table (``resolvers.RULES``, a row per resolver): it weighs
+    the event against the local version, is the user's function, takes the event in a step
+    without a local version (``takes``), or refuses it (``refused``). A resolver allowed for
+    a type with none of these fails here rather than falling through in the fold."""
+    from pipeline.core.policy import Granularity
+    from pipeline.rules.resolvers import RULES, Absent
 
+    assert set(RULES) == set(Resolver)
     row_presets = [r for r in PRESETS.values() if r.granularity is Granularity.ROW]
     undecided = {
         (t, r)
         for t in ConflictType
         for r in ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}
-        if r not in DECIDE and r not in BY_FUNCTION and r is not TAKES.get(t) and r not in REFUSED
+        if RULES[r].weigh is None
+        and not RULES[r].by_function
+        and t not in RULES[r].takes
+        and RULES[r].refused is None
     }
     assert undecided == set()
-    assert set(TAKES.values()).isdisjoint(REFUSED)
-    assert all(TAKES[t] in ALLOWED[t] for t in TAKES)
+    # a step without a local version takes the event under one resolver, allowed for it,
+    # and any other refuses it
+    for t in {t for rule in RULES.values() for t in rule.takes}:
+        takers = [r for r, rule in RULES.items() if t in rule.takes]
+        assert len(takers) == 1 and takers[0] in ALLOWED[t], (t, takers)
+        assert RULES[takers[0]].refused is None
+    # an UPDATE or a DELETE without a live row: the resolvers that refuse it say how
+    for t in (
+        ConflictType.UPDATE_MISSING,
+        ConflictType.UPDATE_DELETED,
+        ConflictType.DELETE_MISSING,
+    ):
+        for r in ALLOWED[t] | {rule.resolvers[t] for rule in row_presets}:
+            absent = RULES[r].absent
+            assert absent is not Absent.WEIGH or RULES[r].weigh is not None, (t, r)
+            if absent in (Absent.REFUSE, Absent.FULL_ROW):
+                assert RULES[r].refused is not None, (t, r)

@@ -20,15 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.policy import ConflictType, allowed_resolvers
-from pipeline.rules.rowfold import (
-    Event,
-    FoldSpec,
-    Version,
-    divergent_keys,
-    fold_converged,
-    fold_perspective,
-    reader_view,
-)
+from pipeline.rules.events import Event, FoldSpec, Version, reader_view
+from pipeline.rules.perspectives import divergent_keys, fold_perspective
+from pipeline.rules.rowfold import fold_converged
 from tests.helpers import configs
 from tests.helpers.fold_helpers import NOW, T0, make_config
 

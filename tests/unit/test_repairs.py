@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from pipeline.app import statements
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.errors import RepairError
 from pipeline.core.jsonvalues import dumps
 from pipeline.rules.repairs import RowRepair, Write, park_value, plan, row_repair, typed_row

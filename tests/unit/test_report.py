@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.app.report import format_report
+from pipeline.app.report_text import format_report
 from pipeline.core.report import RunReport
 
 REPORT = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.errors import ConfigError
 from tests.helpers import configs
 
@@ -32,8 +32,8 @@ def test_a_retry_config_names_what_it_needs():
 
 def test_the_operator_notes_name_open_events_and_a_skewed_clock():
     """What the asset events' ``extra`` and the DAG's log lines carry (retry, clock skew)."""
+    from pipeline.app.dag_notes import notes_line, operator_notes
     from pipeline.core.summary import TableSummary
-    from pipeline.stages import notes_line, operator_notes
 
     config = parse_config({**CONFIG, "max_clock_skew_seconds": 20})
     skew = {"r1": {"r2": {"events": 3, "max_seconds": 50.8}}}

@@ -8,15 +8,9 @@ import pytest
 
 from pipeline.core.policy import ConflictType as C
 from pipeline.core.policy import Outcome as O
-from pipeline.rules.rowfold import (
-    RowFold,
-    RunStopped,
-    Stamp,
-    Version,
-    fold_converged,
-    fold_perspective,
-    reader_view,
-)
+from pipeline.rules.events import Stamp, Version, reader_view
+from pipeline.rules.perspectives import fold_perspective
+from pipeline.rules.rowfold import RowFold, RunStopped, fold_converged
 from tests.helpers.fold_helpers import NOW, T0, H, ev, live, spec, tomb
 
 

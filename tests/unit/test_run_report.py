@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.app.report import COUNTS, format_report
+from pipeline.app.dag_notes import ASSET_COUNTS, table_extras
+from pipeline.app.report_text import COUNTS, format_report
 from pipeline.app.runs import list_reports, render_page, table_runs
 from pipeline.core.report import ReportValidation, RunReport, Status
 from pipeline.core.summary import (
@@ -26,7 +27,7 @@ from pipeline.core.summary import (
     TableTotals,
 )
 from pipeline.publish.commit import run_row
-from pipeline.stages import ASSET_COUNTS, run_report, table_extras
+from pipeline.stages import run_report
 from pipeline.storage.context import RunContext
 from pipeline.storage.store import FileStore
 from pipeline.validate.stage import Verdict

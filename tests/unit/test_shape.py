@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -30,10 +31,10 @@ LAYERS = (
     "spark",
     "storage",
     "ingest",
-    "publish",
     "resolve",
     "changes",
     "validate",
+    "publish",
     "stages",
     "app",
 )
@@ -148,7 +149,7 @@ def test_the_core_and_the_rules_import_neither_spark_nor_io(folder: str):
 def test_the_order_check_sees_an_import_inside_a_function(tmp_path, monkeypatch):
     """An upward import inside a function, or under TYPE_CHECKING, is seen: the checks
     above could fail."""
-    assert "pipeline.spark.session" in own_imports("pipeline.app.cli")  # inside a function
+    assert "pipeline.spark.session" in own_imports("pipeline.app.cli_run")  # inside a function
     assert "pipeline.storage.lake" in own_imports("pipeline.ingest.inplace")  # TYPE_CHECKING
 
 
@@ -242,3 +243,170 @@ def test_the_face_is_light_and_every_name_of_it_is_there():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------------- sizes
+
+MAX_FILE_LINES = 600
+MAX_CLASS_LINES = 400
+#: the comment that keeps a file or a class whole over its limit, with the reason after it
+#: on the same line (a file: anywhere in it; a class: inside it)
+WHOLE = "# kept whole: "
+
+
+def _says_why(lines: list[str]) -> bool:
+    return any(ln.strip().startswith(WHOLE) and len(ln.strip()) > len(WHOLE) + 10 for ln in lines)
+
+
+def oversized(text: str) -> list[str]:
+    """A module over :data:`MAX_FILE_LINES` lines, or a class of it over
+    :data:`MAX_CLASS_LINES`, that does not say why it must be one (:data:`WHOLE`)."""
+    lines = text.splitlines()
+    out = []
+    if len(lines) > MAX_FILE_LINES and not _says_why(lines):
+        out.append(f"{len(lines)} lines")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            body = lines[node.lineno - 1 : node.end_lineno]
+            if len(body) > MAX_CLASS_LINES and not _says_why(body):
+                out.append(f"class {node.name}: {len(body)} lines")
+    return out
+
+
+def test_no_file_over_600_lines_and_no_class_over_400_without_its_reason():
+    found = {
+        str(path.relative_to(ROOT)): too_big
+        for folder in ("pipeline", "dags", "plugins")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (too_big := oversized(path.read_text()))
+    }
+    assert found == {}, f"split these along their seams, or say why ({WHOLE!r}...)"
+
+
+def test_the_size_check_sees_a_big_file_and_a_big_class():
+    small = "x = 1\n"
+    big_class = "class C:\n" + "    x = 1\n" * MAX_CLASS_LINES
+    assert oversized(small) == []
+    assert oversized(big_class) == [f"class C: {MAX_CLASS_LINES + 1} lines"]
+    assert oversized(small * (MAX_FILE_LINES + 1)) == [f"{MAX_FILE_LINES + 1} lines"]
+    kept = f"class C:\n    {WHOLE}one state machine, its steps share it\n" + "    x = 1\n" * 400
+    assert oversized(kept) == []
+
+
+# ---------------------------------------------------------------------- deferred imports
+
+#: what an import inside a function may defer without a word: a heavy or optional library
+#: (Spark, Great Expectations, a cloud or database client, pydantic and YAML: a second of
+#: start-up, or a package a run may not need). Anything else waits only with its reason,
+#: ``# deferred: <why>`` on the import (CONTRIBUTING.md "Imports")
+HEAVY = frozenset(
+    {
+        "airflow",
+        "boto3",
+        "botocore",
+        "cassandra",
+        "delta",
+        "deltalake",
+        "duckdb",
+        "great_expectations",
+        "moto",
+        "opentelemetry",
+        "pandas",
+        "polars",
+        "psycopg",
+        "py4j",
+        "pydantic",
+        "pyspark",
+        "yaml",
+    }
+)
+DEFERRED = "# deferred: "
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return [f"{'.' * node.level}{node.module or ''}"]
+
+
+def unexplained_deferrals(text: str) -> list[str]:
+    """The imports inside functions that neither defer a :data:`HEAVY` library nor say
+    why they wait (:data:`DEFERRED`), and those the module imports at its top already."""
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    top = {(ast.unparse(n)) for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)}
+    out = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            said = ast.unparse(node)
+            if said in top:
+                out.add(f"line {node.lineno}: {said} (imported at the top already)")
+            elif all(m.split(".")[0] in HEAVY for m in _imported(node)):
+                continue
+            elif not any(DEFERRED in ln for ln in lines[node.lineno - 1 : node.end_lineno]):
+                out.add(f"line {node.lineno}: {said}")
+    return sorted(out)
+
+
+def test_every_deferred_import_says_why():
+    found = {
+        str(path.relative_to(ROOT)): bad
+        for folder in ("pipeline", "dags", "plugins")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (bad := unexplained_deferrals(path.read_text()))
+    }
+    assert found == {}, f"import these at the top, or say why they wait ({DEFERRED!r}...)"
+
+
+def test_the_deferral_check_sees_an_import_without_its_reason():
+    code = (
+        "import json\n"
+        "def f():\n"
+        "    import json\n"
+        "    from pyspark.sql import functions\n"
+        "    from pipeline.core import layout\n"
+        "    from pipeline.spark import session  # deferred: the CLI's start stays light\n"
+    )
+    assert unexplained_deferrals(code) == [
+        "line 3: import json (imported at the top already)",
+        "line 5: from pipeline.core import layout",
+    ]
+
+
+# ---------------------------------------------------------------------- docstrings
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, its whitespace folded."""
+    text = " ".join(doc.split())
+    end = re.search(r"[.!?](\s|$)", text)
+    return text[: end.end()].strip() if end else text
+
+
+def copied_docstrings(docs: dict[str, str]) -> dict[str, list[str]]:
+    """The first sentences that more than one module's docstring has, with the modules."""
+    by_sentence: dict[str, list[str]] = {}
+    for name, doc in sorted(docs.items()):
+        by_sentence.setdefault(first_sentence(doc), []).append(name)
+    return {s: names for s, names in by_sentence.items() if len(names) > 1}
+
+
+def test_no_module_docstring_is_copied_from_another():
+    docs = {
+        str(path.relative_to(ROOT)): doc
+        for folder in ("pipeline", "dags", "plugins")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (doc := ast.get_docstring(ast.parse(path.read_text())))
+    }
+    assert len(docs) > 100
+    assert copied_docstrings(docs) == {}, "each module says what it is, in its own words"
+
+
+def test_the_copy_check_sees_a_copied_first_sentence():
+    docs = {"a.py": "The one session. Built late.", "b.py": "The one\n  session. Other."}
+    assert copied_docstrings(docs) == {"The one session.": ["a.py", "b.py"]}
+    assert copied_docstrings({"a.py": "One.", "b.py": "Two."}) == {}

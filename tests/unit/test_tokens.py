@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_type
 
 from pipeline.changes.tokens import Ragged, compose, serialize_key, token_of, tokens
-from pipeline.core.config import ColumnType, Kind
+from pipeline.core.kinds import ColumnType, Kind
 from pipeline.spark.schema import spark_type
 from tests.helpers.cassandra import ALPHABET, cassandra_bytes, driver_token, random_value
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from pipeline.core.config import parse_config
+from pipeline.core.config_load import parse_config
 from pipeline.core.summary import CdcSection, RunSummary, Stopped, TableSummary
 from pipeline.validate.stage import Verdict, gate_from_summary
 from pipeline.validate.suites import (

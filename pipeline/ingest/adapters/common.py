@@ -20,7 +20,7 @@ as the format allows:
   one key are one event (a replica's second copy: a duplicate in the report).
 
 The order of one transaction's changes is ``pos`` (the canonical record's, and the
-canonical order's after ``ts`` and the origin's rank: ``rowfold.Event.position``), never
+canonical order's after ``ts`` and the origin's rank: ``events.Event.position``), never
 the id's text.
 """
 

@@ -22,8 +22,8 @@ from pyspark.sql import functions as F
 
 from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
 from pipeline.core.config import Column as TableColumn
-from pipeline.core.config import Kind, Table
-from pipeline.core.kinds import every_kind
+from pipeline.core.config import Table
+from pipeline.core.kinds import Kind, every_kind
 from pipeline.ingest.adapters.common import (
     LINE_COLUMNS,
     Adapted,

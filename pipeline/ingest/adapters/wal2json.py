@@ -27,8 +27,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.core.columns import AFTER, BEFORE, KEY, OP, ORIGIN, POS, REPLICA, SEQ, TS, TXID
-from pipeline.core.config import Kind, Table
-from pipeline.core.kinds import every_kind
+from pipeline.core.config import Table
+from pipeline.core.kinds import Kind, every_kind
 from pipeline.ingest.adapters.common import (
     LINE_COLUMNS,
     Adapted,
@@ -55,7 +55,7 @@ _W2J = (
 #: the actions of a transaction: its framing, and its changes
 _FRAMING = ("B", "C")
 _CHANGES = ("I", "U", "D", "T")
-#: the columns of a staged line (``exports.RAW_SCHEMA``) and the date of the export that
+#: the columns of a staged line (``staging.RAW_SCHEMA``) and the date of the export that
 #: held it (null: this run's)
 RAW_COLUMNS = (REPLICA, "file", "line", "raw", "bad")
 
@@ -222,7 +222,7 @@ def wal2json(
     legacy_ids: DataFrame | None = None,
 ) -> Adapted:
     """wal2json format 2: the I, U, D, T actions of this table, from whole transactions
-    (module docstring). ``raw``: the export's staged lines (``exports.RAW_SCHEMA``, its
+    (module docstring). ``raw``: the export's staged lines (``staging.RAW_SCHEMA``, its
     framing too); ``carried``: the lines earlier exports left waiting (their ``exported``
     date with them); ``legacy_ids``: ``common.canonical``'s."""
     df = _transactions(_parsed(_lines(raw, carried), table), table)

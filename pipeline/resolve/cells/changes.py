@@ -14,7 +14,7 @@ from pipeline.core.config import Table
 from pipeline.core.policy import ChangeKind
 from pipeline.resolve.cells.conflicts import position_after, table_tomb_at_event
 from pipeline.resolve.cells.writes import greatest, value, value_columns
-from pipeline.rules.rowfold import Event
+from pipeline.rules.events import Event
 
 
 def _seen(x: Column, limit: Column, at_us: Column) -> Column:

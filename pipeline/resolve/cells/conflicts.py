@@ -24,11 +24,12 @@ from pipeline.core.columns import (
     TS,
     TTL,
 )
-from pipeline.core.config import ColumnType, Table
-from pipeline.core.policy import Resolver
+from pipeline.core.config import Table
+from pipeline.core.kinds import ColumnType
+from pipeline.core.policy import Outcome, Resolver
 from pipeline.resolve.cells.writes import expiry, greatest, ttl, value, value_columns
 from pipeline.rules.cellfold import RULES, SHADOWED, TIE, TYPE_BY_OP
-from pipeline.rules.rowfold import Event
+from pipeline.rules.events import Event
 
 
 def position_after(truncs: Sequence[Event]) -> list[tuple[Event, Column]]:
@@ -64,11 +65,16 @@ def table_tomb_at_event(truncs: Sequence[Event], tt_prior: dict | None) -> Colum
 
 def _why(w: Column, p: Column, ct: ColumnType | None) -> Column:
     """The rule that decided between a write and the slot's maximum before it."""
-    has_value = ct is not None
-    fields = [TS, DEAD, "del", "exp", EXPIRY, "wtime"] + (["vkey"] if has_value else [])
-    rules = list(RULES[:6]) + ([RULES[6]] if has_value else [])
+    rules = [
+        (TS, RULES.ts),
+        (DEAD, RULES.dead),
+        ("del", RULES.deletion),
+        ("exp", RULES.expiring),
+        (EXPIRY, RULES.expiry),
+        ("wtime", RULES.write_time),
+    ] + ([("vkey", RULES.value)] if ct is not None else [])
     expr = None
-    for f, r in zip(fields, rules, strict=True):
+    for f, r in rules:
         cond = ~w[f].eqNullSafe(p[f])
         expr = F.when(cond, F.lit(r)) if expr is None else expr.when(cond, F.lit(r))
     assert expr is not None
@@ -132,7 +138,7 @@ def conflict_columns(
         lambda a, b: a | b, [F.col(f"w_{n}").isNotNull() for n, _ in slots], is_delete
     )
     loc = greatest(list(f.local))
-    ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v))])
+    ctype = F.create_map(*[x for k, v in TYPE_BY_OP.items() for x in (F.lit(k), F.lit(v.value))])
     flags = [
         *[w.alias(f"won_{n}") for (n, _), w in zip(slots, f.won, strict=False)],
         reduce(lambda a, b: a | b, f.met).alias("conflict"),
@@ -142,7 +148,9 @@ def conflict_columns(
         KEY: F.to_json(F.col(KEY)),
         "conflict_type": ctype[F.col(OP)],
         "resolver": F.lit(Resolver.SCYLLA.value),
-        "outcome": F.when(any_won, F.lit("applied")).otherwise(F.lit("discarded")),
+        "outcome": F.when(any_won, F.lit(Outcome.APPLIED.value)).otherwise(
+            F.lit(Outcome.DISCARDED.value)
+        ),
         "local_ts": loc[TS],
         "local_origin": loc["o"],
         "local_row": F.to_json(F.struct(*f.local_row)),

@@ -13,8 +13,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.core.config import ColumnType, Kind
-from pipeline.core.kinds import INTEGER_KINDS, KINDS, every_kind
+from pipeline.core.kinds import INTEGER_KINDS, KINDS, ColumnType, Kind, every_kind
 from pipeline.rules.cellfold import serialize
 
 

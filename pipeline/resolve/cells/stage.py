@@ -50,8 +50,8 @@ from pipeline.resolve.shuffle import (
     with_special_copies,
 )
 from pipeline.resolve.skew import tally, with_evidence
+from pipeline.rules.events import Event
 from pipeline.rules.guards import READ
-from pipeline.rules.rowfold import Event
 from pipeline.spark.frames import CONFLICT_FIELDS, DIVERGENCE
 from pipeline.spark.schema import change_schema
 from pipeline.storage.workpath import WorkPath

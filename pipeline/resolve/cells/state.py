@@ -30,9 +30,10 @@ from pipeline.core.columns import (
     TS,
     TTL,
 )
-from pipeline.core.config import ColumnType, Table
+from pipeline.core.config import Table
+from pipeline.core.kinds import ColumnType
 from pipeline.resolve.cells.writes import deleted_at, expiry, greatest, ttl, value, value_columns
-from pipeline.rules.rowfold import Event
+from pipeline.rules.events import Event
 from pipeline.spark.schema import state_schema
 
 

@@ -24,7 +24,8 @@ from pipeline.core.columns import (
     TS,
     TTL,
 )
-from pipeline.core.config import ColumnType, Table
+from pipeline.core.config import Table
+from pipeline.core.kinds import ColumnType
 from pipeline.resolve.cells.order import keeps_value, value_of_order, value_order
 from pipeline.spark.schema import spark_type
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.core import layout
+from pipeline.storage import stats
 
 if TYPE_CHECKING:
     from pipeline.core.config import Config
@@ -28,7 +29,6 @@ class Output:
 
 def outputs(config: Config) -> list[Output]:
     """Every output a publish may commit."""
-    from pipeline.publish import stats
 
     out = [Output(stats.FOLDER, stats.PATH, True)]  # conflict stats
     if config.cdc.enabled:

@@ -52,7 +52,7 @@ def arrived_late(spark: Any, copies: Any, folder: Any) -> dict[str, int]:
     staged divergence said its export lacked."""
     from pyspark.sql import functions as F
 
-    from pipeline.spark.session import local_frame
+    from pipeline.spark.session import local_frame  # deferred: it loads Spark
 
     path = folder / STAGED
     if not path.exists():
