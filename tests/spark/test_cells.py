@@ -297,3 +297,41 @@ def test_copies_under_different_keys_resolve_as_if_exported_under_the_standing_k
         runs[name] = got
     assert settled == [["B-002", "C-002"]]  # the first run's, once
     assert runs["as exported"]["snapshot"]["t"] and runs["as exported"] == runs["moved"]
+
+
+def test_snapshot_reads_seed_an_empty_cell_table_and_never_write_later(tmp_path: Path, spark):
+    """docs/adapters.md#snapshot-reads on a cell table: the first night starts from the
+    reads; on the second, a stale read of B's (a re-snapshot) is counted and never
+    written, even against a newer cell of A's, and the report names it."""
+    store = tmp_path / "store"
+    cfg = configs.config(
+        configs.table({"id": "int", "v": "string"}, policy="scylla"), replicas=("A", "B")
+    )
+    configs.write(tmp_path / "cdr.yaml", cfg, store=store)
+
+    def ev(r: str, i: int, op: str, v: str, ts: str) -> dict[str, Any]:
+        return {"op": op, "key": {"id": i}, "after": {"id": i, "v": v}, "ts": ts,
+                "origin": r, "event_id": f"{r}-{op}-{i}-{ts}", "seq": 1}  # fmt: skip
+
+    d1, d2 = "2026-11-20", "2026-11-21"
+    S.write_exports(store, d1, {
+        "A": {"t": [ev("A", 1, "READ", "a1", "2026-11-20T01:00:00Z"),
+                    ev("A", 2, "READ", "a2", "2026-11-20T01:00:00Z")]},
+        "B": {"t": [ev("B", 1, "READ", "b1", "2026-11-20T01:00:00Z"),
+                    ev("B", 1, "UPDATE", "new", "2026-11-20T02:00:00Z")]},
+    })  # fmt: skip
+    S.write_exports(store, d2, {
+        "A": {"t": [ev("A", 2, "UPDATE", "newer", "2026-11-21T02:00:00Z")]},
+        "B": {"t": [ev("B", 2, "READ", "stale", "2026-11-21T03:00:00Z")]},
+    })  # fmt: skip
+    args = ["run", "--config", str(tmp_path / "cdr.yaml"), "--no-data-docs"]
+    from pipeline.app.cli import main
+
+    for d in (d1, d2):
+        assert main([*args, "--date", d, "--work-dir", str(tmp_path / "work")]) == 0
+        if d == d1:
+            assert {r["id"]: r["v"] for r in P.snapshot(store, "t")} == {1: "new", 2: "a2"}
+    assert {r["id"]: r["v"] for r in P.snapshot(store, "t")} == {1: "new", 2: "newer"}
+    report = P.report(store, d2)
+    assert report.tables["t"].replicas["B"].get("read") == 1
+    assert any("replica B's export holds 1 snapshot read" in w for w in report.warnings)

@@ -238,8 +238,9 @@ def resolve_cells(
     out = _settled(
         main,
         table,
-        lambda m: _resolve_keys(
-            m, state_rows, config, table, truncs, tt_prior, tt, now_us, capture
+        lambda m: _with_reads(
+            _resolve_keys(m, state_rows, config, table, truncs, tt_prior, tt, now_us, capture),
+            reads,
         ),
         scratch,
     )
@@ -254,7 +255,7 @@ def resolve_cells(
     )
     fates, quarantine = with_special_copies(
         spark,
-        out.select(F.explode("fates").alias("f")).select("f.*").unionByName(reads, True),
+        out.select(F.explode("fates").alias("f")).select("f.*"),
         out.where(F.col("quarantine").isNotNull()).select("quarantine.*"),
         specials,
     )
@@ -280,6 +281,19 @@ def _reads_aside(main: DataFrame) -> tuple[DataFrame, DataFrame]:
     read = (F.col(OP) == READ) & F.col("reason").isNull()
     reads = main.where(read).select(EVENT_ID, REPLICA, F.lit(Fate.READ.value).alias(FATE))
     return main.where(~F.coalesce(read, F.lit(False))), reads
+
+
+def _with_reads(out: DataFrame, reads: DataFrame) -> DataFrame:
+    """The resolution with a row per snapshot read that holds only its fate, so that the
+    read's fate is written with the resolution and every output is read from its files
+    (``_written``): the staged copies are not scanned again for them."""
+    fate = out.schema["fates"].dataType.elementType  # type: ignore[attr-defined]
+    own = set(reads.columns)
+    entry = F.struct(
+        *[(F.col(f.name) if f.name in own else F.lit(None).cast(f.dataType)).alias(f.name)
+          for f in fate.fields]
+    )  # fmt: skip
+    return out.unionByName(reads.select(F.array(entry).alias("fates")), allowMissingColumns=True)
 
 
 def _state_rows(
