@@ -235,15 +235,8 @@ def resolve_cells(
     prior = purge_cells(prior, table, now_us, config.gc_grace_seconds)
     state_rows, tt_prior, tt = _state_rows(prior, table, truncs, now_us)
     capture = config.captures(table)
-    out = _settled(
-        main,
-        table,
-        lambda m: _with_reads(
-            _resolve_keys(m, state_rows, config, table, truncs, tt_prior, tt, now_us, capture),
-            reads,
-        ),
-        scratch,
-    )
+    keys = (state_rows, config, table, truncs, tt_prior, tt, now_us, capture)
+    out = _settled(main, table, lambda m: _with_reads(_resolve_keys(m, *keys), reads), scratch)
 
     state = out.where(F.col("state").isNotNull()).select("state.*")
     if tt is not None:
