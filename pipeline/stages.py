@@ -28,6 +28,7 @@ from pipeline.ingest.decisions import stale_warnings
 from pipeline.ingest.exports import ingest as ingest_exports
 from pipeline.ingest.exports import load_notices
 from pipeline.ingest.fetch import fetch
+from pipeline.ingest.found import require_inputs
 from pipeline.ingest.inputs import load_inputs
 from pipeline.publish.commit import (
     Committer,
@@ -80,7 +81,9 @@ class RunOptions:
 
 
 def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
-    config.select(opts.tables, opts.on_divergence)  # refuse unknown names before any work
+    selected = config.select(opts.tables, opts.on_divergence)  # unknown names: before any work
+    assert selected.store
+    require_inputs(selected, open_store(selected.store), dt)  # before anything is written
     ctx = RunContext.create(
         opts.work_dir,
         dt,

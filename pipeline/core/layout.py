@@ -23,6 +23,10 @@ CONFLICT_STATS = f"{PUBLISHED}/conflict_stats"
 PROBES = f"{PUBLISHED}/_probes"
 
 
+#: the folder of the replicas' exports, under the store's root (docs/adapters.md)
+EXPORTS = "exports"
+
+
 def export_dir(replica: str, table: str, dt: date) -> str:
     return f"exports/replica={replica}/table={table}/dt={dt.isoformat()}"
 

@@ -43,6 +43,7 @@ class Store(Protocol):
     def read_tail(self, key: str, n: int) -> tuple[int, bytes]: ...
     def list(self, prefix: str) -> list[str]: ...
     def folders(self, prefix: str) -> Names: ...
+    def any_under(self, prefix: str) -> bool: ...
     def sizes(self, prefix: str) -> dict[str, int]: ...
     def download(self, key: str, dest: Path) -> None: ...
     def upload(self, src: Path, key: str) -> None: ...
@@ -182,6 +183,11 @@ class FileStore:
     def sizes(self, prefix: str) -> dict[str, int]:
         """The keys under ``prefix`` with their sizes in bytes."""
         return {k: self._p(k).stat().st_size for k in self.list(prefix)}
+
+    def any_under(self, prefix: str) -> bool:
+        """Whether any object is under ``prefix`` (a read: a missing root is none)."""
+        base = self._p(prefix)
+        return base.is_dir() and next(_files_under(base), None) is not None
 
     def download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -373,6 +379,18 @@ class S3Store:
         except ClientError as e:
             raise self._fail(prefix, e) from None
         return sorted(out)
+
+    def any_under(self, prefix: str) -> bool:
+        """Whether any object is under ``prefix/``: one listing call of one key."""
+        from botocore.exceptions import ClientError
+
+        try:
+            r = self.client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._k(prefix).rstrip("/") + "/", MaxKeys=1
+            )
+        except ClientError as e:
+            raise self._fail(prefix, e) from None
+        return bool(r.get("Contents"))
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """The keys under ``prefix/`` with their sizes in bytes (one listing)."""
