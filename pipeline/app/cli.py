@@ -19,6 +19,7 @@ import logging
 import sys
 
 from pipeline.app.cli_args import build_parser
+from pipeline.app.cli_check import cmd_check_export
 from pipeline.app.cli_review import cmd_decide, cmd_quarantine, cmd_repair, cmd_whatif
 from pipeline.app.cli_run import cmd_stage
 from pipeline.app.cli_setup import cmd_demo, cmd_generate, cmd_jars, cmd_jvm_archive
@@ -68,6 +69,7 @@ COMMANDS = {
     "doctor": cmd_doctor,
     "vacuum": cmd_vacuum,
     "verify": cmd_verify,
+    "check-export": cmd_check_export,
     "quarantine": cmd_quarantine,
     "decide": cmd_decide,
     "repair": cmd_repair,

@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _stage_commands(sub)
     _store_commands(sub)
+    _check_export_options(
+        sub.add_parser(
+            "check-export",
+            help="check every manifest of a date as a run does, without Spark, in seconds",
+        )
+    )
     q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events")
     q.add_argument("action", choices=("list", "retry", "dismiss"))
     q.add_argument("--config", required=True, type=Path)
@@ -180,6 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
         "path (for --driver-class-path); list: comma-separated (for --jars, spark.jars)",
     )
     return parser
+
+
+def _check_export_options(c: argparse.ArgumentParser) -> None:
+    """``cdr check-export`` (docs/operations.md#checking-an-export)."""
+    c.add_argument("--config", type=Path, default=Path("cdr.yaml"))
+    c.add_argument("--store", help="override the config's store")
+    c.add_argument("--date", required=True, type=_date)
+    c.add_argument(
+        "--records",
+        type=int,
+        default=100,
+        metavar="N",
+        help="the records of each file typed by the run's guards (default 100); every "
+        "file's lines are counted and hashed whole",
+    )
 
 
 def _store_commands(sub: Any) -> None:

@@ -28,7 +28,6 @@ from pipeline.core.policy import REPAIR_ORIGIN
 from pipeline.ingest.blocks import BlockTyper
 from pipeline.rules.guards import Typer, TypingSpec
 from pipeline.rules.jsontext import JsonNumber, LongLine, long_line, not_utf8, text_of
-from pipeline.spark.frames import copy_schema
 
 if TYPE_CHECKING:
     from pipeline.core.config import Table
@@ -43,7 +42,34 @@ _BATCH = 8192
 def arrow_schema(table: Table) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    from pipeline.spark.frames import (
+        copy_schema,
+    )  # deferred: pyspark; cdr check-export types records without it
+
     return to_arrow_schema(copy_schema(table), timezone="UTC")
+
+
+def line_copy(typer: Typer, replica: str, text: bytes) -> dict[str, Any]:
+    """A JSONL line (without its end of line) typed by the guards; one that is not UTF-8
+    is malformed, kept with its bytes escaped, never replaced."""
+    try:
+        line = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        detail = f"not valid UTF-8 ({not_utf8(e)})"
+        return typer.malformed_line(text.decode("utf-8", "backslashreplace"), replica, detail)
+    return typer.line(line, replica)
+
+
+def long_line_copy(typer: Typer, replica: str, head: LongLine, limit: int | None) -> dict[str, Any]:
+    """A line over ``max_record_bytes``: malformed, with its first bytes."""
+    raw = head.decode("utf-8", "backslashreplace")
+    return typer.malformed_line(raw, replica, long_line(head, limit))
+
+
+def placed(copy: dict[str, Any], replica: str, file: str, number: int | None) -> dict[str, Any]:
+    """A typed copy with its replica, file and line, its detail naming them (:func:`located`)."""
+    copy[REPLICA], copy["file"], copy["line"] = replica, file, number
+    return located(copy)
 
 
 def columns_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -88,28 +114,17 @@ class CopyWriter:
             self._write(clean)
             self.count += clean.num_rows
         for number, text in rest:
-            try:
-                line = text.decode("utf-8")
-            except UnicodeDecodeError as e:  # kept with its bytes escaped, never replaced
-                detail = f"not valid UTF-8 ({not_utf8(e)})"
-                raw = text.decode("utf-8", "backslashreplace")
-                self._add(number, self.typer.malformed_line(raw, self.replica, detail))
-                continue
-            self.line(number, line)
+            self._add(number, line_copy(self.typer, self.replica, text))
 
     def long_line(self, number: int, head: LongLine, limit: int | None) -> None:
         """A line over ``max_record_bytes``: malformed, with its first bytes."""
-        detail = long_line(head, limit)
-        raw = head.decode("utf-8", "backslashreplace")
-        self._add(number, self.typer.malformed_line(raw, self.replica, detail))
+        self._add(number, long_line_copy(self.typer, self.replica, head, limit))
 
     def record(self, number: int | None, fields: dict[str, Any], source: str) -> None:
         self._add(number, self.typer.record(fields, source, self.replica))
 
     def _add(self, number: int | None, copy: dict[str, Any]) -> None:
-        copy[REPLICA], copy["file"], copy["line"] = self.replica, self.file, number
-        located(copy)
-        self._rows.append(copy)
+        self._rows.append(placed(copy, self.replica, self.file, number))
         self.count += 1
         if len(self._rows) >= _BATCH:
             self._flush()

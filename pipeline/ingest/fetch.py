@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,32 +143,42 @@ def fetch_file(task: FileTask, spec: TypingSpec | None = None) -> tuple[int, int
         with dest.parent.writing() as folder:  # uploaded from there, on S3
             local = folder / f".{dest.name}.download"
             try:
-                try:
-                    open_store(task.store).download(task.key, local)
-                except StoreError as e:
-                    raise ExportError(
-                        f"{task.name}: listed in the manifest but cannot be read ({e})"
-                    ) from None
-                return (*_check_and_stage(task, local, folder / dest.name, spec), None)
+                download(task, local)
+                typed = partial(_stage_copies, spec=spec)
+                return (*check_and_stage(task, local, folder / dest.name, typed), None)
             finally:
                 local.unlink(missing_ok=True)
     except ExportError as e:
         return 0, 0, str(e)
 
 
-def _check_and_stage(
-    task: FileTask, local: Path, dest: Path, spec: TypingSpec | None
-) -> tuple[int, int]:
-    """The downloaded file checked against its manifest entry and staged; returns its
-    framing lines and the copies of its typing that the driver settles."""
+def download(task: FileTask, local: Path) -> None:
+    """The file from the store to ``local``; one that cannot be read names the file."""
+    try:
+        open_store(task.store).download(task.key, local)
+    except StoreError as e:
+        raise ExportError(f"{task.name}: listed in the manifest but cannot be read ({e})") from None
+
+
+#: what reads an export's JSONL or canonical Parquet records where they are fetched:
+#: ``(task, the file or None for a file of no bytes, dest) -> (rows, specials)``; the run
+#: types them all (``_stage_copies``), ``cdr check-export`` its first ones
+#: (``pipeline.ingest.check``)
+TypedReader = Callable[[FileTask, Path | None, Path], tuple[int, int]]
+
+
+def check_and_stage(task: FileTask, local: Path, dest: Path, typed: TypedReader) -> tuple[int, int]:
+    """The downloaded file checked against its manifest entry and staged (an export's
+    JSONL or Parquet records by ``typed``); returns its framing lines and the copies of
+    its typing that the driver settles. Spark-free: ``cdr check-export`` calls it too."""
     digest = sha256_of(local)
     if digest != task.sha256:
         raise ExportError(f"{task.name}: sha256 mismatch (manifest {task.sha256}, file {digest})")
     framing = specials = 0
     if local.stat().st_size == 0:  # no bytes: no records, in every format
-        rows, specials = _stage_copies(task, None, dest, spec) if _typed(task) else (0, 0)
+        rows, specials = typed(task, None, dest) if _typed(task) else (0, 0)
     elif _typed(task):
-        rows, specials = _stage_copies(task, local, dest, spec)
+        rows, specials = typed(task, local, dest)
     elif task.format == "parquet" or (task.format == "dms" and is_parquet(local)):
         rows = parquet_rows(local, task.name)
         if task.format == "dms":

@@ -1,5 +1,5 @@
-"""A run's inputs found before anything is written (docs/operations.md#nothing-is-written-
-before-the-inputs-are-found), on a file store without Spark: the store's ``exports/``
+"""A run's inputs found before anything is written, on a file store without Spark
+(docs/operations.md#nothing-is-written-before-the-inputs-are-found): the store's ``exports/``
 folder, a manifest of the date, the dates a wrong ``--date`` is told; and reads of a
 file store that never create its folder. ``cdr run`` in its own process, on a wrong store
 and a wrong date, file and S3: tests/e2e/test_inputs_found.py."""
