@@ -17,6 +17,7 @@ from pipeline.core.errors import StageError
 from pipeline.storage.context import RunContext
 from pipeline.storage.workpath import WorkPath
 from tests.helpers import published as P
+from tests.helpers import scenarios as S
 from tests.helpers.snapshots import SUB, D, setup
 
 
@@ -244,6 +245,7 @@ def test_one_writer_per_store_and_a_run_re_enters_its_own_lease(tmp_path: Path, 
     is refused naming the holder; the holder's retry re-enters; finish releases; a dry run
     needs no lease; ``cdr unlock`` breaks a live one only with ``--force``."""
     cfg = setup(tmp_path, "warn", SUB)
+    S.write_exports(tmp_path / "store", "2026-11-22", {"pub": {"t": []}})  # a date with inputs
     lock = tmp_path / "store/published/_lock"
     argv = ["--config", str(cfg), "--work-dir", str(tmp_path / "work")]
     a, b = ["--date", D, "--run-id", "night-a"], ["--date", D, "--run-id", "night-b"]
@@ -332,7 +334,6 @@ def test_no_footer_of_an_output_with_its_record_is_read_on_the_driver(
     from pipeline.storage import workpath
     from pipeline.storage.outputs import OUTPUT_INFO
     from tests.helpers import GOLDEN
-    from tests.helpers import scenarios as S
 
     opened: list[str] = []
     recorded: dict[str, bool] = {}
