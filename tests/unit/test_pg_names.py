@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core import kinds
 from pipeline.core.config_load import load_config
 from pipeline.core.errors import ConfigError
-from pipeline.core import kinds
 from pipeline.core.kinds import PG_NAMES, ColumnType, Kind, parse_column_type, pg_names_table
 from tests.helpers import REPO
 
