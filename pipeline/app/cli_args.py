@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_options(
         sub.add_parser("demo", help="embedded S3 server + generated exports + a full run")
     )
+    _init_options(sub.add_parser("init", help="write a first cdr.yaml from a PostgreSQL schema"))
     sub.add_parser(
         "jvm-archive",
         help="build the class-data archive that starts Spark's JVM faster (make does it)",
@@ -348,6 +349,37 @@ def _generate_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     g.add_argument("--files", type=int, default=1, help="files per export")
     g.add_argument("--seed", type=int, default=1)
+
+
+def _init_options(i: argparse.ArgumentParser) -> None:
+    """docs/configuration.md#starting-from-a-postgresql-schema-cdr-init"""
+    i.add_argument(
+        "--from-postgres",
+        required=True,
+        metavar="DSN",
+        help="a libpq connection string or URI of one replica (read in a read-only transaction)",
+    )
+    i.add_argument(
+        "--tables",
+        action="append",
+        default=[],
+        help="the tables to write, comma-separated or repeated (default: every table of --schema)",
+    )
+    i.add_argument("--schema", default="public", help="the schema the tables are in (public)")
+    i.add_argument("--out", type=Path, default=Path("cdr.yaml"), help="the file to write")
+    i.add_argument("--force", action="store_true", help="replace --out if it exists")
+    i.add_argument("--store", help="the store to write in the file (s3://B/P or file:///P)")
+    i.add_argument(
+        "--replicas",
+        help="the replicas' ids, comma-separated (system ids 1..n in that order); "
+        "default: placeholders to rename",
+    )
+    i.add_argument(
+        "--skip-unsupported",
+        action="store_true",
+        help="leave out (in a comment) the columns of a type the config cannot hold, "
+        "rather than refuse",
+    )
 
 
 def _share(text: str) -> float:

@@ -1,5 +1,6 @@
-"""The commands that set up a place to try ``cdr`` and the JVM it runs: ``cdr generate``
-(synthetic exports), ``demo``, ``jars`` and ``jvm-archive``.
+"""The commands that set up a place to try ``cdr`` and the JVM it runs: ``cdr init`` (a
+first config from a database's schema), ``generate`` (synthetic exports), ``demo``,
+``jars`` and ``jvm-archive``.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from pathlib import Path
 
 from pipeline.app.cli_args import config_of, emit
 from pipeline.core.errors import ConfigError
@@ -79,3 +81,40 @@ def cmd_jvm_archive(args: argparse.Namespace) -> int:
 
     print(f"class-data archive: {build()}")
     return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """A first ``cdr.yaml`` from a PostgreSQL schema
+    (docs/configuration.md#starting-from-a-postgresql-schema-cdr-init); an existing file is
+    kept unless ``--force``."""
+    from pipeline.app.init_config import InitOptions, render  # deferred: cdr --help stays fast
+    from pipeline.app.pg_schema import read_schema  # deferred: psycopg, for this command only
+
+    out: Path = args.out
+    if out.exists() and not args.force:
+        raise ConfigError("--out", [f"{out} exists: name another file, or --force to replace it"])
+    tables = tuple(t.strip() for given in args.tables for t in given.split(",") if t.strip())
+    replicas = tuple(r.strip() for r in (args.replicas or "").split(",") if r.strip())
+    schema = read_schema(args.from_postgres, args.schema, tables)
+    text = render(schema, InitOptions(replicas, args.store, args.skip_unsupported))
+    _check_written(text, str(out))
+    with out.open("w" if args.force else "x") as f:
+        f.write(text)
+    names = [t.name for t in schema.tables]
+    emit(
+        args,
+        {"out": str(out), "tables": names, "schema": schema.schema},
+        f"wrote {out}: {len(names)} table(s) of schema {schema.schema} ({', '.join(names)}); "
+        "read its comments, then name the replicas and the store",
+    )
+    return 0
+
+
+def _check_written(text: str, source: str) -> None:
+    """The file ``cdr init`` writes loads as it is (its store aside): a mistake of the
+    writer is not left for the first run to find."""
+    import yaml  # deferred: cdr --help stays fast
+
+    from pipeline.core.config_load import parse_config  # deferred: cdr --help stays fast
+
+    parse_config(yaml.safe_load(text), source)

@@ -116,26 +116,49 @@ class TableModel(_Strict):
     @field_validator("columns", mode="before")
     @classmethod
     def _rejoin_decimal(cls, value: Any) -> Any:
-        """``{price: decimal(10,2)}`` in a YAML flow mapping (as docs/configuration.md writes it) is
-        split at the comma into ``price: "decimal(10"`` and a key ``"2)"`` with no value;
-        put the type back together."""
+        """``{price: decimal(10,2)}`` (or ``numeric(10, 2)``, any ``name(p,s)``) in a YAML
+        flow mapping, as docs/configuration.md writes it, is split at the comma into
+        ``price: "decimal(10"`` and a key ``"2)"`` with no value; put the type back
+        together; in a column's own mapping (``{type: numeric(10,2), as: price}``) too."""
         if not isinstance(value, dict):
             return value
         out: dict[Any, Any] = {}
         last = None
         for k, v in value.items():
-            if (
-                v is None
-                and isinstance(k, str)
-                and re.fullmatch(r"\s*\d+\s*\)", k)
-                and last is not None
-                and re.fullmatch(r"decimal\(\s*\d+", str(out[last]))
-            ):
-                out[last] = f"{out[last]},{k.strip()}"
+            if v is None and last is not None and _is_split_tail(k) and _is_split_head(out[last]):
+                out[last] = f"{out[last]},{str(k).strip()}"
                 continue
-            out[k] = v
+            out[k] = _rejoin_column(v) if isinstance(v, dict) else v
             last = k
         return out
+
+
+#: what a YAML flow mapping leaves of ``numeric(10,2)`` split at its comma: a value
+#: ``numeric(10`` (the head) and a key ``2)`` with no value (the tail)
+SPLIT_TYPE_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9_ ]*\(\s*\d+\s*")
+SPLIT_TYPE_TAIL = re.compile(r"\s*\d+\s*\)")
+
+
+def _is_split_head(value: Any) -> bool:
+    return isinstance(value, str) and SPLIT_TYPE_HEAD.fullmatch(value) is not None
+
+
+def _is_split_tail(key: Any) -> bool:
+    return isinstance(key, str) and SPLIT_TYPE_TAIL.fullmatch(key) is not None
+
+
+def _rejoin_column(column: dict[Any, Any]) -> dict[Any, Any]:
+    """``{type: numeric(10,2), as: x}``: YAML's keys ``type: "numeric(10"`` and ``"2)"``
+    rejoined (the split key comes right after the type)."""
+    out: dict[Any, Any] = {}
+    last = None
+    for k, v in column.items():
+        if v is None and last == "type" and _is_split_tail(k) and _is_split_head(out["type"]):
+            out["type"] = f"{out['type']},{str(k).strip()}"
+            continue
+        out[k] = v
+        last = k
+    return out
 
 
 class CdcModel(_Strict):

@@ -31,7 +31,7 @@ from pipeline.core.config import (
     Table,
     WaitConfig,
 )
-from pipeline.core.config_file import ConfigModel, MetricsModel
+from pipeline.core.config_file import SPLIT_TYPE_HEAD, SPLIT_TYPE_TAIL, ConfigModel, MetricsModel
 from pipeline.core.config_tables import Problems, resolve_table
 from pipeline.core.errors import ConfigError
 from pipeline.core.policy import REPAIR_ORIGIN, FkPolicy, Granularity, Resolver
@@ -306,6 +306,49 @@ def parse_config(data: Any, source: str = "cdr.yaml") -> Config:
     return config
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a flow mapping's ``numeric(10,2)``, which YAML splits at the
+    comma into a value ``numeric(10`` and a key ``2)`` with no value, is one value again
+    before the mapping is built: two such columns in one mapping would otherwise share the
+    key ``2)``, and one of them lose its scale (docs/configuration.md#postgresql-type-names;
+    ``TableModel._rejoin_decimal`` does the same for a mapping already read)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        node.value = _rejoined(node.value)
+        return super().construct_mapping(node, deep)
+
+
+def _rejoined(pairs: list[tuple[yaml.Node, yaml.Node]]) -> list[tuple[yaml.Node, yaml.Node]]:
+    out: list[tuple[yaml.Node, yaml.Node]] = []
+    for k, v in pairs:
+        if out and _is_tail(k, v) and _is_head(out[-1][1]):
+            key, head = out[-1]
+            joined = f"{head.value},{str(k.value).strip()}"
+            out[-1] = (key, yaml.ScalarNode(head.tag, joined, head.start_mark, k.end_mark))
+            continue
+        out.append((k, v))
+    return out
+
+
+def _is_head(node: yaml.Node) -> bool:
+    return (
+        isinstance(node, yaml.ScalarNode)
+        and node.style is None
+        and SPLIT_TYPE_HEAD.fullmatch(node.value) is not None
+    )
+
+
+def _is_tail(key: yaml.Node, value: yaml.Node) -> bool:
+    return (
+        isinstance(key, yaml.ScalarNode)
+        and key.style is None
+        and SPLIT_TYPE_TAIL.fullmatch(key.value) is not None
+        and isinstance(value, yaml.ScalarNode)
+        and value.tag == "tag:yaml.org,2002:null"
+        and value.value == ""
+    )
+
+
 def load_config(path: str | Path, store: str | None = None) -> Config:
     """Read and validate ``cdr.yaml``; ``store`` (e.g. from ``--store``) overrides the file's."""
     p = Path(path)
@@ -314,7 +357,7 @@ def load_config(path: str | Path, store: str | None = None) -> Config:
     except OSError as e:
         raise ConfigError(str(p), [f"(file): cannot read: {e.strerror}"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_ConfigLoader)
     except yaml.YAMLError as e:
         raise ConfigError(str(p), [f"(file): not valid YAML: {e}"]) from None
     config = parse_config(data, str(p))

@@ -231,22 +231,162 @@ def _held_as(kind: Kind, value: Any) -> bool:
 
 
 def parse_column_type(text: str) -> ColumnType:
-    """``int`` ... ``decimal(p,s)``; raises ValueError naming the allowed types."""
-    t = text.strip().lower()
+    """``int`` ... ``decimal(p,s)``, or a PostgreSQL type name of :data:`PG_NAMES`
+    (case and spaces as PostgreSQL allows them); raises ValueError naming the allowed
+    types, or for a PostgreSQL type the config cannot hold, what to use instead."""
+    t = " ".join(text.split()).lower()
     m = _DECIMAL_RE.match(t)
     if m:
-        p, s = int(m.group(1)), int(m.group(2))
-        if not 1 <= p <= 38 or s > p:
-            raise ValueError(f"decimal({p},{s}): precision must be 1..38 and scale <= precision")
-        return ColumnType(Kind.DECIMAL, p, s)
-    try:
-        kind = Kind(t)
-    except ValueError:
-        allowed = ", ".join(k.value for k in Kind if k is not Kind.DECIMAL)
-        raise ValueError(f"unknown type {text!r}; allowed: {allowed}, decimal(p,s)") from None
+        return _decimal(t, int(m.group(1)), int(m.group(2)))
+    if t not in _KIND_NAMES:
+        return _pg_type(text, t)
+    kind = Kind(t)
     if kind is Kind.DECIMAL:
         raise ValueError("decimal needs a precision and scale: decimal(p,s)")
     return ColumnType(kind)
+
+
+_KIND_NAMES = frozenset(k.value for k in Kind)
+
+
+def _decimal(name: str, p: int, s: int) -> ColumnType:
+    if not 1 <= p <= 38 or s > p:
+        raise ValueError(f"{name}: precision must be 1..38 and scale <= precision")
+    return ColumnType(Kind.DECIMAL, p, s)
+
+
+# --------------------------------------------------------------------------- PostgreSQL's names
+
+
+@dataclass(frozen=True, slots=True)
+class PgType:
+    """A PostgreSQL type name as the config reads it
+    (docs/configuration.md#postgresql-type-names): the kind it is, or None when the config
+    cannot hold its values (``instead`` says what to do)."""
+
+    kind: Kind | None
+    #: what may follow the name in parentheses: "" nothing, "n" a length or precision (the
+    #: kind keeps none), "p,s" a decimal's precision and, optionally, scale
+    modifier: str = ""
+    #: a refused type: what to use instead; else what the value becomes, when not plain
+    note: str = ""
+
+
+_S, _N = Kind.STRING, Kind.INT
+_JSON_TEXT = "the JSON text"
+_WALL_CLOCK = "PostgreSQL's wall-clock time: the column is an instant, taken as UTC (below)"
+_REAL = "exactly: a double holds every real"
+_TIME_TEXT = "no time-of-day type: export its text and declare `string`"
+_RANGE = "no range type: export its bounds as two columns, or its text as `string`"
+
+# fmt: off
+#: PostgreSQL's type names and aliases, each with the kind it is read as, or refused with
+#: what to use instead (docs/configuration.md#postgresql-type-names); the names are as
+#: ``format_type`` writes them and as people do, lower case, one space between words
+PG_NAMES: Mapping[str, PgType] = {
+    "text": PgType(_S), "varchar": PgType(_S, "n"), "character varying": PgType(_S, "n"),
+    "char": PgType(_S, "n"), "character": PgType(_S, "n"),
+    "bpchar": PgType(_S, "n"), "citext": PgType(_S), "name": PgType(_S),
+    "json": PgType(_S, note=_JSON_TEXT), "jsonb": PgType(_S, note=_JSON_TEXT),
+    "int": PgType(_N), "int4": PgType(_N), "integer": PgType(_N), "serial": PgType(_N),
+    "serial4": PgType(_N), "smallint": PgType(_N), "int2": PgType(_N),
+    "smallserial": PgType(_N), "serial2": PgType(_N),
+    "bigint": PgType(Kind.BIGINT), "int8": PgType(Kind.BIGINT),
+    "bigserial": PgType(Kind.BIGINT), "serial8": PgType(Kind.BIGINT),
+    "numeric": PgType(Kind.DECIMAL, "p,s"), "decimal": PgType(Kind.DECIMAL, "p,s"),
+    "real": PgType(Kind.DOUBLE, note=_REAL), "float4": PgType(Kind.DOUBLE, note=_REAL),
+    "double precision": PgType(Kind.DOUBLE), "float8": PgType(Kind.DOUBLE),
+    "float": PgType(Kind.DOUBLE, "n"),
+    "bool": PgType(Kind.BOOLEAN), "boolean": PgType(Kind.BOOLEAN),
+    "date": PgType(Kind.DATE),
+    "timestamptz": PgType(Kind.TIMESTAMP, "n"),
+    "timestamp with time zone": PgType(Kind.TIMESTAMP, "n"),
+    "timestamp": PgType(Kind.TIMESTAMP, "n", _WALL_CLOCK),
+    "timestamp without time zone": PgType(Kind.TIMESTAMP, "n", _WALL_CLOCK),
+    "bytea": PgType(Kind.BINARY), "uuid": PgType(Kind.UUID),
+    "money": PgType(None, note="its text depends on lc_monetary: export it as numeric and "
+                    "declare `decimal(p,2)`"),
+    "interval": PgType(None, "n", "no interval type: export its seconds (`bigint` or `double`) "
+                       "or its text as `string`"),
+    "time": PgType(None, "n", _TIME_TEXT), "time without time zone": PgType(None, "n", _TIME_TEXT),
+    "timetz": PgType(None, "n", _TIME_TEXT), "time with time zone": PgType(None, "n", _TIME_TEXT),
+    "int4range": PgType(None, note=_RANGE), "int8range": PgType(None, note=_RANGE),
+    "numrange": PgType(None, note=_RANGE), "tsrange": PgType(None, note=_RANGE),
+    "tstzrange": PgType(None, note=_RANGE), "daterange": PgType(None, note=_RANGE),
+}
+# fmt: on
+
+#: arrays (``int[]``, ``integer array``, or the catalog's ``_int4``): refused
+_ARRAY_NOTE = "no array type: export it as JSON text (to_json) and declare `string`"
+_PG_RE = re.compile(
+    r"^(?P<base>[a-z][a-z0-9_ ]*?)(?:\((?P<args>[^()]*)\))?(?P<rest>(?: [a-z ]+)?)$"
+)
+_INT_RE = re.compile(r"^\d+$")
+
+
+def _pg_type(text: str, t: str) -> ColumnType:
+    """``t`` (``text`` lower case, its blanks single) as a name of :data:`PG_NAMES`."""
+    t = re.sub(r"\s*([(,])\s*", r"\1", t).replace(" )", ")")
+    if t.endswith(("[]", " array")) or re.match(r"^_[a-z]", t) or re.search(r"\[\d*\]$", t):
+        raise ValueError(f"{text!r}: {_ARRAY_NOTE}")
+    m = _PG_RE.match(t)
+    name = f"{m.group('base')}{m.group('rest')}".strip() if m else t
+    pg = PG_NAMES.get(name)
+    if m is None or pg is None:
+        allowed = ", ".join(k.value for k in Kind if k is not Kind.DECIMAL)
+        raise ValueError(
+            f"unknown type {text!r}; allowed: {allowed}, decimal(p,s), or a PostgreSQL type "
+            "name of docs/configuration.md#postgresql-type-names"
+        )
+    if pg.kind is None:
+        raise ValueError(f"{text!r}: {pg.note}")
+    args = m.group("args")
+    if pg.kind is Kind.DECIMAL:
+        return _pg_decimal(text, name, args)
+    if args is not None and not (pg.modifier == "n" and _INT_RE.match(args)):
+        takes = f"{name}(n)" if pg.modifier else name
+        raise ValueError(f"{text!r} is not a type: write {takes}")
+    return ColumnType(pg.kind)
+
+
+def _pg_decimal(text: str, name: str, args: str | None) -> ColumnType:
+    """``numeric(p,s)``, ``numeric(p)`` (scale 0, as PostgreSQL reads it); a bare
+    ``numeric`` is refused: its values have no fixed precision, a decimal column needs one."""
+    if args is None:
+        raise ValueError(
+            f"{text!r} has no precision, and a decimal column needs one: write {name}(p,s) "
+            "with the most digits its values have (p up to 38), or declare `double` or `string`"
+        )
+    parts = args.split(",")
+    if not 1 <= len(parts) <= 2 or not all(_INT_RE.match(x) for x in parts):
+        raise ValueError(f"{text!r} is not a type: write {name}(p,s) or {name}(p)")
+    p, s = int(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+    return _decimal(f"{name}({p},{s})", p, s)
+
+
+def pg_names_table() -> str:
+    """docs/configuration.md#postgresql-type-names's table, rendered from :data:`PG_NAMES`
+    (``tests/unit/test_kinds.py`` compares it with the page): the names read as each kind,
+    then the refused ones, a row for each note."""
+    lines = ["| PostgreSQL | type | note |", "|---|---|---|"]
+    groups: dict[tuple[Kind | None, str], list[str]] = {}
+    for k in [*Kind, None]:
+        for n, pg in PG_NAMES.items():
+            if pg.kind is k:
+                groups.setdefault((k, pg.note), []).append(_pg_shown(n, pg))
+    groups[(None, _ARRAY_NOTE)] = ["`int[]`, `integer array` (every array)"]
+    for (k, note), names in groups.items():
+        kind = "refused" if k is None else f"`{'decimal(p,s)' if k is Kind.DECIMAL else k}`"
+        lines.append(f"| {', '.join(names)} | {kind} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pg_shown(name: str, pg: PgType) -> str:
+    """``name`` with its modifier where PostgreSQL writes it: ``timestamp(n) with time zone``."""
+    if not pg.modifier:
+        return f"`{name}`"
+    first, sep, rest = name.partition(" with")
+    return f"`{first}({pg.modifier}){sep}{rest}`"
 
 
 def coerce_value(ctype: ColumnType, value: Any) -> Any:

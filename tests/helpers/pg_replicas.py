@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,11 @@ WAL2JSON_OPTIONS = (
 )
 
 
-def missing() -> str | None:
-    """What is missing to run the servers, or None."""
+def missing(wal2json: bool = True) -> str | None:
+    """What is missing to run the servers (``wal2json``: and decode their changes), or None."""
     if not (PG / "bin" / "initdb").exists():
         return "PostgreSQL 15 (Debian's postgresql-15)"
-    if not (PG / "lib" / "wal2json.so").exists():
+    if wal2json and not (PG / "lib" / "wal2json.so").exists():
         return "wal2json (Debian's postgresql-15-wal2json)"
     if shutil.which("psql") is None:
         return "psql (Debian's postgresql-client-15)"
@@ -200,6 +201,21 @@ class Server:
             "pg_xact_commit_timestamp(xid::text::xid)) * 1000000)::bigint) "
             "from audit order by seq"
         )
+
+
+@contextlib.contextmanager
+def one_server(name: str = "pg") -> Iterator[Server]:
+    """One server on loopback with an empty database ``app``, stopped and removed after."""
+    root = Path(tempfile.mkdtemp(prefix="cdr-pg-"))
+    os.chmod(root, 0o755)
+    server = Server(name, root)
+    try:
+        server.start()
+        yield server
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class Cluster:

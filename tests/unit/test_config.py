@@ -143,7 +143,7 @@ def test_column_types(text):
     assert parse_column_type(text).kind in set(Kind)
 
 
-@pytest.mark.parametrize("text", ["integer", "decimal", "decimal(40,2)", "decimal(4,5)"])
+@pytest.mark.parametrize("text", ["integr", "decimal", "decimal(40,2)", "decimal(4,5)"])
 def test_bad_column_types(text):
     with pytest.raises(ValueError):
         parse_column_type(text)
