@@ -32,6 +32,7 @@ from pipeline.core.config import (
     WaitConfig,
 )
 from pipeline.core.config_file import ConfigModel, MetricsModel
+from pipeline.core.config_sources import resolve_sources
 from pipeline.core.config_tables import Problems, resolve_table
 from pipeline.core.errors import ConfigError
 from pipeline.core.policy import REPAIR_ORIGIN, FkPolicy, Granularity, Resolver
@@ -140,6 +141,7 @@ def _resolve(m: ConfigModel, p: Problems) -> Config:
             m.quarantine_share.warn, m.quarantine_share.fail, m.quarantine_share.min_records
         ),
         on_unknown_export=m.on_unknown_export,
+        sources=resolve_sources(m, p),
         max_record_bytes=m.max_record_bytes,
         max_expansion=m.max_expansion,
         on_divergence=m.on_divergence,
