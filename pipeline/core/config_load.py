@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,6 @@ def _resolve(m: ConfigModel, p: Problems) -> Config:
             m.quarantine_share.warn, m.quarantine_share.fail, m.quarantine_share.min_records
         ),
         on_unknown_export=m.on_unknown_export,
-        sources=resolve_sources(m, p),
         max_record_bytes=m.max_record_bytes,
         max_expansion=m.max_expansion,
         on_divergence=m.on_divergence,
@@ -302,7 +302,7 @@ def parse_config(data: Any, source: str = "cdr.yaml") -> Config:
     except ValidationError as e:
         raise ConfigError(source, _pydantic_problems(e)) from None
     problems = Problems()
-    config = _resolve(model, problems)
+    config = replace(_resolve(model, problems), sources=resolve_sources(model, problems))
     if problems.items:
         raise ConfigError(source, problems.items)
     return config

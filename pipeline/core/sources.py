@@ -205,10 +205,10 @@ LAYOUTS: dict[SourceLayout, LayoutRule] = {
         _dms,
         True,
         False,
-        "AWS DMS's S3 target, CDC files `<schema>/<table>/[YYYY/MM/DD/]<YYYYMMDD-HHMMSS...>.csv|"
-        ".parquet`; a file is the date in its name (when DMS wrote it), whatever its "
-        "folder; `LOAD*` files (the full load) are left out; sealed when DMS has written a "
-        "file of a later date",
+        "AWS DMS's S3 target, CDC files "
+        "`<schema>/<table>/[YYYY/MM/DD/]<YYYYMMDD-HHMMSS...>.csv` or `.parquet`; a file is "
+        "the date in its name (when DMS wrote it), whatever its folder; `LOAD*` files (the "
+        "full load) are left out; sealed when DMS has written a file of a later date",
     ),
     SourceLayout.WAL2JSON: LayoutRule(
         "wal2json",

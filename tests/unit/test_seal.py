@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from pipeline.app.cli import main
 from pipeline.core import layout
 from pipeline.core.config_load import parse_config
 from pipeline.core.errors import ConfigError, ExportError
-from pipeline.core.sources import pattern_regex
+from pipeline.core.sources import LAYOUTS, pattern_regex
 from pipeline.ingest.manifests import read_manifest
 from pipeline.ingest.seal import seal_export, waiting_for
 from tests.helpers import configs
@@ -268,3 +269,9 @@ def test_a_source_changes_no_digest_and_names_the_table_folder():
     plain, sourced = cfg(None), cfg({**DEBEZIUM, "tables": {"t": "topics/pg1.public.t/"}})
     assert plain.digest() == sourced.digest()
     assert sourced.sources["pg1"].folder("t") == "cdc/pg1/topics/pg1.public.t"
+
+
+def test_the_page_states_each_layouts_rule_as_the_table_does():
+    page = (Path(__file__).parents[2] / "docs" / "sealing.md").read_text()
+    for name, rule in LAYOUTS.items():
+        assert f"| `{name}` | `{rule.format or 'source.format'}` | {rule.doc} |" in page, name
