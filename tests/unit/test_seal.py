@@ -20,7 +20,7 @@ from pipeline.core.config_load import parse_config
 from pipeline.core.errors import ConfigError, ExportError
 from pipeline.core.sources import LAYOUTS, pattern_regex
 from pipeline.ingest.manifests import read_manifest
-from pipeline.ingest.seal import seal_export, waiting_for
+from pipeline.ingest.seal import rerun_advice, seal_export, waiting_for
 from tests.helpers import configs
 from tests.helpers.cdc_tools import put_debezium, put_dms, put_wal2json
 
@@ -275,3 +275,12 @@ def test_the_page_states_each_layouts_rule_as_the_table_does():
     page = (Path(__file__).parents[2] / "docs" / "sealing.md").read_text()
     for name, rule in LAYOUTS.items():
         assert f"| `{name}` | `{rule.format or 'source.format'}` | {rule.doc} |" in page, name
+
+
+def test_late_files_of_a_published_date_name_the_dates_to_rerun_in_the_late_flows_words():
+    text = rerun_advice(D, (D, date(2026, 11, 22)))
+    assert text == (
+        "the state published since does not hold them: rerun 2026-11-21, 2026-11-22 in "
+        "order (cdr run --date 2026-11-21 --then-later), or pass --accept-late-exports to "
+        "the next run to go on without them"
+    )
