@@ -6,9 +6,13 @@ spark-submit). The run for date D is triggered at the config's ``schedule`` (def
 a dry run, an ``on_divergence`` override and the acceptance of late exports in the
 trigger form.
 
-    plan → wait_for_exports (sensor) → ingest → resolve (Spark: + CDC, + what validation
+    plan → wait_for_exports (sensor) → [seal] → ingest → resolve (Spark: + CDC, + what validation
     measures) → validate (Great Expectations judges; no JVM) → publish (one asset per
     table)
+
+A replica whose config names a ``source`` (docs/sealing.md) has its manifests written by
+the ``seal`` task (``cdr manifest``): the sensor waits until the CDC tool's objects seal
+the date, not for a manifest nothing else would write.
 
 Runs are chained: each starts from the state the previous date published, so one runs at
 a time and a task waits for its previous run's success (``depends_on_past``).
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,7 @@ def report_failure(context: dict[str, Any]) -> None:
     if ti.task_id == "wait_for_exports" and plan.get("date"):  # timed out: say on what
         missing = _missing_manifests(plan)
         if missing:
-            reason = f"timed out waiting for {len(missing)} manifest(s), e.g. {missing[0]}"
+            reason = f"timed out waiting for {len(missing)} export(s), e.g. {missing[0]}"
     if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
         from pipeline import CdrError, load_verdict  # deferred: the task's, not the DAG's parse
 
@@ -106,12 +110,14 @@ def _run_context(plan: dict[str, Any]) -> Any:
 
 
 def _missing_manifests(plan: dict[str, Any]) -> list[str]:
-    """The manifests of the plan's date and tables not in the store yet."""
-    from pipeline import missing_manifests, open_store  # deferred: the task's, not the DAG's parse
+    """The exports of the plan's date and tables not in the store yet: a manifest, or for
+    a replica with a ``source`` the objects that seal the date (docs/sealing.md)."""
+    from pipeline import open_store, waiting_for  # deferred: the task's, not the DAG's parse
 
     selected = config.select(plan["tables"].split(",") if plan["tables"] else None)
     assert selected.store
-    return missing_manifests(selected, open_store(selected.store), _date(plan))
+    now = datetime.now(UTC)  # the poke's clock, for a source's grace_hours
+    return waiting_for(selected, open_store(selected.store), _date(plan), now)
 
 
 def _cli(command: str, date: str, *extra: str) -> None:
@@ -220,14 +226,28 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
     retries=0,
 )
 def wait_for_exports(p: dict[str, Any]):
-    """Until every replica's manifest of the date is in the store, for every table."""
+    """Until every replica's export of the date is in the store, or sealable from its
+    source, for every table."""
     from airflow.sdk import PokeReturnValue
 
     aws_env_from_connection()
     missing = _missing_manifests(p)
     if missing:
-        log.info("waiting for %d manifest(s), e.g. %s", len(missing), missing[0])
+        log.info("waiting for %d export(s), e.g. %s", len(missing), missing[0])
     return PokeReturnValue(is_done=not missing)
+
+
+@task
+def seal(p: dict[str, Any]) -> None:
+    """Write the manifests of the replicas with a ``source`` from what their CDC tool
+    wrote (``cdr manifest``; docs/sealing.md); a manifest already written is left alone."""
+    from pipeline import open_store, seal_for_run  # deferred: the task's, not the DAG's parse
+
+    aws_env_from_connection()
+    selected = config.select(p["tables"].split(",") if p["tables"] else None)
+    assert selected.store
+    for line in seal_for_run(selected, open_store(selected.store), _date(p), datetime.now(UTC)):
+        log.info("seal: %s", line)
 
 
 @task
@@ -385,7 +405,10 @@ def replica_cdr():
     p = plan()
     judged = validate(p)
     judged.operator.operator_extra_links = (*judged.operator.operator_extra_links, DataDocsLink())
-    wait_for_exports(p) >> ingest(p) >> spark_stage("resolve") >> judged >> publish(p) >> finish(p)
+    waited = wait_for_exports(p)
+    if config.sources:  # docs/sealing.md: the manifests are sealed from the tools' objects
+        waited = waited >> seal(p)
+    waited >> ingest(p) >> spark_stage("resolve") >> judged >> publish(p) >> finish(p)
 
 
 replica_cdr()

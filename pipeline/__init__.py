@@ -48,6 +48,8 @@ _FACE: dict[str, str] = {
     "check_run_id": "pipeline.storage.context",
     "missing_manifests": "pipeline.ingest.manifests",
     "safe_relpath": "pipeline.ingest.manifests",
+    "waiting_for": "pipeline.ingest.seal",  # docs/sealing.md: the sensor of a source's exports
+    "seal_for_run": "pipeline.ingest.seal",
     # errors
     "CdrError": "pipeline.core.errors",
     "ExportError": "pipeline.core.errors",

@@ -22,6 +22,7 @@ from pipeline.app.cli_args import build_parser
 from pipeline.app.cli_check import cmd_check_export
 from pipeline.app.cli_review import cmd_decide, cmd_quarantine, cmd_repair, cmd_whatif
 from pipeline.app.cli_run import cmd_stage
+from pipeline.app.cli_seal import cmd_manifest
 from pipeline.app.cli_setup import cmd_demo, cmd_generate, cmd_init, cmd_jars, cmd_jvm_archive
 from pipeline.app.cli_store import cmd_doctor, cmd_unlock, cmd_vacuum, cmd_verify
 from pipeline.core.errors import CdrError, ConfigError
@@ -76,6 +77,7 @@ COMMANDS = {
     "whatif": cmd_whatif,
     "jars": cmd_jars,
     "jvm-archive": cmd_jvm_archive,
+    "manifest": cmd_manifest,
     "init": cmd_init,
 }
 

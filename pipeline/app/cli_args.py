@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch: with Maven, checked against jars.lock (make does it); path: the class "
         "path (for --driver-class-path); list: comma-separated (for --jars, spark.jars)",
     )
+    _manifest_options(
+        sub.add_parser("manifest", help="seal a date's exports from what a CDC tool wrote")
+    )
     return parser
 
 
@@ -202,6 +205,23 @@ def _check_export_options(c: argparse.ArgumentParser) -> None:
         help="the records of each file typed by the run's guards (default 100); every "
         "file's lines are counted and hashed whole",
     )
+
+
+def _manifest_options(p: argparse.ArgumentParser) -> None:
+    """docs/sealing.md"""
+    p.add_argument("--config", required=True, type=Path, help="cdr.yaml")
+    p.add_argument("--store", help="override the config's store")
+    p.add_argument("--date", required=True, type=_date, help="the date D (YYYY-MM-DD)")
+    p.add_argument("--replica", help="one replica (default: every replica with a source)")
+    p.add_argument("--table", help="one table (default: every table)")
+    p.add_argument(
+        "--late",
+        action="store_true",
+        help="add objects that arrived after D was sealed (never drops a listed file)",
+    )
+    p.add_argument("--seal", action="store_true", help="seal D now, whatever its layout's rule")
+    p.add_argument("--dry-run", action="store_true", help="say what would be sealed; write nothing")
+    p.add_argument("--now", help="the clock of grace_hours, RFC 3339 (default: now)")
 
 
 def _store_commands(sub: Any) -> None:

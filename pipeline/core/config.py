@@ -30,6 +30,7 @@ from pipeline.core.policy import (
     Scope,
     TieBreak,
 )
+from pipeline.core.sources import Source
 
 #: docs/operations.md#what-if: how the what-if form names a config (``main``, or a file's name in
 #: the what-if folder: ``pipeline.app.whatif.config_named``), never a path
@@ -244,6 +245,9 @@ class Config:
     #: docs/operations.md#a-loud-quarantine: an export folder of a replica the config does
     #: not name: a warning, or the run stops
     on_unknown_export: UnknownExportPolicy = UnknownExportPolicy.WARN
+    #: docs/sealing.md: replica id -> where a CDC tool writes its changes (``cdr manifest``
+    #: seals each date's export from them); a replica not named uploads its manifests itself
+    sources: Mapping[str, Source] = field(default_factory=dict)
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
@@ -296,6 +300,7 @@ class Config:
             "metrics",
             "lease_seconds",
             "lease_handoff_seconds",
+            "sources",  # where the exports came from: their manifests are the inputs
         ):
             data.pop(scheduling)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

@@ -27,15 +27,31 @@ from pipeline.core.policy import (
     Scope,
     TieBreak,
 )
+from pipeline.core.sources import SourceLayout
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SourceModel(_Strict):
+    """docs/sealing.md: where a CDC tool writes the replica's changes, and in which
+    layout (``cdr manifest`` seals a date's export from them)."""
+
+    prefix: str = Field(min_length=1)
+    layout: SourceLayout
+    format: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    tables: dict[str, str] = Field(default_factory=dict)
+    pattern: str | None = Field(default=None, min_length=1)
+    field: str = Field(default="dt", pattern=r"^[A-Za-z0-9_.-]+$")
+    grace_hours: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
 class ReplicaModel(_Strict):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     system_id: int = Field(ge=0, lt=2**64)
+    source: SourceModel | None = None
 
 
 class HistoryModel(_Strict):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from pipeline.core.config import (
     WaitConfig,
 )
 from pipeline.core.config_file import SPLIT_TYPE_HEAD, SPLIT_TYPE_TAIL, ConfigModel, MetricsModel
+from pipeline.core.config_sources import resolve_sources
 from pipeline.core.config_tables import Problems, resolve_table
 from pipeline.core.errors import ConfigError
 from pipeline.core.policy import REPAIR_ORIGIN, FkPolicy, Granularity, Resolver
@@ -300,7 +302,7 @@ def parse_config(data: Any, source: str = "cdr.yaml") -> Config:
     except ValidationError as e:
         raise ConfigError(source, _pydantic_problems(e)) from None
     problems = Problems()
-    config = _resolve(model, problems)
+    config = replace(_resolve(model, problems), sources=resolve_sources(model, problems))
     if problems.items:
         raise ConfigError(source, problems.items)
     return config
