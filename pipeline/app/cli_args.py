@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 #: the parser's description, the command line's first line
 DESCRIPTION = "``cdr``: the command line for everything the DAGs do (docs/operations.md)."
+#: every command's ``--config``: the file ``cdr init`` writes, where the user works
+CONFIG_HELP = "the config file (default: cdr.yaml in the current folder)"
 
 
 def _date(text: str) -> date:
@@ -43,7 +45,7 @@ def _work(text: str) -> WorkPath:
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, type=Path, help="cdr.yaml")
+    p.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     p.add_argument("--date", required=True, type=_date, help="the logical date D (YYYY-MM-DD)")
     p.add_argument("--store", help="override the config's store (s3://B/P or file:///P)")
     p.add_argument("--now", help="the run's clock, RFC 3339 (default: D+1T00:00:00Z; env CDR_NOW)")
@@ -146,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events")
     q.add_argument("action", choices=("list", "retry", "dismiss"))
-    q.add_argument("--config", required=True, type=Path)
+    q.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     q.add_argument("--store", help="override the config's store")
     q.add_argument("--table", required=True)
     q.add_argument("--event-id", help="the event (retry and dismiss need it)")
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_export_options(c: argparse.ArgumentParser) -> None:
     """``cdr check-export`` (docs/operations.md#checking-an-export)."""
-    c.add_argument("--config", type=Path, default=Path("cdr.yaml"))
+    c.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     c.add_argument("--store", help="override the config's store")
     c.add_argument("--date", required=True, type=_date)
     c.add_argument(
@@ -209,7 +211,7 @@ def _check_export_options(c: argparse.ArgumentParser) -> None:
 
 def _manifest_options(p: argparse.ArgumentParser) -> None:
     """docs/sealing.md"""
-    p.add_argument("--config", required=True, type=Path, help="cdr.yaml")
+    p.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     p.add_argument("--store", help="override the config's store")
     p.add_argument("--date", required=True, type=_date, help="the date D (YYYY-MM-DD)")
     p.add_argument("--replica", help="one replica (default: every replica with a source)")
@@ -230,7 +232,7 @@ def _store_commands(sub: Any) -> None:
         "vacuum",
         help="remove the published tables' files that no version within the retention needs",
     )
-    v.add_argument("--config", required=True, type=Path)
+    v.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     v.add_argument("--store", help="override the config's store")
     v.add_argument(
         "--retain-days",
@@ -244,7 +246,7 @@ def _store_commands(sub: Any) -> None:
         help="recompute every whole-table check of a published date (counts, keys, "
         "snapshot = live state, unique, foreign keys) at the versions its runs row names",
     )
-    c.add_argument("--config", required=True, type=Path)
+    c.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     c.add_argument("--store", help="override the config's store")
     c.add_argument("--date", required=True, type=date.fromisoformat)
     c.add_argument(
@@ -253,10 +255,10 @@ def _store_commands(sub: Any) -> None:
     d = sub.add_parser(
         "doctor", help="check a store: credentials, atomic create, the tables' log retention"
     )
-    d.add_argument("--config", required=True, type=Path)
+    d.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     d.add_argument("--store", help="override the config's store")
     u = sub.add_parser("unlock", help="break the store's lease (a run that is gone holds it)")
-    u.add_argument("--config", required=True, type=Path)
+    u.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     u.add_argument("--store", help="override the config's store")
     u.add_argument(
         "--force",
@@ -268,7 +270,7 @@ def _store_commands(sub: Any) -> None:
 
 def _decide_options(d: argparse.ArgumentParser) -> None:
     """docs/rules.md#manual-decisions"""
-    d.add_argument("--config", required=True, type=Path)
+    d.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     d.add_argument("--store", help="override the config's store")
     d.add_argument("--conflict-id", help="the conflict, from the conflict log's conflict_id")
     d.add_argument("--take", choices=("local", "remote"), help="the version that wins")
@@ -289,7 +291,7 @@ def _repair_options(r: argparse.ArgumentParser) -> None:
     """docs/operations.md#repair"""
     from pipeline.app.statements import DIALECTS  # deferred: loaded with the parser, not the CLI
 
-    r.add_argument("--config", required=True, type=Path)
+    r.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     r.add_argument("--store", help="override the config's store")
     r.add_argument("--date", required=True, type=_date, help="a published date")
     r.add_argument("--replica", required=True, help="the replica to repair")
@@ -312,7 +314,7 @@ def _repair_options(r: argparse.ArgumentParser) -> None:
 
 
 def _generate_options(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--config", required=True, type=Path)
+    g.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
     g.add_argument("--date", required=True, type=_date)
     g.add_argument("--store")
     g.add_argument(

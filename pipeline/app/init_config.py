@@ -153,7 +153,15 @@ def _header(schema: PgSchema, opts: InitOptions) -> list[str]:
     if not opts.replicas:
         lines.append("# These are placeholders: name your replicas (cdr init --replicas a,b,c).")
     lines.append("replicas:")
-    lines += [f"  - {{id: {_scalar(r)}, system_id: {i}}}" for i, r in enumerate(ids, 1)]
+    lines.append(
+        "# source: where the replica's CDC tool writes, for `cdr manifest` (docs/sealing.md)."
+    )
+    for i, r in enumerate(ids, 1):
+        lines += [
+            f"  - id: {_scalar(r)}",
+            f"    system_id: {i}",
+            f"    # source: {{prefix: cdc/{r}, layout: debezium-s3-time}}",
+        ]
     lines += ["", "tables:"]
     return lines
 

@@ -356,6 +356,9 @@ def load_config(path: str | Path, store: str | None = None) -> Config:
     p = Path(path)
     try:
         text = p.read_text()
+    except FileNotFoundError:
+        hint = "pass --config FILE, or write one from a database: `cdr init --from-postgres DSN`"
+        raise ConfigError(str(p), [f"(file): no such file in {Path.cwd()}; {hint}"]) from None
     except OSError as e:
         raise ConfigError(str(p), [f"(file): cannot read: {e.strerror}"]) from None
     try:

@@ -24,6 +24,8 @@ modes from one capture, with and without ``provide.transaction.metadata`` in one
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from datetime import date, timedelta
 from pathlib import Path
@@ -31,7 +33,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.storage.store import open_store
 from tests.e2e import test_real_sources as real
+from tests.helpers import REPO
 from tests.helpers import debezium as dbz
 from tests.helpers import pg_replicas as pgr
 from tests.helpers import published as P
@@ -143,6 +147,7 @@ def capture(tmp_path_factory) -> Any:
             "system_ids": system_ids,
             "want": {1: want1, 2: want2},
             "stale": stale,
+            "dsn": servers["pg1"].dsn,
             "dates": {1: d1, 2: (date.fromisoformat(d1) + timedelta(days=1)).isoformat()},
         }
 
@@ -236,3 +241,115 @@ def test_decimals_as_bytes_without_schemas_are_named_and_loud(tmp_path: Path, s3
     said = " ".join(report.failures)
     assert "accounting.products/quarantine_share" in said and "decimal.handling" in said
     assert "pg1.public.products+0+" in said  # the file, its first reason and the count
+
+
+# --------------------------------------------------------------------------- a new user
+
+
+def _cdr(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``cdr ARGS`` as a user runs it: a process of its own, in the user's folder."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.app.cli", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+
+
+def _sink(store: Any, capture: Any, night: int, day: str, hour: int = 12) -> None:
+    """Each replica's objects of a night where Kafka Connect's S3 sink writes them with
+    the TimeBasedPartitioner (docs/sealing.md): ``cdc/<replica>/<topic>/year=/month=/day=/
+    hour=/<topic>+<partition>+<offset>.json``."""
+    out = capture["out"] / f"night{night}"
+    y, m, d = day.split("-")
+    for rep in REPLICAS:
+        for t in pgr.TABLES:
+            topic = f"{rep}.public.{t}"
+            for name, data in dbz.records(out, rep, "schemas", topic):
+                path = f"year={y}/month={m}/day={d}/hour={hour:02d}"
+                store.write_bytes(f"cdc/{rep}/{topic}/{path}/{name}", data)
+
+
+def _source(rep: str) -> str:
+    """The ``source`` a user writes for a replica in the file ``cdr init`` wrote."""
+    tables = ", ".join(f"{t}: {rep}.public.{t}" for t in pgr.TABLES)
+    return (
+        f"source: {{prefix: cdc/{rep}, layout: debezium-s3-time, grace_hours: 1,\n"
+        f"             tables: {{{tables}}}, options: {{transaction_metadata: true}}}}"
+    )
+
+
+def _edit(config: Path, system_ids: dict[str, int]) -> None:
+    """What a user changes in the file ``cdr init`` wrote, following the docs: each
+    replica's system identifier and where its connector writes; the resolvers they chose;
+    the delta column the file suggests for the table with REPLICA IDENTITY FULL."""
+    text = config.read_text()
+    for i, rep in enumerate(REPLICAS, start=1):
+        text = text.replace(
+            f"id: {rep}\n    system_id: {i}\n", f"id: {rep}\n    system_id: {system_ids[rep]}\n", 1
+        )
+        hint = f"# source: {{prefix: cdc/{rep}, layout: debezium-s3-time}}"
+        assert hint in text, text
+        text = text.replace(hint, _source(rep), 1)
+    assert "# delta: [balance]" in text  # REPLICA IDENTITY FULL: the old balance is there
+    text = text.replace("# delta: [balance]", "delta: [balance]")
+    resolvers = ", ".join(f"{k}: {v}" for k, v in real.LWW.items())
+    text += f"defaults: {{policy: postgres, resolvers: {{{resolvers}}}}}\n"
+    text += "on_divergence: warn\non_fk_violation: warn\n"
+    config.write_text(text)
+
+
+def test_a_new_user_from_an_empty_folder_to_three_nights(tmp_path: Path, capture):
+    """docs/exports.md#from-an-empty-folder-to-a-first-night, as a new user follows it:
+    `cdr init` from pg1's schema, the file edited as the docs say, Debezium's objects where
+    its S3 sink writes them, `cdr manifest` (waiting while the tool is not past the date,
+    then sealed), `cdr check-export`, `cdr run`, the snapshot read back; night 2 the same;
+    then a late object of night 1: refused without --late, added with it, and the dates
+    to rerun said; the rerun converges to the same rows."""
+    home = tmp_path / "newuser"
+    home.mkdir()
+    uri = (home / "store").as_uri()
+    d1, d2 = capture["dates"][1], capture["dates"][2]
+    dsn = capture["dsn"]
+    made = _cdr("init", "--from-postgres", dsn, "--tables", ",".join(pgr.TABLES),
+                "--replicas", ",".join(REPLICAS), "--store", uri, cwd=home)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    _edit(home / "cdr.yaml", capture["system_ids"])
+    store = open_store(uri)
+    _sink(store, capture, 1, d1)
+
+    def night(day: str, want: dict[str, Any]) -> None:
+        early = _cdr("manifest", "--date", day, "--now", f"{day}T23:00:00Z", cwd=home)
+        assert early.returncode == 1 and "waiting" in early.stdout, early.stdout + early.stderr
+        after = (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+        sealed = _cdr("manifest", "--date", day, "--now", f"{after}T02:00:00Z", cwd=home)
+        assert sealed.returncode == 0, sealed.stdout + sealed.stderr
+        assert sealed.stdout.count("sealed") == len(REPLICAS) * len(pgr.TABLES), sealed.stdout
+        checked = _cdr("check-export", "--date", day, cwd=home)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        ran = _cdr("run", "--date", day, "--no-data-docs", cwd=home)
+        assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+        real.check_run(store, day, pgr.TABLES, want)
+
+    night(d1, capture["want"][1])
+    _sink(store, capture, 2, d2, hour=1)
+    night(d2, capture["want"][2])
+    # a late object of night 1 (the sink retried a flush: the same changes again)
+    topic = "pg1.public.products"
+    _, data = dbz.records(capture["out"] / "night1", "pg1", "schemas", topic)[0]
+    y, m, d = d1.split("-")
+    store.write_bytes(
+        f"cdc/pg1/{topic}/year={y}/month={m}/day={d}/hour=23/{topic}+0+9999999999.json", data
+    )
+    again = _cdr("manifest", "--date", d1, "--replica", "pg1", "--table", "products", cwd=home)
+    assert again.returncode == 1 and "--late" in again.stdout + again.stderr
+    late = _cdr("manifest", "--date", d1, "--replica", "pg1", "--table", "products", "--late",
+                cwd=home)  # fmt: skip
+    assert late.returncode == 0 and "late" in late.stdout, late.stdout + late.stderr
+    assert d1 in late.stdout and d2 in late.stdout  # the dates to rerun, in order
+    refused = _cdr("run", "--date", d2, "--no-data-docs", cwd=home)
+    assert refused.returncode == 1 and d1 in refused.stderr
+    rerun = _cdr("run", "--date", d1, "--then-later", "--no-data-docs", cwd=home)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr[-3000:]
+    real.check_run(store, d2, pgr.TABLES, capture["want"][2])
+    report = P.report(store, d1)
+    assert report is not None and report.tables["products"].duplicates > 0  # counted, not applied
