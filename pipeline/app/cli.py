@@ -19,6 +19,7 @@ import logging
 import sys
 
 from pipeline.app.cli_args import build_parser
+from pipeline.app.cli_inputs import cmd_schema
 from pipeline.app.cli_review import cmd_decide, cmd_quarantine, cmd_repair, cmd_whatif
 from pipeline.app.cli_run import cmd_stage
 from pipeline.app.cli_setup import cmd_demo, cmd_generate, cmd_jars, cmd_jvm_archive
@@ -74,6 +75,7 @@ COMMANDS = {
     "whatif": cmd_whatif,
     "jars": cmd_jars,
     "jvm-archive": cmd_jvm_archive,
+    "schema": cmd_schema,
 }
 
 
