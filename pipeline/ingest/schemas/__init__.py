@@ -43,14 +43,14 @@ _END = "$(?!\\n)"
 def _upto(n: int) -> str:
     """A regex of the decimal digits, without leading zeros, of the numbers 1..n."""
     s = str(n)
-    alts = [f"[1-9][0-9]{{{length - 1}}}" for length in range(1, len(s))]
+    alts = ["[1-9]" + (f"[0-9]{{{n - 1}}}" if n > 1 else "") for n in range(1, len(s))]
     for i, ch in enumerate(s):
         lo, hi = (1 if i == 0 else 0), int(ch) - 1
         if hi >= lo:
             rest = len(s) - i - 1
             alts.append(f"{s[:i]}[{lo}-{hi}]" + (f"[0-9]{{{rest}}}" if rest else ""))
     alts.append(s)
-    return "(?:" + "|".join(a.replace("{0}", "") for a in alts) + ")"
+    return "(?:" + "|".join(alts) + ")"
 
 
 def integer_text(lo: int, hi: int, blanks: bool = True) -> str:
@@ -188,7 +188,7 @@ def _when_op(ops: tuple[str, ...], then: Schema, negate: bool = False) -> Schema
     """``then`` for the records whose ``op`` is (``negate``: is not) one of ``ops``."""
     is_one: Schema = {"enum": list(ops)}
     return {
-        "if": {"properties": {"op": {"not": is_one} if negate else is_one}},
+        "if": {"required": ["op"], "properties": {"op": {"not": is_one} if negate else is_one}},
         "then": then,
     }
 
@@ -234,15 +234,21 @@ def _seconds(most: int) -> Schema:
     }
 
 
-def _record_rules(key: Schema, new_key: Schema, after: Schema) -> list[Schema]:
-    """What a record holds by its op (``Typer._keys_problem``, ``_images_problem``)."""
+def _record_rules(key: Schema, new_key: Schema, cell: bool = False) -> list[Schema]:
+    """What a record holds by its op (``Typer._keys_problem``, ``_images_problem``): an
+    INSERT's after, but in a cell table (its cells may all be null: tombstones)."""
     keyed = (*ROW_OPS, READ)
-    return [
+    obj: Schema = {"type": "object"}
+    rules = [
         _when_op(keyed, {"required": ["key"], "properties": {"key": key}}),
         _when_op(("UPDATE",), {"properties": {"new_key": {"type": "null"}}}, negate=True),
         _when_op(("UPDATE",), {"properties": {"new_key": new_key}}),
-        _when_op(("INSERT", READ), {"required": ["after"], "properties": {"after": after}}),
     ]
+    if not cell:
+        rules.append(
+            _when_op(("INSERT", READ), {"required": ["after"], "properties": {"after": obj}})
+        )
+    return rules
 
 
 def record_schema(config: Config | None = None, table: Table | None = None) -> Schema:
@@ -250,7 +256,7 @@ def record_schema(config: Config | None = None, table: Table | None = None) -> S
     new key and images typed by the table's columns, its origin one of the replicas."""
     fields = _record_fields()
     obj: Schema = {"type": "object"}
-    rules = _record_rules(obj, {"type": ["object", "null"]}, obj)
+    rules = _record_rules(obj, {"type": ["object", "null"]})
     schema: Schema = {
         "$schema": DRAFT,
         "$id": "urn:replica-cdr:schema:record",
@@ -335,7 +341,7 @@ def _typed(schema: Schema, config: Config, table: Table) -> None:
     cell = table.granularity is Granularity.CELL
     fields["before"] = _image(table)
     image = _image(table)
-    schema["allOf"] = _record_rules(_key(table, False), _key(table, True), image)
+    schema["allOf"] = _record_rules(_key(table, False), _key(table, True), cell)
     schema["allOf"].append(_when_op(("DELETE",), {"properties": {"after": image}}, negate=True))
     schema["allOf"] += _column_rules(table)
     if cell:
