@@ -252,7 +252,7 @@ def _record_rules(key: Schema, new_key: Schema, cell: bool = False) -> list[Sche
 
 
 def record_schema(config: Config | None = None, table: Table | None = None) -> Schema:
-    """The canonical event record (formats.md), or one ``table``'s of ``config``: its key,
+    """The canonical event record (docs/exports.md), or one ``table``'s of ``config``: its key,
     new key and images typed by the table's columns, its origin one of the replicas."""
     fields = _record_fields()
     obj: Schema = {"type": "object"}
