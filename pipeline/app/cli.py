@@ -20,6 +20,7 @@ import sys
 
 from pipeline.app.cli_args import build_parser
 from pipeline.app.cli_check import cmd_check_export
+from pipeline.app.cli_inputs import cmd_schema
 from pipeline.app.cli_review import cmd_decide, cmd_quarantine, cmd_repair, cmd_whatif
 from pipeline.app.cli_run import cmd_stage
 from pipeline.app.cli_seal import cmd_manifest
@@ -79,6 +80,7 @@ COMMANDS = {
     "jvm-archive": cmd_jvm_archive,
     "manifest": cmd_manifest,
     "init": cmd_init,
+    "schema": cmd_schema,
 }
 
 

@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="check every manifest of a date as a run does, without Spark, in seconds",
         )
     )
+    _schema_options(sub)
     q = sub.add_parser("quarantine", help="list, retry or dismiss quarantined events")
     q.add_argument("action", choices=("list", "retry", "dismiss"))
     q.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
@@ -265,6 +266,23 @@ def _store_commands(sub: Any) -> None:
         action="store_true",
         help="break a lease that has not expired (its run is known to be gone); that run, "
         "if it still runs, stops at its next commit",
+    )
+
+
+def _schema_options(sub: Any) -> None:
+    """docs/exports.md#cdr-schema"""
+    s = sub.add_parser(
+        "schema", help="the JSON Schema of each table's event records, typed by its columns"
+    )
+    s.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
+    s.add_argument(
+        "--table", action="append", default=[], help="only this table (repeatable; default: all)"
+    )
+    s.add_argument(
+        "--out",
+        type=Path,
+        help="write DIR/<table>.schema.json (default: print one table's; several tables go "
+        "to schemas/ beside the config)",
     )
 
 

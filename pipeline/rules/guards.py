@@ -397,12 +397,12 @@ class Typer:
         ttl or not in whole seconds."""
         if fields.get("new_key") is not None:
             return "new_key on a cell-granularity table (a key never changes)"
-        unknown = self._unknown(maps[AFTER], maps[BEFORE])
-        if unknown:
-            return (
-                f"unknown column(s) [{', '.join(sorted(unknown))}] (a cell-granularity table "
-                "has no source_column_extra)"
-            )
+        for image in (AFTER, BEFORE):  # the image is named: docs/exports.md's field paths
+            if unknown := self._unknown(maps[image], None):
+                return (
+                    f"{image} has unknown column(s) [{', '.join(sorted(unknown))}] (a "
+                    "cell-granularity table has no source_column_extra)"
+                )
         ttl, expiry = text_of(fields.get(TTL)), text_of(fields.get(EXPIRY))
         ttl_s = whole_seconds(ttl)
         if ttl is not None and not (ttl_s is not None and ttl_s <= MAX_TTL):

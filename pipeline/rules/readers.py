@@ -20,17 +20,18 @@ from pipeline.rules.jsontext import text_of
 _INT_RE = re.compile(r"^\s*[+-]?\d+\s*$", re.ASCII)
 _NUM_RE = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$", re.ASCII)
 _DOUBLE_WORDS = {"nan": float("nan"), "infinity": float("inf"), "inf": float("inf")}
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$", re.ASCII)
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z", re.ASCII)
 _UUID_RE = re.compile(
-    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
 )
-#: RFC 3339 with its UTC offset (the ``T`` may be a space; ``T`` and ``Z`` in either case)
+#: RFC 3339 with its UTC offset (the ``T`` may be a space; ``T`` and ``Z`` in either case).
+#: The texts of a value end at ``\Z``: ``$`` would take a trailing newline too
 TS_WITH_OFFSET_RE = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})$",
+    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})\Z",
     re.ASCII,
 )
-_MICROS_RE = re.compile(r"^-?\d+$", re.ASCII)
-_SECONDS_RE = re.compile(r"^\d{1,12}$", re.ASCII)
+_MICROS_RE = re.compile(r"^-?\d+\Z", re.ASCII)
+_SECONDS_RE = re.compile(r"^\d{1,12}\Z", re.ASCII)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LONG = integer_bound(Kind.BIGINT)
 _INT = integer_bound(Kind.INT)
@@ -111,7 +112,10 @@ def rfc3339_micros(text: str) -> int | None:
         if hours > 18 or minutes > 59:
             return None
         sign = 1 if offset[0] == "+" else -1
-        t -= sign * timedelta(hours=hours, minutes=minutes)
+        try:  # 0001-01-01T00:00:00+01:00 is before the first instant a datetime holds
+            t -= sign * timedelta(hours=hours, minutes=minutes)
+        except OverflowError:
+            return None
     micros = int((frac or "").ljust(6, "0")[:6])
     return (t.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1) + micros
 

@@ -150,7 +150,7 @@ def test_bad_column_types(text):
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path):
-    with pytest.raises(ConfigError, match="no such file in .*cdr init --from-postgres"):
+    with pytest.raises(ConfigError, match=r"no such file in .*cdr init --from-postgres"):
         load_config(tmp_path / "nope.yaml")
     p = tmp_path / "bad.yaml"
     p.write_text("tables: [\n")
