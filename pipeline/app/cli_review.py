@@ -50,7 +50,8 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
     lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
     try:
-        status = quarantine.act(lake, read_runs(lake), args.table, args.event_id, args.action)
+        runs = read_runs(lake)
+        status = quarantine.act(lake, runs, args.table, args.event_id, args.action, config.retry)
     finally:
         lease.release(store, holder, held.epoch)
     text = f"{args.table} {args.event_id}: {status}"
