@@ -224,4 +224,4 @@ def test_a_sensor_timeout_names_a_missing_manifest(airflow, tmp_path, monkeypatc
     (line,) = [r.getMessage() for r in records]
     assert line.startswith("replica_cdr wait_for_exports failed for 2026-11-21: timed out ")
     # orders and products (its foreign key's parent), three replicas each
-    assert "waiting for 6 manifest(s), e.g. exports/replica=" in line and "/dt=2026-11-21/" in line
+    assert "waiting for 6 export(s), e.g. exports/replica=" in line and "/dt=2026-11-21/" in line
