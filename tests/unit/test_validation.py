@@ -125,3 +125,22 @@ def test_gate_from_the_summary():
     both = v + Verdict(["f2"], ["w2"], {"s": {"success": False}})
     assert (both.failures[1:], both.warnings[1:], list(both.suites)) == (["f2"], ["w2"], ["s"])
     assert len(v.failures) == 1  # the sum is a new verdict
+
+
+def test_after_an_error_no_foreign_key_is_checked():
+    """docs/rules.md#fine-points: a table an error stopped is not validated, and no
+    foreign-key suite runs (its orphans would be a second failure of the same error)."""
+    from pipeline.validate.stage import FK_NOT_CHECKED, _suite_runs
+
+    stop = Stopped("products", '{"product_no":1}', "multiple_unique_conflicts", "e1", "r")
+    ok = {t: TableSummary() for t in CONFIG.tables}
+    summary = RunSummary("r", "x", "2026-11-21", 0, ok)
+    assert ("orders", "foreign_keys.orders") in {
+        (t, suite["name"]) for t, _, suite in _suite_runs(CONFIG, summary)
+    }
+    stopped = RunSummary("r", "x", "2026-11-21", 0, {**ok, "products": TableSummary(stopped=stop)})
+    runs = {(t, suite["meta"]["template"]) for t, _, suite in _suite_runs(CONFIG, stopped)}
+    assert not {t for t, _ in runs} & {"products"}
+    assert ("orders", "foreign_keys") not in runs and ("orders", "snapshot") in runs
+    verdict = gate_from_summary(stopped, CONFIG)
+    assert len(verdict.failures) == 1 and verdict.warnings == [FK_NOT_CHECKED]
