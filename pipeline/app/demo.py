@@ -252,6 +252,8 @@ def _where(
         f"  the run report: {copy}/{layout.date_report(DATES[-1])}",
         f"  the CDC log: {copy}/published/cdc/<table>/log/",
         f"  the Conflicts page: {page} (served by the Airflow plugin: docs/airflow.md)",
+        f"  a summary to paste: cdr report --config {cfg_path} --store {copy.as_uri()} "
+        f"--date {DATES[-1]}",
         f"  the config it used: {cfg_path}",
     ]
     return "\n".join(lines)

@@ -57,14 +57,20 @@ def published_report(store: Store, dt: date) -> RunReport:
     says published); :class:`StageError` naming the dates that have one if none."""
     rows = read_runs(Lake(store))
     row = published_by_date(rows).get(dt)
-    keys = [layout.run_report(dt, row.run_id)] if row is not None else []
-    if not any(r.dt == dt for r in rows):
-        keys.append(layout.date_report(dt))
-    for key in keys:
-        if store.exists(key):
-            report = RunReport.from_json(store.read_bytes(key))
-            if report.published:
-                return report
+    if row is not None:
+        key = layout.run_report(dt, row.run_id)
+        if not store.exists(key):
+            raise StoreError(
+                f"the runs table records run {row.run_id} as published for {dt.isoformat()}, "
+                f"but its report {store.uri}/{key} is missing: cdr run --date {dt.isoformat()} "
+                "publishes the date again"
+            )
+        return RunReport.from_json(store.read_bytes(key))
+    key = layout.date_report(dt)  # a store of the earlier layout: no runs row for the date
+    if not any(r.dt == dt for r in rows) and store.exists(key):
+        report = RunReport.from_json(store.read_bytes(key))
+        if report.published:
+            return report
     raise StageError(_none_published(store, dt, rows))
 
 

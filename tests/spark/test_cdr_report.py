@@ -78,3 +78,14 @@ def test_a_date_without_a_published_run_names_the_dates_with_one(tmp_path: Path,
     assert rc == 1 and said["error"] == "StageError"
     assert "no published run of 2026-11-20" in said["message"]
     assert f"the dates with one: {D}" in said["message"]
+
+
+def test_a_published_run_whose_report_is_gone_says_so(tmp_path: Path, spark):
+    cfg = night(tmp_path)
+    (folder,) = (tmp_path / "store" / f"published/reports/dt={D}").glob("run=*")
+    (folder / "run_report.json").unlink()
+    rc, out = cdr("report", "--config", str(cfg), "--date", D)
+    said = json.loads(out.splitlines()[-1])
+    assert rc == 1 and said["error"] == "StoreError"
+    assert f"records run {folder.name[4:]} as published for {D}" in said["message"]
+    assert "is missing: cdr run --date" in said["message"]
