@@ -137,7 +137,8 @@ def _reports() -> list[RunReport]:
 
 @app.get("/", response_class=HTMLResponse, dependencies=[READER])
 def conflicts_page(request: Request, user: GetUserDep, dt: str | None = None) -> str:
-    from pipeline import DecideForm, conflicts_page  # deferred: the task's, not the DAG's parse
+    from pipeline import DecideForm  # deferred: the task's, not the DAG's parse
+    from pipeline import conflicts_page as page  # deferred: the task's, not the DAG's parse
 
     root = request.scope.get("root_path", "")
     form = None
@@ -145,7 +146,7 @@ def conflicts_page(request: Request, user: GetUserDep, dt: str | None = None) ->
         token = _form_token(user.get_name(), int(time.time()) + FORM_SECONDS)
         form = DecideForm(root + "/decide", token)
     docs = root + "/docs/{dt}/{run_id}/index.html"
-    return conflicts_page(_store(), dt, docs, form)
+    return page(_store(), dt, docs, form)
 
 
 def _may_decide(user: Any) -> bool:

@@ -65,13 +65,20 @@ def published_report(store: Store, dt: date) -> RunReport:
                 f"but its report {store.uri}/{key} is missing: cdr run --date {dt.isoformat()} "
                 "publishes the date again"
             )
-        return RunReport.from_json(store.read_bytes(key))
+        return _read(store, key)
     key = layout.date_report(dt)  # a store of the earlier layout: no runs row for the date
     if not any(r.dt == dt for r in rows) and store.exists(key):
-        report = RunReport.from_json(store.read_bytes(key))
+        report = _read(store, key)
         if report.published:
             return report
     raise StageError(_none_published(store, dt, rows))
+
+
+def _read(store: Store, key: str) -> RunReport:
+    try:
+        return RunReport.from_json(store.read_bytes(key))
+    except ValueError as e:  # not JSON, or MalformedReport
+        raise StoreError(f"{store.uri}/{key} is not a run report: {e}") from None
 
 
 def _none_published(store: Store, dt: date, rows: list[RunRow]) -> str:
@@ -146,8 +153,7 @@ def report_summary(uri: str, dt: date, run_id: str | None = None) -> str:
     store = open_store(uri)
     if run_id is None:
         return run_summary(store, published_report(store, dt))
-    report = RunReport.from_json(store.read_bytes(layout.run_report(dt, run_id)))
-    return run_summary(store, report)
+    return run_summary(store, _read(store, layout.run_report(dt, run_id)))
 
 
 def conflicts_page(

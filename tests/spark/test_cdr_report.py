@@ -80,9 +80,14 @@ def test_a_date_without_a_published_run_names_the_dates_with_one(tmp_path: Path,
     assert f"the dates with one: {D}" in said["message"]
 
 
-def test_a_published_run_whose_report_is_gone_says_so(tmp_path: Path, spark):
+def test_a_published_runs_report_damaged_or_gone_is_named(tmp_path: Path, spark):
     cfg = night(tmp_path)
     (folder,) = (tmp_path / "store" / f"published/reports/dt={D}").glob("run=*")
+    (folder / "run_report.json").write_text("{")
+    rc, out = cdr("report", "--config", str(cfg), "--date", D)
+    said = json.loads(out.splitlines()[-1])
+    assert rc == 1 and said["error"] == "StoreError"
+    assert f"{folder.name}/run_report.json is not a run report: " in said["message"]
     (folder / "run_report.json").unlink()
     rc, out = cdr("report", "--config", str(cfg), "--date", D)
     said = json.loads(out.splitlines()[-1])
