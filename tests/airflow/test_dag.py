@@ -176,19 +176,6 @@ def test_a_failed_gate_fails_the_validate_task(
         assert line.endswith(notes), line  # the operator notes (retry, skew, alerts) end it
 
 
-def test_publish_logs_the_runs_markdown_summary(
-    airflow, s3_endpoint, s3_store, tmp_path, monkeypatch, capfd
-):
-    """A published run: the publish task logs the run's Markdown summary, the one
-    ``cdr report --date D`` prints (docs/operations.md#cdr-report)."""
-    _, states = run_dag(s3_endpoint, s3_store, tmp_path, monkeypatch)
-    assert states["publish"] == "success", states
-    said = capfd.readouterr()
-    text = said.out + said.err
-    assert "replica_cdr summary (cdr report --date 2026-11-21):" in text
-    assert "# Run of 2026-11-21: published" in text and "## Conflicts" in text, text[-3000:]
-
-
 def test_a_dry_run_of_one_table_publishes_nothing(
     airflow, s3_endpoint, s3_store, tmp_path, monkeypatch
 ):
