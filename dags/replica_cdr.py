@@ -103,6 +103,18 @@ def _notes(plan: dict[str, Any]) -> str:
         return ""
 
 
+def _summary(plan: dict[str, Any]) -> str:
+    """The run's Markdown summary (docs/operations.md#cdr-report); the run is published, so
+    a summary that cannot be read is said, not raised."""
+    from pipeline import CdrError, report_summary  # deferred: the task's, not the DAG's parse
+
+    assert config.store
+    try:
+        return report_summary(config.store, _date(plan), plan["run_id"])
+    except (CdrError, ValueError) as e:
+        return f"(no summary: {e})"
+
+
 def _date(plan: dict[str, Any]) -> date:
     return date.fromisoformat(plan["date"])
 
@@ -356,6 +368,7 @@ def publish(p: dict[str, Any], ti=None, outlet_events=None) -> None:
     for table, extra in extras.items():
         outlet_events[SNAPSHOTS].add(ASSETS[table], extra=extra)
     log.info("replica_cdr published %s: run %s%s", p["date"], p["run_id"], _notes(p))
+    log.info("replica_cdr summary (cdr report --date %s):\n%s", p["date"], _summary(p))
 
 
 @task(trigger_rule="all_done", retries=3)

@@ -69,6 +69,8 @@ _FACE: dict[str, str] = {
     "list_reports": "pipeline.app.runs",
     "render_page": "pipeline.app.runs",
     "table_runs": "pipeline.app.runs",
+    "conflicts_page": "pipeline.app.report_page",
+    "report_summary": "pipeline.app.report_page",
     "MalformedReport": "pipeline.core.summary",
     "trends": "pipeline.storage.stats",
 }
@@ -96,6 +98,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     from pipeline.app.dag_notes import asset_extras, notes_line, operator_notes, run_notes
     from pipeline.app.decide import decide_conflict
     from pipeline.app.jobs import ENTRY
+    from pipeline.app.report_page import conflicts_page, report_summary
     from pipeline.app.runs import (
         DecideForm,
         list_decisions,

@@ -81,9 +81,11 @@ class RunOptions:
 
 
 def ingest(config: Config, dt: date, opts: RunOptions) -> RunContext:
-    selected = config.select(opts.tables, opts.on_divergence)  # unknown names: before any work
-    assert selected.store
-    require_inputs(selected, open_store(selected.store), dt)  # before anything is written
+    config.select(opts.tables, opts.on_divergence)  # unknown names: before any work
+    assert config.store
+    # before anything is written: the date has inputs (of any table: a run of some tables
+    # on a date others exported is a missing export, allowed or named by ingest)
+    require_inputs(config, open_store(config.store), dt)
     ctx = RunContext.create(
         opts.work_dir,
         dt,

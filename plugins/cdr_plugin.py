@@ -137,34 +137,16 @@ def _reports() -> list[RunReport]:
 
 @app.get("/", response_class=HTMLResponse, dependencies=[READER])
 def conflicts_page(request: Request, user: GetUserDep, dt: str | None = None) -> str:
-    from pipeline import (  # deferred: the task's, not the DAG's parse
-        DecideForm,
-        Lake,
-        StoreError,
-        list_decisions,
-        render_page,
-        trends,
-    )
+    from pipeline import DecideForm  # deferred: the task's, not the DAG's parse
+    from pipeline import conflicts_page as page  # deferred: the task's, not the DAG's parse
 
     root = request.scope.get("root_path", "")
-    reports = _reports()
-    lake = Lake(_store())
-    try:
-        last = trends(lake)
-    except StoreError as e:  # the page still shows the runs
-        log.warning("conflicts page: cannot read the conflict statistics: %s", e)
-        last = {}
-    try:
-        decided = list_decisions(lake, reports)
-    except StoreError as e:
-        log.warning("conflicts page: cannot read the decisions: %s", e)
-        decided = []
     form = None
     if _may_decide(user):
         token = _form_token(user.get_name(), int(time.time()) + FORM_SECONDS)
         form = DecideForm(root + "/decide", token)
     docs = root + "/docs/{dt}/{run_id}/index.html"
-    return render_page(reports, dt, docs, last, decided, form)
+    return page(_store(), dt, docs, form)
 
 
 def _may_decide(user: Any) -> bool:

@@ -21,7 +21,13 @@ import sys
 from pipeline.app.cli_args import build_parser
 from pipeline.app.cli_check import cmd_check_export
 from pipeline.app.cli_inputs import cmd_schema
-from pipeline.app.cli_review import cmd_decide, cmd_quarantine, cmd_repair, cmd_whatif
+from pipeline.app.cli_review import (
+    cmd_decide,
+    cmd_quarantine,
+    cmd_repair,
+    cmd_report,
+    cmd_whatif,
+)
 from pipeline.app.cli_run import cmd_stage
 from pipeline.app.cli_seal import cmd_manifest
 from pipeline.app.cli_setup import cmd_demo, cmd_generate, cmd_init, cmd_jars, cmd_jvm_archive
@@ -76,6 +82,7 @@ COMMANDS = {
     "decide": cmd_decide,
     "repair": cmd_repair,
     "whatif": cmd_whatif,
+    "report": cmd_report,
     "jars": cmd_jars,
     "jvm-archive": cmd_jvm_archive,
     "manifest": cmd_manifest,

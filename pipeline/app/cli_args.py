@@ -162,13 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
             "repair", help="the statements that bring one replica to a date's converged state"
         )
     )
-    w = sub.add_parser("whatif", help="D's published inputs under another config, compared")
-    w.add_argument("--config", required=True, type=Path, help="the other configuration")
-    w.add_argument("--date", required=True, type=_date)
-    w.add_argument("--store", help="override the config's store")
-    w.add_argument("--name", help="the comparison's name (default: the config file's stem)")
-    w.add_argument("--work-dir", type=_work, default=".cdr-work")
-    w.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
+    _whatif_options(sub)
+    _report_options(sub)
     _generate_options(
         sub.add_parser("generate", help="write seeded synthetic exports to the store")
     )
@@ -283,6 +278,38 @@ def _schema_options(sub: Any) -> None:
         type=Path,
         help="write DIR/<table>.schema.json (default: print one table's; several tables go "
         "to schemas/ beside the config)",
+    )
+
+
+def _whatif_options(sub: Any) -> None:
+    """docs/operations.md#what-if"""
+    w = sub.add_parser("whatif", help="D's published inputs under another config, compared")
+    w.add_argument("--config", required=True, type=Path, help="the other configuration")
+    w.add_argument("--date", required=True, type=_date)
+    w.add_argument("--store", help="override the config's store")
+    w.add_argument("--name", help="the comparison's name (default: the config file's stem)")
+    w.add_argument("--work-dir", type=_work, default=".cdr-work")
+    w.add_argument("--master", help="Spark master (default local[*]; env CDR_SPARK_MASTER)")
+
+
+def _report_options(sub: Any) -> None:
+    """docs/operations.md#cdr-report"""
+    r = sub.add_parser(
+        "report", help="a date's published run: a Markdown summary, the Conflicts page"
+    )
+    r.add_argument("--config", type=Path, default=Path("cdr.yaml"), help=CONFIG_HELP)
+    r.add_argument("--store", help="override the config's store")
+    r.add_argument("--date", required=True, type=_date, help="the published date D (YYYY-MM-DD)")
+    r.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write the Conflicts page to FILE (one file: it opens offline)",
+    )
+    r.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the Markdown summary (the default without --html)",
     )
 
 

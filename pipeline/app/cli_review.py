@@ -1,6 +1,7 @@
 """The commands that act on what a run left: ``cdr quarantine`` (its quarantined events),
 ``decide`` (a conflict by hand), ``repair`` (a replica, to the converged state) and
-``whatif`` (a date under another config) (docs/operations.md, docs/rules.md).
+``whatif`` (a date under another config) and ``report`` (a published run as the Conflicts
+page and a Markdown summary) (docs/operations.md, docs/rules.md).
 """
 
 from __future__ import annotations
@@ -147,5 +148,33 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     lines = [f"what-if {name} for {args.date}: {config.store}/{report_key(args.date, name)}"]
     for t, c in result["tables"].items():
         lines.append(f"  {t}: {c['differing_rows']['count']} row(s) differ")
+    emit(args, result, "\n".join(lines))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """A date's published run: its Markdown summary (printed), its Conflicts page (``--html``)."""
+    from pipeline.app.report_page import (  # deferred: cdr --help stays fast
+        DOCS_KEY,
+        conflicts_page,
+        published_report,
+        run_summary,
+    )
+    from pipeline.storage.store import open_store  # deferred: cdr --help stays fast
+
+    config = config_of(args)
+    assert config.store
+    store = open_store(config.store)
+    report = published_report(store, args.date)
+    result: dict[str, object] = {"dt": report.dt, "run_id": report.run_id}
+    lines = []
+    if args.html:
+        page = conflicts_page(store, report.dt, f"{store.uri}/{DOCS_KEY}", run_href=None)
+        args.html.write_text(page, encoding="utf-8")
+        result["html"] = str(args.html)
+        lines.append(f"the Conflicts page of {report.dt}: {args.html}")
+    if args.markdown or not args.html:
+        result["markdown"] = run_summary(store, report)
+        lines.insert(0, str(result["markdown"]).rstrip("\n"))
     emit(args, result, "\n".join(lines))
     return 0

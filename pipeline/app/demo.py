@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from pipeline.app.generate import GenerateOptions, generate
+from pipeline.app.report_page import DOCS_KEY, conflicts_page
 from pipeline.app.report_text import format_report
-from pipeline.app.runs import list_reports, render_page
 from pipeline.core import layout
 from pipeline.core.config import Config
 from pipeline.core.config_load import load_config
@@ -30,7 +30,6 @@ from pipeline.stages import RunOptions, run
 from pipeline.storage.context import micros_to_iso
 from pipeline.storage.lake import Lake
 from pipeline.storage.s3server import create_bucket, restore_env, s3_server, use_endpoint
-from pipeline.storage.stats import trends
 from pipeline.storage.store import FileStore, open_store
 
 log = logging.getLogger(__name__)
@@ -229,16 +228,8 @@ def _version(origin: str | None, ts: int | None, row: str | None) -> str:
 def _conflicts_page(copy: Path) -> Path:
     """The Conflicts page the Airflow plugin serves, written beside the store's copy (its
     Data Docs links lead into the copy)."""
-    store = FileStore(copy)
-    docs = layout.validation_dir(date(1970, 1, 1), "RUN").replace("1970-01-01", "{dt}")
-    html = render_page(
-        list_reports(store),
-        None,
-        docs.replace("RUN", "{run_id}") + "/data_docs/index.html",
-        trends(Lake(store)),
-    )
     page = copy / "conflicts.html"
-    page.write_text(html)
+    page.write_text(conflicts_page(FileStore(copy), None, DOCS_KEY, run_href=None))
     return page
 
 
@@ -262,6 +253,8 @@ def _where(
         f"  the run report: {copy}/{layout.date_report(DATES[-1])}",
         f"  the CDC log: {copy}/published/cdc/<table>/log/",
         f"  the Conflicts page: {page} (served by the Airflow plugin: docs/airflow.md)",
+        f"  a summary to paste: cdr report --config {cfg_path} --store {copy.as_uri()} "
+        f"--date {DATES[-1]}",
         f"  the config it used: {cfg_path}",
     ]
     return "\n".join(lines)

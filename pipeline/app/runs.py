@@ -419,12 +419,14 @@ def render_page(
     trends: dict[str, list[Point]] | None = None,
     decisions: list[dict[str, Any]] | None = None,
     form: DecideForm | None = None,
+    run_href: str | None = "?dt={dt}",
 ) -> str:
     """The conflicts page of one run (``dt``, default the newest), with links to the
     other runs, and each table's trend over its last runs (``stats.trends``).
     ``docs_href`` is a format string with ``{dt}`` and ``{run_id}`` for the run's Data
-    Docs. ``decisions`` (``list_decisions``) and, for a user who may decide, the
-    ``form``."""
+    Docs, ``run_href`` one with ``{dt}`` for another run's page (None: a page read
+    offline, which names the other runs without a link). ``decisions``
+    (``list_decisions``) and, for a user who may decide, the ``form``."""
     if not reports:
         body = "<p>No run report published yet.</p>" + _decisions(decisions or [], form)
         return _page("Conflicts", body)
@@ -439,7 +441,7 @@ def render_page(
     failures = "".join(f"<li>{_e(f)}</li>" for f in report.failures)
     fail_html = f"<h2>Failures</h2><ul>{failures}</ul>" if failures else ""
     body = (
-        _head(report, reports, docs_href)
+        _head(report, reports, docs_href, run_href)
         + broken
         + fail_html
         + _per_table(rows)
@@ -450,10 +452,13 @@ def render_page(
     return _page(f"Conflicts {report.dt}", body)
 
 
-def _head(report: RunReport, reports: list[RunReport], docs_href: str) -> str:
+def _head(report: RunReport, reports: list[RunReport], docs_href: str, run_href: str | None) -> str:
     """The run's date and status, its Data Docs, and the links to the other runs."""
     nav = " ".join(
-        f'<a href="?dt={_e(r.dt)}" class="{_e(r.status)}">{_e(r.dt)}</a>' for r in reports
+        f'<a href="{_e(run_href.format(dt=r.dt))}" class="{_e(r.status)}">{_e(r.dt)}</a>'
+        if run_href is not None
+        else f'<span class="{_e(r.status)}">{_e(r.dt)}</span>'
+        for r in reports
     )
     status = report.status
     return (

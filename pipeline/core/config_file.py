@@ -240,7 +240,7 @@ class ConfigModel(_Strict):
     on_unknown_export: UnknownExportPolicy = UnknownExportPolicy.WARN
     max_record_bytes: int = Field(default=16 << 20, gt=0)
     max_expansion: int = Field(default=100, gt=0)
-    on_divergence: DivergencePolicy = DivergencePolicy.FAIL
+    on_divergence: DivergencePolicy = DivergencePolicy.WARN
     on_fk_violation: FkPolicy = FkPolicy.FAIL
     allow_missing_exports: bool = False
     schedule: str = "0 2 * * *"

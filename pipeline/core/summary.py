@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -25,6 +25,8 @@ class Stopped:
     conflict_type: str
     event_id: str
     reason: str
+    #: its conflict-log row's ``conflict_id`` (a report an earlier release wrote has none)
+    conflict_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,13 +140,14 @@ class TableSummary:
             raise MalformedReport(f"its stopped conflict is a {type(stopped).__name__}")
         if not strict:
             stopped = {k: v for k, v in stopped.items() if k in _STOPPED_FIELDS}
-            if len(stopped) < len(_STOPPED_FIELDS):
+            if not stopped.keys() >= _STOPPED_NEEDED:
                 raise MalformedReport("its stopped conflict lacks a field")
         return cls(**{**known, "stopped": Stopped(**stopped)})
 
 
 _TABLE_FIELDS = frozenset(f.name for f in fields(TableSummary))
 _STOPPED_FIELDS = frozenset(f.name for f in fields(Stopped))
+_STOPPED_NEEDED = frozenset(f.name for f in fields(Stopped) if f.default is MISSING)
 
 
 @dataclass(frozen=True)

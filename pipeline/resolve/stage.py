@@ -306,7 +306,14 @@ def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
     e = min((r for r in rows if r["outcome"] == Outcome.ERRORED.value), key=position)
     kept = pa.Table.from_pylist([r for r in rows if position(r) <= position(e)], schema=log_.schema)
     replace_output(out / "conflicts", kept)
-    return Stopped(table.name, e[KEY], e["conflict_type"], e["remote_event_id"], e["reason"])
+    return Stopped(
+        table.name,
+        e[KEY],
+        e["conflict_type"],
+        e["remote_event_id"],
+        e["reason"],
+        e.get(CONFLICT_ID) or "",
+    )
 
 
 def _by_type(conflicts: Mapping[tuple[str, str, str], int]) -> dict[str, dict[str, int]]:

@@ -16,9 +16,11 @@ The gate is GX's own severity of each expectation: a failed ``critical`` check f
 run, a failed ``warning`` one is reported and the run publishes. The ``convergence`` and
 ``foreign_keys`` checks follow ``on_divergence`` and ``on_fk_violation`` (their templates
 say ``"severity": "${on_divergence}"``; ``pipeline.validate.suites.severities``). An
-``error`` resolver that stopped a table fails it too, and its table is not validated
-(docs/rules.md#fine-points). Each failure names the suite, the check, the table and a few
-offending keys."""
+``error`` resolver that stopped a table fails it once: its table is not validated, nor
+is any foreign key (docs/rules.md#fine-points: an orphan it leaves is no second failure).
+Each failure names the suite, the check, the table and a few offending keys, and what to
+do: the setting that decides it and the command that runs the date again
+(``pipeline.validate.advice``; docs/validation.md#what-a-failure-names)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ from pipeline.storage.outputs import read_output
 from pipeline.storage.store import open_store
 from pipeline.storage.targets import final_state
 from pipeline.storage.workpath import WorkPath
-from pipeline.validate import alerts
+from pipeline.validate import advice, alerts
 from pipeline.validate.datadocs import bundle
 from pipeline.validate.shares import shares
 from pipeline.validate.suites import (
@@ -86,9 +88,10 @@ class Verdict:
         )
 
 
-def gate_from_summary(summary: RunSummary) -> Verdict:
-    """What the resolve stage already decided: a table stopped by an ``error`` resolver;
-    a topology change the CDC log could not apply; late exports an operator accepted."""
+def gate_from_summary(summary: RunSummary, config: Config) -> Verdict:
+    """What the resolve stage already decided: a table stopped by an ``error`` resolver
+    (its failure says what to set: ``advice.stopped``); a topology change the CDC log
+    could not apply; late exports an operator accepted."""
     warnings = [summary.cdc.warning] if summary.cdc and summary.cdc.warning else []
     warnings += [
         f"accepted an export that is in no published state: {late}"
@@ -96,19 +99,29 @@ def gate_from_summary(summary: RunSummary) -> Verdict:
         for late in s.late_exports
     ]
     failures = [
-        f"table {t}: {st.conflict_type} on key {st.key} (event {st.event_id}) "
-        f"has resolver error: {st.reason}"
+        advice.stopped(config.tables[t], st, summary.dt)
         for t, st in ((t, s.stopped) for t, s in summary.tables.items())
         if st is not None
     ]
+    if failures and any(table.foreign_keys for table in config.tables.values()):
+        warnings.append(FK_NOT_CHECKED)
     return Verdict(failures, warnings)
 
 
-def message(table: str, c: Check) -> str:
+#: docs/rules.md#fine-points: after an ``error`` the foreign keys are not checked (an
+#: orphan the stopped table leaves is not a second failure)
+FK_NOT_CHECKED = "foreign keys not checked: the run stopped on an error resolver"
+
+
+def message(table: str, c: Check, then: str | None = None) -> str:
+    """A failed check: the suite, the check, the table, a few offending rows, and ``then``,
+    what to do about it (``advice.for_check``)."""
     rows = "; ".join(json.dumps(r, default=str, separators=(",", ":")) for r in c.sample[:SAMPLE])
     found = f"{c.observed} row(s)" if isinstance(c.observed, int) else f"observed {c.observed}"
-    return f"table {table}: expectation {c.suite}/{c.check} failed ({c.description}): {found}" + (
-        f", e.g. {rows}" if rows else ""
+    return (
+        f"table {table}: expectation {c.suite}/{c.check} failed ({c.description}): {found}"
+        + (f", e.g. {rows}" if rows else "")
+        + (f". {then}" if then else "")
     )
 
 
@@ -239,6 +252,8 @@ def _suite_runs(config: Config, summary: RunSummary) -> list[tuple[str, str, dic
             continue
         if template["meta"].get("needs") == "alerts" and config.conflict_rate_alert is None:
             continue
+        if name == "foreign_keys" and any(s.stopped for s in summary.tables.values()):
+            continue  # docs/rules.md#fine-points: not checked after an error (FK_NOT_CHECKED)
         for t, table in config.tables.items():
             if summary.stopped(t):
                 # docs/rules.md#fine-points: the run stopped on this table; nothing to publish
@@ -297,13 +312,13 @@ def judge_stage(config: Config, ctx: RunContext, summary: RunSummary) -> Verdict
             "run `cdr resolve` again"
         )
     measures = json.loads((ctx.resolved / MEASURES).read_text())["suites"]
-    verdict = gate_from_summary(summary)
+    verdict = gate_from_summary(summary, config)
     ctx.validation.rmtree()
     (ctx.work / "gx").rmtree()  # a rerun of this stage starts a new project
     with ctx.work.writing() as root:  # GX's project on a local disk (uploaded, on S3)
         docs = root / ctx.validation.name / "data_docs"
         project = Project(root, docs, ctx.run_id)
-        verdict += _judge(project, measures, ctx.data_docs)
+        verdict += _judge(project, measures, ctx.data_docs, config, ctx.dt.isoformat())
         if ctx.data_docs:
             bundle(docs)  # pages that open without internet
     ctx.results.write_text(
@@ -333,9 +348,16 @@ def validate_stage(
     return judge_stage(config, ctx, summary)
 
 
-def _judge(project: Project, measures: list[dict[str, Any]], docs: bool) -> Verdict:
+def _judge(
+    project: Project,
+    measures: list[dict[str, Any]],
+    docs: bool,
+    config: Config | None = None,
+    dt: str = "D",
+) -> Verdict:
     """Every suite judged by GX in one checkpoint (its action builds the Data Docs), and
-    their verdict: a failed critical check fails the run, any other is a warning."""
+    their verdict: a failed critical check fails the run, saying what to set
+    (``advice.for_check`` of ``config``), any other is a warning."""
     started = time.monotonic()
     verdict = Verdict()
     judged = project.judge_all(
@@ -346,9 +368,13 @@ def _judge(project: Project, measures: list[dict[str, Any]], docs: bool) -> Verd
         ok = all(c.success for c in checks)
         verdict.suites[suite["name"]] = {"success": ok, "checks": [asdict(c) for c in checks]}
         for c in checks:
-            if not c.success:
-                target = verdict.failures if c.severity == "critical" else verdict.warnings
-                target.append(message(t, c))
+            if c.success:
+                continue
+            if c.severity != "critical":
+                verdict.warnings.append(message(t, c))
+                continue
+            then = advice.for_check(config, c.suite, c.check, dt) if config else None
+            verdict.failures.append(message(t, c, then))
         log.info("validate %s: %s", suite["name"], "passed" if ok else "FAILED")
     log.info(
         "validate: %d suites, %d failed (%.1fs)",

@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 
 from pipeline.core.columns import STATE_ORIGIN, STATE_TS
 from pipeline.core.config import Config, Table
+from pipeline.core.config_file import ConfigModel
 from pipeline.core.policy import DivergencePolicy, FkPolicy
 from pipeline.spark.schema import spark_type
 from pipeline.validate import alerts
@@ -166,12 +167,16 @@ def severities(config: Config | None) -> dict[str, str]:
     setting fails the run (``fail``, or ``quarantine`` for foreign keys: after it no
     orphan may be left), ``warning`` when it only warns. No config: the defaults."""
     if config is None:
-        return dict.fromkeys(SEVERITY_SETTINGS, "critical")
-    alert = config.conflict_rate_alert
+        fields = ConfigModel.model_fields
+        divergence, fk = fields["on_divergence"].default, fields["on_fk_violation"].default
+        fails = False
+    else:
+        divergence, fk = config.on_divergence, config.on_fk_violation
+        fails = config.conflict_rate_alert is not None and config.conflict_rate_alert.fails
     return {
-        "on_divergence": "critical" if config.on_divergence is DivergencePolicy.FAIL else "warning",
-        "on_fk_violation": "critical" if config.on_fk_violation is not FkPolicy.WARN else "warning",
-        "on_alert": "critical" if alert is not None and alert.fails else "warning",
+        "on_divergence": "critical" if divergence is DivergencePolicy.FAIL else "warning",
+        "on_fk_violation": "critical" if fk is not FkPolicy.WARN else "warning",
+        "on_alert": "critical" if fails else "warning",
     }
 
 

@@ -38,3 +38,12 @@ def test_the_demo_passes_its_suites_and_shows_what_it_resolved(tmp_path: Path):
     assert lines == dict.fromkeys(lines, len(examples)), lines
     page = re.search(r"the Conflicts page: (\S+)", out)
     assert page and "<svg" in Path(page[1]).read_text()
+    # the summary it offers, from the store's copy (docs/operations.md#cdr-report)
+    command = re.search(r"a summary to paste: cdr (report .*)$", out, re.M)
+    assert command, out
+    said = subprocess.run(
+        [str(cdr), *command[1].split()], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert said.returncode == 0, said.stderr[-3000:]
+    assert said.stdout.startswith("# Run of 2026-11-21: published\n"), said.stdout
+    assert re.search(r"^\*\*[\d,]+ conflicts on [\d,]+ keys\*\*", said.stdout, re.M)

@@ -174,8 +174,16 @@ def test_every_config_block_is_a_valid_config():
         assert page
 
 
+def _json_values(text: str) -> list[Any]:
+    """A ``json`` block's value, or its lines' (a block of JSON lines: event records)."""
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def test_every_manifest_block_is_a_valid_manifest():
-    manifests = [(page, json.loads(text)) for page, _, text in _blocks("json")]
+    manifests = [(page, m) for page, _, text in _blocks("json") for m in _json_values(text)]
     for page, m in manifests:
         if "format" in m:
             check_options(m["format"], m.get("options"), page)
@@ -196,7 +204,7 @@ def test_every_cdr_command_line_parses(page: str):
         line.split("#")[0].strip()
         for _, lang, block in _BLOCK.findall(text)
         if lang == ""
-        for line in block.splitlines()
+        for line in block.replace("\\\n", " ").splitlines()  # a line continued by a backslash
         if line.startswith("cdr ")
     ]
     for line in lines:

@@ -148,6 +148,10 @@ def test_doctor_fails_a_store_that_ignores_the_condition_and_run_refuses_it(
     assert main(["doctor", "--config", str(cfg)]) == 1
     assert "FAIL atomic create" in capsys.readouterr().out
     run = ["run", "--config", str(cfg), "--date", "2026-11-21", "--work-dir", str(tmp_path / "w")]
+    # an export of no change: the run finds its inputs, then refuses the store
+    empty = b'{"format": "jsonl", "files": []}'
+    manifest = "cdr/exports/replica=r1/table=items/dt=2026-11-21/_manifest.json"
+    careless_s3.write_bytes(manifest, empty)
     assert main(run) != 0
     err = capsys.readouterr().err
     assert "the store s3://careless/cdr cannot be written safely" in err, err

@@ -55,6 +55,7 @@ def test_the_report_tables_keep_the_field_order_and_every_field():
         "conflict_type": "insert_exists",
         "event_id": "e7",
         "reason": "resolver error",
+        "conflict_id": "",
     }
 
 

@@ -83,18 +83,24 @@ def test_severities_follow_the_config():
     """GX's severity of each rendered expectation: critical, except the convergence and
     foreign-key checks when their setting only warns."""
     warn = make_config(on_divergence="warn", on_fk_violation="warn")
-    assert severities(make_config()) == {
-        "on_divergence": "critical",
-        "on_fk_violation": "critical",
-        "on_alert": "warning",  # an alert's default: on: warn (tests/unit/test_alerts.py)
-    }
+    fail = make_config(on_divergence="fail")
+    assert (
+        severities(make_config())
+        == severities(None)
+        == {
+            "on_divergence": "warning",  # the default: a divergence does not withhold the night
+            "on_fk_violation": "critical",
+            "on_alert": "warning",  # an alert's default: on: warn (tests/unit/test_alerts.py)
+        }
+    )
+    assert severities(fail)["on_divergence"] == "critical"
     assert severities(warn) == {
         "on_divergence": "warning",
         "on_fk_violation": "warning",
         "on_alert": "warning",
     }
     assert severities(make_config(on_fk_violation="quarantine"))["on_fk_violation"] == "critical"
-    for config, follows in ((make_config(), "critical"), (warn, "warning")):
+    for config, follows in ((fail, "critical"), (warn, "warning")):
         for name in SUITES:
             expected = follows if name in ("convergence", "foreign_keys") else "critical"
             expected = "warning" if name == "alerts" else expected
@@ -111,9 +117,30 @@ def test_gate_from_the_summary():
     stop = Stopped("t", '{"id":1}', "insert_exists", "e1", "r")
     tables = {"t": TableSummary(stopped=stop), "u": TableSummary()}
     cdc = CdcSection(warning="the topology change waits")
-    v = gate_from_summary(RunSummary("r", "x", "2026-11-21", 0, tables, cdc))
+    config = make_config({"resolvers": {"insert_exists": "error"}})
+    v = gate_from_summary(RunSummary("r", "x", "2026-11-21", 0, tables, cdc), config)
     assert len(v.failures) == 1 and "e1" in v.failures[0] and not v.passed
-    assert v.warnings == ["the topology change waits"]
+    assert "tables.t.resolvers" in v.failures[0] and "cdr run --date 2026-11-21" in v.failures[0]
+    assert v.warnings == ["the topology change waits"]  # t has no foreign key
     both = v + Verdict(["f2"], ["w2"], {"s": {"success": False}})
     assert (both.failures[1:], both.warnings[1:], list(both.suites)) == (["f2"], ["w2"], ["s"])
     assert len(v.failures) == 1  # the sum is a new verdict
+
+
+def test_after_an_error_no_foreign_key_is_checked():
+    """docs/rules.md#fine-points: a table an error stopped is not validated, and no
+    foreign-key suite runs (its orphans would be a second failure of the same error)."""
+    from pipeline.validate.stage import FK_NOT_CHECKED, _suite_runs
+
+    stop = Stopped("products", '{"product_no":1}', "multiple_unique_conflicts", "e1", "r")
+    ok = {t: TableSummary() for t in CONFIG.tables}
+    summary = RunSummary("r", "x", "2026-11-21", 0, ok)
+    assert ("orders", "foreign_keys.orders") in {
+        (t, suite["name"]) for t, _, suite in _suite_runs(CONFIG, summary)
+    }
+    stopped = RunSummary("r", "x", "2026-11-21", 0, {**ok, "products": TableSummary(stopped=stop)})
+    runs = {(t, suite["meta"]["template"]) for t, _, suite in _suite_runs(CONFIG, stopped)}
+    assert not {t for t, _ in runs} & {"products"}
+    assert ("orders", "foreign_keys") not in runs and ("orders", "snapshot") in runs
+    verdict = gate_from_summary(stopped, CONFIG)
+    assert len(verdict.failures) == 1 and verdict.warnings == [FK_NOT_CHECKED]
