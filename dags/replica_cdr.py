@@ -3,8 +3,8 @@
 Thin by design: every task calls a function of ``pipeline`` (or ``cdr`` under
 spark-submit). The run for date D is triggered at the config's ``schedule`` (default
 02:00 UTC) on D+1; a run triggered from the UI can name its date, a subset of tables,
-a dry run, an ``on_divergence`` override and the acceptance of late exports in the
-trigger form.
+a dry run, an ``on_divergence`` override, the acceptance of late exports and of a fired
+alert, and a run without a replica's missing exports in the trigger form.
 
     plan → wait_for_exports (sensor) → [seal] → ingest → resolve (Spark: + CDC, + what validation
     measures) → validate (Great Expectations judges; no JVM) → publish (one asset per
@@ -18,7 +18,8 @@ Runs are chained: each starts from the state the previous date published, so one
 a time and a task waits for its previous run's success (``depends_on_past``).
 
 Settings (environment of the Airflow services):
-- ``CDR_CONFIG``: path of cdr.yaml (default: ``cdr.yaml`` beside the dags folder);
+- ``CDR_CONFIG``: path of cdr.yaml (default: ``cdr.yaml`` beside the dags folder;
+  docs/airflow.md#settings);
 - ``CDR_WORK_DIR``: where the tasks of a run hand data to each other: a folder they all
   mount, or ``s3://BUCKET/PREFIX`` (default ``$AIRFLOW_HOME/cdr-work``);
 - connection ``spark_default``: the Spark master (``local[*]``, or ``spark://host:7077``);
@@ -39,10 +40,10 @@ from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from cdr_links import DataDocsLink, aws_env_from_connection
 
-from pipeline import ENTRY, load_config
+from pipeline import ENTRY, dag_config_path, load_dag_config
 
 DAGS = Path(__file__).resolve().parent
-CONFIG = os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml"))
+CONFIG = str(dag_config_path(DAGS))
 WORK_DIR = os.environ.get(
     "CDR_WORK_DIR", str(Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "cdr-work")
 )
@@ -51,7 +52,7 @@ DATE = "{{ " + PLAN + "['date'] }}"
 RUN_ID = "{{ " + PLAN + "['run_id'] }}"
 STAGE_ARGS = ["--config", CONFIG, "--date", DATE, "--run-id", RUN_ID, "--work-dir", WORK_DIR]
 
-config = load_config(CONFIG)  # a broken config shows as this DAG's import error
+config = load_dag_config(DAGS)  # a broken or missing config shows as this DAG's import error
 log = logging.getLogger("airflow.task")
 
 
@@ -67,7 +68,11 @@ def report_failure(context: dict[str, Any]) -> None:
     if ti.task_id == "wait_for_exports" and plan.get("date"):  # timed out: say on what
         missing = _missing_manifests(plan)
         if missing:
-            reason = f"timed out waiting for {len(missing)} export(s), e.g. {missing[0]}"
+            reason = (
+                f"timed out waiting for {len(missing)} export(s), e.g. {missing[0]} "
+                f"(wait_for_exports.timeout_minutes: {config.wait_for_exports.timeout_minutes} "
+                "in cdr.yaml; to run without them, trigger with 'Allow missing exports')"
+            )
     if ti.task_id in ("validate", "publish") and plan.get("date"):  # a failed gate: say which
         from pipeline import CdrError, load_verdict  # deferred: the task's, not the DAG's parse
 
@@ -126,10 +131,17 @@ def _missing_manifests(plan: dict[str, Any]) -> list[str]:
     a replica with a ``source`` the objects that seal the date (docs/sealing.md)."""
     from pipeline import open_store, waiting_for  # deferred: the task's, not the DAG's parse
 
-    selected = config.select(plan["tables"].split(",") if plan["tables"] else None)
+    selected = _selected(plan)
     assert selected.store
     now = datetime.now(UTC)  # the poke's clock, for a source's grace_hours
     return waiting_for(selected, open_store(selected.store), _date(plan), now)
+
+
+def _selected(plan: dict[str, Any]) -> Any:
+    """The config for the plan's run: its tables, and its exports allowed missing when
+    the form said so (then the sensor waits for none)."""
+    tables = plan["tables"].split(",") if plan["tables"] else None
+    return config.select(tables, allow_missing_exports=bool(plan.get("allow_missing_exports")))
 
 
 def _cli(command: str, date: str, *extra: str) -> None:
@@ -180,6 +192,14 @@ PARAMS = {
         description="Publish past an alert whose config says on: fail (the report keeps it "
         "as a warning). For a rerun after the jump has been looked into.",
     ),
+    "allow_missing_exports": Param(
+        False,
+        type="boolean",
+        title="Allow missing exports",
+        description="Run with the exports in the store now: a replica without its export "
+        "of the date counts as having exported nothing (a replica down). The sensor waits "
+        "for none; an export sealed later is a late export of this date.",
+    ),
     "on_divergence": Param(
         None,
         type=["null", "string"],
@@ -226,6 +246,7 @@ def plan(params=None, logical_date=None, dag_run=None, ti=None) -> dict[str, Any
         "on_divergence": params["on_divergence"] or "",
         "accept_late_exports": bool(params["accept_late_exports"]),
         "accept_alert": bool(params.get("accept_alert")),
+        "allow_missing_exports": bool(params.get("allow_missing_exports")),
         # a backfill runs its dates oldest first, each once: the later ones follow
         "backfill": str(dag_run.run_type) == "backfill",
     }
@@ -256,7 +277,7 @@ def seal(p: dict[str, Any]) -> None:
     from pipeline import open_store, seal_for_run  # deferred: the task's, not the DAG's parse
 
     aws_env_from_connection()
-    selected = config.select(p["tables"].split(",") if p["tables"] else None)
+    selected = _selected(p)
     assert selected.store
     for line in seal_for_run(selected, open_store(selected.store), _date(p), datetime.now(UTC)):
         log.info("seal: %s", line)
@@ -272,6 +293,7 @@ def ingest(p: dict[str, Any]) -> str:
     extra += ["--accept-late-exports"] if p.get("accept_late_exports") else []
     extra += ["--accept-alert"] if p.get("accept_alert") else []
     extra += ["--backfill"] if p.get("backfill") else []
+    extra += ["--allow-missing-exports"] if p.get("allow_missing_exports") else []
     _cli("ingest", p["date"], "--run-id", p["run_id"], *extra)
     return p["run_id"]
 

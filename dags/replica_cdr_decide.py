@@ -16,7 +16,6 @@ Settings: ``CDR_CONFIG`` as for ``replica_cdr``; the connection ``aws_default``
 from __future__ import annotations
 
 import logging
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,13 +55,13 @@ PARAMS = {
 @task(retries=0)
 def decide(params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cdr decide``: returns the decision and the dates to rerun (an XCom)."""
-    from pipeline import decide_conflict, load_config  # deferred: the task's, not the DAG's parse
+    from pipeline import decide_conflict, load_dag_config  # deferred: the task's, not the parse's
 
     assert params is not None
     run = get_current_context()["dag_run"]
     by = getattr(run, "triggering_user_name", None) or "airflow"
     aws_env_from_connection()
-    config = load_config(os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml")))
+    config = load_dag_config(DAGS)
     take = params["take"]
     result = decide_conflict(
         config,

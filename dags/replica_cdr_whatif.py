@@ -57,11 +57,15 @@ def whatif(params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cdr whatif``: returns each table's count of differing rows (an XCom)."""
     import json  # deferred: the task's, not the DAG's parse
 
-    from pipeline import config_named, load_config  # deferred: the task's, not the DAG's parse
+    from pipeline import (  # deferred: the task's, not the DAG's parse
+        config_named,
+        dag_config_path,
+        load_config,
+    )
     from pipeline import whatif as run_whatif  # deferred: the task's, not the DAG's parse
 
     assert params is not None
-    main = Path(os.environ.get("CDR_CONFIG", str(DAGS.parent / "cdr.yaml")))
+    main = dag_config_path(DAGS)
     folder = Path(os.environ.get("CDR_WHATIF_DIR", str(main.parent / "whatif")))
     name = params["config"]
     path = config_named(name, main, folder)  # a path: refused, nothing read

@@ -39,6 +39,8 @@ _FACE: dict[str, str] = {
     "RunReport": "pipeline.core.report",  # what ``run`` and ``publish`` return
     # the config, the store, a run's identity
     "load_config": "pipeline.core.config_load",
+    "load_dag_config": "pipeline.core.config_load",  # $CDR_CONFIG (docs/airflow.md#settings)
+    "dag_config_path": "pipeline.core.config_load",
     "WHATIF_NAME": "pipeline.core.config",
     "layout": "pipeline.core.layout:",  # the module: every key of the store
     "open_store": "pipeline.storage.store",
@@ -107,7 +109,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     from pipeline.app.whatif import config_named, whatif
     from pipeline.core import layout
     from pipeline.core.config import WHATIF_NAME
-    from pipeline.core.config_load import load_config
+    from pipeline.core.config_load import dag_config_path, load_config, load_dag_config
     from pipeline.core.errors import CdrError, ExportError, StageError, StoreError
     from pipeline.core.report import RunReport
     from pipeline.core.summary import MalformedReport

@@ -10,10 +10,15 @@ import argparse
 import getpass
 import json
 import os
+import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from pipeline.app.cli_args import config_of, emit
 from pipeline.core.errors import StageError
+
+if TYPE_CHECKING:
+    from pipeline.app.decide import Decided
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
@@ -46,7 +51,8 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     held = lease.acquire(store, holder, 600)  # no run publishes meanwhile
     lake = Lake(store, config.retention_days, lease.Fence(store, holder, held.epoch))
     try:
-        status = quarantine.act(lake, read_runs(lake), args.table, args.event_id, args.action)
+        runs = read_runs(lake)
+        status = quarantine.act(lake, runs, args.table, args.event_id, args.action, config.retry)
     finally:
         lease.release(store, holder, held.epoch)
     text = f"{args.table} {args.event_id}: {status}"
@@ -68,15 +74,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         by=args.by or getpass.getuser(),
         withdraw_id=args.withdraw,
     )
-    row = result.row
-    verb = "withdrawn" if args.withdraw else f"takes {row['take']}"
-    dates = " ".join(d.isoformat() for d in result.reruns)
-    text = (
-        f"decision {row['decision_id']} ({row['table']} {row['key']}, {row['dt']}) {verb}; "
-        f"it takes effect when these dates run again, in order: {dates}"
-        + ("" if args.rerun else " (cdr decide --rerun, or cdr run --date D for each)")
-    )
-    emit(args, result.to_dict(), text)
+    emit(args, result.to_dict(), decided_text(args, result))
     if args.rerun:
         from pipeline.stages import RunOptions, run_then_later  # deferred: cdr --help stays fast
 
@@ -84,6 +82,25 @@ def cmd_decide(args: argparse.Namespace) -> int:
         for report in run_then_later(config, result.reruns[0], opts):
             print(f"{report.dt}: {report.status}", file=sys.stderr)
     return 0
+
+
+def decided_text(args: argparse.Namespace, result: Decided) -> str:
+    """What ``cdr decide`` says: the decision, the dates that must run again, and (without
+    ``--rerun``) the command that runs them, ready to paste."""
+    row = result.row
+    verb = "withdrawn" if args.withdraw else f"takes {row['take']}"
+    dates = " ".join(d.isoformat() for d in result.reruns)
+    text = (
+        f"decision {row['decision_id']} ({row['table']} {row['key']}, {row['dt']}) {verb}; "
+        f"it takes effect when these dates run again, in order: {dates}"
+    )
+    if args.rerun:
+        return text
+    command = ["cdr", "run", "--config", str(args.config)]
+    command += ["--store", args.store] if args.store else []
+    command += ["--date", result.reruns[0].isoformat()]
+    command += ["--then-later"] if len(result.reruns) > 1 else []
+    return f"{text}; to run them: {shlex.join(command)}"
 
 
 def cmd_repair(args: argparse.Namespace) -> int:

@@ -53,11 +53,15 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
         )
     res = vacuum(open_store(config.store), days, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    lines = [f"{verb} {res.files} file(s) from {config.store}/published"]
-    lines += [f"  {path}: {len(keys)}" for path, keys in res.removed.items()]
-    emit(
-        args, {"removed": res.removed, "kept": res.kept, "dry_run": args.dry_run}, "\n".join(lines)
-    )
+    lines = [res.summary(verb, config.store), *(g.line() for g in res.groups)]
+    out = {
+        "removed": res.removed,
+        "why": [g.to_json() for g in res.groups],
+        "kept": res.kept,
+        "horizon": res.horizon,
+        "dry_run": args.dry_run,
+    }
+    emit(args, out, "\n".join(lines))
     return 0
 
 

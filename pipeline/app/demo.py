@@ -240,7 +240,8 @@ def _where(
     conflicts = f"{copy}/published/orders/conflicts"
     lines = [
         f"\nWhere to look (the store {uri}, copied to {copy}):",
-        "  the snapshot and the conflict log, with DuckDB (INSTALL delta; LOAD delta;):",
+        "  the snapshot and the conflict log, with DuckDB (LOAD delta; offline, its Python "
+        "package: docs/outputs.md#reading-the-tables):",
         f"    SELECT * FROM delta_scan('{snapshot}') LIMIT 5;",
         f"    SELECT conflict_type, outcome, count(*) FROM delta_scan('{conflicts}') GROUP BY ALL;",
     ]

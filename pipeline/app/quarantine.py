@@ -6,6 +6,7 @@ reopens or dismisses one of them (read by the next run's ingest, ``pipeline.inge
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -72,27 +73,45 @@ def listing(lake: Lake, table: str, status: str | None = None) -> list[dict[str,
     return out
 
 
-def act(lake: Lake, runs: list[RunRow], table: str, event_id: str, action: str) -> str:
+def outcome_of(it: Item, action: str, retries: Mapping[str, int]) -> Status:
+    """The outcome ``action`` (``retry`` or ``dismiss``) writes for ``it``; a StageError,
+    naming why, when it would change nothing or cannot apply. ``retries`` is the config's
+    ``retry``: an open event of a reason it retries is offered to the next run anyway."""
+    if action == "dismiss":
+        if it.status.closed:
+            raise StageError(f"{it.event_id} is {it.status.value} already")
+        return Status.DISMISSED
+    if it.status is Status.RESOLVED:
+        raise StageError(f"{it.event_id} is resolved already")
+    if it.reason not in RETRYABLE:
+        raise StageError(
+            f"{it.event_id} was quarantined as {it.reason}, which a run cannot retry "
+            "(fix the export and rerun its date)"
+        )
+    if it.status is Status.REOPENED or (it.status is Status.OPEN and retries.get(it.reason)):
+        raise StageError(
+            f"{it.event_id} is open already: the next run offers it again (nothing written; "
+            "retry reopens an expired or dismissed event)"
+        )
+    return Status.REOPENED
+
+
+def act(
+    lake: Lake,
+    runs: list[RunRow],
+    table: str,
+    event_id: str,
+    action: str,
+    retries: Mapping[str, int],
+) -> str:
     """``cdr quarantine retry | dismiss``: the operator's outcome of one event, in the
     partition of the table's latest published run (the next run reads it). Refuses what
-    the action cannot apply to, naming why."""
+    the action cannot apply to or would not change, naming why (:func:`outcome_of`)."""
     q = read_quarantine(lake, table, None, [EVENT_ID, "reason", DT])
     it = statuses(q, read_outcomes(lake, table)).get(event_id)
     if it is None:
         raise StageError(f"table {table}: no quarantined event {event_id!r}")
-    if action == "dismiss":
-        if it.status.closed:
-            raise StageError(f"{event_id} is {it.status.value} already")
-        status = Status.DISMISSED
-    else:
-        if it.status is Status.RESOLVED:
-            raise StageError(f"{event_id} is resolved already")
-        if it.reason not in RETRYABLE:
-            raise StageError(
-                f"{event_id} was quarantined as {it.reason}, which a run cannot retry "
-                "(fix the export and rerun its date)"
-            )
-        status = Status.REOPENED
+    status = outcome_of(it, action, retries)
     dates = [r.dt for r in runs if r.published and table in r.tables()]
     if not dates:
         raise StageError(f"table {table} has no published run")

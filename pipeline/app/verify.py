@@ -1,4 +1,4 @@
-"""``cdr verify --full --date D``: the whole-table checks of a published date, recomputed
+"""``cdr verify --date D``: the whole-table checks of a published date, recomputed
 over the whole tables at the versions D's ``runs`` row names.
 
 A night merged in place (``pipeline.ingest.inplace``) checks what it touched: the carried row

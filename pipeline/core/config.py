@@ -313,11 +313,14 @@ class Config:
         tables: Sequence[str] | None = None,
         on_divergence: str | None = None,
         accept_alert: bool = False,
+        allow_missing_exports: bool = False,
     ) -> Config:
         """This config for one run: only ``tables`` and the tables their foreign keys
         reference (a child's orphans are found against its parent's snapshot),
-        ``on_divergence`` overridden when given, and with ``accept_alert`` a fired alert
-        that would fail the run only a warning. Unknown names raise ConfigError."""
+        ``on_divergence`` overridden when given, with ``accept_alert`` a fired alert
+        that would fail the run only a warning, and with ``allow_missing_exports`` a
+        replica's missing export allowed (as the config's own setting allows it).
+        Unknown names raise ConfigError."""
         problems = [f"tables: no table {t!r}" for t in tables or () if t not in self.tables]
         if on_divergence is not None and on_divergence not in {p.value for p in DivergencePolicy}:
             problems.append(f"on_divergence: {on_divergence!r} is not fail or warn")
@@ -338,4 +341,6 @@ class Config:
             out = replace(out, on_divergence=DivergencePolicy(on_divergence))
         if accept_alert and out.conflict_rate_alert is not None:
             out = replace(out, conflict_rate_alert=replace(out.conflict_rate_alert, accepted=True))
+        if allow_missing_exports:
+            out = replace(out, allow_missing_exports=True)
         return out

@@ -12,6 +12,7 @@ this one reads YAML.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -349,6 +350,31 @@ def _is_tail(key: yaml.Node, value: yaml.Node) -> bool:
         and value.tag == "tag:yaml.org,2002:null"
         and value.value == ""
     )
+
+
+#: the environment variable the DAGs take the config's path from (docs/airflow.md#settings)
+CONFIG_ENV = "CDR_CONFIG"
+
+
+def dag_config_path(dags: Path) -> Path:
+    """The config the DAGs of the folder ``dags`` run with: ``$CDR_CONFIG``, else
+    ``cdr.yaml`` beside that folder."""
+    return Path(os.environ.get(CONFIG_ENV) or dags.parent / "cdr.yaml")
+
+
+def load_dag_config(dags: Path) -> Config:
+    """:func:`load_config` of :func:`dag_config_path`; a file that is not there is an
+    error that says what to set (a DAG has no ``--config``)."""
+    path = dag_config_path(dags)
+    if not path.exists():
+        where = (
+            f"{CONFIG_ENV}={path}: no such file"
+            if os.environ.get(CONFIG_ENV)
+            else f"{CONFIG_ENV} is not set and there is no {path}"
+        )
+        fix = f"set {CONFIG_ENV} to the path of cdr.yaml (docs/airflow.md#settings)"
+        raise ConfigError(str(path), [f"{where}; {fix}, in the Airflow services' environment"])
+    return load_config(path)
 
 
 def load_config(path: str | Path, store: str | None = None) -> Config:

@@ -471,6 +471,7 @@ def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_p
         "On divergence",
         "as in the config (warn)",
         "Accept late exports",
+        "Allow missing exports",
     ):
         assert expected in text, (expected, text)
     dialog.locator("input[type=date]").last.fill(str(DATES[-1]))
@@ -494,6 +495,7 @@ def test_the_trigger_form_shows_the_params_and_triggers(services, browser, tmp_p
         "on_divergence": None,
         "accept_late_exports": False,
         "accept_alert": False,
+        "allow_missing_exports": False,
     }
 
 

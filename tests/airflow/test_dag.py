@@ -55,6 +55,7 @@ def test_dagbag_imports_with_the_configured_schedule_params_and_assets(
         "on_divergence",
         "accept_late_exports",
         "accept_alert",
+        "allow_missing_exports",
     }
     assert sorted(dag.params.get_param("tables").schema["items"]["enum"]) == [
         "accounts",
@@ -89,6 +90,19 @@ def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch
     assert "schedule: 'every night' is not a cron expression" in next(iter(errors.values()))
 
 
+def test_a_missing_config_is_the_dags_import_error_naming_cdr_config(
+    airflow, tmp_path, monkeypatch
+):
+    """docs/airflow.md#settings: the import error says what to set, not a ``--config``
+    the DAG has no command line for."""
+    monkeypatch.setenv("CDR_CONFIG", str(tmp_path / "nowhere" / "cdr.yaml"))
+    errors = dagbag().import_errors
+    assert len(errors) == 1  # replica_cdr's (the decide and what-if DAGs read it in a task)
+    (error,) = errors.values()
+    assert "CDR_CONFIG=" in error and "nowhere/cdr.yaml: no such file" in error
+    assert "set CDR_CONFIG to the path of cdr.yaml (docs/airflow.md#settings)" in error
+
+
 @pytest.mark.parametrize(
     "conf, message",
     [
@@ -97,6 +111,7 @@ def test_a_broken_config_is_the_dags_import_error(airflow, tmp_path, monkeypatch
         ({"on_divergence": "ignore"}, "ignore"),
         ({"dry_run": "yes"}, "yes"),
         ({"accept_late_exports": "yes"}, "yes"),
+        ({"allow_missing_exports": "yes"}, "yes"),
     ],
 )
 def test_the_trigger_form_refuses_bad_params(airflow, tmp_path, monkeypatch, conf, message):
@@ -119,6 +134,7 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
         "on_divergence": None,
         "accept_late_exports": False,
         "accept_alert": False,
+        "allow_missing_exports": False,
     }
     conf = {
         "date": "2026-11-21",
@@ -127,6 +143,7 @@ def test_the_trigger_form_accepts_good_params(airflow, tmp_path, monkeypatch):
         "on_divergence": "fail",
         "accept_late_exports": True,
         "accept_alert": True,
+        "allow_missing_exports": True,
     }
     params.update(conf)
     assert params.validate() == conf
@@ -225,3 +242,28 @@ def test_a_sensor_timeout_names_a_missing_manifest(airflow, tmp_path, monkeypatc
     assert line.startswith("replica_cdr wait_for_exports failed for 2026-11-21: timed out ")
     # orders and products (its foreign key's parent), three replicas each
     assert "waiting for 6 export(s), e.g. exports/replica=" in line and "/dt=2026-11-21/" in line
+    # what to change: the setting that waited, and the form's switch
+    assert "wait_for_exports.timeout_minutes: 360" in line and "Allow missing exports" in line
+
+
+def test_the_forms_allow_missing_exports_runs_without_the_missing_ones(
+    airflow, tmp_path, monkeypatch
+):
+    """docs/airflow.md#triggering-from-the-ui: with the switch the sensor waits for no
+    export and ingest runs with --allow-missing-exports; without it, both as before."""
+    store = tmp_path / "store"
+    monkeypatch.setenv("CDR_CONFIG", str(write_config(tmp_path / "cdr.yaml", store.as_uri())))
+    dag = dagbag().get_dag("replica_cdr")
+    module = sys.modules[dag.get_task("ingest").python_callable.__module__]
+    plan = {"date": "2026-11-21", "tables": "orders", "dry_run": False, "on_divergence": "",
+            "run_id": "r1"}  # fmt: skip
+    assert len(module._missing_manifests(plan)) == 6
+    assert module._missing_manifests({**plan, "allow_missing_exports": True}) == []
+    called: list[tuple[str, ...]] = []
+    monkeypatch.setattr(module, "_cli", lambda *args: called.append(args))
+    monkeypatch.setattr(module, "aws_env_from_connection", lambda: None)  # a file:// store
+    ingest = dag.get_task("ingest").python_callable
+    ingest(plan)
+    ingest({**plan, "allow_missing_exports": True})
+    assert "--allow-missing-exports" not in called[0]
+    assert called[1][-1] == "--allow-missing-exports"

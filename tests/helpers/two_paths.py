@@ -75,7 +75,7 @@ def _run(cfg: Path, d: str, work: Path, *more: str) -> int:
 
 
 def _verify(cfg: Path, d: str) -> int:
-    return main(["verify", "--config", str(cfg), "--date", d, "--full"])
+    return main(["verify", "--config", str(cfg), "--date", d])
 
 
 def _snapshot(store: Any) -> dict[str, Counter[str]]:
@@ -166,7 +166,7 @@ def _go_on(
     return got
 
 
-#: ``cdr verify --full`` of every date (``make test-deep``), else of the last date only
+#: ``cdr verify`` of every date (``make test-deep``), else of the last date only
 EVERY_DATE = bool(os.environ.get("CDR_DEEP"))
 
 

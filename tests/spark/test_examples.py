@@ -3,8 +3,10 @@
 table's folder would see a rerun's replaced rows too):
 
 - a ``python`` or ``sql`` block is marked ``<!-- example: NAME -->`` and run: a page's
-  Python blocks in order in one namespace (``STORE``, ``spark``), its SQL through DuckDB's
-  ``delta`` extension, the store's path for ``s3://replica-exports/prod`` and ``...``;
+  Python blocks in order in one namespace (``STORE``, ``spark``), its SQL through DuckDB
+  as written, ``INSTALL`` and ``LOAD`` included, offline (an empty extension folder but
+  for what the pages' Python installed, no extension repository that answers), the
+  store's path for ``s3://replica-exports/prod`` and ``...``;
   :data:`CHECKS` says what each must have found, and none may list a table's folder;
 - a ``yaml`` block is a config, or a part of one, that the config's validation accepts;
 - a ``json`` block with a ``format`` is a manifest whose options are accepted;
@@ -67,6 +69,18 @@ def _duckdb(found: list[list[dict[str, Any]]], store: Path) -> None:
     assert [r["run_id"] for r in runs] == [r["run_id"] for r in P.runs(store)]
 
 
+def _duckdb_offline(ns: dict[str, Any], store: Path) -> None:
+    """The extension the pages install, from its Python package, in DuckDB's extension
+    folder (the test's own home)."""
+    import duckdb
+
+    found = duckdb.connect().sql(
+        "SELECT installed, install_path FROM duckdb_extensions() WHERE extension_name = 'delta'"
+    )
+    ((installed, where),) = found.fetchall()
+    assert installed and where.startswith(ns["HOME"]), where
+
+
 def _deltalake(ns: dict[str, Any], store: Path) -> None:
     assert len(ns["df"]) == len(P.snapshot(store, "accounts"))
     rerun = P.run_rows(store, D2)[-1]  # the rerun: the last published run of the date
@@ -88,6 +102,7 @@ def _consumer(printed: list[list[str]], store: Path) -> None:
 
 CHECKS: dict[str, Callable[[Any, Path], None]] = {
     "duckdb": _duckdb,
+    "duckdb-offline": _duckdb_offline,  # runs before the SQL: the pages' Python first
     "deltalake": _deltalake,
     "delta-spark": _delta_spark,
     "cdc-consumer": _consumer,  # on what it printed
@@ -95,8 +110,11 @@ CHECKS: dict[str, Callable[[Any, Path], None]] = {
 }
 
 
-def test_every_python_and_sql_block_is_an_example_that_runs(two_days, spark, capsys):
+def test_every_python_and_sql_block_is_an_example_that_runs(
+    two_days, spark, capsys, tmp_path, monkeypatch
+):
     store = two_days["root"]
+    monkeypatch.setenv("HOME", str(tmp_path))  # DuckDB's extension folder: ~/.duckdb, empty
     blocks = _blocks("python") + _blocks("sql")
     unmarked = [(page, text[:60]) for page, marker, text in blocks if marker is None]
     assert not unmarked, f"mark each with <!-- example: NAME --> and check it: {unmarked}"
@@ -109,7 +127,7 @@ def test_every_python_and_sql_block_is_an_example_that_runs(two_days, spark, cap
         if "delta_scan" in code:  # DuckDB's
             CHECKS[marker](_sql(code, store), store)
             continue
-        ns = spaces.setdefault(page, {"STORE": str(store), "spark": spark})
+        ns = spaces.setdefault(page, {"STORE": str(store), "spark": spark, "HOME": str(tmp_path)})
         exec(code, ns)
         printed[marker] = capsys.readouterr().out
         if not marker.startswith("cdc-consumer"):
@@ -119,15 +137,31 @@ def test_every_python_and_sql_block_is_an_example_that_runs(two_days, spark, cap
     assert lines[0][1] in printed["cdc-consumer-spark"]  # the same first entry, with Spark
 
 
+#: where DuckDB would download an extension from: nothing answers (as offline)
+_NO_REPOSITORY = "http://127.0.0.1:9"
+
+
 def _sql(code: str, store: Path) -> list[list[dict[str, Any]]]:
-    """Each statement's rows, through DuckDB's ``delta`` extension as the tests load it
-    (no download): ``INSTALL``/``LOAD`` of it are left to the helper."""
+    """Each query's rows, the statements run as written in one DuckDB connection with no
+    extension repository that answers: an ``INSTALL`` that downloads fails, a ``LOAD``
+    finds only what the pages' Python installed."""
+    import duckdb
+
+    repository = {"custom_extension_repository": _NO_REPOSITORY}
+    con = duckdb.connect(config={**repository, "autoinstall_extension_repository": _NO_REPOSITORY})
     found = []
-    for statement in [s.strip() for s in code.split(";") if s.strip()]:
-        statement = "\n".join(line.split("--")[0] for line in statement.splitlines()).strip()
-        if not statement or statement.split()[0] in ("INSTALL", "LOAD"):
-            continue
-        found.append(P.duckdb_query(store, statement))
+    try:
+        for statement in [s.strip() for s in code.split(";") if s.strip()]:
+            statement = "\n".join(line.split("--")[0] for line in statement.splitlines()).strip()
+            if not statement:
+                continue
+            rel = con.sql(statement)
+            if statement.split()[0].upper() in ("INSTALL", "LOAD"):
+                continue
+            assert rel is not None, statement
+            found.append([dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()])
+    finally:
+        con.close()
     return found
 
 

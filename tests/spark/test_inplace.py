@@ -274,7 +274,7 @@ def test_a_table_moved_between_ingest_and_publish_stops_the_publish(
 
 
 def test_verify_full_passes_for_every_published_date(nights, capsys):
-    """``cdr verify --full`` recomputes the whole-table checks at each date's versions
+    """``cdr verify`` recomputes the whole-table checks at each date's versions
     (time travel): the nights merged in place pass them all."""
     for d in NIGHTS:
         args = ["verify", "--config", str(nights["cfg"]), "--date", d, "--full"]

@@ -188,6 +188,9 @@ def test_quarantine_heals_over_nights(tmp_path: Path, capsys):
         ("o7", "expired", 1),
     ]
     assert cli("retry", "--table", "orders", "--event-id", "o6")["status"] == "reopened"
+    again = ["quarantine", "retry", "--table", "orders", "--event-id", "o6", "--config", str(cfg)]
+    assert main(again) == 1  # open already: the next run offers it; nothing written
+    assert "o6 is open already: the next run offers it again" in capsys.readouterr().err
     assert [
         r["event_id"] for r in cli("list", "--table", "orders", "--status", "open")["events"]
     ] == ["o6"]

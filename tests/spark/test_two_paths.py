@@ -1,6 +1,6 @@
 """Two paths, one answer (docs/outputs.md#a-night-costs-the-night): a night merged in place
 publishes what the whole-table path publishes, row for row, at every date, and both pass
-``cdr verify --full`` (``tests/helpers/two_paths.py``)."""
+``cdr verify`` (``tests/helpers/two_paths.py``)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def test_the_two_paths_publish_the_same_rows_on_any_history(seed, tmp_path_facto
     """A generated history (a table of any policy with any of its settings, column names
     the exports give otherwise, its base and three nights: ``two_paths.history``)
     published in place and down the whole-table path: every published table equal at
-    every date, every run's counts equal, ``cdr verify --full`` passing on both (the last
+    every date, every run's counts equal, ``cdr verify`` passing on both (the last
     date; every date under ``make test-deep``); then the second date run again with the
     dates after it (``--then-later``) on both: equal again, and every history keeps its
     invariants (one current version per key, no number twice, no overlap). The pinned

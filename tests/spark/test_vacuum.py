@@ -11,12 +11,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from pipeline.app.cli import main
 from pipeline.core import layout
 from pipeline.core.errors import LockedError
-from pipeline.publish.vacuum import vacuum
+from pipeline.publish.vacuum import Why, vacuum
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, append, read_runs, retained_rows
 from pipeline.storage.store import FileStore
+from tests.helpers import configs
 from tests.helpers import published as P
 
 pytestmark = pytest.mark.usefixtures("spark")  # the Delta tables are written by delta-spark
@@ -53,7 +55,7 @@ def _files_of(lake: Lake, path: str, version: int, dt: date | None = None) -> se
     return {f"{path}/{a['path']}" for a in adds if dt is None or a["partition.dt"] == dt}
 
 
-def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Path):
+def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Path, capsys):
     lake = Lake(file_store)
     _run(lake, tmp_path, "d1", D1, [1, 2])
     first = _run(lake, tmp_path, "d2-first", D2, [3])
@@ -66,6 +68,8 @@ def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Pat
 
     kept = vacuum(file_store, retain_days=7)  # everything is within the week
     assert kept.files == 1 and kept.removed == {LOG: [stray]}  # only the stray goes
+    assert [(g.why, g.keys) for g in kept.groups] == [(Why.UNLOGGED, (stray,))]
+    assert "failed before its commit" in kept.groups[0].line()
     assert len(files()) == 3
 
     later = datetime.now(UTC) + timedelta(days=30)  # a month on: only retained rows count
@@ -75,7 +79,23 @@ def test_vacuum_removes_what_no_retained_version_needs(file_store, tmp_path: Pat
     # the snapshots of d1 and d2-first: replaced since, and their rows are past the window
     replaced = _files_of(lake, SNAPSHOT, 0) | _files_of(lake, SNAPSHOT, 1)
     assert sorted(res.removed[SNAPSHOT]) == sorted(replaced)
+    # each group says why: the version that replaced it, before the window
+    (why,) = [g for g in res.groups if g.path == LOG]
+    replaced_by = first.versions[LOG] + 1  # the rerun's commit
+    assert why.why is Why.REPLACED and f"replaced by version {replaced_by} (" in why.detail
+    assert "before the window (since " in why.detail
+    assert {g.why for g in res.groups if g.path == SNAPSHOT} == {Why.REPLACED}
+    assert res.summary("would remove", "S").startswith("would remove 3 file(s) from S/published; ")
+    assert res.kept[LOG] == 2 and res.kept[SNAPSHOT] == 1  # d1's and d2-again's; d2-again's
+    kept_all = f"kept {sum(res.kept.values())} data file(s) of {len(res.kept)} table(s)"
+    assert kept_all in res.summary("", "S") and "retained runs row(s) name" in res.summary("", "S")
     assert len(files()) == 3  # a dry run removes nothing
+    cfg = configs.write(tmp_path / "cdr.yaml", configs.config(), store=tmp_path / "store")
+    capsys.readouterr()
+    assert main(["vacuum", "--config", str(cfg), "--retain-days", "0", "--dry-run"]) == 0
+    said = capsys.readouterr().out.splitlines()  # as cdr says it: a summary, a line a group
+    assert said[0].startswith("would remove 3 file(s) from file://") and "kept " in said[0]
+    assert f"  {LOG}: 1 file(s), replaced by version {replaced_by} (" in "\n".join(said)
     res = vacuum(file_store, retain_days=7, now=later)
     assert len(files()) == 2 and res.files == 3
     assert _ids(file_store, LOG) == [1, 2, 4, 5]  # the latest version reads whole

@@ -1,4 +1,4 @@
-"""``cdr verify --full`` (``pipeline.app.verify``): each whole-table check passes on a sound
+"""``cdr verify`` (``pipeline.app.verify``): each whole-table check passes on a sound
 table and fails on the defect it is for. (The command on published nights:
 tests/spark/test_inplace.py.)"""
 

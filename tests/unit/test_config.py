@@ -220,6 +220,8 @@ def test_select_adds_the_tables_foreign_keys_reference_and_overrides():
     assert orders.on_divergence.value == "warn" and config.on_divergence.value == "fail"
     assert set(config.select(["accounts"]).tables) == {"accounts"}
     assert config.select(None) is config
+    allowed = config.select(None, allow_missing_exports=True)  # the DAG form's switch
+    assert allowed.allow_missing_exports and not config.allow_missing_exports
     with pytest.raises(ConfigError) as e:
         config.select(["orders", "invoices"], "ignore")
     assert "tables: no table 'invoices'" in str(e.value)
@@ -574,3 +576,26 @@ def test_every_column_a_published_table_holds_beside_a_tables_own_is_reserved():
         for schema in (state_schema(table), snapshot_schema(table), history_schema(table)):
             beside = set(schema.names) - set(table.column_names)
             assert beside <= RESERVED, beside - RESERVED
+
+
+def test_the_dags_config_is_cdr_config_or_says_to_set_it(tmp_path, monkeypatch):
+    """docs/airflow.md#settings: the DAGs read ``$CDR_CONFIG``, else ``cdr.yaml`` beside
+    their folder; without either, the error says what to set."""
+    from pipeline.core.config_load import load_dag_config
+    from tests.helpers import configs
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    monkeypatch.delenv("CDR_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match=r"CDR_CONFIG is not set") as err:
+        load_dag_config(dags)
+    assert "set CDR_CONFIG to the path of cdr.yaml (docs/airflow.md#settings)" in str(err.value)
+    assert str(tmp_path / "cdr.yaml") in str(err.value)  # where it looked
+    monkeypatch.setenv("CDR_CONFIG", str(tmp_path / "gone.yaml"))
+    with pytest.raises(ConfigError, match=r"CDR_CONFIG=.*gone\.yaml: no such file; set CDR_"):
+        load_dag_config(dags)
+    configs.write(tmp_path / "cdr.yaml", configs.config(), store="file:///s")
+    monkeypatch.delenv("CDR_CONFIG")
+    assert load_dag_config(dags).store == "file:///s"  # beside the dags folder
+    monkeypatch.setenv("CDR_CONFIG", str(tmp_path / "cdr.yaml"))
+    assert load_dag_config(dags).store == "file:///s"

@@ -265,3 +265,35 @@ def test_a_table_may_not_take_a_folder_of_the_stores_own(name):
     cfg = configs.config({name: {"key": ["id"], "columns": {"id": "int"}}}, replicas=("A", "B"))
     with pytest.raises(ConfigError, match=rf"tables\.{name}: .*(store's own|starts with a letter)"):
         parse_config(cfg)
+
+
+def test_cdr_decide_says_the_command_that_runs_its_dates_again():
+    """The line ``cdr decide`` prints ends with a command a user can paste: it parses as
+    ``cdr run`` of the decision's date, with every later date after it."""
+    import argparse
+    import shlex
+    from datetime import date
+    from pathlib import Path
+
+    from pipeline.app.cli_args import build_parser
+    from pipeline.app.cli_review import decided_text
+
+    row = {"decision_id": "d-5a1b2c3d4e5f", "table": "t", "key": '{"id": 1}',
+           "dt": date(2026, 11, 21), "take": "local"}  # fmt: skip
+    result = decide.Decided(row, (date(2026, 11, 21), date(2026, 11, 23)))
+    args = argparse.Namespace(
+        config=Path("my configs/cdr.yaml"), store="file:///s", withdraw=None, rerun=False
+    )
+    text = decided_text(args, result)
+    assert "2026-11-21 2026-11-23" in text
+    command = shlex.split(text.rsplit(": ", 1)[1])
+    assert command[0] == "cdr"
+    run = build_parser().parse_args(command[1:])
+    assert run.command == "run" and run.date == date(2026, 11, 21) and run.then_later
+    assert run.config == args.config and run.store == "file:///s"
+    alone = decide.Decided(row, (date(2026, 11, 21),))  # no later date: the date alone
+    args.store = None
+    run = build_parser().parse_args(shlex.split(decided_text(args, alone).rsplit(": ", 1)[1])[1:])
+    assert run.date == date(2026, 11, 21) and not run.then_later and run.store is None
+    args.rerun = True  # cdr decide --rerun runs them: no command to paste
+    assert "cdr run" not in decided_text(args, result)

@@ -66,7 +66,7 @@ def test_slug_follows_github():
     assert slug("Tombstones and `gc_grace_seconds`") == "tombstones-and-gc_grace_seconds"
     assert slug("What-if") == "what-if"
     assert slug("The JVM's start") == "the-jvms-start"
-    assert slug("`cdr verify --full --date D`") == "cdr-verify---full---date-d"
+    assert slug("`cdr run --date D --then-later`") == "cdr-run---date-d---then-later"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())

@@ -48,3 +48,53 @@ def test_the_operator_notes_name_open_events_and_a_skewed_clock():
     assert notes["products"]["clock_skew_warnings"] == []  # 19 s is within the 20 allowed
     line = notes_line(notes)
     assert line.startswith("quarantine open: orders 2, products 0; clock skew: table orders: ")
+
+
+#: the config's ``retry`` of the tests below: future_timestamp retried, update_missing not
+RETRIES = {"future_timestamp": 2}
+
+
+@pytest.mark.parametrize(
+    "status, action, reason, message",
+    [
+        ("open", "retry", "future_timestamp", "open already: the next run offers it again"),
+        ("reopened", "retry", "future_timestamp", "open already: the next run offers it again"),
+        ("reopened", "retry", "update_missing", "open already: the next run offers it again"),
+        ("resolved", "retry", "future_timestamp", "resolved already"),
+        ("expired", "retry", "malformed", "which a run cannot retry"),
+        ("dismissed", "dismiss", "future_timestamp", "dismissed already"),
+        ("expired", "dismiss", "future_timestamp", "expired already"),
+    ],
+)
+def test_cdr_quarantine_refuses_what_its_action_cannot_change(status, action, reason, message):
+    """An open event the next run offers again anyway is a no-op: ``retry`` says it is
+    open already (exit 1) and writes nothing, as ``dismiss`` of a closed one does."""
+    from datetime import date
+
+    from pipeline.app.quarantine import outcome_of
+    from pipeline.core.errors import StageError
+    from pipeline.ingest.retry import Item, Status
+
+    it = Item("e1", reason, date(2026, 11, 20), Status(status), date(2026, 11, 20))
+    with pytest.raises(StageError, match=message):
+        outcome_of(it, action, RETRIES)
+
+
+@pytest.mark.parametrize(
+    "status, action, reason, want",
+    [("expired", "retry", "future_timestamp", "reopened"),
+     ("dismissed", "retry", "future_timestamp", "reopened"),
+     ("open", "retry", "update_missing", "reopened"),  # no retry: no run offers it, unless reopened
+     ("open", "dismiss", "future_timestamp", "dismissed"),
+     ("reopened", "dismiss", "future_timestamp", "dismissed")],
+)  # fmt: skip
+def test_cdr_quarantine_reopens_what_no_run_offers_and_dismisses_an_open_one(
+    status, action, reason, want
+):
+    from datetime import date
+
+    from pipeline.app.quarantine import outcome_of
+    from pipeline.ingest.retry import Item, Status
+
+    it = Item("e1", reason, date(2026, 11, 20), Status(status), date(2026, 11, 20))
+    assert outcome_of(it, action, RETRIES).value == want
