@@ -352,8 +352,21 @@ def _write_export(
     store.write_bytes(f"{folder}/{layout.MANIFEST}", json.dumps(body, indent=1).encode())
 
 
-def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> dict[str, Any]:
-    """Write one day of exports for every configured table (parents first)."""
+#: when each replica applied each event (µs, its real time), by event id and replica; the
+#: origin's entry is when it happened. What an event's writer had seen is read from it
+#: (docs/rules.md#lost-writes), apart from the exports' ``seq``
+Arrivals = dict[str, dict[str, int]]
+
+
+def generate(
+    config: Config,
+    store: Store,
+    dt: date,
+    opts: GenerateOptions,
+    arrivals: Arrivals | None = None,
+) -> dict[str, Any]:
+    """Write one day of exports for every configured table (parents first); ``arrivals``,
+    when given, receives when each replica applied each event."""
     per_table = max(1, opts.events // max(1, len(config.tables)))
     gens: dict[str, _TableGen] = {}
     stats: dict[str, Any] = {"records": 0, "tables": {}}
@@ -370,7 +383,7 @@ def generate(config: Config, store: Store, dt: date, opts: GenerateOptions) -> d
             _write_export(store, layout.base_dir(name), base_rows, "jsonl", 1, {"table": name})
         first_new = keys.next_key
         events, k_touched = _day_events(g, dt, opts, per_table)
-        n_records = _write_day(store, table, dt, events, g.replicas, rng, opts)
+        n_records = _write_day(store, table, dt, events, g.replicas, rng, opts, arrivals)
         store.write_bytes(layout.generated_keys(name, dt), keys.to_json())
         stats["records"] += n_records
         stats["tables"][name] = {
@@ -482,6 +495,7 @@ def _write_day(
     replicas: list[str],
     rng: random.Random,
     opts: GenerateOptions,
+    applied: Arrivals | None = None,
 ) -> int:
     """Each replica exports every event in its own apply order: its own changes when they
     happen, the others' after a replication delay (by the time they happened, not by
@@ -492,6 +506,8 @@ def _write_day(
         for i, e in enumerate(events):
             delay = 0 if e.origin == rep else rng.randint(1, MAX_DELAY_US)
             arrivals.append((e.real + delay, i))
+            if applied is not None:
+                applied.setdefault(e.event_id, {})[rep] = e.real + delay
         arrivals.sort()
         records = []
         for seq, (_at, i) in enumerate(arrivals, start=1):

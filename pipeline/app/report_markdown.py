@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from pipeline.core.policy import Concurrency
 from pipeline.core.report import RunReport
 from pipeline.core.summary import TableSummary
 from pipeline.storage.context import micros_to_iso
@@ -23,6 +24,8 @@ from pipeline.validate.alerts import describe
 WARNINGS_SHOWN = 5
 #: a warning or failure longer than this is cut (the report holds it whole)
 LINE_CHARS = 300
+#: the labels' columns, in the order a person reads them (docs/rules.md#lost-writes)
+LABEL_ORDER = (Concurrency.CONCURRENT, Concurrency.SEQUENTIAL, Concurrency.UNKNOWN, Concurrency.NA)
 #: the key, under a table of :attr:`Summarised.keys`, of its conflicting keys of every type
 ALL_TYPES = "*"
 
@@ -58,6 +61,7 @@ def summary_markdown(report: RunReport, extra: Summarised | None = None) -> str:
     extra = extra or Summarised()
     parts = [
         _head(report),
+        _lost(report.tables),
         _conflicts(report.tables, extra.keys),
         _quarantine(report.tables),
         _divergence(report.tables),
@@ -87,6 +91,26 @@ def _table(header: list[str], rows: list[list[str]], counts: set[int]) -> list[s
     return [f"| {' | '.join(r)} |" for r in (header, rule, *rows)]
 
 
+def _lost(tables: Mapping[str, TableSummary]) -> str:
+    """The lead (docs/rules.md#lost-writes): the writes lost to concurrent conflicts, and
+    how the other conflicts were judged."""
+    lost = sum(s.lost_writes for s in tables.values())
+    concurrent = sum(s.totals().concurrent for s in tables.values())
+    head = (
+        f"## Writes lost\n\n**{n(lost)} writes lost** in {n(concurrent)} concurrent "
+        "conflicts (each side wrote without having seen the other's write)"
+    )
+    rows = [
+        [t, *(n(s.concurrency.get(c.value, 0)) for c in LABEL_ORDER), n(s.lost_writes)]
+        for t, s in sorted(tables.items())
+        if s.concurrency
+    ]
+    if not rows:
+        return head + "."
+    header = ["table", *(c.value for c in LABEL_ORDER), "writes lost"]
+    return "\n".join([head + ":", "", *_table(header, rows, set(range(1, len(header))))])
+
+
 def _conflicts(tables: Mapping[str, TableSummary], keys: Mapping[str, Mapping[str, int]]) -> str:
     """The lead: how many conflicts, on how many keys, and what became of them."""
     total = sum(s.totals().conflicts for s in tables.values())
@@ -95,8 +119,8 @@ def _conflicts(tables: Mapping[str, TableSummary], keys: Mapping[str, Mapping[st
     if total and all(t in keys for t, s in tables.items() if s.conflicts):
         on_keys = f" on {n(sum(keys[t].get(ALL_TYPES, 0) for t in keys if t in tables))} keys"
     head = (
-        f"## Conflicts\n\n**{n(total)} conflicts{on_keys}** among {n(events)} events "
-        f"in {n(len(tables))} table(s)"
+        f"## Conflicts by PostgreSQL's origin rule\n\n**{n(total)} conflicts{on_keys}** "
+        f"among {n(events)} events in {n(len(tables))} table(s)"
     )
     if not total:
         return head + ": nothing to resolve."

@@ -1,5 +1,6 @@
-"""The run report as people read it: one table of counts per table, then conflicts by type
-and outcome, then the gate."""
+"""The run report as people read it: one table of counts per table (the writes lost to
+concurrent conflicts first, docs/rules.md#lost-writes), then conflicts by type and outcome,
+then the gate."""
 
 from __future__ import annotations
 
@@ -27,14 +28,16 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 #: the columns of the counts table, one row per table
+#: (docs/rules.md#lost-writes: the writes lost and the concurrent conflicts lead; the
+#: conflicts are the origin rule's; a header is one word)
 COUNTS = [
-    *("table", "events", "distinct", "applied", "discarded", "quarantined", "conflicts"),
-    *("divergent", "orphans", "rows"),
+    *("table", "events", "distinct", "lost", "concurrent", "conflicts", "applied"),
+    *("discarded", "quarantined", "divergent", "orphans", "rows"),
 ]
 #: the ``TableTotals`` field of each column of :data:`COUNTS` after the table's name
 COUNT_FIELDS = (
-    *("events", "distinct", "applied", "discarded", "quarantined", "conflicts"),
-    *("divergent_keys", "orphans", "rows"),
+    *("events", "distinct", "lost_writes", "concurrent", "conflicts", "applied"),
+    *("discarded", "quarantined", "divergent_keys", "orphans", "rows"),
 )
 
 
@@ -68,6 +71,14 @@ def _counts(t: str, s: TableSummary) -> list[str]:
     resolver's events count as discarded)."""
     totals = s.totals()
     return [t, *(str(getattr(totals, f)) for f in COUNT_FIELDS)]
+
+
+_BY_TYPE = ["table", "conflict type", "outcome"]
+
+
+def _labels(tables: Mapping[str, TableSummary]) -> list[list[str]]:
+    """docs/rules.md#lost-writes: the conflicts per label."""
+    return [[t, x, str(n)] for t, s in tables.items() for x, n in sorted(s.concurrency.items())]
 
 
 def _breakdowns(tables: Mapping[str, TableSummary]) -> list[str]:
@@ -112,11 +123,8 @@ def _breakdowns(tables: Mapping[str, TableSummary]) -> list[str]:
         for replica, n in sorted(s.arrived_late.items())
     ]
     sections = [
-        (
-            "conflicts by type and outcome:",
-            ["table", "conflict type", "outcome", "count"],
-            conflicts,
-        ),
+        ("conflicts by what the writers had seen:", ["table", "label", "count"], _labels(tables)),
+        ("conflicts by type and outcome (origin rule):", [*_BY_TYPE, "count"], conflicts),
         ("quarantined:", ["table", "quarantine reason", "count"], quarantined),
         ("retried from the quarantine:", ["table", "became", "events"], retried),
         ("quarantined events open:", ["table", "events"], still_open),

@@ -71,6 +71,17 @@ class Outcome(StrEnum):
         return self in (Outcome.APPLIED, Outcome.CONVERTED_TO_INSERT, Outcome.CONVERTED_TO_UPDATE)
 
 
+class Concurrency(StrEnum):
+    """docs/rules.md#lost-writes: whether a conflict's two writes were made one after the
+    other (``sequential``: an origin change, nothing lost) or each without having seen the
+    other (``concurrent``: the loser's write is lost), as the exports tell."""
+
+    SEQUENTIAL = "sequential"
+    CONCURRENT = "concurrent"
+    UNKNOWN = "unknown"  # a needed export is absent, lacks the event, or has no apply order
+    NA = "n/a"  # no local write: update_missing, delete_missing, column_extra
+
+
 class Fate(StrEnum):
     """What became of one exported copy of an event (docs/outputs.md: nothing an export
     held is lost; the run report's accounting). An event's copies share its fate, but a

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
+from pipeline.core.policy import Concurrency
+
 
 class MalformedReport(ValueError):
     """A report whose numbers are not what a run writes (shown as an error row)."""
@@ -42,6 +44,8 @@ class TableTotals:
     duplicates: int = 0
     quarantined: int = 0  # every reason
     conflicts: int = 0  # every type and outcome
+    concurrent: int = 0  # docs/rules.md#lost-writes: the conflicts whose writes were concurrent
+    lost_writes: int = 0  # the writes they lost, each losing event once
     divergent_keys: int = 0  # every replica's perspective (not the snapshot comparison's)
     orphans: int = 0
     rows: int = 0  # of the snapshot
@@ -64,6 +68,10 @@ class TableSummary:
     not_reached: int = 0
     quarantined: Mapping[str, int] = field(default_factory=dict)  # events by reason
     conflicts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # type, outcome
+    #: docs/rules.md#lost-writes: the conflict-log rows per label (``concurrent``,
+    #: ``sequential``, ``unknown``, ``n/a``), and the writes the concurrent ones lost
+    concurrency: Mapping[str, int] = field(default_factory=dict)
+    lost_writes: int = 0
     divergent_keys: Mapping[str, int] = field(default_factory=dict)  # by replica
     replicas: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # records, fates
     missing_exports: list[str] = field(default_factory=list)
@@ -114,6 +122,8 @@ class TableSummary:
             duplicates=self.duplicates,
             quarantined=sum(self.quarantined.values()),
             conflicts=sum(n for outcomes in self.conflicts.values() for n in outcomes.values()),
+            concurrent=self.concurrency.get(Concurrency.CONCURRENT.value, 0),
+            lost_writes=self.lost_writes,
             divergent_keys=sum(self.divergent_keys.values()),
             orphans=self.orphans,
             rows=self.rows,

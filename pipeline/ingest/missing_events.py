@@ -47,6 +47,19 @@ def stage(lake: Any, dt: date, gc_grace_seconds: int, tables: Iterable[str], sta
             (staged / t / STAGED).write_text(text)
 
 
+def lacked_by_event(folder: Any) -> dict[str, frozenset[str]]:
+    """The staged lacked events (``folder``: the table's staged folder), by event id: the
+    replicas whose exports the ledger's window says lacked it (docs/rules.md#lost-writes)."""
+    path = folder / STAGED
+    if not path.exists():
+        return {}
+    out: dict[str, set[str]] = {}
+    for rep, ids in json.loads(path.read_text()).items():
+        for eid in ids:
+            out.setdefault(eid, set()).add(rep)
+    return {eid: frozenset(reps) for eid, reps in out.items()}
+
+
 def arrived_late(spark: Any, copies: Any, folder: Any) -> dict[str, int]:
     """Per replica, the night's copies (``copies``: the typed copies) of the events the
     staged divergence said its export lacked."""

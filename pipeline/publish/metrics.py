@@ -33,7 +33,7 @@ from pipeline.core.columns import RUN_ID
 from pipeline.core.config import MetricsConfig
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, read_runs
-from pipeline.storage.stats import PATH
+from pipeline.storage.stats import LOST_WRITES, PATH
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,13 @@ METRICS = (
         "counter",
         ("table", "type", "resolver", "outcome"),
         "Conflicts of the published run of every date.",
+    ),
+    Metric(
+        "cdr_lost_writes_total",
+        "counter",
+        ("table",),
+        "Writes lost to concurrent conflicts (docs/rules.md#lost-writes) in the published "
+        "run of every date.",
     ),
     Metric(
         "cdr_events_total",
@@ -189,19 +196,21 @@ def _divergent(s: Mapping[str, Any]) -> list[tuple[str, str, int]]:
 def _counters(stats: list[Mapping[str, Any]]) -> list[Sample]:
     """The counters: ``conflict_stats`` summed over every date."""
     conflicts: dict[tuple[str, str, str, str], float] = {}
-    events: dict[str, float] = {}
+    totals: dict[str, dict[str, float]] = {"events": {}, LOST_WRITES: {}}
     for row in stats:
         if row["kind"] == "conflicts":
             key = (row["table"], row["conflict_type"], row["resolver"], row["outcome"])
             conflicts[key] = conflicts.get(key, 0) + row["count"]
-        elif row["kind"] == "events":
-            events[row["table"]] = events.get(row["table"], 0) + row["count"]
+        elif row["kind"] in totals:
+            into = totals[row["kind"]]
+            into[row["table"]] = into.get(row["table"], 0) + row["count"]
     out = []
     for (table, ctype, resolver, outcome), n in sorted(conflicts.items(), key=_text_key):
         row = {"conflict_type": ctype, "resolver": resolver, "outcome": outcome}
         out.append(_conflicts("cdr_conflicts_total", table, row, n))
-    for table, n in sorted(events.items()):
-        out.append(_sample("cdr_events_total", n, table=table))
+    for kind, metric in (("events", "cdr_events_total"), (LOST_WRITES, "cdr_lost_writes_total")):
+        for table, n in sorted(totals[kind].items()):
+            out.append(_sample(metric, n, table=table))
     return out
 
 

@@ -96,6 +96,7 @@ from pipeline.resolve.unique import (
 )
 from pipeline.rules.decisions import Decisions
 from pipeline.rules.events import FoldSpec
+from pipeline.rules.lost import Witness
 from pipeline.spark.frames import UNFORESEEN, fold_input, fold_outputs
 from pipeline.spark.schema import GROUPS
 from pipeline.storage.outputs import note_output, read_output
@@ -244,6 +245,8 @@ class RowRun:
     in_place: InPlace | None = None  # merged in place: the fold reads the touched rows
     #: docs/rules.md#manual-decisions: the date's decisions, applied by the converged fold
     decisions: Decisions = field(default_factory=Decisions)
+    #: docs/rules.md#lost-writes: who exported tonight, in which order (the fold's labels)
+    witness: Witness = field(default_factory=Witness)
 
 
 def resolve_rows(
@@ -319,6 +322,7 @@ class _Folds:
             config.captures(table),
             QuarantineReason.UPDATE_MISSING in config.retry,
             self.schemas,
+            run.witness,
         )
         self.written: dict[str, int | None] = {}  # each output's rows, of the last fold
 

@@ -64,6 +64,7 @@ from pipeline.rules.events import (
     write_groups,
 )
 from pipeline.rules.guards import READ
+from pipeline.rules.lost import Label, Witness, copy_positions, judge
 from pipeline.rules.rowfold import fold_converged
 from pipeline.spark.frames import SKEW_FIELDS, UNFORESEEN, VALUE
 from pipeline.spark.schema import GROUPS
@@ -87,6 +88,7 @@ class FoldJob:
     #: its row too
     retry_update_missing: bool = False
     schemas: Mapping[str, Any] = field(default_factory=dict)  # output -> Spark StructType
+    witness: Witness = field(default_factory=Witness)  # docs/rules.md#lost-writes
 
     @property
     def table(self) -> Table:
@@ -227,9 +229,8 @@ class GroupFolder:
         if unique:
             for key, values in unforeseen(self.table, state, events, result.held):
                 yield UNFORESEEN, {KEY: self.key_dict(key), VALUE: values}
+        yield from self._conflicts(result.applied, copies, events)
         for a in result.applied:
-            for i, c in enumerate(a.conflicts):
-                yield "conflicts", self._conflict_row(c, i)
             for i, ch in enumerate(a.changes):
                 yield "changes", self._change_row(a.event, ch, i)
         outcome = {a.event.event_id: a for a in result.applied}
@@ -398,7 +399,36 @@ class GroupFolder:
             "post": row(ch.post),
         }
 
-    def _conflict_row(self, c: Conflict, idx: int) -> dict[str, Any]:
+    def _conflicts(
+        self,
+        applied: Iterable[Applied],
+        copies: Mapping[str, list[dict[str, Any]]],
+        events: Iterable[Event],
+    ) -> Iterator[Out]:
+        """The conflict-log rows, each labelled (docs/rules.md#lost-writes) from every copy's
+        place in tonight's exports; and one ``labels`` row per conflict, whose ``lost``
+        marks the first conflict to lose each event's write (counted once)."""
+        applied = list(applied)
+        if not any(a.conflicts for a in applied):
+            return
+        where = copy_positions(
+            [(c[EVENT_ID], c[REPLICA], c[SEQ]) for g in copies.values() for c in g]
+        )
+        tonight = frozenset(e.event_id for e in events)
+        lost: set[str] = set()
+        for a in applied:
+            for i, c in enumerate(a.conflicts):
+                label = judge(c, where, tonight, self.job.witness)
+                first = label.lost is not None and label.lost not in lost
+                if first:
+                    lost.add(label.lost)  # type: ignore[arg-type]
+                yield "conflicts", self._conflict_row(c, i, label)
+                yield (
+                    "labels",
+                    {"concurrency": label.concurrency.value, "lost": "1" if first else None},
+                )
+
+    def _conflict_row(self, c: Conflict, idx: int, label: Label) -> dict[str, Any]:
         first = c.local[0] if c.local else None
         local: Any = None
         if len(c.local) == 1:
@@ -419,12 +449,16 @@ class GroupFolder:
             "outcome": c.outcome.value,
             "local_ts": first.ts if first else None,
             "local_origin": first.origin if first else None,
+            "local_event_id": first.event_id if first else None,
             "local_row": local,
             "remote_event_id": e.event_id,
             "remote_ts": e.ts,
             "remote_origin": e.origin,
             "remote_row": remote_text(e, self.key_cols),
             "reason": c.reason,
+            "concurrency": label.concurrency.value,
+            "concurrency_why": label.why,
+            "lost_event_id": label.lost,
             CONFLICT_ID: conflict_id(
                 self.job.dt, self.table.name, key, c.type.value, e.event_id, local_ref(c.local)
             ),

@@ -32,7 +32,7 @@ from pipeline.core import layout
 from pipeline.core.columns import CAUSE, DIGEST, EVENT_ID, FATE, REPLICA
 from pipeline.core.policy import Fate
 from pipeline.resolve.skew import EVENTS, MAX_SECONDS
-from pipeline.spark.frames import LEDGER_COLUMNS, RUN_COLUMNS, SKEW_FIELDS
+from pipeline.spark.frames import LABELS, LEDGER_COLUMNS, RUN_COLUMNS, SKEW_FIELDS
 from pipeline.storage.outputs import read_known, write_output
 from pipeline.storage.workpath import WorkPath
 
@@ -52,6 +52,7 @@ COUNTED_BY: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "conflicts": ("conflicts", ("conflict_type", "resolver", "outcome")),
     "quarantine": ("quarantined", ("reason",)),
     "divergence": ("divergent", (REPLICA, CAUSE)),
+    LABELS: ("labels", ("concurrency", "lost")),  # docs/rules.md#lost-writes
 }
 #: the counts of the events (not of an output's rows): distinct events per fate, the
 #: events a replica exported twice, and the copies of an earlier night's event whose
@@ -91,6 +92,10 @@ class Facts:
     changed: int = 0
     #: the divergent keys per replica by cause (docs/rules.md#divergence-causes)
     divergent_causes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: docs/rules.md#lost-writes: the conflict-log rows per label, and the writes lost
+    #: (each losing event once)
+    concurrency: Mapping[str, int] = field(default_factory=dict)
+    lost_writes: int = 0
 
     @classmethod
     def of(cls, counts: Iterable[Count], disputed: Iterable[str] = ()) -> Facts:
@@ -122,6 +127,8 @@ class Facts:
             divergent_causes=causes,
             disputed=tuple(sorted(disputed)),
             clock_skew=_clock_skew(found.get(SKEW, {})),
+            concurrency=_summed(found.get("labels", {})),
+            lost_writes=sum(n for (_, lost, _), n in found.get("labels", {}).items() if lost),
         )
 
     @classmethod
@@ -133,6 +140,14 @@ class Facts:
         assert observed is not None
         counts = [*count_outputs(spark, out), *_event_counts(observed.asDict())]
         return cls.of(counts, _disputed(events) if observed["disputed"] else ())
+
+
+def _summed(counts: Mapping[tuple[Any, ...], int]) -> dict[str, int]:
+    """Counts by their first value."""
+    out: dict[str, int] = {}
+    for (a, _, _), n in counts.items():
+        out[a] = out.get(a, 0) + n
+    return out
 
 
 def skew_counts(evidence: pa.Table) -> list[dict[str, Any]]:

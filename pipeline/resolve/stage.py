@@ -31,8 +31,10 @@ from pipeline.core.errors import StageError
 from pipeline.core.policy import ASYMMETRIC_NOTE, Fate, Granularity, Outcome
 from pipeline.core.summary import RunSummary, Stopped, TableSummary
 from pipeline.ingest import decisions, missing_events
+from pipeline.ingest.adapters.options import seq_order
 from pipeline.ingest.inplace import InPlace, staged_record
 from pipeline.ingest.inputs import StagedTable, load_inputs
+from pipeline.ingest.missing_events import lacked_by_event
 from pipeline.resolve.cells import resolve_cells
 from pipeline.resolve.cells.conflicts import with_conflict_id
 from pipeline.resolve.cells.state import due as cells_due
@@ -54,6 +56,7 @@ from pipeline.resolve.snapshots import compare_snapshots
 from pipeline.resolve.state import from_reads, read_prior
 from pipeline.rules import custom
 from pipeline.rules.decisions import Decisions
+from pipeline.rules.lost import Witness
 from pipeline.spark.frames import (
     CONFLICT_FIELDS,
     DIVERGENCE_FIELDS,
@@ -108,20 +111,18 @@ def resolve_table(
     report, and what they were counted from."""
     for path in table.custom.values():  # docs/rules.md#custom-resolvers: on the driver first
         custom.load(path)
-    out = ctx.resolved / table.name
-    ledger = read_ledger(spark, ctx.staged / table.name)
+    out, folder = ctx.resolved / table.name, ctx.staged / table.name
+    ledger = read_ledger(spark, folder)
     legacy = legacy_ids(ledger) if staged.legacy_ids else None
     adapting = Adapting(
         ctx.dt, ctx.run_id, out, config.gc_grace_seconds, config.replica_ids, legacy
     )
-    copies, waits = read_copies(
-        spark, config, table, ctx.staged / table.name, staged.exports, ctx.now_us, adapting
-    )
-    prior = read_prior(spark, ctx.staged / table.name, table)
+    copies, waits = read_copies(spark, config, table, folder, staged.exports, ctx.now_us, adapting)
+    prior = read_prior(spark, folder, table)
     if staged.prior is None and staged.base_rows is None:  # the table starts empty
         prior = from_reads(copies, table, config.replica_ids)  # docs/adapters.md#snapshot-reads
         staged = replace(staged, start=f"{SEEDED}; {staged.start}")
-    any_special = not special_free(staged.exports, ctx.staged / table.name)
+    any_special = not special_free(staged.exports, folder)
     in_place = None if staged.snapshots else staged_record(staged.prior)
     chosen: Decisions | None = None  # docs/rules.md#manual-decisions: a row table's
     if table.granularity is Granularity.CELL:
@@ -131,8 +132,9 @@ def resolve_table(
         tally = write_ledger(spark, out, ctx.run_id, table.name)
         facts = Facts.of([*count_outputs(spark, out), *tally.counts])
     else:
-        chosen = decisions.load(ctx.staged / table.name, table, ctx.dt)
+        chosen = decisions.load(folder, table, ctx.dt)
         run = RowRun(ctx.now_us, ctx.dt, ctx.run_id, out, ledger, any_special, in_place, chosen)
+        run = replace(run, witness=witness(staged, folder))
         facts = _resolve_rows(spark, config, table, copies, prior, run)
         clock_skew = facts.clock_skew  # counted by the fold's tasks
     stopped = _cut_at_error(out, table, config) if facts.events.get(Fate.ERRORED) else None
@@ -146,9 +148,8 @@ def resolve_table(
     if facts.changed and ledger is not None:  # an earlier night's event, other content
         found += changed_copies(copies, ledger, table)
     _write_differing(found, out, ctx, table.name)
-    staged_table = ctx.staged / table.name
-    settled = settle(offers_of(staged_table), out)
-    start_outcomes(staged_table, out, ctx.run_id, table.name, settled)
+    settled = settle(offers_of(folder), out)
+    start_outcomes(folder, out, ctx.run_id, table.name, settled)
     if stopped is not None or settled.rewrote:  # the logs were cut, the fates rewritten
         facts = Facts.counted(spark, out)
     counts = _table_counts(table, facts, staged, stopped, differing, waits)
@@ -159,7 +160,7 @@ def resolve_table(
         changed_copies=facts.changed,
         asymmetric=_asymmetric(spark, out) if table.custom else {},
         decisions=_decided(spark, out, chosen),
-        arrived_late=missing_events.arrived_late(spark, copies, ctx.staged / table.name),
+        arrived_late=missing_events.arrived_late(spark, copies, folder),
     ), facts
 
 
@@ -290,6 +291,13 @@ def _write_differing(
     write_table(data, folder / "part-00000.parquet", compression="zstd")
 
 
+def witness(staged: StagedTable, folder: WorkPath) -> Witness:
+    """docs/rules.md#lost-writes: what tonight's exports of the table say of who saw what."""
+    exports = staged.exports.values()
+    unordered = {e.replica: why for e in exports if (why := seq_order(e.format, e.options))}
+    return Witness(frozenset(e.replica for e in exports), unordered, lacked_by_event(folder))
+
+
 def _cut_at_error(out: WorkPath, table: Table, config: Config) -> Stopped:
     """docs/rules.md#fine-points: the fold stopped at an ``error``; the conflict log
     keeps the conflicts up to
@@ -353,6 +361,8 @@ def _table_counts(
         not_reached=by_fate.get("not_reached", 0),
         quarantined=dict(facts.quarantined),
         conflicts=_by_type(facts.conflicts),
+        concurrency=dict(facts.concurrency),
+        lost_writes=facts.lost_writes,
         divergent_keys=dict(facts.divergent),
         divergent_causes={r: dict(c) for r, c in facts.divergent_causes.items()},
         replicas=per_replica,

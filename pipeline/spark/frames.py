@@ -172,15 +172,25 @@ CONFLICT = (
     ("outcome", _S),
     ("local_ts", _L),
     ("local_origin", _S),
+    ("local_event_id", _S),  # docs/rules.md#lost-writes: the local version's writer
     ("local_row", _S),
     ("remote_event_id", _S),
     ("remote_ts", _L),
     ("remote_origin", _S),
     ("remote_row", _S),
     ("reason", _S),
+    # docs/rules.md#lost-writes (``pipeline.rules.lost``): the label, why it is unknown,
+    # the event whose write a concurrent conflict lost
+    ("concurrency", _S),
+    ("concurrency_why", _S),
+    ("lost_event_id", _S),
     (CONFLICT_ID, _S),  # docs/rules.md#manual-decisions (``pipeline.rules.decisions``)
 )
 CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
+#: the fold's output counted for the lost writes (docs/rules.md#lost-writes): one row per
+#: conflict, its label, and ``lost`` ("1") on the first conflict that lost each write
+LABELS = "labels"
+LABELS_SCHEMA = T.StructType([T.StructField("concurrency", _S), T.StructField("lost", _S)])
 #: a conflict's place in the canonical order (the event's, then its place among the
 #: event's conflicts); the conflict log is written in this order
 POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")
@@ -238,6 +248,7 @@ def fold_outputs(table: Table, changes: bool) -> dict[str, T.StructType]:
     out["skew"] = T.StructType(  # clock skew: the clock-skew evidence (``pipeline.resolve.skew``)
         [T.StructField(n, t) for n, t in zip(SKEW_FIELDS, (_S, _S, _L), strict=True)]
     )
+    out[LABELS] = LABELS_SCHEMA
     if changes:
         out["changes"] = change_schema(table)
     out[LEDGER] = LEDGER_SCHEMA  # the ledger's rows of the events a task folded

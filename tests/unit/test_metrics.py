@@ -29,6 +29,10 @@ def _row(run_id: str, dt: date, tables: dict, seconds: dict | None = None) -> Ru
 
 def _stats(run_id: str, dt: date, table: str, events: int, conflicts: dict) -> list[dict]:
     rows = [{"run_id": run_id, "dt": dt, "table": table, "kind": "events", "count": events}]
+    # docs/rules.md#lost-writes: a tenth of the events lost a write
+    rows.append(
+        {"run_id": run_id, "dt": dt, "table": table, "kind": "lost_writes", "count": events // 10}
+    )
     for (ctype, resolver, outcome), n in conflicts.items():
         rows.append(
             {
@@ -97,11 +101,13 @@ def test_the_metric_table_names_what_the_spec_names():
         "cdr_last_published_timestamp_seconds": ("table",),
         "cdr_conflicts_total": ("table", "type", "resolver", "outcome"),
         "cdr_events_total": ("table",),
+        "cdr_lost_writes_total": ("table",),
     }
     assert {m.name: m.labels for m in M.METRICS} == expected
     assert {m.name for m in M.METRICS if m.kind == "counter"} == {
         "cdr_conflicts_total",
         "cdr_events_total",
+        "cdr_lost_writes_total",
     }
     assert not any(set(m.labels) & {"run_id", "dt", "date"} for m in M.METRICS)
 
@@ -131,6 +137,7 @@ def test_the_textfile_reads_back_with_prometheus_parser():
     # the counters: D1's share and D2's (its rerun's rows only), summed; the parser names a
     # counter's sample with its _total
     assert got["cdr_events_total"] == {t: 50}
+    assert got["cdr_lost_writes_total"] == {t: sum(e // 10 for e in (10, 40))}
     applied = (("outcome", "applied"), ("resolver", "apply_remote"), *t, ("type", "update_differ"))
     assert got["cdr_conflicts_total"][applied] == 6
 

@@ -18,6 +18,8 @@ REPORT = {
             "errored": 1,
             "quarantined": {"malformed": 1},
             "conflicts": {"update_differ": {"apply_remote": 2, "skip": 1}},
+            "concurrency": {"concurrent": 1, "sequential": 2},
+            "lost_writes": 1,
             "divergent_keys": {"pub": 1},
             "snapshot_divergent_keys": {"sub": 2},
             "orphans": 0,
@@ -51,12 +53,18 @@ REPORT = {
 EXPECTED = """\
 run r1 for 2026-11-21: FAILED
 
-table     events  distinct  applied  discarded  quarantined  conflicts  divergent  orphans  rows
---------  ------  --------  -------  ---------  -----------  ---------  ---------  -------  ----
-orders         7         5        3          2            1          3          1        0     4
-products       2         2        2          0            0          0          0        1     0
+table     events  distinct  lost  concurrent  conflicts  applied  discarded  quarantined  divergent  orphans  rows
+--------  ------  --------  ----  ----------  ---------  -------  ---------  -----------  ---------  -------  ----
+orders         7         5     1           1          3        3          2            1          1        0     4
+products       2         2     0           0          0        2          0            0          0        1     0
 
-conflicts by type and outcome:
+conflicts by what the writers had seen:
+table        label  count
+------  ----------  -----
+orders  concurrent      1
+orders  sequential      2
+
+conflicts by type and outcome (origin rule):
 table   conflict type       outcome  count
 ------  -------------  ------------  -----
 orders  update_differ  apply_remote      2

@@ -22,6 +22,8 @@ REPORT = {
                 "insert_exists": {"converted_to_update": 12},
                 "update_differ": {"apply_remote": 1500, "skip": 392},
             },
+            "concurrency": {"concurrent": 40, "sequential": 1864},
+            "lost_writes": 38,
             "quarantined": {"malformed": 1, "fk_violation": 4},
             "quarantine_open": 4,
             "divergent_keys": {"us-east": 3, "eu-west": 0},
@@ -50,7 +52,15 @@ EXPECTED = """\
 
 run `2026-11-21_r1`, started 2026-11-22T01:00:00Z, its clock 2026-11-22T00:00:00Z, took 1,202 s.
 
-## Conflicts
+## Writes lost
+
+**38 writes lost** in 40 concurrent conflicts (each side wrote without having seen the other's write):
+
+| table | concurrent | sequential | unknown | n/a | writes lost |
+| --- | --: | --: | --: | --: | --: |
+| orders | 40 | 1,864 | 0 | 0 | 38 |
+
+## Conflicts by PostgreSQL's origin rule
 
 **1,904 conflicts on 1,140 keys** among 3,385 events in 2 table(s), resolved:
 
@@ -90,7 +100,7 @@ run `2026-11-21_r1`, started 2026-11-22T01:00:00Z, its clock 2026-11-22T00:00:00
 """
 
 
-def test_the_summary_leads_with_the_conflicts_then_quarantine_divergence_alerts_links():
+def test_the_summary_leads_with_writes_lost_conflicts_quarantine_divergence_alerts_links():
     got = summary_markdown(RunReport.from_dict(REPORT), Summarised(KEYS, LINKS))
     assert got == EXPECTED
 

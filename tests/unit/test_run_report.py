@@ -71,6 +71,8 @@ ORDERS = TableSummary(
     snapshot_divergent_causes={"pub": {"schema": 1}},
     repaired=2,
     arrived_late={"pub": 1},
+    concurrency={"concurrent": 2, "sequential": 4, "n/a": 1},
+    lost_writes=2,
     asymmetric={"python:acme.cdr:prefer": 1},
     ledger_digests=True,
 )
@@ -225,6 +227,8 @@ def test_a_report_of_an_earlier_release_reads_with_defaults(path: str):
             "repaired": 0,
             "arrived_late": {},
             "prior_run_id": None,
+            "concurrency": {},
+            "lost_writes": 0,
         }
         assert s.to_dict() == {**raw["tables"][name], **added}
     assert (report.alerts, report.seconds) == ({}, {})
@@ -297,6 +301,8 @@ ORDERS_TOTALS = TableTotals(
     duplicates=2,
     quarantined=3,
     conflicts=7,
+    concurrent=2,
+    lost_writes=2,
     divergent_keys=3,
     orphans=1,
     rows=4,
@@ -326,7 +332,7 @@ def test_every_reader_shows_the_same_headline_counts(tmp_path: Path):
     named = {f.name: getattr(totals, f.name) for f in dataclasses.fields(TableTotals)}
 
     text = _text_counts(REPORT)["orders"]
-    column = {"divergent": "divergent_keys"}  # the text report's short header
+    column = {"divergent": "divergent_keys", "lost": "lost_writes"}  # its short headers
     assert {column.get(c, c): int(v) for c, v in text.items()} == {
         k: v for k, v in named.items() if k != "duplicates"
     }

@@ -66,6 +66,18 @@ DMS_COLUMNS = {
 }
 
 
+def seq_order(fmt: str, options: dict[str, Any]) -> str | None:
+    """docs/rules.md#lost-writes: None when an export's ``seq`` is the replica's apply order
+    (the canonical formats' by contract, wal2json's and Debezium's LSN); else why not (its
+    conflicts are ``unknown``): a DMS export without ``options.change_seq_column`` orders
+    its changes by the files' and lines' order alone."""
+    if fmt == "dms" and "change_seq_column" not in options:
+        return (
+            "dms export without options.change_seq_column: its seq (files, lines) is no apply order"
+        )
+    return None
+
+
 def check_options(fmt: str, options: Any, where: str) -> dict[str, Any]:
     """The manifest's ``options`` for ``fmt``, checked; every problem names the field."""
     if options is None:

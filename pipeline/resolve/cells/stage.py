@@ -31,7 +31,7 @@ from pipeline.core.columns import (
     TS,
 )
 from pipeline.core.config import Config, Table
-from pipeline.core.policy import Fate
+from pipeline.core.policy import Concurrency, Fate
 from pipeline.resolve.cells.changes import event_change, truncate_changes, truncate_slots
 from pipeline.resolve.cells.conflicts import conflict_columns
 from pipeline.resolve.cells.state import (
@@ -160,6 +160,17 @@ def _slot_maxima(
     )
 
 
+#: docs/rules.md#lost-writes: a cell table's conflicts are not judged (its state keeps no
+#: event id of a cell's writer, nor the fold the exports' positions)
+def unjudged() -> dict[str, Column]:
+    return {
+        "local_event_id": F.lit(None).cast("string"),
+        "concurrency": F.lit(Concurrency.UNKNOWN.value),
+        "concurrency_why": F.lit("a cell table's conflicts are not judged"),
+        "lost_event_id": F.lit(None).cast("string"),
+    }
+
+
 def _outputs(
     df: DataFrame,
     table: Table,
@@ -178,7 +189,7 @@ def _outputs(
         "remote_ts": F.col(TS),
         "remote_origin": F.col(ORIGIN),
     }
-    fields = {**logged, **remote, CONFLICT_ID: F.lit(None).cast("string")}  # the run's: later
+    fields = {**logged, **remote, **unjudged(), CONFLICT_ID: F.lit(None).cast("string")}
     conflict = F.struct(
         *[fields[n].alias(n) for n in CONFLICT_FIELDS],
         F.col(RANK).alias("pos_rank"),
