@@ -196,7 +196,12 @@ def _verdict(report: RunReport) -> str:
         else f"{len(suites) - len(failed)} of {len(suites)} suites passed, warnings: "
         + ", ".join(failed)
     )
-    return f"{conflicts} conflicts resolved, {checked}"
+    totals = [s.totals() for s in report.tables.values()]
+    lost, concurrent = sum(t.lost_writes for t in totals), sum(t.concurrent for t in totals)
+    return (
+        f"{lost} writes lost in {concurrent} concurrent conflicts "
+        f"({conflicts} conflicts resolved by the origin rule), {checked}"
+    )
 
 
 def _resolved(lake: Lake, config: Config, dt: date) -> str:
@@ -206,7 +211,8 @@ def _resolved(lake: Lake, config: Config, dt: date) -> str:
     seen: set[str] = set()
     for table in config.tables:
         got = lake.read(f"{layout.PUBLISHED}/{table}/conflicts", dt=dt)
-        for row in [] if got is None else got.to_pylist():
+        rows = [] if got is None else got.to_pylist()  # the writes lost first
+        for row in sorted(rows, key=lambda r: r.get("concurrency") != "concurrent"):
             if row["conflict_type"] in seen or len(seen) == EXAMPLES:
                 continue
             seen.add(row["conflict_type"])
@@ -216,8 +222,18 @@ def _resolved(lake: Lake, config: Config, dt: date) -> str:
                 f"    here   {_version(row['local_origin'], row['local_ts'], row['local_row'])}",
                 f"    remote {_version(row['remote_origin'], row['remote_ts'], row['remote_row'])}",
                 f"    why    {row['reason']}",
+                f"    seen   {_seen(row)}",
             ]
     return "\n".join(lines)
+
+
+def _seen(row: dict[str, Any]) -> str:
+    """docs/rules.md#lost-writes: whether the writers had seen each other's write."""
+    label = row.get("concurrency") or "unknown"
+    if label == "concurrent":
+        return f"concurrent: neither writer had seen the other's; {row['lost_event_id']} lost"
+    why = row.get("concurrency_why")
+    return f"{label}{f' ({why})' if why else ''}"
 
 
 def _version(origin: str | None, ts: int | None, row: str | None) -> str:

@@ -470,15 +470,27 @@ def _head(report: RunReport, reports: list[RunReport], docs_href: str, run_href:
     )
 
 
+#: the totals the page leads with (docs/rules.md#lost-writes)
+LOST_FIELDS = ("lost_writes", "concurrent")
+
+
 def _per_table(rows: list[TableRun]) -> str:
+    """The writes lost first (docs/rules.md#lost-writes), then each table's counts."""
+    lost, concurrent = (sum(getattr(r.totals, f) for r in rows) for f in LOST_FIELDS)
     summary = [
-        "<h2>Per table</h2><table id='tables'><tr><th>table</th><th>events</th><th>applied</th>"
+        f"<p id='lost'><b>{lost} writes lost</b> in {concurrent} concurrent conflicts "
+        "(neither writer had seen the other's write); the conflicts below are PostgreSQL's "
+        "origin rule's</p>"
+        "<h2>Per table</h2><table id='tables'><tr><th>table</th><th>events</th>"
+        "<th>writes lost</th><th>concurrent</th><th>applied</th>"
         "<th>discarded</th><th>conflicts</th><th>quarantined</th><th>divergent keys</th>"
         "<th>orphans</th></tr>"
     ]
     for r in rows:
         summary.append(
-            f"<tr><td>{_e(r.table)}</td><td class=n>{r.events}</td><td class=n>{r.applied}</td>"
+            f"<tr><td>{_e(r.table)}</td><td class=n>{r.events}</td>"
+            f"<td class=n>{r.totals.lost_writes}</td><td class=n>{r.totals.concurrent}</td>"
+            f"<td class=n>{r.applied}</td>"
             f"<td class=n>{r.discarded}</td><td class=n>{r.conflict_total}</td>"
             f"<td class=n>{r.quarantined_total}</td><td class=n>{r.divergent_total}</td>"
             f"<td class=n>{r.orphans}</td></tr>"

@@ -25,7 +25,12 @@ def test_the_demo_passes_its_suites_and_shows_what_it_resolved(tmp_path: Path):
     out = p.stdout
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
-    nights = re.findall(r"^night (\S+): .* (\d+) conflicts resolved, (.*)$", out, re.M)
+    nights = re.findall(
+        r"^night (\S+): .* (\d+) writes lost in (\d+) concurrent conflicts "
+        r"\((\d+) conflicts resolved by the origin rule\), (.*)$",
+        out,
+        re.M,
+    )
     assert len(nights) == 2, out
     assert all(re.fullmatch(r"\d+ suites passed", verdict) for *_, verdict in nights), nights
     assert "failed" not in out.lower(), out
@@ -34,7 +39,12 @@ def test_the_demo_passes_its_suites_and_shows_what_it_resolved(tmp_path: Path):
     assert resolved < out.index("validation:") < out.index("Where to look")
     examples = re.findall(r"^  (\w+) (\{.*\}): (\w+), (\w+) -> (\w+)$", out, re.M)
     assert examples and len({e[2] for e in examples}) == len(examples), out
-    lines = {w: len(re.findall(rf"^    {w} ", out, re.M)) for w in ("here", "remote", "why")}
+    lines = {
+        w: len(re.findall(rf"^    {w} ", out, re.M)) for w in ("here", "remote", "why", "seen")
+    }
+    # the writes lost lead: the first example is a concurrent conflict (docs/rules.md#lost-writes)
+    assert re.search(r"^    seen   (\S+)", out, re.M)[1] == "concurrent:", out
+    assert all(int(lost) <= int(conc) <= int(total) for _, lost, conc, total, _ in nights)
     assert lines == dict.fromkeys(lines, len(examples)), lines
     page = re.search(r"the Conflicts page: (\S+)", out)
     assert page and "<svg" in Path(page[1]).read_text()
@@ -47,3 +57,4 @@ def test_the_demo_passes_its_suites_and_shows_what_it_resolved(tmp_path: Path):
     assert said.returncode == 0, said.stderr[-3000:]
     assert said.stdout.startswith("# Run of 2026-11-21: published\n"), said.stdout
     assert re.search(r"^\*\*[\d,]+ conflicts on [\d,]+ keys\*\*", said.stdout, re.M)
+    assert said.stdout.index("## Writes lost") < said.stdout.index("## Conflicts")

@@ -368,6 +368,8 @@ def test_every_reader_shows_the_same_headline_counts(tmp_path: Path):
         f"<td class=n>{n}</td>"
         for n in (
             totals.distinct,
+            totals.lost_writes,
+            totals.concurrent,
             totals.applied,
             totals.discarded,
             totals.conflicts,
@@ -377,6 +379,7 @@ def test_every_reader_shows_the_same_headline_counts(tmp_path: Path):
         )
     )
     assert f"<tr><td>orders</td>{cells}</tr>" in html
+    assert "<b>2 writes lost</b> in 2 concurrent conflicts" in html  # it leads
 
 
 def test_a_report_file_that_is_not_one_is_a_failure_of_its_run(tmp_path: Path):
