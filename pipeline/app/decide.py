@@ -24,6 +24,7 @@ from pipeline.core.columns import CONFLICT_ID, DT, KEY, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import StageError
 from pipeline.core.policy import ConflictType, Granularity
+from pipeline.core.report import Status
 from pipeline.ingest import decisions as table_
 from pipeline.rules.custom import RowMisfit
 from pipeline.rules.decisions import DECIDABLE, Take, typed_row
@@ -62,10 +63,32 @@ def find_conflict(lake: Any, config: Config, conflict_id: str) -> tuple[str, dic
         got = lake.read(path, where=f"{CONFLICT_ID} = '{conflict_id}'")
         if got is not None and got.num_rows:
             return t, got.to_pylist()[0]
+    found = _of_a_stopped_night(lake, config, conflict_id)
+    if found is not None:
+        return found
     raise StageError(
-        f"no conflict {conflict_id} in the published conflict logs of "
-        f"{', '.join(config.tables)} (cdr decide answers a conflict of a published run)"
+        f"no conflict {conflict_id} in the conflict logs of {', '.join(config.tables)} "
+        "(cdr decide answers a conflict of a published run, or of a run an `error` "
+        "resolver stopped)"
     )
+
+
+def _of_a_stopped_night(
+    lake: Any, config: Config, conflict_id: str
+) -> tuple[str, dict[str, Any]] | None:
+    """docs/rules.md#manual-decisions: a conflict of a failed run's own conflict log (a
+    night an ``error`` resolver stopped: its failure names the id), newest run first,
+    with the run's date."""
+    failed = [r for r in read_runs(lake) if r.status == Status.FAILED]
+    for run in reversed(failed):
+        for t in config.tables:
+            path = layout.failed_output(run.run_id, t, "conflicts")
+            if lake.table(path) is None:
+                continue
+            got = lake.read(path, where=f"{CONFLICT_ID} = '{conflict_id}'")
+            if got is not None and got.num_rows:
+                return t, {**got.to_pylist()[0], DT: run.dt}
+    return None
 
 
 def check(config: Config, table: str, conflict: Mapping[str, Any], take: Take, row: Any) -> Any:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pipeline.core.config import Config, Table
 from pipeline.core.policy import ALLOWED, PRESETS, ConflictType, FkPolicy, Resolver
 from pipeline.core.summary import Stopped
+from pipeline.rules.decisions import DECIDABLE, Take
 
 #: resolvers that stop a night, or need more than their name, left out of the choices
 _NOT_A_CHOICE = frozenset({Resolver.ERROR, Resolver.APPLY_OR_ERROR, Resolver.PYTHON})
@@ -50,8 +51,21 @@ def stopped(table: Table, st: Stopped, dt: str) -> str:
         f"table {table.name}: {conflict.value} on key {st.key} ({name}) met resolver "
         f"`{resolver}` ({whose(table, conflict)}): {st.reason}. Nothing is published for "
         f"{dt}. To resolve such conflicts, set `tables.{table.name}.resolvers: "
-        f"{{{conflict.value}: {choices}}}` in the config (docs/rules.md#resolvers), then run "
-        f"the date again: {rerun(dt)}"
+        f"{{{conflict.value}: {choices}}}` in the config (docs/rules.md#resolvers)"
+        f"{_decide(conflict, st)}, then run the date again: {rerun(dt)}"
+    )
+
+
+def _decide(conflict: ConflictType, st: Stopped) -> str:
+    """docs/rules.md#manual-decisions: the decision that answers this conflict alone, where
+    a decision can (``decisions.DECIDABLE``)."""
+    takes = DECIDABLE.get(conflict)
+    if not st.conflict_id or not takes:
+        return ""
+    take = " | ".join(sorted(t.value for t in takes if t is not Take.ROW))
+    return (
+        f", or decide this one conflict: `cdr decide --conflict-id {st.conflict_id} "
+        f"--take {take} --why '...'`"
     )
 
 

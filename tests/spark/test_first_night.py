@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.app.cli import main
 from tests.helpers import scenarios as S
 from tests.helpers.reports import date_report, log_rows
 
@@ -111,3 +112,57 @@ def test_the_collision_skipped_publishes_with_its_orphan_quarantined(tmp_path: P
     causes = got["causes"]["customers"]["pg2"]
     assert {json.dumps(c["key"]) for c in causes} == {'{"id": 1}', '{"id": 2}'}
     assert all(c["causes"] for c in causes)
+
+
+#: pg2 updates the row pg1 inserted, with an `error` resolver for update_differ
+DECIDED: dict[str, Any] = {
+    "config": {
+        "replicas": [{"id": "pg1", "system_id": 1}, {"id": "pg2", "system_id": 2}],
+        "tables": {
+            "items": {
+                "key": ["id"],
+                "columns": {"id": "int", "qty": "int"},
+                "resolvers": {"update_differ": "error"},
+            }
+        },
+    },
+    "date": D,
+    "now": "2026-11-22T00:00:00Z",
+    "exports": {
+        "pg1": {
+            "items": [_event("INSERT", {"id": 1}, "10:00:00", "pg1", "i1", {"id": 1, "qty": 1}, 1)]
+        },
+        "pg2": {
+            "items": [
+                _event("INSERT", {"id": 1}, "10:00:00", "pg1", "i1", {"id": 1, "qty": 1}, 1),
+                _event("UPDATE", {"id": 1}, "10:01:00", "pg2", "u2", {"qty": 2}, 2),
+            ]
+        },
+    },
+}
+
+
+def test_a_stopped_nights_conflict_is_decided_by_the_command_its_failure_names(
+    tmp_path: Path, spark
+):
+    """docs/rules.md#manual-decisions: the failure of a night an `error` resolver stopped
+    names `cdr decide` with the conflict's id; the decision is taken from the failed run's
+    own conflict log, and the date run again publishes it."""
+    _, failed = S.run_scenario(DECIDED, tmp_path)
+    assert failed
+    report = date_report(tmp_path / "store", D)
+    assert report is not None
+    (failure,) = report.failures
+    (errored,) = log_rows(tmp_path / "store", report, "items", "conflicts")
+    command = f"cdr decide --conflict-id {errored['conflict_id']} --take local | remote"
+    assert command in failure, failure
+    cfg = str(tmp_path / "cdr.yaml")
+    decide = ["decide", "--config", cfg, "--conflict-id", errored["conflict_id"]]
+    assert main([*decide, "--take", "local", "--why", "pg1's quantity stands", "--by", "t"]) == 0
+    run = ["run", "--config", cfg, "--date", D, "--now", DECIDED["now"], "--no-data-docs"]
+    assert main([*run, "--work-dir", str(tmp_path / "work2")]) == 0
+    report = date_report(tmp_path / "store", D)
+    assert report is not None and report.status == "published", report
+    (logged,) = log_rows(tmp_path / "store", report, "items", "conflicts")
+    assert (logged["resolver"], logged["conflict_id"]) == ("manual", errored["conflict_id"])
+    assert S.snapshot_rows(tmp_path / "store", "items")[0]["qty"] == 1
