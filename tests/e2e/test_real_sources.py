@@ -348,6 +348,15 @@ def test_wal2json_exports_of_three_real_servers(tmp_path: Path, s3_store: Store,
         ]  # fmt: skip
         assert (ctype, outcome) in {(r["conflict_type"], r["outcome"]) for r in rows}, (
             table, key, ctype, [(r["conflict_type"], r["outcome"]) for r in rows])  # fmt: skip
+    # docs/rules.md#lost-writes: no server replicated another's changes, so no writer saw
+    # another's write (each export holds its own server's only): every conflict between two
+    # servers' writes of the night is concurrent, and one over a base row sequential
+    for t in pgr.TABLES:
+        for r in conflicts(s3_store, dt, t):
+            if r["concurrency"] == "n/a":
+                continue
+            tonight = r["local_event_id"] is not None and r["local_origin"] != r["remote_origin"]
+            assert r["concurrency"] == ("concurrent" if tonight else "sequential"), r
     # every record of every export is accounted for, and the framing lines are counted
     for t in pgr.TABLES:
         replicas = report.tables[t].replicas
