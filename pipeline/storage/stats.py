@@ -67,7 +67,7 @@ def _table_rows(
             "outcome": outcome,
             "count": n,
         }
-    if s.concurrency:  # docs/rules.md#lost-writes (a run of an earlier release: none)
+    if s.lost_writes:  # docs/rules.md#lost-writes
         yield {"kind": LOST_WRITES, "count": s.lost_writes}
     for reason, n in sorted(s.quarantined.items()):
         yield {"kind": "quarantined", "reason": reason, "count": n}
