@@ -375,7 +375,6 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
     conflicts: dict[str, Mapping[tuple[str, str, str], int]] = {}
     for i, (name, table) in enumerate(config.tables.items(), 1):
         progress().step(name, i, len(config.tables), "tables")
-        log.info("resolve %s ...", name)
         try:
             t, facts = resolve_table(spark, config, table, ctx, inputs[name])
             tables[name], conflicts[name] = t, facts.conflicts
