@@ -3,10 +3,10 @@ it (docs/operations.md#progress).
 
 Each stage says its steps (``resolve: orders 2/3 tables, 12s``) and, when it ends, how
 long it took. On a terminal a line comes at most every ``every`` seconds: a step that
-follows too soon after the line before is not said, and while a step runs longer than
-``after`` seconds, what Spark's tasks have done is (a *tick*, from
-:mod:`pipeline.spark.progress`). Anywhere else (Airflow's log, a file) every step gets
-its line and there are no ticks.
+follows too soon after the line before is not said then, and while a step runs longer
+than ``after`` seconds, what Spark's tasks have done is (a *tick*, from
+:mod:`pipeline.spark.progress`), or else the step itself if it was not said. Anywhere
+else (Airflow's log, a file) every step gets its line and there are no ticks.
 
 Pure: the lines go to a ``say`` function and the time comes from ``clock``. The CLI
 installs one :class:`Progress` for the command (:func:`installed`); the stages report
@@ -49,6 +49,7 @@ class Progress:
         self._stage_started = 0.0
         self._step = ""
         self._step_started = 0.0
+        self._step_said = False  # whether the current step's own line was said
         self._last: float | None = None  # when the last line was said
 
     @property
@@ -79,20 +80,25 @@ class Progress:
         with self._lock:
             now = self._clock()
             self._step, self._step_started = f"{what}{count}", now
-            if not self.terminal or self._quiet_for(now) >= self._every:
+            self._step_said = not self.terminal or self._quiet_for(now) >= self._every
+            if self._step_said:
                 self._line(self._where())
 
-    def tick(self, detail: str) -> None:
-        """How far the current step is (``Spark: 57/200 tasks``): said on a terminal
-        only, once the step has run ``after`` seconds and the last line is ``every``
-        seconds old."""
+    def tick(self, detail: str | None = None) -> None:
+        """How far the current step is (``Spark: 57/200 tasks``), or (None) that it is
+        still running: said on a terminal only, once the step has run ``after`` seconds
+        and the last line is ``every`` seconds old; without a detail, only for a step
+        whose own line was not said."""
         with self._lock:
             now = self._clock()
             if not self.terminal or self._stage is None:
                 return
             if now - self._step_started < self._after or self._quiet_for(now) < self._every:
                 return
-            self._line(f"{self._where()}; {detail}")
+            if detail is None and (self._step_said or not self._step):
+                return
+            self._step_said = True
+            self._line(f"{self._where()}; {detail}" if detail else self._where())
 
     def _quiet_for(self, now: float) -> float:
         return float("inf") if self._last is None else now - self._last

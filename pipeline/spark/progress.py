@@ -1,6 +1,7 @@
 """Spark's side of the progress lines (:mod:`pipeline.core.progress`): a thread that
 reads the session's status tracker while a stage's Spark work runs and reports what the
-active Spark stages' tasks have done, as ticks (said on a terminal only, throttled).
+active Spark stages' tasks have done, as ticks (said on a terminal only, throttled; with
+no Spark stage active, a tick names the step, if its own line was not said).
 Spark's own console progress bar stays off (``pipeline.spark.session``)."""
 
 from __future__ import annotations
@@ -63,5 +64,4 @@ def _watch(spark: Any, progress: Progress, stop: threading.Event, poll: float) -
             text = tasks_done(spark)
         except Exception:  # the session stopped: nothing more to watch
             return
-        if text:
-            progress.tick(text)
+        progress.tick(text)  # None: no Spark stage active, the step itself

@@ -79,6 +79,22 @@ def test_a_tick_waits_until_its_step_has_run_a_few_seconds():
     ]
 
 
+def test_a_step_not_said_is_said_once_it_runs_a_few_seconds_without_spark():
+    p, clock, lines = progress(terminal=True)
+    with p.stage("resolve"):
+        p.step("orders", 1, 2, "tables")
+        clock.now += 1
+        p.step("measuring for validation")  # too soon after the last line: not said
+        for _ in range(12):  # no Spark stage active: ticks without a detail
+            clock.now += 1
+            p.tick()
+    assert lines == [
+        "resolve: orders 1/2 tables, 0s",
+        "resolve: measuring for validation, 5s",  # once: no news after it
+        "resolve: done in 13s",
+    ]
+
+
 def test_a_stage_that_fails_says_no_end_and_gives_way_to_the_next():
     p, _, lines = progress(terminal=False)
     with pytest.raises(RuntimeError), p.stage("validate"):
