@@ -22,6 +22,7 @@ from pipeline.changes.history import history_stage
 from pipeline.core import layout
 from pipeline.core.config import Config
 from pipeline.core.errors import GateError, LockedError, StageError
+from pipeline.core.progress import current as progress
 from pipeline.core.report import ReportValidation, RunReport, Status
 from pipeline.core.summary import RunSummary
 from pipeline.ingest.decisions import stale_warnings
@@ -43,6 +44,7 @@ from pipeline.publish.doctor import require_atomic_create
 from pipeline.publish.metrics import export
 from pipeline.resolve.skew import skew_warnings
 from pipeline.rules.custom import asymmetric_warnings
+from pipeline.spark.progress import watching
 from pipeline.spark.session import CODEGEN_MIN_RECORDS, get_spark, sized
 from pipeline.storage import lease
 from pipeline.storage.context import RunContext, new_run_id, resolve_now, runs_of
@@ -164,9 +166,11 @@ def hand_off(config: Config, ctx: RunContext) -> None:
 def timed(ctx: RunContext, stage: str) -> Iterator[None]:
     """Record how long ``stage`` took, in the run's work folder: the stages may run in
     separate processes, and publish puts them all in the report. A stage that fails
-    records nothing (its retry does)."""
+    records nothing (its retry does). Its progress lines say its name
+    (``pipeline.core.progress``)."""
     started = time.monotonic()
-    yield
+    with progress().stage(stage):
+        yield
     _seconds_file(ctx, stage).write_text(json.dumps(time.monotonic() - started))
 
 
@@ -233,7 +237,7 @@ def resolve(config: Config, ctx: RunContext, spark: SparkSession) -> RunSummary:
     Spark application (the DAG's resolve task)."""
     config = ctx.config(config)
     ctx.work.attach(spark)
-    with working(config, ctx), timed(ctx, "resolve"):
+    with working(config, ctx), timed(ctx, "resolve"), watching(spark):
         return _resolve(spark, config, ctx)
 
 
@@ -244,16 +248,20 @@ def _resolve(spark: SparkSession, config: Config, ctx: RunContext) -> RunSummary
     )
     from pipeline.validate.stage import measure_stage  # deferred: loads pandas (half a second)
 
+    progress().step("fetching the exports' files")
     fetch(spark, config, ctx)
     small = small_run(ctx)  # measures: fewer tasks
     with sized_for(spark, ctx):
         summary = resolve_stage(spark, config, ctx)
         if any(t.history is not None for t in config.tables.values()):
+            progress().step("history")
             summary = history_stage(spark, config, ctx, summary)
             save_summary(ctx, summary)
         if config.cdc.enabled:
+            progress().step("CDC log")
             summary = replace(summary, cdc=cdc_stage(spark, config, ctx, summary))
             save_summary(ctx, summary)
+        progress().step("measuring for validation")
         measure_stage(spark, config, ctx, summary, one_task=small)
     return summary
 
@@ -282,8 +290,10 @@ def _validate(config: Config, ctx: RunContext, spark: Callable[[], SparkSession]
             raise StageError(f"the resolved run of {ctx.dt} has no measures: resolve it again")
         session = spark()
         ctx.work.attach(session)
-        with sized_for(session, ctx):
+        progress().step("measuring for validation")
+        with sized_for(session, ctx), watching(session):
             measure_stage(session, config, ctx, summary, one_task=small_run(ctx))
+    progress().step("judging the suites (Great Expectations)")
     verdict = judge_stage(config, ctx, summary)
     for w in verdict.warnings:
         log.warning("validate: %s", w)
@@ -346,7 +356,7 @@ def publish(
     # still this run's, renewed; or taken again (new epoch) by a retry after a release
     held = lease.acquire(store, ctx.run_id, config.lease_seconds, ctx.epoch or None)
     ctx = replace(ctx, epoch=held.epoch)
-    with working(config, ctx):
+    with working(config, ctx), progress().stage("publish"), watching(spark):
         return _publish(config, ctx, store, summary, verdict, started, spark)
 
 

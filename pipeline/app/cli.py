@@ -2,7 +2,8 @@
 
 Exit status 0 on success; 1 with a one-line reason when the run fails (bad export, error
 resolver, failed gate); 2 for a usage or config mistake. ``--log-format json`` writes
-log lines and the final result as JSON for machines.
+log lines and the final result as JSON for machines. The stages' progress lines go to
+stderr (:mod:`pipeline.core.progress`); ``--quiet`` silences them and the info lines.
 
 The parser is :mod:`pipeline.app.cli_args`; the commands are grouped by concern:
 :mod:`~pipeline.app.cli_run` (a run and its stages), :mod:`~pipeline.app.cli_store` (a
@@ -33,6 +34,7 @@ from pipeline.app.cli_seal import cmd_manifest
 from pipeline.app.cli_setup import cmd_demo, cmd_generate, cmd_init, cmd_jars, cmd_jvm_archive
 from pipeline.app.cli_store import cmd_doctor, cmd_unlock, cmd_vacuum, cmd_verify
 from pipeline.core.errors import CdrError, ConfigError
+from pipeline.core.progress import Progress, installed
 
 
 class _JsonFormatter(logging.Formatter):
@@ -47,7 +49,7 @@ class _JsonFormatter(logging.Formatter):
         )
 
 
-def _setup_logging(fmt: str, verbose: bool) -> None:
+def _setup_logging(fmt: str, verbose: bool, quiet: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
@@ -55,7 +57,7 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     for noisy in (
         "py4j",
         "botocore",
@@ -93,15 +95,23 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_format, args.verbose)
+    _setup_logging(args.log_format, args.verbose, args.quiet)
     try:
-        return COMMANDS.get(args.command, cmd_stage)(args)
+        with installed(None if args.quiet else _progress()):
+            return COMMANDS.get(args.command, cmd_stage)(args)
     except ConfigError as e:
         _fail(args, e, 2)
         return 2
     except CdrError as e:
         _fail(args, e, 1)
         return 1
+
+
+def _progress() -> Progress:
+    """The progress lines of a command (docs/operations.md#progress): log lines of the
+    logger ``cdr.progress`` (JSON lines with ``--log-format json``), throttled with Spark's
+    tasks on a terminal, one per step elsewhere (Airflow's log)."""
+    return Progress(logging.getLogger("cdr.progress").info, terminal=sys.stderr.isatty())
 
 
 def _fail(args: argparse.Namespace, e: Exception, code: int) -> None:

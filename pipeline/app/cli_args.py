@@ -133,10 +133,23 @@ def _stage_commands(sub: Any) -> None:
             )
 
 
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    """Before the command: how it logs (docs/operations.md#progress)."""
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", action="store_true")
+    loud.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines and no info lines on stderr: warnings, errors and the "
+        "result only (docs/operations.md#progress)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdr", description=DESCRIPTION)
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    _global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     _stage_commands(sub)
     _store_commands(sub)

@@ -21,7 +21,9 @@ from pipeline.core.columns import DT, STATE_DELETED
 from pipeline.core.config import Config, Table
 from pipeline.core.errors import StageError
 from pipeline.core.policy import FkPolicy, Granularity
+from pipeline.core.progress import current as progress
 from pipeline.ingest.prior import state_path
+from pipeline.spark.progress import watching
 from pipeline.storage.runs_table import published_by_date, read_runs
 
 if TYPE_CHECKING:
@@ -147,6 +149,11 @@ def verify(config: Config, lake: Lake, dt: date) -> list[Finding]:
         snap = layout.table_path(t, layout.SNAPSHOT)
         snapshots[t] = _published(lake, run, snap) if snap in run.versions else None
     found: list[Finding] = []
-    for t, state in states.items():
-        found += check_table(config, config.tables[t], state, snapshots[t], run.tables()[t], states)
+    spark = next(iter(states.values())).sparkSession if states else None
+    with progress().stage("verify"), watching(spark):
+        for i, (t, state) in enumerate(states.items(), 1):
+            progress().step(t, i, len(states), "tables")
+            found += check_table(
+                config, config.tables[t], state, snapshots[t], run.tables()[t], states
+            )
     return found

@@ -25,6 +25,7 @@ from pipeline.core import layout
 from pipeline.core.columns import DT, REPLICA, RUN_ID
 from pipeline.core.config import Config, UnknownExportPolicy
 from pipeline.core.errors import ExportError
+from pipeline.core.progress import current as progress
 from pipeline.ingest import decisions, inplace, missing_events, pending, prior, retry
 from pipeline.ingest.adapters import check_requirements
 from pipeline.ingest.fetch import FileTask, plan_export, save_plan
@@ -76,7 +77,8 @@ def ingest(
     out: dict[str, StagedTable] = {}
     gaps: list[str] = []
     tasks: list[FileTask] = []
-    for tname in config.tables:
+    for i, tname in enumerate(config.tables, 1):
+        progress().step(tname, i, len(config.tables), "tables")
         st = out[tname] = _stage_exports(config, store, ctx, tname, tasks)
         _stage_snapshots(config, store, ctx, tname, st, tasks)
         _stage_start(config, store, lake, runs, ctx, tname, st, gaps, tasks)

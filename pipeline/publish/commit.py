@@ -24,6 +24,7 @@ from pipeline.core import layout
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.config import Config
 from pipeline.core.errors import StageError
+from pipeline.core.progress import current as progress
 from pipeline.core.report import RunReport
 from pipeline.ingest.inplace import InPlace, checksum, merge_source, touched_in
 from pipeline.spark.session import local_frame
@@ -278,7 +279,12 @@ def publish_tables(
             path = layout.backfill_state(committer.meta[RUN_ID], t)  # state stays on newest
         steps[step].append((o.folder, path, dt if o.dated else None))
     versions: dict[str, int] = {}
-    for batch in steps:
+    for what, batch in zip(
+        ("CDC descriptions", "logs and states", "snapshots"), steps, strict=True
+    ):
+        if batch:
+            n = len(batch)
+            progress().step(f"committing the {what} ({n} table{'s' * (n != 1)})")
         versions.update(_in_parallel(committer, batch))
     return versions
 

@@ -29,6 +29,7 @@ from pipeline.core.columns import CONFLICT_ID, DT, EVENT_ID, FATE, KEY, REPLICA,
 from pipeline.core.config import Config, Table
 from pipeline.core.errors import StageError
 from pipeline.core.policy import ASYMMETRIC_NOTE, Fate, Granularity, Outcome
+from pipeline.core.progress import current as progress
 from pipeline.core.summary import RunSummary, Stopped, TableSummary
 from pipeline.ingest import decisions, missing_events
 from pipeline.ingest.adapters.options import seq_order
@@ -382,8 +383,8 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
     ctx.resolved.rmtree()
     tables: dict[str, TableSummary] = {}
     conflicts: dict[str, Mapping[tuple[str, str, str], int]] = {}
-    for name, table in config.tables.items():
-        log.info("resolve %s ...", name)
+    for i, (name, table) in enumerate(config.tables.items(), 1):
+        progress().step(name, i, len(config.tables), "tables")
         try:
             t, facts = resolve_table(spark, config, table, ctx, inputs[name])
             tables[name], conflicts[name] = t, facts.conflicts
@@ -398,6 +399,7 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
             sum(t.quarantined.values()),
         )
     summary = RunSummary(ctx.run_id, uuid.uuid4().hex, ctx.dt.isoformat(), ctx.now_us, tables)
+    progress().step("foreign keys, snapshots and retries")
     try:
         summary = check_foreign_keys(spark, config, ctx, summary)
         summary = compare_snapshots(spark, config, ctx, inputs, summary)
