@@ -25,9 +25,9 @@ from pipeline.core import layout
 from pipeline.core.config import Config
 from pipeline.core.config_load import load_config
 from pipeline.core.errors import GateError
+from pipeline.core.instants import micros_to_iso
 from pipeline.core.report import RunReport
 from pipeline.stages import RunOptions, run
-from pipeline.storage.context import micros_to_iso
 from pipeline.storage.lake import Lake
 from pipeline.storage.s3server import create_bucket, restore_env, s3_server, use_endpoint
 from pipeline.storage.store import FileStore, open_store
