@@ -25,7 +25,7 @@ from pipeline.core import layout
 from pipeline.core.config import Config
 from pipeline.core.config_load import load_config
 from pipeline.core.errors import GateError
-from pipeline.core.instants import micros_to_iso
+from pipeline.core.instants import instant_micros
 from pipeline.core.report import RunReport
 from pipeline.stages import RunOptions, run
 from pipeline.storage.lake import Lake
@@ -221,7 +221,7 @@ def _resolved(lake: Lake, config: Config, dt: date) -> str:
 
 
 def _version(origin: str | None, ts: int | None, row: str | None) -> str:
-    when = micros_to_iso(ts) if ts is not None else "-"
+    when = instant_micros(ts) if ts is not None else "-"
     return f"{origin or 'base'} at {when}: {row if row is not None else '(no row)'}"
 
 
