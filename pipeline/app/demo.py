@@ -25,9 +25,9 @@ from pipeline.core import layout
 from pipeline.core.config import Config
 from pipeline.core.config_load import load_config
 from pipeline.core.errors import GateError
+from pipeline.core.instants import instant_micros
 from pipeline.core.report import RunReport
 from pipeline.stages import RunOptions, run
-from pipeline.storage.context import micros_to_iso
 from pipeline.storage.lake import Lake
 from pipeline.storage.s3server import create_bucket, restore_env, s3_server, use_endpoint
 from pipeline.storage.store import FileStore, open_store
@@ -237,7 +237,7 @@ def _seen(row: dict[str, Any]) -> str:
 
 
 def _version(origin: str | None, ts: int | None, row: str | None) -> str:
-    when = micros_to_iso(ts) if ts is not None else "-"
+    when = instant_micros(ts) if ts is not None else "-"
     return f"{origin or 'base'} at {when}: {row if row is not None else '(no row)'}"
 
 

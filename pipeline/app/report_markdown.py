@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from pipeline.core.instants import micros_to_iso
 from pipeline.core.policy import Concurrency
 from pipeline.core.report import RunReport
 from pipeline.core.summary import TableSummary
-from pipeline.storage.context import micros_to_iso
 from pipeline.validate.alerts import describe
 
 #: how many of the run's warnings the summary lists (the rest are in its report)

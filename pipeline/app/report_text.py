@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pipeline.core.columns import REPLICA
+from pipeline.core.instants import micros_to_iso
 from pipeline.core.report import RunReport
 from pipeline.core.summary import TableSummary
-from pipeline.storage.context import micros_to_iso
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from pipeline.core.instants import instant_micros
+
 
 class ConflictType(StrEnum):
     """docs/rules.md#conflict-types, in the order several conflicts of one event are logged
@@ -306,15 +308,26 @@ _FACTS = {why: _named(text) for why, text in REASONS.items()}
 
 def reason(sentence: Why, /, **facts: object) -> str:
     """The conflict log's ``reason``: the ``sentence`` of :data:`REASONS` with its facts; a list
-    of names or keys is joined with commas. A fact the sentence does not name, or one it
+    of names or keys is joined with commas, a time (``ts``, µs) is the instant with its µs
+    beside it (``instants.instant_micros``). A fact the sentence does not name, or one it
     names and is not given, is an error."""
     named = _FACTS[sentence]
     if named != facts.keys():
         raise ValueError(f"reason {sentence}: given {sorted(facts)}, it names {sorted(named)}")
-    joined = {
-        k: ", ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in facts.items()
-    }
+    joined = {k: _fact(k, v) for k, v in facts.items()}
     return REASONS[sentence].format(**joined)
+
+
+def _fact(name: str, v: object) -> object:
+    if isinstance(v, list | tuple):
+        return ", ".join(map(str, v))
+    if name in _TIMES and isinstance(v, int) and not isinstance(v, bool):
+        return instant_micros(v)
+    return v
+
+
+#: the facts of :data:`REASONS` that are times (µs since the epoch)
+_TIMES = frozenset({"ts"})
 
 
 class MergeFn(StrEnum):

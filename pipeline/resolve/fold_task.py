@@ -52,7 +52,7 @@ from pipeline.resolve.groups import (
     standing_rows,
 )
 from pipeline.resolve.report_counts import COUNTED_BY, SKEW, skew_counts, tally, task_events
-from pipeline.spark.frames import LEDGER_COLUMNS, UNFORESEEN
+from pipeline.spark.frames import LEDGER_COLUMNS, UNFORESEEN, arrow_instants
 from pipeline.spark.schema import GROUPS
 from pipeline.storage.outputs import SPARK_SCHEMA_KEY
 from pipeline.storage.workpath import WorkPath, write_table
@@ -112,7 +112,8 @@ class TaskOutputs:
         if kind == "conflicts":  # in canonical order (the event's, then its conflicts')
             rows.sort(key=_position)
         if rows:
-            self.tables[kind].append(pa.Table.from_pylist(rows, schema=self.arrow[kind]))
+            table = pa.Table.from_pylist(rows, schema=self.arrow[kind])
+            self.tables[kind].append(arrow_instants(table) if kind == "conflicts" else table)
             self.rows[kind] = []
 
     def close(self) -> list[dict[str, Any]]:

@@ -64,6 +64,7 @@ from pipeline.spark.frames import (
     POSITION,
     QUARANTINE_FIELDS,
     run_columns,
+    with_instants,
 )
 from pipeline.storage import stats
 from pipeline.storage.context import RunContext
@@ -247,7 +248,7 @@ def _resolve_cells(
     _write(res.state, out / STATE_PRE)
     _write(repeats_as_duplicates(fates), out / "fates")
     _write(
-        with_conflict_id(res.conflicts, ctx.dt, table.name)
+        with_instants(with_conflict_id(res.conflicts, ctx.dt, table.name))
         .coalesce(1)
         .sortWithinPartitions(*POSITION)
         .select(*run_columns(ctx.run_id, table.name), *CONFLICT_FIELDS),

@@ -2,13 +2,14 @@
 once: the light and the typed copy of an event (as ingest stages them), what the fold
 tasks read and write (``resolve.engine``, ``resolve.fold_task``), and the run's logs as
 ``resolve.stage`` writes them for the publish to commit. A module that reads or writes one of these
-frames takes its columns from here. Types only (and :func:`run_columns`'s literals):
-nothing here needs a Spark session to be imported.
+frames takes its columns from here. Types only (and :func:`run_columns`'s literals,
+:func:`with_instants`'s columns): nothing here needs a Spark session to be imported.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -164,6 +165,9 @@ def fold_input_schema(table: Table) -> T.StructType:
     return T.StructType([T.StructField(n, types[n]) for n in fold_input(table)])
 
 
+#: the conflict log's instants (docs/outputs.md#instants): each the µs column it names as a
+#: ``TIMESTAMP``, for people; last in the row, as Delta adds them to a table published before
+INSTANTS = (("local_time", "local_ts"), ("remote_time", "remote_ts"))
 #: a conflict-log row, after ``run_id, table`` (docs/outputs.md)
 CONFLICT = (
     (KEY, _S),
@@ -172,25 +176,47 @@ CONFLICT = (
     ("outcome", _S),
     ("local_ts", _L),
     ("local_origin", _S),
-    ("local_event_id", _S),  # docs/rules.md#lost-writes: the local version's writer
     ("local_row", _S),
     ("remote_event_id", _S),
     ("remote_ts", _L),
     ("remote_origin", _S),
     ("remote_row", _S),
     ("reason", _S),
-    # docs/rules.md#lost-writes (``pipeline.rules.lost``): the label, why it is unknown,
-    # the event whose write a concurrent conflict lost
+    (CONFLICT_ID, _S),  # docs/rules.md#manual-decisions (``pipeline.rules.decisions``)
+    # the columns added since, last, in the order Delta appends them to an older table:
+    # docs/rules.md#lost-writes (``pipeline.rules.lost``): the local version's writer,
+    # the label, why it is unknown, the event whose write a concurrent conflict lost
+    ("local_event_id", _S),
     ("concurrency", _S),
     ("concurrency_why", _S),
     ("lost_event_id", _S),
-    (CONFLICT_ID, _S),  # docs/rules.md#manual-decisions (``pipeline.rules.decisions``)
+    *((name, T.TimestampType()) for name, _us in INSTANTS),
 )
 CONFLICT_FIELDS = tuple(n for n, _t in CONFLICT)
 #: the fold's output counted for the lost writes (docs/rules.md#lost-writes): one row per
 #: conflict, its label, and ``lost`` ("1") on the first conflict that lost each write
 LABELS = "labels"
 LABELS_SCHEMA = T.StructType([T.StructField("concurrency", _S), T.StructField("lost", _S)])
+#: the fields of a conflict-log row its engine computes: all but the instants, which follow
+CONFLICT_MADE = tuple(n for n in CONFLICT_FIELDS if n not in dict(INSTANTS))
+
+
+def with_instants(conflicts: DataFrame) -> DataFrame:
+    """The conflict log's :data:`INSTANTS`, from the µs beside them (Spark's own
+    conversion: the same µs, typed as an instant)."""
+    return conflicts.withColumns({t: F.timestamp_micros(F.col(us)) for t, us in INSTANTS})
+
+
+def arrow_instants(conflicts: pa.Table) -> pa.Table:
+    """:func:`with_instants` of conflict-log rows in Arrow (the row engine's fold tasks):
+    the µs cast to a timestamp in µs, UTC, as Spark writes a ``TIMESTAMP``."""
+    for t, us in INSTANTS:
+        i = conflicts.schema.get_field_index(t)
+        instant = conflicts[us].cast(pa.timestamp("us", tz="UTC"))
+        conflicts = conflicts.set_column(i, conflicts.schema.field(i), instant)
+    return conflicts
+
+
 #: a conflict's place in the canonical order (the event's, then its place among the
 #: event's conflicts); the conflict log is written in this order
 POSITION = ("remote_ts", "pos_rank", "pos_tx", "remote_event_id", "pos_idx")

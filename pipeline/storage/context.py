@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core.columns import DT, RUN_ID
 from pipeline.core.errors import CdrError, StageError, StoreError
+from pipeline.core.instants import micros_to_iso as micros_to_iso  # its home is core: re-exported
 from pipeline.storage.workpath import WorkPath
 
 if TYPE_CHECKING:
@@ -44,11 +45,6 @@ def parse_rfc3339(text: str) -> datetime:
 def to_micros(dt: datetime) -> int:
     delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def micros_to_iso(us: int) -> str:
-    d = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
-    return d.isoformat().replace("+00:00", "Z")
 
 
 def default_now(dt: date) -> datetime:

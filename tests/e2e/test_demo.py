@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.core.instants import micros_to_iso
+
 
 def test_the_demo_passes_its_suites_and_shows_what_it_resolved(tmp_path: Path):
     cdr = Path(sys.executable).with_name("cdr")
@@ -46,6 +48,10 @@ def test_the_demo_passes_its_suites_and_shows_what_it_resolved(tmp_path: Path):
     assert re.search(r"^    seen   (\S+)", out, re.M)[1] == "concurrent:", out
     assert all(int(lost) <= int(conc) <= int(total) for _, lost, conc, total, _ in nights)
     assert lines == dict.fromkeys(lines, len(examples)), lines
+    # each time it prints: the instant, the µs the rules compared beside it
+    remotes = re.findall(r"^    remote \S+ at (\S+) \((\d+)\): ", out, re.M)
+    assert len(remotes) == len(examples), out
+    assert all(micros_to_iso(int(us)) == at for at, us in remotes), remotes
     page = re.search(r"the Conflicts page: (\S+)", out)
     assert page and "<svg" in Path(page[1]).read_text()
     # the summary it offers, from the store's copy (docs/operations.md#cdr-report)

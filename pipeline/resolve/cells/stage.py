@@ -52,7 +52,7 @@ from pipeline.resolve.shuffle import (
 from pipeline.resolve.skew import tally, with_evidence
 from pipeline.rules.events import Event
 from pipeline.rules.guards import READ
-from pipeline.spark.frames import CONFLICT_FIELDS, DIVERGENCE
+from pipeline.spark.frames import CONFLICT_MADE, DIVERGENCE
 from pipeline.spark.schema import change_schema
 from pipeline.storage.workpath import WorkPath
 
@@ -191,7 +191,7 @@ def _outputs(
     }
     fields = {**logged, **remote, **unjudged(), CONFLICT_ID: F.lit(None).cast("string")}
     conflict = F.struct(
-        *[fields[n].alias(n) for n in CONFLICT_FIELDS],
+        *[fields[n].alias(n) for n in CONFLICT_MADE],
         F.col(RANK).alias("pos_rank"),
         # a cell's conflicts: by ts and value (docs/rules.md#cell-rules)
         F.lit(None).cast("long").alias("pos_tx"),
@@ -255,7 +255,7 @@ def resolve_cells(
     conflicts = (
         out.where(F.col("conflict").isNotNull())
         .select("conflict.*")
-        .select(*CONFLICT_FIELDS, "pos_rank", "pos_tx", "pos_idx")
+        .select(*CONFLICT_MADE, "pos_rank", "pos_tx", "pos_idx")
     )
     fates, quarantine = with_special_copies(
         spark,
