@@ -11,7 +11,6 @@ replication, one way), and each server's changes are exported through a wal2json
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,13 +38,7 @@ def _wait(server: pgr.Server, query: str, want: str) -> None:
 
 @pytest.fixture(scope="module")
 def servers():
-    if pgr.missing():
-        if os.geteuid() == 0:
-            pgr.install()
-        else:
-            (pytest.fail if os.environ.get("CI") else pytest.skip)(
-                f"{pgr.missing()} is missing: run `make postgres` as root"
-            )
+    pgr.require()
     with pgr.Cluster(("pg1", "pg2")) as cluster:
         yield cluster.servers
 

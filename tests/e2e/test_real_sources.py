@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import threading
 from datetime import UTC, datetime, timedelta
@@ -202,13 +201,7 @@ def sources() -> Any:
     """Run the workload on three real servers; return their exports, audit trails and
     system ids, and the server that computes the expectations (running until the end of
     the module)."""
-    if pgr.missing():
-        if os.geteuid() == 0:
-            pgr.install()
-        else:
-            (pytest.fail if os.environ.get("CI") else pytest.skip)(
-                f"{pgr.missing()} is missing: run `make postgres` as root"
-            )
+    pgr.require()
     with pgr.Cluster() as cluster:
         servers = cluster.servers
         for s in servers.values():

@@ -68,6 +68,21 @@ def missing(wal2json: bool = True) -> str | None:
     return None
 
 
+def require() -> None:
+    """The servers' packages, installed when missing (as root); else the test is skipped,
+    or fails under CI."""
+    import pytest  # deferred: only the fixtures need it
+
+    if not missing():
+        return
+    if os.geteuid() == 0:
+        install()
+        return
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(
+        f"{missing()} is missing: run `make postgres` as root"
+    )
+
+
 def install() -> None:
     """Debian's packages, as ``make postgres`` installs them."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
