@@ -19,11 +19,16 @@ import re
 import shlex
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+import pyarrow as pa
 import pytest
 import yaml
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaProtocolError
 
 from pipeline.app.cli_args import build_parser
 from pipeline.core.config_load import parse_config
@@ -81,15 +86,57 @@ def _duckdb_offline(ns: dict[str, Any], store: Path) -> None:
     assert installed and where.startswith(ns["HOME"]), where
 
 
+SNAPSHOT = "published/accounts/snapshot"
+
+
+def _merged(store: Path) -> tuple[int, list[int]]:
+    """The version of the snapshot the time travel examples read (the first published
+    run of D2, the one its rerun replaced) and the ids of its rows: a MERGE that updated
+    and deleted rows, so the version's files carry deletion vectors. Asserted from the
+    log, else the examples would prove nothing about them."""
+    run = P.run_rows(store, D2)[0]
+    version = run["versions"][SNAPSHOT]
+    _merged_with_vectors(store, version)
+    return version, sorted(r["id"] for r in P.as_of(store, SNAPSHOT, run))
+
+
+def _merged_with_vectors(store: Path, version: int) -> None:
+    table = DeltaTable(str(store / SNAPSHOT), version=version)
+    assert "deletionVectors" in (table.protocol().reader_features or [])
+    assert pa.table(table.deletion_vectors()).num_rows > 0, "no deletion vector at the version"
+    commit = store / SNAPSHOT / "_delta_log" / f"{version:020}.json"
+    (info,) = [a["commitInfo"] for a in map(json.loads, commit.open()) if "commitInfo" in a]
+    assert info["operation"] == "MERGE"
+    metrics = info["operationMetrics"]
+    assert int(metrics["numTargetRowsUpdated"]) > 0 and int(metrics["numTargetRowsDeleted"]) > 0
+
+
+def _ids(values: Any) -> list[int]:
+    """The ids a reader read, sorted: a row an update replaced and its deletion vector
+    hides would come twice, a deleted one once too many."""
+    return sorted(int(i) for i in values)
+
+
 def _deltalake(ns: dict[str, Any], store: Path) -> None:
     assert len(ns["df"]) == len(P.snapshot(store, "accounts"))
-    rerun = P.run_rows(store, D2)[-1]  # the rerun: the last published run of the date
-    assert ns["then"].version() == rerun["versions"]["published/accounts/snapshot"]
+    version, ids = _merged(store)
+    assert ns["version"] == ns["then"].version() == version
+    assert _ids(ns["then_df"]["id"]) == ids
+
+
+def _polars(ns: dict[str, Any], store: Path) -> None:
+    assert ns["now_pl"].height == len(P.snapshot(store, "accounts"))
+    assert _ids(ns["then_pl"]["id"]) == _merged(store)[1]
+
+
+def _duckdb_version(found: list[list[dict[str, Any]]], store: Path) -> None:
+    (rows,) = found
+    assert _ids(r["id"] for r in rows) == _merged(store)[1]
 
 
 def _delta_spark(ns: dict[str, Any], store: Path) -> None:
     assert ns["now"].count() == len(P.snapshot(store, "accounts"))
-    assert ns["then"].count() == len(P.snapshot(store, "accounts"))  # the rerun's own version
+    assert _ids(r.id for r in ns["then"].select("id").collect()) == _merged(store)[1]
 
 
 def _consumer(printed: list[list[str]], store: Path) -> None:
@@ -103,7 +150,9 @@ def _consumer(printed: list[list[str]], store: Path) -> None:
 CHECKS: dict[str, Callable[[Any, Path], None]] = {
     "duckdb": _duckdb,
     "duckdb-offline": _duckdb_offline,  # runs before the SQL: the pages' Python first
+    "duckdb-version": _duckdb_version,
     "deltalake": _deltalake,
+    "polars": _polars,
     "delta-spark": _delta_spark,
     "cdc-consumer": _consumer,  # on what it printed
     "cdc-consumer-spark": _consumer,  # the same entries, shown by Spark
@@ -156,13 +205,37 @@ def _sql(code: str, store: Path) -> list[list[dict[str, Any]]]:
             if not statement:
                 continue
             rel = con.sql(statement)
-            if statement.split()[0].upper() in ("INSTALL", "LOAD"):
+            if statement.split()[0].upper() in ("INSTALL", "LOAD", "SET"):
                 continue
             assert rel is not None, statement
             found.append([dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()])
     finally:
         con.close()
     return found
+
+
+def test_the_readers_the_docs_warn_about_refuse_the_tables(two_days):
+    """docs/outputs.md#readers says delta-rs' pyarrow reader and Polars' pyarrow path
+    fail on the tables: they do, at the version the examples read (deletion vectors
+    present) and at the latest one (none in its files: the reader feature is enough)."""
+    store = two_days["root"]
+    page = (REPO / "docs" / "outputs.md").read_text()
+    path = str(store / SNAPSHOT)
+    latest = P.table_version(store, SNAPSHOT)
+    with pytest.raises(AssertionError):  # the check of the examples' version tells them apart
+        _merged_with_vectors(store, latest)
+    for version in (_merged(store)[0], latest):
+        table = DeltaTable(path, version=version)
+        reads: dict[str, Callable[[], object]] = {
+            "to_pandas()": table.to_pandas,
+            "to_pyarrow_table()": table.to_pyarrow_table,
+            "to_pyarrow_dataset()": table.to_pyarrow_dataset,
+            "use_pyarrow=True": partial(pl.read_delta, path, version=version, use_pyarrow=True),
+        }
+        for name, read in reads.items():
+            assert name in page, f"the page no longer warns about {name}"
+            with pytest.raises(DeltaProtocolError, match="deletionVectors"):
+                read()
 
 
 def test_every_config_block_is_a_valid_config():
