@@ -108,6 +108,23 @@ def write_stats(
     return data.num_rows
 
 
+#: the key of a ``runs`` row's counts that holds the run's own conflicts (E13's counters)
+RUN_CONFLICTS = "conflicts"
+
+
+def run_conflicts(resolved: WorkPath, run_id: str) -> list[list[Any]]:
+    """docs/operations.md#metrics: the conflicts the run ``run_id`` resolved, as its
+    ``resolved/conflict_stats`` records them: ``[table, conflict_type, resolver, outcome,
+    count]`` rows, of its own tables only (not the date's kept rows of the others). Its
+    ``runs`` row keeps them (:data:`RUN_CONFLICTS`): the counters add each published run's."""
+    from pipeline.storage.outputs import output_record  # deferred: imports pyspark
+
+    info = output_record(resolved / FOLDER)
+    rows = [dict(zip(SCHEMA.names, r, strict=True)) for r in (info.data or [])] if info else []
+    keys = ("table", "conflict_type", "resolver", "outcome", "count")
+    return [[r[k] for k in keys] for r in rows if r[RUN_ID] == run_id and r["kind"] == "conflicts"]
+
+
 def kept_rows(lake: Lake, dt: date, tables: Mapping[str, Any]) -> pa.Table | None:
     """The date's published rows of the tables not in ``tables`` (a subset run)."""
     got = lake.read(PATH, dt=dt)
