@@ -32,7 +32,6 @@ from pipeline.storage import workpath
 from pipeline.storage.lake import Files, Lake
 from pipeline.storage.outputs import SPARK_SCHEMA_KEY, OutputInfo, output_record
 from pipeline.storage.runs_table import RunRow, append, latest_date, now, read_runs
-from pipeline.storage.stats import RUN_CONFLICTS
 from pipeline.storage.targets import located, outputs
 from pipeline.storage.workpath import WorkPath
 
@@ -314,12 +313,12 @@ def run_row(
     inputs: dict[str, Any] | None,
     report: RunReport | None,
     versions: dict[str, int],
-    conflicts: list[list[Any]] | None = None,
+    own: dict[str, Any] | None = None,
 ) -> RunRow:
     """The ``runs`` row of a run; ``inputs``: the staged tables (manifests, prior runs);
     ``report``: the run's (None: it stopped before publish). Its ``counts`` hold the
     report's table summaries whole (their headline counts: ``TableSummary.totals``) and
-    ``conflicts``, the run's own by type, resolver and outcome (``stats.run_conflicts``:
+    ``own``, its conflicts by type, resolver and outcome (``stats.run_counts``:
     docs/operations.md#metrics adds them up)."""
 
     manifests: list[dict[str, Any]] = []
@@ -343,8 +342,7 @@ def run_row(
             counts["now_us"] = report.now_us
         if report.seconds:  # docs/operations.md#metrics
             counts["seconds"] = dict(report.seconds)
-        if conflicts is not None:
-            counts[RUN_CONFLICTS] = conflicts
+        counts |= own or {}
     return RunRow(
         run_id=run_id,
         dt=dt,

@@ -36,7 +36,7 @@ from pipeline.core.columns import RUN_ID
 from pipeline.core.config import MetricsConfig
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, read_runs
-from pipeline.storage.stats import LOST_WRITES, PATH, RUN_CONFLICTS
+from pipeline.storage.stats import LOST_WRITES, PATH, REPLACED, RUN_CONFLICTS
 
 log = logging.getLogger(__name__)
 
@@ -199,16 +199,19 @@ def _divergent(s: Mapping[str, Any]) -> list[tuple[str, str, int]]:
 
 def _counters(runs: Sequence[RunRow], stats: list[Mapping[str, Any]]) -> list[Sample]:
     """The counters: every published run's own work, added once (E13): its ``runs`` row's
-    distinct events and lost writes per table, and its conflicts (``stats.RUN_CONFLICTS``;
-    a row of a release before them: its rows in ``conflict_stats``, while its date's
-    partition holds them). The ``runs`` table only grows, so they never go down."""
+    distinct events and lost writes per table, and its conflicts (:func:`_own_conflicts`).
+    The ``runs`` table only grows, so they never go down."""
     conflicts: dict[tuple[str, str, str, str], float] = {}
     totals: dict[str, dict[str, float]] = {"events": {}, LOST_WRITES: {}}
+    replaced: dict[str, dict[tuple[Any, ...], Any]] = {}
+    for r in runs:
+        for run_id, *row in r.counts.get(REPLACED) or []:
+            replaced.setdefault(run_id, {})[tuple(row[:4])] = row[4]
     for r in runs:
         for table, s in r.tables().items():
             for kind, field in (("events", "distinct_events"), (LOST_WRITES, LOST_WRITES)):
                 totals[kind][table] = totals[kind].get(table, 0) + (s.get(field) or 0)
-        for table, ctype, resolver, outcome, n in _own_conflicts(r, stats):
+        for (table, ctype, resolver, outcome), n in _own_conflicts(r, stats, replaced).items():
             key = (table, ctype, resolver or NO_RESOLVER, outcome)
             conflicts[key] = conflicts.get(key, 0) + n
     out = []
@@ -221,17 +224,18 @@ def _counters(runs: Sequence[RunRow], stats: list[Mapping[str, Any]]) -> list[Sa
     return out
 
 
-def _own_conflicts(r: RunRow, stats: list[Mapping[str, Any]]) -> list[Sequence[Any]]:
-    """``[table, type, resolver, outcome, count]`` of the conflicts run ``r`` resolved."""
+def _own_conflicts(
+    r: RunRow, stats: list[Mapping[str, Any]], replaced: Mapping[str, Mapping[tuple[Any, ...], Any]]
+) -> dict[tuple[Any, ...], Any]:
+    """(table, type, resolver, outcome) -> count of the conflicts run ``r`` resolved, as
+    its ``runs`` row keeps them (``stats.RUN_CONFLICTS``). A row of a release before
+    them: its rows in ``conflict_stats``, and those a later published run replaced there
+    (``stats.REPLACED``), so that a rerun of its date does not take them out."""
     if RUN_CONFLICTS in r.counts:
-        own: list[Sequence[Any]] = r.counts[RUN_CONFLICTS]
-        return own
-    keys = ("table", "conflict_type", "resolver", "outcome", "count")
-    return [
-        [row[k] for k in keys]
-        for row in stats
-        if row[RUN_ID] == r.run_id and row["kind"] == "conflicts"
-    ]
+        return {tuple(row[:4]): row[4] for row in r.counts[RUN_CONFLICTS]}
+    keys = ("table", "conflict_type", "resolver", "outcome")
+    mine = [s for s in stats if s[RUN_ID] == r.run_id and s["kind"] == "conflicts"]
+    return {**{tuple(s[k] for k in keys): s["count"] for s in mine}, **replaced.get(r.run_id, {})}
 
 
 def _conflicts(metric: str, table: str, row: Mapping[str, Any], n: float) -> Sample:

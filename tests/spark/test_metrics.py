@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.app.cli import main
 from pipeline.publish.metrics import collect, textfile
 from pipeline.storage.lake import Lake
+from pipeline.storage.runs_table import read_runs
 from pipeline.storage.store import open_store
 from tests.helpers import configs
 from tests.helpers import scenarios as S
@@ -154,3 +155,8 @@ def test_metrics_after_each_publish_and_a_rerun_adds_its_own(tmp_path: Path):
     lake = Lake(open_store(store.as_uri()))
     after = _parsed_text(textfile(collect(lake)))
     assert _counters(after) == _counters(again)  # vacuum lowers no total
+    # what the rerun's runs row keeps for them: its own, and n2's it replaced
+    (row,) = [r for r in read_runs(lake) if r.run_id == "n2-again"]
+    kind = ["items", "insert_exists", "latest_timestamp_wins", "converted_to_update"]
+    assert row.counts["conflicts"] == [[*kind, 1]]
+    assert row.counts["replaced_conflicts"] == [["n2", *kind, 2]]

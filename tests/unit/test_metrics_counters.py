@@ -145,8 +145,36 @@ def test_a_store_of_the_release_before_keeps_its_totals_at_the_upgrade():
     """Runs rows without their conflicts: their ``conflict_stats`` rows count for them,
     so the totals are the old rule's."""
     runs, stats, _ = _store()
-    legacy = [RunRow(**{**r.__dict__, "counts": {"tables": r.counts["tables"]}}) for r in runs]
-    assert _scrape(legacy, stats) == _old_rule(stats) == _scrape(runs, stats)
+    assert _scrape([_legacy(r) for r in runs], stats) == _old_rule(stats) == _scrape(runs, stats)
+
+
+def _legacy(r: RunRow) -> RunRow:
+    """``r`` as a release before the counters' keys wrote it."""
+    return RunRow(**{**r.__dict__, "counts": {"tables": r.counts["tables"]}})
+
+
+def test_a_store_of_the_release_before_keeps_its_totals_across_a_rerun():
+    """After the upgrade, a rerun of a date an earlier release published: the conflicts of
+    that run it replaces in ``conflict_stats`` go in its ``runs`` row, and count for it."""
+    (runs, stats), (after_runs, after_stats) = _rerun_store()
+    runs = [_legacy(r) for r in runs]
+    rerun = after_runs[-1]
+    gone = [
+        [r["run_id"], r["table"], r["conflict_type"], r["resolver"], r["outcome"], r["count"]]
+        for r in stats
+        if r["dt"] == NIGHTS[-1] and r["kind"] == "conflicts"
+    ]
+    assert gone  # the rows of n29 the rerun replaced
+    noted = RunRow(**{**rerun.__dict__, "counts": {**rerun.counts, "replaced_conflicts": gone}})
+    first = _scrape(runs, stats)
+    second = _scrape([*runs, *after_runs[len(runs) : -1], noted], after_stats)
+    assert increase(first, second) == _own()
+    # without them the rerun would have taken n29's conflicts out: a reset
+    dropped = _scrape([*runs, rerun], after_stats)
+    assert any(
+        dropped["cdr_conflicts_total"][labels] < v
+        for labels, v in first["cdr_conflicts_total"].items()
+    )
 
 
 ALERT = re.compile(r"sum by \((\w+)\) \(increase\((\w+)\[(\w+)\]\)\) > (\d+)")
