@@ -50,6 +50,7 @@ from pipeline.storage import lease
 from pipeline.storage.context import RunContext, new_run_id, resolve_now, runs_of
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, later_dates, published_by_date, read_runs
+from pipeline.storage.stats import run_counts
 from pipeline.storage.store import Store, open_store, replace_tree
 from pipeline.storage.workpath import WorkPath
 from pipeline.validate.alerts import fired
@@ -389,8 +390,9 @@ def _publish(
     report = replace(report, versions=versions, seconds=seconds)
     body = report.to_json().encode()
     store.write_bytes(layout.run_report(ctx.dt, ctx.run_id), body)
+    own = run_counts(ctx.resolved, ctx.run_id)  # docs/operations.md#metrics
     row = run_row(
-        ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions
+        ctx.run_id, ctx.dt, status, ctx.started, ctx.config_digest, inputs, report, versions, own
     )
     record_run(lake, row)  # fenced: the run is now visible as a whole
     if verdict.passed:  # a copy at a fixed place, for people (its retry writes it too)

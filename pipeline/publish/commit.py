@@ -313,10 +313,13 @@ def run_row(
     inputs: dict[str, Any] | None,
     report: RunReport | None,
     versions: dict[str, int],
+    own: dict[str, Any] | None = None,
 ) -> RunRow:
     """The ``runs`` row of a run; ``inputs``: the staged tables (manifests, prior runs);
     ``report``: the run's (None: it stopped before publish). Its ``counts`` hold the
-    report's table summaries whole (their headline counts: ``TableSummary.totals``)."""
+    report's table summaries whole (their headline counts: ``TableSummary.totals``) and
+    ``own``, its conflicts by type, resolver and outcome (``stats.run_counts``:
+    docs/operations.md#metrics adds them up)."""
 
     manifests: list[dict[str, Any]] = []
     priors: list[tuple[str, str]] = []
@@ -339,6 +342,7 @@ def run_row(
             counts["now_us"] = report.now_us
         if report.seconds:  # docs/operations.md#metrics
             counts["seconds"] = dict(report.seconds)
+        counts |= own or {}
     return RunRow(
         run_id=run_id,
         dt=dt,

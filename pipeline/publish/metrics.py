@@ -8,9 +8,12 @@ from the store, never from the process that publishes:
   of an old date is the latest run once it publishes): its report's counts in the
   ``runs`` table, its conflicts by type, resolver and outcome in ``conflict_stats``;
   ``cdr_run_seconds`` is the stages' seconds of the latest published run of any table;
-- the counters sum ``conflict_stats`` over every date, which holds the published run of
-  its date only: a rerun replaces its date's share, it never adds to it. No label names a
-  run or a date (their number would grow without end).
+- the counters add up every published run's own work, from its ``runs`` row (E13): a
+  rerun adds what it resolved again, a failed run adds nothing, and since the ``runs``
+  table is never pruned (``cdr vacuum`` keeps every row) a counter never goes down, so
+  Prometheus' ``increase()`` holds across reruns. What a date holds as published is the
+  gauges' and ``conflict_stats``' answer. No label names a run or a date (their number
+  would grow without end).
 
 :func:`export` writes them after a publish: the textfile atomically (a temporary file in
 the same folder, then a rename: node_exporter never reads half a file), and the OTLP
@@ -33,7 +36,7 @@ from pipeline.core.columns import RUN_ID
 from pipeline.core.config import MetricsConfig
 from pipeline.storage.lake import Lake
 from pipeline.storage.runs_table import RunRow, read_runs
-from pipeline.storage.stats import LOST_WRITES, PATH
+from pipeline.storage.stats import LOST_WRITES, PATH, REPLACED, RUN_CONFLICTS
 
 log = logging.getLogger(__name__)
 
@@ -95,20 +98,20 @@ METRICS = (
         "cdr_conflicts_total",
         "counter",
         ("table", "type", "resolver", "outcome"),
-        "Conflicts of the published run of every date.",
+        "Conflicts resolved by every published run (a rerun adds its own).",
     ),
     Metric(
         "cdr_lost_writes_total",
         "counter",
         ("table",),
-        "Writes lost to concurrent conflicts (docs/rules.md#lost-writes) in the published "
-        "run of every date.",
+        "Writes lost to concurrent conflicts (docs/rules.md#lost-writes) in every published "
+        "run (a rerun adds its own).",
     ),
     Metric(
         "cdr_events_total",
         "counter",
         ("table",),
-        "Distinct events of the published run of every date.",
+        "Distinct events of every published run (a rerun adds its own).",
     ),
 )
 BY_NAME = {m.name: m for m in METRICS}
@@ -134,15 +137,16 @@ def _sample(metric: str, value: float, **labels: Any) -> Sample:
 def collect(lake: Lake) -> list[Sample]:
     """Every sample of :data:`METRICS`, from the store's ``runs`` and ``conflict_stats``."""
 
-    runs = [r for r in read_runs(lake) if r.published]
+    runs = read_runs(lake)
     stats = lake.read(PATH)
     rows = stats.to_pylist() if stats is not None else []
     return samples(runs, rows)
 
 
 def samples(runs: Sequence[RunRow], stats: Iterable[Mapping[str, Any]]) -> list[Sample]:
-    """:func:`collect` of the published ``runs`` (in commit order) and the rows of
-    ``conflict_stats``."""
+    """:func:`collect` of the ``runs`` rows (in commit order; only the published count)
+    and the rows of ``conflict_stats``."""
+    runs = [r for r in runs if r.published]
     latest: dict[str, RunRow] = {}
     for r in runs:
         for table in r.tables():
@@ -154,7 +158,7 @@ def samples(runs: Sequence[RunRow], stats: Iterable[Mapping[str, Any]]) -> list[
     if runs:
         for stage, seconds in (runs[-1].counts.get("seconds") or {}).items():
             out.append(_sample("cdr_run_seconds", seconds, stage=stage))
-    return out + _counters(stats)
+    return out + _counters(runs, stats)
 
 
 def _latest(table: str, r: RunRow, stats: list[Mapping[str, Any]]) -> list[Sample]:
@@ -193,17 +197,23 @@ def _divergent(s: Mapping[str, Any]) -> list[tuple[str, str, int]]:
     return out
 
 
-def _counters(stats: list[Mapping[str, Any]]) -> list[Sample]:
-    """The counters: ``conflict_stats`` summed over every date."""
+def _counters(runs: Sequence[RunRow], stats: list[Mapping[str, Any]]) -> list[Sample]:
+    """The counters: every published run's own work, added once (E13): its ``runs`` row's
+    distinct events and lost writes per table, and its conflicts (:func:`_own_conflicts`).
+    The ``runs`` table only grows, so they never go down."""
     conflicts: dict[tuple[str, str, str, str], float] = {}
     totals: dict[str, dict[str, float]] = {"events": {}, LOST_WRITES: {}}
-    for row in stats:
-        if row["kind"] == "conflicts":
-            key = (row["table"], row["conflict_type"], row["resolver"], row["outcome"])
-            conflicts[key] = conflicts.get(key, 0) + row["count"]
-        elif row["kind"] in totals:
-            into = totals[row["kind"]]
-            into[row["table"]] = into.get(row["table"], 0) + row["count"]
+    replaced: dict[str, dict[tuple[Any, ...], Any]] = {}
+    for r in runs:
+        for run_id, *row in r.counts.get(REPLACED) or []:
+            replaced.setdefault(run_id, {})[tuple(row[:4])] = row[4]
+    for r in runs:
+        for table, s in r.tables().items():
+            for kind, field in (("events", "distinct_events"), (LOST_WRITES, LOST_WRITES)):
+                totals[kind][table] = totals[kind].get(table, 0) + (s.get(field) or 0)
+        for (table, ctype, resolver, outcome), n in _own_conflicts(r, stats, replaced).items():
+            key = (table, ctype, resolver or NO_RESOLVER, outcome)
+            conflicts[key] = conflicts.get(key, 0) + n
     out = []
     for (table, ctype, resolver, outcome), n in sorted(conflicts.items(), key=_text_key):
         row = {"conflict_type": ctype, "resolver": resolver, "outcome": outcome}
@@ -212,6 +222,20 @@ def _counters(stats: list[Mapping[str, Any]]) -> list[Sample]:
         for table, n in sorted(totals[kind].items()):
             out.append(_sample(metric, n, table=table))
     return out
+
+
+def _own_conflicts(
+    r: RunRow, stats: list[Mapping[str, Any]], replaced: Mapping[str, Mapping[tuple[Any, ...], Any]]
+) -> dict[tuple[Any, ...], Any]:
+    """(table, type, resolver, outcome) -> count of the conflicts run ``r`` resolved, as
+    its ``runs`` row keeps them (``stats.RUN_CONFLICTS``). A row of a release before
+    them: its rows in ``conflict_stats``, and those a later published run replaced there
+    (``stats.REPLACED``), so that a rerun of its date does not take them out."""
+    if RUN_CONFLICTS in r.counts:
+        return {tuple(row[:4]): row[4] for row in r.counts[RUN_CONFLICTS]}
+    keys = ("table", "conflict_type", "resolver", "outcome")
+    mine = [s for s in stats if s[RUN_ID] == r.run_id and s["kind"] == "conflicts"]
+    return {**{tuple(s[k] for k in keys): s["count"] for s in mine}, **replaced.get(r.run_id, {})}
 
 
 def _conflicts(metric: str, table: str, row: Mapping[str, Any], n: float) -> Sample:
@@ -287,8 +311,8 @@ def write_textfile(path: str | Path, text: str) -> None:
 def otlp_data(got: Sequence[Sample]) -> Any:
     """The samples as OpenTelemetry's ``MetricsData``, made by the SDK: a
     ``MeterProvider`` whose gauges are observable gauges and whose counters are
-    observable counters reporting the store's sums (cumulative: a rerun replaces its
-    date's share), collected once by the SDK's in-memory reader."""
+    observable counters reporting the store's sums (cumulative: each published run adds
+    its own work), collected once by the SDK's in-memory reader."""
     from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -412,8 +412,10 @@ def resolve_stage(spark: SparkSession, config: Config, ctx: RunContext) -> RunSu
             name, quarantine_open=sum(still.values()), quarantine_open_reasons=still
         )
     assert config.store
-    others = stats.kept_rows(Lake(open_store(config.store)), ctx.dt, config.tables)
+    lake = Lake(open_store(config.store))
+    others = stats.kept_rows(lake, ctx.dt, config.tables)
     stats.write_stats(ctx.resolved, summary, conflicts, others)  # conflict stats
+    stats.note_replaced(ctx.resolved, lake, ctx.dt, config.tables)  # for the counters
     for w in skew_warnings(summary.tables, config.max_clock_skew_seconds):
         log.warning("resolve: %s", w)
     save_summary(ctx, summary)

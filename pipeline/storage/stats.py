@@ -19,6 +19,7 @@ the others. The Conflicts page draws each table's last runs from it (:func:`tren
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date
@@ -106,6 +107,43 @@ def write_stats(
     as_rows = [tuple(r.values()) for r in data.to_pylist()]
     note_small_output(resolved / FOLDER, from_arrow_schema(SCHEMA), as_rows)
     return data.num_rows
+
+
+#: the keys of a ``runs`` row's counts that hold the run's own conflicts and those of
+#: the runs it replaced in ``conflict_stats`` (E13's counters, docs/operations.md#metrics)
+RUN_CONFLICTS, REPLACED = "conflicts", "replaced_conflicts"
+_REPLACED_FILE = "conflict_stats_replaced.json"  # in the run's ``resolved`` folder
+_KEYS = ("table", "conflict_type", "resolver", "outcome", "count")
+
+
+def run_counts(resolved: WorkPath, run_id: str) -> dict[str, list[list[Any]]]:
+    """What the ``runs`` row of run ``run_id`` keeps for the counters: its own conflicts
+    (:data:`RUN_CONFLICTS`), as its ``resolved/conflict_stats`` records them, ``[table,
+    conflict_type, resolver, outcome, count]`` rows of its own tables only (not the date's
+    kept rows of the others); and the date's conflict rows it replaces
+    (:data:`REPLACED`, ``[run_id, ...]``): a run of a release before these keys counts by
+    them once its rows are gone."""
+    from pipeline.storage.outputs import output_record  # deferred: imports pyspark
+
+    info = output_record(resolved / FOLDER)
+    rows = [dict(zip(SCHEMA.names, r, strict=True)) for r in (info.data or [])] if info else []
+    own = [[r[k] for k in _KEYS] for r in rows if r[RUN_ID] == run_id and r["kind"] == "conflicts"]
+    p = resolved / _REPLACED_FILE
+    replaced = json.loads(p.read_text()) if p.exists() else []
+    return {RUN_CONFLICTS: own, REPLACED: replaced}
+
+
+def note_replaced(resolved: WorkPath, lake: Lake, dt: date, tables: Mapping[str, Any]) -> None:
+    """The date's published conflict rows of ``tables`` (the run replaces them), for
+    :func:`run_counts`."""
+    got = lake.read(PATH, dt=dt)
+    rows = [] if got is None else got.to_pylist()
+    replaced = [
+        [r[RUN_ID], *(r[k] for k in _KEYS)]
+        for r in rows
+        if r["table"] in tables and r["kind"] == "conflicts"
+    ]
+    (resolved / _REPLACED_FILE).write_text(json.dumps(replaced))
 
 
 def kept_rows(lake: Lake, dt: date, tables: Mapping[str, Any]) -> pa.Table | None:

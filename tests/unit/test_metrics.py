@@ -21,10 +21,20 @@ from tests.helpers.otlp import otlp_receiver, points
 CONFIG = configs.config({"products": configs.products()}, replicas=("A", "B"))
 
 
-def _row(run_id: str, dt: date, tables: dict, seconds: dict | None = None) -> RunRow:
+def _row(
+    run_id: str,
+    dt: date,
+    tables: dict,
+    seconds: dict | None = None,
+    conflicts: list | None = None,
+    status: str = "published",
+) -> RunRow:
+    """A ``runs`` row; ``conflicts``: its own, ``[table, type, resolver, outcome, n]``
+    (None: a row of a release before them)."""
     at = datetime(2026, 11, 22, 2, 30, tzinfo=UTC)
     counts = {"tables": tables} | ({"seconds": seconds} if seconds else {})
-    return RunRow(run_id, dt, "published", at, at, None, "c" * 64, counts=counts)
+    counts |= {} if conflicts is None else {"conflicts": conflicts}
+    return RunRow(run_id, dt, status, at, at, None, "c" * 64, counts=counts)
 
 
 def _stats(run_id: str, dt: date, table: str, events: int, conflicts: dict) -> list[dict]:
@@ -52,6 +62,7 @@ def _stats(run_id: str, dt: date, table: str, events: int, conflicts: dict) -> l
 D1, D2 = date(2026, 11, 20), date(2026, 11, 21)
 SUMMARY = {
     "distinct_events": 40,
+    "lost_writes": 4,
     "quarantined": {"malformed": 2},
     "quarantine_open_reasons": {"fk_violation": 3, "malformed": 2},
     "divergent_keys": {"B": 3, "C": 1},
@@ -61,11 +72,22 @@ SUMMARY = {
 
 
 def _store_rows() -> tuple[list[RunRow], list[dict]]:
-    """Two dates; D2 run twice (its rerun replaced its stats: only its rows are there)."""
+    """Two dates; D2 run twice (its rerun replaced its stats: only its rows are there).
+    D1's run is of a release before the runs rows held their conflicts: its
+    ``conflict_stats`` rows count for it."""
+    applied = ["products", "update_differ", "apply_remote", "applied"]
     runs = [
-        _row("r1", D1, {"products": {"distinct_events": 10}}),
-        _row("r2", D2, {"products": {"distinct_events": 99}}),
-        _row("r2-again", D2, {"products": SUMMARY}, {"ingest": 1.5, "resolve": 9.25}),
+        _row("r1", D1, {"products": {"distinct_events": 10, "lost_writes": 1}}),
+        _row(
+            "r2", D2, {"products": {"distinct_events": 99, "lost_writes": 9}}, None, [[*applied, 7]]
+        ),
+        _row(
+            "r2-again",
+            D2,
+            {"products": SUMMARY},
+            {"ingest": 1.5, "resolve": 9.25},
+            [[*applied, 5], ["products", "delete_missing", None, "skipped", 2]],
+        ),
     ]
     stats = _stats("r1", D1, "products", 10, {("update_differ", "apply_remote", "applied"): 1})
     stats += _stats(
@@ -134,12 +156,14 @@ def test_the_textfile_reads_back_with_prometheus_parser():
     assert got["cdr_clock_skew_seconds"] == {(("ahead", "B"), ("behind", "A"), *t): 61.5}
     assert got["cdr_run_seconds"] == {(("stage", "ingest"),): 1.5, (("stage", "resolve"),): 9.25}
     assert got["cdr_last_published_timestamp_seconds"] == {t: runs[-1].finished_at.timestamp()}
-    # the counters: D1's share and D2's (its rerun's rows only), summed; the parser names a
-    # counter's sample with its _total
-    assert got["cdr_events_total"] == {t: 50}
-    assert got["cdr_lost_writes_total"] == {t: sum(e // 10 for e in (10, 40))}
+    # the counters: every published run's own, D2's first run too (the parser names a
+    # counter's sample with its _total)
+    assert got["cdr_events_total"] == {t: 10 + 99 + 40}
+    assert got["cdr_lost_writes_total"] == {t: 1 + 9 + 4}
     applied = (("outcome", "applied"), ("resolver", "apply_remote"), *t, ("type", "update_differ"))
-    assert got["cdr_conflicts_total"][applied] == 6
+    assert got["cdr_conflicts_total"][applied] == 1 + 7 + 5
+    skipped = (("outcome", "skipped"), ("resolver", "none"), *t, ("type", "delete_missing"))
+    assert got["cdr_conflicts_total"][skipped] == 2
 
 
 def test_label_values_are_escaped():
@@ -179,7 +203,7 @@ def test_the_sdk_makes_gauges_and_cumulative_counters():
     assert isinstance(events, Sum) and events.is_monotonic
     assert events.aggregation_temporality is AggregationTemporality.CUMULATIVE
     assert [(dict(p.attributes), p.value) for p in events.data_points] == [
-        ({"table": "products"}, 50)
+        ({"table": "products"}, 149)
     ]
     skew = by_name["cdr_clock_skew_seconds"]
     assert isinstance(skew.data, Gauge) and skew.unit == "s"
@@ -203,7 +227,7 @@ def test_the_exporter_sends_them_to_an_otlp_receiver(receiver):
     total = metrics["cdr_conflicts_total"]
     assert total.sum.is_monotonic
     key = (("table", "products"), ("type", "update_differ"), ("resolver", "apply_remote"))
-    assert points(total)[(*key, ("outcome", "applied"))] == 6
+    assert points(total)[(*key, ("outcome", "applied"))] == 13
     assert points(metrics["cdr_run_events"]) == {(("table", "products"),): 40}
 
 
