@@ -82,7 +82,7 @@ def test_runs_killed_in_every_stage_leave_whole_runs(tmp_path: Path, spark, caps
     whole_runs("ingest")
     expire_lease(store)  # the next run takes it over
     killed.append("run-k-resolve")
-    resolving = rng.choice([r"resolve t \.\.\.", r"resolve t: \d+ events", r"cdc t: "])
+    resolving = rng.choice([r"resolve: t \d+/\d+ tables", r"resolve t: \d+ events", r"cdc t: "])
     killed_at(["run", *argv, "--run-id", "run-k-resolve"], resolving, 1)
     whole_runs("resolve")
     assert main(["unlock", "--config", str(cfg), "--force"]) == 0
@@ -135,7 +135,7 @@ def test_a_killed_runs_lease_lapses_within_its_seconds(tmp_path: Path, spark, ca
     store = open_store(root.as_uri())
     assert main(["run", *argv, "--run-id", "run-first"]) == 0
 
-    killed_at(["run", *argv, "--run-id", "run-killed"], r"resolve t \.\.\.", 1)
+    killed_at(["run", *argv, "--run-id", "run-killed"], r"resolve: t \d+/\d+ tables", 1)
     killed_at_ = time.monotonic()
     capsys.readouterr()
     assert main(["doctor", "--config", str(cfg)]) == 0
@@ -146,6 +146,6 @@ def test_a_killed_runs_lease_lapses_within_its_seconds(tmp_path: Path, spark, ca
     assert main(["run", *argv, "--run-id", "run-after"]) == 0  # no unlock, no --force
     assert [r["run_id"] for r in P.runs(store) if r["status"] == "published"][-1] == "run-after"
 
-    killed_at(["run", *argv, "--run-id", "run-killed-2"], r"resolve t \.\.\.", 1)
+    killed_at(["run", *argv, "--run-id", "run-killed-2"], r"resolve: t \d+/\d+ tables", 1)
     assert main(["unlock", "--config", str(cfg)]) == 0  # its process is gone: no --force
     assert not store.exists(layout.LOCK)
