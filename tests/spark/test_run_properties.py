@@ -188,12 +188,18 @@ def outputs(store: Path) -> dict[str, Any]:
     report = RunReport.from_json(
         (store / f"published/reports/dt={DATE}/run_report.json").read_text()
     )
-    perspectives = ("divergent_keys", "divergent_causes")  # each replica's order's
+    # each replica's order's: the perspectives, and what the writers had seen
+    # (docs/rules.md#lost-writes: judged from the exports' order, by definition)
+    perspectives = ("divergent_keys", "divergent_causes", "concurrency", "lost_writes")
     counts = {k: v for k, v in report.tables["t"].to_dict().items() if k not in perspectives}
+    seen = ("concurrency", "concurrency_why", "lost_event_id")
+    conflicts = [
+        {k: v for k, v in c.items() if k not in seen} for c in P.log(store, "t", "conflicts", DATE)
+    ]
     return {
         "snapshot": rows(P.snapshot(store, "t")),
         "state": rows(P.state(store, "t", DATE)),
-        "conflicts": rows(P.log(store, "t", "conflicts", DATE)),
+        "conflicts": rows(conflicts),
         "quarantine": rows(P.log(store, "t", "quarantine", DATE)),
         "counts": counts,
     }
